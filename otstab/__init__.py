@@ -27,10 +27,13 @@ _LAZY = {
     "conditional_shift": "otstab.worst_case",
     "WorstCaseResult": "otstab.worst_case",
     "ConditionalShiftResult": "otstab.worst_case",
+    "worst_subpopulation_of_model": "otstab.worst_case",
+    "conditional_shift_of_model": "otstab.worst_case",
     "group_metrics": "otstab.groups",
     "diagnose_shift": "otstab.groups",
     "ShiftDiagnosis": "otstab.groups",
     "select_model": "otstab.groups",
+    "ModelSelection": "otstab.groups",
     "subset_distances": "otstab.subsets",
     "SubsetDistances": "otstab.subsets",
 }
