@@ -1,0 +1,327 @@
+"""Models: :class:`LinearModel` and the adapter that turns a user's model into arrays.
+
+Accepted directly:
+
+- :class:`LinearModel` (``coef`` 1-D: binary classifier with labels -1/+1 predicting the sign of
+  the score; ``coef`` 2-D: multiclass with labels 0..K-1; ``task="regression"`` for a linear
+  regressor);
+- fitted scikit-learn linear classifiers (anything with ``coef_``, ``intercept_``, ``classes_``:
+  LogisticRegression, LinearSVC, SGDClassifier, RidgeClassifier, Perceptron, ...) and linear
+  regressors (LinearRegression, Ridge, Lasso, QuantileRegressor, ...);
+- a scikit-learn ``Pipeline`` whose last step is one of those: the preprocessing runs first and
+  perturbations act on the final estimator's inputs (named by ``get_feature_names_out``);
+- differentiable nonlinear models through :mod:`otstab.nonlinear` (MLPs, PyTorch modules, ...).
+
+Labels are the model's own labels (``classes_``), mapped internally to -1/+1 (binary) or 0..K-1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from ._validation import as_float_matrix, feature_names_of
+from .errors import IncompatibleLossError, InputTypeError, NotFittedError, ValidationError
+from .losses import Loss, MulticlassHinge, PiecewiseLinear, SmoothLoss, ZeroOne, get_loss
+
+__all__ = ["LinearModel", "LinearScorer", "Problem", "resolve_model"]
+
+
+class LinearModel:
+    """A linear model for users without scikit-learn.
+
+    Parameters
+    ----------
+    coef : array-like, shape (d,) or (K, d)
+        1-D: a binary classifier with labels -1/+1 predicting ``sign(x @ coef + intercept)``
+        (score > 0 means +1), or a regressor when ``task="regression"``.
+        2-D: a multiclass classifier with labels 0..K-1 predicting ``argmax(x @ coef.T + b)``.
+    intercept : float or array-like of shape (K,)
+    task : {"auto", "classification", "regression"}
+    """
+
+    def __init__(self, coef, intercept=0.0, *, task: str = "auto"):
+        coef = np.array(coef, dtype=np.float64, copy=True)
+        if coef.ndim not in (1, 2) or coef.size == 0:
+            raise ValidationError(
+                f"coef must be a non-empty 1-D or 2-D array, got shape {coef.shape}")
+        if not np.all(np.isfinite(coef)):
+            raise ValidationError("coef contains NaN or inf")
+        if task not in ("auto", "classification", "regression"):
+            raise ValidationError(
+                f"task must be 'auto', 'classification' or 'regression', got {task!r}"
+            )
+        if task == "regression" and coef.ndim != 1:
+            raise ValidationError("a regression LinearModel needs a 1-D coef")
+        K = 1 if coef.ndim == 1 else coef.shape[0]
+        if coef.ndim == 2 and K < 2:
+            raise ValidationError("a 2-D coef needs at least 2 rows (classes)")
+        b = np.array(intercept, dtype=np.float64, copy=True).reshape(-1)
+        if b.size == 1 and K > 1:
+            b = np.repeat(b, K)
+        if b.size != K or not np.all(np.isfinite(b)):
+            raise ValidationError(
+                f"intercept must be a finite scalar or have {K} entries, got {b.size}")
+        self.coef_ = coef
+        self.intercept_ = b if coef.ndim == 2 else float(b[0])
+        self.task = "regression" if task == "regression" else "classification"
+        if self.task == "classification":
+            self.classes_ = np.array([-1, 1]) if coef.ndim == 1 else np.arange(K)
+        self.n_features_in_ = coef.shape[-1]
+
+    def decision_function(self, X) -> np.ndarray:
+        X = as_float_matrix(X)
+        return X @ self.coef_.T + self.intercept_
+
+    def predict(self, X) -> np.ndarray:
+        s = self.decision_function(X)
+        if self.task == "regression":
+            return s
+        if s.ndim == 1:
+            return np.where(s > 0, 1, -1)
+        return np.argmax(s, axis=1)
+
+    def __repr__(self) -> str:
+        return f"LinearModel(coef shape {self.coef_.shape}, task={self.task!r})"
+
+
+@dataclass
+class LinearScorer:
+    """Scores ``X @ W.T + b``; ``W`` is (K, d) with K = 1 for binary and regression."""
+
+    W: np.ndarray
+    b: np.ndarray
+    task: str  # "binary" | "multiclass" | "regression"
+    classes: np.ndarray | None = None
+
+    @property
+    def d(self) -> int:
+        return self.W.shape[1]
+
+    def scores(self, X: np.ndarray) -> np.ndarray:
+        if self.task == "multiclass":
+            return X @ self.W.T + self.b
+        return X @ self.W[0] + self.b[0]
+
+
+@dataclass
+class Problem:
+    """A (model, data, loss) triple resolved to arrays.
+
+    ``y`` holds internal labels (-1/+1, 0..K-1 or real targets); ``y_original`` the caller's.
+    ``scorer`` is set for linear models, ``nonlinear`` (an ``otstab.nonlinear`` adapter) otherwise.
+    """
+
+    model: object
+    X: np.ndarray
+    y: np.ndarray
+    y_original: np.ndarray
+    loss: Loss
+    feature_names: list[str]
+    scorer: LinearScorer | None = None
+    nonlinear: object = None
+    index: object = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return self.X.shape[0]
+
+    @property
+    def d(self) -> int:
+        return self.X.shape[1]
+
+    def losses(self, X: np.ndarray, y: np.ndarray | None = None) -> np.ndarray:
+        """Per-sample loss at features ``X`` (same labels)."""
+        y = self.y if y is None else y
+        if self.scorer is not None:
+            loss = self.loss
+            scores = self.scorer.scores(X)
+            if isinstance(loss, MulticlassHinge) and self.scorer.task == "binary":
+                scores = np.column_stack([np.zeros_like(scores), scores])
+                y = (y > 0).astype(np.intp)
+            return loss.values(scores, y)
+        return self.nonlinear.loss_values(X, y)
+
+
+def _is_pipeline(model) -> bool:
+    return hasattr(model, "steps") and hasattr(model, "named_steps") and len(model.steps) > 0
+
+
+def _linear_scorer(model) -> LinearScorer | None:
+    coef = getattr(model, "coef_", None)
+    if coef is None:
+        return None
+    W = np.array(coef, dtype=np.float64, copy=True)
+    if W.ndim == 1:
+        W = W[None, :]
+    b = np.array(getattr(model, "intercept_", 0.0), dtype=np.float64, copy=True).reshape(-1)
+    if b.size == 1 and W.shape[0] > 1:
+        b = np.repeat(b, W.shape[0])
+    if not (np.all(np.isfinite(W)) and np.all(np.isfinite(b))):
+        raise ValidationError("model coefficients contain NaN or inf")
+    classes = getattr(model, "classes_", None)
+    is_regressor = classes is None or getattr(model, "task", None) == "regression"
+    if is_regressor:
+        if W.shape[0] != 1:
+            raise InputTypeError(
+                f"multi-output regressors are not supported (coef_ has shape {np.shape(coef)})"
+            )
+        return LinearScorer(W, b[:1], "regression", None)
+    classes = np.asarray(classes)
+    if len(classes) == 2:
+        if W.shape[0] != 1:
+            raise InputTypeError(f"binary classifier with coef_ of shape {W.shape} is not linear")
+        return LinearScorer(W, b[:1], "binary", classes)
+    if W.shape[0] != len(classes):
+        raise InputTypeError(
+            f"coef_ has {W.shape[0]} rows but the model has {len(classes)} classes "
+            "(one-vs-one models are not linear in this sense)"
+        )
+    return LinearScorer(W, b, "multiclass", classes)
+
+
+def _encode_labels(y, scorer_task: str, classes) -> tuple[np.ndarray, np.ndarray]:
+    y_orig = np.asarray(y.to_numpy() if isinstance(y, (pd.Series, pd.DataFrame)) else y)
+    if y_orig.ndim == 2 and 1 in y_orig.shape:
+        y_orig = y_orig.reshape(-1)
+    if y_orig.ndim != 1:
+        raise ValidationError(f"y must be 1-D, got shape {y_orig.shape}")
+    if scorer_task == "regression":
+        try:
+            yy = y_orig.astype(np.float64)
+        except (TypeError, ValueError) as exc:
+            raise ValidationError(f"y must be numeric for a regressor: {exc}") from exc
+        if not np.all(np.isfinite(yy)):
+            i = int(np.argmax(~np.isfinite(yy)))
+            raise ValidationError(f"y contains NaN or inf (first at index {i})")
+        return yy, y_orig
+    if y_orig.dtype.kind == "f" and not np.all(np.isfinite(y_orig)):
+        i = int(np.argmax(~np.isfinite(y_orig)))
+        raise ValidationError(f"y contains NaN or inf (first at index {i})")
+    lookup = {c.item() if hasattr(c, "item") else c: k for k, c in enumerate(classes)}
+    codes = np.empty(y_orig.shape[0], dtype=np.intp)
+    unknown = []
+    for i, v in enumerate(y_orig.tolist()):
+        k = lookup.get(v)
+        if k is None:
+            unknown.append(v)
+            codes[i] = -1
+        else:
+            codes[i] = k
+    if unknown:
+        shown = sorted({repr(u) for u in unknown})[:5]
+        raise ValidationError(
+            f"y contains label(s) {', '.join(shown)} unknown to the model; "
+            f"the model's classes are {list(classes)}"
+        )
+    if scorer_task == "binary":
+        return np.where(codes == 1, 1.0, -1.0), y_orig
+    return codes, y_orig
+
+
+def check_loss_fits(loss: Loss, task: str, model_name: str) -> None:
+    """Raise IncompatibleLossError when the loss cannot be used with this kind of model."""
+    ok = True
+    if isinstance(loss, PiecewiseLinear):
+        ok = (loss.on == "margin" and task == "binary") or (
+            loss.on == "residual" and task == "regression"
+        )
+    elif isinstance(loss, (MulticlassHinge, ZeroOne)):
+        ok = task in ("binary", "multiclass")
+    elif isinstance(loss, SmoothLoss):
+        ok = {"logistic": ("binary",), "cross_entropy": ("binary", "multiclass"),
+              "squared": ("regression",)}[loss.name].__contains__(task)
+    if not ok:
+        kind = {"binary": "a binary classifier", "multiclass": "a multiclass classifier",
+                "regression": "a regressor"}[task]
+        hint = {
+            "binary": "hinge, multiclass_hinge, zero_one, logistic or cross_entropy",
+            "multiclass": "multiclass_hinge, zero_one or cross_entropy",
+            "regression": "absolute, pinball(tau), epsilon_insensitive(eps) or squared",
+        }[task]
+        raise IncompatibleLossError(
+            f"loss {loss.name!r} does not fit {model_name}, which is {kind}; use {hint}"
+        )
+
+
+def resolve_model(model, X, y, *, loss) -> Problem:
+    """Validate ``(model, X, y, loss)`` and reduce them to arrays (never mutating the inputs)."""
+    loss = get_loss(loss)
+    index = X.index if isinstance(X, pd.DataFrame) else None
+    est = model
+    if _is_pipeline(model):
+        est = model.steps[-1][1]
+        pre = model[:-1]
+        try:
+            Xt = pre.transform(X)
+        except Exception as exc:  # the user's preprocessing failed on this data
+            raise ValidationError(f"the pipeline's preprocessing failed on X: {exc}") from exc
+        if hasattr(Xt, "toarray"):
+            Xt = Xt.toarray()
+        try:
+            names = [str(c) for c in pre.get_feature_names_out()]
+        except Exception:
+            names = None
+        Xa = as_float_matrix(Xt, "X (after the pipeline's preprocessing)")
+        if names is None or len(names) != Xa.shape[1]:
+            names = [f"x{j}" for j in range(Xa.shape[1])]
+    else:
+        Xa = as_float_matrix(X, "X")
+        names = feature_names_of(X, est)
+
+    scorer = _linear_scorer(est)
+    model_name = type(est).__name__
+    if scorer is None:
+        from . import nonlinear  # noqa: PLC0415 - optional path, imported on demand
+
+        adapter = nonlinear.adapt(est) if hasattr(nonlinear, "adapt") else None
+        if adapter is None:
+            _raise_unfitted_or_unsupported(est)
+        task = adapter.task
+        check_loss_fits(loss, task, model_name)
+        yy, y_orig = _encode_labels(y, task, getattr(adapter, "classes", None))
+        _check_rows(Xa, yy)
+        adapter.bind_loss(loss)
+        return Problem(model, Xa, yy, y_orig, loss, names, None, adapter, index)
+
+    if Xa.shape[1] != scorer.d:
+        raise ValidationError(
+            f"X has {Xa.shape[1]} features but the model expects {scorer.d}"
+        )
+    check_loss_fits(loss, scorer.task, model_name)
+    yy, y_orig = _encode_labels(y, scorer.task, scorer.classes)
+    _check_rows(Xa, yy)
+    return Problem(model, Xa, yy, y_orig, loss, names, scorer, None, index)
+
+
+def _check_rows(Xa, yy):
+    if Xa.shape[0] != yy.shape[0]:
+        raise ValidationError(
+            f"X and y have different numbers of samples: {Xa.shape[0]} and {yy.shape[0]}"
+        )
+
+
+def _raise_unfitted_or_unsupported(est):
+    name = type(est).__name__
+    try:
+        from sklearn.base import BaseEstimator
+        from sklearn.exceptions import NotFittedError as SkNotFitted
+        from sklearn.utils.validation import check_is_fitted
+
+        if isinstance(est, BaseEstimator):
+            try:
+                check_is_fitted(est)
+            except SkNotFitted as exc:
+                raise NotFittedError(
+                    f"model {name} is not fitted; call fit(X, y) before certifying it"
+                ) from exc
+    except ImportError:
+        pass
+    raise InputTypeError(
+        f"model of type {name} is not supported: expected otstab.LinearModel, a fitted "
+        "scikit-learn linear model (with coef_), a Pipeline ending in one, or a differentiable "
+        "model supported by otstab.nonlinear"
+    )

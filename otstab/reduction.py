@@ -1,0 +1,143 @@
+"""Reduction of (linear model, piecewise-linear loss, theta1, feature mask) to the d-transform form.
+
+For a loss ``l(x, y) = max_k (a_ik . x + b_ik)`` that is piecewise linear in ``x`` (MATH.md),
+
+    l_h(z_i) = max_x h l(x, y_i) - theta1 ||x - x_i||^2_M = max_k c1[i, k] h + c2[i, k] h^2,
+
+    c1[i, k] = a_ik . x_i + b_ik   (the k-th piece at the sample),
+    c2[i, k] = ||a_ik restricted to the mask||^2 / (4 theta1),
+
+and the maximising move is ``x_i* = x_i + h a_ik* / (2 theta1)`` on the masked coordinates
+(coordinates outside the mask cost infinitely much to move). ``theta1 = inf`` gives ``c2 = 0``
+(no move: only reweighting). Everything downstream (conic programs, the specialised dual)
+works on ``(c1, c2)`` alone.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import ValidationError
+from .losses import MulticlassHinge, PiecewiseLinear
+from .models import Problem
+
+__all__ = ["Reduced", "reduce_problem", "feature_mask"]
+
+
+@dataclass
+class Reduced:
+    """The reduced form ``l_h(z_i) = max_k c1[i,k] h + c2[i,k] h^2`` plus what is needed to move.
+
+    Attributes
+    ----------
+    c1 : (n, K) array
+    c2 : (1, K) or (n, K) array, nonnegative
+    theta1 : float
+    kind : "margin", "residual" or "multiclass"
+    v : (d,) masked coefficient direction (margin / residual)
+    g : (n, K) or (1, K) coefficient of ``v`` in ``a_ik`` (margin / residual)
+    Wm : (K, d) masked class weights (multiclass); a_ik = Wm[k] - Wm[y_i]
+    labels : (n,) internal class indices (multiclass)
+    """
+
+    c1: np.ndarray
+    c2: np.ndarray
+    theta1: float
+    kind: str
+    v: np.ndarray | None = None
+    g: np.ndarray | None = None
+    Wm: np.ndarray | None = None
+    labels: np.ndarray | None = None
+
+    @property
+    def n(self) -> int:
+        return self.c1.shape[0]
+
+    @property
+    def K(self) -> int:
+        return self.c1.shape[1]
+
+    def loss_values(self) -> np.ndarray:
+        """The loss at the data, ``max_k c1[i, k]``."""
+        return self.c1.max(axis=1)
+
+    def directions(self, src: np.ndarray, piece: np.ndarray) -> np.ndarray:
+        """``a_(src, piece)`` restricted to the mask, one row per atom."""
+        if self.kind == "multiclass":
+            return self.Wm[piece] - self.Wm[self.labels[src]]
+        g = self.g[src, piece] if self.g.shape[0] > 1 else self.g[0, piece]
+        return g[:, None] * self.v[None, :]
+
+    def move(self, X: np.ndarray, src: np.ndarray, piece: np.ndarray, h: float) -> np.ndarray:
+        """Moved points ``x_src + h a_(src,piece) / (2 theta1)`` (no move when theta1 = inf)."""
+        out = X[src].copy()
+        if math.isinf(self.theta1) or h == 0.0:
+            return out
+        out += (h / (2.0 * self.theta1)) * self.directions(src, piece)
+        return out
+
+
+def feature_mask(d: int, features=None, names=None) -> np.ndarray | None:
+    """Boolean mask of the features allowed to move; None means all."""
+    if features is None:
+        return None
+    idx = np.atleast_1d(np.asarray(features))
+    mask = np.zeros(d, dtype=bool)
+    for f in idx.tolist():
+        if isinstance(f, (bool, np.bool_)):
+            raise ValidationError("features must be column indices or names, not booleans")
+        if isinstance(f, (int, np.integer)):
+            if not -d <= f < d:
+                raise ValidationError(f"features: index {f} out of range for {d} features")
+            mask[f] = True
+        else:
+            if names is None or str(f) not in names:
+                raise ValidationError(f"features: unknown feature {f!r}")
+            mask[list(names).index(str(f))] = True
+    if not mask.any():
+        raise ValidationError("features selects no feature")
+    return mask
+
+
+def reduce_problem(prob: Problem, theta1: float, mask: np.ndarray | None = None) -> Reduced:
+    """Reduce a linear model with a piecewise-linear loss to ``(c1, c2)``."""
+    sc = prob.scorer
+    loss = prob.loss
+    if sc is None:
+        raise ValidationError("the reduced form needs a linear model")
+    W = sc.W if mask is None else sc.W * mask[None, :]
+    inv4 = 0.0 if math.isinf(theta1) else 1.0 / (4.0 * theta1)
+    if isinstance(loss, PiecewiseLinear):
+        s = sc.scores(prob.X)
+        a = loss.a
+        if loss.on == "margin":
+            u = prob.y * s
+            g = prob.y[:, None] * a[None, :]
+        else:
+            u = prob.y - s
+            g = -a[None, :]
+        c1 = np.multiply.outer(u, a) + loss.b[None, :]
+        v = W[0]
+        c2 = (a * a * float(v @ v) * inv4)[None, :]
+        return Reduced(c1, c2, theta1, loss.on, v=v, g=g)
+    if isinstance(loss, MulticlassHinge):
+        if sc.task == "binary":
+            Wm = np.vstack([np.zeros_like(W[0]), W[0]])
+            S = np.column_stack([np.zeros(prob.n), sc.scores(prob.X)])
+            labels = (prob.y > 0).astype(np.intp)
+        else:
+            Wm = W
+            S = sc.scores(prob.X)
+            labels = prob.y.astype(np.intp)
+        K = Wm.shape[0]
+        sy = np.take_along_axis(S, labels[:, None], axis=1)
+        c1 = 1.0 + S - sy
+        np.put_along_axis(c1, labels[:, None], 0.0, axis=1)
+        diff = Wm[None, :, :] - Wm[:, None, :]  # diff[y, k] = W_k - W_y
+        G = np.einsum("ykd,ykd->yk", diff, diff)
+        c2 = G[labels] * inv4 if K > 0 else None
+        return Reduced(c1, c2, theta1, "multiclass", Wm=Wm, labels=labels)
+    raise ValidationError(f"loss {loss.name!r} has no piecewise-linear reduced form")

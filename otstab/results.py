@@ -1,0 +1,155 @@
+"""``StabilityResult``: the answer of :func:`otstab.certify`, with its primal-dual certificate.
+
+Notation (Blanchet, Cui, Li, Liu 2024): ``R(beta, r)`` is the smallest OT cost of a perturbation
+``Q`` of the evaluation distribution with risk ``E_Q[W l(Z)] >= r``; ``h`` is the dual multiplier
+of the risk constraint and ``alpha`` (chi2 only) that of the mass constraint ``E[W] = 1``.
+The most sensitive distribution ``Q* = (1/n) sum_a mass_a delta_(x*_a, w_a)`` is a list of atoms:
+``source`` (which evaluation sample an atom comes from), ``mass`` (its share of that sample's
+mass), the moved point ``X_star`` and the weight ``weights``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from ._results import ResultMixin, jsonable
+
+__all__ = ["StabilityResult"]
+
+
+@dataclass
+class StabilityResult(ResultMixin):
+    """Stability certificate.
+
+    Attributes
+    ----------
+    value : float
+        R(beta, r), the minimal perturbation cost that drives the risk to r (the dual value;
+        ``inf`` when r is unreachable, 0 when r <= the base risk).
+    h, alpha : float, float or None
+        Dual solution (alpha only for chi2).
+    X_star, weights, source, mass : arrays with one entry per atom of Q*.
+    risk_base : float
+        E_P0[l], the risk on the evaluation data.
+    risk_star : float
+        E_Q*[W l], the risk under Q* (reaches r when the answer is right).
+    total_mass : float
+        E_Q*[W] (equals 1).
+    primal_cost : float
+        The OT cost of Q* recomputed from the cost function (an upper bound on R).
+    gap : float
+        |primal_cost - value| / max(1, value): the primal-dual certificate.
+    decomposition : dict
+        base, corruption (I: moving samples), reweighting (II), as in the paper's eq. (4).
+    solver, status, solve_time : str, str, float
+    message : str
+        Why a status is what it is (unreachable threshold, limit case, fallbacks).
+    solver_log : list of dict
+        Every solver tried, its status and why the next one was tried or skipped.
+    """
+
+    value: float
+    h: float
+    alpha: float | None
+    X_star: np.ndarray
+    weights: np.ndarray
+    source: np.ndarray
+    mass: np.ndarray
+    risk_base: float
+    risk_star: float
+    total_mass: float
+    primal_cost: float
+    gap: float
+    decomposition: dict
+    solver: str
+    status: str
+    solve_time: float
+    r: float = math.nan
+    theta1: float = math.nan
+    theta2: float = math.nan
+    divergence: str = "kl"
+    loss: str = ""
+    message: str = ""
+    solver_log: list = field(default_factory=list)
+    dual_gap_bound: float = math.nan
+    iterations: int = 0
+    compile_time: float = 0.0
+    split: bool = False
+    exact: bool = True
+    loss_star: np.ndarray = field(default=None, repr=False)
+    loss_base: np.ndarray = field(default=None, repr=False)
+    X: np.ndarray = field(default=None, repr=False)
+    feature_names: list = field(default_factory=list, repr=False)
+    index: object = field(default=None, repr=False)
+    info: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def n(self) -> int:
+        return 0 if self.X is None else int(self.X.shape[0])
+
+    @property
+    def n_atoms(self) -> int:
+        return int(np.size(self.weights))
+
+    @property
+    def excess_risk(self) -> float:
+        return self.risk_star - self.risk_base
+
+    def summary(self) -> str:
+        """A short human-readable certificate."""
+        lines = [
+            f"OT stability certificate ({self.loss} loss, {self.divergence}, "
+            f"theta1={self.theta1:g}, theta2={self.theta2:g})",
+            f"  threshold r          {self.r:.6g}",
+            f"  base risk            {self.risk_base:.6g}",
+            f"  R(beta, r)           {self.value:.6g}   [{self.status}, solver {self.solver}]",
+        ]
+        if math.isfinite(self.value):
+            lines += [
+                f"  risk under Q*        {self.risk_star:.6g}",
+                f"  cost of Q* (primal)  {self.primal_cost:.6g}   gap {self.gap:.2e}",
+                f"  excess risk: corruption {self.decomposition.get('corruption', 0):.4g}, "
+                f"reweighting {self.decomposition.get('reweighting', 0):.4g}",
+            ]
+        if self.message:
+            lines.append(f"  note: {self.message}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per atom: source sample, share of its mass, original x, moved x*, weight,
+        loss before and after, squared distance moved."""
+        names = list(self.feature_names) or [f"x{j}" for j in range(self.X_star.shape[1])]
+        src = np.asarray(self.source)
+        data = {"source": src, "mass": self.mass}
+        if self.index is not None:
+            data["index"] = np.asarray(self.index)[src]
+        X0 = self.X[src]
+        for j, nm in enumerate(names):
+            data[nm] = X0[:, j]
+        for j, nm in enumerate(names):
+            data[f"{nm}*"] = self.X_star[:, j]
+        data["weight"] = self.weights
+        data["loss"] = self.loss_base[src]
+        data["loss*"] = self.loss_star
+        data["distance2"] = np.sum((self.X_star - X0) ** 2, axis=1)
+        return pd.DataFrame(data)
+
+    def to_dict(self, *, arrays: bool = True) -> dict:
+        """Plain-Python dict; ``arrays=False`` leaves out the atoms of Q*."""
+        skip = set() if arrays else {"X_star", "weights", "source", "mass"}
+        out = {}
+        for name in self.__dataclass_fields__:
+            f = self.__dataclass_fields__[name]
+            if not f.repr or name in skip:
+                continue
+            out[name] = getattr(self, name)
+        if arrays:
+            out["feature_names"] = list(self.feature_names)
+        return jsonable(out)

@@ -1,0 +1,734 @@
+"""Exact d-transforms of smooth losses of linear models (oracles for the 1-D dual).
+
+The d-transform of ``h * loss`` is
+
+    l_h(z_i) = max_x  h * loss(x, y_i) - theta1 * ||x - x_i||^2,
+
+where only the coordinates in a feature mask may move. For a linear model the loss depends on
+``x`` only through one score (binary: the margin ``m = y (w.x + b)``; regression: the residual
+``e = y - (w.x + b)``) or through the ``K`` class scores (multinomial), so the maximisation
+collapses to a 1-D (or ``K - 1``-dimensional) problem per sample:
+
+* moving the margin by ``-t`` costs at least ``theta1 * t**2 / ||w_M||**2`` (``w_M`` = ``w`` on
+  the mask), attained by ``delta = -y t w_M / ||w_M||**2``;
+* so ``l_h = max_t  h * loss(m - t) - c t**2`` with ``c = theta1 / ||w_M||**2``.
+
+Every oracle here follows the protocol consumed by :func:`otstab_solvers.dual.solve_dual`::
+
+    oracle.n                      # number of samples
+    oracle.h_max                  # l_h finite for 0 <= h < h_max
+    oracle.evaluate(h) -> (l_h, dl_h/dh, d2l_h/dh2)   # each shape (n,)
+    oracle.argmax(h) -> (n, d)    # the moved features (needs the features, see constructors)
+
+``dl_h/dh`` is the loss at the maximiser (envelope theorem) and the second derivative comes from
+implicit differentiation of the stationarity condition (it is undefined at the isolated ``h``
+where two maximisers tie; there the value of the branch chosen is returned).
+
+Exactness
+---------
+* :class:`LogisticOracle` and :class:`SquaredOracle` are exact (global maximisers, to machine
+  precision): the logistic stationarity equation ``h sigmoid(t - m) = 2 c t`` has at most three
+  roots, located on the monotone pieces of ``h sigmoid(t - m) - 2 c t`` (split at its two
+  inflection points); every piece is solved by bracketed Newton and all local maxima compared.
+* :class:`CrossEntropyOracle` is exact for two classes (it reduces to the logistic case) and,
+  for ``K > 2`` classes, whenever ``h <= h_concave = 4 theta1 / sigma_max(A)**2`` (then the inner
+  problem is strictly concave, because the softmax Hessian has eigenvalues <= 1/2). Above that
+  threshold the inner problem may be nonconcave; the oracle returns the best of ``K`` local
+  maxima found by damped Newton from the start point and from one start per wrong class (the
+  far branch of the pairwise logistic problem), which is a lower bound on ``l_h`` and in practice
+  the global maximum (tests compare it with random-restart search).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.special import expit
+
+__all__ = [
+    "LogisticOracle",
+    "SquaredOracle",
+    "CrossEntropyOracle",
+    "logistic_dtransform",
+    "logistic_steps",
+]
+
+
+# ----------------------------------------------------------------------------------------------
+# helpers
+# ----------------------------------------------------------------------------------------------
+
+
+def _softplus(u: np.ndarray) -> np.ndarray:
+    """log(1 + exp(u)), stable for all u."""
+    return np.logaddexp(0.0, u)
+
+
+def _as_vector(v, name: str) -> np.ndarray:
+    arr = np.array(v, dtype=np.float64, copy=True).reshape(-1)
+    if arr.size == 0:
+        raise ValueError(f"{name} is empty")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} contains NaN or inf")
+    return arr
+
+
+def _per_sample(v, n: int, name: str, *, allow_inf: bool = False) -> np.ndarray:
+    """A scalar or an (n,) array of nonnegative values broadcast to shape (n,)."""
+    arr = np.array(v, dtype=np.float64, copy=True)
+    if arr.ndim == 0:
+        arr = np.full(n, float(arr))
+    arr = arr.reshape(-1)
+    if arr.shape != (n,):
+        raise ValueError(f"{name} must be a scalar or have shape ({n},), got {arr.shape}")
+    if np.any(np.isnan(arr)) or (not allow_inf and not np.all(np.isfinite(arr))):
+        raise ValueError(f"{name} contains NaN" + ("" if allow_inf else " or inf"))
+    if np.any(arr < 0):
+        raise ValueError(f"{name} must be >= 0")
+    return arr
+
+
+def _check_theta1(theta1) -> float:
+    try:
+        t = float(theta1)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"theta1 must be a real number, got {type(theta1).__name__}") from exc
+    if not t > 0:  # also rejects NaN
+        raise ValueError(f"theta1 must be > 0 (math.inf allowed), got {theta1}")
+    return t
+
+
+def _check_h(h) -> float:
+    h = float(h)
+    if not (h >= 0 and math.isfinite(h)):
+        raise ValueError(f"h must be finite and >= 0, got {h}")
+    return h
+
+
+def _bracketed_newton(fun, lo: np.ndarray, hi: np.ndarray, *, max_iter: int = 200):
+    """Roots of decreasing functions on brackets [lo, hi] with fun(lo) >= 0 >= fun(hi).
+
+    ``fun(t)`` returns ``(f, f')``; vectorised over the bracket arrays. Newton steps that leave
+    the current bracket are replaced by bisection, so convergence is guaranteed.
+    """
+    lo = lo.copy()
+    hi = hi.copy()
+    t = 0.5 * (lo + hi)
+    active = np.ones(lo.shape, dtype=bool)
+    for _ in range(max_iter):
+        idx = np.nonzero(active)[0]
+        if idx.size == 0:
+            break
+        ti = t[idx]
+        f, fp = fun(ti, idx)
+        pos = f > 0
+        lo[idx] = np.where(pos, ti, lo[idx])
+        hi[idx] = np.where(pos, hi[idx], ti)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            newton = ti - f / fp
+        li, hi_ = lo[idx], hi[idx]
+        ok = np.isfinite(newton) & (newton > li) & (newton < hi_)
+        tn = np.where(ok, newton, 0.5 * (li + hi_))
+        width = hi_ - li
+        scale = 1.0 + np.abs(tn)
+        done = (f == 0) | (width <= 4e-16 * scale) | (np.abs(tn - ti) <= 1e-15 * scale)
+        t[idx] = np.where(f == 0, ti, tn)
+        active[idx[done]] = False
+    return t
+
+
+# ----------------------------------------------------------------------------------------------
+# logistic
+# ----------------------------------------------------------------------------------------------
+
+
+def logistic_steps(margins, c, h: float) -> np.ndarray:
+    """Global maximisers ``t_i >= 0`` of ``h * log(1 + exp(t - m_i)) - c_i t**2``.
+
+    Parameters
+    ----------
+    margins : array of shape (n,)
+        Margins ``m_i = y_i (w.x_i + b)``.
+    c : float or array of shape (n,)
+        ``theta1 / ||w_M||**2`` per sample, in ``(0, inf]``; ``inf`` means the sample cannot
+        move (then ``t_i = 0``).
+    h : float
+        Dual variable, ``h >= 0``.
+
+    Returns
+    -------
+    ndarray of shape (n,)
+        The margin decrease ``t_i`` of the maximiser (the moved margin is ``m_i - t_i``).
+
+    Notes
+    -----
+    With ``u = t - m`` the stationarity condition is ``phi(t) = h sigmoid(t - m) - 2 c t = 0``.
+    ``phi(0) > 0`` and ``phi(h / 2c) < 0``, so every root lies in ``(0, h / 2c)``. If
+    ``h <= 8 c`` then ``phi`` is decreasing (the objective is concave) and the root is unique.
+    Otherwise ``phi`` decreases, increases and decreases again, split at
+    ``t = m -+ L`` where ``sigmoid'(L) = 2c/h``, ``L = 2 artanh(sqrt(1 - 8c/h))``; the local
+    maxima of the objective are the roots on the two decreasing pieces, found by bracketed
+    Newton and compared.
+    """
+    m = np.asarray(margins, dtype=np.float64).reshape(-1)
+    n = m.size
+    c = np.broadcast_to(np.asarray(c, dtype=np.float64), (n,))
+    h = _check_h(h)
+    t = np.zeros(n)
+    if h == 0.0:
+        return t
+    mov = np.isfinite(c) & (c > 0)
+    if not np.any(mov):
+        return t
+    mm = m[mov]
+    cc = c[mov]
+    T = h / (2.0 * cc)
+
+    def g(tt, mm_, cc_):
+        return h * _softplus(tt - mm_) - cc_ * tt * tt
+
+    def make_fun(mm_, cc_):
+        def fun(tt, idx):
+            s = expit(tt - mm_[idx])
+            f = h * s - 2.0 * cc_[idx] * tt
+            fp = h * s * (1.0 - s) - 2.0 * cc_[idx]
+            return f, fp
+        return fun
+
+    fun = make_fun(mm, cc)
+    k = 2.0 * cc / h  # sigmoid'(u) = k at the inflection points of phi
+    nonconcave = k < 0.25
+    s = np.sqrt(np.clip(1.0 - 4.0 * k, 0.0, None))
+    L = np.where(nonconcave, 2.0 * np.arctanh(np.minimum(s, 1.0 - 1e-16)), 0.0)
+    t1 = mm - L
+    t2 = mm + L
+    # piece C (the far one; the only one when concave): [max(t2, 0), T] clipped
+    lo_c = np.where(nonconcave, np.clip(t2, 0.0, T), 0.0)
+    hi_c = T.copy()
+    f_lo_c = fun(lo_c, np.arange(mm.size))[0]
+    valid_c = f_lo_c >= 0
+    # piece A (the near one): [0, min(t1, T)], only if t1 > 0
+    hi_a = np.clip(t1, 0.0, T)
+    f_hi_a = fun(hi_a, np.arange(mm.size))[0]
+    valid_a = nonconcave & (t1 > 0) & (f_hi_a <= 0)
+    # at least one piece holds a root (phi(0) > 0 > phi(T)); guard against rounding
+    none = ~valid_a & ~valid_c
+    if np.any(none):
+        lo_c[none] = 0.0
+        valid_c[none] = True
+    best_t = np.zeros(mm.size)
+    best_g = np.full(mm.size, -np.inf)
+    for valid, lo, hi in ((valid_c, lo_c, hi_c), (valid_a, np.zeros(mm.size), hi_a)):
+        idx = np.nonzero(valid)[0]
+        if idx.size == 0:
+            continue
+        sub = make_fun(mm[idx], cc[idx])
+        root = _bracketed_newton(sub, lo[idx], hi[idx])
+        val = g(root, mm[idx], cc[idx])
+        better = val > best_g[idx]
+        best_t[idx[better]] = root[better]
+        best_g[idx[better]] = val[better]
+    t[mov] = best_t
+    return t
+
+
+def logistic_dtransform(margins, c, h: float):
+    """``(l_h, dl_h/dh, d2l_h/dh2, t)`` of the binary logistic loss ``log(1 + exp(-m))``.
+
+    See :func:`logistic_steps` for the arguments. ``c = inf`` (no move possible) gives
+    ``l_h = h * loss(m)``, derivative ``loss(m)`` and second derivative 0.
+    """
+    m = np.asarray(margins, dtype=np.float64).reshape(-1)
+    n = m.size
+    c = np.broadcast_to(np.asarray(c, dtype=np.float64), (n,))
+    h = _check_h(h)
+    t = logistic_steps(m, c, h)
+    u = t - m
+    loss_star = _softplus(u)
+    fin = np.isfinite(c)
+    cost = np.where(fin, np.where(fin, c, 0.0) * t * t, 0.0)
+    lh = h * loss_star - cost
+    s = expit(u)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        denom = 2.0 * np.where(fin, c, 0.0) - h * s * (1.0 - s)
+        d2 = np.where(fin & (c > 0), s * s / denom, 0.0)
+    return lh, loss_star, d2, t
+
+
+class LogisticOracle:
+    """Exact d-transform of the binary logistic loss of a linear classifier.
+
+    Parameters
+    ----------
+    margins : array of shape (n,)
+        ``m_i = y_i (w.x_i + b)`` with ``y_i`` in ``{-1, +1}``.
+    direction_norm2 : float or array of shape (n,)
+        ``||w_M||**2``, the squared norm of the coefficients on the feature mask (0: no
+        masked coordinate matters, the samples cannot move the margin).
+    theta1 : float
+        Transport cost of moving features, in ``(0, inf]``.
+    X : array of shape (n, d), optional
+        Features (needed by :meth:`argmax` only).
+    signs : array of shape (n,), optional
+        Labels in ``{-1, +1}`` (needed by :meth:`argmax`).
+    direction : array of shape (d,), optional
+        ``w_M``: ``w`` with the non-masked coordinates set to zero (needed by :meth:`argmax`).
+
+    Notes
+    -----
+    The maximiser moves sample ``i`` to ``x_i - t_i y_i w_M / ||w_M||**2``, which lowers the
+    margin by ``t_i`` at cost ``theta1 t_i**2 / ||w_M||**2`` (:func:`logistic_steps`).
+    ``h_max`` is ``inf``: the loss grows linearly, the cost quadratically.
+    """
+
+    def __init__(self, margins, direction_norm2, theta1, *, X=None, signs=None, direction=None):
+        self.margins = _as_vector(margins, "margins")
+        self.n = self.margins.size
+        self.direction_norm2 = _per_sample(direction_norm2, self.n, "direction_norm2")
+        self.theta1 = _check_theta1(theta1)
+        with np.errstate(divide="ignore"):
+            self.c = np.where(
+                (self.direction_norm2 > 0) & math.isfinite(self.theta1),
+                self.theta1 / np.where(self.direction_norm2 > 0, self.direction_norm2, 1.0),
+                np.inf,
+            )
+        self.h_max = math.inf
+        self._X = None if X is None else np.array(X, dtype=np.float64, copy=True)
+        self._signs = None if signs is None else _as_vector(signs, "signs")
+        self._direction = None if direction is None else _as_vector(direction, "direction")
+        if self._X is not None and self._X.shape[0] != self.n:
+            raise ValueError(f"X has {self._X.shape[0]} rows but margins has {self.n}")
+        if self._signs is not None and self._signs.size != self.n:
+            raise ValueError(f"signs has {self._signs.size} entries but margins has {self.n}")
+        self._cache: tuple | None = None
+
+    @classmethod
+    def from_linear(cls, X, y_signs, coef, intercept, theta1, mask=None) -> LogisticOracle:
+        """Build from features, labels in {-1, +1}, coefficients ``w`` and intercept ``b``.
+
+        ``mask`` (boolean of shape (d,), or indices) restricts the coordinates that may move.
+        """
+        X = np.array(X, dtype=np.float64, copy=True)
+        w = _as_vector(coef, "coef")
+        if X.ndim != 2 or X.shape[1] != w.size:
+            raise ValueError(f"X must have shape (n, {w.size}), got {X.shape}")
+        ys = _as_vector(y_signs, "y_signs")
+        if not np.all(np.isin(ys, (-1.0, 1.0))):
+            raise ValueError("y_signs must contain only -1 and +1")
+        wm = w * _mask_vector(mask, w.size)
+        margins = ys * (X @ w + float(intercept))
+        return cls(margins, float(wm @ wm), theta1, X=X, signs=ys, direction=wm)
+
+    def _eval(self, h: float):
+        h = _check_h(h)
+        if self._cache is not None and self._cache[0] == h:
+            return self._cache[1]
+        out = logistic_dtransform(self.margins, self.c, h)
+        self._cache = (h, out)
+        return out
+
+    def evaluate(self, h: float):
+        """``(l_h, dl_h/dh, d2l_h/dh2)`` at ``h``, each of shape (n,)."""
+        lh, d1, d2, _ = self._eval(h)
+        return lh.copy(), d1.copy(), d2.copy()
+
+    def steps(self, h: float) -> np.ndarray:
+        """The margin decrease ``t_i`` of each sample's maximiser at ``h``."""
+        return self._eval(h)[3].copy()
+
+    def loss(self) -> np.ndarray:
+        """The logistic loss at the unmoved samples."""
+        return _softplus(-self.margins)
+
+    def argmax(self, h: float) -> np.ndarray:
+        """Moved features ``x_i - t_i y_i w_M / ||w_M||**2``, shape (n, d)."""
+        if self._X is None or self._signs is None or self._direction is None:
+            raise ValueError("argmax needs X, signs and direction: pass them to the "
+                             "constructor or use LogisticOracle.from_linear")
+        t = self.steps(h)
+        a = self.direction_norm2
+        with np.errstate(divide="ignore", invalid="ignore"):
+            scale = np.where(a > 0, t * self._signs / np.where(a > 0, a, 1.0), 0.0)
+        return self._X - scale[:, None] * self._direction[None, :]
+
+
+# ----------------------------------------------------------------------------------------------
+# squared
+# ----------------------------------------------------------------------------------------------
+
+
+class SquaredOracle:
+    """Exact d-transform of the squared loss ``e**2`` of a linear regressor.
+
+    Parameters
+    ----------
+    residuals : array of shape (n,)
+        ``e_i = y_i - (beta.x_i + b)``.
+    direction_norm2 : float or array of shape (n,)
+        ``||beta_M||**2`` on the feature mask.
+    theta1 : float
+        In ``(0, inf]``.
+    X : array of shape (n, d), optional
+        Features (for :meth:`argmax`).
+    direction : array of shape (d,), optional
+        ``beta_M`` (for :meth:`argmax`).
+
+    Notes
+    -----
+    ``max_s h (e + s)**2 - theta1 s**2 / a`` (``a = ||beta_M||**2``) is attained at
+    ``s = h a e / (theta1 - h a)``, giving ``l_h = h e**2 theta1 / (theta1 - h a)`` for
+    ``h < h_max = theta1 / a``, and ``+inf`` beyond (for ``e != 0``; a zero residual still has an
+    unbounded d-transform for ``h > h_max``). The derivative is the squared residual at the
+    maximiser, ``e**2 theta1**2 / (theta1 - h a)**2``, the second derivative
+    ``2 a e**2 theta1**2 / (theta1 - h a)**3``. The maximiser is
+    ``x_i - h e_i beta_M / (theta1 - h a)``.
+    """
+
+    def __init__(self, residuals, direction_norm2, theta1, *, X=None, direction=None):
+        self.residuals = _as_vector(residuals, "residuals")
+        self.n = self.residuals.size
+        self.direction_norm2 = _per_sample(direction_norm2, self.n, "direction_norm2")
+        self.theta1 = _check_theta1(theta1)
+        a = self.direction_norm2
+        if math.isinf(self.theta1):
+            self.a_eff = np.zeros(self.n)
+        else:
+            self.a_eff = a / self.theta1  # h_max_i = 1 / a_eff_i
+        amax = float(np.max(self.a_eff))
+        self.h_max = math.inf if amax == 0 else 1.0 / amax
+        self._X = None if X is None else np.array(X, dtype=np.float64, copy=True)
+        self._direction = None if direction is None else _as_vector(direction, "direction")
+        if self._X is not None and self._X.shape[0] != self.n:
+            raise ValueError(f"X has {self._X.shape[0]} rows but residuals has {self.n}")
+
+    @classmethod
+    def from_linear(cls, X, y, coef, intercept, theta1, mask=None) -> SquaredOracle:
+        """Build from features, targets, coefficients ``beta`` and intercept ``b``."""
+        X = np.array(X, dtype=np.float64, copy=True)
+        beta = _as_vector(coef, "coef")
+        if X.ndim != 2 or X.shape[1] != beta.size:
+            raise ValueError(f"X must have shape (n, {beta.size}), got {X.shape}")
+        y = _as_vector(y, "y")
+        bm = beta * _mask_vector(mask, beta.size)
+        res = y - (X @ beta + float(intercept))
+        return cls(res, float(bm @ bm), theta1, X=X, direction=bm)
+
+    def evaluate(self, h: float):
+        """``(l_h, dl_h/dh, d2l_h/dh2)``; ``inf`` where ``h >= 1 / a_eff_i``."""
+        h = _check_h(h)
+        e2 = self.residuals ** 2
+        q = 1.0 - h * self.a_eff  # (theta1 - h a) / theta1
+        ok = q > 0
+        qs = np.where(ok, q, 1.0)
+        lh = np.where(ok, h * e2 / qs, np.inf)
+        d1 = np.where(ok, e2 / (qs * qs), np.inf)
+        d2 = np.where(ok, 2.0 * self.a_eff * e2 / (qs * qs * qs), np.inf)
+        return lh, d1, d2
+
+    def argmax(self, h: float) -> np.ndarray:
+        """Moved features ``x_i - h e_i beta_M / (theta1 - h a)``; needs ``h < h_max``."""
+        if self._X is None or self._direction is None:
+            raise ValueError("argmax needs X and direction: pass them to the constructor "
+                             "or use SquaredOracle.from_linear")
+        h = _check_h(h)
+        if h >= self.h_max:
+            raise ValueError(f"h = {h} >= h_max = {self.h_max}: the d-transform is unbounded")
+        if math.isinf(self.theta1):
+            return self._X.copy()
+        scale = h * self.residuals / (self.theta1 * (1.0 - h * self.a_eff))
+        return self._X - scale[:, None] * self._direction[None, :]
+
+
+# ----------------------------------------------------------------------------------------------
+# multinomial cross-entropy
+# ----------------------------------------------------------------------------------------------
+
+
+def _mask_vector(mask, d: int) -> np.ndarray:
+    """A float 0/1 vector of length d from a boolean mask, indices or None (all ones)."""
+    if mask is None:
+        return np.ones(d)
+    m = np.asarray(mask)
+    if m.dtype == bool:
+        if m.shape != (d,):
+            raise ValueError(f"mask must have shape ({d},), got {m.shape}")
+        return m.astype(np.float64)
+    idx = m.reshape(-1).astype(np.int64)
+    if idx.size and (idx.min() < -d or idx.max() >= d):
+        raise ValueError(f"mask indices out of range for {d} features")
+    out = np.zeros(d)
+    out[idx] = 1.0
+    return out
+
+
+def _logsumexp_rows(S: np.ndarray) -> np.ndarray:
+    mx = np.max(S, axis=1, keepdims=True)
+    return (mx + np.log(np.sum(np.exp(S - mx), axis=1, keepdims=True)))[:, 0]
+
+
+def _softmax_rows(S: np.ndarray) -> np.ndarray:
+    E = np.exp(S - np.max(S, axis=1, keepdims=True))
+    return E / np.sum(E, axis=1, keepdims=True)
+
+
+class CrossEntropyOracle:
+    """d-transform of the multinomial cross-entropy of a linear classifier.
+
+    Parameters
+    ----------
+    scores : array of shape (n, K)
+        Class scores ``s_i = W x_i + b`` (softmax logits), ``K >= 2``.
+    labels : array of shape (n,)
+        Integer class indices in ``0 .. K-1``.
+    W_masked : array of shape (K, d_M)
+        The columns of ``W`` on the feature mask.
+    theta1 : float
+        In ``(0, inf]``.
+    X : array of shape (n, d), optional
+        Features, for :meth:`argmax`.
+    mask : boolean array of shape (d,) or indices, optional
+        The masked coordinates (columns of ``X`` matching the columns of ``W_masked``), for
+        :meth:`argmax`; default all.
+    tol : float
+        Stationarity tolerance of the inner Newton solves (relative).
+    max_iter : int
+        Maximum Newton iterations per start.
+
+    Notes
+    -----
+    ``CE(s) = logsumexp(s) - s_y`` is invariant to adding a constant to all scores, so a move
+    ``delta`` matters only through ``P W_M delta`` (``P`` centres the scores). With the SVD
+    ``P W_M = U S V^T`` (rank ``q <= K - 1``), ``delta = V c`` and the inner problem becomes
+    ``max_c f(c) = h CE(s + A c) - theta1 ||c||**2`` with ``A = U S`` (``K x q``).
+
+    * ``K = 2``: solved exactly as the logistic case (margin ``s_y - s_other``).
+    * ``h <= h_concave = 4 theta1 / sigma_max(A)**2``: ``f`` is strictly concave; damped Newton
+      finds the global maximiser (exact).
+    * Above: ``f`` may have several local maxima. The oracle runs damped Newton (with
+      Levenberg regularisation and backtracking, so each run ascends to a local maximum) from
+      ``c = 0`` and from one start per wrong class ``k`` (the far stationary point of the
+      1-D problem along the direction that raises ``s_k - s_y``), and keeps the best. This is a
+      lower bound on the true ``l_h``; ``exact_at(h)`` says where the guarantee holds.
+    """
+
+    def __init__(self, scores, labels, W_masked, theta1, *, X=None, mask=None, tol=1e-12,
+                 max_iter=100):
+        S = np.array(scores, dtype=np.float64, copy=True)
+        if S.ndim != 2 or S.shape[1] < 2:
+            raise ValueError(f"scores must have shape (n, K) with K >= 2, got {S.shape}")
+        if not np.all(np.isfinite(S)):
+            raise ValueError("scores contains NaN or inf")
+        self.scores = S
+        self.n, self.K = S.shape
+        lab = np.asarray(labels)
+        if lab.shape != (self.n,):
+            raise ValueError(f"labels must have shape ({self.n},), got {lab.shape}")
+        if not np.issubdtype(lab.dtype, np.integer):
+            if not np.all(np.equal(np.mod(lab, 1), 0)):
+                raise ValueError("labels must be integer class indices")
+        lab = lab.astype(np.int64)
+        if lab.min() < 0 or lab.max() >= self.K:
+            raise ValueError(f"labels must lie in 0..{self.K - 1}")
+        self.labels = lab
+        W = np.array(W_masked, dtype=np.float64, copy=True)
+        if W.ndim == 1:
+            W = W[:, None]
+        if W.ndim != 2 or W.shape[0] != self.K:
+            raise ValueError(f"W_masked must have shape ({self.K}, d_M), got {W.shape}")
+        if not np.all(np.isfinite(W)):
+            raise ValueError("W_masked contains NaN or inf")
+        self.W_masked = W
+        self.theta1 = _check_theta1(theta1)
+        self.tol = float(tol)
+        self.max_iter = int(max_iter)
+        self.h_max = math.inf
+        # reduced coordinates
+        P = np.eye(self.K) - 1.0 / self.K
+        B = P @ W
+        if W.shape[1] == 0:
+            U, sv, Vt = np.zeros((self.K, 0)), np.zeros(0), np.zeros((0, 0))
+        else:
+            U, sv, Vt = np.linalg.svd(B, full_matrices=False)
+        keep = sv > 1e-12 * (sv[0] if sv.size else 0.0) if sv.size else np.zeros(0, bool)
+        keep &= sv > 0
+        self.A = U[:, keep] * sv[keep]          # (K, q)
+        self.V = Vt[keep].T                     # (d_M, q)
+        self.q = int(self.A.shape[1])
+        smax = float(sv[keep][0]) if self.q else 0.0
+        if self.q == 0 or math.isinf(self.theta1):
+            self.h_concave = math.inf
+        else:
+            self.h_concave = 4.0 * self.theta1 / smax ** 2
+        self._X = None if X is None else np.array(X, dtype=np.float64, copy=True)
+        self._mask = None
+        if self._X is not None:
+            mv = _mask_vector(mask, self._X.shape[1]).astype(bool)
+            if int(mv.sum()) != W.shape[1]:
+                raise ValueError(f"mask selects {int(mv.sum())} features but W_masked has "
+                                 f"{W.shape[1]} columns")
+            if self._X.shape[0] != self.n:
+                raise ValueError(f"X has {self._X.shape[0]} rows but scores has {self.n}")
+            self._mask = mv
+        self._cache: tuple | None = None
+        self._logistic = None
+        if self.K == 2 and self.q > 0 and math.isfinite(self.theta1):
+            # margin of the true class against the other one
+            other = 1 - self.labels
+            rows = np.arange(self.n)
+            margins = S[rows, self.labels] - S[rows, other]
+            diff = W[1] - W[0]
+            # moving the margin s_y - s_other by -t costs theta1 t^2 / ||w_1 - w_0||^2
+            self._logistic = logistic_dtransform, margins, self.theta1 / float(diff @ diff)
+
+    def loss(self) -> np.ndarray:
+        """Cross-entropy of the unmoved samples."""
+        rows = np.arange(self.n)
+        return _logsumexp_rows(self.scores) - self.scores[rows, self.labels]
+
+    def exact_at(self, h: float) -> bool:
+        """Whether the returned ``l_h`` is guaranteed to be the global maximum at ``h``."""
+        return self.K == 2 or self.q == 0 or float(h) <= self.h_concave
+
+    # -- inner solver -----------------------------------------------------------------------
+
+    def _f_grad_hess(self, C: np.ndarray, rows: np.ndarray, h: float):
+        """Objective, gradient and Hessian at C (m, q) for samples ``rows``."""
+        S = self.scores[rows] + C @ self.A.T
+        lse = _logsumexp_rows(S)
+        y = self.labels[rows]
+        ar = np.arange(rows.size)
+        ce = lse - S[ar, y]
+        p = _softmax_rows(S)
+        pe = p.copy()
+        pe[ar, y] -= 1.0
+        g_ce = pe @ self.A                                   # (m, q)
+        f = h * ce - self.theta1 * np.sum(C * C, axis=1)
+        grad = h * g_ce - 2.0 * self.theta1 * C
+        # A^T (diag p - p p^T) A
+        Ap = p[:, :, None] * self.A[None, :, :]              # (m, K, q)
+        M = np.einsum("kq,mkr->mqr", self.A, Ap)
+        pa = p @ self.A                                      # (m, q)
+        M -= pa[:, :, None] * pa[:, None, :]
+        H = h * M - 2.0 * self.theta1 * np.eye(self.q)[None]
+        return f, grad, H, ce, g_ce
+
+    def _newton(self, C0: np.ndarray, rows: np.ndarray, h: float) -> np.ndarray:
+        """Damped (Levenberg) Newton ascent from C0, per sample, to a local maximum."""
+        C = C0.copy()
+        active = np.arange(rows.size)
+        f, grad, H, _, _ = self._f_grad_hess(C, rows, h)
+        gscale = h * (1.0 + np.max(np.abs(self.A))) + 2.0 * self.theta1
+        for _ in range(self.max_iter):
+            if active.size == 0:
+                break
+            ga = grad[active]
+            conv = np.sqrt(np.sum(ga * ga, axis=1)) <= self.tol * gscale * (
+                1.0 + np.sqrt(np.sum(C[active] ** 2, axis=1)))
+            active = active[~conv]
+            if active.size == 0:
+                break
+            Ha = H[active]
+            ga = grad[active]
+            # shift the Hessian to be negative definite
+            evals, evecs = np.linalg.eigh(Ha)
+            lam_max = evals[:, -1]
+            mu = np.where(lam_max >= -1e-3 * self.theta1, lam_max + self.theta1, 0.0)
+            proj = np.einsum("mqr,mq->mr", evecs, ga)
+            step = -np.einsum("mqr,mr->mq", evecs, proj / (evals - mu[:, None]))
+            # backtracking on the objective
+            t = np.ones(active.size)
+            fa = f[active]
+            newC = C[active] + step
+            for _ in range(60):
+                fn, gn, Hn, _, _ = self._f_grad_hess(newC, rows[active], h)
+                ok = fn >= fa - 1e-15 * (1.0 + np.abs(fa))
+                if np.all(ok):
+                    break
+                t = np.where(ok, t, 0.5 * t)
+                newC = np.where(ok[:, None], newC, C[active] + t[:, None] * step)
+            C[active] = np.where(ok[:, None], newC, C[active])
+            f[active] = np.where(ok, fn, fa)
+            grad[active] = np.where(ok[:, None], gn, grad[active])
+            H[active] = np.where(ok[:, None, None], Hn, H[active])
+            small = ~ok | (t * np.sqrt(np.sum(step * step, axis=1))
+                           <= 1e-15 * (1.0 + np.sqrt(np.sum(C[active] ** 2, axis=1))))
+            active = active[~small]
+        return C
+
+    def _solve(self, h: float):
+        h = _check_h(h)
+        if self._cache is not None and self._cache[0] == h:
+            return self._cache[1]
+        rows = np.arange(self.n)
+        if self._logistic is not None:
+            fn, margins, c = self._logistic
+            lh, d1, d2, t = fn(margins, c, h)
+            # c-space solution: the move lowers s_y - s_other by t; in c-coordinates the
+            # direction is A^T (e_other - e_y) normalised, length t / ||A^T (e_o - e_y)||
+            E = np.zeros((self.n, self.K))
+            E[rows, 1 - self.labels] = 1.0
+            E[rows, self.labels] -= 1.0
+            G = E @ self.A
+            gn2 = np.sum(G * G, axis=1)
+            C = G * (t / gn2)[:, None]
+            out = (lh, d1, d2, C)
+            self._cache = (h, out)
+            return out
+        ce0 = self.loss()
+        if h == 0.0 or self.q == 0 or math.isinf(self.theta1):
+            C = np.zeros((self.n, self.q))
+            out = (h * ce0, ce0, np.zeros(self.n), C)
+            self._cache = (h, out)
+            return out
+        starts = [np.zeros((self.n, self.q))]
+        if h > self.h_concave:
+            for k in range(self.K):
+                E = -np.eye(self.K)[self.labels]
+                E[:, k] += 1.0
+                G = E @ self.A                                  # raises s_k - s_y
+                gn = np.sqrt(np.sum(G * G, axis=1))
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    U = np.where(gn[:, None] > 0, G / np.where(gn > 0, gn, 1.0)[:, None], 0.0)
+                # far stationary point of h * softplus(s_k - s_y + gn tau) - theta1 tau^2
+                tau = h * gn / (2.0 * self.theta1)
+                starts.append(U * tau[:, None])
+        best_C = None
+        best_f = None
+        for C0 in starts:
+            C = self._newton(C0, rows, h)
+            f = self._f_grad_hess(C, rows, h)[0]
+            if best_C is None:
+                best_C, best_f = C, f
+            else:
+                better = f > best_f
+                best_C = np.where(better[:, None], C, best_C)
+                best_f = np.where(better, f, best_f)
+        f, _, H, ce, g_ce = self._f_grad_hess(best_C, rows, h)
+        # d2 = g^T (-H)^{-1} g  with g = A^T (p - e_y)
+        try:
+            sol = np.linalg.solve(-H, g_ce[:, :, None])[:, :, 0]
+            d2 = np.sum(g_ce * sol, axis=1)
+        except np.linalg.LinAlgError:
+            d2 = np.full(self.n, np.nan)
+        out = (f, ce, d2, best_C)
+        self._cache = (h, out)
+        return out
+
+    def evaluate(self, h: float):
+        """``(l_h, dl_h/dh, d2l_h/dh2)`` at ``h``, each of shape (n,)."""
+        lh, d1, d2, _ = self._solve(h)
+        return lh.copy(), d1.copy(), d2.copy()
+
+    def moves(self, h: float) -> np.ndarray:
+        """The masked-coordinate displacement of each maximiser, shape (n, d_M)."""
+        C = self._solve(h)[3]
+        return C @ self.V.T
+
+    def argmax(self, h: float) -> np.ndarray:
+        """Moved features, shape (n, d) (needs ``X`` at construction)."""
+        if self._X is None:
+            raise ValueError("argmax needs X (and mask): pass them to the constructor")
+        out = self._X.copy()
+        out[:, self._mask] += self.moves(h)
+        return out

@@ -1,0 +1,108 @@
+"""Weights of the most sensitive distribution and the phi-divergence pieces of the dual.
+
+For the KL divergence, ``w_i = exp(l_i/theta2) / mean_j exp(l_j/theta2)`` (a softmax times n);
+for chi2, ``w_i = ((l_i + alpha)/(2 theta2) + 1)_+`` where ``alpha`` solves
+``mean_i ((l_i + alpha)/(2 theta2) + 1)_+ = 1`` (Remark 5 of the paper), found exactly by a sort.
+Both accept ``theta2 = inf`` (no reweighting: all weights 1).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = [
+    "logmeanexp",
+    "kl_weights",
+    "kl_dual_term",
+    "chi2_alpha",
+    "chi2_weights",
+    "chi2_dual_term",
+    "phi",
+]
+
+
+def logmeanexp(a: np.ndarray) -> float:
+    """log(mean(exp(a))) computed stably."""
+    a = np.asarray(a, dtype=np.float64)
+    m = float(np.max(a))
+    if not math.isfinite(m):
+        return m
+    return m + math.log(float(np.mean(np.exp(a - m))))
+
+
+def kl_dual_term(lh: np.ndarray, theta2: float) -> float:
+    """theta2 * log mean exp(lh / theta2); the mean of lh when theta2 = inf."""
+    if math.isinf(theta2):
+        return float(np.mean(lh))
+    return theta2 * logmeanexp(np.asarray(lh) / theta2)
+
+
+def kl_weights(lh: np.ndarray, theta2: float) -> np.ndarray:
+    """Weights w_i = n softmax_i(lh / theta2), so that mean(w) = 1."""
+    lh = np.asarray(lh, dtype=np.float64)
+    if math.isinf(theta2):
+        return np.ones_like(lh)
+    a = lh / theta2
+    e = np.exp(a - np.max(a))
+    return e * (lh.size / np.sum(e))
+
+
+def chi2_alpha(lh: np.ndarray, theta2: float) -> float:
+    """The alpha solving mean_i ((lh_i + alpha)/(2 theta2) + 1)_+ = 1, exactly (O(n log n)).
+
+    With u_i = lh_i / (2 theta2) and beta = alpha / (2 theta2) + 1, the equation is
+    mean_i (u_i + beta)_+ = 1. The left side is piecewise linear and increasing in beta; if
+    the top-k values of u are the active ones, beta = (n - sum_{top k} u) / k, valid when
+    beta + u_(k) > 0 >= beta + u_(k+1).
+    """
+    lh = np.asarray(lh, dtype=np.float64)
+    n = lh.size
+    if math.isinf(theta2):
+        return 0.0
+    u = np.sort(lh / (2.0 * theta2))[::-1]
+    csum = np.cumsum(u)
+    k = np.arange(1, n + 1)
+    beta = (n - csum) / k
+    # the active set is the largest k with beta_k + u_(k) > 0
+    valid = beta + u > 0
+    kk = int(np.nonzero(valid)[0][-1])
+    return float(2.0 * theta2 * (beta[kk] - 1.0))
+
+
+def chi2_weights(lh: np.ndarray, theta2: float, alpha: float | None = None) -> np.ndarray:
+    """w_i = ((lh_i + alpha)/(2 theta2) + 1)_+; mean(w) = 1 at the exact alpha."""
+    lh = np.asarray(lh, dtype=np.float64)
+    if math.isinf(theta2):
+        return np.ones_like(lh)
+    if alpha is None:
+        alpha = chi2_alpha(lh, theta2)
+    return np.maximum((lh + alpha) / (2.0 * theta2) + 1.0, 0.0)
+
+
+def chi2_dual_term(lh: np.ndarray, theta2: float, alpha: float | None = None) -> float:
+    """The chi2 dual's subtracted term: -alpha - theta2 + theta2 mean(w^2) at the best alpha.
+
+    So the chi2 dual objective at h is ``h r - chi2_dual_term(l_h, theta2)``.
+    theta2 = inf gives mean(lh) (weights all one).
+    """
+    lh = np.asarray(lh, dtype=np.float64)
+    if math.isinf(theta2):
+        return float(np.mean(lh))
+    if alpha is None:
+        alpha = chi2_alpha(lh, theta2)
+    w = np.maximum((lh + alpha) / (2.0 * theta2) + 1.0, 0.0)
+    return float(-alpha - theta2 + theta2 * np.mean(w * w))
+
+
+def phi(w: np.ndarray, divergence: str) -> np.ndarray:
+    """phi_KL(t) = t log t - t + 1 (with 0 log 0 = 0), phi_chi2(t) = (t - 1)^2."""
+    w = np.asarray(w, dtype=np.float64)
+    if divergence == "kl":
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out = np.where(w > 0, w * np.log(np.where(w > 0, w, 1.0)) - w + 1.0, 1.0)
+        return out
+    if divergence == "chi2":
+        return (w - 1.0) ** 2
+    raise ValueError(f"divergence must be 'kl' or 'chi2', got {divergence!r}")

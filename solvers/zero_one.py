@@ -1,0 +1,129 @@
+"""Exact 0/1-loss duals from the distances to the nearest misclassified point.
+
+With ``a_i = theta1 * d*_i`` (``inf`` when a sample cannot be misclassified by moving, e.g.
+theta1 = inf), the d-transform of the 0/1 loss is ``l_h(z_i) = (h - a_i)_+`` (MATH.md).
+
+KL (closed form, O(n log n)): sort ``a``; on the segment where the first ``j`` sorted samples
+are "moved" (``a_(j) < h < a_(j+1)``) the stationarity condition of
+``F(h) = h r - theta2 log mean exp(l_h/theta2)`` reads
+
+    exp(h/theta2) = r (n - j) / ((1 - r) sum_{i <= j} exp(-a_i/theta2)),
+
+so the optimum is the first segment whose candidate does not exceed its right end: inside the
+segment if the candidate is at least its left end, otherwise at the kink ``a_(j)``.
+theta2 = inf: ``F'(h) = r - j/n`` on segment j, so ``h* = a_(ceil(r n))``.
+chi2: the dual is piecewise quadratic; it is solved by the kink-exact dual solver on
+:class:`DistanceOracle` (Newton on smooth segments, exact at breakpoints).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from .dual import solve_dual
+from .result import FAILED, OPTIMAL, DualSolution
+from .weights import chi2_dual_term, kl_dual_term
+
+__all__ = ["DistanceOracle", "solve_zero_one", "zero_one_objective"]
+
+
+class DistanceOracle:
+    """``l_h = (h - a_i)_+`` as a two-piece oracle (stay: 0, move: h - a_i)."""
+
+    h_max = math.inf
+
+    def __init__(self, a):
+        self.a = np.asarray(a, dtype=np.float64)
+        self.n = self.a.size
+
+    def evaluate(self, h, *, side="right", with_pieces=False):
+        a = self.a
+        lh = np.maximum(h - a, 0.0)
+        k = (h > a) | ((h == a) & (side == "right"))
+        d1 = k.astype(np.float64)
+        d2 = np.zeros(self.n)
+        if with_pieces:
+            return lh, d1, d2, k.astype(np.intp)
+        return lh, d1, d2
+
+    def crossings(self, ka, kb, idx):
+        return self.a[idx].copy()
+
+
+def zero_one_objective(a, h, r, theta2, divergence):
+    lh = np.maximum(h - np.asarray(a), 0.0)
+    if divergence == "kl" or math.isinf(theta2):
+        return h * r - kl_dual_term(lh, theta2)
+    return h * r - chi2_dual_term(lh, theta2)
+
+
+def _logcumsumexp(x):
+    return np.logaddexp.accumulate(x)
+
+
+def solve_zero_one(a, r: float, theta2: float, divergence: str, *,
+                   method: str = "closed_form") -> DualSolution:
+    """Solve the 0/1 dual exactly. ``method``: "closed_form" (KL and theta2 = inf) or "dual".
+
+    ``a`` must be nonnegative (``inf`` allowed). The caller decides reachability first
+    (``r <= max loss`` when samples cannot move).
+    """
+    t0 = time.perf_counter()
+    a = np.asarray(a, dtype=np.float64)
+    n = a.size
+    if r >= 1.0 and np.all(np.isfinite(a)) and float(np.mean(a == 0)) < 1.0:
+        # F'(h) = 1 - E_w[1{h > a_i}] >= 0, and = 0 once every sample moves: h* = max a
+        h = float(a.max())
+        return DualSolution(h, None if divergence == "kl" else 0.0,
+                            float(zero_one_objective(a, h, r, theta2, divergence)), OPTIMAL,
+                            "zero_one_closed_form", "r = 1: every sample moves", iterations=1,
+                            gap_bound=0.0, solve_time=time.perf_counter() - t0)
+    if method == "dual" or (divergence == "chi2" and not math.isinf(theta2)):
+        sol = solve_dual(DistanceOracle(a), r, theta2, divergence)
+        sol.solver = "zero_one_dual"
+        return sol
+    s = np.sort(a)
+    j0 = int(np.searchsorted(s, 0.0, side="right"))  # samples misclassified at zero cost
+    if r <= j0 / n:
+        return DualSolution(0.0, None if divergence == "kl" else 0.0, 0.0, OPTIMAL,
+                            "zero_one_closed_form", "r <= base risk",
+                            solve_time=time.perf_counter() - t0, gap_bound=0.0)
+    finite = np.isfinite(s)
+    n_fin = int(finite.sum())
+    if math.isinf(theta2):
+        J = int(math.ceil(r * n - 1e-12 * n))
+        J = max(J, 1)
+        if J > n_fin:
+            return DualSolution(math.nan, None, math.inf, FAILED, "zero_one_closed_form",
+                                "unreachable", solve_time=time.perf_counter() - t0)
+        h = float(s[J - 1])
+    else:
+        if r >= 1.0:
+            if n_fin < n:
+                return DualSolution(math.nan, None, math.inf, FAILED, "zero_one_closed_form",
+                                    "unreachable", solve_time=time.perf_counter() - t0)
+            h = float(s[-1])
+        else:
+            b = -s[:n_fin] / theta2
+            P = _logcumsumexp(b)  # log sum_{i<=j} exp(-a_i/theta2), j = 1..n_fin
+            j = np.arange(1, n_fin + 1)
+            with np.errstate(divide="ignore"):
+                hj = theta2 * (np.log(r * (n - j) / (1.0 - r)) - P)
+            right = np.append(s[1:n_fin], np.inf if n_fin == n else s[n_fin])
+            right = np.where(j < n_fin, right, np.inf)
+            ok = np.nonzero(hj <= right)[0]
+            start = max(j0 - 1, 0)
+            ok = ok[ok >= start]
+            if ok.size == 0:
+                return DualSolution(math.nan, None, math.inf, FAILED, "zero_one_closed_form",
+                                    "no segment holds the root", solve_time=time.perf_counter() - t0)
+            jj = int(ok[0])
+            h = float(hj[jj]) if hj[jj] >= s[jj] else float(s[jj])
+            h = max(h, 0.0)
+    alpha = None if divergence == "kl" else 0.0
+    value = float(zero_one_objective(a, h, r, theta2, divergence))
+    return DualSolution(h, alpha, value, OPTIMAL, "zero_one_closed_form", "closed form",
+                        iterations=1, gap_bound=0.0, solve_time=time.perf_counter() - t0)
