@@ -550,8 +550,8 @@ class CrossEntropyOracle:
             U, sv, Vt = np.zeros((self.K, 0)), np.zeros(0), np.zeros((0, 0))
         else:
             U, sv, Vt = np.linalg.svd(B, full_matrices=False)
-        keep = sv > 1e-12 * (sv[0] if sv.size else 0.0) if sv.size else np.zeros(0, bool)
-        keep &= sv > 0
+        wscale = float(np.linalg.norm(W, 2)) if W.size else 0.0
+        keep = sv > 1e-12 * wscale
         self.A = U[:, keep] * sv[keep]          # (K, q)
         self.V = Vt[keep].T                     # (d_M, q)
         self.q = int(self.A.shape[1])

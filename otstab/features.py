@@ -1,0 +1,240 @@
+"""Feature stability (Sec. 2.4 of the paper): which feature makes a model fragile?
+
+To score feature j only coordinate j may move (the cost of moving any other coordinate is
+infinite); reweighting is allowed as usual. The score is R_j(beta, r); a lower score means a
+more sensitive feature. A one-hot block (all columns of one categorical variable) can be scored
+as one feature by letting the whole block move (``groups=``).
+
+For linear models every feature is scored from one pass over the data: the reduced form keeps
+its ``c1`` and only ``c2`` changes (``c2_k = a_kj^2 / (4 theta1)``), and for the 0/1 loss
+``d*_ij = m_i^2 / beta_j^2`` shares one sort of the margins across all features.
+
+A feature the model ignores (zero coefficients) cannot change any loss by moving: its score is
+reported as ``inf`` (infinitely stable), whatever reweighting alone could do; the
+reweighting-only value is in ``df.attrs["reweighting_only_value"]``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from otstab_solvers.dual import PiecewiseOracle, solve_dual
+from otstab_solvers.result import OPTIMAL
+from otstab_solvers.weights import chi2_alpha, chi2_weights, kl_weights
+from otstab_solvers.zero_one import solve_zero_one
+
+from .core import _edge_case, check_common
+from .errors import SolverError, ValidationError
+from .losses import MulticlassHinge, PiecewiseLinear, ZeroOne, get_loss
+from .models import resolve_model
+from .reduction import reduce_problem
+
+__all__ = ["feature_stability"]
+
+COLUMNS = ["feature", "score", "rank", "h", "share_moving", "share_reweighting", "columns"]
+
+
+def _units(names, features, groups):
+    """[(label, column indices)] for the features/groups to score."""
+    index = {nm: j for j, nm in enumerate(names)}
+    grouped = set()
+    units = []
+    if groups is not None:
+        if not isinstance(groups, dict):
+            raise ValidationError("groups must be a dict {name: [columns...]}")
+        for g, cols in groups.items():
+            idx = []
+            for c in cols:
+                if isinstance(c, (int, np.integer)) and not isinstance(c, bool):
+                    if not 0 <= int(c) < len(names):
+                        raise ValidationError(f"groups[{g!r}]: column index {c} out of range")
+                    idx.append(int(c))
+                elif str(c) in index:
+                    idx.append(index[str(c)])
+                else:
+                    raise ValidationError(f"groups[{g!r}]: unknown column {c!r}")
+            if not idx:
+                raise ValidationError(f"groups[{g!r}] is empty")
+            grouped.update(idx)
+            units.append((str(g), idx))
+    if features is None:
+        singles = [(names[j], [j]) for j in range(len(names)) if j not in grouped]
+        units = singles + units
+    else:
+        chosen = []
+        for f in np.atleast_1d(np.asarray(features, dtype=object)).tolist():
+            if any(u[0] == str(f) for u in units):
+                chosen.append(next(u for u in units if u[0] == str(f)))
+            elif isinstance(f, (int, np.integer)) and not isinstance(f, bool):
+                if not 0 <= int(f) < len(names):
+                    raise ValidationError(f"features: index {f} out of range")
+                chosen.append((names[int(f)], [int(f)]))
+            elif str(f) in index:
+                chosen.append((str(f), [index[str(f)]]))
+            else:
+                raise ValidationError(f"features: unknown feature {f!r}")
+        units = chosen
+    return units
+
+
+def _shares(w, d_lo, d_hi, base_losses, r):
+    """Share of the excess risk from moving vs reweighting, with ties mixed to reach r."""
+    n = w.size
+    lo, hi = float(w @ d_lo) / n, float(w @ d_hi) / n
+    lam = 0.0 if hi <= lo else min(max((r - lo) / (hi - lo), 0.0), 1.0)
+    l_star = d_lo + lam * (d_hi - d_lo)
+    base = float(np.mean(base_losses))
+    moved = float(np.mean(l_star))
+    risk = float(w @ l_star) / n
+    excess = risk - base
+    if excess <= 0:
+        return 0.0, 0.0
+    return (moved - base) / excess, (risk - moved) / excess
+
+
+def _weights(lh, theta2, divergence):
+    if divergence == "kl" or math.isinf(theta2):
+        return kl_weights(lh, theta2)
+    return chi2_weights(lh, theta2, chi2_alpha(lh, theta2))
+
+
+def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl",
+                      features=None, groups=None, solver="auto") -> pd.DataFrame:
+    """Score each feature (or group of columns) by R_j(beta, r): lowest = most sensitive.
+
+    Parameters
+    ----------
+    model, X, y, loss, r, theta1, theta2, divergence : as in :func:`otstab.certify`
+    features : sequence of names or indices, optional
+        Which features (or group names) to score; default all columns (grouped columns are
+        scored as their group).
+    groups : dict {name: [columns]}, optional
+        Blocks scored as one feature (e.g. the one-hot columns of a categorical variable:
+        ``otstab.datasets.feature_groups(df)``).
+    solver : "auto" or "first_order"
+        Linear models with piecewise-linear or 0/1 losses use the exact one-pass path.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Columns ``feature``, ``score``, ``rank``, ``h``, ``share_moving``,
+        ``share_reweighting``, ``columns`` (the columns that moved), sorted by score.
+    """
+    r, theta1, theta2, divergence = check_common(r, theta1, theta2, divergence)
+    loss_obj = get_loss(loss)
+    prob = resolve_model(model, X, y, loss=loss_obj)
+    if isinstance(loss_obj, ZeroOne) and r > 1.0:
+        raise ValidationError(f"r is an error rate for loss='zero_one' and must be in [0, 1], "
+                              f"got {r}")
+    units = _units(prob.feature_names, features, groups)
+    linear_exact = prob.scorer is not None and isinstance(
+        loss_obj, (PiecewiseLinear, MulticlassHinge, ZeroOne)) and solver != "first_order"
+    if not linear_exact:
+        from . import nonlinear
+
+        return nonlinear.feature_stability_problem(
+            prob, units, r=r, theta1=theta1, theta2=theta2, divergence=divergence,
+            solver=solver)
+    rows = []
+    if isinstance(loss_obj, ZeroOne):
+        rows = _zero_one_rows(prob, units, r, theta1, theta2, divergence)
+    else:
+        red = reduce_problem(prob, theta1, None)
+        c1 = red.c1
+        base_losses = red.loss_values()
+        for label, cols in units:
+            mask = np.zeros(prob.d, dtype=bool)
+            mask[cols] = True
+            red_j = reduce_problem(prob, theta1, mask) if red.kind == "multiclass" else None
+            if red_j is None:
+                v = red.v[cols]
+                a = prob.loss.a
+                c2 = (a * a * float(v @ v) / (4.0 * theta1))[None, :] if math.isfinite(
+                    theta1) else np.zeros((1, c1.shape[1]))
+            else:
+                c2 = red_j.c2
+            if not np.any(c2 > 0):
+                rows.append((label, math.inf, math.nan, math.nan, math.nan, cols))
+                continue
+            red.c2 = c2
+            edge = _edge_case(red, r, theta2, divergence)
+            if edge is not None and edge[0] == "zero":
+                rows.append((label, 0.0, 0.0, 0.0, 0.0, cols))
+                continue
+            oracle = PiecewiseOracle(c1, c2)
+            sol = solve_dual(oracle, r, theta2, divergence)
+            if sol.status != OPTIMAL:
+                raise SolverError(f"feature {label!r}: dual solver failed ({sol.native_status})")
+            lh, d_hi, _ = oracle.evaluate(sol.h, side="right")
+            _, d_lo, _ = oracle.evaluate(sol.h, side="left")
+            w = _weights(lh, theta2, divergence)
+            sm, sr = _shares(w, d_lo, d_hi, base_losses, r)
+            rows.append((label, sol.value, sol.h, sm, sr, cols))
+    df = pd.DataFrame(rows, columns=["feature", "score", "h", "share_moving",
+                                     "share_reweighting", "cols"])
+    df["columns"] = [[prob.feature_names[j] for j in c] for c in df.pop("cols")]
+    df = df.sort_values("score", kind="stable").reset_index(drop=True)
+    df["rank"] = df["score"].rank(method="min").astype(int)
+    df = df[COLUMNS]
+    df.attrs.update({"r": r, "theta1": theta1, "theta2": theta2, "divergence": divergence,
+                     "loss": loss_obj.name})
+    return df
+
+
+def _zero_one_rows(prob, units, r, theta1, theta2, divergence):
+    from .zero_one import linear_distances
+
+    sc = prob.scorer
+    loss0 = prob.losses(prob.X)
+    base = float(loss0.mean())
+    rows = []
+    binary = sc.task == "binary"
+    if binary:
+        m = prob.y * sc.scores(prob.X)
+        m2 = np.where(loss0 > 0, 0.0, np.maximum(m, 0.0) ** 2)
+        order = np.argsort(m2, kind="stable")
+        m2_sorted = m2[order]
+    for label, cols in units:
+        if r <= base:
+            rows.append((label, 0.0, 0.0, 0.0, 0.0, cols))
+            continue
+        if binary:
+            nb = float(np.sum(sc.W[0, cols] ** 2))
+            if nb == 0.0:
+                rows.append((label, math.inf, math.nan, math.nan, math.nan, cols))
+                continue
+            if math.isfinite(theta1):
+                a_sorted = theta1 * m2_sorted / nb
+            else:
+                a_sorted = np.where(m2_sorted > 0, np.inf, 0.0)
+            a_sorted = np.where(loss0[order] > 0, 0.0, a_sorted)
+            loss_sorted = loss0[order]
+        else:
+            mask = np.zeros(prob.d, dtype=bool)
+            mask[cols] = True
+            d, _ = linear_distances(prob, mask)
+            if not np.any(np.isfinite(d) & (d > 0)):
+                rows.append((label, math.inf, math.nan, math.nan, math.nan, cols))
+                continue
+            a = theta1 * d if math.isfinite(theta1) else np.where(d > 0, np.inf, 0.0)
+            o = np.argsort(a, kind="stable")
+            a_sorted, loss_sorted = a[o], loss0[o]
+        n_reach = float(np.sum(loss_sorted) + np.sum(np.isfinite(a_sorted) & (loss_sorted == 0)))
+        if (math.isinf(theta2) and r * a_sorted.size > n_reach) or (
+                r >= 1.0 and not np.all(np.isfinite(a_sorted))):
+            rows.append((label, math.inf, math.nan, math.nan, math.nan, cols))
+            continue
+        sol = solve_zero_one(a_sorted, r, theta2, divergence, presorted=True)
+        if sol.status != OPTIMAL:
+            rows.append((label, math.inf, math.nan, math.nan, math.nan, cols))
+            continue
+        lh = np.maximum(sol.h - a_sorted, 0.0)
+        w = _weights(lh, theta2, divergence)
+        tol = 1e-10 * max(1.0, sol.h)
+        d_hi = np.where(a_sorted <= sol.h + tol, 1.0, loss_sorted)
+        d_lo = np.where(a_sorted < sol.h - tol, 1.0, loss_sorted)
+        sm, sr = _shares(w, d_lo, d_hi, loss_sorted, r)
+        rows.append((label, sol.value, sol.h, sm, sr, cols))
+    return rows
