@@ -1,4 +1,4 @@
-"""Shared conventions for result objects: small dataclasses with ``to_dict``/``to_json``/``to_frame``.
+"""Shared result conventions: small dataclasses with ``to_dict``/``to_json``/``to_frame``.
 
 ``to_dict`` returns plain Python (lists, floats, dicts; pandas frames become lists of records),
 ``to_json`` encodes non-finite floats as the strings ``"inf"``, ``"-inf"``, ``"nan"`` so the
