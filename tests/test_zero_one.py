@@ -1,0 +1,174 @@
+"""0/1 loss: the O(n log n) closed form against a dense scalar search of the dual, the exact
+distances of linear classifiers, Q* audits, and agreement with the conic hinge path where the
+two losses coincide."""
+
+import math
+
+import numpy as np
+import pytest
+from reference import dual_value
+from scipy.optimize import minimize
+
+import otstab
+from otstab.errors import ValidationError
+
+INF = math.inf
+
+
+def ref_value(d, r, theta1, theta2, div):
+    d = np.asarray(d, float)
+    a = theta1 * d if math.isfinite(theta1) else np.where(d > 0, np.inf, 0.0)
+    base = np.mean(d == 0)
+    if r <= base:
+        return 0.0
+    return dual_value(lambda h: np.maximum(h - a, 0.0), r, theta2, div)[0]
+
+
+def instances():
+    rng = np.random.default_rng(7)
+    out = []
+    for _ in range(5):
+        n = int(rng.integers(2, 40))
+        d = rng.exponential(size=n) * rng.choice([0.1, 1.0, 4.0])
+        d[rng.random(n) < 0.25] = 0.0
+        out.append(("random", d))
+    out.append(("all_correct", np.linspace(0.1, 2.0, 15)))
+    out.append(("ties", np.round(rng.exponential(size=30), 1) + 0.1 * (rng.random(30) < 0.2)))
+    d = np.full(10, 0.5)
+    d[:3] = 0
+    out.append(("all_tied", d))
+    return out
+
+
+@pytest.mark.parametrize("div", ["kl", "chi2"])
+@pytest.mark.parametrize("t1,t2", [(1.0, 0.25), (0.2, 5.0), (5.0, 0.2), (INF, 0.5),
+                                   (1.0, INF)])
+def test_closed_form_and_dual_match_dense_search(div, t1, t2):
+    for name, d in instances():
+        for r in (0.15, 0.6, 0.999, 1.0):
+            ref = None
+            for solver in ("closed_form", "dual"):
+                res = otstab.certify_distances(d, r, theta1=t1, theta2=t2, divergence=div,
+                                               solver=solver)
+                if res.status == "unreachable":
+                    assert math.isinf(t1) or math.isinf(t2) or r >= 1.0, name
+                    continue
+                if math.isinf(res.h):  # the r = 1 limit with theta1 = inf
+                    A = np.mean(d == 0)
+                    exp = t2 * (-math.log(A) if div == "kl" else 1 / A - 1)
+                    assert res.value == pytest.approx(exp)
+                    continue
+                if ref is None:
+                    ref = ref_value(d, r, t1, t2, div)
+                assert res.value == pytest.approx(ref, rel=1e-9, abs=1e-11), (name, r, solver)
+                assert res.gap <= 1e-9
+                assert res.risk_star == pytest.approx(max(r, np.mean(d == 0)), abs=1e-9)
+
+
+def test_all_wrong_and_reachability():
+    res = otstab.certify_distances(np.zeros(5), 0.9)
+    assert res.value == 0.0 and res.risk_base == 1.0
+    # nothing misclassified, nothing can move: unreachable
+    res = otstab.certify_distances(np.full(4, np.inf), 0.2)
+    assert res.status == "unreachable" and math.isinf(res.value)
+    # theta2 = inf: moving alone reaches only the movable share
+    d = np.array([0.0, 1.0, np.inf, np.inf])
+    assert otstab.certify_distances(d, 0.5, theta2=INF).value == pytest.approx(0.5 * 1.0 - 0.25)
+    assert otstab.certify_distances(d, 0.75, theta2=INF).status == "unreachable"
+
+
+def test_bad_distances():
+    with pytest.raises(ValidationError, match="dstar"):
+        otstab.certify_distances([0.1, -1.0], 0.5)
+    with pytest.raises(ValidationError, match=r"\[0, 1\]"):
+        otstab.certify_distances([0.1, 1.0], 1.5)
+
+
+def _binary(n=300, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, 4))
+    w = rng.normal(size=4)
+    y = np.where(X @ w + 0.6 * rng.normal(size=n) > 0, 1, -1)
+    return otstab.LinearModel(w, 0.2), X, y
+
+
+@pytest.mark.parametrize("div", ["kl", "chi2"])
+@pytest.mark.parametrize("t1,t2", [(1.0, 0.25), (INF, 0.25), (1.0, INF), (0.2, 5.0)])
+def test_linear_binary_certificates_audit(div, t1, t2):
+    model, X, y = _binary()
+    for r in (0.3, 0.5, 0.95):
+        res = otstab.certify(model, X, y, loss="zero_one", r=r, theta1=t1, theta2=t2,
+                             divergence=div)
+        if res.status == "unreachable":
+            assert math.isinf(t2)
+            continue
+        assert res.gap <= 1e-6
+        assert res.risk_star >= r - 1e-9
+        # every moved atom is misclassified by the model's own rule
+        moved = np.linalg.norm(res.X_star - X[res.source], axis=1) > 0
+        if moved.any():
+            pred = model.predict(res.X_star[moved])
+            assert np.all(pred != y[res.source][moved])
+        else:
+            assert math.isinf(t1)
+
+
+def test_binary_distances_are_exact():
+    model, X, y = _binary(50, seed=3)
+    w, b = model.coef_, model.intercept_
+    m = y * (X @ w + b)
+    res = otstab.certify(model, X, y, loss="zero_one", r=0.9, theta2=INF)
+    dstar = res.info["dstar"]
+    np.testing.assert_allclose(dstar, np.where(m > 0, m * m / (w @ w), 0.0), rtol=1e-12)
+
+
+def test_multiclass_distances_against_numerical_projection():
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(25, 3))
+    W = rng.normal(size=(3, 3))
+    b = rng.normal(size=3) * 0.3
+    model = otstab.LinearModel(W, b)
+    y = model.predict(X)  # all correct
+    res = otstab.certify(model, X, y, loss="zero_one", r=0.99, theta2=INF)
+    dstar = res.info["dstar"]
+    for i in range(X.shape[0]):
+        best = np.inf
+        for k in range(3):
+            if k == y[i]:
+                continue
+            cons = {"type": "ineq",
+                    "fun": lambda x, k=k, i=i: (W[k] - W[y[i]]) @ x + b[k] - b[y[i]]}
+            sol = minimize(lambda x, i=i: np.sum((x - X[i]) ** 2), X[i], constraints=[cons],
+                           method="SLSQP", options={"ftol": 1e-14, "maxiter": 200})
+            best = min(best, sol.fun)
+        assert dstar[i] == pytest.approx(best, rel=1e-6, abs=1e-9)
+
+
+def test_agrees_with_conic_hinge_where_the_losses_coincide():
+    # margins either exactly 0 with y = +1 (hinge 1, misclassified) or >= 1 (hinge 0, correct):
+    # with theta1 = inf (no moves) both losses are the same 0/1 vector
+    rng = np.random.default_rng(5)
+    n = 60
+    w = np.array([1.0, 0.0])
+    y = np.where(rng.random(n) < 0.3, 1, -1)
+    margins = np.where(y > 0, 0.0, 1.0 + rng.exponential(size=n))
+    X = np.column_stack([margins * y, rng.normal(size=n)])
+    X[y > 0, 0] = 0.0
+    model = otstab.LinearModel(w, 0.0)
+    for div in ("kl", "chi2"):
+        for r in (0.4, 0.7):
+            zo = otstab.certify(model, X, y, loss="zero_one", r=r, theta1=INF, theta2=0.5,
+                                divergence=div)
+            hi = otstab.certify(model, X, y, loss="hinge", r=r, theta1=INF, theta2=0.5,
+                                divergence=div, solver="clarabel")
+            assert zo.value == pytest.approx(hi.value, rel=1e-6)
+
+
+def test_split_at_a_breakpoint_is_reported():
+    model, X, y = _binary(200, seed=11)
+    hits = 0
+    for r in np.linspace(0.3, 0.9, 7) + 0.0025:  # r n is not an integer: one sample splits
+        res = otstab.certify(model, X, y, loss="zero_one", r=float(r), theta2=INF)
+        assert res.risk_star == pytest.approx(r, abs=1e-12)
+        hits += res.split
+    assert hits >= 1
