@@ -39,81 +39,107 @@ class PiecewiseOracle:
     """``l_h`` of the reduced form ``max_k c1[i,k] h + c2[i,k] h^2`` and its derivatives.
 
     ``evaluate(h)`` returns ``(l_h, right derivative, second derivative)``, each of shape (n,);
-    at a tie the piece with the largest derivative is taken (the right derivative).
+    at a tie the piece with the largest derivative is taken (the right derivative; ``side="left"``
+    takes the smallest). The pieces are scanned one at a time over contiguous 1-D columns, so no
+    n x K temporary is made; work is O(nK) per evaluation.
     """
 
     h_max = math.inf
+    TIE = 1e-12
 
     def __init__(self, c1, c2, *, block: int = DEFAULT_BLOCK):
-        self.c1 = np.asarray(c1, dtype=np.float64)
+        c1 = np.asarray(c1, dtype=np.float64)
         c2 = np.asarray(c2, dtype=np.float64)
         if c2.ndim == 1:
             c2 = c2[None, :]
+        self.n, self.K = c1.shape
+        self.c1 = c1
         self.c2 = c2
-        self.n, self.K = self.c1.shape
+        self._c1T = np.ascontiguousarray(c1.T)  # (K, n): each piece a contiguous column
+        self._rowwise = c2.shape[0] > 1
+        self._c2T = np.ascontiguousarray(c2.T) if self._rowwise else c2[0]
         self.block = int(block)
-        self._rowwise_c2 = c2.shape[0] > 1
+        c2z = (~np.any(c2 != 0, axis=0))
+        self._zero = [bool(c2z[k] and not np.any(self._c1T[k])) for k in range(self.K)]
+        self._c1abs = float(np.max(np.abs(c1))) if c1.size else 0.0
 
-    def _blocks(self):
-        for s in range(0, self.n, self.block):
-            yield s, min(s + self.block, self.n)
+    def _c2k(self, k):
+        return self._c2T[k]
 
-    def _c2(self, s, e):
-        return self.c2[s:e] if self._rowwise_c2 else self.c2
+    def scan(self, h: float, tol: float | None = None):
+        """(l_h, k_lo, d_lo, k_hi, d_hi): the tied pieces with the smallest and largest
+        derivative at ``h`` (the same piece where there is no tie). Ties are values within
+        ``tol`` times the largest |l_h| (plus one)."""
+        tol = self.TIE if tol is None else tol
+        n = self.n
+        hh = h * h
+        vmax = d_lo = d_hi = None
+        k_lo = np.zeros(n, dtype=np.intp)
+        k_hi = np.zeros(n, dtype=np.intp)
+        scale = None
+        for k in range(self.K):
+            c1k = self._c1T[k]
+            c2k = self._c2k(k)
+            if self._zero[k]:
+                v = np.zeros(n)
+                dk = v
+            else:
+                dk = c1k + (2.0 * h) * c2k
+                v = c1k * h + c2k * hh if self._rowwise or c2k != 0.0 else c1k * h
+            if vmax is None:
+                vmax, d_lo, d_hi = v.copy(), dk.copy(), dk.copy()
+                continue
+            if scale is None:
+                scale = tol * (1.0 + self._bound(h))
+            diff = v - vmax
+            above = diff > scale
+            tie = np.abs(diff) <= scale
+            np.copyto(d_lo, dk, where=above)
+            np.copyto(d_hi, dk, where=above)
+            np.copyto(k_lo, k, where=above)
+            np.copyto(k_hi, k, where=above)
+            if tie.any():
+                lo_upd = tie & (dk < d_lo)
+                hi_upd = tie & (dk > d_hi)
+                np.copyto(d_lo, dk, where=lo_upd)
+                np.copyto(k_lo, k, where=lo_upd)
+                np.copyto(d_hi, dk, where=hi_upd)
+                np.copyto(k_hi, k, where=hi_upd)
+            np.maximum(vmax, v, out=vmax)
+        return vmax, k_lo, d_lo, k_hi, d_hi
+
+    def _bound(self, h):
+        """An upper bound on max_i |l_h(z_i)|, for the tie threshold."""
+        c2max = float(np.max(self._c2T)) if self._c2T.size else 0.0
+        return h * self._c1abs + h * h * c2max
+
+    def _second(self, ks):
+        if self._rowwise:
+            return 2.0 * self._c2T[ks, np.arange(self.n)]
+        return 2.0 * self._c2T[ks]
 
     def evaluate(self, h: float, *, side: str = "right", with_pieces: bool = False):
-        n = self.n
-        lh = np.empty(n)
-        d1 = np.empty(n)
-        d2 = np.empty(n)
-        ks = np.empty(n, dtype=np.intp) if with_pieces else None
-        for s, e in self._blocks():
-            c1 = self.c1[s:e]
-            c2 = np.broadcast_to(self._c2(s, e), c1.shape)
-            V = c1 * h + c2 * (h * h)
-            D = c1 + 2.0 * h * c2
-            vmax = V.max(axis=1)
-            if self.K == 1:
-                k = np.zeros(e - s, dtype=np.intp)
-            else:
-                tol = 1e-12 * (1.0 + np.abs(vmax))
-                tied = V >= (vmax - tol)[:, None]
-                Dm = np.where(tied, D, -np.inf if side == "right" else np.inf)
-                k = Dm.argmax(axis=1) if side == "right" else Dm.argmin(axis=1)
-            rows = np.arange(e - s)
-            lh[s:e] = vmax
-            d1[s:e] = D[rows, k]
-            d2[s:e] = 2.0 * c2[rows, k]
-            if with_pieces:
-                ks[s:e] = k
+        lh, k_lo, d_lo, k_hi, d_hi = self.scan(h)
+        if side == "right":
+            k, d1 = k_hi, d_hi
+        else:
+            k, d1 = k_lo, d_lo
+        d2 = self._second(k)
         if with_pieces:
-            return lh, d1, d2, ks
+            return lh, d1, d2, k
         return lh, d1, d2
 
     def active(self, h: float, *, side: str = "right") -> np.ndarray:
         """Index of the active piece per sample (ties broken by the derivative, as evaluate)."""
-        out = np.empty(self.n, dtype=np.intp)
-        for s, e in self._blocks():
-            c1 = self.c1[s:e]
-            c2 = np.broadcast_to(self._c2(s, e), c1.shape)
-            V = c1 * h + c2 * (h * h)
-            if self.K == 1:
-                out[s:e] = 0
-                continue
-            D = c1 + 2.0 * h * c2
-            vmax = V.max(axis=1)
-            tied = V >= (vmax - 1e-12 * (1.0 + np.abs(vmax)))[:, None]
-            Dm = np.where(tied, D, -np.inf if side == "right" else np.inf)
-            out[s:e] = Dm.argmax(axis=1) if side == "right" else Dm.argmin(axis=1)
-        return out
+        return self.evaluate(h, side=side, with_pieces=True)[3]
 
     def crossings(self, ka: np.ndarray, kb: np.ndarray, idx: np.ndarray) -> np.ndarray:
         """The h > 0 where pieces ``ka[i]`` and ``kb[i]`` of sample ``idx[i]`` are equal."""
-        c1 = self.c1[idx]
-        c2 = np.broadcast_to(self.c2, self.c1.shape)[idx] if not self._rowwise_c2 else self.c2[idx]
-        r = np.arange(idx.size)
-        dc1 = c1[r, kb] - c1[r, ka]
-        dc2 = c2[r, ka] - c2[r, kb]
+        dc1 = self._c1T[kb, idx] - self._c1T[ka, idx]
+        if self._rowwise:
+            dc2 = self._c2T[ka, idx] - self._c2T[kb, idx]
+        else:
+            dc2 = self._c2T[ka] - self._c2T[kb]
         with np.errstate(divide="ignore", invalid="ignore"):
             hc = np.where(dc2 != 0.0, dc1 / dc2, np.nan)
         return hc
@@ -156,9 +182,9 @@ def solve_dual(oracle, r: float, theta2: float, divergence: str, *, tol: float =
     """Maximise the concave dual over ``h >= 0`` given an oracle for ``l_h``.
 
     The oracle has ``n``, ``h_max`` and ``evaluate(h) -> (l_h, dl_h/dh, d2l_h/dh2 or None)``;
-    piecewise oracles (with ``active``/``crossings``) get exact kink handling. Returns a
-    :class:`DualSolution` with ``gap_bound`` from the final bracket (concavity: F* is below the
-    tangent at either end of the bracket).
+    piecewise oracles (``evaluate(..., with_pieces=True)`` and ``crossings``) get exact kink
+    handling. Stops when the concavity bound on ``F* - F(best)`` from the bracket (F* lies below
+    the tangent at either end) is below ``tol * max(1, |F|)``; that bound is ``gap_bound``.
     """
     t0 = time.perf_counter()
     n = oracle.n
@@ -178,12 +204,13 @@ def solve_dual(oracle, r: float, theta2: float, divergence: str, *, tol: float =
         term, mu, curv, alpha = _reduce(lh, d1, d2, theta2, divergence, n)
         return {"h": h, "F": h * r - term, "g": r - mu, "curv": curv, "alpha": alpha, "k": k}
 
-    def finish(p, status, lo, hi, note=""):
-        gap = 0.0
-        if lo is not None and hi is not None and hi["h"] > lo["h"]:
-            w = hi["h"] - lo["h"]
-            ub = min(lo["F"] + max(lo["g"], 0.0) * w, hi["F"] + max(-hi["g"], 0.0) * w)
-            gap = max(ub - p["F"], 0.0)
+    def bound(lo, hi):
+        w = hi["h"] - lo["h"]
+        ub = min(lo["F"] + max(lo["g"], 0.0) * w, hi["F"] + max(-hi["g"], 0.0) * w)
+        best = lo if lo["F"] >= hi["F"] else hi
+        return best, max(ub - best["F"], 0.0)
+
+    def finish(p, status, gap=0.0, note=""):
         return DualSolution(
             h=p["h"], alpha=p["alpha"], value=p["F"], status=status, solver="dual",
             native_status=note or status, iterations=evals, gap_bound=gap,
@@ -191,40 +218,45 @@ def solve_dual(oracle, r: float, theta2: float, divergence: str, *, tol: float =
         )
 
     p0 = at(0.0, "right")
-    if divergence == "chi2" and p0["alpha"] is None:
-        p0["alpha"] = 0.0 if not math.isinf(theta2) else 0.0
     if p0["g"] <= 0.0:
         p0["F"] = 0.0
-        return finish(p0, OPTIMAL, None, None, "r <= base risk")
+        if divergence == "chi2":
+            p0["alpha"] = 0.0
+        return finish(p0, OPTIMAL, 0.0, "r <= base risk")
     lo = p0
-    # bracket: grow h until g < 0
-    h = h_init if h_init and h_init > 0 else max(1.0 / max(p0["curv"], 1e-300), 1e-8)
-    h = min(h, 1e6) if math.isfinite(h) else 1.0
+    # bracket: Newton guesses from the last point, at least doubling, until g < 0
+    h = h_init if h_init and h_init > 0 else (1.0 / p0["curv"] * p0["g"] if p0["curv"] > 0
+                                             else 1.0)
+    h = min(max(h, 1e-8), 1e6) if math.isfinite(h) else 1.0
     hi = None
     for _ in range(400):
         if h >= oracle.h_max:
             h = 0.5 * (lo["h"] + oracle.h_max)
         p = at(h)
         if not math.isfinite(p["F"]):
-            return finish(lo, FAILED, None, None, "non-finite dual objective while bracketing")
+            return finish(lo, FAILED, math.nan, "non-finite dual objective while bracketing")
         if p["g"] < 0.0:
             hi = p
             break
         lo = p
         if p["g"] == 0.0:
-            return finish(p, OPTIMAL, None, None)
-        # Newton guess from lo, at least doubling
+            return finish(p, OPTIMAL)
         step = p["g"] / p["curv"] if p["curv"] > 0 else math.inf
-        h = max(2.0 * h, h + step if math.isfinite(step) else 4.0 * h)
+        h = max(2.0 * h, h + 1.5 * step if math.isfinite(step) else 4.0 * h)
     if hi is None:
-        return finish(lo, FAILED, None, None, "could not bracket the root (threshold unreachable?)")
+        return finish(lo, FAILED, math.nan, "could not bracket the root (threshold unreachable?)")
 
-    if kinks and hi["h"] > 0:
-        hi = at(hi["h"], "left")
+    widths = [hi["h"] - lo["h"]]
     for _ in range(max_iter):
+        best, gap = bound(lo, hi)
         width = hi["h"] - lo["h"]
-        if width <= tol * max(1.0, hi["h"]):
-            break
+        # the value needs a small gap; the risk of Q* (the derivative) needs a small |g| or a
+        # narrow bracket (the tie split of Q* then closes the audit exactly)
+        if gap <= tol * max(1.0, abs(best["F"])) and (
+                abs(best["g"]) <= 1e-11 * (1.0 + abs(r)) or width <= 1e-11 * max(1.0, hi["h"])):
+            return finish(best, OPTIMAL, gap)
+        if width <= 4 * np.finfo(float).eps * max(1.0, hi["h"]):
+            return finish(best, OPTIMAL, gap, "bracket at machine precision")
         hc = np.empty(0)
         if kinks:
             sw = np.nonzero(lo["k"] != hi["k"])[0]
@@ -237,24 +269,26 @@ def solve_dual(oracle, r: float, theta2: float, divergence: str, *, tol: float =
                 left, right = at(hk, "left"), at(hk, "right")
                 if left["g"] >= 0.0 >= right["g"]:
                     best = right if abs(right["g"]) <= abs(left["g"]) else left
-                    return finish(best, OPTIMAL, None, None, "optimum at a kink")
+                    return finish(best, OPTIMAL, 0.0, "optimum at a kink")
                 if right["g"] > 0:
                     lo = right
                 else:
                     hi = left
+                widths.append(hi["h"] - lo["h"])
                 continue
         cur = lo if abs(lo["g"]) < abs(hi["g"]) else hi
-        h_new, at_kink = None, False
-        if cur["curv"] > 0:
+        h_new = None
+        slow = len(widths) >= 3 and widths[-1] > 0.5 * widths[-3]
+        if not slow and cur["curv"] > 0:
             cand = cur["h"] + cur["g"] / cur["curv"]
             if lo["h"] < cand < hi["h"]:
                 h_new = cand
         if h_new is None and hc.size:
-            h_new, at_kink = float(np.median(hc)), True
+            h_new = float(np.median(hc))
         if h_new is None:
             denom = lo["g"] - hi["g"]
             cand = lo["h"] + lo["g"] * width / denom if denom > 0 else math.nan
-            if lo["h"] < cand < hi["h"] and min(cand - lo["h"], hi["h"] - cand) > 0.05 * width:
+            if not slow and lo["h"] < cand < hi["h"]:
                 h_new = cand
             else:
                 h_new = 0.5 * (lo["h"] + hi["h"])
@@ -262,25 +296,13 @@ def solve_dual(oracle, r: float, theta2: float, divergence: str, *, tol: float =
         if p["g"] > 0:
             lo = p
         elif p["g"] == 0:
-            return finish(p, OPTIMAL, None, None)
+            return finish(p, OPTIMAL)
         else:
-            hi = at(h_new, "left") if at_kink else p
-            if hi["g"] > 0:  # the root is exactly at this kink
-                return finish(p if abs(p["g"]) <= abs(hi["g"]) else hi, OPTIMAL, None, None,
-                              "optimum at a kink")
-        # guard against slow one-sided Newton progress
-        if hi["h"] - lo["h"] > 0.5 * width and not at_kink:
-            mid = at(0.5 * (lo["h"] + hi["h"]), "right")
-            if mid["g"] > 0:
-                lo = mid
-            else:
-                hi = mid
-        cur = lo if abs(lo["g"]) < abs(hi["g"]) else hi
-        if abs(cur["g"]) <= tol * (1.0 + abs(r)):
-            return finish(cur, OPTIMAL, lo, hi)
-    best = lo if lo["F"] >= hi["F"] else hi
-    status = OPTIMAL if hi["h"] - lo["h"] <= 1e-9 * max(1.0, hi["h"]) else FAILED
-    return finish(best, status, lo, hi, "" if status == OPTIMAL else "max_iter reached")
+            hi = p
+        widths.append(hi["h"] - lo["h"])
+    best, gap = bound(lo, hi)
+    status = OPTIMAL if gap <= 1e-9 * max(1.0, abs(best["F"])) else FAILED
+    return finish(best, status, gap, "" if status == OPTIMAL else "max_iter reached")
 
 
 def refine(oracle, h: float, r: float, theta2: float, divergence: str, *, steps: int = 4):
