@@ -37,7 +37,8 @@ _LAZY = {
     "subset_distances": "otstab.subsets",
     "SubsetDistances": "otstab.subsets",
 }
-_SUBMODULES = {"losses", "errors", "datasets", "plot", "models", "results", "certificate"}
+_SUBMODULES = {"losses", "errors", "datasets", "plot", "models", "results", "certificate",
+               "report", "cli", "nonlinear", "perturbation", "zero_one"}
 
 __all__ = sorted(set(_LAZY) | _SUBMODULES | {"__version__"})
 

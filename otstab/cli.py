@@ -1,0 +1,603 @@
+"""The ``otstab`` command line: ``demo``, ``certify`` and ``verify``.
+
+Exit codes: 0 success; 1 ``verify`` found a mismatch (the reasons are printed); 2 bad input
+(a one-line message naming the argument, no traceback); 3 the solvers found no trustworthy
+answer (:class:`otstab.errors.SolverError`); 4 an unexpected internal error (run with
+``--debug`` for the traceback).
+
+Models are loaded with joblib (pickle) or, for ``.skops`` files, with skops when it is
+installed. Loading a pickle runs code from the file: only load model files you trust.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+import time
+import traceback
+from pathlib import Path
+
+__all__ = ["main", "build_parser", "load_model", "load_data", "auto_groups", "EXIT_OK",
+           "EXIT_MISMATCH", "EXIT_BAD_INPUT", "EXIT_SOLVER", "EXIT_INTERNAL"]
+
+EXIT_OK = 0
+EXIT_MISMATCH = 1
+EXIT_BAD_INPUT = 2
+EXIT_SOLVER = 3
+EXIT_INTERNAL = 4
+
+DEMO_R = 0.4
+DEMO_THETA1 = 1.0
+DEMO_THETA2 = 0.25
+
+
+class BadInput(Exception):
+    """A user mistake; ``arg`` names the command-line argument at fault."""
+
+    def __init__(self, arg: str | None, message: str, prog: str | None = None):
+        super().__init__(message)
+        self.arg = arg
+        self.message = message
+        self.prog = prog
+
+    def line(self, prog: str) -> str:
+        where = f"argument {self.arg}: " if self.arg else ""
+        text = " ".join(str(self.message).split())  # one line
+        return f"{self.prog or prog}: error: {where}{text}"
+
+
+class _Parser(argparse.ArgumentParser):
+    """ArgumentParser whose errors become :class:`BadInput` (one line, exit 2)."""
+
+    def error(self, message):  # noqa: D401 - argparse API
+        raise BadInput(None, f"{message} (see {self.prog} --help)", prog=self.prog)
+
+
+def _number(allow_inf: bool):
+    def parse(text: str) -> float:
+        t = text.strip().lower()
+        if t in ("inf", "+inf", "infinity", "+infinity"):
+            if allow_inf:
+                return math.inf
+            raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+        try:
+            v = float(t)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected a number{' or inf' if allow_inf else ''}, got {text!r}") from None
+        if math.isnan(v) or (math.isinf(v) and not allow_inf):
+            raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+        return v
+
+    parse.__name__ = "number"
+    return parse
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return v
+
+
+# ----------------------------------------------------------------------------------------------
+# parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser of the ``otstab`` command."""
+    from . import __version__
+    from .core import DIVERGENCES, SOLVERS
+    from .losses import LOSS_NAMES
+
+    p = _Parser(
+        prog="otstab",
+        description="OT stability certificates for ML models (Blanchet, Cui, Li, Liu, ICML "
+                    "2024): how much must the data change (moving samples, priced by theta1, "
+                    "and reweighting them, priced by theta2) before the model's risk reaches "
+                    "r?",
+        epilog="Exit codes: 0 ok, 1 verification mismatch, 2 bad input, 3 solver failure, "
+               "4 internal error.",
+    )
+    p.add_argument("--version", action="version", version=f"otstab {__version__}")
+    p.add_argument("--debug", action="store_true",
+                   help="show the Python traceback of unexpected errors")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    demo = sub.add_parser(
+        "demo", help="certify a logistic regression on the bundled Adult data",
+        description="Fit a logistic regression on the bundled UCI Adult data (2,000 training "
+                    "and 2,000 evaluation rows, seed 0), certify it for the 0/1 loss at "
+                    f"r = {DEMO_R} (theta1 = {DEMO_THETA1:g}, theta2 = {DEMO_THETA2:g}), score "
+                    "the features (one-hot blocks scored as one variable) and write "
+                    "certificate.json, report.html, model.joblib and eval.csv to DIR.")
+    demo.add_argument("--out", metavar="DIR", default="otstab-demo",
+                      help="output folder (default: ./otstab-demo)")
+    demo.add_argument("--r", type=_number(False), default=DEMO_R,
+                      help=f"error-rate threshold (default {DEMO_R})")
+    demo.add_argument("--top", type=_positive_int, default=10,
+                      help="number of features to print (default 10)")
+    demo.add_argument("--no-html", action="store_true", help="skip the HTML report")
+    demo.add_argument("--quiet", action="store_true", help="print only the output paths")
+    _add_debug(demo)
+
+    cert = sub.add_parser(
+        "certify", help="certify a saved model on a data file",
+        description="Compute the stability criterion R(beta, r) of a saved scikit-learn model "
+                    "(or Pipeline) on evaluation data and write a certificate.")
+    _add_inputs(cert)
+    cert.add_argument("--loss", default="zero_one",
+                      help=f"loss: one of {', '.join(LOSS_NAMES)}, pinball(TAU) or "
+                           "epsilon_insensitive(EPS) (default zero_one)")
+    cert.add_argument("--r", type=_number(False), required=True,
+                      help="risk threshold (for zero_one an error rate in [0, 1])")
+    cert.add_argument("--theta1", type=_number(True), default=1.0,
+                      help="price of moving samples, > 0 or inf (default 1)")
+    cert.add_argument("--theta2", type=_number(True), default=0.25,
+                      help="price of reweighting, > 0 or inf (default 0.25)")
+    cert.add_argument("--divergence", choices=DIVERGENCES, default="kl",
+                      help="reweighting divergence (default kl)")
+    cert.add_argument("--solver", choices=SOLVERS, default="auto", help="solver (default auto)")
+    cert.add_argument("--movable", nargs="+", metavar="COL", default=None,
+                      help="only these features may move (names after the model's "
+                           "preprocessing, or indices)")
+    cert.add_argument("--features", action="store_true",
+                      help="also score every feature's stability (feature_stability)")
+    cert.add_argument("--groups", choices=("auto", "none"), default="auto",
+                      help="with --features: score each one-hot block (columns named "
+                           "'variable: level', or a Pipeline's OneHotEncoder outputs) as one "
+                           "feature (auto, the default) or every column alone (none)")
+    cert.add_argument("--top", type=_positive_int, default=10,
+                      help="number of features to print (default 10)")
+    cert.add_argument("--json", metavar="OUT", help="write the certificate (JSON) here")
+    cert.add_argument("--html", metavar="OUT", help="write an HTML report here")
+    cert.add_argument("--grid", action="store_true",
+                      help="with --html: add the corruption/reweighting split over theta and "
+                           "R against r (about 18 more certifications)")
+    cert.add_argument("--qstar", metavar="OUT",
+                      help="write the most sensitive distribution Q* (.csv or .parquet)")
+    cert.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    _add_debug(cert)
+
+    ver = sub.add_parser(
+        "verify", help="recompute a certificate and compare",
+        description="Recompute a certificate from the model and the data: the fingerprints "
+                    "of the data and the model, the value, h, the base risk, the risk and "
+                    "cost of Q*, the gap, the decomposition and the feature scores must "
+                    "reproduce within the tolerances. Exit 0 when they do, 1 with the "
+                    "reasons when they do not.")
+    ver.add_argument("certificate", metavar="CERT.json", help="the certificate file")
+    _add_inputs(ver, target_required=False)
+    ver.add_argument("--qstar", metavar="FILE",
+                     help="also audit this Q* file (cost, risk and mass recomputed)")
+    ver.add_argument("--rtol", type=_number(False), default=None,
+                     help="relative tolerance for the figures (default 1e-6)")
+    ver.add_argument("--atol", type=_number(False), default=None,
+                     help="absolute tolerance for the figures (default 1e-9)")
+    ver.add_argument("--h-rtol", type=_number(False), default=None,
+                     help="relative tolerance for h (default 1e-5)")
+    ver.add_argument("--gap-tol", type=_number(False), default=None,
+                     help="largest accepted primal-dual gap (default 1e-5)")
+    ver.add_argument("--no-features", action="store_true",
+                     help="do not recompute the feature-stability scores")
+    _add_debug(ver)
+    return p
+
+
+def _add_debug(p) -> None:
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                   help="show the Python traceback of unexpected errors")
+
+
+def _add_inputs(p, *, target_required=True) -> None:
+    p.add_argument("--model", required=True, metavar="MODEL",
+                   help="fitted scikit-learn estimator or Pipeline saved with joblib "
+                        "(.joblib/.pkl) or skops (.skops)")
+    p.add_argument("--data", required=True, metavar="DATA",
+                   help="evaluation data: .csv, .csv.gz, .tsv or .parquet with a header row")
+    p.add_argument("--target", required=target_required, metavar="COL",
+                   help="label column of DATA" + (
+                       "" if target_required else " (default: the certificate's)"))
+    p.add_argument("--trust", action="store_true",
+                   help="for .skops models: trust every type in the file")
+
+
+# ----------------------------------------------------------------------------------------------
+# inputs
+
+
+def load_model(path, *, trust: bool = False):
+    """Load a fitted model saved with joblib/pickle or skops; raise BadInput naming --model."""
+    p = Path(path)
+    if not p.is_file():
+        raise BadInput("--model", f"file {str(path)!r} does not exist")
+    if p.suffix.lower() == ".skops":
+        try:
+            import skops.io as sio
+        except ImportError:
+            raise BadInput("--model", f"{str(path)!r} is a skops file; install skops "
+                                      "(pip install skops) to read it") from None
+        try:
+            untrusted = sio.get_untrusted_types(file=p)
+            if untrusted and not trust:
+                raise BadInput("--model", f"{str(path)!r} contains types skops does not "
+                                          f"trust: {untrusted[:5]}; pass --trust if you "
+                                          "trust the file")
+            model = sio.load(p, trusted=untrusted or None)
+        except BadInput:
+            raise
+        except Exception as exc:
+            raise BadInput("--model", f"cannot load {str(path)!r} with skops: {exc}") from None
+    else:
+        try:
+            import joblib
+
+            model = joblib.load(p)
+        except ImportError:
+            import pickle
+
+            try:
+                with open(p, "rb") as fh:
+                    model = pickle.load(fh)
+            except Exception as exc:
+                raise BadInput("--model", f"{str(path)!r} is not a pickled model: "
+                                          f"{type(exc).__name__}: {exc}") from None
+        except Exception as exc:
+            raise BadInput("--model", f"{str(path)!r} is not a joblib/pickle file of a model "
+                                      f"({type(exc).__name__}: {exc})") from None
+    if not any(hasattr(model, a) for a in ("predict", "decision_function", "coef_",
+                                            "forward")):
+        raise BadInput("--model", f"{str(path)!r} holds a {type(model).__name__}, not a "
+                                  "fitted model")
+    return model
+
+
+def load_data(path, target):
+    """Read DATA and split off the target column; raise BadInput naming --data / --target."""
+    from .certificate import read_table
+    from .errors import ValidationError
+
+    try:
+        df = read_table(path)
+    except ValidationError as exc:
+        raise BadInput("--data", str(exc)) from None
+    if df.shape[0] == 0:
+        raise BadInput("--data", f"{str(path)!r} has no rows")
+    if target not in df.columns:
+        cols = ", ".join(map(str, list(df.columns)[:8]))
+        more = ", ..." if df.shape[1] > 8 else ""
+        raise BadInput("--target", f"column {target!r} is not in {str(path)!r} (columns: "
+                                   f"{cols}{more})")
+    if df.shape[1] < 2:
+        raise BadInput("--data", f"{str(path)!r} has no feature columns besides {target!r}")
+    y = df[target]
+    if y.isna().any():
+        raise BadInput("--target", f"column {target!r} has missing values (first at row "
+                                   f"{int(y.isna().to_numpy().argmax())})")
+    return df.drop(columns=[target]), y
+
+
+_ARG_PATTERNS = [
+    (r"^(r |r$|r is|r must|r =|r:|threshold)", "--r"),
+    (r"^theta1", "--theta1"),
+    (r"^theta2", "--theta2"),
+    (r"^divergence", "--divergence"),
+    (r"^solver|not installed|not licensed|licen[cs]e", "--solver"),
+    (r"^(unknown )?loss|^tau|^eps", "--loss"),
+    (r"^features", "--movable"),
+    (r"^groups", "--groups"),
+    (r"^X and y|^X |^X$|^X \(|pipeline's preprocessing", "--data"),
+    (r"^y ", "--target"),
+    (r"^model|^coef|not supported|is not fitted|^binary classifier|^multi-output", "--model"),
+]
+
+
+def _arg_for(message: str) -> str | None:
+    for pattern, arg in _ARG_PATTERNS:
+        if re.search(pattern, message):
+            return arg
+    return None
+
+
+def auto_groups(model, names) -> dict | None:
+    """One-hot blocks among the model's input features, to score each as one variable.
+
+    Columns named ``"variable: level"`` (the bundled data sets) are grouped by
+    :func:`otstab.datasets.feature_groups`; in a scikit-learn Pipeline, the output columns of
+    every fitted ``OneHotEncoder`` (alone or inside a ``ColumnTransformer``) are grouped by
+    the input column they encode.
+
+    Returns
+    -------
+    dict or None
+        ``{variable: [columns]}``, or None when there is nothing to group.
+    """
+    from .datasets import feature_groups
+
+    names = [str(n) for n in names]
+    groups = dict(feature_groups(names))
+    taken = {c for cols in groups.values() for c in cols}
+    steps = getattr(model, "steps", None) or []
+    encoders = []  # (prefix, encoder)
+    for _, step in steps[:-1]:
+        for tname, trans, _cols in getattr(step, "transformers_", []) or []:
+            encoders.append((f"{tname}__", trans))
+        encoders.append(("", step))
+    available = set(names)
+    for prefix, enc in encoders:
+        if type(enc).__name__ != "OneHotEncoder" or not hasattr(enc, "categories_"):
+            continue
+        try:
+            out = [str(c) for c in enc.get_feature_names_out()]
+            inputs = [str(c) for c in enc.feature_names_in_] if hasattr(
+                enc, "feature_names_in_") else [f"x{i}" for i in range(len(enc.categories_))]
+        except Exception:  # an encoder we cannot introspect: leave its columns alone
+            continue
+        for col in out:
+            owner = max((f for f in inputs if col.startswith(f + "_")), key=len, default=None)
+            full = prefix + col if prefix + col in available else col
+            if owner is None or full not in available or full in taken:
+                continue
+            groups.setdefault(owner, []).append(full)
+            taken.add(full)
+    return groups or None
+
+
+def _run_library(fn, *args, **kwargs):
+    """Call into the library, turning user mistakes into BadInput."""
+    from .errors import SolverError
+
+    try:
+        return fn(*args, **kwargs)
+    except SolverError:
+        raise
+    except (ValueError, TypeError) as exc:
+        from .errors import OtstabError, SolverNotAvailableError
+
+        if isinstance(exc, (OtstabError, SolverNotAvailableError)):
+            raise BadInput(_arg_for(str(exc)), str(exc)) from None
+        raise
+
+
+# ----------------------------------------------------------------------------------------------
+# commands
+
+
+def _print_features(table, top, out) -> None:
+    t = table.head(top)
+    width = max([len(str(f)) for f in t["feature"]] + [7])
+    print(f"  {'rank':>4}  {'feature':<{width}}  {'score':>10}  {'moving':>6}", file=out)
+    for rec in t.to_dict(orient="records"):
+        sm = rec.get("share_moving", math.nan)
+        sm_txt = f"{sm:6.0%}" if isinstance(sm, float) and math.isfinite(sm) else "     -"
+        print(f"  {rec.get('rank', ''):>4}  {str(rec['feature']):<{width}}  "
+              f"{float(rec['score']):10.4g}  {sm_txt}", file=out)
+
+
+def _report_grids(model, X, y, result):
+    """Theta-split grid and R-against-r curve for the report (zero_one / fast paths)."""
+    from . import plot as _plot
+
+    total = (0.0 if math.isinf(result.theta1) else 1 / result.theta1) + (
+        0.0 if math.isinf(result.theta2) else 1 / result.theta2)
+    grid = None
+    if total > 0:
+        grid = _plot.decomposition_grid(model, X, y, loss=result.loss, r=result.r, total=total,
+                                        divergence=result.divergence)
+    base, r = result.risk_base, result.r
+    steps = [0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5]
+    r_grid = [base + (r - base) * s for s in steps] if r > base else [r]
+    if result.loss == "zero_one":
+        r_grid = [v for v in r_grid if v <= 1.0]
+    curve = _plot.value_curve(model, X, y, loss=result.loss, r=r_grid, theta1=result.theta1,
+                              theta2=result.theta2, divergence=result.divergence)
+    return grid, curve
+
+
+def _cmd_demo(args) -> int:
+    import joblib
+    from sklearn.linear_model import LogisticRegression
+
+    from . import certify, feature_stability
+    from .certificate import make_certificate, write_certificate
+    from .datasets import feature_groups, load_adult, train_eval_split
+    from .report import write_report
+
+    t0 = time.perf_counter()
+    out = Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BadInput("--out", f"cannot create folder {str(out)!r}: {exc.strerror}") from None
+    say = (lambda *a: None) if args.quiet else print
+    df = load_adult()
+    X_train, y_train, X_eval, y_eval = train_eval_split(df, "income", n_train=2000,
+                                                        n_eval=2000, random_state=0)
+    model = LogisticRegression(max_iter=1000).fit(X_train, y_train)
+    model_path, data_path = out / "model.joblib", out / "eval.csv"
+    joblib.dump(model, model_path)
+    X_eval.assign(income=y_eval).to_csv(data_path, index=False)
+    # certify the data exactly as `otstab verify` will read them back
+    X, y = load_data(data_path, "income")
+    say(f"Adult: logistic regression fitted on {len(X_train)} rows; evaluating on {len(X)} "
+        f"rows x {X.shape[1]} features.")
+    result = _run_library(certify, model, X, y, loss="zero_one", r=args.r, theta1=DEMO_THETA1,
+                          theta2=DEMO_THETA2)
+    groups = feature_groups(X)
+    table = _run_library(feature_stability, model, X, y, loss="zero_one", r=args.r,
+                         theta1=DEMO_THETA1, theta2=DEMO_THETA2, groups=groups)
+    cert = make_certificate(result, model, X, y, features=table, groups=groups,
+                            target="income", model_file=model_path)
+    cert_path = write_certificate(cert, out / "certificate.json")
+    verify_cmd = (f"otstab verify {cert_path} --model {model_path} --data {data_path} "
+                  "--target income")
+    say("")
+    say(result.summary())
+    say("")
+    say(f"Most sensitive features (of {len(table)}; one-hot blocks scored as one variable; "
+        "lower score = more sensitive):")
+    if not args.quiet:
+        _print_features(table, args.top, sys.stdout)
+    written = [cert_path, model_path, data_path]
+    if not args.no_html:
+        grid, curve = _report_grids(model, X, y, result)
+        html_path = write_report(out / "report.html", cert, result=result, features=table,
+                                 grid=grid, curve=curve, y=y, verify_command=verify_cmd,
+                                 title="otstab demo: logistic regression on Adult")
+        written.insert(1, html_path)
+    say("")
+    for pth in written:
+        print(f"wrote {pth}")
+    say(f"reproduce with: {verify_cmd}")
+    say(f"done in {time.perf_counter() - t0:.1f} s")
+    return EXIT_OK
+
+
+def _cmd_certify(args) -> int:
+    from . import certify, feature_stability
+    from .certificate import make_certificate, write_certificate, write_qstar
+    from .losses import epsilon_insensitive, pinball
+    from .report import write_report
+
+    loss = args.loss
+    m = re.fullmatch(r"\s*(pinball|epsilon_insensitive)\(\s*([^)]+)\)\s*", loss)
+    if m:
+        try:
+            val = float(m.group(2))
+        except ValueError:
+            raise BadInput("--loss", f"cannot read the parameter of {loss!r}") from None
+        loss = _run_library(pinball if m.group(1) == "pinball" else epsilon_insensitive, val)
+    for opt in ("json", "html", "qstar"):
+        dest = getattr(args, opt)
+        if dest is not None and not Path(dest).parent.exists():
+            raise BadInput(f"--{opt}", f"folder {str(Path(dest).parent)!r} does not exist")
+    if args.qstar and not args.qstar.lower().endswith((".csv", ".csv.gz", ".parquet", ".pq")):
+        raise BadInput("--qstar", f"{args.qstar!r} must end in .csv, .csv.gz or .parquet")
+    X, y = load_data(args.data, args.target)
+    model = load_model(args.model, trust=args.trust)
+    movable = None
+    if args.movable:
+        movable = [int(c) if re.fullmatch(r"-?\d+", c) else c for c in args.movable]
+    result = _run_library(certify, model, X, y, loss=loss, r=args.r, theta1=args.theta1,
+                          theta2=args.theta2, divergence=args.divergence, solver=args.solver,
+                          features=movable)
+    out = sys.stdout
+    if not args.quiet:
+        print(result.summary(), file=out)
+    table, groups = None, None
+    if args.features:
+        if args.groups == "auto":
+            groups = auto_groups(model, result.feature_names)
+        table = _run_library(feature_stability, model, X, y, loss=loss, r=args.r,
+                             theta1=args.theta1, theta2=args.theta2,
+                             divergence=args.divergence, groups=groups)
+        if not args.quiet:
+            print(f"\nMost sensitive features (of {len(table)}; lower score = more "
+                  "sensitive):", file=out)
+            _print_features(table, args.top, out)
+    qinfo = write_qstar(result, args.qstar) if args.qstar else None
+    cert = None
+    if args.json or args.html:
+        cert = make_certificate(result, model, X, y, features=table, groups=groups,
+                                movable=movable, target=args.target, model_file=args.model,
+                                qstar=qinfo, solver=args.solver, loss=loss)
+    written = []
+    if args.json:
+        written.append(write_certificate(cert, args.json))
+    if args.html:
+        grid = curve = None
+        if args.grid:
+            grid, curve = _report_grids(model, X, y, result)
+        cmd = None
+        if args.json:
+            cmd = (f"otstab verify {args.json} --model {args.model} --data {args.data} "
+                   f"--target {args.target}")
+        written.append(write_report(args.html, cert, result=result, features=table,
+                                    grid=grid, curve=curve, verify_command=cmd))
+    if args.qstar:
+        written.append(Path(args.qstar))
+    if not args.quiet:
+        for pth in written:
+            print(f"wrote {pth}", file=out)
+    return EXIT_OK
+
+
+def _cmd_verify(args) -> int:
+    from .certificate import read_certificate, verify_certificate
+    from .errors import ValidationError
+
+    try:
+        cert = read_certificate(args.certificate)
+    except ValidationError as exc:
+        raise BadInput("CERT", str(exc)) from None
+    target = args.target or cert["inputs"]["data"].get("target")
+    if not target:
+        raise BadInput("--target", "the certificate does not name the label column; pass "
+                                   "--target")
+    X, y = load_data(args.data, target)
+    model = load_model(args.model, trust=args.trust)
+    if args.qstar is not None and not Path(args.qstar).is_file():
+        raise BadInput("--qstar", f"file {args.qstar!r} does not exist")
+    report = _run_library(
+        verify_certificate, cert, model, X, y, rtol=args.rtol, atol=args.atol,
+        h_rtol=args.h_rtol, gap_tol=args.gap_tol, check_features=not args.no_features,
+        qstar=args.qstar, model_file=args.model)
+    if report.ok:
+        print(report.summary())
+        return EXIT_OK
+    print(report.summary(), file=sys.stderr)
+    return EXIT_MISMATCH
+
+
+_COMMANDS = {"demo": _cmd_demo, "certify": _cmd_certify, "verify": _cmd_verify}
+
+
+def main(argv=None) -> int:
+    """Entry point of the ``otstab`` command; returns the exit code.
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        Arguments without the program name (default ``sys.argv[1:]``).
+    """
+    from .errors import SolverError
+
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    prog = "otstab"
+    debug = "--debug" in argv
+    try:
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help()
+            return EXIT_BAD_INPUT
+        prog = f"otstab {args.command}"
+        return _COMMANDS[args.command](args)
+    except BadInput as exc:
+        print(exc.line(prog), file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except SolverError as exc:
+        print(f"{prog}: solver failure: {' '.join(str(exc).split())}", file=sys.stderr)
+        return EXIT_SOLVER
+    except SystemExit as exc:  # --help, --version
+        return exc.code if isinstance(exc.code, int) else EXIT_OK
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug: say so in one line unless --debug
+        if debug:
+            traceback.print_exc()
+        else:
+            print(f"{prog}: internal error: {type(exc).__name__}: "
+                  f"{' '.join(str(exc).split())} (run with --debug for the traceback)",
+                  file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,366 @@
+"""Tests of otstab.certificate: fingerprints, the JSON format and its schema, verification."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from pathlib import Path
+
+import joblib
+import numpy as np
+import pandas as pd
+import pytest
+
+jsonschema = pytest.importorskip("jsonschema")
+from sklearn.linear_model import LogisticRegression  # noqa: E402
+from sklearn.pipeline import make_pipeline  # noqa: E402
+from sklearn.preprocessing import StandardScaler  # noqa: E402
+
+import otstab  # noqa: E402
+from otstab import certificate as C  # noqa: E402
+from otstab.datasets import make_toy  # noqa: E402
+from otstab.errors import ValidationError  # noqa: E402
+from otstab.losses import PiecewiseLinear, pinball  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMA = json.loads((ROOT / "otstab" / "schema" / "certificate.schema.json").read_text())
+
+
+def _validate(cert):
+    """Validate against the schema file directly (not through the package's own helper)."""
+    jsonschema.Draft202012Validator(SCHEMA).validate(cert)
+    # and the emitted text is strict JSON: no NaN / Infinity tokens
+    text = json.dumps(cert, allow_nan=False)
+
+    def forbid(token):
+        raise AssertionError(f"non-strict JSON token {token}")
+
+    json.loads(text, parse_constant=forbid)
+
+
+@pytest.fixture(scope="module")
+def toy():
+    X, y = make_toy(60, random_state=1)
+    X = pd.DataFrame(X, columns=["a", "b"])
+    y = pd.Series(y, name="label")
+    model = LogisticRegression().fit(X, y)
+    return model, X, y
+
+
+@pytest.fixture(scope="module")
+def toy_cert(toy):
+    model, X, y = toy
+    res = otstab.certify(model, X, y, loss="zero_one", r=0.3)
+    fs = otstab.feature_stability(model, X, y, loss="zero_one", r=0.3)
+    return C.make_certificate(res, model, X, y, features=fs, target="label"), res, fs
+
+
+# ------------------------------------------------------------------------------------------
+# schema
+
+
+def test_schema_copies_are_identical_and_valid():
+    docs = json.loads((ROOT / "docs" / "certificate.schema.json").read_text())
+    assert docs == SCHEMA
+    assert C.load_schema() == SCHEMA
+    jsonschema.Draft202012Validator.check_schema(SCHEMA)
+
+
+CASES = [
+    dict(loss="zero_one", r=0.3),
+    dict(loss="hinge", r=0.6),
+    dict(loss="hinge", r=0.6, divergence="chi2"),
+    dict(loss="zero_one", r=0.3, theta1=math.inf),            # only reweighting
+    dict(loss="zero_one", r=0.3, theta2=math.inf),            # only moving
+    dict(loss="zero_one", r=0.0),                             # r <= base risk: value 0
+    dict(loss="zero_one", r=0.3, theta1=math.inf, theta2=math.inf),  # unreachable: inf
+    dict(loss="logistic", r=0.5),
+]
+
+
+@pytest.mark.parametrize("kw", CASES, ids=[str(k) for k in CASES])
+def test_every_certificate_validates(toy, kw, tmp_path):
+    model, X, y = toy
+    res = otstab.certify(model, X, y, **kw)
+    cert = C.make_certificate(res, model, X, y, target="label")
+    _validate(cert)
+    assert cert["format"] == "otstab-certificate" and cert["version"] == 1
+    # non-finite figures are strings
+    if math.isinf(res.value):
+        assert cert["results"]["value"] == "inf"
+    for key in ("theta1", "theta2"):
+        if math.isinf(kw.get(key, 1.0)):
+            assert cert["inputs"][key] == "inf"
+    # write/read round trip, and the certificate reproduces
+    path = C.write_certificate(cert, tmp_path / "c.json")
+    back = C.read_certificate(path)
+    assert back == json.loads(json.dumps(cert))
+    rep = C.verify_certificate(path, model, X, y)
+    assert rep.ok, rep.summary()
+
+
+def test_certificate_with_features_and_qstar_validates(toy, toy_cert, tmp_path):
+    model, X, y = toy
+    cert, res, fs = toy_cert
+    _validate(cert)
+    table = cert["results"]["feature_stability"]["table"]
+    assert [row["feature"] for row in table] == list(fs["feature"])
+    q = C.write_qstar(res, tmp_path / "q.csv")
+    cert2 = C.make_certificate(res, model, X, y, qstar=q, movable=["a", "b"])
+    _validate(cert2)
+    assert cert2["qstar"]["n_atoms"] == res.n_atoms
+    assert cert2["inputs"]["movable_features"] == ["a", "b"]
+
+
+def test_certificate_contents(toy, toy_cert):
+    model, X, y = toy
+    cert, res, _ = toy_cert
+    inp, out = cert["inputs"], cert["results"]
+    assert inp["data"]["n_samples"] == len(X) and inp["data"]["n_features"] == 2
+    assert inp["data"]["columns"] == ["a", "b"]
+    assert inp["data"]["label_counts"] == {"0": 60, "1": 60}
+    assert inp["data"]["sha256"] == C.hash_data(X, y)
+    assert inp["model"]["sha256"] == C.hash_model(model)
+    assert inp["model"]["estimator"].endswith("LogisticRegression")
+    assert inp["loss"] == {"name": "zero_one"}
+    assert (inp["r"], inp["theta1"], inp["theta2"], inp["divergence"]) == (0.3, 1.0, 0.25, "kl")
+    assert out["value"] == res.value and out["h"] == res.h
+    assert out["primal_cost"] == res.primal_cost and out["gap"] == res.gap
+    assert out["excess_risk"] == pytest.approx(res.risk_star - res.risk_base)
+    assert set(out["decomposition"]) >= {"base", "corruption", "reweighting"}
+    assert cert["solver"]["status"] == res.status
+    assert cert["environment"]["otstab"] == otstab.__version__
+    for pkg in ("numpy", "scipy", "cvxpy", "clarabel"):
+        assert pkg in cert["environment"]
+
+
+def test_make_certificate_rejects_wrong_inputs(toy):
+    model, X, y = toy
+    res = otstab.certify(model, X, y, loss="zero_one", r=0.3)
+    with pytest.raises(ValidationError, match="120 samples but X has 10"):
+        C.make_certificate(res, model, X.iloc[:10], y.iloc[:10])
+    with pytest.raises(TypeError, match="StabilityResult"):
+        C.make_certificate({"value": 1}, model, X, y)
+    with pytest.raises(ValidationError, match="feature_stability"):
+        C.make_certificate(res, model, X, y, features=pd.DataFrame({"x": [1]}))
+
+
+def test_make_certificate_does_not_mutate(toy):
+    model, X, y = toy
+    X0, y0 = X.copy(deep=True), y.copy(deep=True)
+    coef = model.coef_.copy()
+    res = otstab.certify(model, X, y, loss="hinge", r=0.6)
+    C.make_certificate(res, model, X, y)
+    pd.testing.assert_frame_equal(X, X0)
+    pd.testing.assert_series_equal(y, y0)
+    np.testing.assert_array_equal(model.coef_, coef)
+
+
+# ------------------------------------------------------------------------------------------
+# fingerprints
+
+
+def test_data_hash_is_canonical(tmp_path):
+    rng = np.random.default_rng(0)
+    A = rng.normal(size=(30, 3))
+    y = rng.integers(0, 2, 30)
+    h = C.hash_data(A, y)
+    assert len(h) == 64
+    # an array and a frame with default column labels 0..d-1 hash alike
+    assert C.hash_data(pd.DataFrame(A), y) == h
+    # integer and float labels hash alike; so do -0.0 and 0.0
+    assert C.hash_data(A, y.astype(float)) == h
+    B = A.copy()
+    B[0, 0] = 0.0
+    assert C.hash_data(B, y) == C.hash_data(np.where(B == 0, -0.0, B), y)
+    # the index is not part of the fingerprint
+    df = pd.DataFrame(A, columns=["p", "q", "r"], index=np.arange(100, 130))
+    assert C.hash_data(df, y) == C.hash_data(df.reset_index(drop=True), y)
+    # a CSV round trip (read back with round-trip precision) keeps it
+    df.assign(t=y).to_csv(tmp_path / "d.csv", index=False)
+    back = C.read_table(tmp_path / "d.csv")
+    assert C.hash_data(back.drop(columns="t"), back["t"]) == C.hash_data(df, y)
+
+
+def test_data_hash_survives_parquet(tmp_path):
+    pytest.importorskip("pyarrow", reason="Parquet files need pyarrow")
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame(rng.normal(size=(30, 3)), columns=["p", "q", "r"])
+    df["s"] = rng.choice(["a", "b"], 30)
+    y = rng.integers(0, 2, 30)
+    df.assign(t=y).to_parquet(tmp_path / "d.parquet", index=False)
+    back = C.read_table(tmp_path / "d.parquet")
+    assert C.hash_data(back.drop(columns="t"), back["t"]) == C.hash_data(df, y)
+
+
+def test_data_hash_sees_every_change():
+    rng = np.random.default_rng(1)
+    A = rng.normal(size=(20, 2))
+    y = rng.integers(0, 2, 20)
+    h = C.hash_data(A, y)
+    B = A.copy()
+    B[7, 1] = np.nextafter(B[7, 1], np.inf)  # one ulp
+    assert C.hash_data(B, y) != h
+    y2 = y.copy()
+    y2[3] = 1 - y2[3]
+    assert C.hash_data(A, y2) != h
+    assert C.hash_data(A[:, ::-1], y) != h                  # column order
+    assert C.hash_data(pd.DataFrame(A, columns=["u", "v"]), y) != C.hash_data(
+        pd.DataFrame(A, columns=["u", "w"]), y)               # column names
+    assert C.hash_data(A[:-1], y[:-1]) != h                 # a row less
+    # strings are hashed as strings
+    s = pd.DataFrame({"c": ["x", "y"], "n": [1.0, 2.0]})
+    assert C.hash_data(s, [0, 1]) != C.hash_data(s.assign(c=["x", "z"]), [0, 1])
+    with pytest.raises(ValidationError, match="rows"):
+        C.hash_data(A, y[:5])
+
+
+def test_model_hash_survives_joblib_and_sees_refits(toy):
+    model, X, y = toy
+    buf = io.BytesIO()
+    joblib.dump(model, buf)
+    buf.seek(0)
+    assert C.hash_model(joblib.load(buf)) == C.hash_model(model)
+    other = LogisticRegression(C=0.5).fit(X, y)
+    assert C.hash_model(other) != C.hash_model(model)
+    pipe = make_pipeline(StandardScaler(), LogisticRegression()).fit(X, y)
+    pipe2 = make_pipeline(StandardScaler(), LogisticRegression()).fit(X.iloc[:100], y.iloc[:100])
+    assert C.hash_model(pipe) != C.hash_model(pipe2)
+    buf = io.BytesIO()
+    joblib.dump(pipe, buf)
+    buf.seek(0)
+    assert C.hash_model(joblib.load(buf)) == C.hash_model(pipe)
+    lm = otstab.LinearModel([1.0, 2.0], 0.5)
+    assert C.hash_model(lm) == C.hash_model(otstab.LinearModel([1.0, 2.0], 0.5))
+    assert C.hash_model(lm) != C.hash_model(otstab.LinearModel([1.0, 2.0], 0.25))
+
+
+def test_model_hash_handles_cycles():
+    class Node:
+        pass
+
+    a = Node()
+    a.other = Node()
+    a.other.back = a
+    assert len(C.hash_model(a)) == 64
+
+
+# ------------------------------------------------------------------------------------------
+# verification and tampering
+
+
+def _fields(report):
+    return [m.field for m in report.mismatches]
+
+
+def test_verify_roundtrip(toy, toy_cert):
+    model, X, y = toy
+    cert, _, _ = toy_cert
+    rep = C.verify_certificate(cert, model, X, y)
+    assert rep.ok and bool(rep) and not rep.mismatches
+    assert "results.value" in rep.checked and "results.feature_stability" in rep.checked
+    assert "OK" in rep.summary()
+
+
+def test_tampered_number_fails(toy, toy_cert):
+    model, X, y = toy
+    cert = json.loads(json.dumps(toy_cert[0]))
+    cert["results"]["value"] = cert["results"]["value"] * (1 + 1e-4)
+    rep = C.verify_certificate(cert, model, X, y)
+    assert not rep.ok
+    assert "results.value" in _fields(rep)
+    assert "results.gap" in _fields(rep)  # value no longer matches the recorded primal cost
+    assert "results.value" in rep.summary()
+
+
+def test_tampered_feature_score_fails(toy, toy_cert):
+    model, X, y = toy
+    cert = json.loads(json.dumps(toy_cert[0]))
+    cert["results"]["feature_stability"]["table"][0]["score"] *= 1.01
+    name = cert["results"]["feature_stability"]["table"][0]["feature"]
+    rep = C.verify_certificate(cert, model, X, y)
+    assert _fields(rep) == [f"results.feature_stability[{name}].score"]
+    assert C.verify_certificate(cert, model, X, y, check_features=False).ok
+
+
+def test_tampered_data_fails(toy, toy_cert):
+    model, X, y = toy
+    cert = toy_cert[0]
+    X2 = X.copy()
+    X2.iloc[5, 0] += 0.5
+    rep = C.verify_certificate(cert, model, X2, y)
+    assert not rep.ok and "inputs.data.sha256" in _fields(rep)
+    assert "evaluation data differ" in rep.summary()
+    y2 = y.copy()
+    y2.iloc[0] = 1 - y2.iloc[0]
+    assert "inputs.data.sha256" in _fields(C.verify_certificate(cert, model, X, y2))
+    rep = C.verify_certificate(cert, model, X.iloc[:-1], y.iloc[:-1])
+    assert {"inputs.data.shape", "inputs.data.sha256"} <= set(_fields(rep))
+
+
+def test_tampered_model_fails(toy, toy_cert):
+    model, X, y = toy
+    other = LogisticRegression(C=0.01).fit(X, y)
+    rep = C.verify_certificate(toy_cert[0], other, X, y)
+    assert not rep.ok and "inputs.model.sha256" in _fields(rep)
+    assert "model differs" in rep.summary()
+
+
+def test_bad_certificates_are_rejected(toy, toy_cert, tmp_path):
+    model, X, y = toy
+    cert = json.loads(json.dumps(toy_cert[0]))
+    cert["format"] = "something-else"
+    with pytest.raises(ValidationError, match="not an otstab certificate"):
+        C.verify_certificate(cert, model, X, y)
+    cert = json.loads(json.dumps(toy_cert[0]))
+    cert["version"] = 2
+    with pytest.raises(ValidationError, match="version"):
+        C.verify_certificate(cert, model, X, y)
+    cert = json.loads(json.dumps(toy_cert[0]))
+    cert["results"]["value"] = "lots"
+    with pytest.raises(ValidationError, match="results/value"):
+        C.validate_certificate(cert)
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ValidationError, match="not valid JSON"):
+        C.read_certificate(tmp_path / "bad.json")
+    with pytest.raises(ValidationError, match="cannot read"):
+        C.read_certificate(tmp_path / "missing.json")
+
+
+def test_verify_audits_qstar_file(toy, tmp_path):
+    model, X, y = toy
+    res = otstab.certify(model, X, y, loss="hinge", r=0.6)
+    names = ["q.csv"]
+    try:
+        import pyarrow  # noqa: F401
+
+        names.append("q.parquet")
+    except ImportError:  # Parquet is optional
+        pass
+    for name in names:
+        q = C.write_qstar(res, tmp_path / name)
+        cert = C.make_certificate(res, model, X, y, qstar=q)
+        rep = C.verify_certificate(cert, model, X, y, qstar=tmp_path / name)
+        assert rep.ok, rep.summary()
+    # tamper one weight of Q*: its cost, risk and mass no longer match
+    frame = C.read_table(tmp_path / "q.csv")
+    i = int(frame["loss*"].to_numpy().argmax())  # an atom with positive loss under Q*
+    assert frame.loc[i, "loss*"] > 0
+    frame.loc[i, "weight"] *= 1.5
+    frame.to_csv(tmp_path / "q2.csv", index=False)
+    rep = C.verify_certificate(cert, model, X, y, qstar=tmp_path / "q2.csv")
+    assert {"qstar.sha256", "qstar:primal_cost", "qstar:risk_star",
+            "qstar:total_mass"} <= set(_fields(rep))
+    # an audit from the frame alone (no file hash) still catches it
+    assert C.audit_qstar(frame, model, X, y, cert)
+
+
+def test_loss_specs_round_trip(toy):
+    model, X, y = toy
+    custom = PiecewiseLinear((0.0, -2.0), (0.0, 1.0), on="margin", name="steep_hinge")
+    res = otstab.certify(model, X, y, loss=custom, r=0.8)
+    cert = C.make_certificate(res, model, X, y, loss=custom)
+    assert cert["inputs"]["loss"]["slopes"] == [0.0, -2.0]
+    assert C.verify_certificate(cert, model, X, y).ok
+    assert C._loss_from_spec({"name": "pinball(0.3)"}) == pinball(0.3)

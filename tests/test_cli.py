@@ -1,0 +1,410 @@
+"""Tests of the ``otstab`` command line (otstab.cli): demo, certify, verify, exit codes."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import joblib
+import numpy as np
+import pandas as pd
+import pytest
+
+pytest.importorskip("sklearn")
+pytest.importorskip("jsonschema")
+
+import otstab  # noqa: E402
+from otstab import certificate as C  # noqa: E402
+from otstab.cli import main  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+try:
+    import pyarrow  # noqa: F401
+
+    HAS_PYARROW = True
+except ImportError:  # Parquet is optional
+    HAS_PYARROW = False
+
+
+def run(argv):
+    """main(argv) in-process: (exit code, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([str(a) for a in argv])
+    return code, out.getvalue(), err.getvalue()
+
+
+def run_subprocess(argv, cwd):
+    proc = subprocess.run([sys.executable, "-m", "otstab", *map(str, argv)], cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo") / "otstab-demo"
+    code, stdout, stderr = run(["demo", "--out", out])
+    assert code == 0, stderr
+    return out, stdout
+
+
+def verify_args(d: Path, cert=None, model=None, data=None):
+    return ["verify", cert or d / "certificate.json", "--model", model or d / "model.joblib",
+            "--data", data or d / "eval.csv", "--target", "income"]
+
+
+# ------------------------------------------------------------------------------------------
+# demo
+
+
+def test_demo_writes_everything_and_prints_the_certificate(demo):
+    out, stdout = demo
+    for name in ("certificate.json", "report.html", "model.joblib", "eval.csv"):
+        assert (out / name).is_file(), name
+    cert = json.loads((out / "certificate.json").read_text())
+    C.validate_certificate(cert)
+    inp, res = cert["inputs"], cert["results"]
+    assert inp["loss"]["name"] == "zero_one"
+    assert (inp["r"], inp["theta1"], inp["theta2"]) == (0.4, 1.0, 0.25)
+    assert inp["data"]["n_samples"] == 2000 and inp["data"]["target"] == "income"
+    assert cert["solver"]["status"] == "optimal"
+    assert res["risk_star"] == pytest.approx(0.4, abs=1e-9)
+    assert res["gap"] < 1e-6
+    # the printed summary shows the certified value, and the top feature
+    assert f"{res['value']:.6g}" in stdout
+    top = res["feature_stability"]["table"][0]["feature"]
+    assert top in stdout
+    # one-hot blocks are scored as one variable (groups from datasets.feature_groups)
+    groups = res["feature_stability"]["groups"]
+    assert "race" in groups and all(c.startswith("race: ") for c in groups["race"])
+    assert "race" in [row["feature"] for row in res["feature_stability"]["table"]]
+    # eval.csv holds the evaluation data with the target column
+    df = pd.read_csv(out / "eval.csv")
+    assert df.shape == (2000, inp["data"]["n_features"] + 1) and "income" in df.columns
+    assert "otstab verify" in stdout
+
+
+def test_demo_value_matches_the_library(demo):
+    """The demo's certificate is the library's answer on the same model and data."""
+    out, _ = demo
+    cert = json.loads((out / "certificate.json").read_text())
+    model = joblib.load(out / "model.joblib")
+    df = pd.read_csv(out / "eval.csv")
+    res = otstab.certify(model, df.drop(columns="income"), df["income"], loss="zero_one",
+                         r=0.4, theta1=1.0, theta2=0.25)
+    assert cert["results"]["value"] == pytest.approx(res.value, rel=1e-12)
+
+
+def test_demo_verifies_in_a_subprocess(demo):
+    out, _ = demo
+    code, stdout, stderr = run_subprocess(verify_args(out), cwd=out.parent)
+    assert code == 0, stderr
+    assert stdout.startswith("OK")
+
+
+def test_demo_verifies_in_process(demo):
+    out, _ = demo
+    code, stdout, stderr = run(verify_args(out))
+    assert code == 0, stderr
+    assert "OK: the certificate reproduces" in stdout
+    # --target defaults to the certificate's
+    code, _, _ = run(["verify", out / "certificate.json", "--model", out / "model.joblib",
+                      "--data", out / "eval.csv"])
+    assert code == 0
+
+
+# ------------------------------------------------------------------------------------------
+# tampering
+
+
+def test_tampered_number_fails(demo, tmp_path):
+    out, _ = demo
+    cert = json.loads((out / "certificate.json").read_text())
+    cert["results"]["risk_base"] = cert["results"]["risk_base"] + 0.001
+    bad = tmp_path / "c.json"
+    bad.write_text(json.dumps(cert))
+    code, stdout, stderr = run(verify_args(out, cert=bad))
+    assert code == 1
+    assert "FAILED" in stderr and "results.risk_base" in stderr
+    assert "Traceback" not in stderr
+
+
+def test_tampered_data_row_fails(demo, tmp_path):
+    out, _ = demo
+    df = pd.read_csv(out / "eval.csv")
+    df.loc[17, "age"] += 1.0
+    bad = tmp_path / "eval.csv"
+    df.to_csv(bad, index=False)
+    code, _, stderr = run(verify_args(out, data=bad))
+    assert code == 1
+    assert "inputs.data.sha256" in stderr and "evaluation data differ" in stderr
+
+
+def test_tampered_model_fails(demo, tmp_path):
+    out, _ = demo
+    model = joblib.load(out / "model.joblib")
+    model.coef_ = model.coef_.copy()
+    model.coef_[0, 0] *= 1.1
+    bad = tmp_path / "model.joblib"
+    joblib.dump(model, bad)
+    code, _, stderr = run(verify_args(out, model=bad))
+    assert code == 1
+    assert "inputs.model.sha256" in stderr and "model differs" in stderr
+
+
+def test_verify_bad_certificate_is_bad_input(demo, tmp_path):
+    out, _ = demo
+    bad = tmp_path / "c.json"
+    bad.write_text('{"format": "otstab-certificate", "version": 7}')
+    code, _, stderr = run(verify_args(out, cert=bad))
+    assert code == 2
+    assert stderr.count("\n") == 1 and "argument CERT" in stderr and "version" in stderr
+
+
+# ------------------------------------------------------------------------------------------
+# bad input: exit 2, one line naming the argument, no traceback
+
+
+def _one_line(stderr: str, arg: str):
+    assert "Traceback" not in stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert f"argument {arg}" in lines[0], lines[0]
+
+
+def test_missing_target_column(demo):
+    out, _ = demo
+    code, _, stderr = run(["certify", "--model", out / "model.joblib", "--data",
+                           out / "eval.csv", "--target", "salary", "--r", "0.3"])
+    assert code == 2
+    _one_line(stderr, "--target")
+    assert "'salary'" in stderr
+
+
+def test_non_numeric_features(demo, tmp_path):
+    out, _ = demo
+    df = pd.read_csv(out / "eval.csv")
+    df["age"] = np.where(df["age"] > 0, "old", "young")
+    path = tmp_path / "strings.csv"
+    df.to_csv(path, index=False)
+    code, _, stderr = run(["certify", "--model", out / "model.joblib", "--data", path,
+                           "--target", "income", "--r", "0.3"])
+    assert code == 2
+    _one_line(stderr, "--data")
+    assert "non-numeric" in stderr and "age" in stderr
+
+
+def test_model_file_that_is_not_a_model(demo, tmp_path):
+    out, _ = demo
+    code, _, stderr = run(["certify", "--model", out / "eval.csv", "--data", out / "eval.csv",
+                           "--target", "income", "--r", "0.3"])
+    assert code == 2
+    _one_line(stderr, "--model")
+    joblib.dump({"coef": [1, 2]}, tmp_path / "dict.joblib")
+    code, _, stderr = run(["certify", "--model", tmp_path / "dict.joblib", "--data",
+                           out / "eval.csv", "--target", "income", "--r", "0.3"])
+    assert code == 2
+    _one_line(stderr, "--model")
+    assert "not a fitted model" in stderr
+    code, _, stderr = run(["certify", "--model", tmp_path / "nothing.joblib", "--data",
+                           out / "eval.csv", "--target", "income", "--r", "0.3"])
+    assert code == 2
+    _one_line(stderr, "--model")
+
+
+@pytest.mark.parametrize("r", ["1.5", "-0.1"])
+def test_r_outside_unit_interval_for_zero_one(demo, r):
+    out, _ = demo
+    code, _, stderr = run(["certify", "--model", out / "model.joblib", "--data",
+                           out / "eval.csv", "--target", "income", "--r", r])
+    assert code == 2
+    _one_line(stderr, "--r")
+
+
+def test_bad_input_in_a_subprocess_has_no_traceback(demo):
+    out, _ = demo
+    code, stdout, stderr = run_subprocess(
+        ["certify", "--model", out / "model.joblib", "--data", out / "eval.csv", "--target",
+         "income", "--r", "1.5"], cwd=out.parent)
+    assert code == 2
+    _one_line(stderr, "--r")
+    assert stderr.startswith("otstab certify: error:")
+
+
+@pytest.mark.parametrize("argv, arg", [
+    (["--theta1", "abc"], "--theta1"),
+    (["--theta2", "0"], "--theta2"),
+    (["--loss", "nonsense"], "--loss"),
+    (["--loss", "absolute"], "--loss"),
+    (["--divergence", "tv"], "--divergence"),
+    (["--movable", "no-such-column"], "--movable"),
+])
+def test_other_bad_arguments(demo, argv, arg):
+    out, _ = demo
+    code, _, stderr = run(["certify", "--model", out / "model.joblib", "--data",
+                           out / "eval.csv", "--target", "income", "--r", "0.3", *argv])
+    assert code == 2
+    _one_line(stderr, arg)
+
+
+def test_missing_required_argument():
+    code, _, stderr = run(["certify", "--model", "m", "--data", "d", "--target", "t"])
+    assert code == 2
+    assert stderr.strip().splitlines() == [
+        "otstab certify: error: the following arguments are required: --r "
+        "(see otstab certify --help)"]
+
+
+def test_solver_failure_exits_3(demo, monkeypatch):
+    out, _ = demo
+    from otstab.errors import SolverError
+
+    def failing(*args, **kwargs):
+        raise SolverError("no solver produced a trustworthy answer")
+
+    monkeypatch.setattr(otstab, "certify", failing)
+    code, _, stderr = run(["certify", "--model", out / "model.joblib", "--data",
+                           out / "eval.csv", "--target", "income", "--r", "0.3"])
+    assert code == 3
+    assert "solver failure" in stderr and "Traceback" not in stderr
+
+
+# ------------------------------------------------------------------------------------------
+# certify
+
+
+QSTAR_FORMATS = [
+    "csv",
+    pytest.param("parquet", marks=pytest.mark.skipif(
+        not HAS_PYARROW, reason="Parquet files need pyarrow (pip install pyarrow)")),
+]
+
+
+@pytest.mark.parametrize("fmt", QSTAR_FORMATS)
+def test_certify_writes_json_html_qstar_and_verifies(demo, tmp_path, fmt):
+    out, _ = demo
+    qfile = tmp_path / f"q.{fmt}"
+    argv = ["certify", "--model", out / "model.joblib", "--data", out / "eval.csv",
+            "--target", "income", "--loss", "hinge", "--r", "0.6", "--theta1", "2",
+            "--theta2", "inf", "--json", tmp_path / "c.json", "--html", tmp_path / "r.html",
+            "--qstar", qfile, "--features", "--top", "3"]
+    code, stdout, stderr = run(argv)
+    assert code == 0, stderr
+    cert = json.loads((tmp_path / "c.json").read_text())
+    C.validate_certificate(cert)
+    assert cert["inputs"]["theta2"] == "inf" and cert["inputs"]["theta1"] == 2.0
+    assert cert["inputs"]["loss"]["name"] == "hinge"
+    assert cert["qstar"]["file"] == qfile.name and cert["qstar"]["format"] == fmt
+    assert cert["results"]["feature_stability"] is not None
+    assert (tmp_path / "r.html").stat().st_size > 1000
+    assert "Most sensitive features" in stdout
+    code, stdout, stderr = run(verify_args(out, cert=tmp_path / "c.json") +
+                               ["--qstar", qfile])
+    assert code == 0, stderr
+    assert "qstar (independent audit)" in C.verify_certificate(
+        cert, joblib.load(out / "model.joblib"), *_xy(out), qstar=qfile
+    ).checked
+
+
+def _xy(out):
+    df = pd.read_csv(out / "eval.csv")
+    return df.drop(columns="income"), df["income"]
+
+
+def test_certify_unreachable_threshold_is_an_answer(demo, tmp_path):
+    out, _ = demo
+    code, stdout, _ = run(["certify", "--model", out / "model.joblib", "--data",
+                           out / "eval.csv", "--target", "income", "--r", "0.3",
+                           "--theta1", "inf", "--theta2", "inf", "--json", tmp_path / "c.json"])
+    assert code == 0
+    cert = json.loads((tmp_path / "c.json").read_text())
+    assert cert["results"]["value"] == "inf" and cert["solver"]["status"] == "unreachable"
+    assert math.isinf(float(cert["results"]["value"]))
+
+
+def test_certify_movable_subset(demo, tmp_path):
+    out, _ = demo
+    code, _, stderr = run(["certify", "--model", out / "model.joblib", "--data",
+                           out / "eval.csv", "--target", "income", "--r", "0.3", "--movable",
+                           "age", "hours-per-week", "--json", tmp_path / "c.json", "--quiet"])
+    assert code == 0, stderr
+    cert = json.loads((tmp_path / "c.json").read_text())
+    assert cert["inputs"]["movable_features"] == ["age", "hours-per-week"]
+    code, _, stderr = run(verify_args(out, cert=tmp_path / "c.json"))
+    assert code == 0, stderr
+
+
+# ------------------------------------------------------------------------------------------
+# help
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["demo", "--help"], ["certify", "--help"],
+                                  ["verify", "--help"]])
+def test_help(argv):
+    code, stdout, _ = run(argv)
+    assert code == 0
+    assert "usage: otstab" in stdout
+
+
+def test_version_and_module_entry_point():
+    code, stdout, _ = run(["--version"])
+    assert code == 0 and otstab.__version__ in stdout
+    assert (ROOT / "otstab" / "__main__.py").is_file()
+
+
+def test_console_script_declared():
+    text = (ROOT / "pyproject.toml").read_text()
+    assert 'otstab = "otstab.cli:main"' in text
+    if shutil.which("otstab"):
+        proc = subprocess.run(["otstab", "--version"], capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0 and otstab.__version__ in proc.stdout
+
+
+def test_pipeline_with_one_hot_encoder_groups_its_columns(tmp_path):
+    from sklearn.compose import make_column_transformer
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import OneHotEncoder, StandardScaler
+
+    rng = np.random.default_rng(0)
+    n = 300
+    df = pd.DataFrame({"color": rng.choice(["red", "green", "blue"], n),
+                       "size_x": rng.normal(size=n), "weight": rng.normal(size=n)})
+    df["label"] = ((df["color"] == "red") + df["size_x"] + 0.5 * rng.normal(size=n) > 0.5)
+    df["label"] = df["label"].astype(int)
+    pipe = make_pipeline(
+        make_column_transformer((OneHotEncoder(sparse_output=False), ["color"]),
+                                (StandardScaler(), ["size_x", "weight"])),
+        LogisticRegression()).fit(df.drop(columns="label"), df["label"])
+    joblib.dump(pipe, tmp_path / "pipe.joblib")
+    df.to_csv(tmp_path / "data.csv", index=False)
+    code, stdout, stderr = run(["certify", "--model", tmp_path / "pipe.joblib", "--data",
+                                tmp_path / "data.csv", "--target", "label", "--r", "0.4",
+                                "--features", "--json", tmp_path / "c.json"])
+    assert code == 0, stderr
+    cert = json.loads((tmp_path / "c.json").read_text())
+    assert cert["inputs"]["model"]["pipeline"][-1]["class"].endswith("LogisticRegression")
+    groups = cert["results"]["feature_stability"]["groups"]
+    assert groups == {"color": ["onehotencoder__color_blue", "onehotencoder__color_green",
+                                "onehotencoder__color_red"]}
+    scored = {row["feature"] for row in cert["results"]["feature_stability"]["table"]}
+    assert scored == {"color", "standardscaler__size_x", "standardscaler__weight"}
+    # the raw data (strings included) verify against the certificate
+    code, _, stderr = run(["verify", tmp_path / "c.json", "--model", tmp_path / "pipe.joblib",
+                           "--data", tmp_path / "data.csv"])
+    assert code == 0, stderr
+    # --groups none scores every column alone
+    code, _, _ = run(["certify", "--model", tmp_path / "pipe.joblib", "--data",
+                      tmp_path / "data.csv", "--target", "label", "--r", "0.4",
+                      "--features", "--groups", "none", "--json", tmp_path / "c2.json"])
+    assert code == 0
+    cert2 = json.loads((tmp_path / "c2.json").read_text())
+    assert cert2["results"]["feature_stability"]["groups"] is None
+    assert len(cert2["results"]["feature_stability"]["table"]) == 5
