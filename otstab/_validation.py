@@ -36,8 +36,15 @@ def feature_names_of(X, model=None) -> list[str]:
     return [f"x{j}" for j in range(d)]
 
 
-def as_float_matrix(X, name: str = "X", *, allow_1d: bool = False) -> np.ndarray:
-    """A C-contiguous float64 copy of a 2-D array-like, rejecting NaN/inf and non-numeric data."""
+def as_float_matrix(X, name: str = "X", *, allow_1d: bool = False, copy: bool = True,
+                    check_finite: bool = True) -> np.ndarray:
+    """A C-contiguous float64 2-D array, rejecting NaN/inf and non-numeric data.
+
+    ``copy=False`` returns a read-only view when no conversion is needed (the caller's array is
+    never written to either way); ``check_finite=False`` leaves the NaN/inf check to the caller
+    (e.g. on the model scores, which propagate any NaN or inf of X) -- call
+    :func:`check_finite_matrix` to raise the precise error.
+    """
     if X is None:
         raise ValidationError(f"{name} is required, got None")
     if isinstance(X, pd.DataFrame):
@@ -49,7 +56,8 @@ def as_float_matrix(X, name: str = "X", *, allow_1d: bool = False) -> np.ndarray
                 "(e.g. one-hot) or pass a pipeline that does"
             )
     try:
-        arr = np.array(X, dtype=np.float64, copy=True)
+        arr = np.array(X, dtype=np.float64, copy=True) if copy else np.asarray(
+            X, dtype=np.float64)
     except (TypeError, ValueError) as exc:
         raise ValidationError(f"{name} must be numeric, got {type(X).__name__}: {exc}") from exc
     if arr.ndim == 1 and allow_1d:
@@ -59,13 +67,23 @@ def as_float_matrix(X, name: str = "X", *, allow_1d: bool = False) -> np.ndarray
                               f"got shape {arr.shape}")
     if arr.shape[0] == 0:
         raise ValidationError(f"{name} has no rows")
+    if check_finite:
+        check_finite_matrix(arr, name)
+    arr = np.ascontiguousarray(arr)
+    if not copy:
+        arr = arr.view()
+        arr.flags.writeable = False
+    return arr
+
+
+def check_finite_matrix(arr: np.ndarray, name: str = "X") -> None:
+    """Raise a ValidationError naming the first NaN/inf entry of ``arr``."""
     if not np.all(np.isfinite(arr)):
         bad = np.argwhere(~np.isfinite(arr))[0]
         raise ValidationError(
             f"{name} contains NaN or inf (first at row {bad[0]}, column {bad[1]}); "
             "drop or impute those values first"
         )
-    return np.ascontiguousarray(arr)
 
 
 def as_float_vector(v, name: str, *, finite: bool = True, nonnegative: bool = False) -> np.ndarray:

@@ -233,23 +233,16 @@ def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, thet
     Samples tied between pieces at h (e.g. "stay" and "move" for the hinge loss) have their
     mass split between the tied piece with the smallest and the largest derivative so that
     the risk of Q* equals r exactly (MATH.md): samples are moved to the high piece one by one
-    and at most one sample is split.
+    and at most one sample is split. The audit runs over row blocks; ``X_star`` is built on
+    first access.
     """
     h = float(sol.h)
     n = red.n
-    c2 = np.broadcast_to(red.c2, red.c1.shape)
-    V = red.c1 * h + c2 * (h * h)
-    D = red.c1 + 2.0 * h * c2
-    lh = V.max(axis=1)
     if tie_rtol is None:
         tie_rtol = 1e-10 if sol.solver == "dual" else 1e-7
-    tied = V >= (lh - tie_rtol * (1.0 + np.abs(lh) + h * np.abs(D).max(axis=1)))[:, None]
-    k_lo = np.where(tied, D, np.inf).argmin(axis=1)
-    k_hi = np.where(tied, D, -np.inf).argmax(axis=1)
+    oracle = PiecewiseOracle(red.c1, red.c2)
+    lh, k_lo, d_lo, k_hi, d_hi = oracle.scan(h, tie_rtol)
     w, alpha = _weights_at(lh, theta2, divergence)
-    rows = np.arange(n)
-    d_lo = D[rows, k_lo]
-    d_hi = D[rows, k_hi]
     # risk with every tied sample on its low piece, and the gain of moving each to its high one
     need = n * r - float(w @ d_lo)
     gain = w * (d_hi - d_lo)
@@ -267,14 +260,25 @@ def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, thet
     # atoms: every sample on its main piece, plus one extra atom per split sample
     main_piece = np.where(frac >= 1.0, k_hi, k_lo)
     main_mass = np.where((frac > 0) & (frac < 1), 1.0 - frac, 1.0)
-    src = np.concatenate([rows, split_rows])
+    src = np.concatenate([np.arange(n), split_rows])
     piece = np.concatenate([main_piece, k_hi[split_rows]])
     mass = np.concatenate([main_mass, frac[split_rows]])
-    X_star = red.move(prob.X, src, piece, h)
     value = float(dual_objective(lh, h, r, theta2, divergence))
-    res = _audit(prob, X_star, src, mass, w[src], theta1, theta2, divergence, r, value)
+    X = prob.X
+
+    def moved_block(s, e):
+        """(x_src, x*, x* - x_src) for atoms s..e; main atoms are rows s..e of X (no copy)."""
+        sb = src[s:e]
+        Xg = X[s:e] if e <= n else X[sb]
+        delta = red.displacement(sb, piece[s:e], h)
+        if delta is None:
+            return Xg, Xg, None
+        return Xg, Xg + delta, delta
+
+    res = _audit_blocks(prob, moved_block, src, mass, w[src], theta1, theta2, divergence, value)
     return StabilityResult(
-        value=value, h=h, alpha=alpha, X_star=X_star, weights=w[src], source=src, mass=mass,
+        value=value, h=h, alpha=alpha,
+        X_star=lambda: red.move(X, src, piece, h), weights=w[src], source=src, mass=mass,
         solver=sol.solver, status=sol.status, solve_time=sol.solve_time,
         r=r, theta1=theta1, theta2=theta2, divergence=divergence, loss=prob.loss.name,
         dual_gap_bound=sol.gap_bound, iterations=sol.iterations,
@@ -287,12 +291,26 @@ def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, thet
     )
 
 
-def _audit(prob, X_star, src, mass, w, theta1, theta2, divergence, r, value) -> dict:
-    """Recompute the cost, risk and mass of Q* from the model and the cost function."""
+AUDIT_BLOCK = 1 << 15
+
+
+def _audit_blocks(prob, moved_block, src, mass, w, theta1, theta2, divergence, value) -> dict:
+    """The audit of :func:`_audit`, computed over blocks of atoms (bounded memory)."""
+    m = src.size
+    loss_star = np.empty(m)
+    moved2 = np.empty(m)
+    n = prob.n
+    bounds = list(range(0, n, AUDIT_BLOCK)) + [n] + ([m] if m > n else [])
+    for s, e in zip(bounds[:-1], bounds[1:]):
+        Xg, Xs, delta = moved_block(s, e)
+        loss_star[s:e] = prob.losses(Xs, prob.y[src[s:e]])
+        moved2[s:e] = 0.0 if delta is None else np.einsum("ij,ij->i", delta, delta)
+    return _audit_sums(prob, loss_star, moved2, mass, w, theta1, theta2, divergence, value)
+
+
+def _audit_sums(prob, loss_star, moved2, mass, w, theta1, theta2, divergence, value) -> dict:
     n = prob.n
     loss_base = prob.losses(prob.X)
-    loss_star = prob.losses(X_star, prob.y[src])
-    moved2 = np.sum((X_star - prob.X[src]) ** 2, axis=1)
     move_cost = 0.0 if math.isinf(theta1) else theta1 * float(np.sum(mass * w * moved2)) / n
     rew_cost = 0.0 if math.isinf(theta2) else theta2 * float(
         np.sum(mass * phi(w, divergence))) / n
@@ -310,6 +328,14 @@ def _audit(prob, X_star, src, mass, w, theta1, theta2, divergence, r, value) -> 
                           "cost_moving": move_cost, "cost_reweighting": rew_cost},
         "loss_star": loss_star, "loss_base": loss_base,
     }
+
+
+def _audit(prob, X_star, src, mass, w, theta1, theta2, divergence, r, value) -> dict:
+    """Recompute the cost, risk and mass of Q* from the model and the cost function."""
+    loss_star = prob.losses(X_star, prob.y[src])
+    diff = X_star - prob.X[src]
+    moved2 = np.einsum("ij,ij->i", diff, diff)
+    return _audit_sums(prob, loss_star, moved2, mass, w, theta1, theta2, divergence, value)
 
 
 def _edge_result(prob, red, r, theta1, theta2, divergence, edge, t_start) -> StabilityResult:

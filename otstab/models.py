@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from ._validation import as_float_matrix, feature_names_of
+from ._validation import as_float_matrix, check_finite_matrix, feature_names_of
 from .errors import IncompatibleLossError, InputTypeError, NotFittedError, ValidationError
 from .losses import Loss, MulticlassHinge, PiecewiseLinear, SmoothLoss, ZeroOne, get_loss
 
@@ -124,6 +124,7 @@ class Problem:
     nonlinear: object = None
     index: object = None
     extra: dict = field(default_factory=dict)
+    scores: np.ndarray | None = None  # model scores at X (linear models), computed once
 
     @property
     def n(self) -> int:
@@ -138,7 +139,8 @@ class Problem:
         y = self.y if y is None else y
         if self.scorer is not None:
             loss = self.loss
-            scores = self.scorer.scores(X)
+            scores = self.scores if (X is self.X and self.scores is not None) else \
+                self.scorer.scores(X)
             if isinstance(loss, MulticlassHinge) and self.scorer.task == "binary":
                 scores = np.column_stack([np.zeros_like(scores), scores])
                 y = (y > 0).astype(np.intp)
@@ -201,18 +203,13 @@ def _encode_labels(y, scorer_task: str, classes) -> tuple[np.ndarray, np.ndarray
     if y_orig.dtype.kind == "f" and not np.all(np.isfinite(y_orig)):
         i = int(np.argmax(~np.isfinite(y_orig)))
         raise ValidationError(f"y contains NaN or inf (first at index {i})")
-    lookup = {c.item() if hasattr(c, "item") else c: k for k, c in enumerate(classes)}
-    codes = np.empty(y_orig.shape[0], dtype=np.intp)
-    unknown = []
-    for i, v in enumerate(y_orig.tolist()):
-        k = lookup.get(v)
-        if k is None:
-            unknown.append(v)
-            codes[i] = -1
-        else:
-            codes[i] = k
-    if unknown:
-        shown = sorted({repr(u) for u in unknown})[:5]
+    codes = _codes_fast(y_orig, classes)
+    if codes is None:
+        lookup = {c.item() if hasattr(c, "item") else c: k for k, c in enumerate(classes)}
+        codes = np.array([lookup.get(v, -1) for v in y_orig.tolist()], dtype=np.intp)
+    if np.any(codes < 0):
+        unknown = y_orig[codes < 0]
+        shown = sorted({repr(u.item() if hasattr(u, "item") else u) for u in unknown})[:5]
         raise ValidationError(
             f"y contains label(s) {', '.join(shown)} unknown to the model; "
             f"the model's classes are {list(classes)}"
@@ -220,6 +217,23 @@ def _encode_labels(y, scorer_task: str, classes) -> tuple[np.ndarray, np.ndarray
     if scorer_task == "binary":
         return np.where(codes == 1, 1.0, -1.0), y_orig
     return codes, y_orig
+
+
+def _codes_fast(y, classes):
+    """Vectorised label -> class index (-1 if unknown); None when the types do not compare."""
+    try:
+        classes = np.asarray(classes)
+        if y.dtype.kind not in "biuf" or classes.dtype.kind not in "biuf":
+            if y.dtype.kind not in "UO" or classes.dtype.kind not in "UO":
+                return None
+        sorter = np.argsort(classes, kind="stable")
+        cs = classes[sorter]
+        idx = np.searchsorted(cs, y)
+        idx = np.clip(idx, 0, len(cs) - 1)
+        found = cs[idx] == y
+        return np.where(found, sorter[idx], -1).astype(np.intp)
+    except TypeError:
+        return None
 
 
 def check_loss_fits(loss: Loss, task: str, model_name: str) -> None:
@@ -269,7 +283,9 @@ def resolve_model(model, X, y, *, loss) -> Problem:
         if names is None or len(names) != Xa.shape[1]:
             names = [f"x{j}" for j in range(Xa.shape[1])]
     else:
-        Xa = as_float_matrix(X, "X")
+        # linear models: no copy (X is only read) and the NaN/inf check runs on the scores
+        linear = getattr(est, "coef_", None) is not None
+        Xa = as_float_matrix(X, "X", copy=not linear, check_finite=not linear)
         names = feature_names_of(X, est)
 
     scorer = _linear_scorer(est)
@@ -294,7 +310,11 @@ def resolve_model(model, X, y, *, loss) -> Problem:
     check_loss_fits(loss, scorer.task, model_name)
     yy, y_orig = _encode_labels(y, scorer.task, scorer.classes)
     _check_rows(Xa, yy)
-    return Problem(model, Xa, yy, y_orig, loss, names, scorer, None, index)
+    scores = scorer.scores(Xa)
+    if not np.all(np.isfinite(scores)):
+        check_finite_matrix(Xa, "X")  # names the offending entry
+        raise ValidationError("the model's scores on X are not finite (overflow?)")
+    return Problem(model, Xa, yy, y_orig, loss, names, scorer, None, index, scores=scores)
 
 
 def _check_rows(Xa, yy):

@@ -71,12 +71,27 @@ class Reduced:
         g = self.g[src, piece] if self.g.shape[0] > 1 else self.g[0, piece]
         return g[:, None] * self.v[None, :]
 
+    def displacement(self, src: np.ndarray, piece: np.ndarray, h: float) -> np.ndarray | None:
+        """``x* - x`` for each atom, ``h a_(src,piece) / (2 theta1)``; None when nothing moves."""
+        if math.isinf(self.theta1) or h == 0.0:
+            return None
+        t = h / (2.0 * self.theta1)
+        if self.kind == "multiclass":
+            return t * self.directions(src, piece)
+        g = self.g[src, piece] if self.g.shape[0] > 1 else self.g[0, piece]
+        return np.multiply.outer(t * g, self.v)
+
     def move(self, X: np.ndarray, src: np.ndarray, piece: np.ndarray, h: float) -> np.ndarray:
         """Moved points ``x_src + h a_(src,piece) / (2 theta1)`` (no move when theta1 = inf)."""
-        out = X[src].copy()
+        out = X[src]  # fancy indexing: a fresh array
         if math.isinf(self.theta1) or h == 0.0:
             return out
-        out += (h / (2.0 * self.theta1)) * self.directions(src, piece)
+        t = h / (2.0 * self.theta1)
+        if self.kind == "multiclass":
+            out += t * self.directions(src, piece)
+        else:
+            g = self.g[src, piece] if self.g.shape[0] > 1 else self.g[0, piece]
+            out += np.multiply.outer(t * g, self.v)
         return out
 
 
@@ -110,8 +125,9 @@ def reduce_problem(prob: Problem, theta1: float, mask: np.ndarray | None = None)
         raise ValidationError("the reduced form needs a linear model")
     W = sc.W if mask is None else sc.W * mask[None, :]
     inv4 = 0.0 if math.isinf(theta1) else 1.0 / (4.0 * theta1)
+    scores = prob.scores if prob.scores is not None else sc.scores(prob.X)
     if isinstance(loss, PiecewiseLinear):
-        s = sc.scores(prob.X)
+        s = scores
         a = loss.a
         if loss.on == "margin":
             u = prob.y * s
@@ -126,11 +142,11 @@ def reduce_problem(prob: Problem, theta1: float, mask: np.ndarray | None = None)
     if isinstance(loss, MulticlassHinge):
         if sc.task == "binary":
             Wm = np.vstack([np.zeros_like(W[0]), W[0]])
-            S = np.column_stack([np.zeros(prob.n), sc.scores(prob.X)])
+            S = np.column_stack([np.zeros(prob.n), scores])
             labels = (prob.y > 0).astype(np.intp)
         else:
             Wm = W
-            S = sc.scores(prob.X)
+            S = scores
             labels = prob.y.astype(np.intp)
         K = Wm.shape[0]
         sy = np.take_along_axis(S, labels[:, None], axis=1)

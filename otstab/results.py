@@ -55,7 +55,7 @@ class StabilityResult(ResultMixin):
     value: float
     h: float
     alpha: float | None
-    X_star: np.ndarray
+    X_star: np.ndarray = field(repr=False)
     weights: np.ndarray
     source: np.ndarray
     mass: np.ndarray
@@ -144,7 +144,7 @@ class StabilityResult(ResultMixin):
     def to_dict(self, *, arrays: bool = True) -> dict:
         """Plain-Python dict; ``arrays=False`` leaves out the atoms of Q*."""
         skip = set() if arrays else {"X_star", "weights", "source", "mass"}
-        out = {}
+        out = {"X_star": self.X_star} if arrays else {}
         for name in self.__dataclass_fields__:
             f = self.__dataclass_fields__[name]
             if not f.repr or name in skip:
@@ -153,3 +153,21 @@ class StabilityResult(ResultMixin):
         if arrays:
             out["feature_names"] = list(self.feature_names)
         return jsonable(out)
+
+
+def _get_x_star(self):
+    """Moved points of Q* (m x d), built on first access when the result was made lazily."""
+    value = self.__dict__.get("_X_star")
+    if callable(value):
+        value = value()
+        self.__dict__["_X_star"] = value
+    return value
+
+
+def _set_x_star(self, value):
+    self.__dict__["_X_star"] = value
+
+
+# X_star is a dataclass field whose value may be given as a zero-argument builder (large n:
+# the audit runs blockwise and the m x d array is only materialised when asked for)
+StabilityResult.X_star = property(_get_x_star, _set_x_star)
