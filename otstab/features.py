@@ -131,14 +131,10 @@ def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergen
     units = _units(prob.feature_names, features, groups)
     linear_exact = prob.scorer is not None and isinstance(
         loss_obj, (PiecewiseLinear, MulticlassHinge, ZeroOne)) and solver != "first_order"
-    if not linear_exact:
-        from . import nonlinear
-
-        return nonlinear.feature_stability_problem(
-            prob, units, r=r, theta1=theta1, theta2=theta2, divergence=divergence,
-            solver=solver)
     rows = []
-    if isinstance(loss_obj, ZeroOne):
+    if not linear_exact:
+        rows = _nonlinear_rows(prob, units, r, theta1, theta2, divergence, solver)
+    elif isinstance(loss_obj, ZeroOne):
         rows = _zero_one_rows(prob, units, r, theta1, theta2, divergence)
     else:
         red = reduce_problem(prob, theta1, None)
@@ -181,6 +177,31 @@ def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergen
     df.attrs.update({"r": r, "theta1": theta1, "theta2": theta2, "divergence": divergence,
                      "loss": loss_obj.name})
     return df
+
+
+def _nonlinear_rows(prob, units, r, theta1, theta2, divergence, solver):
+    """One certify per feature (exact 1-D duals for smooth losses of linear models, the
+    first-order path otherwise) with the feature mask; no one-pass shortcut applies here."""
+    from . import nonlinear
+
+    rows = []
+    for label, cols in units:
+        mask = np.zeros(prob.d, dtype=bool)
+        mask[cols] = True
+        if prob.scorer is not None and not np.any(prob.scorer.W[:, cols]):
+            rows.append((label, math.inf, math.nan, math.nan, math.nan, cols))
+            continue
+        res = nonlinear.certify_problem(prob, r=r, theta1=theta1, theta2=theta2,
+                                        divergence=divergence, mask=mask, solver=solver)
+        if not math.isfinite(res.value):
+            rows.append((label, math.inf, math.nan, math.nan, math.nan, cols))
+            continue
+        exc = res.risk_star - res.risk_base
+        dec = res.decomposition
+        sm = dec["corruption"] / exc if exc > 0 else 0.0
+        sr = dec["reweighting"] / exc if exc > 0 else 0.0
+        rows.append((label, res.value, res.h, sm, sr, cols))
+    return rows
 
 
 def _zero_one_rows(prob, units, r, theta1, theta2, divergence):

@@ -34,7 +34,9 @@ What the result means
 The inner problem is nonconcave for a nonlinear model (and for a linear one with a nonconvex
 loss at large ``h``), so the inner solutions are local maxima: the ``l_h`` used are lower bounds
 of the true d-transform and the reported ``value`` (the dual objective at the final ``h`` with
-these ``l_h``) is a **local, inner-approximate estimate** of ``R``, not a certified bound. The
+these ``l_h``) is a **local, inner-approximate estimate** of ``R``, not a certified bound; since
+the dual objective decreases in ``l_h``, missed inner maxima bias it upwards (towards more
+stability), and of two runs the lower value found better inner maxima. The
 returned distribution ``Q*`` is nevertheless a genuine perturbation: its risk is brought to
 ``r`` by a final mass split between the two bracketing ``h`` values, so its OT cost
 ``primal_cost`` (recomputed from the moved points and weights) is an upper bound on the true
@@ -232,6 +234,7 @@ class _Inner:
         self.xscale = xscale
         self.method = method
         self.screen = screen
+        self._tol = tol
 
     def solve(self, h: float, starts: list[np.ndarray], tol: float | None = None):
         """Best local maximum per sample over the start points. Returns (Z, loss, grad, J).
@@ -285,7 +288,7 @@ class _Inner:
         mv = self.mv
         Z, G, J, lr = st["Z"], st["G"], st["J"], st["lr"]
         m, v, k = st["m"], st["v"], st["k"]
-        tol_g = getattr(self, "_tol", self.tol) * 2.0 * th * self.xscale
+        tol_g = self._tol * 2.0 * th * self.xscale
         active = np.nonzero(np.sqrt(np.sum(G * G, axis=1)) > tol_g)[0]
         done = 0
         for _ in range(max(int(steps), 0)):
@@ -371,7 +374,7 @@ def _dual_value(lh, h, r, theta2, divergence, alpha=None):
 
 def solve_first_order(loss_and_grad, X, y, *, r, theta1=1.0, theta2=0.25, divergence="kl",
                       mask=None, outer="envelope", inner_steps=None, inner_lr=None,
-                      inner_tol=1e-5, max_outer=None, tol=1e-6, h_init=None, outer_lr=0.05,
+                      inner_tol=1e-5, max_outer=None, tol=1e-4, h_init=None, outer_lr=0.05,
                       starts="auto", random_starts=0, screen_steps=5, inner_method="adam",
                       h_cap=1e8, seed=0, verbose=False, callback=None) -> FirstOrderSolution:
     """Solve the stability dual with gradient-based inner maximisation.
@@ -409,7 +412,9 @@ def solve_first_order(loss_and_grad, X, y, *, r, theta1=1.0, theta2=0.25, diverg
         Maximum outer iterations (default 60 for ``"envelope"``, 2000 for ``"adam"``).
     tol : float
         Outer tolerance: stop when ``|risk - r| <= tol * max(r, 1e-12)`` or the bracket on ``h``
-        is narrower than ``tol * h``.
+        is narrower than ``tol * h``. The returned distribution's risk is then brought to ``r``
+        exactly by the final mass split; the value, being stationary in ``h``, is accurate to
+        about ``tol**2``.
     h_init : float, optional
         First ``h`` tried. Default: a Newton step from ``h = 0`` for ``"envelope"`` (no extra
         evaluation), 1 for ``"adam"`` (the paper's choice).
@@ -692,12 +697,13 @@ def _shared_direction(G: np.ndarray, groups: np.ndarray) -> np.ndarray | None:
 def _envelope(state_at, record, s0, r, tol, h_init, h_cap, max_outer):
     """Safeguarded root search on g(h) = r - risk(h). Returns (best, lo, hi, status, msg, stop).
 
-    Newton steps on ``log(risk) - log(r)`` with the slope estimate of :func:`_slope` (the first
-    one from ``h = 0``, halved, when ``h_init`` is None), kept inside the bracket
-    ``g(lo) > 0 > g(hi)``; the secant of the bracket when Newton leaves it, and bisection when
-    ``|g|`` does not halve every two steps. Before a bracket exists, ``h`` grows by a factor in
-    [2, 10] per step. Inner solves far from the root use a looser tolerance
-    (``min(1e-3, 0.01 |g| / r)``, inexact Newton); the tolerance tightens as ``g -> 0``.
+    Newton steps on ``log(risk) - log(r)`` with the slope estimate of :func:`_slope`, rescaled
+    by the secant calibration of :func:`_calibration` (the first step from ``h = 0``, halved,
+    when ``h_init`` is None), kept inside the bracket ``g(lo) > 0 > g(hi)``; the secant of the
+    bracket when Newton leaves it, and bisection when ``|g|`` does not halve every two steps.
+    Before a bracket exists, ``h`` follows Newton lengthened by 20%, growing by a factor in
+    [1.01, 10] per step (at least 2 after three steps). Inner solves far from the root use a
+    looser tolerance (``min(1e-3, 0.01 |g| / r)``, inexact Newton); it tightens as ``g -> 0``.
     """
     lo = s0  # g(0) = r - base risk > 0
     hi = None
@@ -709,12 +715,14 @@ def _envelope(state_at, record, s0, r, tol, h_init, h_cap, max_outer):
         if not (math.isfinite(h) and h > 0):
             h = 1.0
     gs: list[float] = []
+    growths = 0
     last = s0
     for _ in range(max_outer):
         refs = [lo] if hi is None else ([lo, hi] if h - lo["h"] <= hi["h"] - h else [hi, lo])
         loose = min(1e-3, 0.01 * abs(last["g"]) / max(r, 1e-12)) \
             if math.isfinite(last["g"]) else 1e-3
         st = state_at(h, refs, loose)
+        kappa = _calibration(st, last)
         last = st
         stop = record(st)
         if math.isfinite(st["value"]) and st["value"] >= best["value"]:
@@ -735,9 +743,12 @@ def _envelope(state_at, record, s0, r, tol, h_init, h_cap, max_outer):
                 message = (f"the risk stayed below r = {r:.6g} up to h = {h:.3g} "
                            f"(risk {st['risk']:.6g}); r looks unreachable")
                 break
-            h_new = _newton_from(st, r, h_cap)
-            h_new = 4.0 * h if not math.isfinite(h_new) else h_new
-            h = min(max(h_new, 2.0 * h), 10.0 * h, h_cap)
+            # Newton, lengthened by 20% to bracket the root soon; at least x1.01 (x2 after three
+            # growth steps, so an unreachable r is detected), at most x10
+            h_new = _newton_from(st, r, h_cap, kappa)
+            h_new = 4.0 * h if not math.isfinite(h_new) else h + 1.2 * (h_new - h)
+            growths += 1
+            h = min(max(h_new, (1.01 if growths <= 3 else 2.0) * h), 10.0 * h, h_cap)
             continue
         width = hi["h"] - lo["h"]
         gs.append(abs(st["g"]))
@@ -747,7 +758,7 @@ def _envelope(state_at, record, s0, r, tol, h_init, h_cap, max_outer):
         if not math.isfinite(hi["g"]):
             h = 0.5 * (lo["h"] + hi["h"])
             continue
-        cand = _newton_from(st, r, h_cap)
+        cand = _newton_from(st, r, h_cap, kappa)
         margin = 0.01 * width
         if not (lo["h"] + margin <= cand <= hi["h"] - margin):
             cand = _secant(lo, hi, r)
@@ -760,14 +771,34 @@ def _envelope(state_at, record, s0, r, tol, h_init, h_cap, max_outer):
     return best, lo, hi, status, message, False
 
 
-def _newton_from(st: dict, r: float, h_cap: float) -> float:
-    """Newton step on ``log(risk(h)) - log(r)`` from state ``st`` (slope from :func:`_slope`).
+def _calibration(st: dict, prev: dict | None) -> float:
+    """Ratio of the observed secant slope of the risk between two states to the estimated one.
+
+    The moving part of :func:`_slope` is exact only for a locally linear loss; near the onset
+    of nonconcavity it underestimates ``d risk/dh``. The secant between the last two iterates
+    measures the truth along the way; the ratio (clipped to [0.2, 20]) rescales the estimate.
+    """
+    if prev is None or prev["h"] == st["h"] or abs(st["h"] - prev["h"]) > 0.3 * st["h"]:
+        return 1.0  # no secant, or one too long to describe the local slope
+    vals = (st["risk"], prev["risk"], st.get("dg", math.nan), prev.get("dg", math.nan))
+    if not all(math.isfinite(v) for v in vals):
+        return 1.0
+    observed = (st["risk"] - prev["risk"]) / (st["h"] - prev["h"])
+    estimated = -0.5 * (st["dg"] + prev["dg"])
+    if not (observed > 0 and estimated > 0):
+        return 1.0
+    return float(min(max(observed / estimated, 0.2), 20.0))
+
+
+def _newton_from(st: dict, r: float, h_cap: float, kappa: float = 1.0) -> float:
+    """Newton step on ``log(risk(h)) - log(r)`` from state ``st`` (slope from :func:`_slope`,
+    times the calibration ``kappa``).
 
     The risk grows roughly exponentially in ``h`` at first (reweighting by ``exp(l_h/theta2)``),
     so Newton on its logarithm overshoots far less than on ``g`` itself. Returns nan when the
     step is not defined.
     """
-    dg = st.get("dg", 0.0)
+    dg = st.get("dg", 0.0) * kappa
     risk = st["risk"]
     if not (math.isfinite(dg) and dg < 0 and math.isfinite(risk) and risk > 0 and r > 0):
         return math.nan

@@ -103,3 +103,21 @@ def test_stability_curve_matches_certify_and_compiles_once(monkeypatch):
     assert np.all(np.diff(df["value"]) >= -1e-12)
     z = otstab.stability_curve(model, X, y, r=[0.2, 0.4], loss="zero_one")
     assert z["value"].iloc[1] >= z["value"].iloc[0]
+
+
+def test_smooth_and_nonlinear_feature_scores():
+    sk = pytest.importorskip("sklearn.linear_model")
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(200, 3))
+    y = (X[:, 0] + 0.5 * X[:, 1] + 0.5 * rng.normal(size=200) > 0).astype(int)
+    lr = sk.LogisticRegression().fit(X, y)
+    df = otstab.feature_stability(lr, X, y, loss="logistic", r=0.8)
+    for _, row in df.iterrows():
+        res = otstab.certify(lr, X, y, loss="logistic", r=0.8, features=[row.feature])
+        assert row.score == pytest.approx(res.value, rel=1e-10)
+    assert df.loc[0, "feature"] == "x0"
+    # a feature the model ignores is infinitely stable on the smooth path too
+    lm = otstab.LinearModel([1.0, 0.0, 0.0])
+    yy = np.where(X[:, 0] > 0, 1, -1)
+    d2 = otstab.feature_stability(lm, X, yy, loss="logistic", r=0.9)
+    assert d2.loc[0, "feature"] == "x0" and np.all(np.isinf(d2["score"].iloc[1:]))
