@@ -158,22 +158,18 @@ def _is_tree(model) -> bool:
 
 
 def _linear_parts(model):
-    coef = getattr(model, "coef_", None)
-    classes = getattr(model, "classes_", None)
-    if coef is None or classes is None:
+    """(W, b, task) of a linear classifier, via the same adapter as certify; None otherwise."""
+    from .models import _linear_scorer
+
+    if getattr(model, "classes_", None) is None:
         return None
-    W = np.array(coef, dtype=np.float64, copy=True)
-    if W.ndim == 1:
-        W = W[None, :]
-    b = np.array(getattr(model, "intercept_", 0.0), dtype=np.float64, copy=True).reshape(-1)
-    if b.size == 1 and W.shape[0] > 1:
-        b = np.repeat(b, W.shape[0])
-    K = len(classes)
-    if K == 2 and W.shape[0] == 1:
-        return W, b, "binary"
-    if K > 2 and W.shape[0] == K:
-        return W, b, "multiclass"
-    return None
+    try:
+        sc = _linear_scorer(model)
+    except Exception:  # noqa: BLE001 - not a linear classifier in the sense of certify
+        return None
+    if sc is None or sc.task not in ("binary", "multiclass"):
+        return None
+    return sc.W, sc.b, sc.task
 
 
 # ----------------------------------------------------------------------------------------------

@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .smooth import _mask_vector
 from .weights import chi2_alpha, chi2_dual_term, chi2_weights, kl_dual_term, kl_weights, phi
 
 __all__ = ["FirstOrderSolution", "solve_first_order"]
@@ -131,24 +132,6 @@ class FirstOrderSolution:
 # ----------------------------------------------------------------------------------------------
 # small helpers
 # ----------------------------------------------------------------------------------------------
-
-
-def _mask_vector(mask, d: int) -> np.ndarray:
-    if mask is None:
-        return np.ones(d)
-    m = np.asarray(mask)
-    if m.dtype == bool:
-        if m.shape != (d,):
-            raise ValueError(f"mask must be a boolean array of shape ({d},), got {m.shape}")
-        return m.astype(np.float64)
-    if not np.issubdtype(m.dtype, np.integer):
-        raise TypeError("mask must be a boolean array or integer column indices")
-    idx = m.reshape(-1)
-    if idx.size and (idx.min() < -d or idx.max() >= d):
-        raise ValueError(f"mask indices out of range for {d} features")
-    out = np.zeros(d)
-    out[idx] = 1.0
-    return out
 
 
 def _scalar(x, name: str, *, low=None, low_open=False, allow_inf=False) -> float:

@@ -454,7 +454,9 @@ def _mask_vector(mask, d: int) -> np.ndarray:
         if m.shape != (d,):
             raise ValueError(f"mask must have shape ({d},), got {m.shape}")
         return m.astype(np.float64)
-    idx = m.reshape(-1).astype(np.int64)
+    if not np.issubdtype(m.dtype, np.integer):
+        raise TypeError("mask must be a boolean array or integer column indices")
+    idx = m.reshape(-1)
     if idx.size and (idx.min() < -d or idx.max() >= d):
         raise ValueError(f"mask indices out of range for {d} features")
     out = np.zeros(d)
