@@ -138,14 +138,18 @@ class Problem:
         """Per-sample loss at features ``X`` (same labels)."""
         y = self.y if y is None else y
         if self.scorer is not None:
-            loss = self.loss
             scores = self.scores if (X is self.X and self.scores is not None) else \
                 self.scorer.scores(X)
-            if isinstance(loss, MulticlassHinge) and self.scorer.task == "binary":
-                scores = np.column_stack([np.zeros_like(scores), scores])
-                y = (y > 0).astype(np.intp)
-            return loss.values(scores, y)
+            return self.losses_from_scores(scores, y)
         return self.nonlinear.loss_values(X, y)
+
+    def losses_from_scores(self, scores: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Per-sample loss from model scores (linear models)."""
+        loss = self.loss
+        if isinstance(loss, MulticlassHinge) and self.scorer.task == "binary":
+            scores = np.column_stack([np.zeros_like(scores), scores])
+            y = (y > 0).astype(np.intp)
+        return loss.values(scores, y)
 
 
 def _is_pipeline(model) -> bool:

@@ -81,6 +81,32 @@ class Reduced:
         g = self.g[src, piece] if self.g.shape[0] > 1 else self.g[0, piece]
         return np.multiply.outer(t * g, self.v)
 
+    def score_shift(self, W: np.ndarray, src, piece, h: float) -> np.ndarray | None:
+        """Change of the model scores ``(x* - x) @ W.T`` per atom, without forming x*
+        (``W`` is the model's full (K_out, d) weight matrix); None when nothing moves."""
+        if math.isinf(self.theta1) or h == 0.0:
+            return None
+        t = h / (2.0 * self.theta1)
+        if self.kind == "multiclass":
+            P = self.Wm @ W.T  # (K, K_out)
+            out = t * (P[piece] - P[self.labels[src]])
+            return out[:, 0] if W.shape[0] == 1 else out
+        g = self.g[src, piece] if self.g.shape[0] > 1 else self.g[0, piece]
+        vw = self.v @ W.T  # (K_out,)
+        return (t * g)[:, None] * vw[None, :] if W.shape[0] > 1 else (t * g) * float(vw[0])
+
+    def sq_displacement(self, src, piece, h: float) -> np.ndarray:
+        """``||x* - x||^2`` per atom, without forming x*."""
+        if math.isinf(self.theta1) or h == 0.0:
+            return np.zeros(np.size(src))
+        t = h / (2.0 * self.theta1)
+        if self.kind == "multiclass":
+            diff = self.Wm[:, None, :] - self.Wm[None, :, :]
+            G = np.einsum("ykd,ykd->yk", diff, diff)  # G[k, y] = ||w_k - w_y||^2
+            return t * t * G[piece, self.labels[src]]
+        g = self.g[src, piece] if self.g.shape[0] > 1 else self.g[0, piece]
+        return (t * g) ** 2 * float(self.v @ self.v)
+
     def move(self, X: np.ndarray, src: np.ndarray, piece: np.ndarray, h: float) -> np.ndarray:
         """Moved points ``x_src + h a_(src,piece) / (2 theta1)`` (no move when theta1 = inf)."""
         out = X[src]  # fancy indexing: a fresh array

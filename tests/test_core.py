@@ -390,3 +390,23 @@ def test_inputs_are_not_mutated():
     np.testing.assert_array_equal(X, X0)
     np.testing.assert_array_equal(y, y0)
     np.testing.assert_array_equal(model.coef_, c0)
+
+
+def test_sampled_audit_agrees_with_direct_audit(monkeypatch):
+    import otstab.core as core
+
+    model, X, y = multiclass_instance(3000, K=3, seed=21)
+    direct = otstab.certify(model, X, y, loss="multiclass_hinge", r=1.4)
+    monkeypatch.setattr(core, "AUDIT_DIRECT_MAX", 100)
+    monkeypatch.setattr(core, "AUDIT_SAMPLE", 500)
+    sampled = otstab.certify(model, X, y, loss="multiclass_hinge", r=1.4)
+    assert sampled.info["audit"]["method"] == "sampled"
+    assert sampled.info["audit"]["max_rel_error"] < 1e-12
+    for f in ("primal_cost", "risk_star", "total_mass", "gap"):
+        assert getattr(sampled, f) == pytest.approx(getattr(direct, f), rel=1e-9, abs=1e-12)
+    bmodel, bX, by = binary_instance(3000, seed=22)
+    d = otstab.certify(bmodel, bX, by, loss="hinge", r=1.2, divergence="chi2")
+    monkeypatch.setattr(core, "AUDIT_DIRECT_MAX", 10**9)
+    e = otstab.certify(bmodel, bX, by, loss="hinge", r=1.2, divergence="chi2")
+    assert d.primal_cost == pytest.approx(e.primal_cost, rel=1e-9)
+    np.testing.assert_allclose(d.X_star, e.X_star)
