@@ -118,12 +118,38 @@ class PiecewiseOracle:
             return 2.0 * self._c2T[ks, np.arange(self.n)]
         return 2.0 * self._c2T[ks]
 
+    def _scan_side(self, h: float, right: bool):
+        """(l_h, derivative, piece) with ties resolved towards the largest (right) or smallest
+        (left) derivative: the one-sided version of :meth:`scan`, with fewer passes."""
+        n = self.n
+        hh = h * h
+        vmax = d = None
+        kk = np.zeros(n, dtype=np.intp)
+        scale = None
+        for k in range(self.K):
+            if self._zero[k]:
+                v = dk = 0.0
+            else:
+                c1k = self._c1T[k]
+                c2k = self._c2k(k)
+                dk = c1k + (2.0 * h) * c2k
+                v = c1k * h + c2k * hh if self._rowwise or c2k != 0.0 else c1k * h
+            if vmax is None:
+                vmax = np.broadcast_to(v, (n,)).copy()
+                d = np.broadcast_to(dk, (n,)).copy()
+                continue
+            if scale is None:
+                scale = self.TIE * (1.0 + self._bound(h))
+            diff = v - vmax
+            cand = diff >= -scale
+            cand &= (diff > scale) | ((dk > d) if right else (dk < d))
+            np.copyto(d, dk, where=cand)
+            np.copyto(kk, k, where=cand)
+            np.maximum(vmax, v, out=vmax)
+        return vmax, d, kk
+
     def evaluate(self, h: float, *, side: str = "right", with_pieces: bool = False):
-        lh, k_lo, d_lo, k_hi, d_hi = self.scan(h)
-        if side == "right":
-            k, d1 = k_hi, d_hi
-        else:
-            k, d1 = k_lo, d_lo
+        lh, d1, k = self._scan_side(h, side == "right")
         d2 = self._second(k)
         if with_pieces:
             return lh, d1, d2, k
