@@ -273,6 +273,7 @@ def solve_dual(oracle, r: float, theta2: float, divergence: str, *, tol: float =
         return finish(lo, FAILED, math.nan, "could not bracket the root (threshold unreachable?)")
 
     widths = [hi["h"] - lo["h"]]
+    poor = False  # the last Newton step reduced |g| by less than half
     for _ in range(max_iter):
         best, gap = bound(lo, hi)
         width = hi["h"] - lo["h"]
@@ -305,8 +306,12 @@ def solve_dual(oracle, r: float, theta2: float, divergence: str, *, tol: float =
         cur = lo if abs(lo["g"]) < abs(hi["g"]) else hi
         h_new = None
         slow = len(widths) >= 3 and widths[-1] > 0.5 * widths[-3]
-        if not slow and cur["curv"] > 0:
-            cand = cur["h"] + cur["g"] / cur["curv"]
+        # Newton with the larger of the local curvature and the bracket's secant slope: where
+        # many small derivative jumps (dense kinks) dominate, the local curvature underestimates
+        # how fast g falls and plain Newton overshoots back and forth
+        slope = max(cur["curv"], (lo["g"] - hi["g"]) / width) if poor else cur["curv"]
+        if not slow and slope > 0:
+            cand = cur["h"] + cur["g"] / slope
             if lo["h"] < cand < hi["h"]:
                 h_new = cand
         if h_new is None and hc.size:
@@ -319,6 +324,7 @@ def solve_dual(oracle, r: float, theta2: float, divergence: str, *, tol: float =
             else:
                 h_new = 0.5 * (lo["h"] + hi["h"])
         p = at(h_new, "right")
+        poor = abs(p["g"]) > 0.5 * abs(cur["g"])
         if p["g"] > 0:
             lo = p
         elif p["g"] == 0:
