@@ -25,7 +25,7 @@ from otstab_solvers.result import OPTIMAL
 from otstab_solvers.weights import chi2_alpha, chi2_weights, kl_weights
 from otstab_solvers.zero_one import solve_zero_one
 
-from .core import _edge_case, check_common
+from .core import check_common
 from .errors import SolverError, ValidationError
 from .losses import MulticlassHinge, PiecewiseLinear, ZeroOne, get_loss
 from .models import resolve_model
@@ -140,34 +140,45 @@ def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergen
         red = reduce_problem(prob, theta1, None)
         c1 = red.c1
         base_losses = red.loss_values()
-        for label, cols in units:
+        base = float(np.mean(base_losses))
+        shared = PiecewiseOracle(c1, red.c2)
+        # c2 of every unit first; then solve in order of decreasing c2 so that each solve is
+        # warm-started from the previous h (h moves smoothly with c2)
+        c2s = []
+        for _label, cols in units:
             mask = np.zeros(prob.d, dtype=bool)
             mask[cols] = True
-            red_j = reduce_problem(prob, theta1, mask) if red.kind == "multiclass" else None
-            if red_j is None:
+            if red.kind == "multiclass":
+                c2s.append(reduce_problem(prob, theta1, mask).c2)
+            elif math.isfinite(theta1):
                 v = red.v[cols]
                 a = prob.loss.a
-                c2 = (a * a * float(v @ v) / (4.0 * theta1))[None, :] if math.isfinite(
-                    theta1) else np.zeros((1, c1.shape[1]))
+                c2s.append((a * a * float(v @ v) / (4.0 * theta1))[None, :])
             else:
-                c2 = red_j.c2
+                c2s.append(np.zeros((1, c1.shape[1])))
+        order = sorted(range(len(units)), key=lambda i: -float(np.max(c2s[i])))
+        out = {}
+        h_prev = None
+        for i in order:
+            label, cols = units[i]
+            c2 = c2s[i]
             if not np.any(c2 > 0):
-                rows.append((label, math.inf, math.nan, math.nan, math.nan, cols))
+                out[i] = (label, math.inf, math.nan, math.nan, math.nan, cols)
                 continue
-            red.c2 = c2
-            edge = _edge_case(red, r, theta2, divergence)
-            if edge is not None and edge[0] == "zero":
-                rows.append((label, 0.0, 0.0, 0.0, 0.0, cols))
+            if r <= base:
+                out[i] = (label, 0.0, 0.0, 0.0, 0.0, cols)
                 continue
-            oracle = PiecewiseOracle(c1, c2)
-            sol = solve_dual(oracle, r, theta2, divergence)
+            oracle = shared.with_c2(c2)
+            sol = solve_dual(oracle, r, theta2, divergence, h_init=h_prev)
             if sol.status != OPTIMAL:
                 raise SolverError(f"feature {label!r}: dual solver failed ({sol.native_status})")
-            lh, d_hi, _ = oracle.evaluate(sol.h, side="right")
-            _, d_lo, _ = oracle.evaluate(sol.h, side="left")
+            h_prev = sol.h if sol.h > 0 else h_prev
+            lh, _, d_lo, _, d_hi = oracle.scan(sol.h)
             w = _weights(lh, theta2, divergence)
             sm, sr = _shares(w, d_lo, d_hi, base_losses, r)
-            rows.append((label, sol.value, sol.h, sm, sr, cols))
+            out[i] = (label, sol.value, sol.h, sm, sr, cols)
+        rows = [out[i] for i in range(len(units))]
+
     df = pd.DataFrame(rows, columns=["feature", "score", "h", "share_moving",
                                      "share_reweighting", "cols"])
     df["columns"] = [[prob.feature_names[j] for j in c] for c in df.pop("cols")]

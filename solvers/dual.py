@@ -66,6 +66,21 @@ class PiecewiseOracle:
     def _c2k(self, k):
         return self._c2T[k]
 
+    def with_c2(self, c2) -> PiecewiseOracle:
+        """The same ``c1`` with another ``c2`` (shares the transposed ``c1``; used for
+        per-feature scores, where only ``c2`` changes)."""
+        new = object.__new__(PiecewiseOracle)
+        new.__dict__.update(self.__dict__)
+        c2 = np.asarray(c2, dtype=np.float64)
+        if c2.ndim == 1:
+            c2 = c2[None, :]
+        new.c2 = c2
+        new._rowwise = c2.shape[0] > 1
+        new._c2T = np.ascontiguousarray(c2.T) if new._rowwise else c2[0]
+        c2z = ~np.any(c2 != 0, axis=0)
+        new._zero = [bool(c2z[k] and not np.any(self._c1T[k])) for k in range(self.K)]
+        return new
+
     def scan(self, h: float, tol: float | None = None):
         """(l_h, k_lo, d_lo, k_hi, d_hi): the tied pieces with the smallest and largest
         derivative at ``h`` (the same piece where there is no tie). Ties are values within
@@ -171,6 +186,13 @@ class PiecewiseOracle:
         return hc
 
 
+def _exp_shifted(a, m):
+    """exp(a - m) with the exponent clamped at -700: terms below 1e-304 are far under the
+    rounding of any sum they enter, and keeping them out of the subnormal range avoids
+    microcoded (10-100x slower) arithmetic on them."""
+    return np.exp(np.maximum(a - m, -700.0))
+
+
 def _reduce(lh, d1, d2, theta2, divergence, n):
     """(divergence term, mean_w d1, curvature) at one h."""
     if math.isinf(theta2):
@@ -178,7 +200,7 @@ def _reduce(lh, d1, d2, theta2, divergence, n):
     if divergence == "kl":
         a = lh / theta2
         m = a.max()
-        e = np.exp(a - m)
+        e = _exp_shifted(a, m)
         Z = e.sum()
         term = theta2 * (m + math.log(Z / n))
         s = e / Z

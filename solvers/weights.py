@@ -24,12 +24,13 @@ __all__ = [
 
 
 def logmeanexp(a: np.ndarray) -> float:
-    """log(mean(exp(a))) computed stably."""
+    """log(mean(exp(a))) computed stably (terms below exp(-700) of the largest are clamped
+    there: they are far below rounding, and subnormal arithmetic is very slow)."""
     a = np.asarray(a, dtype=np.float64)
     m = float(np.max(a))
     if not math.isfinite(m):
         return m
-    return m + math.log(float(np.mean(np.exp(a - m))))
+    return m + math.log(float(np.mean(np.exp(np.maximum(a - m, -700.0)))))
 
 
 def kl_dual_term(lh: np.ndarray, theta2: float) -> float:
@@ -45,7 +46,8 @@ def kl_weights(lh: np.ndarray, theta2: float) -> np.ndarray:
     if math.isinf(theta2):
         return np.ones_like(lh)
     a = lh / theta2
-    e = np.exp(a - np.max(a))
+    # clamp: weights below 1e-304 stay normal numbers (subnormal arithmetic is very slow)
+    e = np.exp(np.maximum(a - np.max(a), -700.0))
     return e * (lh.size / np.sum(e))
 
 
