@@ -108,23 +108,51 @@ def solve_zero_one(a, r: float, theta2: float, divergence: str, *,
                                     "unreachable", solve_time=time.perf_counter() - t0)
             h = float(s[-1])
         else:
+            # prefix sums S_j = sum_{i<=j} exp(-a_(i)/theta2), shifted by the first (largest)
+            # term; the stationarity candidate of segment j is
+            # h_j = theta2 (log(r (n - j) / (1 - r)) - log S_j), and the optimum lies in the
+            # first segment whose candidate does not exceed its right end: found by bisection
+            # over j (the condition is monotone), so beyond the sort the work is one exp and
+            # one cumsum pass
+            if n_fin == 0:
+                return DualSolution(math.nan, None, math.inf, FAILED, "zero_one_closed_form",
+                                    "unreachable", solve_time=time.perf_counter() - t0)
             b = -s[:n_fin] / theta2
-            P = _logcumsumexp(b)  # log sum_{i<=j} exp(-a_i/theta2), j = 1..n_fin
-            j = np.arange(1, n_fin + 1)
-            with np.errstate(divide="ignore"):
-                hj = theta2 * (np.log(r * (n - j) / (1.0 - r)) - P)
-            right = np.append(s[1:n_fin], np.inf if n_fin == n else s[n_fin])
-            right = np.where(j < n_fin, right, np.inf)
-            ok = np.nonzero(hj <= right)[0]
-            start = max(j0 - 1, 0)
-            ok = ok[ok >= start]
-            if ok.size == 0:
+            b0 = float(b[0])
+            cs = np.cumsum(np.exp(np.maximum(b - b0, -700.0)))
+
+            def cand(j):  # j = 1..n_fin samples moved
+                return theta2 * (math.log(r * (n - j) / (1.0 - r)) - b0 - math.log(cs[j - 1])) \
+                    if j < n else -math.inf
+
+            def right_end(j):
+                return float(s[j]) if j < n_fin else math.inf
+
+            lo_j, hi_j = max(j0, 1), n_fin  # search the first j with cand(j) <= right_end(j)
+            if not cand(hi_j) <= right_end(hi_j):
                 return DualSolution(math.nan, None, math.inf, FAILED, "zero_one_closed_form",
                                     "no segment holds the root",
                                     solve_time=time.perf_counter() - t0)
-            jj = int(ok[0])
-            h = float(hj[jj]) if hj[jj] >= s[jj] else float(s[jj])
+            while lo_j < hi_j:
+                mid = (lo_j + hi_j) // 2
+                if cand(mid) <= right_end(mid):
+                    hi_j = mid
+                else:
+                    lo_j = mid + 1
+            jj = lo_j
+            hj = cand(jj)
+            h = hj if hj >= s[jj - 1] else float(s[jj - 1])
             h = max(h, 0.0)
+            # the value in closed form from the same prefix sum (no further pass)
+            if math.isfinite(theta2):
+                j_in = int(np.searchsorted(s, h, side="left"))  # samples with a_i < h
+                tot = (math.exp(h / theta2 + b0) * (float(cs[j_in - 1]) if j_in > 0 else 0.0)
+                       + (n - j_in))
+                value = h * r - theta2 * math.log(tot / n)
+                return DualSolution(h, None if divergence == "kl" else 0.0, float(value),
+                                    OPTIMAL, "zero_one_closed_form", "closed form",
+                                    iterations=1, gap_bound=0.0,
+                                    solve_time=time.perf_counter() - t0)
     alpha = None if divergence == "kl" else 0.0
     value = float(zero_one_objective(a, h, r, theta2, divergence))
     return DualSolution(h, alpha, value, OPTIMAL, "zero_one_closed_form", "closed form",
