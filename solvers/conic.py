@@ -233,7 +233,7 @@ class ConicProgram:
             eta = cp.Variable(n, nonneg=True, name="eta")
             cons += [piece(k) <= p for k in range(K)]
             # scaled form: exp((p_i - t)/theta2) <= eta_i, mean(eta) <= 1
-            cons += [cp.ExpCone((p - t) / theta2, np.ones(n), eta), cp.sum(eta) <= n]
+            cons += [cp.ExpCone((p - t) / theta2, np.ones(n), eta), cp.sum(eta) / n <= 1]
             obj = -h * self.r + t
         elif divergence == "chi2":
             self.alpha = cp.Variable(name="alpha")

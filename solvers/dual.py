@@ -203,18 +203,19 @@ def _reduce(lh, d1, d2, theta2, divergence, n):
         e = _exp_shifted(a, m)
         Z = e.sum()
         term = theta2 * (m + math.log(Z / n))
-        s = e / Z
-        mu = float(s @ d1)
-        var = float(s @ (d1 - mu) ** 2)
-        curv = float(s @ d2) + var / theta2
+        # einsum, not @: a BLAS dot may spawn threads, which is slow on small busy machines
+        mu = float(np.einsum("i,i->", e, d1)) / Z
+        var = float(np.einsum("i,i->", e, (d1 - mu) ** 2)) / Z
+        curv = float(np.einsum("i,i->", e, d2)) / Z + var / theta2
         return term, mu, curv, None
     alpha = chi2_alpha(lh, theta2)
     w = np.maximum((lh + alpha) / (2.0 * theta2) + 1.0, 0.0)
     term = float(-alpha - theta2 + theta2 * np.mean(w * w))
-    mu = float(w @ d1) / n
+    mu = float(np.einsum("i,i->", w, d1)) / n
     act = w > 0
     da = d1[act]
-    curv = (float(w @ d2) + float(((da - da.mean()) ** 2).sum()) / (2.0 * theta2)) / n
+    curv = (float(np.einsum("i,i->", w, d2)) + float(((da - da.mean()) ** 2).sum())
+            / (2.0 * theta2)) / n
     return term, mu, curv, alpha
 
 
