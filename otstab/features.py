@@ -227,7 +227,8 @@ def _zero_one_rows(prob, units, r, theta1, theta2, divergence):
         m = prob.y * sc.scores(prob.X)
         m2 = np.where(loss0 > 0, 0.0, np.maximum(m, 0.0) ** 2)
         order = np.argsort(m2, kind="stable")
-        m2_sorted = m2[order]
+        m2_sorted = m2[order]  # misclassified samples have m2 = 0, hence a = 0
+        loss_sorted_all = loss0[order]
     for label, cols in units:
         if r <= base:
             rows.append((label, 0.0, 0.0, 0.0, 0.0, cols))
@@ -241,8 +242,7 @@ def _zero_one_rows(prob, units, r, theta1, theta2, divergence):
                 a_sorted = theta1 * m2_sorted / nb
             else:
                 a_sorted = np.where(m2_sorted > 0, np.inf, 0.0)
-            a_sorted = np.where(loss0[order] > 0, 0.0, a_sorted)
-            loss_sorted = loss0[order]
+            loss_sorted = loss_sorted_all
         else:
             mask = np.zeros(prob.d, dtype=bool)
             mask[cols] = True
@@ -261,6 +261,21 @@ def _zero_one_rows(prob, units, r, theta1, theta2, divergence):
         sol = solve_zero_one(a_sorted, r, theta2, divergence, presorted=True)
         if sol.status != OPTIMAL:
             rows.append((label, math.inf, math.nan, math.nan, math.nan, cols))
+            continue
+        n = a_sorted.size
+        if "n_moved" in sol.info:
+            # KL closed form: Q* in O(1) from the solver's prefix sums. Moved samples (a < h)
+            # carry weight mass `moved_weight`; tied ones (a = h, l_h = 0) have weight
+            # `unit_weight` each and are moved in the share lam that brings the risk to r
+            inf = sol.info
+            extra = max(r - inf["moved_weight"], 0.0) * n / inf["unit_weight"]
+            moved_frac = (inf["n_moved"] + min(extra, inf["n_tied"])) / n
+            excess = r - base
+            sm = (moved_frac - base) / excess if excess > 0 else 0.0
+            rows.append((label, sol.value, sol.h, sm, 1.0 - sm, cols))
+            continue
+        if math.isinf(theta2):  # no reweighting: all of the excess risk is from moving
+            rows.append((label, sol.value, sol.h, 1.0, 0.0, cols))
             continue
         lh = np.maximum(sol.h - a_sorted, 0.0)
         w = _weights(lh, theta2, divergence)

@@ -146,13 +146,21 @@ def solve_zero_one(a, r: float, theta2: float, divergence: str, *,
             # the value in closed form from the same prefix sum (no further pass)
             if math.isfinite(theta2):
                 j_in = int(np.searchsorted(s, h, side="left"))  # samples with a_i < h
-                tot = (math.exp(h / theta2 + b0) * (float(cs[j_in - 1]) if j_in > 0 else 0.0)
-                       + (n - j_in))
-                value = h * r - theta2 * math.log(tot / n)
+                n_tied = int(np.searchsorted(s, h, side="right")) - j_in
+                # sum_i exp(l_h/theta2) = A + (n - j_in), A = exp(h/theta2) S_(j_in), in logs
+                log_a = (h / theta2 + b0 + math.log(float(cs[j_in - 1]))) if j_in > 0 \
+                    else -math.inf
+                log_tot = np.logaddexp(log_a, math.log(n - j_in)) if j_in < n else log_a
+                value = h * r - theta2 * (float(log_tot) - math.log(n))
+                info = {  # what Q* looks like, in O(1): feature scores use it for the shares
+                    "n_moved": j_in, "n_tied": n_tied,
+                    "moved_weight": math.exp(log_a - log_tot),  # E_Q*[W 1(moved)]
+                    "unit_weight": math.exp(-log_tot) * n,      # weight of an unmoved sample
+                }
                 return DualSolution(h, None if divergence == "kl" else 0.0, float(value),
                                     OPTIMAL, "zero_one_closed_form", "closed form",
                                     iterations=1, gap_bound=0.0,
-                                    solve_time=time.perf_counter() - t0)
+                                    solve_time=time.perf_counter() - t0, info=info)
     alpha = None if divergence == "kl" else 0.0
     value = float(zero_one_objective(a, h, r, theta2, divergence))
     return DualSolution(h, alpha, value, OPTIMAL, "zero_one_closed_form", "closed form",

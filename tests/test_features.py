@@ -121,3 +121,17 @@ def test_smooth_and_nonlinear_feature_scores():
     yy = np.where(X[:, 0] > 0, 1, -1)
     d2 = otstab.feature_stability(lm, X, yy, loss="logistic", r=0.9)
     assert d2.loc[0, "feature"] == "x0" and np.all(np.isinf(d2["score"].iloc[1:]))
+
+
+@pytest.mark.parametrize("t2", [0.25, math.inf])
+def test_zero_one_shares_match_the_certificate_decomposition(t2):
+    model, X, y = data(500, seed=4)
+    df = otstab.feature_stability(model, X, y, loss="zero_one", r=0.45, theta2=t2)
+    for _, row in df.iterrows():
+        res = otstab.certify(model, X, y, loss="zero_one", r=0.45, theta2=t2,
+                             features=[row.feature])
+        excess = res.risk_star - res.risk_base
+        assert row.share_moving == pytest.approx(res.decomposition["corruption"] / excess,
+                                                 abs=1e-9)
+        assert row.share_reweighting == pytest.approx(
+            res.decomposition["reweighting"] / excess, abs=1e-9)
