@@ -169,9 +169,10 @@ def solve_reduced(prob: Problem, red: Reduced, r, theta1, theta2, divergence, so
     last_error = None
     solver_options = dict(solver_options)
     do_refine = solver_options.pop("refine", True)
+    oracle = PiecewiseOracle(red.c1, red.c2)
     for name in candidates:
         if name == "dual":
-            sol = solve_dual(PiecewiseOracle(red.c1, red.c2), r, theta2, divergence,
+            sol = solve_dual(oracle, r, theta2, divergence,
                              **{k: v for k, v in solver_options.items()
                                 if k in ("tol", "max_iter")})
         else:
@@ -182,13 +183,12 @@ def solve_reduced(prob: Problem, red: Reduced, r, theta1, theta2, divergence, so
                 if solver == name:
                     raise SolverNotAvailableError(why)
                 continue
-            if program is None or getattr(program, "_otstab_key", None) != (theta2, divergence):
+            if program is None:  # a caller sweeping r passes one program (DPP: compiled once)
                 program = _conic.ConicProgram(red.c1, red.c2, theta2, divergence)
             sol = program.solve(backend, r, **solver_options)
             if sol.status == OPTIMAL and do_refine:
                 h_raw = sol.h
-                h_ref, _, _, steps = refine(PiecewiseOracle(red.c1, red.c2), sol.h, r, theta2,
-                                            divergence)
+                h_ref, _, _, steps = refine(oracle, sol.h, r, theta2, divergence)
                 sol.h = h_ref
                 sol.info.update({"h_raw": h_raw, "refine_steps": steps})
         if sol.status not in (OPTIMAL,):
@@ -196,7 +196,8 @@ def solve_reduced(prob: Problem, red: Reduced, r, theta1, theta2, divergence, so
                         "reason": f"solver reported {sol.native_status!r}; trying the next"})
             last_error = f"{name}: {sol.status} ({sol.native_status})"
             continue
-        res = build_result(prob, red, sol, r, theta1, theta2, divergence, t_start)
+        res = build_result(prob, red, sol, r, theta1, theta2, divergence, t_start,
+                           oracle=oracle)
         audit_ok = (res.gap <= 1e-5 and res.risk_star >= r - 1e-5 * max(1.0, r)
                     and abs(res.total_mass - 1.0) <= 1e-6)
         if not audit_ok:
@@ -227,7 +228,7 @@ def _weights_at(lh: np.ndarray, theta2: float, divergence: str):
 
 
 def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, theta2, divergence,
-                 t_start, *, tie_rtol: float | None = None) -> StabilityResult:
+                 t_start, *, tie_rtol: float | None = None, oracle=None) -> StabilityResult:
     """Most sensitive distribution (Remark 4) at ``sol.h`` with exact tie splitting, audited.
 
     Samples tied between pieces at h (e.g. "stay" and "move" for the hinge loss) have their
@@ -240,7 +241,7 @@ def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, thet
     n = red.n
     if tie_rtol is None:
         tie_rtol = 1e-10 if sol.solver == "dual" else 1e-7
-    oracle = PiecewiseOracle(red.c1, red.c2)
+    oracle = PiecewiseOracle(red.c1, red.c2) if oracle is None else oracle
     lh, k_lo, d_lo, k_hi, d_hi = oracle.scan(h, tie_rtol)
     w, alpha = _weights_at(lh, theta2, divergence)
     # risk with every tied sample on its low piece, and the gain of moving each to its high one

@@ -47,7 +47,6 @@ def stability_curve(model, X, y, *, r, loss, theta1=1.0, theta2=0.25, divergence
         program = None
         if solver not in ("auto", "dual"):
             program = _conic.ConicProgram(red.c1, red.c2, theta2, divergence)
-            program._otstab_key = (theta2, divergence)
         for rv in grid:
             t0 = time.perf_counter()
             results.append(solve_reduced(prob, red, float(rv), theta1, theta2, divergence,
