@@ -20,7 +20,7 @@ import time
 import numpy as np
 from otstab_solvers.result import OPTIMAL
 from otstab_solvers.weights import chi2_alpha, chi2_weights, kl_weights
-from otstab_solvers.zero_one import solve_zero_one, zero_one_objective
+from otstab_solvers.zero_one import solve_zero_one
 
 from ._validation import as_float_matrix, as_float_vector
 from .errors import SolverError, ValidationError
@@ -59,8 +59,6 @@ def linear_distances(prob: Problem, mask: np.ndarray | None = None):
     y = prob.y.astype(np.intp)
     sy = np.take_along_axis(S, y[:, None], axis=1)
     gaps = np.maximum(sy - S, 0.0)  # (n, K): s_y - s_k
-    diff = W[y][:, None, :] - W[None, :, :]  # w_y - w_k, (n, K, d): built per block below
-    del diff
     n, K = S.shape
     G = np.einsum("kd,kd->k", W, W)
     d = np.full(n, np.inf)
@@ -305,11 +303,3 @@ def certify_distances(dstar, r, *, theta1=1.0, theta2=0.25, divergence="kl", sol
         res.X_star = np.where(moved[:, None], Xn[res.source], Xa[res.source])
         res.feature_names = names
     return res
-
-
-def zero_one_value(dstar, r, theta1, theta2, divergence, method="closed_form"):
-    """The value alone (no Q*); used by feature_stability and sweeps."""
-    d = np.asarray(dstar, dtype=float)
-    a = d * theta1 if math.isfinite(theta1) else np.where(d > 0, np.inf, 0.0)
-    sol = solve_zero_one(a, r, theta2, divergence, method=method)
-    return sol, zero_one_objective

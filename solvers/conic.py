@@ -35,7 +35,7 @@ import time
 
 import numpy as np
 
-from .errors import SolverError, SolverNotAvailableError
+from .errors import SolverNotAvailableError
 from .result import FAILED, INACCURATE, INFEASIBLE, OPTIMAL, UNBOUNDED, DualSolution
 
 __all__ = ["ConicProgram", "BACKENDS", "CONIC_ORDER", "get_backend", "available_backends"]
@@ -289,12 +289,3 @@ class ConicProgram:
             compile_time=compile_time,
             info={"first_solve": first, "wall_time": wall, "build_time": self.build_time},
         )
-
-
-def solve_conic(c1, c2, r, theta2, divergence, solver: str, **options) -> DualSolution:
-    """Build and solve once (convenience)."""
-    prog = ConicProgram(c1, c2, theta2, divergence)
-    sol = prog.solve(solver, r, **options)
-    if sol.status not in (OPTIMAL, INACCURATE, FAILED, INFEASIBLE, UNBOUNDED):
-        raise SolverError(f"unexpected status {sol.status!r}")
-    return sol

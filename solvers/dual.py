@@ -16,8 +16,8 @@ all switch at one point, the root is that kink if ``g`` changes sign across it, 
 bracket is cut there. So optima at a kink (common for hinge and 0/1 losses) are found exactly,
 not by slow bisection.
 
-Every function evaluation is O(nK), computed over row blocks of ``block`` rows so that no
-n x K temporary beyond one block is made.
+Every function evaluation is O(nK): the pieces are scanned one at a time over contiguous 1-D
+columns, so no n x K temporary is made.
 """
 
 from __future__ import annotations
@@ -30,9 +30,7 @@ import numpy as np
 from .result import FAILED, OPTIMAL, DualSolution
 from .weights import chi2_alpha, chi2_dual_term, kl_dual_term
 
-__all__ = ["PiecewiseOracle", "solve_dual", "dual_objective", "DEFAULT_BLOCK"]
-
-DEFAULT_BLOCK = 1 << 16
+__all__ = ["PiecewiseOracle", "solve_dual", "dual_objective", "refine"]
 
 
 class PiecewiseOracle:
@@ -47,7 +45,7 @@ class PiecewiseOracle:
     h_max = math.inf
     TIE = 1e-12
 
-    def __init__(self, c1, c2, *, block: int = DEFAULT_BLOCK):
+    def __init__(self, c1, c2):
         c1 = np.asarray(c1, dtype=np.float64)
         c2 = np.asarray(c2, dtype=np.float64)
         if c2.ndim == 1:
@@ -58,7 +56,6 @@ class PiecewiseOracle:
         self._c1T = np.ascontiguousarray(c1.T)  # (K, n): each piece a contiguous column
         self._rowwise = c2.shape[0] > 1
         self._c2T = np.ascontiguousarray(c2.T) if self._rowwise else c2[0]
-        self.block = int(block)
         c2z = (~np.any(c2 != 0, axis=0))
         self._zero = [bool(c2z[k] and not np.any(self._c1T[k])) for k in range(self.K)]
         self._c1abs = float(np.max(np.abs(c1))) if c1.size else 0.0
@@ -169,10 +166,6 @@ class PiecewiseOracle:
         if with_pieces:
             return lh, d1, d2, k
         return lh, d1, d2
-
-    def active(self, h: float, *, side: str = "right") -> np.ndarray:
-        """Index of the active piece per sample (ties broken by the derivative, as evaluate)."""
-        return self.evaluate(h, side=side, with_pieces=True)[3]
 
     def crossings(self, ka: np.ndarray, kb: np.ndarray, idx: np.ndarray) -> np.ndarray:
         """The h > 0 where pieces ``ka[i]`` and ``kb[i]`` of sample ``idx[i]`` are equal."""
