@@ -77,7 +77,18 @@ class ConicBackend:
             return False, f"cvxpy does not see {self.name}; reinstall with `pip install {self.pip}`"
         return True, ""
 
+    #: key of the native status in cvxpy's ``solver_stats.extra_stats["info"]`` (None: not
+    #: exposed, use cvxpy's status)
+    info_status_key: str | None = None
+
     def native_status(self, problem) -> str:
+        extra = problem.solver_stats.extra_stats
+        if self.info_status_key is not None:
+            try:
+                value = extra["info"][self.info_status_key]
+                return str(int(value)) if isinstance(value, (int, float)) else str(value)
+            except (TypeError, KeyError):
+                pass
         return str(problem.status)
 
     def map_status(self, native: str, cvxpy_status: str) -> str:
@@ -115,13 +126,7 @@ class EcosBackend(ConicBackend):
                   "2": UNBOUNDED, "12": INACCURATE, "-1": FAILED, "-2": FAILED, "-3": FAILED,
                   "-4": FAILED, "-7": FAILED}
     default_options = {"max_iters": 200}
-
-    def native_status(self, problem) -> str:
-        extra = problem.solver_stats.extra_stats
-        try:
-            return str(int(extra["info"]["exitFlag"]))
-        except (TypeError, KeyError):
-            return str(problem.status)
+    info_status_key = "exitFlag"
 
 
 class ScsBackend(ConicBackend):
@@ -134,13 +139,7 @@ class ScsBackend(ConicBackend):
                   "unbounded_inaccurate": INACCURATE, "failure": FAILED,
                   "interrupted": FAILED}
     default_options = {"eps_abs": 1e-9, "eps_rel": 1e-9, "max_iters": 20000}
-
-    def native_status(self, problem) -> str:
-        extra = problem.solver_stats.extra_stats
-        try:
-            return str(extra["info"]["status"])
-        except (TypeError, KeyError):
-            return str(problem.status)
+    info_status_key = "status"
 
 
 class MosekBackend(ConicBackend):
