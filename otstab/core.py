@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 from otstab_solvers import conic as _conic
-from otstab_solvers.dual import PiecewiseOracle, dual_objective, refine, solve_dual
+from otstab_solvers.dual import PiecewiseOracle, dual_objective, oracle_for, refine, solve_dual
 from otstab_solvers.result import INACCURATE, OPTIMAL, DualSolution
 from otstab_solvers.weights import chi2_alpha, chi2_weights, kl_weights, phi
 
@@ -169,7 +169,7 @@ def solve_reduced(prob: Problem, red: Reduced, r, theta1, theta2, divergence, so
     last_error = None
     solver_options = dict(solver_options)
     do_refine = solver_options.pop("refine", True)
-    oracle = PiecewiseOracle(red.c1, red.c2)
+    oracle = oracle_for(red.c1, red.c2)
     for name in candidates:
         if name == "dual":
             sol = solve_dual(oracle, r, theta2, divergence,

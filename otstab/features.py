@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 import pandas as pd
-from otstab_solvers.dual import PiecewiseOracle, solve_dual
+from otstab_solvers.dual import oracle_for, solve_dual
 from otstab_solvers.result import OPTIMAL
 from otstab_solvers.weights import chi2_alpha, chi2_weights, kl_weights
 from otstab_solvers.zero_one import solve_zero_one
@@ -79,15 +79,24 @@ def _units(names, features, groups):
     return units
 
 
-def _shares(w, d_lo, d_hi, base_losses, r):
-    """Share of the excess risk from moving vs reweighting, with ties mixed to reach r."""
+def _risk_parts(oracle, h, theta2, divergence):
+    """(lo, hi, moved_lo, moved_hi): the risk of Q* at ``h`` with the tied samples staying
+    (lo) or moving (hi), and the unweighted mean loss after moving (no reweighting)."""
+    if oracle.prefix is not None:
+        return oracle.prefix.risk_parts(h, theta2, divergence)
+    lh, _, d_lo, _, d_hi = oracle.scan(h)
+    w = _weights(lh, theta2, divergence)
     n = w.size
-    lo, hi = float(w @ d_lo) / n, float(w @ d_hi) / n
+    return (float(w @ d_lo) / n, float(w @ d_hi) / n, float(np.mean(d_lo)),
+            float(np.mean(d_hi)))
+
+
+def _shares(parts, base, r):
+    """Share of the excess risk from moving vs reweighting, with ties mixed to reach r."""
+    lo, hi, mlo, mhi = parts
     lam = 0.0 if hi <= lo else min(max((r - lo) / (hi - lo), 0.0), 1.0)
-    l_star = d_lo + lam * (d_hi - d_lo)
-    base = float(np.mean(base_losses))
-    moved = float(np.mean(l_star))
-    risk = float(w @ l_star) / n
+    moved = mlo + lam * (mhi - mlo)
+    risk = lo + lam * (hi - lo)
     excess = risk - base
     if excess <= 0:
         return 0.0, 0.0
@@ -141,7 +150,7 @@ def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergen
         c1 = red.c1
         base_losses = red.loss_values()
         base = float(np.mean(base_losses))
-        shared = PiecewiseOracle(c1, red.c2)
+        shared = oracle_for(c1, red.c2)
         # c2 of every unit first; then solve in order of decreasing c2 so that each solve is
         # warm-started from the previous h (h moves smoothly with c2)
         c2s = []
@@ -173,9 +182,7 @@ def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergen
             if sol.status != OPTIMAL:
                 raise SolverError(f"feature {label!r}: dual solver failed ({sol.native_status})")
             h_prev = sol.h if sol.h > 0 else h_prev
-            lh, _, d_lo, _, d_hi = oracle.scan(sol.h)
-            w = _weights(lh, theta2, divergence)
-            sm, sr = _shares(w, d_lo, d_hi, base_losses, r)
+            sm, sr = _shares(_risk_parts(oracle, sol.h, theta2, divergence), base, r)
             out[i] = (label, sol.value, sol.h, sm, sr, cols)
         rows = [out[i] for i in range(len(units))]
 
@@ -282,6 +289,9 @@ def _zero_one_rows(prob, units, r, theta1, theta2, divergence):
         tol = 1e-10 * max(1.0, sol.h)
         d_hi = np.where(a_sorted <= sol.h + tol, 1.0, loss_sorted)
         d_lo = np.where(a_sorted < sol.h - tol, 1.0, loss_sorted)
-        sm, sr = _shares(w, d_lo, d_hi, loss_sorted, r)
+        n = w.size
+        parts = (float(w @ d_lo) / n, float(w @ d_hi) / n, float(np.mean(d_lo)),
+                 float(np.mean(d_hi)))
+        sm, sr = _shares(parts, float(np.mean(loss_sorted)), r)
         rows.append((label, sol.value, sol.h, sm, sr, cols))
     return rows

@@ -28,9 +28,10 @@ import time
 import numpy as np
 
 from .result import FAILED, OPTIMAL, DualSolution
+from .sorted_oracle import SortedTwoPiece
 from .weights import chi2_alpha, chi2_dual_term, kl_dual_term
 
-__all__ = ["PiecewiseOracle", "solve_dual", "dual_objective", "refine"]
+__all__ = ["PiecewiseOracle", "oracle_for", "solve_dual", "dual_objective", "refine"]
 
 
 class PiecewiseOracle:
@@ -44,6 +45,11 @@ class PiecewiseOracle:
 
     h_max = math.inf
     TIE = 1e-12
+    #: a :class:`~otstab_solvers.sorted_oracle.SortedTwoPiece` for the same ``l_h`` when the
+    #: reduced form has the hinge shape (set by :func:`oracle_for`); ``solve_dual`` then
+    #: evaluates from prefix sums
+    prefix = None
+    _hinge_piece = None
 
     def __init__(self, c1, c2):
         c1 = np.asarray(c1, dtype=np.float64)
@@ -76,6 +82,11 @@ class PiecewiseOracle:
         new._c2T = np.ascontiguousarray(c2.T) if new._rowwise else c2[0]
         c2z = ~np.any(c2 != 0, axis=0)
         new._zero = [bool(c2z[k] and not np.any(self._c1T[k])) for k in range(self.K)]
+        new.prefix = None
+        if self.prefix is not None and not new._rowwise:
+            k1 = self._hinge_piece
+            if new._zero[1 - k1] and c2[0, k1] >= 0:
+                new.prefix = self.prefix.with_c(float(c2[0, k1]))
         return new
 
     def scan(self, h: float, tol: float | None = None):
@@ -179,6 +190,27 @@ class PiecewiseOracle:
         return hc
 
 
+def oracle_for(c1, c2, *, sorted_min_n: int = 0) -> PiecewiseOracle:
+    """The oracle ``solve_dual`` should use for the reduced form ``(c1, c2)``.
+
+    A :class:`PiecewiseOracle`; when the form has the hinge shape (two pieces, one identically
+    zero, one shared ``c2 >= 0``: ``l_h = max(0, u_i h + c h^2)``) and ``n >= sorted_min_n``,
+    it also carries a sorted prefix-sum view (``prefix``) so that each dual evaluation costs
+    O(log n) (chi2, theta2 = inf) or one exp pass over the active samples (KL), after one sort.
+    """
+    oracle = PiecewiseOracle(c1, c2)
+    if oracle.K == 2 and not oracle._rowwise and oracle.n >= sorted_min_n:
+        for k1 in (0, 1):
+            if oracle._zero[1 - k1] and oracle.c2[0, k1] >= 0 and not oracle._zero[k1]:
+                u = oracle._c1T[k1]
+                if np.all(np.isfinite(u)):
+                    oracle.prefix = SortedTwoPiece(u, "hinge", float(oracle.c2[0, k1]),
+                                                   tie=oracle.TIE)
+                    oracle._hinge_piece = k1
+                break
+    return oracle
+
+
 def _exp_shifted(a, m):
     """exp(a - m) with the exponent clamped at -700: terms below 1e-304 are far under the
     rounding of any sum they enter, and keeping them out of the subnormal range avoids
@@ -230,12 +262,17 @@ def solve_dual(oracle, r: float, theta2: float, divergence: str, *, tol: float =
     """
     t0 = time.perf_counter()
     n = oracle.n
-    kinks = hasattr(oracle, "crossings")
+    fast = getattr(oracle, "prefix", None)
+    kinks = fast is not None or hasattr(oracle, "crossings")
     evals = 0
 
     def at(h, side="right"):
         nonlocal evals
         evals += 1
+        if fast is not None:
+            term, mu, curv, alpha, k = fast.reduce(h, side, theta2, divergence)
+            return {"h": h, "F": h * r - term, "g": r - mu, "curv": curv, "alpha": alpha,
+                    "k": k}
         k = None
         if kinks:
             lh, d1, d2, k = oracle.evaluate(h, side=side, with_pieces=True)
@@ -300,15 +337,12 @@ def solve_dual(oracle, r: float, theta2: float, divergence: str, *, tol: float =
             return finish(best, OPTIMAL, gap)
         if width <= 4 * np.finfo(float).eps * max(1.0, hi["h"]):
             return finish(best, OPTIMAL, gap, "bracket at machine precision")
-        hc = np.empty(0)
+        n_kinks = 0
         if kinks:
-            sw = np.nonzero(lo["k"] != hi["k"])[0]
-            if sw.size:
-                hc = oracle.crossings(lo["k"][sw], hi["k"][sw], sw)
-                hc = hc[np.isfinite(hc) & (hc > lo["h"]) & (hc < hi["h"])]
-            if hc.size and hc.max() - hc.min() <= 1e-12 * max(1.0, hc.max()):
+            n_kinks, k_min, k_max, k_mid = _kinks_between(oracle, fast, lo, hi)
+            if n_kinks and k_max - k_min <= 1e-12 * max(1.0, k_max):
                 # one kink left in the bracket: the root is there iff g changes sign across it
-                hk = float(np.median(hc))
+                hk = k_mid
                 left, right = at(hk, "left"), at(hk, "right")
                 if left["g"] >= 0.0 >= right["g"]:
                     best = right if abs(right["g"]) <= abs(left["g"]) else left
@@ -330,8 +364,8 @@ def solve_dual(oracle, r: float, theta2: float, divergence: str, *, tol: float =
             cand = cur["h"] + cur["g"] / slope
             if lo["h"] < cand < hi["h"]:
                 h_new = cand
-        if h_new is None and hc.size:
-            h_new = float(np.median(hc))
+        if h_new is None and n_kinks:
+            h_new = k_mid
         if h_new is None:
             denom = lo["g"] - hi["g"]
             cand = lo["h"] + lo["g"] * width / denom if denom > 0 else math.nan
@@ -351,6 +385,20 @@ def solve_dual(oracle, r: float, theta2: float, divergence: str, *, tol: float =
     best, gap = bound(lo, hi)
     status = OPTIMAL if gap <= 1e-9 * max(1.0, abs(best["F"])) else FAILED
     return finish(best, status, gap, "" if status == OPTIMAL else "max_iter reached")
+
+
+def _kinks_between(oracle, fast, lo, hi):
+    """(count, smallest, largest, middle) of the kinks strictly between two points."""
+    if fast is not None:
+        return fast.kinks_between(lo["k"], hi["k"], lo["h"], hi["h"])
+    sw = np.nonzero(lo["k"] != hi["k"])[0]
+    if not sw.size:
+        return 0, math.nan, math.nan, math.nan
+    hc = oracle.crossings(lo["k"][sw], hi["k"][sw], sw)
+    hc = hc[np.isfinite(hc) & (hc > lo["h"]) & (hc < hi["h"])]
+    if not hc.size:
+        return 0, math.nan, math.nan, math.nan
+    return hc.size, float(hc.min()), float(hc.max()), float(np.median(hc))
 
 
 def refine(oracle, h: float, r: float, theta2: float, divergence: str, *, steps: int = 4):

@@ -25,19 +25,25 @@ import numpy as np
 
 from .dual import solve_dual
 from .result import FAILED, OPTIMAL, DualSolution
+from .sorted_oracle import SortedTwoPiece
 from .weights import chi2_dual_term, kl_dual_term
 
 __all__ = ["DistanceOracle", "solve_zero_one", "zero_one_objective"]
 
 
 class DistanceOracle:
-    """``l_h = (h - a_i)_+`` as a two-piece oracle (stay: 0, move: h - a_i)."""
+    """``l_h = (h - a_i)_+`` as a two-piece oracle (stay: 0, move: h - a_i).
+
+    ``prefix`` is the sorted view ``solve_dual`` evaluates from (one sort of ``a``, skipped
+    when ``presorted``): O(log n) per evaluation for chi2 and theta2 = inf.
+    """
 
     h_max = math.inf
 
-    def __init__(self, a):
+    def __init__(self, a, *, presorted: bool = False):
         self.a = np.asarray(a, dtype=np.float64)
         self.n = self.a.size
+        self.prefix = SortedTwoPiece(-self.a, "distance", presorted=presorted)
 
     def evaluate(self, h, *, side="right", with_pieces=False):
         a = self.a
@@ -83,7 +89,7 @@ def solve_zero_one(a, r: float, theta2: float, divergence: str, *,
                             "zero_one_closed_form", "r = 1: every sample moves", iterations=1,
                             gap_bound=0.0, solve_time=time.perf_counter() - t0)
     if method == "dual" or (divergence == "chi2" and not math.isinf(theta2)):
-        sol = solve_dual(DistanceOracle(a), r, theta2, divergence)
+        sol = solve_dual(DistanceOracle(a, presorted=presorted), r, theta2, divergence)
         sol.solver = "zero_one_dual"
         return sol
     s = a if presorted else np.sort(a)

@@ -1,0 +1,259 @@
+"""Sorted two-piece oracles: each dual evaluation from prefix sums over one sort.
+
+Two reduced forms that matter most have the shape ``l_h(z_i) = (A(h) u_i + B(h))_+``
+("stay" is the zero piece, "move" is linear in a per-sample key ``u_i``):
+
+- ``kind="hinge"``: a binary linear model with the hinge loss, ``u_i = 1 - m_i`` and
+  ``l_h = max(0, u_i h + c h^2)`` with ``c = ||beta||^2 / (4 theta1)`` (``A = h, B = c h^2``);
+- ``kind="distance"``: the 0/1 loss from distances, ``u_i = -a_i`` and ``l_h = (h - a_i)_+``
+  (``A = 1, B = h``).
+
+With ``u`` sorted once in decreasing order the samples on the "move" piece at any ``h`` are a
+prefix, found by binary search, and the samples that switch piece between two values of ``h``
+are a contiguous range. So:
+
+- theta2 = inf and chi2 evaluations are O(log n): every sum they need (``sum l``, ``sum l^2``,
+  ``sum l dl/dh``, ...) is a polynomial in ``A, B`` and the prefix sums of ``u`` and ``u^2``;
+  chi2's ``alpha`` (MATH.md, Remark 5) is found by a binary search over the (already sorted)
+  active set instead of a sort per evaluation;
+- KL evaluations are one exp pass over the active prefix only;
+- the kinks between two points are read off the sorted keys in O(1).
+
+:func:`otstab_solvers.dual.solve_dual` uses an oracle's ``prefix`` attribute (an instance of
+:class:`SortedTwoPiece`) when it has one.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = ["SortedTwoPiece"]
+
+
+class SortedTwoPiece:
+    """Prefix-sum reductions of ``l_h(z_i) = (A(h) u_i + B(h))_+`` (see the module docstring).
+
+    Parameters
+    ----------
+    u : array (n,)
+        The per-sample keys (``-inf`` allowed for samples that never move).
+    kind : "hinge" or "distance"
+    c : float
+        The quadratic coefficient of the hinge kind (``>= 0``); unused for distances.
+    presorted : bool
+        ``u`` is already in decreasing order (skips the sort).
+    tie : float
+        Relative tolerance under which a sample counts as tied between its pieces (hinge kind;
+        as :class:`otstab_solvers.dual.PiecewiseOracle`); distances compare exactly.
+    """
+
+    def __init__(self, u, kind: str, c: float = 0.0, *, tie: float = 1e-12,
+                 presorted: bool = False, _sorted=None):
+        if kind not in ("hinge", "distance"):
+            raise ValueError(f"kind must be 'hinge' or 'distance', got {kind!r}")
+        self.kind = kind
+        self.c = float(c)
+        self.tie = tie
+        if _sorted is None:
+            nu = -np.asarray(u, dtype=np.float64)  # ascending -u
+            if not presorted:
+                nu.sort()
+            us = -nu  # decreasing u
+            fin = np.isfinite(us)
+            n_fin = int(np.count_nonzero(fin))
+            uf = us[:n_fin]
+            cu = np.zeros(us.size + 1)
+            cu2 = np.zeros(us.size + 1)
+            np.cumsum(uf, out=cu[1:n_fin + 1])
+            np.cumsum(uf * uf, out=cu2[1:n_fin + 1])
+            umax = float(np.max(np.abs(uf))) if n_fin else 0.0
+            _sorted = (nu, us, cu, cu2, n_fin, umax)
+        self._sorted = _sorted
+        self.nu, self.us, self.cu, self.cu2, self.n_fin, self.umax = _sorted
+        self.n = self.us.size
+
+    def with_c(self, c: float) -> SortedTwoPiece:
+        """The same sorted keys with another hinge coefficient ``c`` (no new sort)."""
+        return SortedTwoPiece(None, self.kind, c, tie=self.tie, _sorted=self._sorted)
+
+    # -- the pieces ---------------------------------------------------------------------------
+    def coefficients(self, h: float):
+        """``(A, B, A', B', d2)``: l = A u + B, dl/dh = A' u + B', d2l/dh2 = d2 on the prefix."""
+        if self.kind == "hinge":
+            c = self.c
+            return h, c * h * h, 1.0, 2.0 * c * h, 2.0 * c
+        return 1.0, h, 0.0, 1.0, 0.0
+
+    def count(self, h: float, side: str = "right") -> int:
+        """How many samples are on the "move" piece at ``h`` (ties: right = move, left = stay)."""
+        A, B, dA, dB, _ = self.coefficients(h)
+        nu = self.nu[:self.n_fin]
+        if A == 0.0:  # every l is B = 0: the piece with the larger (right) derivative wins
+            if dA == 0.0:
+                return self.n_fin if (dB > 0) == (side == "right") else 0
+            return int(np.searchsorted(nu, dB / dA, side="left")) if side == "right" else 0
+        tol = 0.0
+        if self.kind == "hinge":
+            tol = self.tie * (1.0 + h * self.umax + self.c * h * h)
+        if side == "right":  # A u + B >= -tol  <=>  -u <= (B + tol) / A
+            return int(np.searchsorted(nu, (B + tol) / A, side="right"))
+        return int(np.searchsorted(nu, (B - tol) / A, side="left"))
+
+    def kink(self, i: int) -> float:
+        """The h at which sample ``i`` (in sorted order) switches piece."""
+        v = float(self.nu[i])
+        return v / self.c if self.kind == "hinge" else v
+
+    def kinks_between(self, p_lo: int, p_hi: int, h_lo: float, h_hi: float):
+        """(count, smallest, largest, middle) of the kinks strictly inside ``(h_lo, h_hi)`` of
+        the samples that switch between the two points (sorted positions ``p_lo..p_hi``)."""
+        if p_hi <= p_lo or (self.kind == "hinge" and self.c <= 0.0):
+            return 0, math.nan, math.nan, math.nan
+        seg = self.nu[p_lo:p_hi]
+        scale = self.c if self.kind == "hinge" else 1.0
+        i0 = p_lo + int(np.searchsorted(seg, h_lo * scale, side="right"))
+        i1 = p_lo + int(np.searchsorted(seg, h_hi * scale, side="left"))
+        while i0 < i1 and not self.kink(i0) > h_lo:
+            i0 += 1
+        while i1 > i0 and not self.kink(i1 - 1) < h_hi:
+            i1 -= 1
+        if i1 <= i0:
+            return 0, math.nan, math.nan, math.nan
+        return i1 - i0, self.kink(i0), self.kink(i1 - 1), self.kink((i0 + i1 - 1) // 2)
+
+    # -- prefix sums --------------------------------------------------------------------------
+    def _sums(self, q: int, A, B, dA, dB):
+        """Sums over the first q sorted samples of l, l^2, d, d^2 and l d, where l = A u + B
+        and d = A' u + B'."""
+        s1, s2 = float(self.cu[q]), float(self.cu2[q])
+        sl = A * s1 + q * B
+        sl2 = A * A * s2 + 2.0 * A * B * s1 + q * B * B
+        sd = dA * s1 + q * dB
+        sd2 = dA * dA * s2 + 2.0 * dA * dB * s1 + q * dB * dB
+        sld = A * dA * s2 + (A * dB + B * dA) * s1 + q * B * dB
+        return sl, max(sl2, 0.0), sd, max(sd2, 0.0), sld
+
+    def reduce(self, h: float, side: str, theta2: float, divergence: str):
+        """``(term, mu, curv, alpha, p)`` at ``h``: the dual's divergence term, the weighted
+        mean derivative ``E_w[dl/dh]``, the dual's curvature, chi2's alpha and the prefix
+        length ``p`` (the kink key). Same quantities as the dense reduction in ``dual``."""
+        n = self.n
+        p = self.count(h, side)
+        A, B, dA, dB, d2 = self.coefficients(h)
+        if math.isinf(theta2):
+            sl, _, sd, _, _ = self._sums(p, A, B, dA, dB)
+            return sl / n, sd / n, d2 * p / n, None, p
+        if divergence == "kl":
+            return (*self._kl(p, A, B, dA, dB, d2, theta2), None, p)
+        return (*self._chi2(p, A, B, dA, dB, d2, theta2), p)
+
+    def _kl(self, p, A, B, dA, dB, d2, theta2):
+        n = self.n
+        if p == 0:
+            return 0.0, 0.0, 0.0
+        u = self.us[:p]
+        top = (A * float(u[0]) + B) / theta2  # largest l / theta2 (u is decreasing)
+        M = max(top, 0.0)
+        if A == 0.0:
+            e_val = math.exp(max(B / theta2 - M, -700.0))
+            Z1, Zu = e_val * p, e_val * float(self.cu[p])
+            Zu2 = e_val * float(self.cu2[p])
+            e = None
+        else:
+            e = u * (A / theta2)
+            e += B / theta2 - M
+            if (A * float(u[-1]) + B) / theta2 - M < -700.0:
+                np.maximum(e, -700.0, out=e)
+            np.exp(e, out=e)
+            Z1 = float(e.sum())
+            Zu = float(np.einsum("i,i->", e, u))
+        e0 = math.exp(max(-M, -700.0))
+        Z = Z1 + (n - p) * e0
+        mu = (dA * Zu + dB * Z1) / Z
+        # variance of dl/dh under the weights, centred (the curvature only steers Newton)
+        if dA == 0.0:
+            var_p = (dB - mu) ** 2 * Z1
+        elif e is None:
+            var_p = dA * dA * Zu2 + 2.0 * dA * (dB - mu) * Zu + (dB - mu) ** 2 * Z1
+        else:
+            dd = u * dA
+            dd += dB - mu
+            var_p = float(np.einsum("i,i,i->", e, dd, dd))
+        var = (max(var_p, 0.0) + (n - p) * e0 * mu * mu) / Z
+        term = theta2 * (M + math.log(Z / n))
+        curv = d2 * Z1 / Z + var / theta2
+        return term, mu, curv
+
+    def _v(self, k: int, p: int, A, B, theta2):
+        """The k-th largest (1-based) of l / (2 theta2)."""
+        return (A * float(self.us[k - 1]) + B) / (2.0 * theta2) if k <= p else 0.0
+
+    def _chi2(self, p, A, B, dA, dB, d2, theta2):
+        n = self.n
+        two = 2.0 * theta2
+
+        def beta(k):
+            q = min(k, p)
+            return (n - (A * float(self.cu[q]) + q * B) / two) / k
+
+        def valid(k):
+            return beta(k) + self._v(k, p, A, B, theta2) > 0.0
+
+        # the weights are positive on the top-kk values; validity is monotone in k
+        if valid(n):
+            kk = n
+        else:
+            lo, hi = 1, n
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if valid(mid):
+                    lo = mid
+                else:
+                    hi = mid
+            kk = lo
+        b = beta(kk)
+        alpha = two * (b - 1.0)
+        q = min(kk, p)
+        sl, sl2, sd, sd2, sld = self._sums(q, A, B, dA, dB)
+        sw2 = sl2 / (two * two) + b * sl / theta2 + kk * b * b
+        term = -alpha - theta2 + theta2 * sw2 / n
+        mu = (sld / two + b * sd) / n
+        sw = sl / two + q * b
+        var_sum = max(sd2 - sd * sd / kk, 0.0)
+        curv = (d2 * sw + var_sum / two) / n
+        return term, mu, curv, alpha
+
+    # -- the most sensitive distribution, summarised ------------------------------------------
+    def weights_prefix(self, h: float, q: int, theta2: float, divergence: str) -> np.ndarray:
+        """The weights ``w_i`` (mean one over all n samples) of the first ``q`` sorted samples
+        at ``h``, where ``q`` is at least the number on the "move" piece."""
+        p = self.count(h, "right")
+        A, B, dA, dB, d2 = self.coefficients(h)
+        u = self.us[:q]
+        lh = np.maximum(u * A + B, 0.0) if q else np.zeros(0)
+        if math.isinf(theta2):
+            return np.ones(q)
+        if divergence == "kl":
+            term = self._kl(p, A, B, dA, dB, d2, theta2)[0]
+            # w_i = exp(l_i / theta2) / mean_j exp(l_j / theta2) = exp((l_i - term) / theta2)
+            return np.exp(np.maximum((lh - term) / theta2, -700.0))
+        alpha = self._chi2(p, A, B, dA, dB, d2, theta2)[3]
+        return np.maximum((lh + alpha) / (2.0 * theta2) + 1.0, 0.0)
+
+    def risk_parts(self, h: float, theta2: float, divergence: str):
+        """``(lo, hi, moved_lo, moved_hi)``: the risk of the most sensitive distribution at
+        ``h`` (weighted mean loss of the moved points) with every tied sample staying (lo) or
+        moving (hi), and the same means without the weights (moving alone)."""
+        n = self.n
+        p_l, p_r = self.count(h, "left"), self.count(h, "right")
+        if p_r == 0:
+            return 0.0, 0.0, 0.0, 0.0
+        _, _, dA, dB, _ = self.coefficients(h)
+        d = self.us[:p_r] * dA + dB  # loss at the moved point of the moving samples
+        w = self.weights_prefix(h, p_r, theta2, divergence)
+        wd = w * d
+        lo, tie_w = float(wd[:p_l].sum()), float(wd[p_l:].sum())
+        mlo, tie_m = float(d[:p_l].sum()), float(d[p_l:].sum())
+        return lo / n, (lo + tie_w) / n, mlo / n, (mlo + tie_m) / n

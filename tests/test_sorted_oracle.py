@@ -1,0 +1,156 @@
+"""The sorted prefix-sum oracle (hinge shape, 0/1 distances) against the dense reduction."""
+
+import math
+
+import numpy as np
+import pytest
+from otstab_solvers.dual import PiecewiseOracle, _reduce, oracle_for, solve_dual
+from otstab_solvers.sorted_oracle import SortedTwoPiece
+from otstab_solvers.zero_one import DistanceOracle
+from reference import dual_value, lh_hinge
+
+INF = math.inf
+
+
+def hinge_form(u, c):
+    return np.column_stack([np.zeros(u.size), u]), np.array([[0.0, c]])
+
+
+def keys(rng, n, kind):
+    if kind == "gauss":
+        return rng.standard_normal(n)
+    if kind == "ties":  # many exactly tied keys (rounded margins)
+        return np.round(rng.standard_normal(n), 1)
+    if kind == "negative":  # every sample correct with margin > 1: base risk 0
+        return -np.abs(rng.standard_normal(n)) - 0.1
+    return np.abs(rng.standard_normal(n)) + 0.1  # "positive": every sample inside the margin
+
+
+def dense_reduce(oracle, h, side, theta2, div):
+    lh, d1, d2 = oracle.evaluate(h, side=side)
+    return _reduce(lh, d1, d2, theta2, div, oracle.n)
+
+
+@pytest.mark.parametrize("kind", ["gauss", "ties", "negative", "positive"])
+@pytest.mark.parametrize("c", [0.0, 0.05, 2.0])
+def test_hinge_reduction_matches_dense(kind, c):
+    rng = np.random.default_rng(len(kind) + int(10 * c))
+    for n in (1, 2, 57, 400):
+        u = keys(rng, n, kind)
+        oracle = oracle_for(*hinge_form(u, c))
+        assert oracle.prefix is not None
+        for theta2 in (0.1, 1.0, INF):
+            for div in ("kl", "chi2"):
+                for h in (0.0, 1e-3, 0.3, 1.0, 7.0):
+                    for side in ("right", "left") if h > 0 else ("right",):
+                        t, mu, _, alpha = dense_reduce(oracle, h, side, theta2, div)
+                        t2, mu2, _, alpha2, _ = oracle.prefix.reduce(h, side, theta2, div)
+                        assert t2 == pytest.approx(t, rel=1e-11, abs=1e-12)
+                        assert mu2 == pytest.approx(mu, rel=1e-11, abs=1e-12)
+                        if alpha is not None:
+                            assert alpha2 == pytest.approx(alpha, rel=1e-11, abs=1e-12)
+
+
+def test_distance_reduction_matches_dense():
+    rng = np.random.default_rng(3)
+    for n in (1, 5, 300):
+        a = np.abs(rng.standard_normal(n))
+        a[rng.random(n) < 0.2] = 0.0  # already misclassified
+        a[rng.random(n) < 0.1] = INF  # cannot be misclassified
+        a[: n // 3] = np.round(a[: n // 3], 1)  # ties
+        oracle = DistanceOracle(a)
+        for theta2 in (0.05, 1.0, INF):
+            for div in ("kl", "chi2"):
+                for h in (0.0, 0.1, 0.5, 3.0):
+                    for side in ("right", "left"):
+                        t, mu, _, alpha = dense_reduce(oracle, h, side, theta2, div)
+                        t2, mu2, _, alpha2, _ = oracle.prefix.reduce(h, side, theta2, div)
+                        assert t2 == pytest.approx(t, rel=1e-11, abs=1e-12)
+                        assert mu2 == pytest.approx(mu, rel=1e-11, abs=1e-12)
+                        if alpha is not None:
+                            assert alpha2 == pytest.approx(alpha, rel=1e-11, abs=1e-12)
+
+
+def test_kinks_between_match_dense_crossings():
+    rng = np.random.default_rng(5)
+    u = np.round(rng.standard_normal(200), 2)
+    c = 0.7
+    oracle = oracle_for(*hinge_form(u, c))
+    for lo, hi in ((0.01, 0.5), (0.2, 0.21), (1.0, 3.0), (0.0, 10.0)):
+        _, _, _, k_lo = oracle.evaluate(lo, with_pieces=True)
+        _, _, _, k_hi = oracle.evaluate(hi, with_pieces=True)
+        sw = np.nonzero(k_lo != k_hi)[0]
+        hc = oracle.crossings(k_lo[sw], k_hi[sw], sw)
+        hc = np.sort(hc[np.isfinite(hc) & (hc > lo) & (hc < hi)])
+        p_lo = oracle.prefix.count(lo)
+        p_hi = oracle.prefix.count(hi)
+        cnt, kmin, kmax, kmid = oracle.prefix.kinks_between(p_lo, p_hi, lo, hi)
+        assert cnt == hc.size
+        if cnt:
+            assert kmin == pytest.approx(hc[0], rel=1e-14)
+            assert kmax == pytest.approx(hc[-1], rel=1e-14)
+            assert hc[0] <= kmid <= hc[-1]
+
+
+@pytest.mark.parametrize("div", ["kl", "chi2"])
+@pytest.mark.parametrize("theta2", [0.05, 0.25, INF])
+@pytest.mark.parametrize("kind", ["gauss", "ties"])
+def test_sorted_solve_matches_brute_force_and_dense(kind, theta2, div):
+    rng = np.random.default_rng(11)
+    n, c = 500, 0.3
+    u = keys(rng, n, kind)
+    m = 1.0 - u
+    r = 1.4 * float(np.mean(np.maximum(u, 0.0)))
+    sorted_sol = solve_dual(oracle_for(*hinge_form(u, c)), r, theta2, div)
+    dense_sol = solve_dual(PiecewiseOracle(*hinge_form(u, c)), r, theta2, div)
+    ref = dual_value(lambda h: lh_hinge(m, 4.0 * c, 1.0, h), r, theta2, div)[0]
+    assert sorted_sol.status == dense_sol.status == "optimal"
+    assert sorted_sol.value == pytest.approx(ref, rel=1e-9, abs=1e-12)
+    assert sorted_sol.value == pytest.approx(dense_sol.value, rel=1e-10, abs=1e-13)
+
+
+def test_risk_parts_match_dense_scan():
+    from otstab.features import _weights
+
+    rng = np.random.default_rng(2)
+    u = np.round(rng.standard_normal(300), 1)
+    c = 0.5
+    oracle = oracle_for(*hinge_form(u, c))
+    h = 0.2 / c  # u = -0.2 is tied at this h: every such sample sits on a kink
+    for theta2 in (0.1, INF):
+        for div in ("kl", "chi2"):
+            lh, _, d_lo, _, d_hi = oracle.scan(h)
+            w = _weights(lh, theta2, div)
+            dense = (w @ d_lo / u.size, w @ d_hi / u.size, d_lo.mean(), d_hi.mean())
+            np.testing.assert_allclose(oracle.prefix.risk_parts(h, theta2, div), dense,
+                                       rtol=1e-11, atol=1e-13)
+            assert dense[1] > dense[0]  # the tie is real
+
+
+def test_structure_detection_and_with_c2():
+    rng = np.random.default_rng(0)
+    u = rng.standard_normal(50)
+    assert oracle_for(*hinge_form(u, 0.4)).prefix is not None
+    c1, c2 = hinge_form(u, 0.4)
+    assert oracle_for(c1[:, ::-1], c2[:, ::-1]).prefix is not None  # zero piece second
+    # pinball-like: no zero piece
+    assert oracle_for(np.column_stack([u, -u]), np.array([[0.1, 0.1]])).prefix is None
+    # per-sample c2 (rowwise) is not the hinge shape
+    assert oracle_for(c1, np.column_stack([np.zeros(50), np.full(50, 0.4)])).prefix is None
+    assert oracle_for(np.column_stack([u, u, -u]), np.zeros((1, 3))).prefix is None
+    base = oracle_for(c1, c2)
+    other = base.with_c2(np.array([[0.0, 2.0]]))
+    assert other.prefix is not None and other.prefix.c == 2.0
+    assert other.prefix.nu is base.prefix.nu  # no new sort
+    t, mu, *_ = dense_reduce(other, 0.3, "right", 0.5, "kl")
+    t2, mu2, *_ = other.prefix.reduce(0.3, "right", 0.5, "kl")
+    assert (t2, mu2) == pytest.approx((t, mu), rel=1e-12)
+
+
+def test_inputs_not_mutated_and_bad_kind():
+    u = np.array([0.5, -0.2, 1.0])
+    keep = u.copy()
+    SortedTwoPiece(u, "hinge", 1.0)
+    np.testing.assert_array_equal(u, keep)
+    with pytest.raises(ValueError, match="kind"):
+        SortedTwoPiece(u, "bogus")
