@@ -83,54 +83,96 @@ def linear_distances(prob: Problem, mask: np.ndarray | None = None):
     return d, X_near
 
 
-def _move_fractions(a, h, w, loss0, r, n, tol=1e-10):
-    """Which samples move (1), stay (0) or are split (fraction), so that the risk is r."""
-    frac = np.where(a < h - tol * max(1.0, h), 1.0, 0.0)
-    frac = np.where(np.isfinite(a), frac, 0.0)
-    tied = np.nonzero(np.isfinite(a) & (np.abs(a - h) <= tol * max(1.0, h)))[0]
-    gain_all = w * (1.0 - loss0)
-    risk = float(np.sum(w * np.maximum(loss0, frac)))
+def _near(a, h, tol=1e-10):
+    """Rows with ``a_i <= h`` (up to the tie tolerance), the only rows Q* can move, and
+    their ``a``."""
+    cand = np.flatnonzero(a <= h + tol * max(1.0, h))  # a = inf never qualifies
+    return cand, a[cand]
+
+
+def _move_plan(h, w, loss0, r, n, cand, ac, tol=1e-10):
+    """Which samples Q* moves: ``(moved, split)``.
+
+    ``moved`` are the rows moved whole (``a_i < h``, plus tied rows ``a_i = h`` moved one by
+    one until the risk reaches r); ``split`` is ``None`` or ``(row, fraction moved)`` for the
+    one tied row whose mass is split. One pass over ``a``; the rest is over the rows with
+    ``a_i <= h`` only.
+    """
+    t = tol * max(1.0, h)
+    moved = cand[ac < h - t]
+    tied = cand[ac >= h - t]
+    risk = float(np.dot(w, loss0)) + float(np.dot(w[moved], 1.0 - loss0[moved]))
     need = n * r - risk
+    split = None
     if need > 0 and tied.size:
-        cg = np.cumsum(gain_all[tied])
+        gain = w[tied] * (1.0 - loss0[tied])
+        cg = np.cumsum(gain)
         full = cg <= need * (1 + 1e-15)
-        frac[tied[full]] = 1.0
         k = int(np.count_nonzero(full))
-        if k < tied.size and gain_all[tied[k]] > 0:
+        moved = np.sort(np.concatenate([moved, tied[full]]))
+        if k < tied.size and gain[k] > 0:
             before = cg[k - 1] if k > 0 else 0.0
-            frac[tied[k]] = min(max((need - before) / gain_all[tied[k]], 0.0), 1.0)
-    return frac
+            split = (int(tied[k]), min(max((need - before) / gain[k], 0.0), 1.0))
+    return moved, split
+
+
+def _weights(a, h, sol, theta2, divergence, n, cand, ac):
+    """The weights of Q* at ``h`` and chi2's alpha. Samples with ``a_i >= h`` have
+    ``l_h = 0`` and share one weight, so only the rows ``cand`` (a superset of ``a_i < h``)
+    are computed apart (the KL closed form returns that weight; chi2 takes the dual's exact
+    alpha)."""
+    if math.isinf(theta2):
+        return np.ones(n), (None if divergence == "kl" else 0.0)
+    info = sol.info if sol is not None else {}
+    if divergence == "kl" and info.get("unit_weight", 0.0) > 1e-250 and math.isfinite(h):
+        uw = float(info["unit_weight"])
+        w = np.full(n, uw)
+        w[cand] = uw * np.exp(np.maximum(h - ac, 0.0) / theta2)
+        return w, None
+    if divergence == "chi2" and sol is not None and sol.alpha is not None \
+            and math.isfinite(h) and sol.solver == "zero_one_dual":
+        alpha = float(sol.alpha)
+        w = np.full(n, max(alpha / (2.0 * theta2) + 1.0, 0.0))
+        w[cand] = np.maximum((np.maximum(h - ac, 0.0) + alpha) / (2.0 * theta2) + 1.0, 0.0)
+        return w, alpha
+    lh = np.maximum(h - a, 0.0)
+    if divergence == "kl":
+        return kl_weights(lh, theta2), None
+    alpha = chi2_alpha(lh, theta2)
+    return chi2_weights(lh, theta2, alpha), alpha
 
 
 def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near, y, losses_fn,
-                     names, index, t_start, dstar):
+                     names, index, t_start, dstar, base=None):
     n = a.size
-    base = float(np.mean(loss0))
+    base = float(np.mean(loss0)) if base is None else base
     method = "dual" if solver == "dual" else "closed_form"
     log = []
+    no_moves = (np.empty(0, dtype=np.intp), None)
     if r <= base:
         h, value, alpha, status, message = 0.0, 0.0, (0.0 if divergence == "chi2" else None), \
             OPTIMAL, f"r = {r:g} <= base error rate {base:.6g}: no perturbation is needed"
         solver_name, sol = "none", None
+        w = np.ones(n)
+        plan = no_moves
     else:
-        can_move = np.isfinite(a) & (loss0 == 0)
-        reach_all = bool(np.all(np.isfinite(a)))
         unreachable = None
-        if math.isinf(theta2) and r > (float(np.sum(loss0)) + float(np.sum(can_move))) / n:
-            unreachable = (f"r = {r:g} exceeds the largest error rate reachable by moving "
+        if math.isinf(theta2):
+            n_movable = int(np.count_nonzero(np.isfinite(a) & (loss0 == 0)))
+            if r > (float(np.sum(loss0)) + n_movable) / n:
+                unreachable = (f"r = {r:g} exceeds the largest error rate reachable by moving "
                            "samples alone (theta2 = inf and some samples cannot be moved)")
-        elif not can_move.any() and loss0.max() == 0:
+        if unreachable is None and base == 0.0 and not np.isfinite(a).any():
             unreachable = ("no sample is misclassified and none can be moved "
                            "(theta1 = inf, a zero model or masked features)")
-        elif r >= 1.0 and not reach_all:
-            unreachable = None if loss0.max() > 0 and math.isfinite(theta2) else \
-                "r = 1 needs every sample misclassified, which moving cannot achieve here"
-            if unreachable is None:
+        if unreachable is None and r >= 1.0 and not bool(np.all(np.isfinite(a))):
+            if base > 0 and math.isfinite(theta2):
                 return _limit_result(a, loss0, r, theta1, theta2, divergence, X, y, losses_fn,
                                      names, index, t_start, dstar)
+            unreachable = "r = 1 needs every sample misclassified, which moving cannot achieve here"
         if unreachable:
             return _finish(value=math.inf, h=math.nan, alpha=None, status="unreachable",
-                           message=unreachable, frac=np.zeros(n), w=np.ones(n), a=a, loss0=loss0,
+                           message=unreachable, plan=no_moves, w=np.ones(n), a=a, loss0=loss0,
                            r=r, theta1=theta1, theta2=theta2, divergence=divergence, X=X,
                            X_near=X_near, y=y, losses_fn=losses_fn, names=names, index=index,
                            solver_name="none", t_start=t_start, dstar=dstar, sol=None,
@@ -140,23 +182,15 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
             raise SolverError(f"0/1 dual failed: {sol.native_status}")
         h, value, status, message = sol.h, sol.value, OPTIMAL, ""
         solver_name = sol.solver
-        alpha = None
         log.append({"solver": solver_name, "status": sol.status, "reason": "answered"})
-    lh = np.maximum(h - a, 0.0)
-    if divergence == "kl" or math.isinf(theta2):
-        w = kl_weights(lh, theta2)
-        alpha = None if divergence == "kl" else 0.0
-    else:
-        alpha = chi2_alpha(lh, theta2)
-        w = chi2_weights(lh, theta2, alpha)
-    frac = _move_fractions(a, h, w, loss0, r, n) if h > 0 or r > base else np.zeros(n)
-    if r <= base:
-        frac = np.zeros(n)
+        cand, ac = _near(a, h)
+        w, alpha = _weights(a, h, sol, theta2, divergence, n, cand, ac)
+        plan = _move_plan(h, w, loss0, r, n, cand, ac)
     return _finish(value=float(value), h=h, alpha=alpha, status=status, message=message,
-                   frac=frac, w=w, a=a, loss0=loss0, r=r, theta1=theta1, theta2=theta2,
+                   plan=plan, w=w, a=a, loss0=loss0, r=r, theta1=theta1, theta2=theta2,
                    divergence=divergence, X=X, X_near=X_near, y=y, losses_fn=losses_fn,
                    names=names, index=index, solver_name=solver_name, t_start=t_start,
-                   dstar=dstar, sol=sol, log=log)
+                   dstar=dstar, sol=sol, log=log, base=base)
 
 
 def _limit_result(a, loss0, r, theta1, theta2, divergence, X, y, losses_fn, names, index,
@@ -169,46 +203,73 @@ def _limit_result(a, loss0, r, theta1, theta2, divergence, X, y, losses_fn, name
     msg = ("r = 1 is attained only in the limit h -> inf, with all mass on the misclassified "
            "samples")
     return _finish(value=value, h=math.inf, alpha=None, status=OPTIMAL, message=msg,
-                   frac=np.zeros(n), w=w, a=a, loss0=loss0, r=r, theta1=theta1, theta2=theta2,
-                   divergence=divergence, X=X, X_near=None, y=y, losses_fn=losses_fn,
-                   names=names, index=index, solver_name="none", t_start=t_start, dstar=dstar,
-                   sol=None, log=[{"solver": "none", "status": OPTIMAL, "reason": msg}])
+                   plan=(np.empty(0, dtype=np.intp), None), w=w, a=a, loss0=loss0, r=r,
+                   theta1=theta1, theta2=theta2, divergence=divergence, X=X, X_near=None, y=y,
+                   losses_fn=losses_fn, names=names, index=index, solver_name="none",
+                   t_start=t_start, dstar=dstar, sol=None,
+                   log=[{"solver": "none", "status": OPTIMAL, "reason": msg}])
 
 
-def _finish(*, value, h, alpha, status, message, frac, w, a, loss0, r, theta1, theta2,
-            divergence, X, X_near, y, losses_fn, names, index, solver_name, t_start, dstar,
-            sol, log):
+def _phi_sum(mass, w, divergence, sum_mw, sum_m):
+    """sum_i mass_i phi(w_i), given sum mass w and sum mass (no n-sized temporaries for
+    chi2; one, the log, for KL)."""
     from otstab_solvers.weights import phi
 
+    if divergence == "chi2":  # (w - 1)^2 = w^2 - 2 w + 1
+        return max(float(np.einsum("i,i,i->", mass, w, w)) - 2.0 * sum_mw + sum_m, 0.0)
+    # (KL: w log w - w + 1)
+    if float(w.min()) > 0.0:  # w log w - w + 1
+        return max(float(np.einsum("i,i,i->", mass, w, np.log(w))) - sum_mw + sum_m, 0.0)
+    return float(np.einsum("i,i->", mass, phi(w, divergence)))
+
+
+def _finish(*, value, h, alpha, status, message, plan, w, a, loss0, r, theta1, theta2,
+            divergence, X, X_near, y, losses_fn, names, index, solver_name, t_start, dstar,
+            sol, log, base=None):
+    """Q* as atoms (every sample, plus one extra atom for a split sample) and its audit."""
     n = a.size
-    rows = np.arange(n)
-    split = np.nonzero((frac > 0) & (frac < 1))[0]
-    src = np.concatenate([rows, split])
-    moved_main = frac >= 1.0
-    moved = np.concatenate([moved_main, np.ones(split.size, dtype=bool)])
-    mass = np.concatenate([np.where((frac > 0) & (frac < 1), 1.0 - frac, 1.0), frac[split]])
-    d_atom = np.where(moved, dstar[src], 0.0)
+    moved, split = plan
+    src = np.arange(n + (split is not None))
+    mass = np.ones(src.size)
+    is_moved = np.zeros(src.size, dtype=bool)
+    is_moved[moved] = True
+    wa = w
+    if split is not None:
+        i, f = split
+        src[n] = i
+        mass[i], mass[n] = 1.0 - f, f
+        is_moved[n] = True
+        wa = np.concatenate([w, w[i:i + 1]])
+    mv = np.flatnonzero(is_moved) if split is not None else moved  # moved atoms
     if X is not None:
-        X_star = np.where(moved[:, None], X_near[src], X[src]) if X_near is not None else X[src]
-        loss_star = losses_fn(X_star, y[src])
-        moved2 = np.sum((X_star - X[src]) ** 2, axis=1)
+        Xs = X if split is None else X[src]
+        Xn = X_near if X_near is None or split is None else X_near[src]
+        X_star = np.where(is_moved[:, None], Xn, Xs) if Xn is not None else Xs.copy()
+        loss_star = losses_fn(X_star, y if split is None else y[src])
+        moved2 = np.einsum("ij,ij->i", X_star[mv] - Xs[mv], X_star[mv] - Xs[mv])
     else:
         X_star = np.empty((src.size, 0))
-        loss_star = np.where(moved, 1.0, loss0[src])
-        moved2 = np.where(np.isfinite(d_atom), d_atom, 0.0)
-    wa = w[src]
-    move_cost = 0.0 if math.isinf(theta1) else theta1 * float(np.sum(mass * wa * moved2)) / n
-    rew_cost = 0.0 if math.isinf(theta2) else theta2 * float(np.sum(mass * phi(wa, divergence))) / n
+        loss_star = loss0.copy() if split is None else loss0[src]
+        loss_star[mv] = 1.0
+        moved2 = dstar[src[mv]]
+        moved2 = np.where(np.isfinite(moved2), moved2, 0.0)
+    sum_mw = float(np.dot(mass, wa))
+    sum_m = float(mass.sum())
+    move_cost = 0.0 if math.isinf(theta1) else theta1 * float(
+        np.einsum("i,i,i->", mass[mv], wa[mv], moved2)) / n
+    rew_cost = 0.0 if math.isinf(theta2) else theta2 * _phi_sum(
+        mass, wa, divergence, sum_mw, sum_m) / n
     primal = move_cost + rew_cost
-    risk_star = float(np.sum(mass * wa * loss_star)) / n
-    moved_risk = float(np.sum(mass * loss_star)) / n
-    base = float(np.mean(loss0))
+    risk_star = float(np.einsum("i,i,i->", mass, wa, loss_star)) / n
+    moved_risk = float(np.dot(mass, loss_star)) / n
+    base = float(np.mean(loss0)) if base is None else base
     gap = abs(primal - value) / max(1.0, abs(value)) if math.isfinite(value) else math.nan
     if status == "unreachable":
         primal, gap = math.nan, math.nan
     return StabilityResult(
         value=value, h=h, alpha=alpha, X_star=X_star, weights=wa, source=src, mass=mass,
-        risk_base=base, risk_star=risk_star, total_mass=float(np.sum(mass * wa)) / n,
+        risk_base=base, risk_star=risk_star,
+        total_mass=sum_mw / n,
         primal_cost=primal, gap=gap,
         decomposition={"base": base, "corruption": moved_risk - base,
                        "reweighting": risk_star - moved_risk, "cost_moving": move_cost,
@@ -217,7 +278,7 @@ def _finish(*, value, h, alpha, status, message, frac, w, a, loss0, r, theta1, t
         solve_time=(sol.solve_time if sol is not None else 0.0), r=r, theta1=theta1,
         theta2=theta2, divergence=divergence, loss="zero_one", message=message,
         solver_log=log, dual_gap_bound=(sol.gap_bound if sol is not None else 0.0),
-        iterations=(sol.iterations if sol is not None else 0), split=bool(split.size),
+        iterations=(sol.iterations if sol is not None else 0), split=split is not None,
         loss_star=loss_star, loss_base=loss0,
         X=X if X is not None else np.empty((n, 0)), feature_names=names, index=index,
         info={"dstar": dstar, "wall_time": time.perf_counter() - t_start},
@@ -266,11 +327,16 @@ def certify_distances(dstar, r, *, theta1=1.0, theta2=0.25, divergence="kl", sol
     if r > 1.0:
         raise ValidationError(f"r is an error rate and must be in [0, 1], got {r}")
     d = as_float_vector(dstar, "dstar", finite=False)
-    if np.any(np.isnan(d)) or np.any(d < 0):
-        raise ValidationError("dstar must be >= 0 (inf allowed), without NaN")
+    if not float(d.min()) >= 0.0:  # one pass: the min is NaN if any entry is
+        bad = np.flatnonzero(np.isnan(d) | (d < 0))[0]
+        raise ValidationError(f"dstar must be >= 0 (inf allowed), without NaN; got {d[bad]} "
+                              f"at index {bad}")
     n = d.size
+    base = None
     if misclassified is None:
-        loss0 = (d == 0).astype(float)
+        wrong = d == 0
+        base = np.count_nonzero(wrong) / n
+        loss0 = wrong.astype(float)
     else:
         mc = np.asarray(misclassified)
         if mc.shape != (n,):
@@ -287,16 +353,20 @@ def certify_distances(dstar, r, *, theta1=1.0, theta2=0.25, divergence="kl", sol
                 f"X and X_nearest must both have shape ({n}, d); got {Xa.shape} and {Xn.shape}")
     if solver not in ("auto", "dual", "closed_form"):
         raise ValidationError(f"solver must be 'auto', 'closed_form' or 'dual', got {solver!r}")
-    a = d * theta1 if math.isfinite(theta1) else np.where(d > 0, np.inf, 0.0)
-    a = np.where(loss0 > 0, 0.0, a)
+    if misclassified is not None:  # misclassified samples are at distance 0
+        d = np.where(loss0 > 0, 0.0, d)
+    # (without ``misclassified``, loss0 > 0 exactly where d == 0: nothing to zero)
+    if theta1 == 1.0:
+        a = d
+    else:
+        a = d * theta1 if math.isfinite(theta1) else np.where(d > 0, np.inf, 0.0)
 
     def losses_fn(Xs, ys):  # without a model, moved atoms are misclassified by construction
         return None
 
     names = [f"x{j}" for j in range(Xa.shape[1])] if Xa is not None else []
     res = _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, None, None,
-                           np.zeros(n), losses_fn, names, None, t_start,
-                           np.where(loss0 > 0, 0.0, d))
+                           None, losses_fn, names, None, t_start, d, base=base)
     if Xa is not None:
         moved = res.loss_star > res.loss_base[res.source]
         res.X = Xa

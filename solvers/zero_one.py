@@ -66,8 +66,22 @@ def zero_one_objective(a, h, r, theta2, divergence):
     return h * r - chi2_dual_term(lh, theta2)
 
 
-def _logcumsumexp(x):
-    return np.logaddexp.accumulate(x)
+class _PrefixSums:
+    """``S(j) = sum_{i<j} x_i`` at any j in O(block) after one blocked pass (no full cumsum:
+    a bisection needs only O(log n) of them)."""
+
+    BLOCK = 4096
+
+    def __init__(self, x):
+        self.x = x
+        nb = x.size // self.BLOCK
+        self.cum = np.zeros(nb + 1)
+        if nb:
+            np.cumsum(x[:nb * self.BLOCK].reshape(nb, self.BLOCK).sum(axis=1), out=self.cum[1:])
+
+    def __call__(self, j: int) -> float:
+        b = min(j // self.BLOCK, self.cum.size - 1)
+        return float(self.cum[b]) + float(self.x[b * self.BLOCK:j].sum())
 
 
 def solve_zero_one(a, r: float, theta2: float, divergence: str, *,
@@ -98,8 +112,7 @@ def solve_zero_one(a, r: float, theta2: float, divergence: str, *,
         return DualSolution(0.0, None if divergence == "kl" else 0.0, 0.0, OPTIMAL,
                             "zero_one_closed_form", "r <= base risk",
                             solve_time=time.perf_counter() - t0, gap_bound=0.0)
-    finite = np.isfinite(s)
-    n_fin = int(finite.sum())
+    n_fin = int(np.searchsorted(s, np.inf, side="left"))  # sorted: the infinite ones are last
     if math.isinf(theta2):
         J = int(math.ceil(r * n - 1e-12 * n))
         J = max(J, 1)
@@ -123,12 +136,18 @@ def solve_zero_one(a, r: float, theta2: float, divergence: str, *,
             if n_fin == 0:
                 return DualSolution(math.nan, None, math.inf, FAILED, "zero_one_closed_form",
                                     "unreachable", solve_time=time.perf_counter() - t0)
-            b = -s[:n_fin] / theta2
-            b0 = float(b[0])
-            cs = np.cumsum(np.exp(np.maximum(b - b0, -700.0)))
+            # e_i = exp(-(a_(i) - a_(0))/theta2) in one buffer, in place; the bisection needs
+            # the prefix sums S_j = sum_{i<j} e_i at O(log n) points only: from block sums
+            b0 = -float(s[0]) / theta2
+            e = np.subtract(s[0], s[:n_fin])
+            e *= 1.0 / theta2
+            if (float(s[0]) - float(s[n_fin - 1])) / theta2 < -700.0:
+                np.maximum(e, -700.0, out=e)
+            np.exp(e, out=e)
+            prefix = _PrefixSums(e)
 
             def cand(j):  # j = 1..n_fin samples moved
-                return theta2 * (math.log(r * (n - j) / (1.0 - r)) - b0 - math.log(cs[j - 1])) \
+                return theta2 * (math.log(r * (n - j) / (1.0 - r)) - b0 - math.log(prefix(j))) \
                     if j < n else -math.inf
 
             def right_end(j):
@@ -154,7 +173,7 @@ def solve_zero_one(a, r: float, theta2: float, divergence: str, *,
                 j_in = int(np.searchsorted(s, h, side="left"))  # samples with a_i < h
                 n_tied = int(np.searchsorted(s, h, side="right")) - j_in
                 # sum_i exp(l_h/theta2) = A + (n - j_in), A = exp(h/theta2) S_(j_in), in logs
-                log_a = (h / theta2 + b0 + math.log(float(cs[j_in - 1]))) if j_in > 0 \
+                log_a = (h / theta2 + b0 + math.log(prefix(j_in))) if j_in > 0 \
                     else -math.inf
                 log_tot = np.logaddexp(log_a, math.log(n - j_in)) if j_in < n else log_a
                 value = h * r - theta2 * (float(log_tot) - math.log(n))

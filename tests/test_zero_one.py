@@ -172,3 +172,42 @@ def test_split_at_a_breakpoint_is_reported():
         assert res.risk_star == pytest.approx(r, abs=1e-12)
         hits += res.split
     assert hits >= 1
+
+
+@pytest.mark.parametrize("div", ["kl", "chi2"])
+@pytest.mark.parametrize("t2", [0.1, 1.0, INF])
+def test_q_star_from_distances_matches_a_dense_construction(div, t2):
+    """The lean Q* builder (weights from the solver's unit weight / alpha, moves from one pass)
+    against weights and costs recomputed densely from h alone."""
+    from otstab_solvers.weights import chi2_alpha, chi2_weights, kl_weights, phi
+
+    rng = np.random.default_rng(7)
+    n = 2000
+    d = rng.exponential(1.0, n)
+    d[rng.random(n) < 0.1] = 0.0
+    d[:300] = np.round(d[:300], 1)  # ties
+    mis = d == 0
+    mis[rng.random(n) < 0.05] = True  # misclassified rows given with d > 0: treated as d = 0
+    keep = d.copy()
+    for r in (0.2, 0.45, 0.8):
+        res = otstab.certify_distances(d, r, theta1=2.0, theta2=t2, divergence=div,
+                                       misclassified=mis)
+        np.testing.assert_array_equal(d, keep)  # the caller's array is untouched
+        a = 2.0 * np.where(mis, 0.0, d)
+        lh = np.maximum(res.h - a, 0.0)
+        if math.isinf(t2):
+            w = np.ones(n)
+        elif div == "kl":
+            w = kl_weights(lh, t2)
+        else:
+            w = chi2_weights(lh, t2, chi2_alpha(lh, t2))
+        np.testing.assert_allclose(res.weights[:n], w, rtol=1e-11, atol=1e-14)
+        np.testing.assert_array_equal(res.weights[n:], res.weights[res.source[n:]])
+        np.testing.assert_allclose(np.bincount(res.source, weights=res.mass, minlength=n), 1.0)
+        moved = res.loss_star > res.loss_base[res.source]
+        assert np.all(a[res.source[moved]] <= res.h * (1 + 1e-9))
+        cost = 2.0 * np.sum(res.mass * res.weights * np.where(moved, a[res.source] / 2.0, 0.0))
+        if math.isfinite(t2):
+            cost += t2 * np.sum(res.mass * phi(res.weights, div))
+        assert cost / n == pytest.approx(res.value, rel=1e-9, abs=1e-12)
+        assert np.sum(res.mass * res.weights * res.loss_star) / n == pytest.approx(r, abs=1e-9)
