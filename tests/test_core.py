@@ -149,6 +149,34 @@ def test_clarabel_matches_brute_force(div):
     assert failures <= 0.1 * total, (failures, total)
 
 
+TIGHT_CLARABEL = {"tol_gap_abs": 1e-10, "tol_gap_rel": 1e-10, "tol_feas": 1e-10, "max_iter": 600}
+
+
+@pytest.mark.parametrize("div", ["kl", "chi2"])
+def test_dual_agrees_with_tight_clarabel_to_1e7(div):
+    """Issue 3's agreement target: with its tolerances tightened to 1e-10, Clarabel's own
+    (unrefined) objective agrees with the specialised dual to 1e-7 relative on every conic test
+    instance where it reports optimal (at its defaults, 1e-8 absolute, it pins the value to
+    about 1e-5 only: see test_clarabel_matches_brute_force)."""
+    failures, total = 0, 0
+    for kind, n, t1, t2 in CONIC_CASES:
+        model, X, y, loss, r = make(kind, n, seed=n + 11)
+        d = otstab.certify(model, X, y, loss=loss, r=r, theta1=t1, theta2=t2, divergence=div,
+                           solver="dual")
+        if not math.isfinite(d.value) or d.value == 0:
+            continue
+        total += 1
+        try:
+            c = otstab.certify(model, X, y, loss=loss, r=r, theta1=t1, theta2=t2,
+                               divergence=div, solver="clarabel", refine=False,
+                               **TIGHT_CLARABEL)
+        except SolverError:  # reported as inaccurate at these tolerances: never passed off
+            failures += 1
+            continue
+        assert c.info["solver_value"] == pytest.approx(d.value, rel=1e-7), (kind, n, t1, t2)
+    assert failures <= 0.1 * total, (failures, total)
+
+
 @pytest.mark.parametrize("solver,tol", [("scs", 1e-4), ("ecos", 1e-5)])
 def test_other_backends(solver, tol):
     ok = 0
