@@ -155,19 +155,26 @@ class StabilityResult(ResultMixin):
         return jsonable(out)
 
 
-def _get_x_star(self):
-    """Moved points of Q* (m x d), built on first access when the result was made lazily."""
-    value = self.__dict__.get("_X_star")
-    if callable(value):
-        value = value()
-        self.__dict__["_X_star"] = value
-    return value
+def _lazy_property(name: str) -> property:
+    """A field whose value may be given as a zero-argument builder, called on first access."""
+    key = "_lazy_" + name
+
+    def get(self):
+        value = self.__dict__.get(key)
+        if callable(value):
+            value = value()
+            self.__dict__[key] = value
+        return value
+
+    def set_(self, value):
+        self.__dict__[key] = value
+
+    return property(get, set_, doc=f"``{name}`` (built on first access when made lazily).")
 
 
-def _set_x_star(self, value):
-    self.__dict__["_X_star"] = value
-
-
-# X_star is a dataclass field whose value may be given as a zero-argument builder (large n:
-# the audit runs blockwise and the m x d array is only materialised when asked for)
-StabilityResult.X_star = property(_get_x_star, _set_x_star)
+#: per-atom arrays that may be built on first access: at large n the audit runs blockwise or on
+#: the moved atoms only, and X_star (m x d) or the other atom arrays are materialised only
+#: when asked for
+LAZY_FIELDS = ("X_star", "weights", "source", "mass", "loss_star")
+for _name in LAZY_FIELDS:
+    setattr(StabilityResult, _name, _lazy_property(_name))

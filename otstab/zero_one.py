@@ -90,22 +90,84 @@ def _near(a, h, tol=1e-10):
     return cand, a[cand]
 
 
-def _move_plan(h, w, loss0, r, n, cand, ac, tol=1e-10):
-    """Which samples Q* moves: ``(moved, split)``.
+class _Weights:
+    """The weights of Q* over the n samples, kept compact: every row outside ``idx`` has the
+    weight ``base`` (its ``l_h`` is 0), the rows ``idx`` have ``vals``; or a dense array
+    (``dense``). Sums over all rows cost O(len(idx)) plus one pass over the summed array."""
+
+    def __init__(self, n, *, base=None, idx=None, vals=None, dense=None):
+        self.n, self.base, self.idx, self.vals, self.dense = n, base, idx, vals, dense
+        self._dots = {}
+
+    def at(self, pos):
+        """Weights of the rows ``idx[pos]``."""
+        if self.dense is not None:
+            return self.dense[self.idx[pos]]
+        return self.vals[pos]
+
+    def dot(self, x):
+        """sum_i w_i x_i (remembered per array: the plan and the audit both need it)."""
+        key = id(x)
+        if key not in self._dots:
+            if self.dense is not None:
+                val = float(np.dot(self.dense, x))
+            else:
+                val = self.base * float(np.sum(x)) + float(
+                    np.dot(self.vals - self.base, x[self.idx]))
+            self._dots[key] = (x, val)  # keeps x alive, so its id is not reused
+        return self._dots[key][1]
+
+    def total(self):
+        if self.dense is not None:
+            return float(np.sum(self.dense))
+        return self.base * (self.n - self.idx.size) + float(np.sum(self.vals))
+
+    def phi_total(self, divergence):
+        """sum_i phi(w_i)."""
+        if self.dense is not None:
+            return _phi_sum(self.dense, divergence)
+        return (_phi_sum(np.array([self.base]), divergence) * (self.n - self.idx.size)
+                + _phi_sum(self.vals, divergence))
+
+    def array(self):
+        if self.dense is not None:
+            return self.dense
+        w = np.full(self.n, self.base)
+        w[self.idx] = self.vals
+        return w
+
+
+def _phi_sum(w, divergence):
+    """sum_i phi(w_i) with few temporaries (phi_KL = w log w - w + 1, phi_chi2 = (w - 1)^2)."""
+    from otstab_solvers.weights import phi
+
+    if w.size == 0:
+        return 0.0
+    if divergence == "chi2":
+        return max(float(np.dot(w, w)) - 2.0 * float(w.sum()) + w.size, 0.0)
+    if float(w.min()) > 0.0:
+        return max(float(np.dot(w, np.log(w))) - float(w.sum()) + w.size, 0.0)
+    return float(np.sum(phi(w, divergence)))
+
+
+def _move_plan(h, w, loss0, r, n, ac, tol=1e-10):
+    """Which samples Q* moves: ``(moved, split)`` as positions in ``w.idx`` (the rows with
+    ``a_i <= h``, whose ``a`` is ``ac``).
 
     ``moved`` are the rows moved whole (``a_i < h``, plus tied rows ``a_i = h`` moved one by
-    one until the risk reaches r); ``split`` is ``None`` or ``(row, fraction moved)`` for the
-    one tied row whose mass is split. One pass over ``a``; the rest is over the rows with
-    ``a_i <= h`` only.
+    one until the risk reaches r); ``split`` is ``None`` or ``(position, fraction moved)`` for
+    the one tied row whose mass is split. Works on the rows with ``a_i <= h`` only.
     """
     t = tol * max(1.0, h)
-    moved = cand[ac < h - t]
-    tied = cand[ac >= h - t]
-    risk = float(np.dot(w, loss0)) + float(np.dot(w[moved], 1.0 - loss0[moved]))
+    cand = w.idx
+    moved = np.flatnonzero(ac < h - t)
+    tied = np.flatnonzero(ac >= h - t)
+    l0m = loss0[cand[moved]]
+    risk = w.dot(loss0) + float(np.dot(w.at(moved), 1.0 - l0m))
     need = n * r - risk
     split = None
     if need > 0 and tied.size:
-        gain = w[tied] * (1.0 - loss0[tied])
+        gain = w.at(tied) * (1.0 - loss0[cand[tied]])
         cg = np.cumsum(gain)
         full = cg <= need * (1 + 1e-15)
         k = int(np.count_nonzero(full))
@@ -117,29 +179,29 @@ def _move_plan(h, w, loss0, r, n, cand, ac, tol=1e-10):
 
 
 def _weights(a, h, sol, theta2, divergence, n, cand, ac):
-    """The weights of Q* at ``h`` and chi2's alpha. Samples with ``a_i >= h`` have
-    ``l_h = 0`` and share one weight, so only the rows ``cand`` (a superset of ``a_i < h``)
-    are computed apart (the KL closed form returns that weight; chi2 takes the dual's exact
-    alpha)."""
+    """The weights of Q* at ``h`` (a :class:`_Weights`) and chi2's alpha. Samples with
+    ``a_i >= h`` have ``l_h = 0`` and share one weight, so only the rows ``cand`` (a superset
+    of ``a_i < h``) get their own (the KL closed form returns the shared weight; chi2 takes
+    the dual's exact alpha); otherwise the weights are computed densely."""
     if math.isinf(theta2):
-        return np.ones(n), (None if divergence == "kl" else 0.0)
+        return _Weights(n, base=1.0, idx=cand, vals=np.ones(cand.size)), \
+            (None if divergence == "kl" else 0.0)
     info = sol.info if sol is not None else {}
     if divergence == "kl" and info.get("unit_weight", 0.0) > 1e-250 and math.isfinite(h):
         uw = float(info["unit_weight"])
-        w = np.full(n, uw)
-        w[cand] = uw * np.exp(np.maximum(h - ac, 0.0) / theta2)
-        return w, None
+        vals = uw * np.exp(np.maximum(h - ac, 0.0) / theta2)
+        return _Weights(n, base=uw, idx=cand, vals=vals), None
     if divergence == "chi2" and sol is not None and sol.alpha is not None \
             and math.isfinite(h) and sol.solver == "zero_one_dual":
         alpha = float(sol.alpha)
-        w = np.full(n, max(alpha / (2.0 * theta2) + 1.0, 0.0))
-        w[cand] = np.maximum((np.maximum(h - ac, 0.0) + alpha) / (2.0 * theta2) + 1.0, 0.0)
-        return w, alpha
+        base = max(alpha / (2.0 * theta2) + 1.0, 0.0)
+        vals = np.maximum((np.maximum(h - ac, 0.0) + alpha) / (2.0 * theta2) + 1.0, 0.0)
+        return _Weights(n, base=base, idx=cand, vals=vals), alpha
     lh = np.maximum(h - a, 0.0)
     if divergence == "kl":
-        return kl_weights(lh, theta2), None
+        return _Weights(n, idx=cand, dense=kl_weights(lh, theta2)), None
     alpha = chi2_alpha(lh, theta2)
-    return chi2_weights(lh, theta2, alpha), alpha
+    return _Weights(n, idx=cand, dense=chi2_weights(lh, theta2, alpha)), alpha
 
 
 def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near, y, losses_fn,
@@ -153,7 +215,7 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
         h, value, alpha, status, message = 0.0, 0.0, (0.0 if divergence == "chi2" else None), \
             OPTIMAL, f"r = {r:g} <= base error rate {base:.6g}: no perturbation is needed"
         solver_name, sol = "none", None
-        w = np.ones(n)
+        w = _Weights(n, base=1.0, idx=no_moves[0], vals=np.empty(0))
         plan = no_moves
     else:
         unreachable = None
@@ -172,7 +234,8 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
             unreachable = "r = 1 needs every sample misclassified, which moving cannot achieve here"
         if unreachable:
             return _finish(value=math.inf, h=math.nan, alpha=None, status="unreachable",
-                           message=unreachable, plan=no_moves, w=np.ones(n), a=a, loss0=loss0,
+                           message=unreachable, plan=no_moves, a=a, loss0=loss0,
+                           w=_Weights(n, base=1.0, idx=no_moves[0], vals=np.empty(0)),
                            r=r, theta1=theta1, theta2=theta2, divergence=divergence, X=X,
                            X_near=X_near, y=y, losses_fn=losses_fn, names=names, index=index,
                            solver_name="none", t_start=t_start, dstar=dstar, sol=None,
@@ -185,7 +248,7 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
         log.append({"solver": solver_name, "status": sol.status, "reason": "answered"})
         cand, ac = _near(a, h)
         w, alpha = _weights(a, h, sol, theta2, divergence, n, cand, ac)
-        plan = _move_plan(h, w, loss0, r, n, cand, ac)
+        plan = _move_plan(h, w, loss0, r, n, ac)
     return _finish(value=float(value), h=h, alpha=alpha, status=status, message=message,
                    plan=plan, w=w, a=a, loss0=loss0, r=r, theta1=theta1, theta2=theta2,
                    divergence=divergence, X=X, X_near=X_near, y=y, losses_fn=losses_fn,
@@ -210,66 +273,98 @@ def _limit_result(a, loss0, r, theta1, theta2, divergence, X, y, losses_fn, name
                    log=[{"solver": "none", "status": OPTIMAL, "reason": msg}])
 
 
-def _phi_sum(mass, w, divergence, sum_mw, sum_m):
-    """sum_i mass_i phi(w_i), given sum mass w and sum mass (no n-sized temporaries for
-    chi2; one, the log, for KL)."""
-    from otstab_solvers.weights import phi
-
-    if divergence == "chi2":  # (w - 1)^2 = w^2 - 2 w + 1
-        return max(float(np.einsum("i,i,i->", mass, w, w)) - 2.0 * sum_mw + sum_m, 0.0)
-    # (KL: w log w - w + 1)
-    if float(w.min()) > 0.0:  # w log w - w + 1
-        return max(float(np.einsum("i,i,i->", mass, w, np.log(w))) - sum_mw + sum_m, 0.0)
-    return float(np.einsum("i,i->", mass, phi(w, divergence)))
-
-
 def _finish(*, value, h, alpha, status, message, plan, w, a, loss0, r, theta1, theta2,
             divergence, X, X_near, y, losses_fn, names, index, solver_name, t_start, dstar,
             sol, log, base=None):
-    """Q* as atoms (every sample, plus one extra atom for a split sample) and its audit."""
+    """Q* and its audit.
+
+    Q* has one atom per sample (moved to its nearest misclassified point or not) plus one
+    extra atom for a split sample. Only the moved atoms differ from the data, so the audit
+    (cost, risk and mass of Q*) is summed over them and over the compact weights, with the
+    model's own loss recomputed at every moved point; the per-atom arrays (``source``,
+    ``mass``, ``weights``, ``loss_star``, ``X_star``) are built on first access.
+    """
     n = a.size
-    moved, split = plan
-    src = np.arange(n + (split is not None))
-    mass = np.ones(src.size)
-    is_moved = np.zeros(src.size, dtype=bool)
-    is_moved[moved] = True
-    wa = w
-    if split is not None:
-        i, f = split
-        src[n] = i
-        mass[i], mass[n] = 1.0 - f, f
-        is_moved[n] = True
-        wa = np.concatenate([w, w[i:i + 1]])
-    mv = np.flatnonzero(is_moved) if split is not None else moved  # moved atoms
-    if X is not None:
-        Xs = X if split is None else X[src]
-        Xn = X_near if X_near is None or split is None else X_near[src]
-        X_star = np.where(is_moved[:, None], Xn, Xs) if Xn is not None else Xs.copy()
-        loss_star = losses_fn(X_star, y if split is None else y[src])
-        moved2 = np.einsum("ij,ij->i", X_star[mv] - Xs[mv], X_star[mv] - Xs[mv])
+    if not isinstance(w, _Weights):
+        w = _Weights(n, idx=np.empty(0, dtype=np.intp), dense=np.asarray(w, dtype=np.float64))
+    moved_pos, split = plan
+    pos = moved_pos if split is None else np.append(moved_pos, split[0])
+    rows = w.idx[pos]  # the moved rows (the split row last)
+    moved = rows[:moved_pos.size]
+    w_rows = w.at(pos)
+    # the loss at every moved point and the squared distance moved
+    if X is not None and X_near is not None:
+        Xm = X_near[rows]
+        loss_m = np.asarray(losses_fn(Xm, y[rows]), dtype=np.float64)
+        diff = Xm - X[rows]
+        d2 = np.einsum("ij,ij->i", diff, diff)
     else:
-        X_star = np.empty((src.size, 0))
-        loss_star = loss0.copy() if split is None else loss0[src]
-        loss_star[mv] = 1.0
-        moved2 = dstar[src[mv]]
-        moved2 = np.where(np.isfinite(moved2), moved2, 0.0)
-    sum_mw = float(np.dot(mass, wa))
-    sum_m = float(mass.sum())
+        loss_m = np.ones(rows.size)
+        d2 = dstar[rows]
+        d2 = np.where(np.isfinite(d2), d2, 0.0)
+    # mass of the moved atoms: 1 for whole rows, the fraction f for the split atom (whose
+    # row keeps 1 - f unmoved)
+    m_rows = np.ones(rows.size)
+    f = 0.0
+    if split is not None:
+        f = split[1]
+        m_rows[-1] = f
+    l0_rows = loss0[rows]
+    total = w.total()  # sum over atoms of mass * w: a split row's two atoms add up to its w
     move_cost = 0.0 if math.isinf(theta1) else theta1 * float(
-        np.einsum("i,i,i->", mass[mv], wa[mv], moved2)) / n
-    rew_cost = 0.0 if math.isinf(theta2) else theta2 * _phi_sum(
-        mass, wa, divergence, sum_mw, sum_m) / n
+        np.einsum("i,i,i->", m_rows, w_rows, d2)) / n
+    rew_cost = 0.0 if math.isinf(theta2) else theta2 * w.phi_total(divergence) / n
     primal = move_cost + rew_cost
-    risk_star = float(np.einsum("i,i,i->", mass, wa, loss_star)) / n
-    moved_risk = float(np.dot(mass, loss_star)) / n
+    # risk: every atom at loss0, corrected on the moved atoms
+    risk_star = (w.dot(loss0) + float(np.einsum("i,i,i->", m_rows, w_rows, loss_m - l0_rows))) / n
     base = float(np.mean(loss0)) if base is None else base
+    moved_risk = base + float(np.dot(m_rows, loss_m - l0_rows)) / n
     gap = abs(primal - value) / max(1.0, abs(value)) if math.isfinite(value) else math.nan
     if status == "unreachable":
         primal, gap = math.nan, math.nan
+    n_atoms = n + (split is not None)
+
+    split_row = int(rows[-1]) if split is not None else None
+
+    def source():
+        src = np.arange(n_atoms)
+        if split is not None:
+            src[n] = split_row
+        return src
+
+    def mass():
+        out = np.ones(n_atoms)
+        if split is not None:
+            out[split_row], out[n] = 1.0 - f, f
+        return out
+
+    def weights():
+        wa = w.array()
+        return wa if split is None else np.concatenate([wa, wa[split_row:split_row + 1]])
+
+    def loss_star():
+        out = np.empty(n_atoms)
+        out[:n] = loss0
+        k = moved.size
+        out[moved] = loss_m[:k]
+        if split is not None:
+            out[n] = loss_m[k]
+        return out
+
+    def x_star():
+        if X is None:
+            return np.empty((n_atoms, 0))
+        out = np.empty((n_atoms, X.shape[1]))
+        out[:n] = X
+        if rows.size:
+            out[moved] = Xm[:moved.size]
+            if split is not None:
+                out[n] = Xm[-1]
+        return out
+
     return StabilityResult(
-        value=value, h=h, alpha=alpha, X_star=X_star, weights=wa, source=src, mass=mass,
-        risk_base=base, risk_star=risk_star,
-        total_mass=sum_mw / n,
+        value=value, h=h, alpha=alpha, X_star=x_star, weights=weights, source=source,
+        mass=mass, risk_base=base, risk_star=risk_star, total_mass=total / n,
         primal_cost=primal, gap=gap,
         decomposition={"base": base, "corruption": moved_risk - base,
                        "reweighting": risk_star - moved_risk, "cost_moving": move_cost,
