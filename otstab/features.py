@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 from otstab_solvers.dual import oracle_for, solve_dual
 from otstab_solvers.result import OPTIMAL
+from otstab_solvers.sorted_oracle import SortedTwoPiece
 from otstab_solvers.weights import chi2_alpha, chi2_weights, kl_weights
 from otstab_solvers.zero_one import solve_zero_one
 
@@ -222,6 +223,25 @@ def _nonlinear_rows(prob, units, r, theta1, theta2, divergence, solver):
     return rows
 
 
+class _PrefixOracle:
+    """The minimal oracle ``solve_dual`` needs when it evaluates from a sorted prefix view."""
+
+    h_max = math.inf
+
+    def __init__(self, prefix):
+        self.prefix = prefix
+        self.n = prefix.n
+
+
+def _zero_one_chi2_row(label, cols, prefix, r, theta2, base):
+    """One 0/1 chi2 feature score from the shared sorted distances (O(log n) per evaluation)."""
+    sol = solve_dual(_PrefixOracle(prefix), r, theta2, "chi2")
+    if sol.status != OPTIMAL:
+        return (label, math.inf, math.nan, math.nan, math.nan, cols)
+    sm, sr = _shares(prefix.risk_parts(sol.h, theta2, "chi2"), base, r)
+    return (label, sol.value, sol.h, sm, sr, cols)
+
+
 def _zero_one_rows(prob, units, r, theta1, theta2, divergence):
     from .zero_one import linear_distances
 
@@ -230,12 +250,16 @@ def _zero_one_rows(prob, units, r, theta1, theta2, divergence):
     base = float(loss0.mean())
     rows = []
     binary = sc.task == "binary"
+    shared = None
     if binary:
         m = prob.y * sc.scores(prob.X)
         m2 = np.where(loss0 > 0, 0.0, np.maximum(m, 0.0) ** 2)
         order = np.argsort(m2, kind="stable")
         m2_sorted = m2[order]  # misclassified samples have m2 = 0, hence a = 0
         loss_sorted_all = loss0[order]
+        if divergence == "chi2" and math.isfinite(theta2) and math.isfinite(theta1) and r < 1:
+            # the chi2 dual on one sorted oracle, rescaled per feature: a_ij = s_j m2_i
+            shared = SortedTwoPiece(-m2_sorted, "distance", presorted=True)
     for label, cols in units:
         if r <= base:
             rows.append((label, 0.0, 0.0, 0.0, 0.0, cols))
@@ -244,6 +268,10 @@ def _zero_one_rows(prob, units, r, theta1, theta2, divergence):
             nb = float(np.sum(sc.W[0, cols] ** 2))
             if nb == 0.0:
                 rows.append((label, math.inf, math.nan, math.nan, math.nan, cols))
+                continue
+            if shared is not None:
+                rows.append(_zero_one_chi2_row(label, cols, shared.with_scale(theta1 / nb), r,
+                                               theta2, base))
                 continue
             if math.isfinite(theta1):
                 a_sorted = theta1 * m2_sorted / nb

@@ -5,8 +5,9 @@ Two reduced forms that matter most have the shape ``l_h(z_i) = (A(h) u_i + B(h))
 
 - ``kind="hinge"``: a binary linear model with the hinge loss, ``u_i = 1 - m_i`` and
   ``l_h = max(0, u_i h + c h^2)`` with ``c = ||beta||^2 / (4 theta1)`` (``A = h, B = c h^2``);
-- ``kind="distance"``: the 0/1 loss from distances, ``u_i = -a_i`` and ``l_h = (h - a_i)_+``
-  (``A = 1, B = h``).
+- ``kind="distance"``: the 0/1 loss from distances, ``u_i = -a_i`` and
+  ``l_h = (h - s a_i)_+`` with a scale ``s > 0`` (``A = s, B = h``; feature scores rescale one
+  sorted array: ``a_ij = theta1 m_i^2 / beta_j^2``).
 
 With ``u`` sorted once in decreasing order the samples on the "move" piece at any ``h`` are a
 prefix, found by binary search, and the samples that switch piece between two values of ``h``
@@ -42,19 +43,24 @@ class SortedTwoPiece:
     kind : "hinge" or "distance"
     c : float
         The quadratic coefficient of the hinge kind (``>= 0``); unused for distances.
+    scale : float
+        The scale ``s > 0`` of the distance kind; unused for the hinge kind.
     presorted : bool
         ``u`` is already in decreasing order (skips the sort).
     tie : float
-        Relative tolerance under which a sample counts as tied between its pieces (hinge kind;
-        as :class:`otstab_solvers.dual.PiecewiseOracle`); distances compare exactly.
+        Relative tolerance under which a sample counts as tied between its pieces (as
+        :class:`otstab_solvers.dual.PiecewiseOracle`; for distances, relative to ``max(1, h)``).
     """
 
-    def __init__(self, u, kind: str, c: float = 0.0, *, tie: float = 1e-12,
+    def __init__(self, u, kind: str, c: float = 0.0, *, scale: float = 1.0, tie: float = 1e-12,
                  presorted: bool = False, _sorted=None):
         if kind not in ("hinge", "distance"):
             raise ValueError(f"kind must be 'hinge' or 'distance', got {kind!r}")
+        if not scale > 0:
+            raise ValueError(f"scale must be > 0, got {scale}")
         self.kind = kind
         self.c = float(c)
+        self.scale = float(scale)
         self.tie = tie
         if _sorted is None:
             nu = -np.asarray(u, dtype=np.float64)  # ascending -u
@@ -76,7 +82,13 @@ class SortedTwoPiece:
 
     def with_c(self, c: float) -> SortedTwoPiece:
         """The same sorted keys with another hinge coefficient ``c`` (no new sort)."""
-        return SortedTwoPiece(None, self.kind, c, tie=self.tie, _sorted=self._sorted)
+        return SortedTwoPiece(None, self.kind, c, scale=self.scale, tie=self.tie,
+                              _sorted=self._sorted)
+
+    def with_scale(self, scale: float) -> SortedTwoPiece:
+        """The same sorted keys with another distance scale ``s`` (no new sort)."""
+        return SortedTwoPiece(None, self.kind, self.c, scale=scale, tie=self.tie,
+                              _sorted=self._sorted)
 
     # -- the pieces ---------------------------------------------------------------------------
     def coefficients(self, h: float):
@@ -84,7 +96,7 @@ class SortedTwoPiece:
         if self.kind == "hinge":
             c = self.c
             return h, c * h * h, 1.0, 2.0 * c * h, 2.0 * c
-        return 1.0, h, 0.0, 1.0, 0.0
+        return self.scale, h, 0.0, 1.0, 0.0
 
     def count(self, h: float, side: str = "right") -> int:
         """How many samples are on the "move" piece at ``h`` (ties: right = move, left = stay)."""
@@ -94,9 +106,10 @@ class SortedTwoPiece:
             if dA == 0.0:
                 return self.n_fin if (dB > 0) == (side == "right") else 0
             return int(np.searchsorted(nu, dB / dA, side="left")) if side == "right" else 0
-        tol = 0.0
         if self.kind == "hinge":
             tol = self.tie * (1.0 + h * self.umax + self.c * h * h)
+        else:  # a kink h = s * nu_i need not give back nu_i exactly when divided by s
+            tol = self.tie * max(1.0, h)
         if side == "right":  # A u + B >= -tol  <=>  -u <= (B + tol) / A
             return int(np.searchsorted(nu, (B + tol) / A, side="right"))
         return int(np.searchsorted(nu, (B - tol) / A, side="left"))
@@ -104,7 +117,7 @@ class SortedTwoPiece:
     def kink(self, i: int) -> float:
         """The h at which sample ``i`` (in sorted order) switches piece."""
         v = float(self.nu[i])
-        return v / self.c if self.kind == "hinge" else v
+        return v / self.c if self.kind == "hinge" else v * self.scale
 
     def kinks_between(self, p_lo: int, p_hi: int, h_lo: float, h_hi: float):
         """(count, smallest, largest, middle) of the kinks strictly inside ``(h_lo, h_hi)`` of
@@ -112,9 +125,9 @@ class SortedTwoPiece:
         if p_hi <= p_lo or (self.kind == "hinge" and self.c <= 0.0):
             return 0, math.nan, math.nan, math.nan
         seg = self.nu[p_lo:p_hi]
-        scale = self.c if self.kind == "hinge" else 1.0
-        i0 = p_lo + int(np.searchsorted(seg, h_lo * scale, side="right"))
-        i1 = p_lo + int(np.searchsorted(seg, h_hi * scale, side="left"))
+        f = self.c if self.kind == "hinge" else 1.0 / self.scale  # kink > h <=> nu > f h
+        i0 = p_lo + int(np.searchsorted(seg, h_lo * f, side="right"))
+        i1 = p_lo + int(np.searchsorted(seg, h_hi * f, side="left"))
         while i0 < i1 and not self.kink(i0) > h_lo:
             i0 += 1
         while i1 > i0 and not self.kink(i1 - 1) < h_hi:

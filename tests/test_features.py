@@ -123,13 +123,17 @@ def test_smooth_and_nonlinear_feature_scores():
     assert d2.loc[0, "feature"] == "x0" and np.all(np.isinf(d2["score"].iloc[1:]))
 
 
-@pytest.mark.parametrize("t2", [0.25, math.inf])
-def test_zero_one_shares_match_the_certificate_decomposition(t2):
+@pytest.mark.parametrize("t2,div", [(0.25, "kl"), (math.inf, "kl"), (0.25, "chi2"),
+                                    (3.0, "chi2")])
+def test_zero_one_shares_match_the_certificate_decomposition(t2, div):
+    # chi2: one sorted distance oracle rescaled per feature (O(log n) per dual evaluation)
     model, X, y = data(500, seed=4)
-    df = otstab.feature_stability(model, X, y, loss="zero_one", r=0.45, theta2=t2)
+    df = otstab.feature_stability(model, X, y, loss="zero_one", r=0.45, theta2=t2,
+                                  divergence=div)
     for _, row in df.iterrows():
         res = otstab.certify(model, X, y, loss="zero_one", r=0.45, theta2=t2,
-                             features=[row.feature])
+                             divergence=div, features=[row.feature])
+        assert row.score == pytest.approx(res.value, rel=1e-10)
         excess = res.risk_star - res.risk_base
         assert row.share_moving == pytest.approx(res.decomposition["corruption"] / excess,
                                                  abs=1e-9)

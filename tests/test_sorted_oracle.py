@@ -154,3 +154,30 @@ def test_inputs_not_mutated_and_bad_kind():
     np.testing.assert_array_equal(u, keep)
     with pytest.raises(ValueError, match="kind"):
         SortedTwoPiece(u, "bogus")
+
+
+def test_rescaled_distances_match_dense():
+    """with_scale(s) evaluates l_h = (h - s a_i)_+ from the same sorted keys."""
+    rng = np.random.default_rng(8)
+    a = np.sort(np.round(np.abs(rng.standard_normal(300)), 2))
+    base = SortedTwoPiece(-a, "distance", presorted=True)
+    for s in (0.3, 1.0, 7.5):
+        dense = DistanceOracle(s * a)
+        view = base.with_scale(s)
+        assert view.nu is base.nu
+        for theta2 in (0.2, INF):
+            for div in ("kl", "chi2"):
+                for h in (0.05, 0.7, 3.0, float(s * a[150])):  # the last one at a kink
+                    for side in ("right", "left"):
+                        t, mu, _, alpha = dense_reduce(dense, h, side, theta2, div)
+                        t2, mu2, _, alpha2, _ = view.reduce(h, side, theta2, div)
+                        assert t2 == pytest.approx(t, rel=1e-11, abs=1e-12)
+                        assert mu2 == pytest.approx(mu, rel=1e-11, abs=1e-12)
+        r = 0.6
+        dense.prefix = None  # the dense kink-exact path
+        ref = solve_dual(dense, r, 0.2, "chi2")
+        got = solve_dual(type("O", (), {"prefix": view, "n": a.size, "h_max": INF})(), r, 0.2,
+                         "chi2")
+        assert got.value == pytest.approx(ref.value, rel=1e-10)
+    with pytest.raises(ValueError, match="scale"):
+        base.with_scale(0.0)
