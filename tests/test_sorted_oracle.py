@@ -31,6 +31,16 @@ def dense_reduce(oracle, h, side, theta2, div):
     return _reduce(lh, d1, d2, theta2, div, oracle.n)
 
 
+def assert_same_reduction(dense, view, h, side, theta2, div):
+    """The sorted view's (term, mean derivative, alpha) equal the dense reduction's."""
+    t, mu, _, alpha = dense_reduce(dense, h, side, theta2, div)
+    t2, mu2, _, alpha2, _ = view.reduce(h, side, theta2, div)
+    assert t2 == pytest.approx(t, rel=1e-11, abs=1e-12)
+    assert mu2 == pytest.approx(mu, rel=1e-11, abs=1e-12)
+    if alpha is not None:
+        assert alpha2 == pytest.approx(alpha, rel=1e-11, abs=1e-12)
+
+
 @pytest.mark.parametrize("kind", ["gauss", "ties", "negative", "positive"])
 @pytest.mark.parametrize("c", [0.0, 0.05, 2.0])
 def test_hinge_reduction_matches_dense(kind, c):
@@ -43,12 +53,7 @@ def test_hinge_reduction_matches_dense(kind, c):
             for div in ("kl", "chi2"):
                 for h in (0.0, 1e-3, 0.3, 1.0, 7.0):
                     for side in ("right", "left") if h > 0 else ("right",):
-                        t, mu, _, alpha = dense_reduce(oracle, h, side, theta2, div)
-                        t2, mu2, _, alpha2, _ = oracle.prefix.reduce(h, side, theta2, div)
-                        assert t2 == pytest.approx(t, rel=1e-11, abs=1e-12)
-                        assert mu2 == pytest.approx(mu, rel=1e-11, abs=1e-12)
-                        if alpha is not None:
-                            assert alpha2 == pytest.approx(alpha, rel=1e-11, abs=1e-12)
+                        assert_same_reduction(oracle, oracle.prefix, h, side, theta2, div)
 
 
 def test_distance_reduction_matches_dense():
@@ -63,12 +68,7 @@ def test_distance_reduction_matches_dense():
             for div in ("kl", "chi2"):
                 for h in (0.0, 0.1, 0.5, 3.0):
                     for side in ("right", "left"):
-                        t, mu, _, alpha = dense_reduce(oracle, h, side, theta2, div)
-                        t2, mu2, _, alpha2, _ = oracle.prefix.reduce(h, side, theta2, div)
-                        assert t2 == pytest.approx(t, rel=1e-11, abs=1e-12)
-                        assert mu2 == pytest.approx(mu, rel=1e-11, abs=1e-12)
-                        if alpha is not None:
-                            assert alpha2 == pytest.approx(alpha, rel=1e-11, abs=1e-12)
+                        assert_same_reduction(oracle, oracle.prefix, h, side, theta2, div)
 
 
 def test_kinks_between_match_dense_crossings():
@@ -169,10 +169,7 @@ def test_rescaled_distances_match_dense():
             for div in ("kl", "chi2"):
                 for h in (0.05, 0.7, 3.0, float(s * a[150])):  # the last one at a kink
                     for side in ("right", "left"):
-                        t, mu, _, alpha = dense_reduce(dense, h, side, theta2, div)
-                        t2, mu2, _, alpha2, _ = view.reduce(h, side, theta2, div)
-                        assert t2 == pytest.approx(t, rel=1e-11, abs=1e-12)
-                        assert mu2 == pytest.approx(mu, rel=1e-11, abs=1e-12)
+                        assert_same_reduction(dense, view, h, side, theta2, div)
         r = 0.6
         dense.prefix = None  # the dense kink-exact path
         ref = solve_dual(dense, r, 0.2, "chi2")
