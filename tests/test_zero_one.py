@@ -210,4 +210,13 @@ def test_q_star_from_distances_matches_a_dense_construction(div, t2):
         if math.isfinite(t2):
             cost += t2 * np.sum(res.mass * phi(res.weights, div))
         assert cost / n == pytest.approx(res.value, rel=1e-9, abs=1e-12)
-        assert np.sum(res.mass * res.weights * res.loss_star) / n == pytest.approx(r, abs=1e-9)
+        # the audit fields (summed over the moved atoms and compact weights) equal the same
+        # sums over the materialised atoms
+        risk = np.sum(res.mass * res.weights * res.loss_star) / n
+        assert risk == pytest.approx(r, abs=1e-9)
+        assert res.risk_star == pytest.approx(risk, rel=1e-12)
+        assert res.primal_cost == pytest.approx(cost / n, rel=1e-9, abs=1e-14)
+        assert res.total_mass == pytest.approx(np.sum(res.mass * res.weights) / n, rel=1e-12)
+        moved_risk = np.sum(res.mass * res.loss_star) / n
+        assert res.decomposition["corruption"] == pytest.approx(moved_risk - res.risk_base,
+                                                               abs=1e-12)
