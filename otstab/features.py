@@ -80,16 +80,20 @@ def _units(names, features, groups):
     return units
 
 
-def _risk_parts(oracle, h, theta2, divergence):
-    """(lo, hi, moved_lo, moved_hi): the risk of Q* at ``h`` with the tied samples staying
-    (lo) or moving (hi), and the unweighted mean loss after moving (no reweighting)."""
-    if oracle.prefix is not None:
-        return oracle.prefix.risk_parts(h, theta2, divergence)
-    lh, _, d_lo, _, d_hi = oracle.scan(h)
-    w = _weights(lh, theta2, divergence)
+def _dense_parts(w, d_lo, d_hi):
+    """(lo, hi, moved_lo, moved_hi): the risk of Q* with weights ``w`` and the tied samples'
+    loss at the low (lo) or high (hi) piece, and the same means without the weights."""
     n = w.size
     return (float(w @ d_lo) / n, float(w @ d_hi) / n, float(np.mean(d_lo)),
             float(np.mean(d_hi)))
+
+
+def _risk_parts(oracle, h, theta2, divergence):
+    """:func:`_dense_parts` of Q* at ``h`` (from prefix sums when the oracle is sorted)."""
+    if oracle.prefix is not None:
+        return oracle.prefix.risk_parts(h, theta2, divergence)
+    lh, _, d_lo, _, d_hi = oracle.scan(h)
+    return _dense_parts(_weights(lh, theta2, divergence), d_lo, d_hi)
 
 
 def _shares(parts, base, r):
@@ -223,19 +227,9 @@ def _nonlinear_rows(prob, units, r, theta1, theta2, divergence, solver):
     return rows
 
 
-class _PrefixOracle:
-    """The minimal oracle ``solve_dual`` needs when it evaluates from a sorted prefix view."""
-
-    h_max = math.inf
-
-    def __init__(self, prefix):
-        self.prefix = prefix
-        self.n = prefix.n
-
-
 def _zero_one_chi2_row(label, cols, prefix, r, theta2, base):
     """One 0/1 chi2 feature score from the shared sorted distances (O(log n) per evaluation)."""
-    sol = solve_dual(_PrefixOracle(prefix), r, theta2, "chi2")
+    sol = solve_dual(prefix, r, theta2, "chi2")
     if sol.status != OPTIMAL:
         return (label, math.inf, math.nan, math.nan, math.nan, cols)
     sm, sr = _shares(prefix.risk_parts(sol.h, theta2, "chi2"), base, r)
@@ -317,9 +311,6 @@ def _zero_one_rows(prob, units, r, theta1, theta2, divergence):
         tol = 1e-10 * max(1.0, sol.h)
         d_hi = np.where(a_sorted <= sol.h + tol, 1.0, loss_sorted)
         d_lo = np.where(a_sorted < sol.h - tol, 1.0, loss_sorted)
-        n = w.size
-        parts = (float(w @ d_lo) / n, float(w @ d_hi) / n, float(np.mean(d_lo)),
-                 float(np.mean(d_hi)))
-        sm, sr = _shares(parts, float(np.mean(loss_sorted)), r)
+        sm, sr = _shares(_dense_parts(w, d_lo, d_hi), float(np.mean(loss_sorted)), r)
         rows.append((label, sol.value, sol.h, sm, sr, cols))
     return rows

@@ -260,7 +260,7 @@ def _limit_result(a, loss0, r, theta1, theta2, divergence, X, y, losses_fn, name
                   t_start, dstar):
     n = a.size
     A = loss0 > 0
-    w = np.where(A, n / A.sum(), 0.0)
+    w = _Weights(n, idx=np.empty(0, dtype=np.intp), dense=np.where(A, n / A.sum(), 0.0))
     frac_A = A.sum() / n
     value = theta2 * (math.log(1 / frac_A) if divergence == "kl" else (1 / frac_A - 1))
     msg = ("r = 1 is attained only in the limit h -> inf, with all mass on the misclassified "
@@ -285,8 +285,6 @@ def _finish(*, value, h, alpha, status, message, plan, w, a, loss0, r, theta1, t
     ``mass``, ``weights``, ``loss_star``, ``X_star``) are built on first access.
     """
     n = a.size
-    if not isinstance(w, _Weights):
-        w = _Weights(n, idx=np.empty(0, dtype=np.intp), dense=np.asarray(w, dtype=np.float64))
     moved_pos, split = plan
     pos = moved_pos if split is None else np.append(moved_pos, split[0])
     rows = w.idx[pos]  # the moved rows (the split row last)

@@ -190,16 +190,16 @@ class PiecewiseOracle:
         return hc
 
 
-def oracle_for(c1, c2, *, sorted_min_n: int = 0) -> PiecewiseOracle:
+def oracle_for(c1, c2) -> PiecewiseOracle:
     """The oracle ``solve_dual`` should use for the reduced form ``(c1, c2)``.
 
     A :class:`PiecewiseOracle`; when the form has the hinge shape (two pieces, one identically
-    zero, one shared ``c2 >= 0``: ``l_h = max(0, u_i h + c h^2)``) and ``n >= sorted_min_n``,
-    it also carries a sorted prefix-sum view (``prefix``) so that each dual evaluation costs
-    O(log n) (chi2, theta2 = inf) or one exp pass over the active samples (KL), after one sort.
+    zero, one shared ``c2 >= 0``: ``l_h = max(0, u_i h + c h^2)``), it also carries a sorted
+    prefix-sum view (``prefix``) so that each dual evaluation costs O(log n) (chi2,
+    theta2 = inf) or one exp pass over the active samples (KL), after one sort.
     """
     oracle = PiecewiseOracle(c1, c2)
-    if oracle.K == 2 and not oracle._rowwise and oracle.n >= sorted_min_n:
+    if oracle.K == 2 and not oracle._rowwise:
         for k1 in (0, 1):
             if oracle._zero[1 - k1] and oracle.c2[0, k1] >= 0 and not oracle._zero[k1]:
                 u = oracle._c1T[k1]
@@ -262,7 +262,8 @@ def solve_dual(oracle, r: float, theta2: float, divergence: str, *, tol: float =
     """
     t0 = time.perf_counter()
     n = oracle.n
-    fast = getattr(oracle, "prefix", None)
+    # a sorted view (or an oracle carrying one) is evaluated from its prefix sums
+    fast = oracle if isinstance(oracle, SortedTwoPiece) else getattr(oracle, "prefix", None)
     kinks = fast is not None or hasattr(oracle, "crossings")
     evals = 0
 

@@ -20,8 +20,8 @@ are a contiguous range. So:
 - KL evaluations are one exp pass over the active prefix only;
 - the kinks between two points are read off the sorted keys in O(1).
 
-:func:`otstab_solvers.dual.solve_dual` uses an oracle's ``prefix`` attribute (an instance of
-:class:`SortedTwoPiece`) when it has one.
+:func:`otstab_solvers.dual.solve_dual` evaluates a :class:`SortedTwoPiece` directly, and uses
+an oracle's ``prefix`` attribute (one of these) when it has one.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ __all__ = ["SortedTwoPiece"]
 
 class SortedTwoPiece:
     """Prefix-sum reductions of ``l_h(z_i) = (A(h) u_i + B(h))_+`` (see the module docstring).
+
+    It is itself an oracle :func:`otstab_solvers.dual.solve_dual` accepts (``n``, ``h_max``).
 
     Parameters
     ----------
@@ -51,6 +53,8 @@ class SortedTwoPiece:
         Relative tolerance under which a sample counts as tied between its pieces (as
         :class:`otstab_solvers.dual.PiecewiseOracle`; for distances, relative to ``max(1, h)``).
     """
+
+    h_max = math.inf
 
     def __init__(self, u, kind: str, c: float = 0.0, *, scale: float = 1.0, tie: float = 1e-12,
                  presorted: bool = False, _sorted=None):
