@@ -677,6 +677,21 @@ def _shared_direction(G: np.ndarray, groups: np.ndarray) -> np.ndarray | None:
     return D if np.any(D != 0) else None
 
 
+def _take(st: dict, best: dict, lo: dict, hi: dict | None, r: float, tol: float):
+    """Take a new outer state: keep the best dual value seen, move the bracket end on the
+    side of ``g``'s sign, and say whether ``|g|`` is small enough to stop (the state is then
+    the answer). Returns ``(best, lo, hi, converged)``; both outer loops use it."""
+    if math.isfinite(st["value"]) and st["value"] >= best["value"]:
+        best = st
+    if st["g"] > 0:
+        lo = st
+    else:
+        hi = st
+    if abs(st["g"]) <= tol * max(r, 1e-12):
+        return st, lo, hi, True
+    return best, lo, hi, False
+
+
 def _envelope(state_at, record, s0, r, tol, h_init, h_cap, max_outer):
     """Safeguarded root search on g(h) = r - risk(h). Returns (best, lo, hi, status, msg, stop).
 
@@ -708,14 +723,8 @@ def _envelope(state_at, record, s0, r, tol, h_init, h_cap, max_outer):
         kappa = _calibration(st, last)
         last = st
         stop = record(st)
-        if math.isfinite(st["value"]) and st["value"] >= best["value"]:
-            best = st
-        if st["g"] > 0:
-            lo = st
-        else:
-            hi = st
-        if abs(st["g"]) <= tol * max(r, 1e-12):
-            best = st
+        best, lo, hi, converged = _take(st, best, lo, hi, r, tol)
+        if converged:
             status = "local_optimum"
             break
         if stop:
@@ -811,14 +820,8 @@ def _adam_outer(state_at, record, s0, r, tol, h_init, h_cap, max_outer, outer_lr
     for t in range(1, max_outer + 1):
         st = state_at(h, [prev])
         stop = record(st)
-        if math.isfinite(st["value"]) and st["value"] >= best["value"]:
-            best = st
-        if st["g"] > 0:
-            lo = st
-        else:
-            hi = st
-        if abs(st["g"]) <= tol * max(r, 1e-12):
-            best = st
+        best, lo, hi, converged = _take(st, best, lo, hi, r, tol)
+        if converged:
             status = "local_optimum"
             break
         if stop:
