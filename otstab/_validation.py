@@ -48,8 +48,7 @@ def as_float_matrix(X, name: str = "X", *, allow_1d: bool = False, copy: bool = 
     if X is None:
         raise ValidationError(f"{name} is required, got None")
     if isinstance(X, pd.DataFrame):
-        bad = [c for c in X.columns if not (pd.api.types.is_numeric_dtype(X[c])
-                                            or pd.api.types.is_bool_dtype(X[c]))]
+        bad = non_numeric_columns(X)
         if bad:
             raise ValidationError(
                 f"{name} has non-numeric column(s) {bad[:5]}; encode them first "
@@ -86,6 +85,23 @@ def check_finite_matrix(arr: np.ndarray, name: str = "X") -> None:
         )
 
 
+def non_numeric_columns(df: pd.DataFrame) -> list:
+    """The columns of ``df`` that are neither numeric nor boolean."""
+    return [c for c in df.columns if not (pd.api.types.is_numeric_dtype(df[c])
+                                          or pd.api.types.is_bool_dtype(df[c]))]
+
+
+def as_one_dim(arr: np.ndarray, name: str) -> np.ndarray:
+    """``arr`` as a non-empty 1-D array (a single row or column is flattened)."""
+    if arr.ndim == 2 and 1 in arr.shape:
+        arr = arr.reshape(-1)
+    if arr.ndim != 1:
+        raise ValidationError(f"{name} must be 1-D, got shape {arr.shape}")
+    if arr.size == 0:
+        raise ValidationError(f"{name} is empty")
+    return arr
+
+
 def as_float_vector(v, name: str, *, finite: bool = True, nonnegative: bool = False) -> np.ndarray:
     """A float64 1-D copy; rejects NaN/inf (if ``finite``) and negative values (if asked)."""
     if v is None:
@@ -94,12 +110,7 @@ def as_float_vector(v, name: str, *, finite: bool = True, nonnegative: bool = Fa
         arr = np.array(v, dtype=np.float64, copy=True)
     except (TypeError, ValueError) as exc:
         raise ValidationError(f"{name} must be numeric: {exc}") from exc
-    if arr.ndim == 2 and 1 in arr.shape:
-        arr = arr.reshape(-1)
-    if arr.ndim != 1:
-        raise ValidationError(f"{name} must be 1-D, got shape {arr.shape}")
-    if arr.size == 0:
-        raise ValidationError(f"{name} is empty")
+    arr = as_one_dim(arr, name)
     if finite and not np.all(np.isfinite(arr)):
         i = int(np.argmax(~np.isfinite(arr)))
         raise ValidationError(f"{name} contains NaN or inf (first at index {i})")

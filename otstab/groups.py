@@ -27,7 +27,13 @@ import pandas as pd
 from scipy.stats import rankdata
 
 from ._results import ResultMixin
-from ._validation import as_float_matrix, check_same_length, check_scalar
+from ._validation import (
+    as_float_matrix,
+    as_one_dim,
+    check_same_length,
+    check_scalar,
+    non_numeric_columns,
+)
 from .errors import InputTypeError, ValidationError
 
 __all__ = [
@@ -119,12 +125,7 @@ def _labels_1d(v, name: str) -> np.ndarray:
             # np.array([1, "a"]) silently turns 1 into "1": keep the caller's objects
             arr = np.empty(len(v), dtype=object)
             arr[:] = list(v)
-    if arr.ndim == 2 and 1 in arr.shape:
-        arr = arr.reshape(-1)
-    if arr.ndim != 1:
-        raise ValidationError(f"{name} must be 1-D, got shape {arr.shape}")
-    if arr.size == 0:
-        raise ValidationError(f"{name} is empty")
+    arr = as_one_dim(arr, name)
     missing = pd.isna(arr)
     if np.any(missing):
         i = int(np.argmax(missing))
@@ -772,8 +773,7 @@ def _count_table(obj, name: str, y: str, a: str) -> pd.DataFrame:
         return pd.DataFrame(counts, index=pd.Index(y_levels, dtype=object, name="y"),
                             columns=pd.Index(a_levels, dtype=object, name="a"))
     if isinstance(obj, pd.DataFrame):
-        bad = [c for c in obj.columns if not (pd.api.types.is_numeric_dtype(obj[c])
-                                              or pd.api.types.is_bool_dtype(obj[c]))]
+        bad = non_numeric_columns(obj)
         if bad:
             raise ValidationError(
                 f"{name} has non-numeric column(s) {bad[:5]}: a count table must be numeric; "

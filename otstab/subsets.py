@@ -22,7 +22,7 @@ from scipy.sparse.csgraph import connected_components
 from scipy.spatial.distance import cdist
 
 from ._results import ResultMixin
-from ._validation import check_scalar
+from ._validation import check_scalar, non_numeric_columns
 from .errors import InputTypeError, ValidationError
 
 __all__ = ["SubsetDistances", "subset_distances"]
@@ -57,8 +57,7 @@ def _membership(tags) -> pd.DataFrame:
         if tags.isna().to_numpy().any():
             col = tags.columns[int(np.argmax(tags.isna().to_numpy().any(axis=0)))]
             raise ValidationError(f"tags has missing values (column {col!r}); use False / 0")
-        bad = [c for c in tags.columns if not (pd.api.types.is_bool_dtype(tags[c])
-                                               or pd.api.types.is_numeric_dtype(tags[c]))]
+        bad = non_numeric_columns(tags)
         if bad:
             raise ValidationError(
                 f"tags as a DataFrame must be boolean or 0/1 (rows x tags); non-numeric "
