@@ -1144,6 +1144,21 @@ def conditional_shift_of_model(model, X, y, *, loss, W, Z, p, **kwargs) -> Condi
 # ------------------------------------------------------------------------------------------
 
 
+def _plot_band(ax, df, col: str, other_col: str, *, band: str, curve: str, point: str,
+               other: str):
+    """``df[col]`` against ``df["p"]`` with its ``lower``/``upper`` band and ``df[other_col]``
+    for comparison; a single p is drawn as a point with error bars."""
+    p, v = df["p"], df[col]
+    if len(df) > 1:
+        ax.fill_between(p, df["lower"], df["upper"], alpha=0.2, label=band)
+        ax.plot(p, v, label=curve)
+        ax.plot(p, df[other_col], "--", label=other)
+    else:
+        ax.errorbar(p, v, yerr=[v - df["lower"], df["upper"] - v], fmt="o", capsize=3,
+                    label=point)
+        ax.plot(p, df[other_col], "x", label=other)
+
+
 def plot_worst_case(result: WorstCaseResult, ax=None):
     """Plot ``W_p`` against ``p`` with the dimension-free band, the raw-loss CVaR and, when a
     threshold was given, the threshold and ``p_star``. Returns the matplotlib Axes."""
@@ -1153,16 +1168,10 @@ def plot_worst_case(result: WorstCaseResult, ax=None):
         raise InputTypeError(f"result must be a WorstCaseResult, got {type(result).__name__}")
     if ax is None:
         _, ax = plt.subplots()
-    df = result.to_frame()
-    if len(df) > 1:
-        ax.fill_between(df["p"], df["lower"], df["upper"], alpha=0.2,
-                        label=f"{1 - result.delta:.0%} band (dimension-free)")
-        ax.plot(df["p"], df["W_p"], label="W_p (worst-case subpopulation)")
-        ax.plot(df["p"], df["raw_cvar"], "--", label="CVaR_p of raw losses")
-    else:
-        ax.errorbar(df["p"], df["W_p"], yerr=[df["W_p"] - df["lower"], df["upper"] - df["W_p"]],
-                    fmt="o", capsize=3, label="W_p")
-        ax.plot(df["p"], df["raw_cvar"], "x", label="CVaR_p of raw losses")
+    _plot_band(ax, result.to_frame(), "W_p", "raw_cvar",
+               band=f"{1 - result.delta:.0%} band (dimension-free)",
+               curve="W_p (worst-case subpopulation)", point="W_p",
+               other="CVaR_p of raw losses")
     if result.threshold is not None:
         ax.axhline(result.threshold, color="grey", lw=0.8, ls=":", label="threshold")
         if result.p_star is not None and not math.isnan(result.p_star):
@@ -1183,16 +1192,9 @@ def plot_conditional_shift(result: ConditionalShiftResult, ax=None):
                              f"got {type(result).__name__}")
     if ax is None:
         _, ax = plt.subplots()
-    df = result.to_frame()
-    if len(df) > 1:
-        ax.fill_between(df["p"], df["lower"], df["upper"], alpha=0.2,
-                        label=f"{result.level:.0%} CI")
-        ax.plot(df["p"], df["R_p"], label="R_p (conditional shift)")
-        ax.plot(df["p"], df["joint"], "--", label="joint shift of (W, Z)")
-    else:
-        ax.errorbar(df["p"], df["R_p"], yerr=[df["R_p"] - df["lower"], df["upper"] - df["R_p"]],
-                    fmt="o", capsize=3, label=f"R_p, {result.level:.0%} CI")
-        ax.plot(df["p"], df["joint"], "x", label="joint shift of (W, Z)")
+    _plot_band(ax, result.to_frame(), "R_p", "joint", band=f"{result.level:.0%} CI",
+               curve="R_p (conditional shift)", point=f"R_p, {result.level:.0%} CI",
+               other="joint shift of (W, Z)")
     ax.set_xlabel("subpopulation fraction p")
     ax.set_ylabel("worst-case risk")
     ax.legend()
