@@ -101,6 +101,18 @@ def pytest_runtest_logreport(report):
                                    "reason": msg.message if msg else str(report.longrepr)[:500]})
 
 
+def _proc_field(path: str, key: str) -> str | None:
+    """The value after ``key:`` on the first such line of a /proc file (None if absent)."""
+    try:
+        with open(path) as fh:
+            for line in fh:
+                if line.startswith(key):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
 def _machine() -> dict:
     info = {"platform": platform.platform(), "python": platform.python_version(),
             "nproc": os.cpu_count()}
@@ -108,22 +120,12 @@ def _machine() -> dict:
         info["nproc_usable"] = len(os.sched_getaffinity(0))
     except AttributeError:
         pass
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    info["cpu_model"] = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemTotal"):
-                    info["mem_total_gib"] = round(int(line.split()[1]) / 2**20, 1)
-                    break
-    except OSError:
-        pass
+    cpu = _proc_field("/proc/cpuinfo", "model name")
+    if cpu is not None:
+        info["cpu_model"] = cpu
+    mem = _proc_field("/proc/meminfo", "MemTotal")
+    if mem is not None:
+        info["mem_total_gib"] = round(int(mem.split()[0]) / 2**20, 1)  # "<kB> kB"
     try:
         info["loadavg_at_end"] = list(os.getloadavg())
     except OSError:
