@@ -29,7 +29,7 @@ import numpy as np
 
 from .result import FAILED, OPTIMAL, DualSolution
 from .sorted_oracle import SortedTwoPiece
-from .weights import chi2_alpha, chi2_dual_term, kl_dual_term
+from .weights import chi2_alpha, chi2_dual_term, chi2_term_at, kl_dual_term, log_mean_shifted
 
 __all__ = ["PiecewiseOracle", "oracle_for", "solve_dual", "dual_objective", "refine"]
 
@@ -227,7 +227,7 @@ def _reduce(lh, d1, d2, theta2, divergence, n):
         m = a.max()
         e = _exp_shifted(a, m)
         Z = e.sum()
-        term = theta2 * (m + math.log(Z / n))
+        term = theta2 * (m + log_mean_shifted(a, m, e))
         # einsum, not @: a BLAS dot may spawn threads, which is slow on small busy machines
         mu = float(np.einsum("i,i->", e, d1)) / Z
         var = float(np.einsum("i,i->", e, (d1 - mu) ** 2)) / Z
@@ -235,7 +235,7 @@ def _reduce(lh, d1, d2, theta2, divergence, n):
         return term, mu, curv, None
     alpha = chi2_alpha(lh, theta2)
     w = np.maximum((lh + alpha) / (2.0 * theta2) + 1.0, 0.0)
-    term = float(-alpha - theta2 + theta2 * np.mean(w * w))
+    term = chi2_term_at(lh, theta2, alpha)
     mu = float(np.einsum("i,i->", w, d1)) / n
     act = w > 0
     da = d1[act]

@@ -199,7 +199,19 @@ class SortedTwoPiece:
             dd += dB - mu
             var_p = float(np.einsum("i,i,i->", e, dd, dd))
         var = (max(var_p, 0.0) + (n - p) * e0 * mu * mu) / Z
-        term = theta2 * (M + math.log(Z / n))
+        if Z > 0.5 * n:
+            # every l / theta2 is close to the largest: log(Z / n) would keep only the rounding
+            # of Z / n ~ 1 (times theta2); sum expm1 instead (one more pass over the prefix)
+            if A == 0.0:
+                zm1 = p * math.expm1(max(B / theta2 - M, -700.0))
+            else:
+                x = u * (A / theta2)
+                x += B / theta2 - M
+                zm1 = float(np.sum(np.expm1(np.maximum(x, -700.0))))
+            log_mean = math.log1p((zm1 + (n - p) * math.expm1(-M)) / n)
+        else:
+            log_mean = math.log(Z / n)
+        term = theta2 * (M + log_mean)
         curv = d2 * Z1 / Z + var / theta2
         return term, mu, curv
 
@@ -211,12 +223,15 @@ class SortedTwoPiece:
         n = self.n
         two = 2.0 * theta2
 
-        def beta(k):
+        def alpha_at(k):
+            # with the top k active: sum_{top k} (l_i + alpha + 2 theta2) = 2 theta2 n (in
+            # alpha itself: beta = alpha / (2 theta2) + 1 rounds near 1 for large theta2)
             q = min(k, p)
-            return (n - (A * float(self.cu[q]) + q * B) / two) / k
+            return (two * (n - k) - (A * float(self.cu[q]) + q * B)) / k
 
         def valid(k):
-            return beta(k) + self._v(k, p, A, B, theta2) > 0.0
+            lk = A * float(self.us[k - 1]) + B if k <= p else 0.0
+            return lk + alpha_at(k) + two > 0.0
 
         # the weights are positive on the top-kk values; validity is monotone in k
         if valid(n):
@@ -230,12 +245,15 @@ class SortedTwoPiece:
                 else:
                     hi = mid
             kk = lo
-        b = beta(kk)
-        alpha = two * (b - 1.0)
+        alpha = alpha_at(kk)
+        b = alpha / two + 1.0
         q = min(kk, p)
         sl, sl2, sd, sd2, sld = self._sums(q, A, B, dA, dB)
-        sw2 = sl2 / (two * two) + b * sl / theta2 + kk * b * b
-        term = -alpha - theta2 + theta2 * sw2 / n
+        # theta2 (w^2 - 1) = (l + alpha) + (l + alpha)^2 / (4 theta2) on the active samples,
+        # -theta2 on the others: no cancellation for large theta2
+        s_act = sl + kk * alpha
+        s2_act = max(sl2 + 2.0 * alpha * sl + kk * alpha * alpha, 0.0)
+        term = (s_act + s2_act / (2.0 * two) - theta2 * (n - kk)) / n - alpha
         mu = (sld / two + b * sd) / n
         sw = sl / two + q * b
         var_sum = max(sd2 - sd * sd / kk, 0.0)

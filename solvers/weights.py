@@ -14,23 +14,40 @@ import numpy as np
 
 __all__ = [
     "logmeanexp",
+    "log_mean_shifted",
     "kl_weights",
     "kl_dual_term",
     "chi2_alpha",
     "chi2_weights",
     "chi2_dual_term",
+    "chi2_term_at",
     "phi",
 ]
 
 
+def log_mean_shifted(a: np.ndarray, m: float, e: np.ndarray) -> float:
+    """log(mean(exp(a - m))) given ``e = exp(a - m)`` (clamped at exp(-700)).
+
+    When the mean is close to 1 (every ``a_i`` close to the largest, as when theta2 is huge
+    against the losses) ``log(mean)`` keeps only the rounding of the mean: ``theta2 * log``
+    then turns an error of 1e-16 into one of 1e-16 theta2. There the mean of ``expm1`` and
+    ``log1p`` are used instead, which keep full relative accuracy.
+    """
+    s = float(np.mean(e))
+    if s > 0.5:
+        return math.log1p(float(np.mean(np.expm1(np.maximum(a - m, -700.0)))))
+    return math.log(s)
+
+
 def logmeanexp(a: np.ndarray) -> float:
     """log(mean(exp(a))) computed stably (terms below exp(-700) of the largest are clamped
-    there: they are far below rounding, and subnormal arithmetic is very slow)."""
+    there: they are far below rounding, and subnormal arithmetic is very slow), with full
+    relative accuracy also when every term is close to the largest."""
     a = np.asarray(a, dtype=np.float64)
     m = float(np.max(a))
     if not math.isfinite(m):
         return m
-    return m + math.log(float(np.mean(np.exp(np.maximum(a - m, -700.0)))))
+    return m + log_mean_shifted(a, m, np.exp(np.maximum(a - m, -700.0)))
 
 
 def kl_dual_term(lh: np.ndarray, theta2: float) -> float:
@@ -63,14 +80,14 @@ def chi2_alpha(lh: np.ndarray, theta2: float) -> float:
     n = lh.size
     if math.isinf(theta2):
         return 0.0
-    u = np.sort(lh / (2.0 * theta2))[::-1]
-    csum = np.cumsum(u)
+    # in alpha itself (not beta = alpha / (2 theta2) + 1, whose rounding near 1 would cost
+    # 2 theta2 eps): with the top k active, sum_{top k} (lh_i + alpha + 2 theta2) = 2 theta2 n
+    u = np.sort(lh)[::-1]
     k = np.arange(1, n + 1)
-    beta = (n - csum) / k
-    # the active set is the largest k with beta_k + u_(k) > 0
-    valid = beta + u > 0
+    alpha = (2.0 * theta2 * (n - k) - np.cumsum(u)) / k
+    valid = u + alpha + 2.0 * theta2 > 0
     kk = int(np.nonzero(valid)[0][-1])
-    return float(2.0 * theta2 * (beta[kk] - 1.0))
+    return float(alpha[kk])
 
 
 def chi2_weights(lh: np.ndarray, theta2: float, alpha: float | None = None) -> np.ndarray:
@@ -94,16 +111,39 @@ def chi2_dual_term(lh: np.ndarray, theta2: float, alpha: float | None = None) ->
         return float(np.mean(lh))
     if alpha is None:
         alpha = chi2_alpha(lh, theta2)
-    w = np.maximum((lh + alpha) / (2.0 * theta2) + 1.0, 0.0)
-    return float(-alpha - theta2 + theta2 * np.mean(w * w))
+    return chi2_term_at(lh, theta2, alpha)
+
+
+def chi2_term_at(lh: np.ndarray, theta2: float, alpha: float) -> float:
+    """-alpha - theta2 + theta2 mean(w^2) at a given alpha, written without cancellation:
+    with v = (lh + alpha) / (2 theta2), an active sample (w = 1 + v > 0) contributes
+    theta2 (w^2 - 1) = (lh + alpha) + theta2 v^2 and an inactive one -theta2."""
+    s = np.asarray(lh, dtype=np.float64) + alpha
+    v = s / (2.0 * theta2)
+    act = v > -1.0
+    return float(np.mean(np.where(act, s + theta2 * v * v, -theta2))) - alpha
+
+
+#: Taylor coefficients of phi_KL(1 + t) = sum_{k>=2} (-1)^k t^k / (k (k - 1)), highest first
+_KL_SERIES = np.array([(-1.0) ** k / (k * (k - 1)) for k in range(17, 1, -1)])
 
 
 def phi(w: np.ndarray, divergence: str) -> np.ndarray:
-    """phi_KL(t) = t log t - t + 1 (with 0 log 0 = 0), phi_chi2(t) = (t - 1)^2."""
+    """phi_KL(t) = t log t - t + 1 (with 0 log 0 = 0), phi_chi2(t) = (t - 1)^2.
+
+    phi_KL is evaluated with full relative accuracy also for weights close to 1 (where
+    ``t log t - t + 1`` cancels to rounding noise, and ``theta2 * phi`` with a large price
+    would turn that noise into cost): there a Taylor series in ``t - 1`` is summed.
+    """
     w = np.asarray(w, dtype=np.float64)
     if divergence == "kl":
+        t = w - 1.0
+        near = np.abs(t) < 0.1
         with np.errstate(divide="ignore", invalid="ignore"):
             out = np.where(w > 0, w * np.log(np.where(w > 0, w, 1.0)) - w + 1.0, 1.0)
+        if np.any(near):
+            tn = t[near]
+            out[near] = np.polyval(_KL_SERIES, tn) * tn * tn
         return out
     if divergence == "chi2":
         return (w - 1.0) ** 2

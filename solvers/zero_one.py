@@ -176,7 +176,14 @@ def solve_zero_one(a, r: float, theta2: float, divergence: str, *,
                 log_a = (h / theta2 + b0 + math.log(prefix(j_in))) if j_in > 0 \
                     else -math.inf
                 log_tot = np.logaddexp(log_a, math.log(n - j_in)) if j_in < n else log_a
-                value = h * r - theta2 * (float(log_tot) - math.log(n))
+                if j_in > 0 and (h - float(s[0])) / theta2 < 0.5:
+                    # every exponent is small (theta2 large against the distances): the mean
+                    # of exp is close to 1 and its log would keep only rounding (times
+                    # theta2); sum expm1 over the moved samples instead (O(j_in))
+                    m1 = float(np.sum(np.expm1((h - s[:j_in]) / theta2)))
+                    value = h * r - theta2 * math.log1p(m1 / n)
+                else:
+                    value = h * r - theta2 * (float(log_tot) - math.log(n))
                 info = {  # what Q* looks like, in O(1): feature scores use it for the shares
                     "n_moved": j_in, "n_tied": n_tied,
                     "moved_weight": math.exp(log_a - log_tot),  # E_Q*[W 1(moved)]
