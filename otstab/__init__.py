@@ -18,7 +18,7 @@ _LAZY = {
     # core (certify and friends)
     "certify": "otstab.core",
     "certify_distances": "otstab.core",
-    "stability_curve": "otstab.core",
+    "stability_curve": "otstab.sweeps",
     "feature_stability": "otstab.features",
     "StabilityResult": "otstab.results",
     "LinearModel": "otstab.models",

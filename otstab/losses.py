@@ -36,7 +36,6 @@ __all__ = [
     "multiclass_hinge",
     "zero_one",
     "get_loss",
-    "per_sample_losses",
     "LOSS_NAMES",
 ]
 
@@ -237,16 +236,3 @@ def get_loss(loss) -> Loss:
         )
     raise InputTypeError(
         f"loss must be a string or an otstab.losses.Loss, got {type(loss).__name__}")
-
-
-def per_sample_losses(model, X, y, loss) -> np.ndarray:
-    """Per-sample losses of ``model`` on ``(X, y)`` with the same loss objects as ``certify``.
-
-    Works for every model ``certify`` accepts whose loss can be evaluated from scores (linear
-    models), and for nonlinear models through ``otstab.nonlinear``.
-    """
-    from .models import resolve_model
-
-    loss = get_loss(loss)
-    fitted = resolve_model(model, X, y, loss=loss)
-    return fitted.losses(fitted.X)

@@ -22,11 +22,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from . import nonlinear
 from ._validation import as_float_matrix, check_finite_matrix, feature_names_of
 from .errors import IncompatibleLossError, InputTypeError, NotFittedError, ValidationError
 from .losses import Loss, MulticlassHinge, PiecewiseLinear, SmoothLoss, ZeroOne, get_loss
 
-__all__ = ["LinearModel", "LinearScorer", "Problem", "resolve_model"]
+__all__ = ["LinearModel", "LinearScorer", "Problem", "resolve_model", "linear_scorer",
+           "per_sample_losses"]
 
 
 class LinearModel:
@@ -156,7 +158,7 @@ def _is_pipeline(model) -> bool:
     return hasattr(model, "steps") and hasattr(model, "named_steps") and len(model.steps) > 0
 
 
-def _linear_scorer(model) -> LinearScorer | None:
+def linear_scorer(model) -> LinearScorer | None:
     coef = getattr(model, "coef_", None)
     if coef is None:
         return None
@@ -292,12 +294,10 @@ def resolve_model(model, X, y, *, loss) -> Problem:
         Xa = as_float_matrix(X, "X", copy=not linear, check_finite=not linear)
         names = feature_names_of(X, est)
 
-    scorer = _linear_scorer(est)
+    scorer = linear_scorer(est)
     model_name = type(est).__name__
     if scorer is None:
-        from . import nonlinear  # noqa: PLC0415 - optional path, imported on demand
-
-        adapter = nonlinear.adapt(est) if hasattr(nonlinear, "adapt") else None
+        adapter = nonlinear.adapt(est)
         if adapter is None:
             _raise_unfitted_or_unsupported(est)
         task = adapter.task
@@ -349,3 +349,14 @@ def _raise_unfitted_or_unsupported(est):
         "scikit-learn linear model (with coef_), a Pipeline ending in one, or a differentiable "
         "model supported by otstab.nonlinear"
     )
+
+
+def per_sample_losses(model, X, y, loss) -> np.ndarray:
+    """Per-sample losses of ``model`` on ``(X, y)`` with the same loss objects as ``certify``.
+
+    Works for every model ``certify`` accepts whose loss can be evaluated from scores (linear
+    models), and for nonlinear models through ``otstab.nonlinear``.
+    """
+    loss = get_loss(loss)
+    fitted = resolve_model(model, X, y, loss=loss)
+    return fitted.losses(fitted.X)

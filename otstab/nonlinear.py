@@ -1,18 +1,9 @@
-"""Nonlinear models and smooth losses: model adapters, exact oracles for linear models, and the
-first-order path of :func:`otstab.certify`.
+"""Model adapters for nonlinear models (model layer): scikit-learn MLPs, PyTorch modules,
+callables, linear models seen as differentiable functions, and predict-only classifiers.
 
-Which path runs (see docs/nonlinear.md):
-
-* linear model + ``loss="logistic"`` / ``"cross_entropy"`` / ``"squared"`` with
-  ``solver="auto"`` or ``"dual"``: the exact d-transform oracles of
-  :mod:`otstab_solvers.smooth` and the 1-D dual solver (exact; multinomial cross-entropy is
-  exact up to the documented threshold ``h_concave``);
-* a differentiable nonlinear model (scikit-learn ``MLPClassifier``/``MLPRegressor``, a PyTorch
-  ``nn.Module`` wrapped in :class:`TorchModel`, a :class:`CallableModel`), or any model with
-  ``solver="first_order"``: :func:`otstab_solvers.first_order.solve_first_order` (a local,
-  inner-approximate estimate);
-* ``loss="zero_one"`` on a nonlinear classifier: perturbation distances from
-  :mod:`otstab.perturbation`, then the exact 0/1 dual.
+The solving paths that use them live above this layer: :mod:`otstab.smooth` (exact smooth
+losses of linear models and the first-order path) and :mod:`otstab.zero_one` (the 0/1 loss
+through the perturbation search of :mod:`otstab.perturbation`). See docs/nonlinear.md.
 
 Label conventions (internal labels, as produced by :func:`otstab.models.resolve_model`):
 binary classifiers use ``-1/+1`` (``+1`` is ``classes_[1]``), multiclass ``0..K-1`` (indices
@@ -26,8 +17,6 @@ classifiers, ``margin_and_grad(X, y)`` (``margin > 0`` iff correctly classified)
 from __future__ import annotations
 
 import contextlib
-import math
-import time
 
 import numpy as np
 from scipy.special import expit
@@ -44,20 +33,16 @@ __all__ = [
     "PredictOnlyModel",
     "adapt",
     "zero_one_loss",
-    "linear_smooth_oracle",
-    "certify_problem",
-    "FIRST_ORDER_OPTIONS",
+    "loss_name",
+    "SMOOTH_LOSSES",
 ]
 
 SMOOTH_LOSSES = ("logistic", "cross_entropy", "squared")
-#: ``**solver_options`` accepted by the first-order path (passed to ``solve_first_order``)
-FIRST_ORDER_OPTIONS = ("outer", "inner_steps", "inner_lr", "inner_tol", "max_outer", "tol",
-                       "h_init", "outer_lr", "starts", "random_starts", "screen_steps",
-                       "inner_method", "h_cap", "seed", "verbose", "callback")
 _TASKS = ("binary", "multiclass", "regression")
 
 
-def _loss_name(loss) -> str:
+def loss_name(loss) -> str:
+    """The canonical name of a loss given as a name or a Loss object."""
     name = getattr(loss, "name", loss)
     if not isinstance(name, str):
         raise InputTypeError(f"loss must be a name or an otstab.losses.Loss, got "
@@ -156,7 +141,7 @@ class DifferentiableModel:
     # -- shared -------------------------------------------------------------------------------
     def bind_loss(self, loss) -> DifferentiableModel:
         """Choose the loss (name or ``otstab.losses.Loss``); checks that it fits the model."""
-        name = _loss_name(loss)
+        name = loss_name(loss)
         ok = {"logistic": ("binary",), "cross_entropy": ("binary", "multiclass"),
               "squared": ("regression",), "zero_one": ("binary", "multiclass")}
         if name not in ok:
@@ -623,259 +608,3 @@ def zero_one_loss(model, X, y) -> np.ndarray:
         raise ValidationError(f"y must have shape ({X.shape[0]},), got {y.shape}")
     pred = np.asarray(model.predict(X))
     return (pred != y).astype(np.float64)
-
-
-# ----------------------------------------------------------------------------------------------
-# exact oracles for linear models
-# ----------------------------------------------------------------------------------------------
-
-
-def linear_smooth_oracle(W, b, task: str, X, y, *, loss: str, theta1: float, mask=None):
-    """Exact d-transform oracle of a smooth loss of a linear model.
-
-    Parameters
-    ----------
-    W : array of shape (K, d)
-        Coefficients (``K = 1`` for binary classifiers and regressors).
-    b : array of shape (K,)
-        Intercepts.
-    task : {"binary", "multiclass", "regression"}
-    X : array of shape (n, d)
-    y : array of shape (n,)
-        Internal labels (-1/+1, 0..K-1) or regression targets.
-    loss : {"logistic", "cross_entropy", "squared"}
-    theta1 : float in (0, inf]
-    mask : boolean array of shape (d,), optional
-
-    Returns
-    -------
-    LogisticOracle, CrossEntropyOracle or SquaredOracle (with ``argmax`` available).
-    """
-    from otstab_solvers.smooth import CrossEntropyOracle, LogisticOracle, SquaredOracle  # noqa
-
-    W = np.array(W, dtype=np.float64, copy=True)
-    if W.ndim == 1:
-        W = W[None, :]
-    b = np.array(b, dtype=np.float64, copy=True).reshape(-1)
-    loss = _loss_name(loss)
-    if task == "binary" and loss in ("logistic", "cross_entropy"):
-        return LogisticOracle.from_linear(X, y, W[0], float(b[0]), theta1, mask)
-    if task == "multiclass" and loss == "cross_entropy":
-        mv = np.ones(W.shape[1], dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
-        S = np.asarray(X, dtype=np.float64) @ W.T + b
-        return CrossEntropyOracle(S, np.asarray(y).astype(np.int64), W[:, mv], theta1, X=X,
-                                  mask=mv)
-    if task == "regression" and loss == "squared":
-        return SquaredOracle.from_linear(X, y, W[0], float(b[0]), theta1, mask)
-    raise IncompatibleLossError(f"loss {loss!r} does not fit a linear {task} model")
-
-
-# ----------------------------------------------------------------------------------------------
-# certify for smooth losses / nonlinear models (called by otstab.core.certify)
-# ----------------------------------------------------------------------------------------------
-
-
-def _weights_at(lh, theta2, divergence):
-    from otstab_solvers.weights import chi2_alpha, chi2_weights, kl_weights  # noqa: PLC0415
-
-    if divergence == "kl" or math.isinf(theta2):
-        return kl_weights(lh, theta2), (None if divergence == "kl" else 0.0)
-    alpha = chi2_alpha(lh, theta2)
-    return chi2_weights(lh, theta2, alpha), alpha
-
-
-def certify_problem(prob, *, r, theta1, theta2, divergence, mask=None, solver="auto",
-                    **solver_options):
-    """``certify`` for smooth losses and nonlinear models; returns a ``StabilityResult``.
-
-    ``prob`` is an ``otstab.models.Problem``. Linear models with a smooth loss use the exact
-    oracle and ``solve_dual`` (``solver`` ``"auto"``/``"dual"``; options ``tol``, ``max_iter``);
-    ``solver="first_order"`` or a nonlinear model uses ``solve_first_order`` (options
-    :data:`FIRST_ORDER_OPTIONS`). The 0/1 loss on a nonlinear classifier goes through
-    :func:`otstab.perturbation.perturbation_search` and the exact 0/1 dual of
-    :mod:`otstab.zero_one`.
-    """
-    from .core import _audit  # noqa: PLC0415 - avoid an import cycle
-    from .results import StabilityResult  # noqa: PLC0415
-
-    t_start = time.perf_counter()
-    loss = _loss_name(prob.loss)
-    if loss == "zero_one":
-        return _certify_zero_one(prob, r=r, theta1=theta1, theta2=theta2,
-                                 divergence=divergence, mask=mask, solver=solver,
-                                 **solver_options)
-    if loss not in SMOOTH_LOSSES:
-        raise IncompatibleLossError(
-            f"loss {loss!r} needs a linear model for the exact path; with solver='first_order' "
-            "or a nonlinear model use 'logistic', 'cross_entropy', 'squared' or 'zero_one'")
-    if solver not in ("auto", "dual", "first_order"):
-        raise ValidationError(
-            f"solver {solver!r} does not apply to the smooth loss {loss!r}: use 'auto', 'dual' "
-            "(exact, linear models) or 'first_order'")
-    if prob.scorer is not None and solver != "first_order":
-        return _certify_linear_exact(prob, loss, r, theta1, theta2, divergence, mask, t_start,
-                                     **solver_options)
-    if solver == "dual":
-        raise ValidationError("solver='dual' needs a linear model; use 'auto' or 'first_order'")
-    unknown = sorted(set(solver_options) - set(FIRST_ORDER_OPTIONS))
-    if unknown:
-        raise ValidationError(f"unknown solver option(s) {unknown} for the first-order solver; "
-                              f"expected some of {list(FIRST_ORDER_OPTIONS)}")
-    from otstab_solvers.first_order import solve_first_order  # noqa: PLC0415
-
-    if prob.scorer is not None:
-        sc = prob.scorer
-        adapter = LinearDifferentiable(sc.W, sc.b, sc.task, sc.classes).bind_loss(loss)
-    else:
-        adapter = prob.nonlinear
-    sol = solve_first_order(adapter.loss_and_grad, prob.X, prob.y, r=r, theta1=theta1,
-                            theta2=theta2, divergence=divergence, mask=mask, **solver_options)
-    src = sol.atom_source
-    value = sol.value
-    res = _audit(prob, sol.atom_X, src, sol.atom_share, sol.atom_weight, theta1, theta2,
-                 divergence, r, value)
-    message = ("first-order solution: a local, inner-approximate estimate of R (the value is not "
-               "a certified bound; primal_cost, the cost of the returned Q*, is an upper bound "
-               "on R when risk_star >= r)")
-    if sol.message:
-        message = sol.message + "; " + message
-    if sol.status == "unreachable":
-        res["primal_cost"], res["gap"] = math.nan, math.nan
-    return StabilityResult(
-        value=value, h=sol.h, alpha=sol.alpha, X_star=sol.atom_X, weights=sol.atom_weight,
-        source=src, mass=sol.atom_share, solver="first_order", status=sol.status,
-        solve_time=time.perf_counter() - t_start, r=r, theta1=theta1, theta2=theta2,
-        divergence=divergence, loss=loss, message=message, iterations=sol.iterations,
-        split=sol.h_split is not None, exact=False, X=prob.X,
-        feature_names=prob.feature_names, index=prob.index,
-        solver_log=[{"solver": "first_order", "status": sol.status, "reason": sol.outer}],
-        info={"trace": sol.trace, "n_grad_evals": sol.n_grad_evals, "n_calls": sol.n_calls,
-              "h_split": sol.h_split, "outer": sol.outer, "solver_primal_cost": sol.primal_cost,
-              "wall_time": time.perf_counter() - t_start, **sol.info},
-        **res,
-    )
-
-
-def _certify_linear_exact(prob, loss, r, theta1, theta2, divergence, mask, t_start,
-                          **solver_options):
-    from otstab_solvers.dual import solve_dual  # noqa: PLC0415
-
-    from .core import _audit  # noqa: PLC0415
-    from .results import StabilityResult  # noqa: PLC0415
-
-    unknown = sorted(set(solver_options) - {"tol", "max_iter"})
-    if unknown:
-        raise ValidationError(f"unknown solver option(s) {unknown} for the exact smooth path; "
-                              "expected 'tol' or 'max_iter'")
-    sc = prob.scorer
-    oracle = linear_smooth_oracle(sc.W, sc.b, sc.task, prob.X, prob.y, loss=loss,
-                                  theta1=theta1, mask=mask)
-    base = prob.losses(prob.X)
-    n = prob.n
-    src = np.arange(n)
-    mass = np.ones(n)
-    edge = None
-    cannot_move = math.isinf(theta1) or _zero_direction(oracle)
-    lmax = float(np.max(base))
-    w = np.ones(n)
-    if r <= float(np.mean(base)):
-        edge = ("zero", f"r = {r:g} <= base risk {float(np.mean(base)):.6g}: no perturbation "
-                        "is needed")
-        value, h, status = 0.0, 0.0, "optimal"
-    elif cannot_move and (math.isinf(theta2) or r > lmax * (1 + 1e-12)):
-        edge = ("unreachable", f"r = {r:g} cannot be reached: samples cannot move and "
-                               f"reweighting reaches at most the largest loss {lmax:.6g}")
-        value, h, status = math.inf, math.nan, "unreachable"
-    elif cannot_move and r >= lmax * (1 - 1e-12):
-        edge = ("limit", f"r equals the largest loss {lmax:.6g}: the value is attained only in "
-                         "the limit h -> inf, with all mass on the samples of largest loss")
-        top = base >= lmax * (1 - 1e-12)
-        w = np.where(top, n / top.sum(), 0.0)
-        frac = top.sum() / n
-        value = theta2 * (math.log(1 / frac) if divergence == "kl" else (1 / frac - 1))
-        h, status = math.inf, "optimal"
-    if edge is not None:
-        kind, msg = edge
-        res = _audit(prob, prob.X.copy(), src, mass, w, theta1, theta2, divergence, r, value)
-        if kind == "unreachable":
-            res["primal_cost"], res["gap"] = math.nan, math.nan
-        return StabilityResult(
-            value=value, h=h,
-            alpha=(0.0 if divergence == "chi2" else None), X_star=prob.X.copy(), weights=w,
-            source=src, mass=mass, solver="none", status=status, solve_time=0.0, r=r,
-            theta1=theta1, theta2=theta2, divergence=divergence, loss=loss, message=msg,
-            X=prob.X, feature_names=prob.feature_names, index=prob.index,
-            info={"edge_case": kind, "wall_time": time.perf_counter() - t_start},
-            **res)
-    sol = solve_dual(oracle, r, theta2, divergence, **solver_options)
-    h = float(sol.h)
-    lh = oracle.evaluate(h)[0]
-    w, alpha = _weights_at(lh, theta2, divergence)
-    X_star = oracle.argmax(h)
-    res = _audit(prob, X_star, src, mass, w, theta1, theta2, divergence, r, sol.value)
-    exact = bool(getattr(oracle, "exact_at", lambda _h: True)(h))
-    msg = "" if exact else (
-        f"multinomial cross-entropy above h_concave = {getattr(oracle, 'h_concave', 0):.4g}: "
-        "l_h is the best of several local maxima (a lower bound), see docs/nonlinear.md")
-    return StabilityResult(
-        value=float(sol.value), h=h, alpha=alpha if divergence == "chi2" else None,
-        X_star=X_star, weights=w, source=src, mass=mass, solver="dual", status=sol.status,
-        solve_time=sol.solve_time, r=r, theta1=theta1, theta2=theta2, divergence=divergence,
-        loss=loss, message=msg, dual_gap_bound=sol.gap_bound, iterations=sol.iterations,
-        exact=exact, X=prob.X, feature_names=prob.feature_names, index=prob.index,
-        solver_log=[{"solver": "dual", "status": sol.status, "reason": "answered"}],
-        info={"oracle": type(oracle).__name__, "native_status": sol.native_status,
-              "wall_time": time.perf_counter() - t_start, **sol.info},
-        **res)
-
-
-def _zero_direction(oracle) -> bool:
-    a = getattr(oracle, "direction_norm2", None)
-    if a is not None:
-        return bool(np.all(np.asarray(a) == 0))
-    return getattr(oracle, "q", 1) == 0
-
-
-def _certify_zero_one(prob, *, r, theta1, theta2, divergence, mask, solver, **solver_options):
-    """0/1 loss of a nonlinear classifier: perturbation distances, then the exact 0/1 dual.
-
-    Options ``n_directions``, ``n_refine``, ``max_radius`` and ``seed`` go to
-    :func:`otstab.perturbation.perturbation_search`. The distances are exact for decision trees
-    (and tree ensembles with one movable feature), upper bounds otherwise, which makes the value
-    an upper bound on R (``result.exact`` is False then).
-    """
-    from .errors import ValidationError as _VE  # noqa: PLC0415
-    from .perturbation import perturbation_search  # noqa: PLC0415
-    from .zero_one import _solve_and_build  # noqa: PLC0415
-
-    if r > 1.0:
-        raise _VE(f"r is an error rate for loss='zero_one' and must be in [0, 1], got {r}")
-    if solver not in ("auto", "dual", "closed_form", "first_order"):
-        raise _VE(f"solver={solver!r} does not apply to loss='zero_one' (use 'auto', "
-                  "'closed_form' or 'dual')")
-    search_keys = {"n_directions", "n_refine", "max_radius", "seed"}
-    unknown = sorted(set(solver_options) - search_keys)
-    if unknown:
-        raise _VE(f"unknown option(s) {unknown} for the 0/1 loss of a nonlinear classifier; "
-                  f"expected some of {sorted(search_keys)}")
-    t_start = time.perf_counter()
-    model = prob.nonlinear if prob.nonlinear is not None else prob.model
-    if prob.nonlinear is None and prob.scorer is not None:
-        sc = prob.scorer
-        model = LinearDifferentiable(sc.W, sc.b, sc.task, sc.classes)
-    pr = perturbation_search(model, prob.X, prob.y, mask=mask, labels="internal",
-                             **solver_options)
-    loss0 = prob.losses(prob.X)
-    dstar = np.where(loss0 > 0, 0.0, pr.distances)
-    a = dstar * theta1 if math.isfinite(theta1) else np.where(dstar > 0, np.inf, 0.0)
-    X_near = np.where(np.isfinite(pr.points), pr.points, prob.X)
-    res = _solve_and_build(a, loss0, r, theta1, theta2, divergence,
-                           "dual" if solver == "dual" else "auto", prob.X, X_near, prob.y,
-                           prob.losses, prob.feature_names, prob.index, t_start, dstar)
-    res.exact = bool(pr.exact)
-    res.info.update({"perturbation_method": pr.method, "n_predictions": pr.n_predictions})
-    if not pr.exact:
-        note = (f"distances to misclassification found by a {pr.method} search are upper "
-                "bounds, so the value is an upper bound on R")
-        res.message = f"{res.message}; {note}" if res.message else note
-    return res

@@ -159,12 +159,12 @@ def _is_tree(model) -> bool:
 
 def _linear_parts(model):
     """(W, b, task) of a linear classifier, via the same adapter as certify; None otherwise."""
-    from .models import _linear_scorer
+    from .models import linear_scorer
 
     if getattr(model, "classes_", None) is None:
         return None
     try:
-        sc = _linear_scorer(model)
+        sc = linear_scorer(model)
     except Exception:  # noqa: BLE001 - not a linear classifier in the sense of certify
         return None
     if sc is None or sc.task not in ("binary", "multiclass"):

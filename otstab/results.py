@@ -42,10 +42,22 @@ class StabilityResult(ResultMixin):
     primal_cost : float
         The OT cost of Q* recomputed from the cost function (an upper bound on R).
     gap : float
-        |primal_cost - value| / max(1, value): the primal-dual certificate.
+        |primal_cost - value| / |value|: the primal-dual certificate (see
+        :mod:`otstab.audit` for the tolerance under which an answer is accepted).
+    exact : bool
+        The path computes R itself (``status == 'optimal'``); False for the first-order path
+        and the perturbation search of nonlinear models (``status == 'bounds'``).
+    value_lower, value_upper : float
+        Certified interval for R: no perturbation cheaper than ``value_lower`` reaches r, and
+        the returned Q* (audited) reaches r at cost ``value_upper``. Exact answers have
+        ``value_lower == value == value_upper``; for non-exact ones ``value`` is the found
+        (upper) value and ``value_lower`` the best lower bound the path proves (0 if none).
     decomposition : dict
         base, corruption (I: moving samples), reweighting (II), as in the paper's eq. (4).
     solver, status, solve_time : str, str, float
+    status : str
+        ``optimal`` (exact and audited), ``bounds`` (not exact: see value_lower/value_upper),
+        ``zero`` (r is reached by the data: R = 0), ``unreachable`` (R = inf).
     message : str
         Why a status is what it is (unreachable threshold, limit case, fallbacks).
     solver_log : list of dict
@@ -80,6 +92,8 @@ class StabilityResult(ResultMixin):
     compile_time: float = 0.0
     split: bool = False
     exact: bool = True
+    value_lower: float = math.nan
+    value_upper: float = math.nan
     loss_star: np.ndarray = field(default=None, repr=False)
     loss_base: np.ndarray = field(default=None, repr=False)
     X: np.ndarray = field(default=None, repr=False)
@@ -108,6 +122,10 @@ class StabilityResult(ResultMixin):
             f"  base risk            {self.risk_base:.6g}",
             f"  R(beta, r)           {self.value:.6g}   [{self.status}, solver {self.solver}]",
         ]
+        if self.status == "bounds":
+            lines.append(f"  certified interval   [{self.value_lower:.6g}, {self.value_upper:.6g}]"
+                         "   (not exact: no cheaper perturbation than the lower end reaches r; "
+                         "the upper end is the cost of the returned Q*)")
         if math.isfinite(self.value):
             lines += [
                 f"  risk under Q*        {self.risk_star:.6g}",

@@ -14,10 +14,12 @@ import pandas as pd
 from otstab_solvers import conic as _conic
 
 from ._validation import as_float_vector
-from .core import check_common, solve_reduced
+from .core import certify
 from .errors import ValidationError
 from .losses import MulticlassHinge, PiecewiseLinear, ZeroOne, get_loss
 from .models import resolve_model
+from .params import check_common
+from .piecewise import solve_reduced
 from .reduction import feature_mask, reduce_problem
 
 __all__ = ["stability_curve"]
@@ -52,8 +54,6 @@ def stability_curve(model, X, y, *, r, loss, theta1=1.0, theta2=0.25, divergence
             results.append(solve_reduced(prob, red, float(rv), theta1, theta2, divergence,
                                          solver, t0, program=program, **solver_options))
     else:
-        from .core import certify
-
         if isinstance(loss_obj, ZeroOne) and np.any(grid > 1):
             raise ValidationError("r is an error rate for loss='zero_one': values must be <= 1")
         for rv in grid:

@@ -19,16 +19,21 @@ import time
 
 import numpy as np
 from otstab_solvers.result import OPTIMAL
-from otstab_solvers.weights import chi2_alpha, chi2_weights, kl_weights
+from otstab_solvers.weights import chi2_alpha, chi2_weights, kl_weights, phi
 from otstab_solvers.zero_one import solve_zero_one
 
+from . import audit
 from ._validation import as_float_matrix, as_float_vector
-from .errors import SolverError, ValidationError
+from .errors import ValidationError
 from .losses import zero_one
 from .models import Problem
+from .nonlinear import LinearDifferentiable
+from .params import check_common, check_options
+from .perturbation import perturbation_search
 from .results import StabilityResult
 
-__all__ = ["linear_distances", "certify_distances", "certify_zero_one_problem"]
+__all__ = ["linear_distances", "certify_distances", "certify_zero_one_problem",
+           "certify_zero_one_search", "SEARCH_OPTIONS"]
 
 PUSH = 1e-9
 
@@ -138,15 +143,10 @@ class _Weights:
 
 
 def _phi_sum(w, divergence):
-    """sum_i phi(w_i) with few temporaries (phi_KL = w log w - w + 1, phi_chi2 = (w - 1)^2)."""
-    from otstab_solvers.weights import phi
-
+    """sum_i phi(w_i), each term accurate also for weights close to 1 (no ``sum w^2 - 2 sum w
+    + n`` style cancellation, which a large theta2 would turn into cost)."""
     if w.size == 0:
         return 0.0
-    if divergence == "chi2":
-        return max(float(np.dot(w, w)) - 2.0 * float(w.sum()) + w.size, 0.0)
-    if float(w.min()) > 0.0:
-        return max(float(np.dot(w, np.log(w))) - float(w.sum()) + w.size, 0.0)
     return float(np.sum(phi(w, divergence)))
 
 
@@ -205,59 +205,72 @@ def _weights(a, h, sol, theta2, divergence, n, cand, ac):
 
 
 def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near, y, losses_fn,
-                     names, index, t_start, dstar, base=None):
+                     names, index, t_start, dstar, base=None, *, exact=True):
+    """Edge cases, the exact 0/1 dual, Q* and its audit. ``exact=False`` when the distances
+    are upper bounds (a perturbation search): the answer is then an upper bound on R."""
     n = a.size
     base = float(np.mean(loss0)) if base is None else base
     method = "dual" if solver == "dual" else "closed_form"
-    log = []
     no_moves = (np.empty(0, dtype=np.intp), None)
-    if r <= base:
-        h, value, alpha, status, message = 0.0, 0.0, (0.0 if divergence == "chi2" else None), \
-            OPTIMAL, f"r = {r:g} <= base error rate {base:.6g}: no perturbation is needed"
-        solver_name, sol = "none", None
-        w = _Weights(n, base=1.0, idx=no_moves[0], vals=np.empty(0))
-        plan = no_moves
-    else:
-        unreachable = None
-        if math.isinf(theta2):
-            n_movable = int(np.count_nonzero(np.isfinite(a) & (loss0 == 0)))
-            if r > (float(np.sum(loss0)) + n_movable) / n:
-                unreachable = (f"r = {r:g} exceeds the largest error rate reachable by moving "
+    common = dict(a=a, loss0=loss0, r=r, theta1=theta1, theta2=theta2, divergence=divergence,
+                  X=X, X_near=X_near, y=y, losses_fn=losses_fn, names=names, index=index,
+                  t_start=t_start, dstar=dstar, base=base)
+    if audit.reached(r, base):
+        message = f"r = {r:g} <= base error rate {base:.6g}: no perturbation is needed"
+        res = _finish(value=0.0, h=0.0, alpha=(0.0 if divergence == "chi2" else None),
+                      status="zero", message=message, plan=no_moves,
+                      w=_Weights(n, base=1.0, idx=no_moves[0], vals=np.empty(0)),
+                      solver_name="none", sol=None,
+                      log=[{"solver": "none", "status": "zero", "reason": message}], **common)
+        audit.mark_edge(res, "zero")
+        return res
+    unreachable = None
+    if math.isinf(theta2):
+        n_movable = int(np.count_nonzero(np.isfinite(a) & (loss0 == 0)))
+        if r > (float(np.sum(loss0)) + n_movable) / n:
+            unreachable = (f"r = {r:g} exceeds the largest error rate reachable by moving "
                            "samples alone (theta2 = inf and some samples cannot be moved)")
-        if unreachable is None and base == 0.0 and not np.isfinite(a).any():
-            unreachable = ("no sample is misclassified and none can be moved "
-                           "(theta1 = inf, a zero model or masked features)")
-        if unreachable is None and r >= 1.0 and not bool(np.all(np.isfinite(a))):
-            if base > 0 and math.isfinite(theta2):
-                return _limit_result(a, loss0, r, theta1, theta2, divergence, X, y, losses_fn,
-                                     names, index, t_start, dstar)
-            unreachable = "r = 1 needs every sample misclassified, which moving cannot achieve here"
-        if unreachable:
-            return _finish(value=math.inf, h=math.nan, alpha=None, status="unreachable",
-                           message=unreachable, plan=no_moves, a=a, loss0=loss0,
-                           w=_Weights(n, base=1.0, idx=no_moves[0], vals=np.empty(0)),
-                           r=r, theta1=theta1, theta2=theta2, divergence=divergence, X=X,
-                           X_near=X_near, y=y, losses_fn=losses_fn, names=names, index=index,
-                           solver_name="none", t_start=t_start, dstar=dstar, sol=None,
-                           log=[{"solver": "none", "status": "unreachable", "reason": unreachable}])
-        sol = solve_zero_one(a, r, theta2, divergence, method=method)
-        if sol.status != OPTIMAL:
-            raise SolverError(f"0/1 dual failed: {sol.native_status}")
-        h, value, status, message = sol.h, sol.value, OPTIMAL, ""
-        solver_name = sol.solver
-        log.append({"solver": solver_name, "status": sol.status, "reason": "answered"})
-        cand, ac = _near(a, h)
-        w, alpha = _weights(a, h, sol, theta2, divergence, n, cand, ac)
-        plan = _move_plan(h, w, loss0, r, n, ac)
-    return _finish(value=float(value), h=h, alpha=alpha, status=status, message=message,
-                   plan=plan, w=w, a=a, loss0=loss0, r=r, theta1=theta1, theta2=theta2,
-                   divergence=divergence, X=X, X_near=X_near, y=y, losses_fn=losses_fn,
-                   names=names, index=index, solver_name=solver_name, t_start=t_start,
-                   dstar=dstar, sol=sol, log=log, base=base)
+    if unreachable is None and base == 0.0 and not np.isfinite(a).any():
+        unreachable = ("no sample is misclassified and none can be moved "
+                       "(theta1 = inf, a zero model or masked features)")
+    if unreachable is None and r >= 1.0 and not bool(np.all(np.isfinite(a))):
+        if base > 0 and math.isfinite(theta2):
+            res = _limit_result(**common)
+            audit.mark_edge(res, "limit")
+            return res
+        unreachable = "r = 1 needs every sample misclassified, which moving cannot achieve here"
+    if unreachable:
+        res = _finish(value=math.inf, h=math.nan, alpha=None, status="unreachable",
+                      message=unreachable, plan=no_moves,
+                      w=_Weights(n, base=1.0, idx=no_moves[0], vals=np.empty(0)),
+                      solver_name="none", sol=None,
+                      log=[{"solver": "none", "status": "unreachable", "reason": unreachable}],
+                      **common)
+        audit.mark_edge(res, "unreachable")
+        return res
+
+    def attempt(how):
+        def thunk():
+            sol = solve_zero_one(a, r, theta2, divergence, method=how)
+            if sol.status != OPTIMAL:
+                raise audit.Skip(f"0/1 {how} reported {sol.native_status!r}", sol.status)
+            cand, ac = _near(a, sol.h)
+            w, alpha = _weights(a, sol.h, sol, theta2, divergence, n, cand, ac)
+            plan = _move_plan(sol.h, w, loss0, r, n, ac)
+            res = _finish(value=float(sol.value), h=sol.h, alpha=alpha, status="candidate",
+                          message="", plan=plan, w=w, solver_name=sol.solver, sol=sol, log=[],
+                          **common)
+            return res, exact, 0.0
+        return thunk
+
+    attempts = [(method, attempt(method))]
+    if solver == "auto" and method == "closed_form":
+        attempts.append(("dual", attempt("dual")))  # the kink-exact dual on the distances
+    return audit.first_accepted(attempts, solver=solver)
 
 
-def _limit_result(a, loss0, r, theta1, theta2, divergence, X, y, losses_fn, names, index,
-                  t_start, dstar):
+def _limit_result(*, a, loss0, r, theta1, theta2, divergence, X, X_near, y, losses_fn, names,
+                  index, t_start, dstar, base):
     n = a.size
     A = loss0 > 0
     w = _Weights(n, idx=np.empty(0, dtype=np.intp), dense=np.where(A, n / A.sum(), 0.0))
@@ -265,11 +278,11 @@ def _limit_result(a, loss0, r, theta1, theta2, divergence, X, y, losses_fn, name
     value = theta2 * (math.log(1 / frac_A) if divergence == "kl" else (1 / frac_A - 1))
     msg = ("r = 1 is attained only in the limit h -> inf, with all mass on the misclassified "
            "samples")
-    return _finish(value=value, h=math.inf, alpha=None, status=OPTIMAL, message=msg,
+    return _finish(value=value, h=math.inf, alpha=None, status="limit", message=msg,
                    plan=(np.empty(0, dtype=np.intp), None), w=w, a=a, loss0=loss0, r=r,
                    theta1=theta1, theta2=theta2, divergence=divergence, X=X, X_near=None, y=y,
                    losses_fn=losses_fn, names=names, index=index, solver_name="none",
-                   t_start=t_start, dstar=dstar, sol=None,
+                   t_start=t_start, dstar=dstar, sol=None, base=base,
                    log=[{"solver": "none", "status": OPTIMAL, "reason": msg}])
 
 
@@ -317,7 +330,7 @@ def _finish(*, value, h, alpha, status, message, plan, w, a, loss0, r, theta1, t
     risk_star = (w.dot(loss0) + float(np.einsum("i,i,i->", m_rows, w_rows, loss_m - l0_rows))) / n
     base = float(np.mean(loss0)) if base is None else base
     moved_risk = base + float(np.dot(m_rows, loss_m - l0_rows)) / n
-    gap = abs(primal - value) / max(1.0, abs(value)) if math.isfinite(value) else math.nan
+    gap = audit.relative_gap(primal, value)
     if status == "unreachable":
         primal, gap = math.nan, math.nan
     n_atoms = n + (split is not None)
@@ -386,6 +399,7 @@ def certify_zero_one_problem(prob: Problem, r, theta1, theta2, divergence, mask,
             f"solver={solver!r} does not apply to loss='zero_one' (use 'auto', 'closed_form' "
             "or 'dual'): the 0/1 loss has no conic program, its dual is solved exactly"
         )
+    check_options(solver_options, (), "the exact 0/1 path of a linear classifier")
     dstar, X_near = linear_distances(prob, mask)
     loss0 = prob.losses(prob.X)
     a = dstar * theta1 if math.isfinite(theta1) else np.where(dstar > 0, np.inf, 0.0)
@@ -413,8 +427,6 @@ def certify_distances(dstar, r, *, theta1=1.0, theta2=0.25, divergence="kl", sol
     X, X_nearest : arrays (n, d), optional
         The samples and their nearest misclassified points, to build Q* as points.
     """
-    from .core import check_common
-
     t_start = time.perf_counter()
     r, theta1, theta2, divergence = check_common(r, theta1, theta2, divergence)
     if r > 1.0:
@@ -465,4 +477,52 @@ def certify_distances(dstar, r, *, theta1=1.0, theta2=0.25, divergence="kl", sol
         res.X = Xa
         res.X_star = np.where(moved[:, None], Xn[res.source], Xa[res.source])
         res.feature_names = names
+    return res
+
+
+#: options of the perturbation search (0/1 loss of a nonlinear classifier)
+SEARCH_OPTIONS = ("n_directions", "n_refine", "max_radius", "seed")
+
+
+def certify_zero_one_search(prob: Problem, *, r, theta1, theta2, divergence, mask, solver,
+                            **solver_options) -> StabilityResult:
+    """0/1 loss of a nonlinear classifier: perturbation distances, then the exact 0/1 dual.
+
+    Options ``n_directions``, ``n_refine``, ``max_radius`` and ``seed`` go to
+    :func:`otstab.perturbation.perturbation_search`. The distances are exact for decision trees
+    (and tree ensembles with one movable feature), upper bounds otherwise; R is nondecreasing in
+    every distance, so the answer is then an upper bound on R (``status = 'bounds'``).
+    """
+    if r > 1.0:
+        raise ValidationError(
+            f"r is an error rate for loss='zero_one' and must be in [0, 1], got {r}")
+    if solver not in ("auto", "dual", "closed_form", "first_order"):
+        raise ValidationError(f"solver={solver!r} does not apply to loss='zero_one' (use "
+                              "'auto', 'closed_form' or 'dual')")
+    check_options(solver_options, SEARCH_OPTIONS,
+                  "the 0/1 loss of a nonlinear classifier (the perturbation search)")
+    t_start = time.perf_counter()
+    model = prob.nonlinear if prob.nonlinear is not None else prob.model
+    if prob.nonlinear is None and prob.scorer is not None:
+        sc = prob.scorer
+        model = LinearDifferentiable(sc.W, sc.b, sc.task, sc.classes)
+    pr = perturbation_search(model, prob.X, prob.y, mask=mask, labels="internal",
+                             **solver_options)
+    loss0 = prob.losses(prob.X)
+    dstar = np.where(loss0 > 0, 0.0, pr.distances)
+    a = dstar * theta1 if math.isfinite(theta1) else np.where(dstar > 0, np.inf, 0.0)
+    X_near = np.where(np.isfinite(pr.points), pr.points, prob.X)
+    res = _solve_and_build(a, loss0, r, theta1, theta2, divergence,
+                           "dual" if solver == "dual" else "auto", prob.X, X_near, prob.y,
+                           prob.losses, prob.feature_names, prob.index, t_start, dstar,
+                           exact=bool(pr.exact))
+    res.info.update({"perturbation_method": pr.method, "n_predictions": pr.n_predictions})
+    if not pr.exact and res.status in ("unreachable", "optimal"):
+        # decided from distances the search could not prove minimal: only an upper bound
+        res.status, res.exact, res.value_lower = "bounds", False, 0.0
+        res.value_upper = res.value
+    if not pr.exact and res.status == "bounds":
+        note = (f"distances to misclassification found by a {pr.method} search are upper "
+                "bounds, so the value is an upper bound on R (value_upper)")
+        res.message = f"{res.message}; {note}" if res.message else note
     return res

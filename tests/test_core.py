@@ -168,7 +168,7 @@ def test_dual_agrees_with_tight_clarabel_to_1e7(div):
         total += 1
         try:
             c = otstab.certify(model, X, y, loss=loss, r=r, theta1=t1, theta2=t2,
-                               divergence=div, solver="clarabel", refine=False,
+                               divergence=div, solver="clarabel",
                                **TIGHT_CLARABEL)
         except SolverError:  # reported as inaccurate at these tolerances: never passed off
             failures += 1
@@ -421,7 +421,7 @@ def test_inputs_are_not_mutated():
 
 
 def test_sampled_audit_agrees_with_direct_audit(monkeypatch):
-    import otstab.core as core
+    import otstab.piecewise as core
 
     model, X, y = multiclass_instance(3000, K=3, seed=21)
     direct = otstab.certify(model, X, y, loss="multiclass_hinge", r=1.4)

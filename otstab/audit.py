@@ -1,0 +1,234 @@
+"""The certificate layer: one audit and one status decision for every solving path.
+
+Every path (piecewise-linear dual or conic, 0/1 closed form and distances, exact smooth,
+first-order, perturbation search) hands a *candidate* to this module: a dual value ``value``
+(R(beta, r) as the solver computed it), the multiplier ``h`` and the atoms of the most
+sensitive distribution Q* (points, weights, masses). The audit recomputes, independently of
+the solver,
+
+* ``primal_cost``: the OT cost of Q*, ``theta1 E[W ||x* - x||^2] + theta2 E[phi(W)]``,
+* ``risk_star``: the risk of Q*, ``E_Q*[W l(x*, y)]`` with the model's own loss,
+* ``total_mass``: ``E_Q*[W]``,
+
+and :func:`accept` decides the status. A candidate is accepted when
+
+* ``value >= 0`` and finite (``h = 0`` is feasible in the dual, so R >= 0),
+* ``|total_mass - 1| <= MASS_TOL``,
+* ``risk_star >= r (1 - RISK_RTOL)`` (Q* reaches the threshold),
+* ``|primal_cost - value| <= AUDIT_RTOL |value| + CANCEL_RTOL h r``.
+
+The tolerance is relative to the value itself, not to 1, so it stays relative for tiny
+values. The second term is the rounding floor of the dual value: ``value = h r - T(h)`` is a
+difference of two numbers of size ``h r`` and cannot be computed to better than a few ulps of
+``h r`` (``CANCEL_RTOL = 1e-11`` of it); it only matters when ``value / (h r) < 1e-5``.
+
+``gap`` (reported on every result) is ``|primal_cost - value| / |value|``. The dual value is a
+lower bound on R for any feasible dual point and ``primal_cost`` an upper bound (Q* is
+feasible), so an accepted exact candidate pins R to within the tolerance.
+
+Statuses (the only place that sets them):
+
+* ``optimal``: exact path, audit passed; ``value_lower == value == value_upper``;
+* ``bounds``: a path that is not exact (first-order, perturbation search for nonlinear
+  models); the found Q* passed the audit, so ``value_upper = primal_cost`` is an upper bound
+  on R; ``value_lower`` is the best certified lower bound the path has (0 when it has none);
+* ``zero``: ``r`` is reached by the data itself (see :func:`reached`); R = 0;
+* ``unreachable``: no allowed perturbation reaches r; R = inf.
+
+A candidate that fails its audit is never returned: the path tries its next method and
+:class:`otstab.errors.SolverError` says what was tried when none passes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from otstab_solvers.weights import phi
+
+from .errors import SolverError
+
+__all__ = ["AUDIT_RTOL", "RISK_RTOL", "MASS_TOL", "CANCEL_RTOL", "REACHED_RTOL", "audit_sums",
+           "audit_points", "problems", "accept", "first_accepted", "reached", "tolerance"]
+
+#: relative tolerance of |cost(Q*) - value|
+AUDIT_RTOL = 1e-6
+#: relative shortfall of the risk of Q* below r that is put down to rounding
+RISK_RTOL = 1e-9
+#: tolerance of |E_Q*[W] - 1|
+MASS_TOL = 1e-9
+#: rounding floor of the dual value, relative to h r (see the module docstring)
+CANCEL_RTOL = 1e-11
+#: r counts as reached by the data when r <= base (1 + REACHED_RTOL) (status ``zero``)
+REACHED_RTOL = 1e-12
+
+OPTIMAL, BOUNDS, ZERO, UNREACHABLE = "optimal", "bounds", "zero", "unreachable"
+
+
+def reached(r: float, base: float) -> bool:
+    """Whether the data's own risk ``base`` reaches ``r``: ``r <= base (1 + 1e-12)``.
+
+    The relative slack absorbs the rounding of the mean loss; when ``base == 0`` only
+    ``r == 0`` is reached, so any positive threshold above a zero risk gets a positive,
+    audited value.
+    """
+    return r <= base * (1.0 + REACHED_RTOL)
+
+
+def tolerance(value: float, h: float, r: float) -> float:
+    """The largest accepted |primal_cost - value| (see the module docstring)."""
+    floor = CANCEL_RTOL * abs(h) * r if math.isfinite(h) else 0.0
+    return AUDIT_RTOL * abs(value) + floor
+
+
+def audit_sums(loss_base, loss_star, moved2, mass, w, theta1, theta2, divergence,
+               value) -> dict:
+    """Cost, risk and mass of Q* from per-atom arrays.
+
+    ``loss_base`` (n,): the loss of each evaluation sample; ``loss_star``, ``moved2``,
+    ``mass``, ``w`` (one entry per atom): the loss at the atom's point, its squared distance
+    from its source sample, its share of that sample's mass and its weight.
+    """
+    n = loss_base.size
+    mw = mass * w
+    move_cost = 0.0 if math.isinf(theta1) else theta1 * float(np.dot(mw, moved2)) / n
+    rew_cost = 0.0 if math.isinf(theta2) else theta2 * float(
+        np.dot(mass, phi(w, divergence))) / n
+    risk_star = float(np.dot(mw, loss_star)) / n
+    moved_risk = float(np.dot(mass, loss_star)) / n
+    return summarise(loss_base, move_cost, rew_cost, risk_star, float(np.sum(mw)) / n,
+                     moved_risk, value, loss_star)
+
+
+def summarise(loss_base, move_cost, rew_cost, risk_star, total_mass, moved_risk, value,
+              loss_star=None) -> dict:
+    """The audit fields of a result from its sums (paths that sum compactly call this)."""
+    base = float(np.mean(loss_base))
+    primal = move_cost + rew_cost
+    return {
+        "risk_base": base, "risk_star": risk_star, "total_mass": total_mass,
+        "primal_cost": primal, "gap": relative_gap(primal, value),
+        "decomposition": {"base": base, "corruption": moved_risk - base,
+                          "reweighting": risk_star - moved_risk,
+                          "cost_moving": move_cost, "cost_reweighting": rew_cost},
+        "loss_star": loss_star, "loss_base": loss_base,
+    }
+
+
+def relative_gap(primal: float, value: float) -> float:
+    """|primal - value| / |value| (0 when both are 0; nan when either is not finite)."""
+    if not (math.isfinite(primal) and math.isfinite(value)):
+        return math.nan
+    diff = abs(primal - value)
+    if diff == 0.0:
+        return 0.0
+    return diff / abs(value) if value != 0.0 else math.inf
+
+
+def audit_points(prob, X_star, src, mass, w, theta1, theta2, divergence, value) -> dict:
+    """The audit of Q* given as points: the loss is recomputed with the model at every atom."""
+    loss_star = prob.losses(X_star, prob.y[src])
+    diff = X_star - prob.X[src]
+    moved2 = np.einsum("ij,ij->i", diff, diff)
+    return audit_sums(prob.losses(prob.X), loss_star, moved2, mass, w, theta1, theta2,
+                      divergence, value)
+
+
+def problems(res) -> list[str]:
+    """Why a candidate result fails its audit (empty: it passes)."""
+    out = []
+    value, r = res.value, res.r
+    if not (isinstance(value, float) and math.isfinite(value)) or value < 0.0:
+        out.append(f"value {value!r} is not a finite nonnegative number")
+        return out
+    if not abs(res.total_mass - 1.0) <= MASS_TOL:
+        out.append(f"mass of Q* {res.total_mass:.12g} != 1")
+    if not res.risk_star >= r * (1.0 - RISK_RTOL):
+        out.append(f"risk of Q* {res.risk_star:.10g} < r = {r:.10g}")
+    tol = tolerance(value, res.h, r)
+    diff = abs(res.primal_cost - value)
+    if not diff <= tol:
+        out.append(f"cost of Q* {res.primal_cost:.10g} != value {value:.10g} "
+                   f"(|diff| {diff:.3g} > tolerance {tol:.3g})")
+    return out
+
+
+def accept(res, *, exact: bool = True, value_lower: float = 0.0) -> list[str]:
+    """Audit a candidate; when it passes set its status and bounds (and return []).
+
+    ``exact``: the path computes R itself (then ``status = 'optimal'``); otherwise the found
+    Q* gives the upper bound ``primal_cost`` and ``value_lower`` is the path's certified lower
+    bound (``status = 'bounds'``).
+    """
+    if not exact:
+        # the path's own estimate is not certified: the answer is the cost of the found Q*
+        res.info["solver_estimate"] = res.value
+        if isinstance(res.primal_cost, float) and math.isfinite(res.primal_cost):
+            res.value, res.gap = float(res.primal_cost), 0.0
+    why = problems(res)
+    res.info.setdefault("audit", {})
+    res.info["audit"] = {**res.info["audit"], "tolerance": tolerance(res.value, res.h, res.r),
+                         "passed": not why, "problems": why}
+    if why:
+        return why
+    res.exact = bool(exact)
+    if exact:
+        res.status = OPTIMAL
+        res.value_lower = res.value_upper = res.value
+    else:
+        res.status = BOUNDS
+        res.value_upper = res.primal_cost
+        res.value_lower = min(max(float(value_lower), 0.0), res.primal_cost)
+    return []
+
+
+def mark_edge(res, kind: str) -> None:
+    """Status and bounds of an answer decided before solving (``zero``, ``unreachable``,
+    ``limit``); the limit case is audited like any other answer."""
+    if kind == "zero":
+        res.status, res.value_lower, res.value_upper = ZERO, 0.0, 0.0
+    elif kind == "unreachable":
+        res.status, res.value_lower, res.value_upper = UNREACHABLE, math.inf, math.inf
+    else:
+        why = accept(res)
+        if why:
+            raise SolverError(f"the limit-case answer failed its audit: {'; '.join(why)}")
+
+
+def first_accepted(attempts, *, solver: str):
+    """Run ``attempts`` (``(name, thunk)`` pairs; a thunk returns ``(candidate, exact,
+    value_lower)`` or raises :class:`Skip`) in order and return the first candidate whose
+    audit passes, with its ``solver_log``; raise :class:`SolverError` listing every try."""
+    log = []
+    for name, thunk in attempts:
+        try:
+            cand, exact, lower = thunk()
+        except Skip as exc:
+            log.append({"solver": name, "status": exc.status, "reason": str(exc)})
+            if exc.fatal:
+                raise exc.fatal from None
+            continue
+        why = accept(cand, exact=exact, value_lower=lower)
+        if why:
+            log.append({"solver": name, "status": "audit_failed",
+                        "reason": "audit failed: " + "; ".join(why)})
+            continue
+        log.append({"solver": name, "status": cand.status, "reason": "answered"})
+        cand.solver_log = log
+        if len(log) > 1:
+            note = "fallbacks: " + "; ".join(f"{e['solver']} {e['status']}" for e in log[:-1])
+            cand.message = f"{cand.message} {note}" if cand.message else note
+        return cand
+    tried = "; ".join(f"{e['solver']}: {e['status']} ({e['reason']})" for e in log)
+    raise SolverError(f"no method produced an answer that passes the audit "
+                      f"(solver={solver!r}). Tried: {tried}")
+
+
+class Skip(Exception):
+    """An attempt that produced no candidate (a solver that is not installed, or reported
+    an inaccurate or failed status). ``fatal``: an error to raise at once instead."""
+
+    def __init__(self, reason: str, status: str = "skipped", fatal: Exception | None = None):
+        super().__init__(reason)
+        self.status = status
+        self.fatal = fatal
