@@ -89,8 +89,9 @@ def align_columns(X, model, name: str = "X"):
         return X.iloc[:, [pos[t] for t in expected]], expected
     if not any(isinstance(c, str) for c in cols):  # e.g. a RangeIndex: by position
         return X, expected if len(expected) == len(cols) else text
-    missing = [t for t in expected if t not in set(text)]
-    unexpected = [c for c, t in zip(cols, text) if t not in set(expected)]
+    have, want = set(text), set(expected)
+    missing = [t for t in expected if t not in have]
+    unexpected = [c for c, t in zip(cols, text) if t not in want]
     raise ValidationError(
         f"{name} columns do not match the model's features (feature_names_in_): "
         f"missing {missing[:10]}{' ...' if len(missing) > 10 else ''}, unexpected "
