@@ -15,30 +15,131 @@ import pandas as pd
 from .errors import InputTypeError, ValidationError
 
 __all__ = [
+    "align_columns",
+    "as_bool_vector",
     "as_float_matrix",
     "as_float_vector",
     "check_same_length",
     "check_positive_extended",
     "check_scalar",
     "check_probability",
-    "feature_names_of",
+    "column_names",
+    "fitted_feature_names",
 ]
 
 
-def feature_names_of(X, model=None) -> list[str]:
-    """Column names of a DataFrame, else ``model.feature_names_in_``, else ``x0, x1, ...``."""
-    if isinstance(X, pd.DataFrame):
-        return [str(c) for c in X.columns]
-    names = getattr(model, "feature_names_in_", None) if model is not None else None
-    d = np.shape(X)[1] if np.ndim(X) == 2 else 1
-    if names is not None and len(names) == d:
-        return [str(c) for c in names]
-    return [f"x{j}" for j in range(d)]
+def column_names(df: pd.DataFrame, name: str = "X") -> list:
+    """The column labels of ``df`` (original objects), checked distinct, also as text.
+
+    Two labels that differ as objects but read the same as text (``0`` and ``"0"``) would
+    collide in otstab's feature names (which are text), so they are refused as well.
+    """
+    cols = list(df.columns)
+    dup = list(pd.unique(np.asarray(df.columns[df.columns.duplicated()], dtype=object)))
+    if dup:
+        raise ValidationError(f"{name} has duplicate column names: {dup[:10]}")
+    first: dict[str, object] = {}
+    clash = []
+    for c in cols:
+        other = first.setdefault(str(c), c)
+        if other is not c:
+            clash.append((other, c))
+    if clash:
+        shown = ", ".join(f"{a!r} and {b!r}" for a, b in clash[:5])
+        raise ValidationError(f"{name} has column names that differ but read the same as "
+                              f"text ({shown}); rename them")
+    return cols
+
+
+def fitted_feature_names(model) -> list[str] | None:
+    """``model.feature_names_in_`` (a Pipeline's: its first step's), or of the model an
+    ``otstab.nonlinear`` adapter wraps; None when the model was fitted without names."""
+    for obj in (model, getattr(model, "model", None)):
+        names = getattr(obj, "feature_names_in_", None) if obj is not None else None
+        if names is not None:
+            return [str(c) for c in names]
+    return None
+
+
+def align_columns(X, model, name: str = "X"):
+    """``(X, feature_names)``: the columns of a DataFrame ``X`` matched by name to the model's.
+
+    For a model fitted with feature names (scikit-learn's ``feature_names_in_``), a DataFrame
+    with the same columns in another order is reordered to the model's order (a new frame; the
+    caller's is untouched) and missing or unexpected columns raise, naming them. Column labels
+    are compared as text (unambiguous: :func:`column_names` refuses labels that collide as
+    text). As in scikit-learn, an array, or a frame without any string column label, is taken
+    by position. ``feature_names`` are the model's names when it has them, else the frame's
+    column labels as text, else ``x0, x1, ...``.
+    """
+    expected = fitted_feature_names(model)
+    if not isinstance(X, pd.DataFrame):
+        d = np.shape(X)[1] if np.ndim(X) == 2 else 1
+        if expected is not None and len(expected) == d:
+            return X, expected
+        return X, [f"x{j}" for j in range(d)]
+    cols = column_names(X, name)
+    text = [str(c) for c in cols]
+    if expected is None:
+        return X, text
+    if text == expected:
+        return X, expected
+    if set(text) == set(expected):
+        pos = {t: j for j, t in enumerate(text)}
+        return X.iloc[:, [pos[t] for t in expected]], expected
+    if not any(isinstance(c, str) for c in cols):  # e.g. a RangeIndex: by position
+        return X, expected if len(expected) == len(cols) else text
+    have, want = set(text), set(expected)
+    missing = [t for t in expected if t not in have]
+    unexpected = [c for c, t in zip(cols, text) if t not in want]
+    raise ValidationError(
+        f"{name} columns do not match the model's features (feature_names_in_): "
+        f"missing {missing[:10]}{' ...' if len(missing) > 10 else ''}, unexpected "
+        f"{unexpected[:10]}{' ...' if len(unexpected) > 10 else ''}"
+    )
+
+
+def _real_array(v, name: str, *, copy: bool = True) -> np.ndarray:
+    """``v`` as float64, refusing complex numbers and text (numpy would cast them silently).
+
+    A DataFrame's columns are checked by dtype (its non-numeric columns are refused earlier by
+    :func:`as_float_matrix`); other input is scanned.
+    """
+    if isinstance(v, pd.DataFrame):
+        cplx = [c for c, t in zip(v.columns, v.dtypes) if getattr(t, "kind", "") == "c"]
+        if cplx:
+            raise ValidationError(f"{name} has complex column(s) {cplx[:5]}; pass real numbers")
+        raw = v
+    else:
+        try:
+            raw = np.asarray(v)
+        except (TypeError, ValueError) as exc:
+            raise ValidationError(
+                f"{name} must be numeric, got {type(v).__name__}: {exc}") from exc
+        check_real(raw, name)
+        if raw.dtype.kind in "USO":
+            text = next((x for x in raw.ravel().tolist() if isinstance(x, (str, bytes))), None)
+            if text is not None:
+                raise ValidationError(f"{name} must be numeric, got text such as {text!r}")
+    try:
+        return np.array(raw, dtype=np.float64, copy=True) if copy else np.asarray(
+            raw, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValidationError(f"{name} must be numeric, got {type(v).__name__}: {exc}") from exc
+
+
+def check_real(arr: np.ndarray, name: str) -> None:
+    """Raise a ValidationError when ``arr`` holds complex numbers (not silently dropping the
+    imaginary part)."""
+    kind = arr.dtype.kind
+    if kind == "c" or (kind == "O" and any(isinstance(x, complex) for x in arr.flat)):
+        raise ValidationError(f"{name} holds complex numbers; pass real numbers (e.g. "
+                              f"{name}.real if the imaginary parts are meant to be dropped)")
 
 
 def as_float_matrix(X, name: str = "X", *, allow_1d: bool = False, copy: bool = True,
                     check_finite: bool = True) -> np.ndarray:
-    """A C-contiguous float64 2-D array, rejecting NaN/inf and non-numeric data.
+    """A C-contiguous float64 2-D array, rejecting NaN/inf, complex and non-numeric data.
 
     ``copy=False`` returns a read-only view when no conversion is needed (the caller's array is
     never written to either way); ``check_finite=False`` leaves the NaN/inf check to the caller
@@ -48,17 +149,14 @@ def as_float_matrix(X, name: str = "X", *, allow_1d: bool = False, copy: bool = 
     if X is None:
         raise ValidationError(f"{name} is required, got None")
     if isinstance(X, pd.DataFrame):
+        column_names(X, name)
         bad = non_numeric_columns(X)
         if bad:
             raise ValidationError(
                 f"{name} has non-numeric column(s) {bad[:5]}; encode them first "
                 "(e.g. one-hot) or pass a pipeline that does"
             )
-    try:
-        arr = np.array(X, dtype=np.float64, copy=True) if copy else np.asarray(
-            X, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise ValidationError(f"{name} must be numeric, got {type(X).__name__}: {exc}") from exc
+    arr = _real_array(X, name, copy=copy)
     if arr.ndim == 1 and allow_1d:
         arr = arr.reshape(-1, 1)
     if arr.ndim != 2:
@@ -87,8 +185,8 @@ def check_finite_matrix(arr: np.ndarray, name: str = "X") -> None:
 
 def non_numeric_columns(df: pd.DataFrame) -> list:
     """The columns of ``df`` that are neither numeric nor boolean."""
-    return [c for c in df.columns if not (pd.api.types.is_numeric_dtype(df[c])
-                                          or pd.api.types.is_bool_dtype(df[c]))]
+    return [c for c, t in zip(df.columns, df.dtypes)
+            if not (pd.api.types.is_numeric_dtype(t) or pd.api.types.is_bool_dtype(t))]
 
 
 def as_one_dim(arr: np.ndarray, name: str) -> np.ndarray:
@@ -106,11 +204,7 @@ def as_float_vector(v, name: str, *, finite: bool = True, nonnegative: bool = Fa
     """A float64 1-D copy; rejects NaN/inf (if ``finite``) and negative values (if asked)."""
     if v is None:
         raise ValidationError(f"{name} is required, got None")
-    try:
-        arr = np.array(v, dtype=np.float64, copy=True)
-    except (TypeError, ValueError) as exc:
-        raise ValidationError(f"{name} must be numeric: {exc}") from exc
-    arr = as_one_dim(arr, name)
+    arr = as_one_dim(_real_array(v, name), name)
     if finite and not np.all(np.isfinite(arr)):
         i = int(np.argmax(~np.isfinite(arr)))
         raise ValidationError(f"{name} contains NaN or inf (first at index {i})")
@@ -118,6 +212,41 @@ def as_float_vector(v, name: str, *, finite: bool = True, nonnegative: bool = Fa
         i = int(np.argmax(arr < 0))
         raise ValidationError(f"{name} must be >= 0, got {arr[i]} at index {i}")
     return arr
+
+
+def as_bool_vector(v, name: str) -> np.ndarray:
+    """A bool 1-D copy of flags given as booleans or the numbers 0 and 1.
+
+    Text (``"False"`` is a non-empty string, hence truthy), NaN, None and any other number
+    raise a ValidationError naming ``name`` instead of being read by truthiness.
+    """
+    if v is None:
+        raise ValidationError(f"{name} is required, got None")
+    try:
+        raw = as_one_dim(np.asarray(v), name)
+    except (TypeError, ValueError) as exc:
+        raise ValidationError(f"{name} must be a 1-D array of booleans: {exc}") from exc
+    if raw.dtype.kind == "b":
+        return raw.copy()
+    bad_type = raw.dtype.kind not in "iufO" or (raw.dtype.kind == "O" and any(
+        isinstance(x, (str, bytes, complex)) for x in raw))
+    vals = None
+    if not bad_type:
+        try:
+            vals = raw.astype(np.float64)
+        except (TypeError, ValueError):
+            bad_type = True
+    if bad_type:
+        items = raw.tolist()
+        i = next((j for j, x in enumerate(items) if not isinstance(x, (bool, Real))), 0)
+        raise ValidationError(f"{name} must hold booleans or 0/1, got {items[i]!r} "
+                              f"({type(items[i]).__name__}) at index {i}")
+    bad = ~((vals == 0.0) | (vals == 1.0))  # NaN is bad too
+    if np.any(bad):
+        i = int(np.argmax(bad))
+        raise ValidationError(f"{name} must hold booleans or 0/1, got {raw.tolist()[i]!r} at "
+                              f"index {i}")
+    return vals == 1.0
 
 
 def check_same_length(**arrays) -> int:

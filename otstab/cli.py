@@ -258,7 +258,16 @@ def load_model(path, *, trust: bool = False):
 
 
 def load_data(path, target):
-    """Read DATA and split off the target column; raise BadInput naming --data / --target."""
+    """Read DATA and split off the target column; raise BadInput naming --data / --target.
+
+    The feature columns are returned in the file's order; they are matched by name to the
+    model's ``feature_names_in_`` when certifying (as in the Python API), so a file with the
+    model's columns in another order gives the same answer and a missing or unexpected column
+    is refused. Duplicate header names, which pandas would silently rename (``a``, ``a.1``),
+    are refused here.
+    """
+    import pandas as pd
+
     from .certificate import read_table
     from .errors import ValidationError
 
@@ -266,6 +275,14 @@ def load_data(path, target):
         df = read_table(path)
     except ValidationError as exc:
         raise BadInput("--data", str(exc)) from None
+    lower = str(path).lower()
+    if lower.endswith((".csv", ".csv.gz", ".txt", ".tsv")):
+        header = pd.read_csv(path, sep="\t" if lower.endswith(".tsv") else ",", header=None,
+                             nrows=1, dtype=str, keep_default_na=False)
+        names = header.iloc[0].tolist() if len(header) else []
+        dup = sorted({c for c in names if names.count(c) > 1})
+        if dup:
+            raise BadInput("--data", f"{str(path)!r} has duplicate column names: {dup[:10]}")
     if df.shape[0] == 0:
         raise BadInput("--data", f"{str(path)!r} has no rows")
     if target not in df.columns:

@@ -20,6 +20,7 @@ import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from numbers import Number
 from typing import Any
 
 import numpy as np
@@ -131,6 +132,31 @@ def _labels_1d(v, name: str) -> np.ndarray:
         i = int(np.argmax(missing))
         raise ValidationError(f"{name} contains a missing value (NaN/None) at index {i}")
     return arr
+
+
+def _label_kind(x) -> str:
+    """The family of a label: numbers (bool included) compare with numbers, text with text."""
+    if isinstance(x, (Number, np.number, np.bool_)):
+        return "number"
+    if isinstance(x, (str, bytes)):
+        return "text"
+    return type(x).__name__
+
+
+def _check_label_types(yt: np.ndarray, yp: np.ndarray) -> None:
+    """Refuse y_true and y_pred whose labels are of disjoint kinds (e.g. "1" vs 1).
+
+    No prediction could then be correct: the accuracy would be 0 because of an encoding
+    mismatch, not because of the model.
+    """
+    kt = {_label_kind(v) for v in pd.unique(np.asarray(yt, dtype=object))}
+    kp = {_label_kind(v) for v in pd.unique(np.asarray(yp, dtype=object))}
+    if kt.isdisjoint(kp):
+        raise ValidationError(
+            f"y_true and y_pred hold labels of different types ({', '.join(sorted(kt))} vs "
+            f"{', '.join(sorted(kp))}, e.g. {yt[0]!r} and {yp[0]!r}): no prediction can equal "
+            "a true label; encode both the same way"
+        )
 
 
 def _sorted_levels(values) -> list:
@@ -513,6 +539,7 @@ def group_metrics(y_true, y_pred, groups, *, y_prob=None, labels=None, n_boot: i
     yt_raw = _labels_1d(y_true, "y_true")
     yp_raw = _labels_1d(y_pred, "y_pred")
     n = check_same_length(y_true=yt_raw, y_pred=yp_raw)
+    _check_label_types(yt_raw, yp_raw)
     g, g_labels, g_attrs = _encode_groups(groups, n)
     if _OVERALL in g_labels:
         raise ValidationError(f"groups must not contain the label {_OVERALL!r} (reserved "

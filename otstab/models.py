@@ -13,6 +13,14 @@ Accepted directly:
 - differentiable nonlinear models through :mod:`otstab.nonlinear` (MLPs, PyTorch modules, ...).
 
 Labels are the model's own labels (``classes_``), mapped internally to -1/+1 (binary) or 0..K-1.
+
+Data contract (as scikit-learn's): a DataFrame ``X`` is matched by column name to the model's
+``feature_names_in_`` (a Pipeline's: its first step's) -- reordered to the model's order when
+all columns are there, refused naming the missing and unexpected ones otherwise; an array is
+taken by position (:func:`otstab._validation.align_columns`). Reported feature names are the
+model's. Complex values, text in numeric data and duplicate column names are refused.
+``SVC`` / ``NuSVC`` with more than two classes are refused: their ``coef_`` holds one-vs-one
+pairwise hyperplanes (K(K-1)/2 rows, as many as classes when K = 3), not one row per class.
 """
 
 from __future__ import annotations
@@ -23,7 +31,13 @@ import numpy as np
 import pandas as pd
 
 from . import nonlinear
-from ._validation import as_float_matrix, check_finite_matrix, feature_names_of
+from ._validation import (
+    align_columns,
+    as_float_matrix,
+    as_float_vector,
+    check_finite_matrix,
+    check_real,
+)
 from .errors import IncompatibleLossError, InputTypeError, NotFittedError, ValidationError
 from .losses import Loss, MulticlassHinge, PiecewiseLinear, SmoothLoss, ZeroOne, get_loss
 
@@ -179,6 +193,8 @@ def linear_scorer(model) -> LinearScorer | None:
             )
         return LinearScorer(W, b[:1], "regression", None)
     classes = np.asarray(classes)
+    if len(classes) > 2 and hasattr(model, "support_vectors_"):
+        _raise_one_vs_one(model, len(classes))
     if len(classes) == 2:
         if W.shape[0] != 1:
             raise InputTypeError(f"binary classifier with coef_ of shape {W.shape} is not linear")
@@ -191,21 +207,28 @@ def linear_scorer(model) -> LinearScorer | None:
     return LinearScorer(W, b, "multiclass", classes)
 
 
+def _raise_one_vs_one(model, K: int):
+    """libsvm classifiers (SVC, NuSVC) are one-vs-one: with K > 2 classes, ``coef_`` holds the
+    K(K-1)/2 pairwise hyperplanes (as many rows as classes when K = 3), not one per class."""
+    name = type(model).__name__
+    raise InputTypeError(
+        f"model {name} with {K} classes is one-vs-one: its coef_ holds the {K * (K - 1) // 2} "
+        "pairwise hyperplanes, not one row per class, so its scores are not linear per class. "
+        "Use LinearSVC or LogisticRegression (one row per class), or certify the 0/1 loss "
+        f"through the model's own predictions: certify(otstab.nonlinear.PredictOnlyModel("
+        f"model), X, y, loss='zero_one', ...)"
+    )
+
+
 def _encode_labels(y, scorer_task: str, classes) -> tuple[np.ndarray, np.ndarray]:
     y_orig = np.asarray(y.to_numpy() if isinstance(y, (pd.Series, pd.DataFrame)) else y)
     if y_orig.ndim == 2 and 1 in y_orig.shape:
         y_orig = y_orig.reshape(-1)
     if y_orig.ndim != 1:
         raise ValidationError(f"y must be 1-D, got shape {y_orig.shape}")
+    check_real(y_orig, "y")
     if scorer_task == "regression":
-        try:
-            yy = y_orig.astype(np.float64)
-        except (TypeError, ValueError) as exc:
-            raise ValidationError(f"y must be numeric for a regressor: {exc}") from exc
-        if not np.all(np.isfinite(yy)):
-            i = int(np.argmax(~np.isfinite(yy)))
-            raise ValidationError(f"y contains NaN or inf (first at index {i})")
-        return yy, y_orig
+        return as_float_vector(y_orig, "y"), y_orig
     if y_orig.dtype.kind == "f" and not np.all(np.isfinite(y_orig)):
         i = int(np.argmax(~np.isfinite(y_orig)))
         raise ValidationError(f"y contains NaN or inf (first at index {i})")
@@ -271,6 +294,8 @@ def resolve_model(model, X, y, *, loss) -> Problem:
     """Validate ``(model, X, y, loss)`` and reduce them to arrays (never mutating the inputs)."""
     loss = get_loss(loss)
     index = X.index if isinstance(X, pd.DataFrame) else None
+    # columns matched by name to the model's feature_names_in_ (a reordered copy if needed)
+    X, names = align_columns(X, model)
     est = model
     if _is_pipeline(model):
         est = model.steps[-1][1]
@@ -289,10 +314,11 @@ def resolve_model(model, X, y, *, loss) -> Problem:
         if names is None or len(names) != Xa.shape[1]:
             names = [f"x{j}" for j in range(Xa.shape[1])]
     else:
-        # linear models: no copy (X is only read) and the NaN/inf check runs on the scores
+        # results own their data: X is always copied (one memcpy), so a later change of the
+        # caller's array cannot change a result; for linear models the NaN/inf check runs on
+        # the scores (no extra pass)
         linear = getattr(est, "coef_", None) is not None
-        Xa = as_float_matrix(X, "X", copy=not linear, check_finite=not linear)
-        names = feature_names_of(X, est)
+        Xa = as_float_matrix(X, "X", copy=True, check_finite=not linear)
 
     scorer = linear_scorer(est)
     model_name = type(est).__name__
