@@ -13,8 +13,10 @@ replaced by a sub-population, both model-agnostic (they take per-sample losses):
 
     the mean of the upper ``p``-tail of ``mu(Z)``. ``mu`` is unknown, so it is fitted by
     regression on one half of the data and the tail mean of the fitted ``h(Z)`` is taken on the
-    other half (two-stage, cross-fitted). The *certificate* ``p* = inf {p : W_p <= threshold}``
-    is the smallest sub-population size whose worst case stays acceptable.
+    other half (two-stage, cross-fitted). ``p* = inf {p : W_p <= threshold}`` is the smallest
+    sub-population size whose worst case stays acceptable; ``p_star`` *estimates* it from the
+    fitted curve, and only ``p_star_upper``, from the dimension-free band, is *certified*
+    (with probability ``>= 1 - delta``, given a known loss range).
 
 :func:`conditional_shift`
     Subbaswamy, Adams and Saria (AISTATS 2021), "Evaluating model robustness and stability to
@@ -71,6 +73,13 @@ __all__ = [
 DEFAULT_P_GRID = np.round(np.arange(1, 101) / 100.0, 2)
 
 _MAX_NATIVE_CATEGORIES = 255  # HistGradientBoosting native categorical support limit
+
+# Largest accepted |loss| (and bound, approx_error, discrete_eps, all in loss units). The default
+# regressors fit in float32 (largest ~3.4e38): above it their gradients overflow and the fit is
+# silently wrong; squared errors of larger losses also overflow float64. 1e30 leaves room for
+# sums over many rows. Every output scales with the loss unit (p* does not change), so larger
+# losses only need a larger unit.
+_MAX_ABS_LOSS = 1e30
 
 
 # ------------------------------------------------------------------------------------------
@@ -219,11 +228,28 @@ def _encode(X, name: str, n: int) -> _Encoded:
                     names=names, dropped=dropped, discrete=discrete)
 
 
-def _check_losses(losses, bound) -> tuple[np.ndarray, float | None]:
+def _loss_vector(losses) -> np.ndarray:
+    """Finite 1-D float losses of magnitude at most ``_MAX_ABS_LOSS``."""
     arr = as_float_vector(losses, "losses")
+    big = np.abs(arr) > _MAX_ABS_LOSS
+    if big.any():
+        i = int(np.argmax(big))
+        raise ValidationError(
+            f"losses must be at most {_MAX_ABS_LOSS:g} in absolute value, got {arr[i]:g} at "
+            f"index {i}; express them in a larger unit (every result scales with the losses)")
+    return arr
+
+
+def _loss_unit_scalar(x, name: str, **kwargs) -> float:
+    """A scalar in loss units: finite, ``>= 0`` and at most ``_MAX_ABS_LOSS``."""
+    return check_scalar(x, name, low=0.0, high=_MAX_ABS_LOSS, **kwargs)
+
+
+def _check_losses(losses, bound) -> tuple[np.ndarray, float | None]:
+    arr = _loss_vector(losses)
     if bound is None:
         return arr, None
-    B = check_scalar(bound, "bound", low=0.0, low_inclusive=False)
+    B = _loss_unit_scalar(bound, "bound", low_inclusive=False)
     if np.any(arr < 0):
         i = int(np.argmax(arr < 0))
         raise ValidationError(f"losses must be >= 0 when bound is given (losses in [0, bound]), "
@@ -423,19 +449,32 @@ class WorstCaseResult(ResultMixin):
         ``1/p`` on rows with ``h(Z_i) > eta`` (within their fold), a fraction on the boundary row,
         0 elsewhere; mean 1 within each fold. None for a grid (use :meth:`weights_at`).
     p_star : float or None
-        The certificate ``inf {p : W_p <= threshold}`` of the estimated curve (solved exactly on
-        the piecewise-linear curve). 0 when every sub-population passes, NaN when even the
-        average loss exceeds the threshold; None without a threshold.
+        The *estimate* ``inf {p : W^_p <= threshold}`` on the estimated curve (solved exactly on
+        the piecewise-linear curve), with no margin for error: not a guarantee. 0 when every
+        sub-population passes, NaN when even the average loss exceeds the threshold; None
+        without a threshold.
     p_star_upper : float or None
-        The conservative certificate ``inf {p : upper_p <= threshold}`` from the dimension-free
+        The *guarantee* ``inf {p : W^_p + halfwidth_p <= threshold}`` from the dimension-free
         band: with probability at least ``1 - delta`` every sub-population of size at least
-        ``p_star_upper`` has risk at most ``threshold``.
+        ``p_star_upper`` has risk at most ``threshold`` (when ``bound`` was given). NaN when the
+        data cannot certify the threshold at any ``p``.
     threshold : float or None
         The acceptable loss level ``l_bar``.
     certificate : str or None
-        ``"certified"`` (0 < p_star <= 1), ``"all"`` (p_star = 0) or ``"not certifiable"``.
+        Decided by the guarantee only: ``"certified"`` when ``p_star_upper`` is a number and the
+        loss range was given (``bound``), else ``"not certified"``. None without a threshold.
+    estimate : str or None
+        The label of ``p_star``: ``"estimated"`` (a number) or ``"not met"`` (NaN: even the
+        estimated average loss exceeds the threshold). None without a threshold.
+    guarantee : str or None
+        One sentence: what is certified, at what confidence, or why nothing is.
+    vacuous_note : str or None
+        One line when the dimension-free band is vacuous (``halfwidth >= loss_bound``) at some
+        ``p``, with the ``n`` at which it would stop being vacuous (:meth:`nonvacuous_n`);
+        None when it is informative at every ``p``.
     lower, upper : float or None
-        At a scalar ``p``: ``value -/+ halfwidth`` clipped to the loss range.
+        At a scalar ``p``: ``value -/+ halfwidth`` clipped to the loss range; NaN when the band
+        is vacuous (``halfwidth >= loss_bound``). In ``curve`` likewise per ``p``.
     halfwidth : float or ndarray
         Dimension-free bound (Theorem 2 of the paper) on ``|W_p - value|``; simultaneous over all
         ``p`` with probability at least ``1 - delta``.
@@ -478,6 +517,7 @@ class WorstCaseResult(ResultMixin):
     p_star_upper: float | None
     threshold: float | None
     certificate: str | None
+    estimate: str | None
     lower: float | None
     upper: float | None
     halfwidth: Any
@@ -494,6 +534,8 @@ class WorstCaseResult(ResultMixin):
     fold_mse_min: list
     columns_used: list
     columns_dropped: list
+    guarantee: str | None = None
+    vacuous_note: str | None = None
     h: np.ndarray = field(repr=False, default=None)
     fold: np.ndarray = field(repr=False, default=None)
     regressors: list = field(repr=False, default=None)
@@ -519,6 +561,64 @@ class WorstCaseResult(ResultMixin):
             w[idx] = _fold_weights(self.h[idx], p)
         return w
 
+    def nonvacuous_n(self, p) -> float:
+        """The smallest number of rows at which the dimension-free half-width at ``p`` drops
+        below the loss range ``B`` (``math.inf`` if none does), from the bound's rate.
+
+        The bound of :func:`worst_subpopulation` (Notes) is recomputed with every fold grown in
+        proportion, ``m_k -> m_k N / n``, holding the fitted regressor's excess error
+        ``[Delta_S2(h1) - Delta_min]_+`` and ``approx_error`` fixed. Those terms do not shrink
+        with ``N`` in the formula, so when ``sqrt(excess + approx_error^2)`` (averaged over
+        folds) is already ``>= p B`` no ``N`` suffices.
+        """
+        p = check_probability(p, "p")
+        sizes = np.bincount(self.fold, minlength=self.cv).astype(np.float64)
+        excess = np.array(self.fold_mse) - np.array(self.fold_mse_min)
+        B = self.loss_bound
+
+        def vacuous(N: int) -> bool:
+            return _dimension_free_U(excess, sizes * N / self.n, B, self.delta,
+                                     self.approx_error) / p >= B
+
+        floor = float(np.mean(np.sqrt(np.maximum(excess, 0.0) + self.approx_error**2)))
+        if floor >= p * B:
+            return math.inf
+        lo, hi = 0, max(self.n, 1)  # vacuous(lo) holds (N = 0 is infinitely wide)
+        while vacuous(hi):
+            lo, hi = hi, 2 * hi
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if vacuous(mid) else (lo, mid)
+        return hi
+
+    def summary(self) -> str:
+        """What was estimated, what is guaranteed (and at what confidence), and whether the
+        band is vacuous at this ``n``."""
+        src = "given" if self.loss_bound_source == "given" else "observed"
+        lines = [f"Worst-case subpopulation risk: n = {self.n:,}, Z = {self.columns_used}, "
+                 f"{self.cv} fold(s), loss range B = {self.loss_bound:g} ({src})",
+                 f"  mean loss (W_1)   {self.mean_loss:.4g}"]
+        if self.curve is None:
+            band = ("vacuous" if math.isnan(self.lower)
+                    else f"[{self.lower:.4g}, {self.upper:.4g}]")
+            lines.append(f"  W_{self.p:g} (estimate) {self.value:.4g}, {_pct(1 - self.delta)} "
+                         f"dimension-free band {band}")
+        else:
+            lines.append(f"  W_p (estimates)   {len(self.curve)} values of p: see to_frame()")
+        if self.threshold is not None:
+            est = ("not met: even the estimated mean loss exceeds it" if self.estimate == "not met"
+                   else f"{self.p_star:.4g} (estimated, no margin for error: not a guarantee)")
+            lines += [f"  threshold         {self.threshold:g}",
+                      f"  p_star            {est}",
+                      f"  p_star_upper      {self.p_star_upper:.4g}",
+                      f"  certificate       {self.guarantee}"]
+        if self.vacuous_note:
+            lines.append(f"  note: {self.vacuous_note}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
     def to_frame(self) -> pd.DataFrame:
         """The curve (one row per ``p``; a single row for a scalar ``p``)."""
         if self.curve is not None:
@@ -534,6 +634,9 @@ class WorstCaseResult(ResultMixin):
 class ConditionalShiftResult(ResultMixin):
     """Conditional-shift worst-case risk ``R_p = E_Z[CVaR_p(mu0 | Z)]`` (:func:`conditional_shift`).
 
+    Nothing here is a finite-sample guarantee: ``R_p`` is an estimate and its interval is an
+    asymptotic normal confidence interval (see ``guarantee``).
+
     Attributes
     ----------
     value : float or None
@@ -541,11 +644,12 @@ class ConditionalShiftResult(ResultMixin):
     se : float or None
         Influence-function standard error ``sigma / sqrt(N)``.
     ci : tuple or None
-        ``(low, high)`` normal confidence interval at ``level``.
+        ``(low, high)`` asymptotic normal confidence interval at ``level``: its coverage tends
+        to ``level`` as ``N`` grows when the nuisances converge fast enough; not a guarantee.
     p : float or ndarray
         The scalar ``p`` or the sorted grid.
     curve : DataFrame or None
-        For a grid: columns ``p, R_p, se, lower, upper, joint, joint_se``.
+        For a grid: columns ``p, R_p, se, ci_lower, ci_upper, joint, joint_se``.
     eta : ndarray
         Cross-fitted conditional quantile ``eta^(Z_i)`` per row, shape ``(n,)`` for a scalar
         ``p`` and ``(n, len(p))`` for a grid (columns follow ``p``). NaN at ``p = 1``, where any
@@ -569,6 +673,9 @@ class ConditionalShiftResult(ResultMixin):
         Whether the quantile targets were out-of-fold predictions (see the function).
     w_columns, z_columns, columns_dropped : list of str
         Columns used and constant columns dropped.
+    guarantee : str
+        One sentence saying what is estimated and what the interval does (and does not)
+        guarantee.
     psi : ndarray
         Per-row influence values (scalar ``p``) or ``(n, len(p))`` (not in ``to_dict``).
     mu : ndarray
@@ -597,6 +704,7 @@ class ConditionalShiftResult(ResultMixin):
     w_columns: list
     z_columns: list
     columns_dropped: list
+    guarantee: str = ""
     psi: np.ndarray = field(repr=False, default=None)
     mu: np.ndarray = field(repr=False, default=None)
     fold: np.ndarray = field(repr=False, default=None)
@@ -607,13 +715,36 @@ class ConditionalShiftResult(ResultMixin):
         """Worst-case density ratio ``dQ/dP = selector / p`` (same shape as ``selector``)."""
         return self.selector / np.asarray(self.p, dtype=np.float64)
 
+    def __post_init__(self):
+        self.guarantee = (
+            f"none: R_p and the joint-shift value are DML2 estimates; the {_pct(self.level)} "
+            f"interval is an asymptotic normal CI (influence-function standard error), whose "
+            f"coverage tends to {_pct(self.level)} as n grows, not a finite-sample guarantee")
+
+    def summary(self) -> str:
+        """What was estimated and what the confidence interval means."""
+        lines = [f"Conditional-shift worst-case risk (DML2): n = {self.n:,}, W = "
+                 f"{self.w_columns}, Z = {self.z_columns}, {self.folds} folds",
+                 f"  mean loss (R_1)   {self.mean_loss:.4g}"]
+        if self.curve is None:
+            lines += [f"  R_{self.p:g} (estimate) {self.value:.4g}, {_pct(self.level)} "
+                      f"asymptotic CI ({self.ci[0]:.4g}, {self.ci[1]:.4g})",
+                      f"  joint shift       {self.joint_value:.4g} (estimate)"]
+        else:
+            lines.append(f"  R_p (estimates)   {len(self.curve)} values of p: see to_frame()")
+        lines.append(f"  guaranteed        {self.guarantee}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
     def to_frame(self) -> pd.DataFrame:
         """The curve (one row per ``p``; a single row for a scalar ``p``)."""
         if self.curve is not None:
             return self.curve.copy()
         return pd.DataFrame({
-            "p": [self.p], "R_p": [self.value], "se": [self.se], "lower": [self.ci[0]],
-            "upper": [self.ci[1]], "joint": [self.joint_value], "joint_se": [self.joint_se],
+            "p": [self.p], "R_p": [self.value], "se": [self.se], "ci_lower": [self.ci[0]],
+            "ci_upper": [self.ci[1]], "joint": [self.joint_value], "joint_se": [self.joint_se],
         })
 
 
@@ -674,7 +805,8 @@ def worst_subpopulation(
         Sub-population fraction(s). None: the grid 0.01, 0.02, ..., 1 (``DEFAULT_P_GRID``).
         A grid is sorted and de-duplicated.
     threshold : float, optional
-        Acceptable loss level ``l_bar``; enables the certificate ``p_star``.
+        Acceptable loss level ``l_bar``; enables the estimate ``p_star``, the guarantee
+        ``p_star_upper`` and the ``certificate`` label (decided by the guarantee only).
     regressor : estimator or callable, optional
         Any scikit-learn regressor (cloned and refitted per fold), or a callable ``h(Z) ->
         array`` treated as a fixed conditional risk fitted on other data (no split: the plug-in
@@ -723,7 +855,7 @@ def worst_subpopulation(
         threshold = check_scalar(threshold, "threshold")
     delta = check_scalar(delta, "delta", low=0.0, high=1.0, low_inclusive=False,
                          high_inclusive=False)
-    approx_error = check_scalar(approx_error, "approx_error", low=0.0)
+    approx_error = _loss_unit_scalar(approx_error, "approx_error")
     kind = _check_learner(regressor, "regressor")
     rng = _rng(random_state)
 
@@ -782,25 +914,28 @@ def worst_subpopulation(
     W = np.mean([t.cvar(grid) for t in tails], axis=0)
     eta = np.mean([t.eta(grid) for t in tails], axis=0)
     dkw_fixed = np.mean(B * np.sqrt(np.log(2 * K / delta) / (2 * sizes)))
-    first = np.sqrt(np.maximum(np.array(mse) - np.array(mse_min), 0.0) + approx_error**2
-                    + 4 * B**2 * np.sqrt(2 * np.log(3 * K / delta) / sizes))
-    U = float(np.mean(first + B * np.sqrt(np.log(6 * K / delta) / (2 * sizes))))
+    U = _dimension_free_U(np.array(mse) - np.array(mse_min), sizes, B, delta, approx_error)
     hw = U / grid
     hw_fixed = dkw_fixed / grid
-    lower = np.clip(W - hw, lo, hi)
-    upper = np.clip(W + hw, lo, hi)
+    # a vacuous band (half-width >= the loss range) says nothing: NaN, not a clipped [lo, hi]
+    vacuous = hw >= B
+    lower = np.where(vacuous, np.nan, np.clip(W - hw, lo, hi))
+    upper = np.where(vacuous, np.nan, np.clip(W + hw, lo, hi))
     raw = _cvar(l, grid)
 
-    p_star = p_star_upper = certificate = None
+    p_star = p_star_upper = certificate = estimate = None
     if threshold is not None:
         p_star = _first_crossing(tails, threshold)
         p_star_upper = _first_crossing(tails, threshold, offset=U) if threshold < hi else 0.0
-        certificate = ("not certifiable" if math.isnan(p_star)
-                       else "all" if p_star == 0.0 else "certified")
+        # the label follows the guarantee (p_star_upper, a bound on known-range losses) only
+        certificate = ("certified" if source == "given" and not math.isnan(p_star_upper)
+                       else "not certified")
+        estimate = "not met" if math.isnan(p_star) else "estimated"
 
     common = dict(
         p_star=p_star, p_star_upper=p_star_upper, threshold=threshold, certificate=certificate,
-        mean_loss=float(np.mean(l)), loss_bound=float(B), loss_bound_source=source,
+        estimate=estimate, mean_loss=float(np.mean(l)), loss_bound=float(B),
+        loss_bound_source=source,
         delta=delta, approx_error=approx_error, n=n, cv=K, fold_mse=mse, fold_mse_min=mse_min,
         columns_used=list(used), columns_dropped=list(dropped), h=h_all, fold=fold,
         regressors=fitted, _tails=tails, _U=U, _range=(lo, hi),
@@ -811,15 +946,72 @@ def worst_subpopulation(
         for k in range(K):
             idx = np.flatnonzero(fold == k)
             weights[idx] = _fold_weights(h_all[idx], pp)
-        return WorstCaseResult(
+        res = WorstCaseResult(
             value=float(W[0]), p=pp, curve=None, eta=float(eta[0]), weights=weights,
             lower=float(lower[0]), upper=float(upper[0]), halfwidth=float(hw[0]),
             halfwidth_fixed_h=float(hw_fixed[0]), raw_cvar=float(raw[0]), **common)
-    curve = pd.DataFrame({"p": grid, "W_p": W, "lower": lower, "upper": upper, "eta": eta,
-                          "raw_cvar": raw, "halfwidth": hw, "halfwidth_fixed_h": hw_fixed})
-    return WorstCaseResult(
-        value=None, p=grid, curve=curve, eta=eta, weights=None, lower=None, upper=None,
-        halfwidth=hw, halfwidth_fixed_h=hw_fixed, raw_cvar=raw, **common)
+    else:
+        curve = pd.DataFrame({"p": grid, "W_p": W, "lower": lower, "upper": upper, "eta": eta,
+                              "raw_cvar": raw, "halfwidth": hw, "halfwidth_fixed_h": hw_fixed})
+        res = WorstCaseResult(
+            value=None, p=grid, curve=curve, eta=eta, weights=None, lower=None, upper=None,
+            halfwidth=hw, halfwidth_fixed_h=hw_fixed, raw_cvar=raw, **common)
+    res.guarantee = _guarantee_sentence(res)
+    res.vacuous_note = _vacuous_note(res, grid, hw)
+    return res
+
+
+def _dimension_free_U(excess, sizes, B: float, delta: float, approx_error: float) -> float:
+    """``p`` times the dimension-free half-width (Theorem 2), averaged over the folds:
+    ``mean_k sqrt([excess_k]_+ + eps_app^2 + 4 B^2 sqrt(2 log(3K/delta) / m_k))
+    + B sqrt(log(6K/delta) / (2 m_k))`` with ``K = len(sizes)``."""
+    sizes = np.asarray(sizes, dtype=np.float64)
+    K = sizes.size
+    first = np.sqrt(np.maximum(np.asarray(excess, dtype=np.float64), 0.0) + approx_error**2
+                    + 4 * B**2 * np.sqrt(2 * np.log(3 * K / delta) / sizes))
+    return float(np.mean(first + B * np.sqrt(np.log(6 * K / delta) / (2 * sizes))))
+
+
+def _pct(level: float) -> str:
+    return f"{100 * level:.4g}%"
+
+
+def _guarantee_sentence(res: WorstCaseResult) -> str | None:
+    """What the threshold certificate guarantees (or why it does not), in one sentence."""
+    if res.threshold is None:
+        return None
+    t, q, conf = res.threshold, res.p_star_upper, _pct(1 - res.delta)
+    if math.isnan(q):
+        return (f"not certified: W_p + halfwidth_p <= {t:g} holds at no p, so nothing is "
+                f"guaranteed at {conf} confidence")
+    size = "every sub-population" if q == 0.0 else f"every sub-population of size >= {q:.4g}"
+    if res.loss_bound_source != "given":
+        return (f"not certified: the band uses the observed loss range B = "
+                f"{res.loss_bound:g} (pass bound=B, a known range of the losses, to make it a "
+                f"guarantee); as a plug-in it would give {size} risk <= {t:g}")
+    return (f"certified: with probability >= {conf}, {size} has risk <= {t:g} (dimension-free "
+            f"bound, losses in [0, {res.loss_bound:g}])")
+
+
+def _vacuous_note(res: WorstCaseResult, grid: np.ndarray, hw: np.ndarray) -> str | None:
+    """One line when the dimension-free band is vacuous (half-width >= B) at some ``p`` of the
+    grid, with the ``n`` at which it would stop being vacuous."""
+    vac = grid[hw >= res.loss_bound]
+    if vac.size == 0:
+        return None
+    where = (f"every p of the grid (p <= {vac[-1]:g})" if vac.size == grid.size
+             else f"p <= {vac[-1]:g}")
+    ends = [vac[-1]] if vac.size == 1 else [vac[-1], vac[0]]
+    parts = []
+    for pp in ends:
+        need = res.nonvacuous_n(pp)
+        parts.append(f"at p = {pp:g} from n = {need:,}" if math.isfinite(need) else
+                     f"at p = {pp:g} not by more rows alone (the excess-error and approx_error "
+                     f"terms already reach p B: a better-fitting regressor is needed)")
+    return (f"At n = {res.n:,} the {_pct(1 - res.delta)} dimension-free band is vacuous "
+            f"(half-width >= the loss range B = {res.loss_bound:g}) for {where}: lower/upper "
+            f"are NaN there. By the bound's rate (half-width ~ n^-1/4, the regressor's excess "
+            f"error held fixed) it stops being vacuous {' and '.join(parts)}.")
 
 
 def _callable_columns(Z) -> tuple[list, list]:
@@ -938,7 +1130,7 @@ def conditional_shift(
     -------
     ConditionalShiftResult
     """
-    l = as_float_vector(losses, "losses")
+    l = _loss_vector(losses)
     n = l.shape[0]
     grid, scalar = _check_p(p, allow_none=False)
     level = check_scalar(level, "level", low=0.0, high=1.0, low_inclusive=False,
@@ -964,7 +1156,7 @@ def conditional_shift(
         rng_l = float(l.max() - l.min())
         eps = 1e-5 * (rng_l if rng_l > 0 else 1.0) if encW.discrete else 0.0
     else:
-        eps = check_scalar(discrete_eps, "discrete_eps", low=0.0)
+        eps = _loss_unit_scalar(discrete_eps, "discrete_eps")
     if not isinstance(inner_split, (bool, np.bool_)):
         raise InputTypeError(f"inner_split must be a bool, got {type(inner_split).__name__}")
 
@@ -1065,8 +1257,8 @@ def conditional_shift(
             value=r, se=s, ci=(r - z_crit * s, r + z_crit * s), p=float(grid[0]), curve=None,
             eta=etas[:, 0], selector=sel[:, 0], joint_value=float(JR[0]),
             joint_se=float(Jse[0]), psi=psis[:, 0], **common)
-    curve = pd.DataFrame({"p": grid, "R_p": R, "se": se, "lower": R - z_crit * se,
-                          "upper": R + z_crit * se, "joint": JR, "joint_se": Jse})
+    curve = pd.DataFrame({"p": grid, "R_p": R, "se": se, "ci_lower": R - z_crit * se,
+                          "ci_upper": R + z_crit * se, "joint": JR, "joint_se": Jse})
     return ConditionalShiftResult(
         value=None, se=None, ci=None, p=grid, curve=curve, eta=etas, selector=sel,
         joint_value=None, joint_se=None, psi=psis, **common)
@@ -1120,11 +1312,16 @@ def worst_subpopulation_of_model(model, X, y, *, loss, Z=None, **kwargs) -> Wors
     """:func:`worst_subpopulation` of ``model``'s per-sample ``loss`` on held-out ``(X, y)``.
 
     Losses come from :func:`otstab.losses.per_sample_losses`. ``Z`` defaults to all columns of
-    ``X``; with a DataFrame ``X`` it may be a column name or a list of names. Other keyword
+    ``X``; with a DataFrame ``X`` it may be a column name or a list of names. For the 0-1 loss
+    ``bound`` defaults to 1 (its known range, so the band is a guarantee). Other keyword
     arguments go to :func:`worst_subpopulation`.
     """
+    from .losses import ZeroOne, get_loss
+
     losses = _model_losses(model, X, y, loss)
     Zv = X if Z is None else _columns_of(X, Z, "Z")
+    if kwargs.get("bound") is None and isinstance(get_loss(loss), ZeroOne):
+        kwargs["bound"] = 1.0  # the 0-1 loss lies in [0, 1]: a known range, so a guarantee
     return worst_subpopulation(losses, Zv, **kwargs)
 
 
@@ -1144,38 +1341,48 @@ def conditional_shift_of_model(model, X, y, *, loss, W, Z, p, **kwargs) -> Condi
 # ------------------------------------------------------------------------------------------
 
 
-def _plot_band(ax, df, col: str, other_col: str, *, band: str, curve: str, point: str,
-               other: str):
-    """``df[col]`` against ``df["p"]`` with its ``lower``/``upper`` band and ``df[other_col]``
-    for comparison; a single p is drawn as a point with error bars."""
+def _plot_band(ax, df, col: str, band_cols: tuple[str, str], other_col: str, *, band: str,
+               curve: str, point: str, other: str):
+    """``df[col]`` against ``df["p"]`` with its band ``df[band_cols]`` (NaN: not drawn) and
+    ``df[other_col]`` for comparison; a single p is drawn as a point with error bars."""
     p, v = df["p"], df[col]
+    lo, hi = df[band_cols[0]], df[band_cols[1]]
     if len(df) > 1:
-        ax.fill_between(p, df["lower"], df["upper"], alpha=0.2, label=band)
+        ax.fill_between(p, lo, hi, alpha=0.2, label=band)
         ax.plot(p, v, label=curve)
         ax.plot(p, df[other_col], "--", label=other)
     else:
-        ax.errorbar(p, v, yerr=[v - df["lower"], df["upper"] - v], fmt="o", capsize=3,
-                    label=point)
+        ax.errorbar(p, v, yerr=[v - lo, hi - v], fmt="o", capsize=3, label=point)
         ax.plot(p, df[other_col], "x", label=other)
 
 
 def plot_worst_case(result: WorstCaseResult, ax=None):
-    """Plot ``W_p`` against ``p`` with the dimension-free band, the raw-loss CVaR and, when a
-    threshold was given, the threshold and ``p_star``. Returns the matplotlib Axes."""
+    """Plot the estimated ``W_p`` against ``p`` with the dimension-free band (not drawn where
+    it is vacuous), the raw-loss CVaR and, when a threshold was given, the threshold, the
+    estimated ``p_star`` and, when certified, the guaranteed ``p_star_upper``. Returns the
+    matplotlib Axes."""
     import matplotlib.pyplot as plt
 
     if not isinstance(result, WorstCaseResult):
         raise InputTypeError(f"result must be a WorstCaseResult, got {type(result).__name__}")
     if ax is None:
         _, ax = plt.subplots()
-    _plot_band(ax, result.to_frame(), "W_p", "raw_cvar",
-               band=f"{1 - result.delta:.0%} band (dimension-free)",
-               curve="W_p (worst-case subpopulation)", point="W_p",
+    kind = "guaranteed" if result.loss_bound_source == "given" else "plug-in"
+    band = f"{_pct(1 - result.delta)} {kind} band (dimension-free)"
+    if result.vacuous_note:
+        band += ", vacuous where not drawn"
+    _plot_band(ax, result.to_frame(), "W_p", ("lower", "upper"), "raw_cvar", band=band,
+               curve="W_p estimate (worst-case subpopulation)", point="W_p estimate",
                other="CVaR_p of raw losses")
     if result.threshold is not None:
         ax.axhline(result.threshold, color="grey", lw=0.8, ls=":", label="threshold")
-        if result.p_star is not None and not math.isnan(result.p_star):
-            ax.axvline(result.p_star, color="C3", lw=0.8, label=f"p* = {result.p_star:.3g}")
+        if result.estimate == "estimated":
+            ax.axvline(result.p_star, color="C3", lw=0.8, ls="--",
+                       label=f"estimated p* = {result.p_star:.3g} (not a guarantee)")
+        if result.certificate == "certified":
+            ax.axvline(result.p_star_upper, color="C2", lw=1.2,
+                       label=f"certified p >= {result.p_star_upper:.3g} "
+                             f"({_pct(1 - result.delta)})")
     ax.set_xlabel("subpopulation fraction p")
     ax.set_ylabel("worst-case risk")
     ax.legend()
@@ -1192,9 +1399,10 @@ def plot_conditional_shift(result: ConditionalShiftResult, ax=None):
                              f"got {type(result).__name__}")
     if ax is None:
         _, ax = plt.subplots()
-    _plot_band(ax, result.to_frame(), "R_p", "joint", band=f"{result.level:.0%} CI",
-               curve="R_p (conditional shift)", point=f"R_p, {result.level:.0%} CI",
-               other="joint shift of (W, Z)")
+    ci = f"{_pct(result.level)} asymptotic CI (not a guarantee)"
+    _plot_band(ax, result.to_frame(), "R_p", ("ci_lower", "ci_upper"), "joint", band=ci,
+               curve="R_p estimate (conditional shift)", point=f"R_p estimate, {ci}",
+               other="joint shift of (W, Z), estimate")
     ax.set_xlabel("subpopulation fraction p")
     ax.set_ylabel("worst-case risk")
     ax.legend()

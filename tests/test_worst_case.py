@@ -153,7 +153,8 @@ def test_t1_certificates_exact_solver():
         root = optimize.brentq(lambda p, lv=level: factor(p) - lv, 1e-9, 1.0, xtol=1e-14)
         assert root == pytest.approx(printed, abs=5e-6)  # WORST_CASE.md, 5 dp
         res = worst_subpopulation(z, z, p=0.5, threshold=level, regressor=lambda Z: Z)
-        assert res.certificate == "certified"
+        # p_star is an estimate; no bound given (and Gaussian losses have none): not certified
+        assert res.estimate == "estimated" and res.certificate == "not certified"
         assert res.p_star == pytest.approx(root, rel=1e-3)
         # the curve really crosses the threshold at p_star
         assert res.value_at(res.p_star) == pytest.approx(level, rel=1e-9)
@@ -238,13 +239,18 @@ def test_t3_exact_with_known_mu():
         r = worst_subpopulation(loss, z, p=0.5, threshold=level,
                                 regressor=lambda Z: T3_MU[np.asarray(Z)], bound=5.0)
         assert r.p_star == pytest.approx(root, abs=1e-12)
-        assert r.certificate == "certified"
+        assert r.estimate == "estimated"
+        # the guarantee needs W_p + U/p <= level; at n = 1000 U ~ .9 B = 4.5 fails everywhere
+        assert math.isnan(r.p_star_upper) and r.certificate == "not certified"
     flat = worst_subpopulation(loss, z, p=0.5, threshold=5.0,
                                regressor=lambda Z: T3_MU[np.asarray(Z)], bound=5.0)
-    assert flat.p_star == 0.0 and flat.certificate == "all"  # W_p = 5 on (0, .2]
+    assert flat.p_star == 0.0 and flat.estimate == "estimated"  # W_p = 5 on (0, .2]
+    # threshold = B: every sub-population's risk is <= B = 5, guaranteed with no margin
+    assert flat.p_star_upper == 0.0 and flat.certificate == "certified"
     bad = worst_subpopulation(loss, z, p=0.5, threshold=2.0,
                               regressor=lambda Z: T3_MU[np.asarray(Z)], bound=5.0)
-    assert math.isnan(bad.p_star) and bad.certificate == "not certifiable"  # W_1 = 2.1 > 2
+    assert math.isnan(bad.p_star) and bad.estimate == "not met"  # W_1 = 2.1 > 2
+    assert bad.certificate == "not certified"
     # worst-case weights: 1/p on Z = 2 and on 1/3 of the Z = 1 mass at p = .3; mean 1
     r = worst_subpopulation(loss, z, p=0.3, regressor=lambda Z: T3_MU[np.asarray(Z)])
     assert r.weights.mean() == pytest.approx(1.0, abs=1e-12)
@@ -276,14 +282,13 @@ def test_t3_categorical_frame_one_hot_and_native():
         for g in range(3):
             expect = loss[tr & (z == g)].mean()
             assert np.allclose(res.h[te & (z == g)], expect)
-    # the dimension-free band is a finite-sample guarantee (fails w.p. <= delta)
+    # the dimension-free band at n = 2000 and p = .3 is wider than B = 10: vacuous, so NaN
     truth = t3_closed(0.3)
-    assert res.lower <= truth <= res.upper
+    assert res.halfwidth >= 10.0 and math.isnan(res.lower) and math.isnan(res.upper)
     assert res.halfwidth_fixed_h < res.halfwidth
-    # default regressor: native categorical support, same answer within the guaranteed band
+    # default regressor: native categorical support, same answer (checked below)
     with pytest.warns(UserWarning, match="constant"):
         dflt = worst_subpopulation(loss, Z, p=0.3, bound=10.0, random_state=0)
-    assert dflt.lower <= truth <= dflt.upper
     # stage-2 standard error of the plug-in here: the influence function of CVaR_.3 with
     # mu in {1, 2, 5} plus the first-stage term h (l - mu)/p; 4 of them
     eta = 2.0
@@ -593,8 +598,13 @@ def test_bounds_follow_the_formulas():
     first = np.sqrt(gap + 4 * np.sqrt(2 * np.log(6 / delta) / m))
     U = np.mean(first + np.sqrt(np.log(12 / delta) / (2 * m)))
     assert res.halfwidth == pytest.approx(U / 0.2, rel=1e-12)
-    assert res.lower == pytest.approx(max(0.0, res.value - U / 0.2))
-    assert res.upper == pytest.approx(min(1.0, res.value + U / 0.2))
+    # U / .2 >= B = 1 here: the band is vacuous and reported as NaN, not clipped to [0, 1]
+    assert U / 0.2 >= 1.0 and math.isnan(res.lower) and math.isnan(res.upper)
+    wide = worst_subpopulation(loss, z, p=1.0, regressor=LinearRegression(), bound=1.0,
+                               delta=delta, random_state=0)
+    assert U < 1.0 and wide.halfwidth == pytest.approx(U, rel=1e-12)
+    assert wide.lower == pytest.approx(max(0.0, wide.value - U))
+    assert wide.upper == pytest.approx(min(1.0, wide.value + U))
     assert res.loss_bound == 1.0 and res.loss_bound_source == "given"
     # approx_error enters under the square root
     res2 = worst_subpopulation(loss, z, p=0.2, regressor=LinearRegression(), bound=1.0,
@@ -620,8 +630,15 @@ def test_certified_p_star_upper_is_conservative():
     up = res.value_at(res.p_star_upper) + res._U / res.p_star_upper
     assert up == pytest.approx(0.5, rel=1e-9)
     assert res.value_at(1.0) + res._U <= 0.5
-    assert np.all(res.curve["lower"] <= res.curve["W_p"]) and np.all(
-        res.curve["W_p"] <= res.curve["upper"])
+    ok = res.curve["halfwidth"] < 1.0  # NaN band exactly where vacuous (half-width >= B)
+    assert ok.any() and not ok.all()
+    assert res.curve.loc[~ok, ["lower", "upper"]].isna().all().all()
+    band = res.curve[ok]
+    assert np.all(band["lower"] <= band["W_p"]) and np.all(band["W_p"] <= band["upper"])
+    # the label follows the guarantee; a large sample with a known range certifies
+    assert res.certificate == "certified"
+    assert res.guarantee.startswith("certified: with probability >= 95%, every sub-population "
+                                    f"of size >= {res.p_star_upper:.4g} has risk <= 0.5")
 
 
 def test_results_serialise_and_plot(tmp_path):
@@ -647,7 +664,7 @@ def test_results_serialise_and_plot(tmp_path):
     assert isinstance(cs_one.ci, tuple) and len(cs_one.ci) == 2
     js = json.loads(cs_one.to_json(tmp_path / "cs.json"))
     assert js["ci"] == list(cs_one.ci) and (tmp_path / "cs.json").exists()
-    assert list(cs.to_frame().columns) == ["p", "R_p", "se", "lower", "upper", "joint",
+    assert list(cs.to_frame().columns) == ["p", "R_p", "se", "ci_lower", "ci_upper", "joint",
                                            "joint_se"]
     for fn, r in [(plot_worst_case, ws), (plot_worst_case, one), (plot_conditional_shift, cs),
                   (plot_conditional_shift, cs_one)]:
@@ -741,6 +758,37 @@ def test_losses_with_nan(small):
         worst_subpopulation(bad, z)
     with pytest.raises(ValidationError, match="losses contains NaN"):
         conditional_shift(bad, w, z, p=0.5)
+
+
+@pytest.mark.parametrize("scale", [1e31, 1e160, 1e300])
+def test_huge_losses_raise_validation_error(small, scale):
+    # squared errors of such losses overflow float64 (and the default regressors' float32):
+    # a ValidationError naming losses, no OverflowError and no RuntimeWarning
+    loss, w, z = small
+    with pytest.raises(ValidationError, match="losses must be at most 1e.30"):
+        worst_subpopulation(loss * scale, z)
+    with pytest.raises(ValidationError, match="losses must be at most 1e.30"):
+        worst_subpopulation(-loss * scale, z, regressor=lambda Z: Z)
+    with pytest.raises(ValidationError, match="losses must be at most 1e.30"):
+        conditional_shift(loss * scale, w, z, p=0.5)
+    for name, kw in [("bound", dict(bound=scale)), ("approx_error", dict(approx_error=scale))]:
+        with pytest.raises(ValidationError, match=f"{name} must be <= 1e.30"):
+            worst_subpopulation(loss, z, regressor=lambda Z: Z, **kw)
+    with pytest.raises(ValidationError, match="discrete_eps must be <= 1e.30"):
+        conditional_shift(loss, w, z, p=0.5, discrete_eps=scale)
+
+
+def test_large_losses_work_and_scale():
+    # a power of two rescales exactly: every loss-unit output scales, p* does not move
+    loss, z = _uniform_case(n=400)
+    s = 2.0**99  # ~6.3e29 < 1e30
+    kw = dict(p=[0.2, 0.5], threshold=0.7, random_state=0)
+    a = worst_subpopulation(loss, z, bound=1.0, **kw)
+    b = worst_subpopulation(loss * s, z, bound=s, **{**kw, "threshold": 0.7 * s})
+    assert 0 < a.p_star < 1  # W_p ~ 1 - p/2 crosses .7 near p = .6
+    assert b.curve["W_p"].to_numpy() == pytest.approx(a.curve["W_p"].to_numpy() * s, rel=1e-6)
+    assert b.halfwidth == pytest.approx(a.halfwidth * s, rel=1e-6)
+    assert b.p_star == pytest.approx(a.p_star, rel=1e-6)
 
 
 def test_losses_outside_bound(small):
@@ -850,3 +898,185 @@ def test_reproducible_with_random_state(small):
     b = worst_subpopulation(loss, z, p=0.3, random_state=5)
     assert a.value == b.value
     np.testing.assert_array_equal(a.fold, b.fold)
+
+
+# ------------------------------------------------------------------------------------------
+# the label follows the guarantee; vacuous bands say so (issue 19)
+# ------------------------------------------------------------------------------------------
+
+
+def _fixed_h_U(n: int, B: float, delta: float, a: float) -> float:
+    """Theorem 2 with a fixed h (one fold, excess error 0): p times the half-width,
+    sqrt(a^2 + 4 B^2 sqrt(2 log(3/delta)/n)) + B sqrt(log(6/delta)/(2n))."""
+    return (math.sqrt(a**2 + 4 * B**2 * math.sqrt(2 * math.log(3 / delta) / n))
+            + B * math.sqrt(math.log(6 / delta) / (2 * n)))
+
+
+def _uniform_case(n=2000, seed=0):
+    rng = np.random.default_rng(seed)
+    z = rng.uniform(size=n)
+    loss = (rng.uniform(size=n) < z).astype(float)  # E[loss | Z] = Z, losses in [0, 1]
+    return loss, z
+
+
+def test_vacuous_note_exactly_when_halfwidth_reaches_the_loss_range():
+    loss, z = _uniform_case()
+    a, delta = 0.5, 0.05
+    p0 = _fixed_h_U(2000, 1.0, delta, a)  # half-width U/p equals B = 1 at p = U
+    assert 0.7 < p0 < 0.8
+    below, above = p0 * (1 - 1e-9), p0 * (1 + 1e-9)
+    kw = dict(regressor=lambda Z: Z, bound=1.0, approx_error=a, delta=delta)
+    both = worst_subpopulation(loss, z, p=[below, above], **kw)
+    assert both._U == pytest.approx(p0, rel=1e-13)
+    vac = both.curve["halfwidth"] >= 1.0
+    assert list(vac) == [True, False]
+    assert both.curve[["lower", "upper"]].isna().to_numpy().tolist() == [[True, True],
+                                                                        [False, False]]
+    assert both.vacuous_note is not None and f"for p <= {below:g}:" in both.vacuous_note
+    # the same at a scalar p, on either side of the boundary
+    on = worst_subpopulation(loss, z, p=below, **kw)
+    off = worst_subpopulation(loss, z, p=above, **kw)
+    assert on.halfwidth >= 1.0 and math.isnan(on.lower) and on.vacuous_note is not None
+    assert off.halfwidth < 1.0 and off.vacuous_note is None
+    assert off.lower == pytest.approx(max(0.0, off.value - off.halfwidth))
+    assert "vacuous" in str(on) and "vacuous" not in str(off)
+    # with a known range B = 2 the same half-widths are informative
+    wide = worst_subpopulation(loss, z, p=[below, above], **{**kw, "bound": 2.0})
+    assert wide.vacuous_note is None and not wide.curve["lower"].isna().any()
+
+
+def test_nonvacuous_n_from_the_bound_rate():
+    loss, z = _uniform_case()
+    B, delta, a = 1.0, 0.05, 0.2
+    res = worst_subpopulation(loss, z, p=[0.3, 0.5], regressor=lambda Z: Z, bound=B,
+                              approx_error=a, delta=delta)
+    for p in (0.3, 0.5):
+        N = res.nonvacuous_n(p)
+        assert N > res.n  # vacuous now (U ~ .8 at n = 2000)
+        # smallest N with U(N)/p < B, from the formula with the same a and delta
+        assert _fixed_h_U(N, B, delta, a) / p < B <= _fixed_h_U(N - 1, B, delta, a) / p
+    assert f"at p = 0.5 from n = {res.nonvacuous_n(0.5):,}" in res.vacuous_note
+    assert f"at p = 0.3 from n = {res.nonvacuous_n(0.3):,}" in res.vacuous_note
+    # a = .25 >= p B at p = .25: the approximation-error term alone is vacuous at any n
+    never = worst_subpopulation(loss, z, p=0.25, regressor=lambda Z: Z, bound=B,
+                                approx_error=0.25, delta=delta)
+    assert never.nonvacuous_n(0.25) == math.inf
+    assert "not by more rows alone" in never.vacuous_note
+    with pytest.raises(ValidationError, match="p must"):
+        res.nonvacuous_n(0.0)
+
+
+def test_certified_label_needs_a_known_loss_range():
+    # large synthetic case (as test_certified_p_star_upper_is_conservative, there certified
+    # with bound=1): without bound the band uses the observed range, a plug-in, so the label
+    # is not "certified" although p_star_upper is a number (the same one: the range is 1)
+    rng = np.random.default_rng(3)
+    n = 40000
+    z = rng.choice(3, size=n, p=T3_P)
+    loss = (rng.random(n) < np.array([0.05, 0.1, 0.3])[z]).astype(float)
+    kw = dict(p=[0.5, 1.0], threshold=0.5, regressor=LinearRegression(), random_state=0)
+    given = worst_subpopulation(loss, z.astype(str), bound=1.0, **kw)
+    plug = worst_subpopulation(loss, z.astype(str), **kw)
+    assert plug.loss_bound == 1.0 and plug.loss_bound_source == "empirical"
+    assert plug.p_star_upper == pytest.approx(given.p_star_upper, rel=1e-12)
+    assert 0 < given.p_star_upper < 1
+    assert given.certificate == "certified" and plug.certificate == "not certified"
+    assert "pass bound=B" in plug.guarantee
+    d = json.loads(given.to_json())
+    assert d["certificate"] == "certified" and d["guarantee"] == given.guarantee
+    assert d["estimate"] == "estimated" and d["vacuous_note"] is None
+
+
+def test_german_credit_example_is_not_certified():
+    """The issue's example: German credit, 400 evaluation rows, logistic regression."""
+    from sklearn.compose import make_column_selector, make_column_transformer
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import OneHotEncoder, StandardScaler
+
+    from otstab import datasets
+
+    _per_sample_losses_or_skip()
+    raw = datasets.load_german(raw=True)
+    Xtr, ytr, Xev, yev = datasets.train_eval_split(raw, "credit", n_train=600, n_eval=400)
+    pre = make_column_transformer(
+        (OneHotEncoder(handle_unknown="ignore"), make_column_selector(dtype_exclude="number")),
+        remainder=StandardScaler())
+    model = make_pipeline(pre, LogisticRegression(max_iter=1000)).fit(Xtr, ytr)
+    res = worst_subpopulation_of_model(
+        model, Xev, yev, loss="zero_one", Z=["age", "personal_status_sex", "foreign_worker"],
+        p=[0.1, 0.2, 0.5], threshold=0.4, random_state=0)
+    # the 0-1 loss has the known range [0, 1]
+    assert res.loss_bound == 1.0 and res.loss_bound_source == "given"
+    # the estimate passes the threshold somewhere, the guarantee nowhere
+    assert res.estimate == "estimated" and 0 < res.p_star < 1
+    assert math.isnan(res.p_star_upper) and res.certificate == "not certified"
+    # every band of the grid is vacuous at n = 400: NaN, not a clipped [0, 1]
+    assert np.all(res.curve["halfwidth"] >= 1.0)
+    assert res.curve[["lower", "upper"]].isna().all().all()
+    assert res.vacuous_note.startswith("At n = 400 the 95% dimension-free band is vacuous")
+    assert f"at p = 0.5 from n = {res.nonvacuous_n(0.5):,}" in res.vacuous_note
+    # nowhere is the estimate called certified
+    text = str(res)
+    assert "certified" not in text.replace("not certified", "")
+    assert f"{res.p_star:.4g} (estimated" in text
+    d = json.loads(res.to_json())
+    assert d["certificate"] == "not certified" and d["estimate"] == "estimated"
+    assert d["p_star_upper"] == "nan"
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ax = plot_worst_case(res)
+    labels = ax.get_legend_handles_labels()[1]
+    assert any(lab.startswith("estimated p* = ") and "not a guarantee" in lab for lab in labels)
+    assert not any(lab.startswith("certified") for lab in labels)
+    assert any("vacuous where not drawn" in lab for lab in labels)
+    plt.close(ax.figure)
+
+
+def test_certified_plot_marks_the_guaranteed_size():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    loss, z = _uniform_case(n=4000)
+    # mu(z) = z: W_p = 1 - p/2 is <= .97 for p >= .06 (estimate); the guarantee adds U/p
+    # with U = sqrt(4 sqrt(2 log 60 / 4000)) + sqrt(log 120 / 8000) = .45 (fixed h), and
+    # 1 - p/2 + .45/p <= .97 only for p above ~.9
+    res = worst_subpopulation(loss, z, p=np.linspace(0.05, 1, 20), threshold=0.97,
+                              regressor=lambda Z: Z, bound=1.0)
+    assert res.certificate == "certified" and res.p_star_upper > res.p_star
+    ax = plot_worst_case(res)
+    labels = ax.get_legend_handles_labels()[1]
+    assert f"certified p >= {res.p_star_upper:.3g} (95%)" in labels
+    assert "95% guaranteed band (dimension-free), vacuous where not drawn" in labels
+    plt.close(ax.figure)
+
+
+def test_conditional_shift_says_what_is_estimated():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rng = np.random.default_rng(0)
+    loss, w, z = t5_sample(600, rng)
+    kw = dict(folds=3, regressor=LinearRegression(), quantile_regressor=Quantile1D(),
+              level=0.9, random_state=0)
+    one = conditional_shift(loss, w, z, p=0.2, **kw)
+    grid = conditional_shift(loss, w, z, p=[0.2, 0.6], **kw)
+    for r in (one, grid):
+        assert "asymptotic normal CI" in r.guarantee and "not a finite-sample guarantee" in \
+            r.guarantee and "90%" in r.guarantee
+        assert str(r) == r.summary() and r.guarantee in str(r)
+        assert json.loads(r.to_json())["guarantee"] == r.guarantee
+    assert f"R_0.2 (estimate) {one.value:.4g}, 90% asymptotic CI" in str(one)
+    assert one.to_frame()[["ci_lower", "ci_upper"]].iloc[0].tolist() == list(one.ci)
+    ax = plot_conditional_shift(grid)
+    labels = ax.get_legend_handles_labels()[1]
+    assert "90% asymptotic CI (not a guarantee)" in labels
+    assert "R_p estimate (conditional shift)" in labels
+    plt.close(ax.figure)
