@@ -56,6 +56,7 @@ from ._validation import (
     check_scalar,
 )
 from .errors import InputTypeError, ValidationError
+from .models import per_sample_losses
 
 __all__ = [
     "worst_subpopulation",
@@ -1285,7 +1286,6 @@ def _norm_ppf(q: float) -> float:
 
 
 def _model_losses(model, X, y, loss) -> np.ndarray:
-    from .losses import per_sample_losses  # lazy: keeps this module light
 
     return np.asarray(per_sample_losses(model, X, y, loss), dtype=np.float64)
 
@@ -1311,7 +1311,7 @@ def _columns_of(X, cols, name: str):
 def worst_subpopulation_of_model(model, X, y, *, loss, Z=None, **kwargs) -> WorstCaseResult:
     """:func:`worst_subpopulation` of ``model``'s per-sample ``loss`` on held-out ``(X, y)``.
 
-    Losses come from :func:`otstab.losses.per_sample_losses`. ``Z`` defaults to all columns of
+    Losses come from :func:`otstab.models.per_sample_losses`. ``Z`` defaults to all columns of
     ``X``; with a DataFrame ``X`` it may be a column name or a list of names. For the 0-1 loss
     ``bound`` defaults to 1 (its known range, so the band is a guarantee). Other keyword
     arguments go to :func:`worst_subpopulation`.

@@ -23,7 +23,7 @@ from otstab_solvers.weights import chi2_alpha, chi2_weights, kl_weights, phi
 from otstab_solvers.zero_one import solve_zero_one
 
 from . import audit
-from ._validation import as_float_matrix, as_float_vector
+from ._validation import as_bool_vector, as_float_matrix, as_float_vector
 from .errors import ValidationError
 from .losses import zero_one
 from .models import Problem
@@ -304,7 +304,7 @@ def _finish(*, value, h, alpha, status, message, plan, w, a, loss0, r, theta1, t
     moved = rows[:moved_pos.size]
     w_rows = w.at(pos)
     # the loss at every moved point and the squared distance moved
-    if X is not None and X_near is not None:
+    if X is not None and X_near is not None and rows.size:
         Xm = X_near[rows]
         loss_m = np.asarray(losses_fn(Xm, y[rows]), dtype=np.float64)
         diff = Xm - X[rows]
@@ -443,10 +443,10 @@ def certify_distances(dstar, r, *, theta1=1.0, theta2=0.25, divergence="kl", sol
         base = np.count_nonzero(wrong) / n
         loss0 = wrong.astype(float)
     else:
-        mc = np.asarray(misclassified)
-        if mc.shape != (n,):
-            raise ValidationError(f"misclassified must have shape ({n},), got {mc.shape}")
-        loss0 = mc.astype(bool).astype(float)
+        loss0 = as_bool_vector(misclassified, "misclassified").astype(float)
+        if loss0.shape != (n,):
+            raise ValidationError(
+                f"misclassified must have shape ({n},), got {loss0.shape}")
     if (X is None) != (X_nearest is None):
         raise ValidationError("pass both X and X_nearest, or neither")
     Xa = Xn = None

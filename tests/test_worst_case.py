@@ -683,10 +683,9 @@ def test_public_names_via_package():
 
 
 def _per_sample_losses_or_skip():
-    losses_mod = pytest.importorskip("otstab.losses")
-    if not hasattr(losses_mod, "per_sample_losses"):
-        pytest.skip("otstab.losses.per_sample_losses is not available yet")
-    return losses_mod.per_sample_losses
+    from otstab.models import per_sample_losses
+
+    return per_sample_losses
 
 
 def test_model_convenience_forms():
