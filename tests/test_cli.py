@@ -56,7 +56,7 @@ def demo(tmp_path_factory):
 
 def verify_args(d: Path, cert=None, model=None, data=None):
     return ["verify", cert or d / "certificate.json", "--model", model or d / "model.joblib",
-            "--data", data or d / "eval.csv", "--target", "income"]
+            "--data", data or d / "eval.csv", "--target", "income", "--trust-model"]
 
 
 # ------------------------------------------------------------------------------------------
@@ -115,7 +115,7 @@ def test_demo_verifies_in_process(demo):
     assert "OK: the certificate reproduces" in stdout
     # --target defaults to the certificate's
     code, _, _ = run(["verify", out / "certificate.json", "--model", out / "model.joblib",
-                      "--data", out / "eval.csv"])
+                      "--data", out / "eval.csv", "--trust-model"])
     assert code == 0
 
 
@@ -180,7 +180,7 @@ def _one_line(stderr: str, arg: str):
 
 def test_missing_target_column(demo):
     out, _ = demo
-    code, _, stderr = run(["certify", "--model", out / "model.joblib", "--data",
+    code, _, stderr = run(["certify", "--trust-model", "--model", out / "model.joblib", "--data",
                            out / "eval.csv", "--target", "salary", "--r", "0.3"])
     assert code == 2
     _one_line(stderr, "--target")
@@ -193,7 +193,7 @@ def test_non_numeric_features(demo, tmp_path):
     df["age"] = np.where(df["age"] > 0, "old", "young")
     path = tmp_path / "strings.csv"
     df.to_csv(path, index=False)
-    code, _, stderr = run(["certify", "--model", out / "model.joblib", "--data", path,
+    code, _, stderr = run(["certify", "--trust-model", "--model", out / "model.joblib", "--data", path,
                            "--target", "income", "--r", "0.3"])
     assert code == 2
     _one_line(stderr, "--data")
@@ -202,17 +202,17 @@ def test_non_numeric_features(demo, tmp_path):
 
 def test_model_file_that_is_not_a_model(demo, tmp_path):
     out, _ = demo
-    code, _, stderr = run(["certify", "--model", out / "eval.csv", "--data", out / "eval.csv",
+    code, _, stderr = run(["certify", "--trust-model", "--model", out / "eval.csv", "--data", out / "eval.csv",
                            "--target", "income", "--r", "0.3"])
     assert code == 2
     _one_line(stderr, "--model")
     joblib.dump({"coef": [1, 2]}, tmp_path / "dict.joblib")
-    code, _, stderr = run(["certify", "--model", tmp_path / "dict.joblib", "--data",
+    code, _, stderr = run(["certify", "--trust-model", "--model", tmp_path / "dict.joblib", "--data",
                            out / "eval.csv", "--target", "income", "--r", "0.3"])
     assert code == 2
     _one_line(stderr, "--model")
     assert "not a fitted model" in stderr
-    code, _, stderr = run(["certify", "--model", tmp_path / "nothing.joblib", "--data",
+    code, _, stderr = run(["certify", "--trust-model", "--model", tmp_path / "nothing.joblib", "--data",
                            out / "eval.csv", "--target", "income", "--r", "0.3"])
     assert code == 2
     _one_line(stderr, "--model")
@@ -221,7 +221,7 @@ def test_model_file_that_is_not_a_model(demo, tmp_path):
 @pytest.mark.parametrize("r", ["1.5", "-0.1"])
 def test_r_outside_unit_interval_for_zero_one(demo, r):
     out, _ = demo
-    code, _, stderr = run(["certify", "--model", out / "model.joblib", "--data",
+    code, _, stderr = run(["certify", "--trust-model", "--model", out / "model.joblib", "--data",
                            out / "eval.csv", "--target", "income", "--r", r])
     assert code == 2
     _one_line(stderr, "--r")
@@ -230,7 +230,7 @@ def test_r_outside_unit_interval_for_zero_one(demo, r):
 def test_bad_input_in_a_subprocess_has_no_traceback(demo):
     out, _ = demo
     code, stdout, stderr = run_subprocess(
-        ["certify", "--model", out / "model.joblib", "--data", out / "eval.csv", "--target",
+        ["certify", "--trust-model", "--model", out / "model.joblib", "--data", out / "eval.csv", "--target",
          "income", "--r", "1.5"], cwd=out.parent)
     assert code == 2
     _one_line(stderr, "--r")
@@ -247,7 +247,7 @@ def test_bad_input_in_a_subprocess_has_no_traceback(demo):
 ])
 def test_other_bad_arguments(demo, argv, arg):
     out, _ = demo
-    code, _, stderr = run(["certify", "--model", out / "model.joblib", "--data",
+    code, _, stderr = run(["certify", "--trust-model", "--model", out / "model.joblib", "--data",
                            out / "eval.csv", "--target", "income", "--r", "0.3", *argv])
     assert code == 2
     _one_line(stderr, arg)
@@ -269,7 +269,7 @@ def test_solver_failure_exits_3(demo, monkeypatch):
         raise SolverError("no solver produced a trustworthy answer")
 
     monkeypatch.setattr(otstab, "certify", failing)
-    code, _, stderr = run(["certify", "--model", out / "model.joblib", "--data",
+    code, _, stderr = run(["certify", "--trust-model", "--model", out / "model.joblib", "--data",
                            out / "eval.csv", "--target", "income", "--r", "0.3"])
     assert code == 3
     assert "solver failure" in stderr and "Traceback" not in stderr
@@ -290,7 +290,7 @@ QSTAR_FORMATS = [
 def test_certify_writes_json_html_qstar_and_verifies(demo, tmp_path, fmt):
     out, _ = demo
     qfile = tmp_path / f"q.{fmt}"
-    argv = ["certify", "--model", out / "model.joblib", "--data", out / "eval.csv",
+    argv = ["certify", "--trust-model", "--model", out / "model.joblib", "--data", out / "eval.csv",
             "--target", "income", "--loss", "hinge", "--r", "0.6", "--theta1", "2",
             "--theta2", "inf", "--json", tmp_path / "c.json", "--html", tmp_path / "r.html",
             "--qstar", qfile, "--features", "--top", "3"]
@@ -319,7 +319,7 @@ def _xy(out):
 
 def test_certify_unreachable_threshold_is_an_answer(demo, tmp_path):
     out, _ = demo
-    code, stdout, _ = run(["certify", "--model", out / "model.joblib", "--data",
+    code, stdout, _ = run(["certify", "--trust-model", "--model", out / "model.joblib", "--data",
                            out / "eval.csv", "--target", "income", "--r", "0.3",
                            "--theta1", "inf", "--theta2", "inf", "--json", tmp_path / "c.json"])
     assert code == 0
@@ -330,7 +330,7 @@ def test_certify_unreachable_threshold_is_an_answer(demo, tmp_path):
 
 def test_certify_movable_subset(demo, tmp_path):
     out, _ = demo
-    code, _, stderr = run(["certify", "--model", out / "model.joblib", "--data",
+    code, _, stderr = run(["certify", "--trust-model", "--model", out / "model.joblib", "--data",
                            out / "eval.csv", "--target", "income", "--r", "0.3", "--movable",
                            "age", "hours-per-week", "--json", tmp_path / "c.json", "--quiet"])
     assert code == 0, stderr
@@ -385,7 +385,7 @@ def test_pipeline_with_one_hot_encoder_groups_its_columns(tmp_path):
         LogisticRegression()).fit(df.drop(columns="label"), df["label"])
     joblib.dump(pipe, tmp_path / "pipe.joblib")
     df.to_csv(tmp_path / "data.csv", index=False)
-    code, stdout, stderr = run(["certify", "--model", tmp_path / "pipe.joblib", "--data",
+    code, stdout, stderr = run(["certify", "--trust-model", "--model", tmp_path / "pipe.joblib", "--data",
                                 tmp_path / "data.csv", "--target", "label", "--r", "0.4",
                                 "--features", "--json", tmp_path / "c.json"])
     assert code == 0, stderr
@@ -398,10 +398,10 @@ def test_pipeline_with_one_hot_encoder_groups_its_columns(tmp_path):
     assert scored == {"color", "standardscaler__size_x", "standardscaler__weight"}
     # the raw data (strings included) verify against the certificate
     code, _, stderr = run(["verify", tmp_path / "c.json", "--model", tmp_path / "pipe.joblib",
-                           "--data", tmp_path / "data.csv"])
+                           "--data", tmp_path / "data.csv", "--trust-model"])
     assert code == 0, stderr
     # --groups none scores every column alone
-    code, _, _ = run(["certify", "--model", tmp_path / "pipe.joblib", "--data",
+    code, _, _ = run(["certify", "--trust-model", "--model", tmp_path / "pipe.joblib", "--data",
                       tmp_path / "data.csv", "--target", "label", "--r", "0.4",
                       "--features", "--groups", "none", "--json", tmp_path / "c2.json"])
     assert code == 0
