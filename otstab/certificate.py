@@ -343,14 +343,17 @@ def _loss_spec(loss) -> dict:
 
 
 def _loss_from_spec(spec):
-    from .losses import PiecewiseLinear, epsilon_insensitive, get_loss, pinball
+    """The loss a certificate's ``inputs.loss`` names: a built-in loss by its name (also
+    ``pinball(TAU)`` and ``epsilon_insensitive(EPS)``), else a custom
+    :class:`~otstab.losses.PiecewiseLinear` from its slopes, intercepts and ``on``."""
+    from .losses import LOSS_NAMES, PiecewiseLinear, epsilon_insensitive, get_loss, pinball
 
     name = spec["name"]
     m = re.fullmatch(r"(pinball|epsilon_insensitive)\((.+)\)", name)
     if m:
         f = pinball if m.group(1) == "pinball" else epsilon_insensitive
         return f(float(m.group(2)))
-    if "slopes" in spec and name not in ("hinge", "absolute"):
+    if "slopes" in spec and name not in LOSS_NAMES:
         return PiecewiseLinear(tuple(spec["slopes"]), tuple(spec["intercepts"]),
                                on=spec.get("on", "margin"), name=name)
     return get_loss(name)
@@ -1035,6 +1038,9 @@ def verify_certificate(cert_or_path, model, X, y, *, rtol=None, atol=None, h_rto
     _verify_consistency(report, cert, tol)
 
     loss = _loss_from_spec(inputs["loss"])
+    spec = _strict(_loss_spec(loss))
+    _expect(report, "inputs.loss", spec == inputs["loss"], inputs["loss"], spec,
+            "the loss's slopes, intercepts or side are not those of the named loss")
     requested = inputs.get("solver_requested") or "auto"
     kwargs = dict(loss=loss, r=_num(inputs["r"]), theta1=_num(inputs["theta1"]),
                   theta2=_num(inputs["theta2"]), divergence=inputs["divergence"],
