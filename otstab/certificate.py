@@ -6,7 +6,9 @@ out* (the value ``R(beta, r)``, the dual multiplier ``h``, the audit of the most
 distribution Q*: its cost, its risk, the primal-dual gap, the excess-risk decomposition, and
 optionally the feature-stability scores), and *how* (solver, status, timings, package
 versions). :func:`verify_certificate` recomputes everything from the model and the data and
-reports every figure that does not reproduce.
+reports every field that does not reproduce: each field is recomputed, checked for consistency
+with the others, or informational (timestamps, timings, versions), as ``docs/guarantees.md``
+lists. Duplicate keys and unknown keys are refused.
 
 Format ``"otstab-certificate"``, version 1; JSON Schema in
 ``otstab/schema/certificate.schema.json`` (a copy is ``docs/certificate.schema.json``).
@@ -1150,7 +1152,8 @@ def _verify_consistency(report, cert: dict, tol: dict) -> None:
         table = pd.DataFrame(fs["table"])
         scores = pd.Series([_num(s) for s in table["score"]])
         if "rank" in table.columns:
-            ranks = scores.rank(method="min").astype(int).tolist()  # as feature_stability
+            # as feature_stability ranks them (a nan score, never produced, ranks last)
+            ranks = scores.rank(method="min", na_option="bottom").astype(int).tolist()
             recorded = table["rank"].tolist()
             _expect(report, "results.feature_stability.rank", recorded == ranks, recorded[:5],
                     ranks[:5], "the ranks are not the ranks of the recorded scores")

@@ -286,6 +286,9 @@ def test_tampered_feature_score_fails(toy, toy_cert):
     rep = C.verify_certificate(cert, model, X, y)
     assert _fields(rep) == [f"results.feature_stability[{name}].score"]
     assert C.verify_certificate(cert, model, X, y, check_features=False).ok
+    cert["results"]["feature_stability"]["table"][0]["score"] = "nan"  # fails, no crash
+    rep = C.verify_certificate(cert, model, X, y, check_features=False)
+    assert "results.feature_stability.order" in _fields(rep)
 
 
 def test_tampered_data_fails(toy, toy_cert):
