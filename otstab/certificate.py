@@ -6,7 +6,9 @@ out* (the value ``R(beta, r)``, the dual multiplier ``h``, the audit of the most
 distribution Q*: its cost, its risk, the primal-dual gap, the excess-risk decomposition, and
 optionally the feature-stability scores), and *how* (solver, status, timings, package
 versions). :func:`verify_certificate` recomputes everything from the model and the data and
-reports every figure that does not reproduce.
+reports every field that does not reproduce: each field is recomputed, checked for consistency
+with the others, or informational (timestamps, timings, versions), as ``docs/guarantees.md``
+lists. Duplicate keys and unknown keys are refused.
 
 Format ``"otstab-certificate"``, version 1; JSON Schema in
 ``otstab/schema/certificate.schema.json`` (a copy is ``docs/certificate.schema.json``).
@@ -343,14 +345,17 @@ def _loss_spec(loss) -> dict:
 
 
 def _loss_from_spec(spec):
-    from .losses import PiecewiseLinear, epsilon_insensitive, get_loss, pinball
+    """The loss a certificate's ``inputs.loss`` names: a built-in loss by its name (also
+    ``pinball(TAU)`` and ``epsilon_insensitive(EPS)``), else a custom
+    :class:`~otstab.losses.PiecewiseLinear` from its slopes, intercepts and ``on``."""
+    from .losses import LOSS_NAMES, PiecewiseLinear, epsilon_insensitive, get_loss, pinball
 
     name = spec["name"]
     m = re.fullmatch(r"(pinball|epsilon_insensitive)\((.+)\)", name)
     if m:
         f = pinball if m.group(1) == "pinball" else epsilon_insensitive
         return f(float(m.group(2)))
-    if "slopes" in spec and name not in ("hinge", "absolute"):
+    if "slopes" in spec and name not in LOSS_NAMES:
         return PiecewiseLinear(tuple(spec["slopes"]), tuple(spec["intercepts"]),
                                on=spec.get("on", "margin"), name=name)
     return get_loss(name)
@@ -390,17 +395,28 @@ def _data_info(X, y, target) -> dict:
             raise ValidationError(f"X must be 2-D, got shape {arr.shape}")
         n, d = arr.shape
         columns = [str(j) for j in range(d)]
-    yy = np.asarray(y).reshape(-1)
-    labels = None
-    if yy.dtype.kind in "biu" or yy.dtype.kind in "OU":
-        vals, counts = np.unique(yy.astype(str), return_counts=True)
-        if vals.size <= 50:
-            labels = {str(v): int(c) for v, c in zip(vals, counts)}
     return {
         "n_samples": int(n), "n_features": int(d), "columns": columns,
-        "target": None if target is None else str(target), "label_counts": labels,
+        "target": None if target is None else str(target), "label_counts": _label_counts(y),
         "hash_method": DATA_HASH, "sha256": hash_data(X, y),
     }
+
+
+def _label_counts(y) -> dict | None:
+    """``{label: count}`` of a vector of at most 50 distinct labels, else None.
+
+    Labels are keyed by ``str``; float labels that are all whole numbers count as integers, so
+    that ``1`` and ``1.0`` (which :func:`hash_data` fingerprints alike) give the same key.
+    """
+    yy = np.asarray(y).reshape(-1)
+    if yy.dtype.kind == "f" and np.all(np.isfinite(yy)) and np.all(yy == np.round(yy)):
+        yy = yy.astype(np.int64)
+    if yy.dtype.kind not in "biuOU":
+        return None
+    vals, counts = np.unique(yy.astype(str), return_counts=True)
+    if vals.size > 50:
+        return None
+    return {str(v): int(c) for v, c in zip(vals, counts)}
 
 
 def _strict(obj):
@@ -564,13 +580,30 @@ def read_certificate(path) -> dict:
     except OSError as exc:
         raise ValidationError(f"cannot read certificate {str(path)!r}: {exc.strerror}") from exc
     try:
-        cert = json.loads(text)
+        cert = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
         raise ValidationError(
             f"certificate {str(path)!r} is not valid JSON: {exc.msg} at line {exc.lineno}"
         ) from exc
     validate_certificate(cert)
     return cert
+
+
+def _unique_keys(pairs) -> dict:
+    """``object_pairs_hook`` of :func:`read_certificate`: a key stated twice is an error (plain
+    JSON keeps the last one silently, so a reader and a checker could see different values)."""
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValidationError(f"certificate has the key {key!r} twice in one object; every "
+                                  "field must be stated once")
+        out[key] = value
+    return out
+
+
+def _no_constant(token: str):
+    raise ValidationError(f"certificate contains the non-standard JSON number {token}; "
+                          'non-finite numbers are written "inf", "-inf" or "nan"')
 
 
 def load_schema() -> dict:
@@ -597,16 +630,35 @@ def validate_certificate(cert) -> None:
         raise ValidationError(
             f"unsupported certificate version {cert.get('version')!r}; this otstab reads "
             f"version {VERSION}")
+    schema = load_schema()
+    _reject_unknown_keys(cert, schema, "")
     try:
         import jsonschema
     except ImportError:  # pragma: no cover - jsonschema is optional
         return
-    validator = jsonschema.Draft202012Validator(load_schema())
+    validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(_strict(cert)), key=lambda e: list(e.path))
     if errors:
         err = errors[0]
         where = "/".join(str(p) for p in err.path) or "(top level)"
         raise ValidationError(f"certificate field {where}: {err.message}")
+
+
+def _reject_unknown_keys(obj, schema: dict, where: str) -> None:
+    """Raise on a key the schema does not define, in every object whose schema is closed
+    (``additionalProperties: false``); works without the optional jsonschema package."""
+    props = schema.get("properties")
+    if not isinstance(obj, dict) or props is None:
+        return
+    if schema.get("additionalProperties") is False:
+        unknown = sorted(str(k) for k in obj if k not in props)
+        if unknown:
+            raise ValidationError(f"certificate field {where or '(top level)'}: unknown "
+                                  f"key(s) {unknown}; version {VERSION} defines "
+                                  f"{sorted(props)}")
+    for key, sub in props.items():
+        if key in obj:
+            _reject_unknown_keys(obj[key], sub, f"{where}/{key}" if where else key)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -669,8 +721,9 @@ def write_qstar(result, path) -> dict:
             "sha256": hash_file(path)}
 
 
-def audit_qstar(qstar, model, X, y, cert, *, rtol=None, atol=None) -> list[Mismatch]:
-    """Audit a stored Q* independently: its cost, risk and mass from the model and the data.
+def audit_qstar(qstar, model, X, y, cert, *, rtol=None, atol=None,
+                gap_tol=None) -> list[Mismatch]:
+    """Audit a stored Q* independently: every column of the side file from the model and data.
 
     Parameters
     ----------
@@ -679,45 +732,78 @@ def audit_qstar(qstar, model, X, y, cert, *, rtol=None, atol=None) -> list[Misma
     model, X, y : the certified model and evaluation data.
     cert : dict
         The certificate (its inputs and results).
+    rtol, atol, gap_tol : float, optional
+        Tolerances (default ``DEFAULT_TOLERANCES``), as in :func:`verify_certificate`.
 
     Returns
     -------
     list of Mismatch
-        Empty when the cost of Q* equals ``results.primal_cost``, its risk
-        ``results.risk_star``, its mass 1, and no atom moved a feature it may not move.
+        Empty when the file has exactly the columns :meth:`StabilityResult.to_frame` writes
+        and ``results.n_atoms`` rows; every atom's ``index`` and original ``x`` are those of
+        its ``source`` sample, its ``loss`` and ``loss*`` are the model's loss at ``x`` and at
+        ``x*``, its ``distance2`` is ``||x* - x||^2``; each sample's ``mass`` shares sum to 1;
+        the cost of Q* equals ``results.primal_cost``, its risk ``results.risk_star`` (and
+        reaches ``r``), its mass ``results.total_mass``; and no atom moves a feature the
+        certificate does not let move.
     """
     from otstab_solvers.weights import phi
 
     from .models import resolve_model
     from .reduction import feature_mask
 
-    tol = dict(DEFAULT_TOLERANCES)
-    if rtol is not None:
-        tol["rtol"] = rtol
-    if atol is not None:
-        tol["atol"] = atol
+    tol = _tolerances(rtol=rtol, atol=atol, gap_tol=gap_tol)
     frame = read_table(qstar) if not isinstance(qstar, pd.DataFrame) else qstar
-    inputs = cert["inputs"]
-    loss = _loss_from_spec(inputs["loss"])
-    prob = resolve_model(model, X, y, loss=loss)
-    names = list(prob.feature_names)
+    inputs, res = cert["inputs"], cert["results"]
+    prob = resolve_model(model, X, y, loss=_loss_from_spec(inputs["loss"]))
+    names = [str(nm) for nm in prob.feature_names]
     star_cols = [f"{nm}*" for nm in names]
-    missing = [c for c in ["source", "mass", "weight", *star_cols] if c not in frame.columns]
-    if missing:
-        return [Mismatch("qstar", "columns", f"missing {missing[:5]}",
-                         "the Q* file lacks columns needed for the audit")]
-    src = frame["source"].to_numpy(dtype=np.intp)
-    if src.size == 0 or src.min() < 0 or src.max() >= prob.n:
-        return [Mismatch("qstar.source", f"indices in [0, {prob.n})",
-                         f"[{src.min()}, {src.max()}]", "atom sources out of range")]
+    needed = ["source", "mass", *names, *star_cols, "weight", "loss", "loss*", "distance2"]
+    columns = [str(c) for c in frame.columns]
+    missing = [c for c in needed if c not in columns]
+    unknown = [c for c in columns if c not in needed and c != "index"]
+    if missing or unknown:
+        return [Mismatch("qstar:columns", "the columns written by write_qstar",
+                         f"missing {missing[:5]}, unknown {unknown[:5]}",
+                         "the Q* file does not have the columns of a Q* side file")]
+    out = []
+    if "n_atoms" in res and len(frame) != res["n_atoms"]:
+        out.append(Mismatch("qstar:n_atoms", res["n_atoms"], len(frame),
+                            "the Q* file has another number of atoms than results.n_atoms"))
+    srcf = frame["source"].to_numpy(dtype=np.float64)
+    n = prob.n
+    if srcf.size == 0 or not np.all((srcf == np.round(srcf)) & (srcf >= 0) & (srcf < n)):
+        return out + [Mismatch("qstar:source", f"whole numbers in [0, {n})",
+                               "empty" if srcf.size == 0 else f"[{srcf.min()}, {srcf.max()}]",
+                               "atom sources are not sample indices")]
+    src = srcf.astype(np.intp)
     mass = frame["mass"].to_numpy(dtype=np.float64)
     w = frame["weight"].to_numpy(dtype=np.float64)
+    X0 = prob.X[src]
     Xs = frame[star_cols].to_numpy(dtype=np.float64)
-    theta1, theta2 = _num(inputs["theta1"]), _num(inputs["theta2"])
-    divergence, r = inputs["divergence"], _num(inputs["r"])
-    n = prob.n
-    diff = Xs - prob.X[src]
-    out = []
+    diff = Xs - X0
+    loss_star = prob.losses(Xs, prob.y[src])
+    per_atom = [(nm, X0[:, j], "the original x of the atom's source sample")
+                for j, nm in enumerate(names)]
+    per_atom += [("loss", prob.losses(prob.X)[src], "the loss at the atom's source sample"),
+                 ("loss*", loss_star, "the loss at the atom's moved point x*"),
+                 ("distance2", np.sum(diff ** 2, axis=1), "||x* - x||^2 of the atom")]
+    for col, expected, what in per_atom:
+        recorded = frame[col].to_numpy(dtype=np.float64)
+        bad = np.flatnonzero(~_close_array(recorded, expected, tol["rtol"], tol["atol"]))
+        if bad.size:
+            i = int(bad[0])
+            out.append(Mismatch(f"qstar:{col}", f"atom {i}: {recorded[i]:.10g}",
+                                f"{expected[i]:.10g}",
+                                f"column {col!r} is not {what} ({bad.size} atom(s))"))
+    if "index" in columns:
+        index = np.arange(n) if prob.index is None else np.asarray(prob.index)
+        recorded = frame["index"].astype(str).to_numpy()
+        bad = np.flatnonzero(recorded != index[src].astype(str))
+        if bad.size:
+            i = int(bad[0])
+            out.append(Mismatch("qstar:index", f"atom {i}: {recorded[i]}", str(index[src[i]]),
+                                f"column 'index' is not the data index of the atom's source "
+                                f"sample ({bad.size} atom(s))"))
     mv = inputs.get("movable_features")
     if mv is not None:
         mask = feature_mask(prob.d, mv, names)
@@ -726,7 +812,8 @@ def audit_qstar(qstar, model, X, y, cert, *, rtol=None, atol=None) -> list[Misma
             out.append(Mismatch("qstar", "only movable features move",
                                 f"a fixed feature moved by {moved_fixed:.3g}",
                                 "Q* moves a feature that the certificate does not allow"))
-    loss_star = prob.losses(Xs, prob.y[src])
+    theta1, theta2 = _num(inputs["theta1"]), _num(inputs["theta2"])
+    divergence, r = inputs["divergence"], _num(inputs["r"])
     move = 0.0 if math.isinf(theta1) else theta1 * float(
         np.sum(mass * w * np.sum(diff ** 2, axis=1))) / n
     rew = 0.0 if math.isinf(theta2) else theta2 * float(np.sum(mass * phi(w, divergence))) / n
@@ -735,10 +822,14 @@ def audit_qstar(qstar, model, X, y, cert, *, rtol=None, atol=None) -> list[Misma
         "risk_star": float(np.sum(mass * w * loss_star)) / n,
         "total_mass": float(np.sum(mass * w)) / n,
     }
-    res = cert["results"]
+    recorded = {key: _num(res[key]) for key in figures}
+    if math.isinf(_num(res["value"])):
+        # r is unreachable: no Q* exists, the file holds the data unperturbed (cost 0) and
+        # the certificate records the cost as nan
+        recorded["primal_cost"] = 0.0
     for key, val in figures.items():
-        if not _close(_num(res[key]), val, tol["rtol"], tol["atol"]):
-            out.append(Mismatch(f"qstar:{key}", res[key], val,
+        if not _close(recorded[key], val, tol["rtol"], tol["atol"]):
+            out.append(Mismatch(f"qstar:{key}", recorded[key], val,
                                 f"{key} recomputed from the Q* file differs from the "
                                 "certificate"))
     if not math.isinf(_num(res["value"])) and figures["risk_star"] < r - tol["gap_tol"] * max(
@@ -850,17 +941,57 @@ def _close(a: float, b: float, rtol: float, atol: float) -> bool:
     return abs(a - b) <= atol + rtol * max(abs(a), abs(b))
 
 
+def _close_array(a: np.ndarray, b: np.ndarray, rtol: float, atol: float) -> np.ndarray:
+    """Element-wise :func:`_close` (NaN matches NaN, an infinity only itself)."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        ok = np.abs(a - b) <= atol + rtol * np.maximum(np.abs(a), np.abs(b))
+    return ok | (a == b) | (np.isnan(a) & np.isnan(b))
+
+
+def _tolerances(**given) -> dict:
+    """``DEFAULT_TOLERANCES`` updated with the given ones, each a finite number >= 0."""
+    tol = dict(DEFAULT_TOLERANCES)
+    for key, val in given.items():
+        if val is None:
+            continue
+        if isinstance(val, bool) or not isinstance(val, Real) or not (
+                math.isfinite(float(val)) and float(val) >= 0):
+            raise ValidationError(f"{key} must be a finite number >= 0, got {val!r}")
+        tol[key] = float(val)
+    return tol
+
+
+def _expect(report, field_, ok, certified, recomputed, reason) -> None:
+    """Record one check; a failed one becomes a :class:`Mismatch`."""
+    report.checked.append(field_)
+    if not ok:
+        report.mismatches.append(Mismatch(field_, certified, recomputed, reason))
+
+
+def _expect_close(report, field_, certified, recomputed, rtol, atol, reason) -> None:
+    a = _num(certified)
+    b = math.nan if recomputed is None else float(recomputed)
+    _expect(report, field_, _close(a, b, rtol, atol), certified, b, reason)
+
+
 def verify_certificate(cert_or_path, model, X, y, *, rtol=None, atol=None, h_rtol=None,
                        gap_tol=None, check_features=True, qstar=None, model_file=None,
                        solver=None) -> VerificationReport:
-    """Recompute a certificate from the model and the data and compare every figure.
+    """Recompute a certificate from the model and the data and check every field.
 
-    Checks, in order: the format (and schema); the data fingerprint; the model fingerprint;
-    the certificate's own consistency (its gap from its value and primal cost); then
-    :func:`otstab.certify` is run again with the recorded inputs and the value, ``h``, the
-    base risk, the risk under Q*, the cost of Q*, its mass and the decomposition are compared,
-    and the recomputed audit must close (gap and risk within ``gap_tol``); the feature scores
-    (if the certificate has them and ``check_features``); the Q* side file (if given).
+    Every field of the certificate is recomputed, checked for consistency with the others,
+    or informational (see ``docs/guarantees.md``). In order: the format, the schema, duplicate
+    and unknown keys (reading the file); the data block (fingerprint, shape, column names,
+    label counts, label column) and the model block (fingerprint, class, estimator, pipeline,
+    ``n_features_in``) against ``X, y`` and ``model``; the results' own consistency (gap from
+    value and primal cost, excess risk from the two risks, the feature ranks from the scores,
+    the Q* reference's atom count); then :func:`otstab.certify` is run again with the recorded
+    inputs and every figure of ``results`` (value, h, alpha, the risks, mass, primal cost, dual
+    gap bound, decomposition, atom count, split and exact flags), the solver and status are
+    compared, and the recomputed audit must close; the feature table is recomputed with
+    :func:`otstab.feature_stability` (if present and ``check_features``); the Q* side file
+    (if given) is audited column by column with :func:`audit_qstar`.
 
     Parameters
     ----------
@@ -868,12 +999,14 @@ def verify_certificate(cert_or_path, model, X, y, *, rtol=None, atol=None, h_rto
     model, X, y : the model and evaluation data to check against.
     rtol, atol : float, optional
         Tolerance for figures: ``|a - b| <= atol + rtol * max(|a|, |b|)``
-        (default ``DEFAULT_TOLERANCES``: 1e-6 and 1e-9).
+        (default ``DEFAULT_TOLERANCES``: 1e-6 and 1e-9). Finite and >= 0.
     h_rtol : float, optional
-        Relative tolerance for ``h`` (default 1e-5).
+        Relative tolerance for the dual multipliers ``h`` and ``alpha`` and the features'
+        ``h`` (default 1e-5).
     gap_tol : float, optional
         Largest accepted relative primal-dual gap and risk shortfall (default 1e-5, the
-        tolerance :func:`otstab.certify` accepts answers with).
+        tolerance :func:`otstab.certify` accepts answers with); also the tolerance of the
+        recorded ``dual_gap_bound``.
     check_features : bool, default True
         Recompute the feature-stability scores when the certificate has them.
     qstar : DataFrame or path, optional
@@ -882,7 +1015,8 @@ def verify_certificate(cert_or_path, model, X, y, *, rtol=None, atol=None, h_rto
         The file the model came from; compared with ``inputs.model.file_sha256`` (a
         difference is only a note).
     solver : str, optional
-        Solver for the recomputation (default: the one requested in the certificate).
+        Solver for the recomputation (default: the one requested in the certificate). With
+        another solver than the recorded one, the answering solver's name is not compared.
 
     Returns
     -------
@@ -891,148 +1025,198 @@ def verify_certificate(cert_or_path, model, X, y, *, rtol=None, atol=None, h_rto
     Raises
     ------
     ValidationError
-        The certificate itself is unreadable or not a version-1 certificate.
+        The certificate itself is unreadable, not a version-1 certificate, has duplicate or
+        unknown keys; or a tolerance is negative or not finite.
     SolverError
         The recomputation found no trustworthy solution.
     """
     from . import certify
 
-    tol = dict(DEFAULT_TOLERANCES)
-    for key, val in (("rtol", rtol), ("atol", atol), ("h_rtol", h_rtol),
-                     ("gap_tol", gap_tol)):
-        if val is not None:
-            tol[key] = float(val)
+    tol = _tolerances(rtol=rtol, atol=atol, h_rtol=h_rtol, gap_tol=gap_tol)
     if isinstance(cert_or_path, dict):
         cert = cert_or_path
         validate_certificate(cert)
     else:
         cert = read_certificate(cert_or_path)
     report = VerificationReport(ok=True, tolerances=tol)
-    mism, checked, notes = report.mismatches, report.checked, report.notes
-    inputs, res = cert["inputs"], cert["results"]
+    inputs = cert["inputs"]
+    _verify_data(report, inputs["data"], X, y)
+    _verify_model(report, inputs["model"], model, model_file)
+    _verify_consistency(report, cert, tol)
 
-    # fingerprints
-    data = inputs["data"]
-    try:
-        got = _data_info(X, y, data.get("target"))
-    except ValidationError as exc:
-        mism.append(Mismatch("inputs.data", "data of the certified shape", str(exc),
-                             "the evaluation data cannot be fingerprinted"))
-        got = None
-    checked.append("inputs.data.sha256")
-    if got is not None:
-        shape_c = (data["n_samples"], data["n_features"])
-        shape_g = (got["n_samples"], got["n_features"])
-        if shape_c != shape_g:
-            mism.append(Mismatch("inputs.data.shape", f"{shape_c[0]} x {shape_c[1]}",
-                                 f"{shape_g[0]} x {shape_g[1]}",
-                                 "the evaluation data have another shape"))
-        if got["sha256"] != data["sha256"]:
-            detail = "the evaluation data differ from the certified data"
-            if shape_c == shape_g and got["columns"] != data["columns"]:
-                detail += " (column names or order differ)"
-            elif shape_c == shape_g:
-                detail += " (values or labels differ)"
-            mism.append(Mismatch("inputs.data.sha256", data["sha256"], got["sha256"], detail))
-    mc = inputs["model"]
-    checked.append("inputs.model.sha256")
-    mh = hash_model(model)
-    if mh != mc["sha256"]:
-        cls = _qualname(model)
-        why = "the model differs from the certified model"
-        if cls != mc["class"]:
-            why += f" (class {cls}, certified {mc['class']})"
-        else:
-            why += " (same class, other parameters or fitted state)"
-        mism.append(Mismatch("inputs.model.sha256", mc["sha256"], mh, why))
-    if model_file is not None and mc.get("file_sha256"):
-        fh = hash_file(model_file)
-        if fh != mc["file_sha256"]:
-            notes.append("the model file's bytes differ from the certified file's "
-                         "(the model state is what is compared)")
-
-    # the certificate's own consistency
-    value_c, primal_c, gap_c = _num(res["value"]), _num(res["primal_cost"]), _num(res["gap"])
-    checked.append("results.gap (internal)")
-    if math.isfinite(value_c) and math.isfinite(primal_c):
-        gap_self = abs(primal_c - value_c) / max(1.0, abs(value_c))
-        if not _close(gap_self, gap_c, 1e-6, tol["atol"]) and abs(gap_self - gap_c) > 1e-12:
-            mism.append(Mismatch("results.gap", gap_c, gap_self,
-                                 "the recorded gap does not match the recorded value and "
-                                 "primal cost"))
-
-    # recompute
     loss = _loss_from_spec(inputs["loss"])
+    spec = _strict(_loss_spec(loss))
+    _expect(report, "inputs.loss", spec == inputs["loss"], inputs["loss"], spec,
+            "the loss's slopes, intercepts or side are not those of the named loss")
+    requested = inputs.get("solver_requested") or "auto"
     kwargs = dict(loss=loss, r=_num(inputs["r"]), theta1=_num(inputs["theta1"]),
                   theta2=_num(inputs["theta2"]), divergence=inputs["divergence"],
-                  solver=solver or inputs.get("solver_requested") or "auto",
-                  features=inputs.get("movable_features"))
+                  solver=solver or requested, features=inputs.get("movable_features"))
     try:
         new = certify(model, X, y, **kwargs, **(inputs.get("solver_options") or {}))
     except SolverError:
         raise
     except (OtstabError, ValueError, TypeError) as exc:
-        mism.append(Mismatch("results", "a recomputable certificate", f"error: {exc}",
-                             "certify failed on these inputs"))
+        report.mismatches.append(Mismatch("results", "a recomputable certificate",
+                                          f"error: {exc}", "certify failed on these inputs"))
         report.ok = False
         return report
     report.recomputed = new
-    notes.append(f"recomputed with solver {new.solver} ({new.status}) in "
-                 f"{new.info.get('wall_time', new.solve_time):.3g} s")
-    for key in _RESULT_FIGURES:
-        checked.append(f"results.{key}")
-        a, b = _num(res[key]), float(getattr(new, key))
-        if not _close(a, b, tol["rtol"], tol["atol"]):
-            mism.append(Mismatch(f"results.{key}", a, b, f"{key} does not reproduce"))
-    checked.append("results.h")
-    a, b = _num(res["h"]), float(new.h)
-    if not _close(a, b, tol["h_rtol"], tol["atol"]):
-        mism.append(Mismatch("results.h", a, b, "the dual multiplier h does not reproduce"))
-    for key, val in (res.get("decomposition") or {}).items():
-        checked.append(f"results.decomposition.{key}")
-        a = _num(val)
-        b = float(new.decomposition.get(key, math.nan))
-        if not _close(a, b, tol["rtol"], tol["atol"]):
-            mism.append(Mismatch(f"results.decomposition.{key}", a, b,
-                                 f"the decomposition's {key} does not reproduce"))
-    checked.append("solver.status")
-    if cert["solver"]["status"] != new.status:
-        mism.append(Mismatch("solver.status", cert["solver"]["status"], new.status,
-                             "the status differs"))
-    checked.append("audit of the recomputed Q*")
-    if math.isfinite(new.value) and new.status != "unreachable":
-        r = kwargs["r"]
-        if not new.gap <= tol["gap_tol"]:
-            mism.append(Mismatch("audit.gap", f"<= {tol['gap_tol']:g}", new.gap,
-                                 "the recomputed primal-dual gap is too large"))
-        if new.risk_star < r - tol["gap_tol"] * max(1.0, r):
-            mism.append(Mismatch("audit.risk_star", f">= r = {r:g}", new.risk_star,
-                                 "the risk under the recomputed Q* does not reach r"))
+    report.notes.append(f"recomputed with solver {new.solver} ({new.status}) in "
+                        f"{new.info.get('wall_time', new.solve_time):.3g} s")
+    _verify_results(report, cert, new, tol, compare_solver=solver in (None, requested))
 
-    fs = res.get("feature_stability")
+    fs = cert["results"].get("feature_stability")
     if fs is not None and check_features:
-        _verify_features(fs, model, X, y, kwargs, tol, mism, checked)
+        _verify_features(report, fs, model, X, y, kwargs, tol)
+    elif fs is not None:
+        report.notes.append("the feature scores were not recomputed (check_features=False)")
     if qstar is not None:
-        checked.append("qstar (independent audit)")
-        qi = cert.get("qstar")
-        if isinstance(qstar, (str, Path)) and qi and qi.get("sha256"):
-            if hash_file(qstar) != qi["sha256"]:
-                mism.append(Mismatch("qstar.sha256", qi["sha256"], hash_file(qstar),
-                                     "the Q* file differs from the certified one"))
-        try:
-            mism.extend(audit_qstar(qstar, model, X, y, cert, rtol=tol["rtol"],
-                                    atol=tol["atol"]))
-        except (OtstabError, ValueError, TypeError) as exc:
-            mism.append(Mismatch("qstar", "an auditable Q* file", f"error: {exc}",
-                                 "the Q* file cannot be audited"))
-    report.ok = not mism
+        _verify_qstar_file(report, cert, qstar, model, X, y, tol)
+    elif cert.get("qstar"):
+        report.notes.append("the Q* side file was not given: its hash and columns were not "
+                            "audited")
+    report.ok = not report.mismatches
     return report
 
 
-def _verify_features(fs, model, X, y, kwargs, tol, mism, checked) -> None:
+def _verify_data(report, data: dict, X, y) -> None:
+    """The data block against ``(X, y)``: fingerprint, shape, columns, labels."""
+    try:
+        got = _data_info(X, y, data.get("target"))
+    except ValidationError as exc:
+        report.mismatches.append(Mismatch("inputs.data", "data of the certified shape",
+                                          str(exc), "the evaluation data cannot be "
+                                                    "fingerprinted"))
+        return
+    shape_c = (data["n_samples"], data["n_features"])
+    shape_g = (got["n_samples"], got["n_features"])
+    _expect(report, "inputs.data.shape", shape_c == shape_g, f"{shape_c[0]} x {shape_c[1]}",
+            f"{shape_g[0]} x {shape_g[1]}", "the evaluation data have another shape")
+    _expect(report, "inputs.data.columns", got["columns"] == data["columns"],
+            data["columns"][:5], got["columns"][:5], "the column names or their order differ")
+    if "label_counts" in data:
+        _expect(report, "inputs.data.label_counts", got["label_counts"] == data["label_counts"],
+                data["label_counts"], got["label_counts"], "the label counts differ")
+    target = data.get("target")
+    if target is not None:
+        name = y.name if isinstance(y, pd.Series) else None
+        if name is None:
+            report.notes.append(f"y has no name: the label column {target!r} was not checked")
+        else:
+            _expect(report, "inputs.data.target", str(name) == target, target, str(name),
+                    "the label column has another name")
+    detail = "the evaluation data differ from the certified data"
+    if shape_c == shape_g:
+        detail += (" (column names or order differ)" if got["columns"] != data["columns"]
+                   else " (values or labels differ)")
+    _expect(report, "inputs.data.sha256", got["sha256"] == data["sha256"], data["sha256"],
+            got["sha256"], detail)
+
+
+def _verify_model(report, mc: dict, model, model_file) -> None:
+    """The model block against ``model``: fingerprint, class, estimator, pipeline, width."""
+    got = _model_info(model)
+    for key in ("class", "estimator", "pipeline", "n_features_in"):
+        if key in mc:
+            _expect(report, f"inputs.model.{key}", got[key] == mc[key], mc[key], got[key],
+                    f"the model's {key} differs from the certified one")
+    why = "the model differs from the certified model" + (
+        " (same class, other parameters or fitted state)" if got["class"] == mc["class"]
+        else f" (class {got['class']}, certified {mc['class']})")
+    _expect(report, "inputs.model.sha256", got["sha256"] == mc["sha256"], mc["sha256"],
+            got["sha256"], why)
+    if model_file is not None and mc.get("file_sha256"):
+        if hash_file(model_file) != mc["file_sha256"]:
+            report.notes.append("the model file's bytes differ from the certified file's "
+                                "(the model state is what is compared)")
+
+
+def _verify_consistency(report, cert: dict, tol: dict) -> None:
+    """Fields that follow from other fields of the same certificate."""
+    res = cert["results"]
+    value, primal = _num(res["value"]), _num(res["primal_cost"])
+    if math.isfinite(value) and math.isfinite(primal):
+        gap = abs(primal - value) / max(1.0, abs(value))
+        _expect_close(report, "results.gap", res["gap"], gap, 1e-6, max(tol["atol"], 1e-12),
+                      "the recorded gap does not match the recorded value and primal cost")
+    _expect_close(report, "results.excess_risk", res["excess_risk"],
+                  _num(res["risk_star"]) - _num(res["risk_base"]), tol["rtol"], tol["atol"],
+                  "the recorded excess risk is not risk_star - risk_base")
+    qi = cert.get("qstar")
+    if qi and "n_atoms" in res:
+        _expect(report, "qstar.n_atoms", qi["n_atoms"] == res["n_atoms"], qi["n_atoms"],
+                res["n_atoms"], "the Q* reference has another number of atoms than the results")
+    fs = res.get("feature_stability")
+    if fs is not None and fs["table"]:
+        table = pd.DataFrame(fs["table"])
+        scores = pd.Series([_num(s) for s in table["score"]])
+        if "rank" in table.columns:
+            # as feature_stability ranks them (a nan score, never produced, ranks last)
+            ranks = scores.rank(method="min", na_option="bottom").astype(int).tolist()
+            recorded = table["rank"].tolist()
+            _expect(report, "results.feature_stability.rank", recorded == ranks, recorded[:5],
+                    ranks[:5], "the ranks are not the ranks of the recorded scores")
+        _expect(report, "results.feature_stability.order", scores.is_monotonic_increasing,
+                list(table["feature"])[:5], "sorted by score",
+                "the table is not sorted by score")
+
+
+def _verify_results(report, cert: dict, new, tol: dict, *, compare_solver: bool) -> None:
+    """Every field of ``results`` and ``solver`` against the recomputed answer ``new``."""
+    res, rtol, atol = cert["results"], tol["rtol"], tol["atol"]
+    for key in _RESULT_FIGURES:
+        _expect_close(report, f"results.{key}", res[key], getattr(new, key), rtol, atol,
+                      f"{key} does not reproduce")
+    _expect_close(report, "results.h", res["h"], new.h, tol["h_rtol"], atol,
+                  "the dual multiplier h does not reproduce")
+    _expect_close(report, "results.alpha", res["alpha"], new.alpha, tol["h_rtol"], atol,
+                  "the dual multiplier alpha does not reproduce")
+    if not (math.isfinite(_num(res["value"])) and math.isfinite(_num(res["primal_cost"]))):
+        _expect_close(report, "results.gap", res["gap"], new.gap, rtol, atol,
+                      "the gap does not reproduce")  # finite ones: _verify_consistency
+    if "dual_gap_bound" in res:
+        scale = max(1.0, abs(new.value)) if math.isfinite(new.value) else 1.0
+        _expect_close(report, "results.dual_gap_bound", res["dual_gap_bound"],
+                      new.dual_gap_bound, rtol, max(atol, tol["gap_tol"] * scale),
+                      "the dual gap bound does not reproduce")
+    decomposition = {k: v for k, v in (new.decomposition or {}).items()
+                     if isinstance(v, (Real, np.floating))}
+    _expect(report, "results.decomposition (keys)", set(res["decomposition"]) ==
+            set(decomposition), sorted(res["decomposition"]), sorted(decomposition),
+            "the decomposition has other terms")
+    for key, val in res["decomposition"].items():
+        _expect_close(report, f"results.decomposition.{key}", val, decomposition.get(key),
+                      rtol, atol, f"the decomposition's {key} does not reproduce")
+    for key, got in (("n_atoms", new.n_atoms), ("split", bool(new.split)),
+                     ("exact", bool(getattr(new, "exact", True)))):
+        if key in res:
+            _expect(report, f"results.{key}", res[key] == got, res[key], got,
+                    f"{key} does not reproduce")
+    _expect(report, "solver.status", cert["solver"]["status"] == new.status,
+            cert["solver"]["status"], new.status, "the status differs")
+    if compare_solver:
+        _expect(report, "solver.name", cert["solver"]["name"] == new.solver,
+                cert["solver"]["name"], new.solver, "another solver answered")
+    elif cert["solver"]["name"] != new.solver:
+        report.notes.append(f"recomputed with solver {new.solver}, certified by "
+                            f"{cert['solver']['name']}")
+    report.checked.append("audit of the recomputed Q*")
+    if math.isfinite(new.value) and new.status != "unreachable":
+        r = _num(cert["inputs"]["r"])
+        if not new.gap <= tol["gap_tol"]:
+            report.mismatches.append(Mismatch("audit.gap", f"<= {tol['gap_tol']:g}", new.gap,
+                                              "the recomputed primal-dual gap is too large"))
+        if new.risk_star < r - tol["gap_tol"] * max(1.0, r):
+            report.mismatches.append(Mismatch(
+                "audit.risk_star", f">= r = {r:g}", new.risk_star,
+                "the risk under the recomputed Q* does not reach r"))
+
+
+def _verify_features(report, fs: dict, model, X, y, kwargs: dict, tol: dict) -> None:
+    """Recompute the feature table and compare every cell of every recorded row."""
     from . import feature_stability
 
-    table = pd.DataFrame(fs["table"])
     try:
         new = feature_stability(
             model, X, y, loss=kwargs["loss"], r=kwargs["r"], theta1=kwargs["theta1"],
@@ -1041,18 +1225,57 @@ def _verify_features(fs, model, X, y, kwargs, tol, mism, checked) -> None:
     except SolverError:
         raise
     except (OtstabError, ValueError, TypeError) as exc:
-        mism.append(Mismatch("results.feature_stability", "recomputable scores",
-                             f"error: {exc}", "feature_stability failed on these inputs"))
+        report.mismatches.append(Mismatch(
+            "results.feature_stability", "recomputable scores", f"error: {exc}",
+            "feature_stability failed on these inputs"))
         return
-    checked.append("results.feature_stability")
-    old = {str(f): _num(s) for f, s in zip(table["feature"], table["score"])}
-    got = {str(f): float(s) for f, s in zip(new["feature"], new["score"])}
-    if set(old) != set(got):
-        mism.append(Mismatch("results.feature_stability.feature", sorted(old)[:5],
-                             sorted(got)[:5], "the scored features differ"))
+    report.checked.append("results.feature_stability")
+    got = {str(row["feature"]): row for row in _strict(new.to_dict(orient="records"))}
+    old = {str(row["feature"]): row for row in fs["table"]}
+    if len(old) != len(fs["table"]) or set(old) != set(got):
+        report.mismatches.append(Mismatch(
+            "results.feature_stability.feature", sorted(old)[:5], sorted(got)[:5],
+            "the scored features differ"))
         return
-    for name, a in old.items():
-        if not _close(a, got[name], tol["rtol"], tol["atol"]):
-            mism.append(Mismatch(f"results.feature_stability[{name}].score", a, got[name],
-                                 f"the stability score of feature {name!r} does not "
-                                 "reproduce"))
+    for name, row in old.items():
+        for col, val in row.items():
+            if col in ("feature", "rank"):  # the key; ranks follow from the scores
+                continue
+            where = f"results.feature_stability[{name}].{col}"
+            if col not in got[name]:
+                _expect(report, where, False, val, None, "feature_stability has no such column")
+            elif isinstance(val, (Real, str)) and not isinstance(val, bool) and _is_number(
+                    val) and _is_number(got[name][col]):
+                rt = tol["h_rtol"] if col == "h" else tol["rtol"]
+                _expect_close(report, where, val, _num(got[name][col]), rt, tol["atol"],
+                              f"the {col} of feature {name!r} does not reproduce")
+            else:
+                _expect(report, where, val == got[name][col], val, got[name][col],
+                        f"the {col} of feature {name!r} does not reproduce")
+
+
+def _is_number(v) -> bool:
+    """A certificate number: a real, or one of the strings "inf", "-inf", "nan"."""
+    if isinstance(v, bool):
+        return False
+    return isinstance(v, Real) or v in ("inf", "-inf", "nan")
+
+
+def _verify_qstar_file(report, cert: dict, qstar, model, X, y, tol: dict) -> None:
+    """The Q* reference (hash, format) and the side file itself (:func:`audit_qstar`)."""
+    report.checked.append("qstar (independent audit)")
+    qi = cert.get("qstar")
+    if isinstance(qstar, (str, Path)) and qi:
+        name = str(qstar).lower()
+        fmt = "parquet" if name.endswith((".parquet", ".pq")) else "csv"
+        _expect(report, "qstar.format", fmt == qi["format"], qi["format"], fmt,
+                "the Q* file has another format")
+        got = hash_file(qstar)
+        _expect(report, "qstar.sha256", got == qi["sha256"], qi["sha256"], got,
+                "the Q* file differs from the certified one")
+    try:
+        report.mismatches.extend(audit_qstar(qstar, model, X, y, cert, rtol=tol["rtol"],
+                                             atol=tol["atol"], gap_tol=tol["gap_tol"]))
+    except (OtstabError, ValueError, TypeError) as exc:
+        report.mismatches.append(Mismatch("qstar", "an auditable Q* file", f"error: {exc}",
+                                          "the Q* file cannot be audited"))

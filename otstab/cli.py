@@ -5,8 +5,10 @@ Exit codes: 0 success; 1 ``verify`` found a mismatch (the reasons are printed); 
 answer (:class:`otstab.errors.SolverError`); 4 an unexpected internal error (run with
 ``--debug`` for the traceback).
 
-Models are loaded with joblib (pickle) or, for ``.skops`` files, with skops when it is
-installed. Loading a pickle runs code from the file: only load model files you trust.
+Models are loaded with skops (``.skops`` files, when skops is installed: only the types skops
+trusts, unless ``--trust-model``) or with joblib/pickle (any other file). Unpickling runs code
+stored in the file, so ``certify`` and ``verify`` load a pickle or joblib file only with
+``--trust-model``: pass it for a model you saved yourself, never for someone else's file.
 """
 
 from __future__ import annotations
@@ -75,6 +77,17 @@ def _number(allow_inf: bool):
     return parse
 
 
+def _tolerance(text: str) -> float:
+    """A verification tolerance: a finite number >= 0."""
+    v = _number(False)(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return v
+
+
+_tolerance.__name__ = "tolerance"
+
+
 def _positive_int(text: str) -> int:
     try:
         v = int(text)
@@ -129,7 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     cert = sub.add_parser(
         "certify", help="certify a saved model on a data file",
         description="Compute the stability criterion R(beta, r) of a saved scikit-learn model "
-                    "(or Pipeline) on evaluation data and write a certificate.")
+                    "(or Pipeline) on evaluation data and write a certificate. A pickle/joblib "
+                    "MODEL is loaded only with --trust-model (unpickling runs code from the "
+                    "file); a .skops MODEL loads safely without it.")
     _add_inputs(cert)
     cert.add_argument("--loss", default="zero_one",
                       help=f"loss: one of {', '.join(LOSS_NAMES)}, pinball(TAU) or "
@@ -166,23 +181,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     ver = sub.add_parser(
         "verify", help="recompute a certificate and compare",
-        description="Recompute a certificate from the model and the data: the fingerprints "
-                    "of the data and the model, the value, h, the base risk, the risk and "
-                    "cost of Q*, the gap, the decomposition and the feature scores must "
-                    "reproduce within the tolerances. Exit 0 when they do, 1 with the "
-                    "reasons when they do not.")
+        description="Recompute a certificate from the model and the data and check every "
+                    "field: the data and model blocks against DATA and MODEL, every figure of "
+                    "the results against a new certify run (and the feature table against a "
+                    "new feature_stability run) within the tolerances, the fields that follow "
+                    "from others (gap, excess risk, ranks) for consistency, and with --qstar "
+                    "every column of the Q* file; timings, versions and the creation time are "
+                    "informational (docs/guarantees.md). Exit 0 when everything reproduces, 1 "
+                    "with the reasons when not. A pickle/joblib MODEL is loaded only with "
+                    "--trust-model (unpickling runs code from the file).")
     ver.add_argument("certificate", metavar="CERT.json", help="the certificate file")
     _add_inputs(ver, target_required=False)
     ver.add_argument("--qstar", metavar="FILE",
                      help="also audit this Q* file (cost, risk and mass recomputed)")
-    ver.add_argument("--rtol", type=_number(False), default=None,
-                     help="relative tolerance for the figures (default 1e-6)")
-    ver.add_argument("--atol", type=_number(False), default=None,
-                     help="absolute tolerance for the figures (default 1e-9)")
-    ver.add_argument("--h-rtol", type=_number(False), default=None,
-                     help="relative tolerance for h (default 1e-5)")
-    ver.add_argument("--gap-tol", type=_number(False), default=None,
-                     help="largest accepted primal-dual gap (default 1e-5)")
+    ver.add_argument("--rtol", type=_tolerance, default=None,
+                     help="relative tolerance for the figures, >= 0 (default 1e-6)")
+    ver.add_argument("--atol", type=_tolerance, default=None,
+                     help="absolute tolerance for the figures, >= 0 (default 1e-9)")
+    ver.add_argument("--h-rtol", type=_tolerance, default=None,
+                     help="relative tolerance for the dual multipliers, >= 0 (default 1e-5)")
+    ver.add_argument("--gap-tol", type=_tolerance, default=None,
+                     help="largest accepted primal-dual gap, >= 0 (default 1e-5)")
     ver.add_argument("--no-features", action="store_true",
                      help="do not recompute the feature-stability scores")
     _add_debug(ver)
@@ -196,65 +215,96 @@ def _add_debug(p) -> None:
 
 def _add_inputs(p, *, target_required=True) -> None:
     p.add_argument("--model", required=True, metavar="MODEL",
-                   help="fitted scikit-learn estimator or Pipeline saved with joblib "
-                        "(.joblib/.pkl) or skops (.skops)")
+                   help="fitted scikit-learn estimator or Pipeline saved with skops (.skops, "
+                        "loaded safely) or joblib/pickle (.joblib, .pkl: needs "
+                        "--trust-model)")
     p.add_argument("--data", required=True, metavar="DATA",
                    help="evaluation data: .csv, .csv.gz, .tsv or .parquet with a header row")
     p.add_argument("--target", required=target_required, metavar="COL",
                    help="label column of DATA" + (
                        "" if target_required else " (default: the certificate's)"))
-    p.add_argument("--trust", action="store_true",
-                   help="for .skops models: trust every type in the file")
+    p.add_argument("--trust-model", action="store_true",
+                   help="allow loading a pickle/joblib MODEL, which runs code stored in the "
+                        "file: pass it only for a file you trust (e.g. a model you saved "
+                        "yourself); for a .skops MODEL, also trust the types skops does not "
+                        "know")
 
 
 # ----------------------------------------------------------------------------------------------
 # inputs
 
 
-def load_model(path, *, trust: bool = False):
-    """Load a fitted model saved with joblib/pickle or skops; raise BadInput naming --model."""
+#: file names loaded with skops; anything else is unpickled (joblib or pickle)
+SKOPS_SUFFIXES = (".skops",)
+
+
+def load_model(path, *, trust_model: bool = False):
+    """Load a fitted model; raise BadInput naming --model (or --trust-model).
+
+    A ``.skops`` file is loaded with ``skops.io``, which refuses types it does not trust
+    unless ``trust_model``. Any other file is a pickle (joblib or plain): unpickling runs code
+    stored in the file, so it is only opened with ``trust_model``.
+    """
     p = Path(path)
     if not p.is_file():
         raise BadInput("--model", f"file {str(path)!r} does not exist")
-    if p.suffix.lower() == ".skops":
-        try:
-            import skops.io as sio
-        except ImportError:
-            raise BadInput("--model", f"{str(path)!r} is a skops file; install skops "
-                                      "(pip install skops) to read it") from None
-        try:
-            untrusted = sio.get_untrusted_types(file=p)
-            if untrusted and not trust:
-                raise BadInput("--model", f"{str(path)!r} contains types skops does not "
-                                          f"trust: {untrusted[:5]}; pass --trust if you "
-                                          "trust the file")
-            model = sio.load(p, trusted=untrusted or None)
-        except BadInput:
-            raise
-        except Exception as exc:
-            raise BadInput("--model", f"cannot load {str(path)!r} with skops: {exc}") from None
+    if p.suffix.lower() in SKOPS_SUFFIXES:
+        model = _load_skops(p, trust_model)
+    elif not trust_model:
+        raise BadInput("--model", f"{str(path)!r} would be unpickled (joblib/pickle), which "
+                                  "runs any code stored in the file; pass --trust-model if "
+                                  "you trust it (e.g. a model you saved yourself), or save "
+                                  "the model with skops (.skops) to load it safely")
     else:
-        try:
-            import joblib
-
-            model = joblib.load(p)
-        except ImportError:
-            import pickle
-
-            try:
-                with open(p, "rb") as fh:
-                    model = pickle.load(fh)
-            except Exception as exc:
-                raise BadInput("--model", f"{str(path)!r} is not a pickled model: "
-                                          f"{type(exc).__name__}: {exc}") from None
-        except Exception as exc:
-            raise BadInput("--model", f"{str(path)!r} is not a joblib/pickle file of a model "
-                                      f"({type(exc).__name__}: {exc})") from None
+        model = _unpickle(p)
     if not any(hasattr(model, a) for a in ("predict", "decision_function", "coef_",
                                             "forward")):
         raise BadInput("--model", f"{str(path)!r} holds a {type(model).__name__}, not a "
                                   "fitted model")
     return model
+
+
+def _load_skops(p: Path, trust_model: bool):
+    try:
+        import skops.io as sio
+    except ImportError:
+        raise BadInput("--model", f"{str(p)!r} is a skops file; install skops "
+                                  "(pip install skops) to read it") from None
+    try:
+        untrusted = sio.get_untrusted_types(file=p)
+    except Exception as exc:
+        raise BadInput("--model", f"cannot load {str(p)!r} with skops: {exc}") from None
+    if untrusted and not trust_model:
+        raise BadInput("--model", f"{str(p)!r} contains types skops does not trust: "
+                                  f"{untrusted[:5]}; pass --trust-model if you trust the file")
+    try:
+        return sio.load(p, trusted=untrusted or None)
+    except Exception as exc:
+        raise BadInput("--model", f"cannot load {str(p)!r} with skops: {exc}") from None
+
+
+def _unpickle(p: Path):
+    try:
+        import joblib
+
+        load = joblib.load
+    except ImportError:
+        import pickle
+
+        def load(path):
+            with open(path, "rb") as fh:
+                return pickle.load(fh)
+    try:
+        return load(p)
+    except Exception as exc:
+        raise BadInput("--model", f"{str(p)!r} is not a joblib/pickle file of a model "
+                                  f"({type(exc).__name__}: {exc})") from None
+
+
+def _verify_command(cert, model, data, target) -> str:
+    """The ``otstab verify`` command line that reproduces a certificate."""
+    trust = "" if Path(str(model)).suffix.lower() in SKOPS_SUFFIXES else " --trust-model"
+    return f"otstab verify {cert} --model {model} --data {data} --target {target}{trust}"
 
 
 def load_data(path, target):
@@ -451,8 +501,7 @@ def _cmd_demo(args) -> int:
     cert = make_certificate(result, model, X, y, features=table, groups=groups,
                             target="income", model_file=model_path)
     cert_path = write_certificate(cert, out / "certificate.json")
-    verify_cmd = (f"otstab verify {cert_path} --model {model_path} --data {data_path} "
-                  "--target income")
+    verify_cmd = _verify_command(cert_path, model_path, data_path, "income")
     say("")
     say(result.summary())
     say("")
@@ -471,6 +520,8 @@ def _cmd_demo(args) -> int:
     for pth in written:
         print(f"wrote {pth}")
     say(f"reproduce with: {verify_cmd}")
+    say(f"  (--trust-model lets verify unpickle {model_path}, the model file this demo has just "
+        "written; never pass it for a model file from someone else)")
     say(f"done in {time.perf_counter() - t0:.1f} s")
     return EXIT_OK
 
@@ -496,7 +547,7 @@ def _cmd_certify(args) -> int:
     if args.qstar and not args.qstar.lower().endswith((".csv", ".csv.gz", ".parquet", ".pq")):
         raise BadInput("--qstar", f"{args.qstar!r} must end in .csv, .csv.gz or .parquet")
     X, y = load_data(args.data, args.target)
-    model = load_model(args.model, trust=args.trust)
+    model = load_model(args.model, trust_model=args.trust_model)
     movable = None
     if args.movable:
         movable = [int(c) if re.fullmatch(r"-?\d+", c) else c for c in args.movable]
@@ -532,8 +583,7 @@ def _cmd_certify(args) -> int:
             grid, curve = _report_grids(model, X, y, result)
         cmd = None
         if args.json:
-            cmd = (f"otstab verify {args.json} --model {args.model} --data {args.data} "
-                   f"--target {args.target}")
+            cmd = _verify_command(args.json, args.model, args.data, args.target)
         written.append(write_report(args.html, cert, result=result, features=table,
                                     grid=grid, curve=curve, verify_command=cmd))
     if args.qstar:
@@ -557,7 +607,7 @@ def _cmd_verify(args) -> int:
         raise BadInput("--target", "the certificate does not name the label column; pass "
                                    "--target")
     X, y = load_data(args.data, target)
-    model = load_model(args.model, trust=args.trust)
+    model = load_model(args.model, trust_model=args.trust_model)
     if args.qstar is not None and not Path(args.qstar).is_file():
         raise BadInput("--qstar", f"file {args.qstar!r} does not exist")
     report = _run_library(

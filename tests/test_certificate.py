@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import math
+import re
+import sys
 from pathlib import Path
 
 import joblib
@@ -277,11 +280,15 @@ def test_tampered_number_fails(toy, toy_cert):
 def test_tampered_feature_score_fails(toy, toy_cert):
     model, X, y = toy
     cert = json.loads(json.dumps(toy_cert[0]))
-    cert["results"]["feature_stability"]["table"][0]["score"] *= 1.01
+    # lower the best score: the table stays sorted and ranked, only the recomputation sees it
+    cert["results"]["feature_stability"]["table"][0]["score"] *= 0.99
     name = cert["results"]["feature_stability"]["table"][0]["feature"]
     rep = C.verify_certificate(cert, model, X, y)
     assert _fields(rep) == [f"results.feature_stability[{name}].score"]
     assert C.verify_certificate(cert, model, X, y, check_features=False).ok
+    cert["results"]["feature_stability"]["table"][0]["score"] = "nan"  # fails, no crash
+    rep = C.verify_certificate(cert, model, X, y, check_features=False)
+    assert "results.feature_stability.order" in _fields(rep)
 
 
 def test_tampered_data_fails(toy, toy_cert):
@@ -364,3 +371,264 @@ def test_loss_specs_round_trip(toy):
     assert cert["inputs"]["loss"]["slopes"] == [0.0, -2.0]
     assert C.verify_certificate(cert, model, X, y).ok
     assert C._loss_from_spec({"name": "pinball(0.3)"}) == pinball(0.3)
+
+
+# ------------------------------------------------------------------------------------------
+# every field: a tamper test per leaf of a real certificate and per Q* column
+
+#: leaves a reader sees that verify deliberately does not check (docs/guarantees.md): when the
+#: certificate was made, how long it took, the package versions, the solver's narrative of the
+#: run, the provenance of the model file's bytes and the Q* file's name, the user's metadata
+INFORMATIONAL = (r"created", r"environment\..*", r"timings\..*", r"solver\.message",
+                 r"solver\.iterations", r"solver\.log\..*", r"inputs\.model\.file",
+                 r"inputs\.model\.file_sha256", r"qstar\.file", r"extra\..*")
+#: enumerated strings are swapped for another valid value (a loss name for another built-in
+#: loss), so that the recomputation, not only the schema, has to notice
+_SWAP = {"kl": "chi2", "chi2": "kl", "csv": "parquet", "parquet": "csv",
+         "margin": "residual", "residual": "margin", "zero_one": "hinge", "hinge": "absolute"}
+
+
+def _leaves(obj, path=""):
+    """(dotted path, value) of every leaf of a JSON object (list items by position)."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _leaves(v, f"{path}.{k}" if path else k)
+    elif isinstance(obj, list) and obj:
+        for i, v in enumerate(obj):
+            yield from _leaves(v, f"{path}.{i}")
+    else:
+        yield path, obj
+
+
+def _set(obj, path, value):
+    keys = path.split(".")
+    for k in keys[:-1]:
+        obj = obj[int(k)] if isinstance(obj, list) else obj[k]
+    last = keys[-1]
+    if isinstance(obj, list):
+        obj[int(last)] = value
+    else:
+        obj[last] = value
+
+
+def _perturb(v):
+    """Another value of the same kind (None when a leaf has no natural other value)."""
+    if isinstance(v, bool):
+        return not v
+    if isinstance(v, int):
+        return v + 1
+    if isinstance(v, float):
+        return v + 0.01 * max(1.0, abs(v))
+    if isinstance(v, str):
+        if v in ("inf", "-inf", "nan"):
+            return {"inf": 2.0, "-inf": -2.0, "nan": 0.5}[v]
+        if v in _SWAP:
+            return _SWAP[v]
+        if re.fullmatch(r"[0-9a-f]{64}", v):
+            return v[:-1] + ("0" if v[-1] != "0" else "1")  # still a valid hash
+        if re.fullmatch(r"\d{4}-.*Z", v):
+            return "1999" + v[4:]  # still a valid timestamp
+        return v + "x"
+    return None
+
+
+KINDS = ("zero_one-kl-features", "hinge-chi2-pipeline", "zero_one-unreachable")
+#: inputs are checked through the recomputation; these edits leave a certificate that is still
+#: true (0.31 is as unreachable as 0.3 with theta1 = theta2 = inf, where the divergence prices
+#: nothing), so verify rightly accepts them
+STILL_TRUE = {"zero_one-unreachable": ("inputs.r", "inputs.divergence")}
+
+
+@pytest.fixture(scope="module")
+def tamper_cases(tmp_path_factory):
+    """Real certificates whose leaves together are every field of the format: a 0/1-loss KL
+    certificate with grouped feature scores, a movable subset and a label column; a hinge chi2
+    certificate (alpha set) of a Pipeline; an unreachable threshold (value "inf", gap "nan").
+    All with a model file, a Q* file and extra metadata."""
+    d = tmp_path_factory.mktemp("tamper")
+    X, y = make_toy(40, random_state=2)
+    noise = np.random.default_rng(3).normal(size=len(y))  # a third, weakly useful feature
+    X = pd.DataFrame({"a": X[:, 0], "b": X[:, 1], "c": noise - y})
+    y = pd.Series(y, name="label")
+    cases = {}
+    for kind in KINDS:
+        if kind == "zero_one-unreachable":
+            model = LogisticRegression().fit(X, y)
+            kw = dict(loss="zero_one", r=0.3, theta1=math.inf, theta2=math.inf)
+        elif kind.startswith("zero_one"):
+            model = LogisticRegression().fit(X, y)
+            kw = dict(loss="zero_one", r=0.3, features=["a", "b", "c"])
+        else:
+            model = make_pipeline(StandardScaler(), LogisticRegression()).fit(X, y)
+            kw = dict(loss="hinge", r=0.8, divergence="chi2")
+        joblib.dump(model, d / f"{kind}.joblib")
+        res = otstab.certify(model, X, y, **kw)
+        fs, groups = None, None
+        if kind.endswith("features"):
+            groups = {"ab": ["a", "b"]}
+            fs = otstab.feature_stability(model, X, y, loss="zero_one", r=0.3, groups=groups)
+        qfile = d / f"{kind}.csv"
+        cert = C.make_certificate(res, model, X, y, features=fs, groups=groups,
+                                  movable=kw.get("features"), target="label",
+                                  model_file=d / f"{kind}.joblib", qstar=C.write_qstar(res, qfile),
+                                  extra={"reviewer": "someone"})
+        cases[kind] = (cert, model, X, y, qfile, d / f"{kind}.joblib")
+    return cases
+
+
+def _verify_tampered(cert, model, X, y, qfile, model_file):
+    """True when verify accepts the certificate."""
+    try:
+        return C.verify_certificate(cert, model, X, y, qstar=qfile, model_file=model_file).ok
+    except ValidationError:
+        return False
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_leaf_is_checked_or_informational(tamper_cases, kind):
+    cert, model, X, y, qfile, model_file = tamper_cases[kind]
+    assert _verify_tampered(cert, model, X, y, qfile, model_file)
+    leaves = [(p, v) for p, v in _leaves(cert) if _perturb(v) is not None]
+    assert len(leaves) > 50  # the walk really covers the certificate
+    undetected, broken = [], []
+    for path, value in leaves:
+        bad = copy.deepcopy(cert)
+        _set(bad, path, _perturb(value))
+        accepted = _verify_tampered(bad, model, X, y, qfile, model_file)
+        informational = any(re.fullmatch(p, path) for p in INFORMATIONAL) or path in \
+            STILL_TRUE.get(kind, ())
+        if informational and not accepted:
+            broken.append(path)
+        elif not informational and accepted:
+            undetected.append(f"{path}={value!r}")
+    assert not undetected, f"tampering these fields went unnoticed: {undetected}"
+    assert not broken, f"informational fields failed verification: {broken}"
+
+
+def test_every_kind_of_field_is_walked(tamper_cases):
+    """The two certificates leave no field of the schema null in both (so none is skipped)."""
+    seen = set()
+    for cert, *_ in tamper_cases.values():
+        seen |= {re.sub(r"\.\d+", "", p) for p, v in _leaves(cert) if v is not None}
+    schema_fields = set()
+
+    def walk(s, path):
+        for k, sub in s.get("properties", {}).items():
+            q = f"{path}.{k}" if path else k
+            schema_fields.add(q)
+            walk(sub, q)
+    walk(SCHEMA, "")
+    for opt in (SCHEMA["properties"]["qstar"]["anyOf"][1],):
+        walk(opt, "qstar")
+    walk(SCHEMA["properties"]["results"]["properties"]["feature_stability"]["anyOf"][1],
+         "results.feature_stability")
+    leaves = {f for f in schema_fields if not any(g.startswith(f + ".") for g in schema_fields)}
+    # solver_options (none by default, passed to certify again) is the only field left out
+    optional = {"inputs.solver_options"}
+    missing = {f for f in leaves - optional
+               if not any(s == f or s.startswith(f + ".") for s in seen)}
+    assert not missing, missing
+
+
+def _qstar_frame(tamper_cases):
+    cert, model, X, y, qfile, _ = tamper_cases["zero_one-kl-features"]
+    return cert, model, X, y, C.read_table(qfile)
+
+
+def test_qstar_audit_of_the_written_file_passes(tamper_cases):
+    cert, model, X, y, frame = _qstar_frame(tamper_cases)
+    assert C.audit_qstar(frame, model, X, y, cert) == []
+    assert list(frame.columns) == ["source", "mass", "index", "a", "b", "c", "a*", "b*", "c*",
+                                   "weight", "loss", "loss*", "distance2"]
+
+
+@pytest.mark.parametrize("column", ["source", "mass", "index", "a", "b", "c", "a*", "b*", "c*",
+                                    "weight", "loss", "loss*", "distance2"])
+def test_tampered_qstar_column_fails(tamper_cases, column):
+    cert, model, X, y, frame = _qstar_frame(tamper_cases)
+    frame = frame.copy()
+    i = 0
+    if column == "source":  # atom 0 now claims sample 1: sample 1 has mass 2, sample 0 none
+        frame.loc[i, column] = (frame.loc[i, column] + 1) % len(X)
+    else:
+        frame[column] = frame[column].astype(float)
+        if column in ("mass", "weight"):
+            frame.loc[i, column] = frame.loc[i, column] * 0.5
+        else:
+            frame.loc[i, column] = frame.loc[i, column] + 0.5
+    expected = {"source": "qstar:mass", "mass": "qstar:mass", "weight": "qstar:total_mass"}
+    for star in ("a*", "b*", "c*"):
+        expected[star] = "qstar:distance2"  # the moved point is no longer ||x* - x||^2 away
+    fields = {m.field for m in C.audit_qstar(frame, model, X, y, cert)}
+    assert expected.get(column, f"qstar:{column}") in fields, fields
+
+
+def test_qstar_file_with_other_columns_or_rows_fails(tamper_cases, tmp_path):
+    cert, model, X, y, frame = _qstar_frame(tamper_cases)
+    fields = {m.field for m in C.audit_qstar(frame.assign(note=1), model, X, y, cert)}
+    assert fields == {"qstar:columns"}
+    fields = {m.field for m in C.audit_qstar(frame.drop(columns="loss*"), model, X, y, cert)}
+    assert fields == {"qstar:columns"}
+    short = frame.iloc[:-1]
+    fields = {m.field for m in C.audit_qstar(short, model, X, y, cert)}
+    assert {"qstar:n_atoms", "qstar:mass"} <= fields
+
+
+def test_duplicate_keys_are_rejected(toy_cert, tmp_path):
+    cert = toy_cert[0]
+    text = json.dumps(cert, indent=1)
+    # state results.value twice: plain JSON would keep the second, tampered one
+    value = json.dumps(cert["results"]["value"])
+    dup = text.replace(f'"value": {value},', f'"value": {value},\n "value": 0.5,', 1)
+    assert dup != text
+    (tmp_path / "dup.json").write_text(dup)
+    with pytest.raises(ValidationError, match="'value' twice"):
+        C.read_certificate(tmp_path / "dup.json")
+    (tmp_path / "nan.json").write_text(text.replace(value, "NaN", 1))
+    with pytest.raises(ValidationError, match="NaN"):
+        C.read_certificate(tmp_path / "nan.json")
+
+
+@pytest.mark.parametrize("where", ["", "inputs", "results", "inputs.data", "solver"])
+def test_unknown_keys_are_rejected_with_or_without_jsonschema(toy_cert, where, monkeypatch):
+    cert = json.loads(json.dumps(toy_cert[0]))
+    block = cert
+    for k in filter(None, where.split(".")):
+        block = block[k]
+    block["surprise"] = 1
+    with pytest.raises(ValidationError, match="surprise"):
+        C.validate_certificate(cert)
+    monkeypatch.setitem(sys.modules, "jsonschema", None)  # import jsonschema -> ImportError
+    with pytest.raises(ValidationError, match="unknown key.*surprise"):
+        C.validate_certificate(cert)
+
+
+@pytest.mark.parametrize("name", ["rtol", "atol", "h_rtol", "gap_tol"])
+@pytest.mark.parametrize("bad", [-1, math.nan, math.inf, "1e-6", True])
+def test_bad_tolerances_are_rejected(toy, toy_cert, name, bad):
+    model, X, y = toy
+    with pytest.raises(ValidationError, match=f"{name} must be a finite number >= 0"):
+        C.verify_certificate(toy_cert[0], model, X, y, **{name: bad})
+
+
+def test_label_counts_treat_whole_float_labels_as_integers(toy, toy_cert):
+    model, X, y = toy
+    assert C._label_counts(y) == C._label_counts(y.astype(float)) == {"0": 60, "1": 60}
+    assert C.verify_certificate(toy_cert[0], model, X, y.astype(float)).ok
+
+
+def test_loss_spec_must_describe_the_named_loss(toy):
+    """A built-in name with other slopes (the hinge relabelled "absolute", or given other
+    slopes) is caught; a custom PiecewiseLinear is defined by its slopes, its name a label."""
+    model, X, y = toy
+    res = otstab.certify(model, X, y, loss="hinge", r=0.6)
+    cert = C.make_certificate(res, model, X, y)
+    assert cert["inputs"]["loss"]["slopes"] == [0.0, -1.0]  # hinge: max(0, 1 - margin)
+    for edit in ({"name": "absolute"}, {"slopes": [0.0, -2.0]}):
+        bad = copy.deepcopy(cert)
+        bad["inputs"]["loss"].update(edit)
+        assert "inputs.loss" in _fields(C.verify_certificate(bad, model, X, y))
+    custom = PiecewiseLinear((0.0, -1.0), (0.0, 1.0), on="margin", name="my_hinge")
+    cert = C.make_certificate(otstab.certify(model, X, y, loss=custom, r=0.6), model, X, y,
+                              loss=custom)
+    assert C.verify_certificate(cert, model, X, y).ok

@@ -56,7 +56,7 @@ def demo(tmp_path_factory):
 
 def verify_args(d: Path, cert=None, model=None, data=None):
     return ["verify", cert or d / "certificate.json", "--model", model or d / "model.joblib",
-            "--data", data or d / "eval.csv", "--target", "income"]
+            "--data", data or d / "eval.csv", "--target", "income", "--trust-model"]
 
 
 # ------------------------------------------------------------------------------------------
@@ -115,7 +115,7 @@ def test_demo_verifies_in_process(demo):
     assert "OK: the certificate reproduces" in stdout
     # --target defaults to the certificate's
     code, _, _ = run(["verify", out / "certificate.json", "--model", out / "model.joblib",
-                      "--data", out / "eval.csv"])
+                      "--data", out / "eval.csv", "--trust-model"])
     assert code == 0
 
 
@@ -180,7 +180,7 @@ def _one_line(stderr: str, arg: str):
 
 def test_missing_target_column(demo):
     out, _ = demo
-    code, _, stderr = run(["certify", "--model", out / "model.joblib", "--data",
+    code, _, stderr = run(["certify", "--trust-model", "--model", out / "model.joblib", "--data",
                            out / "eval.csv", "--target", "salary", "--r", "0.3"])
     assert code == 2
     _one_line(stderr, "--target")
@@ -193,7 +193,8 @@ def test_non_numeric_features(demo, tmp_path):
     df["age"] = np.where(df["age"] > 0, "old", "young")
     path = tmp_path / "strings.csv"
     df.to_csv(path, index=False)
-    code, _, stderr = run(["certify", "--model", out / "model.joblib", "--data", path,
+    code, _, stderr = run(["certify",
+                           "--trust-model", "--model", out / "model.joblib", "--data", path,
                            "--target", "income", "--r", "0.3"])
     assert code == 2
     _one_line(stderr, "--data")
@@ -202,17 +203,20 @@ def test_non_numeric_features(demo, tmp_path):
 
 def test_model_file_that_is_not_a_model(demo, tmp_path):
     out, _ = demo
-    code, _, stderr = run(["certify", "--model", out / "eval.csv", "--data", out / "eval.csv",
+    code, _, stderr = run(["certify",
+                           "--trust-model", "--model", out / "eval.csv", "--data", out / "eval.csv",
                            "--target", "income", "--r", "0.3"])
     assert code == 2
     _one_line(stderr, "--model")
     joblib.dump({"coef": [1, 2]}, tmp_path / "dict.joblib")
-    code, _, stderr = run(["certify", "--model", tmp_path / "dict.joblib", "--data",
+    code, _, stderr = run(["certify",
+                           "--trust-model", "--model", tmp_path / "dict.joblib", "--data",
                            out / "eval.csv", "--target", "income", "--r", "0.3"])
     assert code == 2
     _one_line(stderr, "--model")
     assert "not a fitted model" in stderr
-    code, _, stderr = run(["certify", "--model", tmp_path / "nothing.joblib", "--data",
+    code, _, stderr = run(["certify",
+                           "--trust-model", "--model", tmp_path / "nothing.joblib", "--data",
                            out / "eval.csv", "--target", "income", "--r", "0.3"])
     assert code == 2
     _one_line(stderr, "--model")
@@ -221,7 +225,7 @@ def test_model_file_that_is_not_a_model(demo, tmp_path):
 @pytest.mark.parametrize("r", ["1.5", "-0.1"])
 def test_r_outside_unit_interval_for_zero_one(demo, r):
     out, _ = demo
-    code, _, stderr = run(["certify", "--model", out / "model.joblib", "--data",
+    code, _, stderr = run(["certify", "--trust-model", "--model", out / "model.joblib", "--data",
                            out / "eval.csv", "--target", "income", "--r", r])
     assert code == 2
     _one_line(stderr, "--r")
@@ -230,7 +234,8 @@ def test_r_outside_unit_interval_for_zero_one(demo, r):
 def test_bad_input_in_a_subprocess_has_no_traceback(demo):
     out, _ = demo
     code, stdout, stderr = run_subprocess(
-        ["certify", "--model", out / "model.joblib", "--data", out / "eval.csv", "--target",
+        ["certify",
+         "--trust-model", "--model", out / "model.joblib", "--data", out / "eval.csv", "--target",
          "income", "--r", "1.5"], cwd=out.parent)
     assert code == 2
     _one_line(stderr, "--r")
@@ -247,7 +252,7 @@ def test_bad_input_in_a_subprocess_has_no_traceback(demo):
 ])
 def test_other_bad_arguments(demo, argv, arg):
     out, _ = demo
-    code, _, stderr = run(["certify", "--model", out / "model.joblib", "--data",
+    code, _, stderr = run(["certify", "--trust-model", "--model", out / "model.joblib", "--data",
                            out / "eval.csv", "--target", "income", "--r", "0.3", *argv])
     assert code == 2
     _one_line(stderr, arg)
@@ -269,7 +274,7 @@ def test_solver_failure_exits_3(demo, monkeypatch):
         raise SolverError("no solver produced a trustworthy answer")
 
     monkeypatch.setattr(otstab, "certify", failing)
-    code, _, stderr = run(["certify", "--model", out / "model.joblib", "--data",
+    code, _, stderr = run(["certify", "--trust-model", "--model", out / "model.joblib", "--data",
                            out / "eval.csv", "--target", "income", "--r", "0.3"])
     assert code == 3
     assert "solver failure" in stderr and "Traceback" not in stderr
@@ -290,7 +295,7 @@ QSTAR_FORMATS = [
 def test_certify_writes_json_html_qstar_and_verifies(demo, tmp_path, fmt):
     out, _ = demo
     qfile = tmp_path / f"q.{fmt}"
-    argv = ["certify", "--model", out / "model.joblib", "--data", out / "eval.csv",
+    argv = ["certify", "--trust-model", "--model", out / "model.joblib", "--data", out / "eval.csv",
             "--target", "income", "--loss", "hinge", "--r", "0.6", "--theta1", "2",
             "--theta2", "inf", "--json", tmp_path / "c.json", "--html", tmp_path / "r.html",
             "--qstar", qfile, "--features", "--top", "3"]
@@ -319,7 +324,7 @@ def _xy(out):
 
 def test_certify_unreachable_threshold_is_an_answer(demo, tmp_path):
     out, _ = demo
-    code, stdout, _ = run(["certify", "--model", out / "model.joblib", "--data",
+    code, stdout, _ = run(["certify", "--trust-model", "--model", out / "model.joblib", "--data",
                            out / "eval.csv", "--target", "income", "--r", "0.3",
                            "--theta1", "inf", "--theta2", "inf", "--json", tmp_path / "c.json"])
     assert code == 0
@@ -330,7 +335,7 @@ def test_certify_unreachable_threshold_is_an_answer(demo, tmp_path):
 
 def test_certify_movable_subset(demo, tmp_path):
     out, _ = demo
-    code, _, stderr = run(["certify", "--model", out / "model.joblib", "--data",
+    code, _, stderr = run(["certify", "--trust-model", "--model", out / "model.joblib", "--data",
                            out / "eval.csv", "--target", "income", "--r", "0.3", "--movable",
                            "age", "hours-per-week", "--json", tmp_path / "c.json", "--quiet"])
     assert code == 0, stderr
@@ -385,7 +390,8 @@ def test_pipeline_with_one_hot_encoder_groups_its_columns(tmp_path):
         LogisticRegression()).fit(df.drop(columns="label"), df["label"])
     joblib.dump(pipe, tmp_path / "pipe.joblib")
     df.to_csv(tmp_path / "data.csv", index=False)
-    code, stdout, stderr = run(["certify", "--model", tmp_path / "pipe.joblib", "--data",
+    code, stdout, stderr = run(["certify",
+                                "--trust-model", "--model", tmp_path / "pipe.joblib", "--data",
                                 tmp_path / "data.csv", "--target", "label", "--r", "0.4",
                                 "--features", "--json", tmp_path / "c.json"])
     assert code == 0, stderr
@@ -398,13 +404,105 @@ def test_pipeline_with_one_hot_encoder_groups_its_columns(tmp_path):
     assert scored == {"color", "standardscaler__size_x", "standardscaler__weight"}
     # the raw data (strings included) verify against the certificate
     code, _, stderr = run(["verify", tmp_path / "c.json", "--model", tmp_path / "pipe.joblib",
-                           "--data", tmp_path / "data.csv"])
+                           "--data", tmp_path / "data.csv", "--trust-model"])
     assert code == 0, stderr
     # --groups none scores every column alone
-    code, _, _ = run(["certify", "--model", tmp_path / "pipe.joblib", "--data",
+    code, _, _ = run(["certify", "--trust-model", "--model", tmp_path / "pipe.joblib", "--data",
                       tmp_path / "data.csv", "--target", "label", "--r", "0.4",
                       "--features", "--groups", "none", "--json", tmp_path / "c2.json"])
     assert code == 0
     cert2 = json.loads((tmp_path / "c2.json").read_text())
     assert cert2["results"]["feature_stability"]["groups"] is None
     assert len(cert2["results"]["feature_stability"]["table"]) == 5
+
+
+# ------------------------------------------------------------------------------------------
+# untrusted model files and tolerances
+
+
+class _WritesAFile:
+    """Unpickling this calls open(path, "w"): a stand-in for arbitrary code in a model file."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+@pytest.mark.parametrize("suffix", [".joblib", ".pkl", ".pickle", ".bin"])
+@pytest.mark.parametrize("command", ["verify", "certify"])
+def test_pickle_is_never_loaded_without_trust_model(demo, tmp_path, suffix, command):
+    out, _ = demo
+    planted = tmp_path / "planted.txt"
+    evil = tmp_path / f"evil{suffix}"
+    joblib.dump(_WritesAFile(planted), evil)
+    argv = ([*verify_args(out, model=evil)[:-1]] if command == "verify" else
+            ["certify", "--model", evil, "--data", out / "eval.csv", "--target", "income",
+             "--r", "0.3"])
+    assert "--trust-model" not in map(str, argv)
+    code, _, stderr = run(argv)
+    assert code == 2
+    _one_line(stderr, "--model")
+    assert "--trust-model" in stderr
+    assert not planted.exists()
+    # the control: with the flag the same file does run its code (so the test can fail)
+    code, _, stderr = run([*argv, "--trust-model"])
+    assert planted.exists()
+    assert code == 2 and "not a fitted model" in stderr
+
+
+def test_skops_model_loads_without_trust_model(demo, tmp_path):
+    sio = pytest.importorskip("skops.io", reason="skops is optional (pip install skops)")
+    out, _ = demo
+    model = joblib.load(out / "model.joblib")
+    sio.dump(model, tmp_path / "model.skops")
+    code, stdout, stderr = run(verify_args(out, model=tmp_path / "model.skops")[:-1])
+    assert code == 0, stderr
+    assert "OK" in stdout
+
+
+@pytest.mark.parametrize("option", ["--rtol", "--atol", "--h-rtol", "--gap-tol"])
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "abc"])
+def test_verify_rejects_bad_tolerances(demo, option, value):
+    out, _ = demo
+    code, _, stderr = run([*verify_args(out), option, value])
+    assert code == 2
+    _one_line(stderr, option)
+
+
+def test_demo_suggests_trust_model_for_its_own_file(demo):
+    out, stdout = demo
+    line = next(ln for ln in stdout.splitlines() if ln.startswith("reproduce with:"))
+    assert line.endswith("--trust-model")
+    assert "the model file this demo has just written" in stdout
+    assert "--trust-model" in (out / "report.html").read_text()
+    # the suggested command, run as printed, reproduces the certificate
+    code, stdout, stderr = run(line.split()[3:])
+    assert code == 0, stderr
+
+
+def test_tampered_fields_a_reader_sees_fail_in_the_cli(demo, tmp_path):
+    """Fields that verified OK before (excess risk, model class, label counts, a feature's
+    share) and a duplicated key now fail; exit 1 for a mismatch, 2 for a malformed file."""
+    out, _ = demo
+    cert = json.loads((out / "certificate.json").read_text())
+    edits = {
+        "results.excess_risk": lambda c: c["results"].update(excess_risk=0.5),
+        "inputs.model.class": lambda c: c["inputs"]["model"].update({"class": "a.B"}),
+        "inputs.data.label_counts": lambda c: c["inputs"]["data"]["label_counts"].update(
+            {"0": 1}),
+        "share_moving": lambda c: c["results"]["feature_stability"]["table"][0].update(
+            share_moving=0.5),
+    }
+    for field_, edit in edits.items():
+        bad = json.loads(json.dumps(cert))
+        edit(bad)
+        (tmp_path / "c.json").write_text(json.dumps(bad))
+        code, _, stderr = run(verify_args(out, cert=tmp_path / "c.json"))
+        assert code == 1 and field_ in stderr, (field_, stderr)
+    text = (out / "certificate.json").read_text()
+    (tmp_path / "c.json").write_text(text.replace('"format"', '"exact": false,\n  "format"', 1)
+                                     .replace('"exact"', '"created"', 1))
+    code, _, stderr = run(verify_args(out, cert=tmp_path / "c.json"))
+    assert code == 2 and "twice" in stderr
