@@ -61,9 +61,18 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from otstab_solvers.weights import phi
 
+from . import __version__
 from ._results import jsonable
+from .audit import relative_gap
+from .core import certify
 from .errors import InputTypeError, OtstabError, SolverError, ValidationError
+from .features import feature_stability
+from .losses import LOSS_NAMES, PiecewiseLinear, epsilon_insensitive, get_loss, pinball
+from .models import resolve_model
+from .reduction import feature_mask
+from .results import StabilityResult
 
 __all__ = [
     "FORMAT",
@@ -316,7 +325,6 @@ def hash_file(path) -> str:
 def _versions() -> dict:
     from importlib import metadata
 
-    from . import __version__
 
     out = {"otstab": __version__, "python": platform.python_version()}
     for dist in ("numpy", "scipy", "pandas", "cvxpy", "clarabel", "mosek", "ecos", "scs",
@@ -334,7 +342,6 @@ def _now() -> str:
 
 
 def _loss_spec(loss) -> dict:
-    from .losses import PiecewiseLinear, get_loss
 
     obj = get_loss(loss)
     spec = {"name": obj.name}
@@ -348,7 +355,6 @@ def _loss_from_spec(spec):
     """The loss a certificate's ``inputs.loss`` names: a built-in loss by its name (also
     ``pinball(TAU)`` and ``epsilon_insensitive(EPS)``), else a custom
     :class:`~otstab.losses.PiecewiseLinear` from its slopes, intercepts and ``on``."""
-    from .losses import LOSS_NAMES, PiecewiseLinear, epsilon_insensitive, get_loss, pinball
 
     name = spec["name"]
     m = re.fullmatch(r"(pinball|epsilon_insensitive)\((.+)\)", name)
@@ -478,7 +484,6 @@ def make_certificate(result, model, X, y, *, features=None, groups=None, movable
     dict
         Strict-JSON-ready (non-finite numbers as strings); see ``docs/certificate.schema.json``.
     """
-    from .results import StabilityResult
 
     if not isinstance(result, StabilityResult):
         raise InputTypeError(
@@ -746,10 +751,7 @@ def audit_qstar(qstar, model, X, y, cert, *, rtol=None, atol=None,
         reaches ``r``), its mass ``results.total_mass``; and no atom moves a feature the
         certificate does not let move.
     """
-    from otstab_solvers.weights import phi
 
-    from .models import resolve_model
-    from .reduction import feature_mask
 
     tol = _tolerances(rtol=rtol, atol=atol, gap_tol=gap_tol)
     frame = read_table(qstar) if not isinstance(qstar, pd.DataFrame) else qstar
@@ -1030,7 +1032,6 @@ def verify_certificate(cert_or_path, model, X, y, *, rtol=None, atol=None, h_rto
     SolverError
         The recomputation found no trustworthy solution.
     """
-    from . import certify
 
     tol = _tolerances(rtol=rtol, atol=atol, h_rtol=h_rtol, gap_tol=gap_tol)
     if isinstance(cert_or_path, dict):
@@ -1137,7 +1138,7 @@ def _verify_consistency(report, cert: dict, tol: dict) -> None:
     res = cert["results"]
     value, primal = _num(res["value"]), _num(res["primal_cost"])
     if math.isfinite(value) and math.isfinite(primal):
-        gap = abs(primal - value) / max(1.0, abs(value))
+        gap = relative_gap(primal, value)
         _expect_close(report, "results.gap", res["gap"], gap, 1e-6, max(tol["atol"], 1e-12),
                       "the recorded gap does not match the recorded value and primal cost")
     _expect_close(report, "results.excess_risk", res["excess_risk"],
@@ -1215,7 +1216,6 @@ def _verify_results(report, cert: dict, new, tol: dict, *, compare_solver: bool)
 
 def _verify_features(report, fs: dict, model, X, y, kwargs: dict, tol: dict) -> None:
     """Recompute the feature table and compare every cell of every recorded row."""
-    from . import feature_stability
 
     try:
         new = feature_stability(
