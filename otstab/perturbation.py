@@ -34,9 +34,10 @@ For the 0/1 loss the d-transform is ``l_h(z_i) = (h - theta1 d*_i)_+`` with
 
 Except for linear models and trees the distances are **upper bounds** on ``d*_i`` (the point
 returned is verified to be misclassified), so the resulting ``R`` is an upper bound too.
-For linear models and trees the distance is the exact infimum; the returned point lies a
-rounding step beyond the boundary (decision trees compare ``float32(x) <= threshold``), so that
-it is actually misclassified. Samples for which no misclassified point is found get ``inf``
+For linear models and trees the distance is the exact infimum (decision trees compare
+``float32(x) <= threshold``: on float64 inputs a leaf's edge lies halfway between the float32
+values around its threshold); the returned point lies a rounding step beyond the boundary, so
+that it is actually misclassified. Samples for which no misclassified point is found get ``inf``
 (and a NaN point): for them ``l_h = 0`` for every ``h``.
 """
 
@@ -460,12 +461,18 @@ def _f32_atmost(v: np.ndarray) -> np.ndarray:
     return c.astype(np.float64)
 
 
+def _f32_edge(v: np.ndarray) -> np.ndarray:
+    """Where ``float32(x) <= v`` flips on float64 inputs: between the float32 values around v."""
+    return 0.5 * (_f32_atmost(v) + _f32_above(v))
+
+
 def _tree(model, X, yi, mv) -> PerturbationResult:
     n, d = X.shape
     classes = np.asarray(model.classes_)
     pred = _Predictor(lambda Z: _to_indices(model.predict(Z), classes, "model.predict(X)"))
     mis = pred(X) != yi
     lo, hi, cls = _tree_leaves(model.tree_, d)
+    lo_e, hi_e = _f32_edge(lo), _f32_edge(hi)  # the leaf boxes seen by float64 inputs
     X32 = X.astype(np.float32).astype(np.float64)
     best = np.full(n, np.inf)
     bestleaf = np.full(n, -1)
@@ -476,8 +483,8 @@ def _tree(model, X, yi, mv) -> PerturbationResult:
             continue
         low = X32 <= lo[L][None, :]
         high = X32 > hi[L][None, :]
-        gap = np.where(low, np.maximum(lo[L][None, :] - X, 0.0),
-                       np.where(high, np.maximum(X - hi[L][None, :], 0.0), 0.0))
+        gap = np.where(low, np.maximum(lo_e[L][None, :] - X, 0.0),
+                       np.where(high, np.maximum(X - hi_e[L][None, :], 0.0), 0.0))
         dist = np.sum((gap * mv[None, :]) ** 2, axis=1)
         if fixed.any():
             inside = np.all((X32[:, fixed] > lo[L][fixed]) & (X32[:, fixed] <= hi[L][fixed]),
