@@ -23,15 +23,21 @@ For the 0/1 loss the d-transform is ``l_h(z_i) = (h - theta1 d*_i)_+`` with
   kernel SVMs, pipelines, ...): a documented heuristic. Rays from ``x_i`` along the masked
   coordinate axes (both signs), ``n_directions`` random directions and the directions towards
   the nearest evaluation samples predicted as another class are scanned on a geometric grid of
-  radii up to ``max_radius``; the first misclassified grid point is refined by bisection; then
-  ``n_refine`` rounds of random perturbations of the best direction, scanned up to the best
-  radius so far, try to shorten it.
+  radii up to ``max_radius`` (samples with no hit: again up to ``100 max_radius``); the first
+  misclassified grid point is refined by bisection; then ``n_refine`` rounds of random
+  perturbations of the best direction, scanned up to the best radius so far, try to shorten
+  it. For ensembles of scikit-learn trees the split thresholds are used too: features that no
+  split uses do not affect the prediction and stay fixed (moving them would only add
+  distance), each coordinate line is searched exactly (probes just past each threshold),
+  and the coordinates of the best point are pulled back towards ``x_i`` threshold by
+  threshold. With a single movable feature that some split uses, this is exact.
 
 Except for linear models and trees the distances are **upper bounds** on ``d*_i`` (the point
 returned is verified to be misclassified), so the resulting ``R`` is an upper bound too.
-For linear models and trees the distance is the exact infimum; the returned point lies a
-rounding step beyond the boundary (decision trees compare ``float32(x) <= threshold``), so that
-it is actually misclassified. Samples for which no misclassified point is found get ``inf``
+For linear models and trees the distance is the exact infimum (decision trees compare
+``float32(x) <= threshold``: on float64 inputs a leaf's edge lies halfway between the float32
+values around its threshold); the returned point lies a rounding step beyond the boundary, so
+that it is actually misclassified. Samples for which no misclassified point is found get ``inf``
 (and a NaN point): for them ``l_h = 0`` for every ``h``.
 """
 
@@ -224,8 +230,9 @@ def perturbation_search(model, X, y, *, mask=None, labels="model", n_directions=
     n_refine : int
         Refinement rounds (gradient re-aiming or random direction perturbations).
     max_radius : float, optional
-        Largest distance searched along a ray; default twice the diagonal of the bounding box of
-        ``X`` on the masked features.
+        Largest distance searched along a ray (``100 max_radius`` for samples with no
+        misclassified point within it); default twice the diagonal of the bounding box of ``X``
+        on the masked features (1 if that is 0).
     tol : float
         Relative bisection tolerance on the distance.
     max_iter : int
@@ -454,12 +461,18 @@ def _f32_atmost(v: np.ndarray) -> np.ndarray:
     return c.astype(np.float64)
 
 
+def _f32_edge(v: np.ndarray) -> np.ndarray:
+    """Where ``float32(x) <= v`` flips on float64 inputs: between the float32 values around v."""
+    return 0.5 * (_f32_atmost(v) + _f32_above(v))
+
+
 def _tree(model, X, yi, mv) -> PerturbationResult:
     n, d = X.shape
     classes = np.asarray(model.classes_)
     pred = _Predictor(lambda Z: _to_indices(model.predict(Z), classes, "model.predict(X)"))
     mis = pred(X) != yi
     lo, hi, cls = _tree_leaves(model.tree_, d)
+    lo_e, hi_e = _f32_edge(lo), _f32_edge(hi)  # the leaf boxes seen by float64 inputs
     X32 = X.astype(np.float32).astype(np.float64)
     best = np.full(n, np.inf)
     bestleaf = np.full(n, -1)
@@ -470,8 +483,8 @@ def _tree(model, X, yi, mv) -> PerturbationResult:
             continue
         low = X32 <= lo[L][None, :]
         high = X32 > hi[L][None, :]
-        gap = np.where(low, np.maximum(lo[L][None, :] - X, 0.0),
-                       np.where(high, np.maximum(X - hi[L][None, :], 0.0), 0.0))
+        gap = np.where(low, np.maximum(lo_e[L][None, :] - X, 0.0),
+                       np.where(high, np.maximum(X - hi_e[L][None, :], 0.0), 0.0))
         dist = np.sum((gap * mv[None, :]) ** 2, axis=1)
         if fixed.any():
             inside = np.all((X32[:, fixed] > lo[L][fixed]) & (X32[:, fixed] <= hi[L][fixed]),
@@ -661,11 +674,16 @@ def _neighbour_dirs(X, yi, current, mv, idx, k=3):
 
 
 def _ensemble_thresholds(model, d: int):
-    """Split thresholds per feature of a tree ensemble, or None if unknown / not axis-aligned.
+    """Finite split thresholds per feature of a tree ensemble, or None if unknown.
 
     Supports ensembles of scikit-learn trees (``estimators_`` of random forests, extra trees,
-    gradient boosting, AdaBoost with trees, bagging of trees) and histogram gradient boosting
-    (numeric splits only).
+    gradient boosting, AdaBoost with trees, bagging of trees, whose trees see the columns
+    ``estimators_features_``) and histogram gradient boosting (numeric splits only). None when
+    the prediction may depend on ``X`` otherwise (categorical splits, a gradient boosting
+    ``init`` estimator other than the constant prior) or a private structure is not as
+    expected: the generic search then applies. A feature with no threshold is never split on,
+    so the prediction does not depend on it. Infinite thresholds (splits of missing values)
+    separate no finite values and are dropped.
     """
     feats: list[np.ndarray] = []
     thrs: list[np.ndarray] = []
@@ -680,13 +698,23 @@ def _ensemble_thresholds(model, d: int):
                     feats.append(np.asarray(nodes["feature_idx"][internal], dtype=np.intp))
                     thrs.append(np.asarray(nodes["num_threshold"][internal], dtype=np.float64))
         elif hasattr(model, "estimators_"):
-            ests = np.ravel(np.asarray(model.estimators_, dtype=object))
-            for est in ests:
+            init = getattr(model, "init_", "zero")
+            if not (isinstance(init, str) and init == "zero") and \
+                    type(init).__name__ not in ("DummyClassifier", "DummyRegressor"):
+                return None
+            ests = list(np.ravel(np.asarray(model.estimators_, dtype=object)))
+            cols = getattr(model, "estimators_features_", None)
+            if cols is not None:  # bagging: tree k sees the columns cols[k]
+                cols = [np.asarray(c, dtype=np.intp) for c in cols]
+                if len(cols) != len(ests):
+                    return None
+            for k, est in enumerate(ests):
                 tree = getattr(est, "tree_", None)
                 if tree is None:
                     return None
                 internal = tree.children_left != -1
-                feats.append(np.asarray(tree.feature[internal], dtype=np.intp))
+                f = np.asarray(tree.feature[internal], dtype=np.intp)
+                feats.append(cols[k][f] if cols is not None else f)
                 thrs.append(np.asarray(tree.threshold[internal], dtype=np.float64))
         else:
             return None
@@ -696,6 +724,10 @@ def _ensemble_thresholds(model, d: int):
         return None
     f = np.concatenate(feats)
     t = np.concatenate(thrs)
+    if f.size and (f.min() < 0 or f.max() >= d):
+        return None
+    keep = np.isfinite(t)
+    f, t = f[keep], t[keep]
     return [np.unique(t[f == j]) for j in range(d)]
 
 
@@ -705,7 +737,8 @@ def _line_first_wrong(pred, B, y_rows, j, T, start, sign, limit, block=32):
     Probes, in order of distance from ``start[r]`` in direction ``sign[r]``: ``start`` itself,
     then just past each threshold of ``T`` (the prediction is constant between consecutive
     thresholds). Only probes with ``|v - start| < limit`` count. Returns ``v`` per row (nan where
-    none is misclassified).
+    none is misclassified). ``T`` is not empty: ``_search`` keeps the features that no split
+    uses fixed.
     """
     m = B.shape[0]
     out = np.full(m, np.nan)
@@ -750,8 +783,6 @@ def _coordinate_thresholds(pred, X, yi, idx, mv, thresholds, best, P):
     """Exact nearest misclassified point along each masked coordinate line (both signs)."""
     for j in np.nonzero(mv)[0]:
         T = thresholds[j]
-        if T.size == 0:
-            continue
         for sgn in (1.0, -1.0):
             start = X[idx, j]
             v = _line_first_wrong(pred, X[idx], yi[idx], j, T, start, np.full(idx.size, sgn),
@@ -806,6 +837,9 @@ def _search(pred, X, yi, mv, rng, n_directions, n_refine, max_radius, tol,
     P = np.where(mis[:, None], X, np.nan)
     idx = np.nonzero(~mis)[0]
     exact = False
+    if thresholds is not None:
+        # moving a feature that no split uses never changes the prediction: keep it fixed
+        mv = mv & np.array([T.size > 0 for T in thresholds])
     if idx.size and mv.any():
         if thresholds is not None:
             _coordinate_thresholds(pred, X, yi, idx, mv, thresholds, best, P)
@@ -815,6 +849,10 @@ def _search(pred, X, yi, mv, rng, n_directions, n_refine, max_radius, tol,
             extra = _neighbour_dirs(X, yi, current, mv, idx)
             _direction_search(pred, X, yi, idx, mv, rng, best, P, n_directions, max_radius,
                               tol, extra_dirs=extra)
+            left = idx[~np.isfinite(best[idx])]
+            if left.size:  # nothing within max_radius (a single sample has no scale): farther
+                _direction_search(pred, X, yi, left, mv, rng, best, P, n_directions,
+                                  100.0 * max_radius, tol)
             _refine_random(pred, X, yi, idx, mv, rng, best, P, n_refine, tol)
             if thresholds is not None:
                 _coordinate_shrink(pred, X, yi, idx, mv, thresholds, best, P)
