@@ -21,7 +21,7 @@ import contextlib
 import numpy as np
 from scipy.special import expit
 
-from ._validation import as_float_matrix
+from ._validation import align_columns, as_float_matrix
 from .errors import IncompatibleLossError, InputTypeError, NotFittedError, ValidationError
 
 __all__ = [
@@ -598,6 +598,7 @@ def zero_one_loss(model, X, y) -> np.ndarray:
     ``model`` is a fitted classifier with ``predict`` (labels in the model's own label set) or
     an adapter (then ``y`` holds internal labels).
     """
+    X, _ = align_columns(X, getattr(model, "model", model))
     X = as_float_matrix(X, "X")
     if isinstance(model, DifferentiableModel):
         return model.zero_one(X, y)

@@ -47,9 +47,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import nonlinear
 from ._results import ResultMixin
-from ._validation import as_float_matrix
+from ._validation import align_columns, as_float_matrix
 from .errors import IncompatibleLossError, InputTypeError, ValidationError
+from .models import linear_scorer
+from .nonlinear import CallableModel
 
 __all__ = ["PerturbationResult", "perturbation_search", "min_perturbation_distances"]
 
@@ -165,7 +168,6 @@ def _is_tree(model) -> bool:
 
 def _linear_parts(model):
     """(W, b, task) of a linear classifier, via the same adapter as certify; None otherwise."""
-    from .models import linear_scorer
 
     if getattr(model, "classes_", None) is None:
         return None
@@ -244,8 +246,8 @@ def perturbation_search(model, X, y, *, mask=None, labels="model", n_directions=
     -------
     PerturbationResult
     """
-    from . import nonlinear  # noqa: PLC0415
 
+    X, _ = align_columns(X, getattr(model, "model", model))
     X = as_float_matrix(X, "X")
     n, d = X.shape
     y = np.asarray(y)
@@ -870,7 +872,6 @@ def _search(pred, X, yi, mv, rng, n_directions, n_refine, max_radius, tol,
 
 def _gradient(adapter, X, yi, task, mv, rng, n_directions, n_refine, max_radius, tol,
               max_iter) -> PerturbationResult:
-    from .nonlinear import CallableModel  # noqa: PLC0415
 
     n, d = X.shape
     yint = (2.0 * yi - 1.0) if task == "binary" else yi

@@ -295,8 +295,8 @@ def test_cli_matches_csv_columns_by_name(tmp_path):
     df, y = _data(k=2)
     model = LogisticRegression(max_iter=5000).fit(df, y)
     joblib.dump(model, tmp_path / "m.joblib")
-    args = ["--model", tmp_path / "m.joblib", "--target", "label", "--loss", "zero_one",
-            "--r", "0.45", "--theta1", "1", "--theta2", "0.5", "--quiet"]
+    args = ["--model", tmp_path / "m.joblib", "--trust-model", "--target", "label",
+            "--loss", "zero_one", "--r", "0.45", "--theta1", "1", "--theta2", "0.5", "--quiet"]
     results = []
     for name, frame in [("ordered", df), ("shuffled", df[COLS[::-1]])]:
         frame.assign(label=y).to_csv(tmp_path / f"{name}.csv", index=False)
@@ -318,11 +318,9 @@ def test_cli_matches_csv_columns_by_name(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------
-# not yet routed through the shared helper (otstab/perturbation.py)
+# the perturbation search matches columns by name too
 
 
-@pytest.mark.xfail(strict=True, reason="perturbation_search reads X by position: it must call "
-                                       "otstab._validation.align_columns(X, model) first")
 def test_perturbation_distances_match_columns_by_name():
     df, y = _data(k=2, n=60)
     model = LogisticRegression(max_iter=5000).fit(df, y)

@@ -220,3 +220,18 @@ def test_q_star_from_distances_matches_a_dense_construction(div, t2):
         moved_risk = np.sum(res.mass * res.loss_star) / n
         assert res.decomposition["corruption"] == pytest.approx(moved_risk - res.risk_base,
                                                                abs=1e-12)
+
+
+def test_predict_only_model_below_base_error_is_zero():
+    """Regression: r <= the base error of a predict-only model moves nothing, and the model's
+    predict is never called on zero rows (scikit-learn refuses that)."""
+    from sklearn.ensemble import RandomForestClassifier
+
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(120, 3))
+    y = (X[:, 0] + rng.normal(scale=1.0, size=120) > 0).astype(int)
+    model = RandomForestClassifier(n_estimators=5, max_depth=2, random_state=0).fit(X, y)
+    base = float(np.mean(model.predict(X) != y))
+    assert base > 0
+    res = otstab.certify(model, X, y, loss="zero_one", r=base / 2)
+    assert res.status == "zero" and res.value == 0.0 and res.risk_base == pytest.approx(base)
