@@ -26,11 +26,12 @@ from otstab_solvers.sorted_oracle import SortedTwoPiece
 from otstab_solvers.weights import chi2_alpha, chi2_weights, kl_weights
 from otstab_solvers.zero_one import solve_zero_one
 
-from .core import check_common
 from .errors import SolverError, ValidationError
 from .losses import MulticlassHinge, PiecewiseLinear, ZeroOne, get_loss
 from .models import resolve_model
+from .params import check_common
 from .reduction import reduce_problem
+from .smooth import certify_smooth
 
 __all__ = ["feature_stability"]
 
@@ -205,8 +206,6 @@ def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergen
 def _nonlinear_rows(prob, units, r, theta1, theta2, divergence, solver):
     """One certify per feature (exact 1-D duals for smooth losses of linear models, the
     first-order path otherwise) with the feature mask; no one-pass shortcut applies here."""
-    from . import nonlinear
-
     rows = []
     for label, cols in units:
         mask = np.zeros(prob.d, dtype=bool)
@@ -214,8 +213,8 @@ def _nonlinear_rows(prob, units, r, theta1, theta2, divergence, solver):
         if prob.scorer is not None and not np.any(prob.scorer.W[:, cols]):
             rows.append((label, math.inf, math.nan, math.nan, math.nan, cols))
             continue
-        res = nonlinear.certify_problem(prob, r=r, theta1=theta1, theta2=theta2,
-                                        divergence=divergence, mask=mask, solver=solver)
+        res = certify_smooth(prob, r=r, theta1=theta1, theta2=theta2,
+                             divergence=divergence, mask=mask, solver=solver)
         if not math.isfinite(res.value):
             rows.append((label, math.inf, math.nan, math.nan, math.nan, cols))
             continue
