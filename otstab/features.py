@@ -217,7 +217,8 @@ def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergen
     if not linear_exact:
         base_losses = prob.losses(prob.X)
         rw = _reweighting_only(base_losses, r, theta2, divergence)
-        rows = _nonlinear_rows(prob, units, r, theta1, theta2, divergence, solver)
+        results = _nonlinear_results(prob, units, r, theta1, theta2, divergence, solver)
+        rows = [_result_row(res) for res in results]
     elif isinstance(loss_obj, ZeroOne):
         base_losses = prob.losses(prob.X)
         rw = _reweighting_only(base_losses, r, theta2, divergence)
@@ -230,7 +231,7 @@ def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergen
     if prob.scorer is not None:
         ignored = [_ignored(prob, cols) for _, cols in units]
     else:
-        ignored = _nonlinear_ignored(prob, units, loss_obj)
+        ignored = _nonlinear_ignored(prob, units, loss_obj, results)
 
     df = pd.DataFrame([(label, *row, ign, cols) for (label, cols), row, ign
                        in zip(units, rows, ignored)],
@@ -286,37 +287,28 @@ def _piecewise_rows(prob, red, units, r, theta1, theta2, divergence, rw):
     return [out[i] for i in range(len(units))]
 
 
-def _nonlinear_rows(prob, units, r, theta1, theta2, divergence, solver):
+def _nonlinear_results(prob, units, r, theta1, theta2, divergence, solver):
     """One certify per feature (exact 1-D duals for smooth losses of linear models, the
     first-order path otherwise) with the feature mask; no one-pass shortcut applies here."""
     from . import nonlinear
 
-    rows = []
+    out = []
     for _label, cols in units:
         mask = np.zeros(prob.d, dtype=bool)
         mask[cols] = True
-        res = nonlinear.certify_problem(prob, r=r, theta1=theta1, theta2=theta2,
-                                        divergence=divergence, mask=mask, solver=solver)
-        rows.append(_result_row(res))
-    return rows
+        out.append(nonlinear.certify_problem(prob, r=r, theta1=theta1, theta2=theta2,
+                                             divergence=divergence, mask=mask, solver=solver))
+    return out
 
 
-def _nonlinear_ignored(prob, units, loss_obj):
+def _nonlinear_ignored(prob, units, loss_obj, results):
     """``ignored`` for a nonlinear model: no sample's loss gradient has a nonzero entry in the
-    unit's columns (smooth losses), or no sample's prediction can be changed through them
-    (0/1 loss, from the distances of :func:`otstab.perturbation.perturbation_search`)."""
+    unit's columns (smooth losses), or the perturbation search of its certificate found no
+    move of those columns that changes a correct prediction (0/1 loss: every ``d*`` of a
+    correctly classified sample is ``inf``)."""
     if isinstance(loss_obj, ZeroOne):
-        from .perturbation import perturbation_search
-
         loss0 = prob.losses(prob.X)
-        out = []
-        for _label, cols in units:
-            mask = np.zeros(prob.d, dtype=bool)
-            mask[cols] = True
-            pr = perturbation_search(prob.nonlinear, prob.X, prob.y, mask=mask,
-                                     labels="internal")
-            out.append(not np.any(np.isfinite(pr.distances) & (loss0 == 0)))
-        return out
+        return [not np.any(np.isfinite(res.info["dstar"]) & (loss0 == 0)) for res in results]
     _, grad = prob.nonlinear.loss_and_grad(prob.X, prob.y)
     return [not np.any(grad[:, cols]) for _label, cols in units]
 
