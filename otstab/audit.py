@@ -14,13 +14,16 @@ and :func:`accept` decides the status. A candidate is accepted when
 
 * ``value >= 0`` and finite (``h = 0`` is feasible in the dual, so R >= 0),
 * ``|total_mass - 1| <= MASS_TOL``,
-* ``risk_star >= r (1 - RISK_RTOL)`` (Q* reaches the threshold),
-* ``|primal_cost - value| <= AUDIT_RTOL |value| + CANCEL_RTOL h r``.
+* ``risk_star >= r (1 - RISK_RTOL)`` (Q* reaches the threshold, up to 1e-8 relative),
+* ``|primal_cost - value| + CANCEL_RTOL h r <= AUDIT_RTOL |value|``.
 
 The tolerance is relative to the value itself, not to 1, so it stays relative for tiny
-values. The second term is the rounding floor of the dual value: ``value = h r - T(h)`` is a
-difference of two numbers of size ``h r`` and cannot be computed to better than a few ulps of
-``h r`` (``CANCEL_RTOL = 1e-11`` of it); it only matters when ``value / (h r) < 1e-5``.
+values. ``CANCEL_RTOL h r`` bounds the rounding of the dual value itself: ``value = h r - T(h)``
+is a difference of two numbers of size ``h r`` and cannot be computed to better than a few
+hundred ulps of ``h r`` (``CANCEL_RTOL = 1e-13``). When that rounding alone exceeds
+``AUDIT_RTOL |value|`` (extreme price ratios: ``value / (h r) < 1e-7``) the value cannot be
+certified to the promised precision in double precision, and the instance is refused rather
+than answered.
 
 ``gap`` (reported on every result) is ``|primal_cost - value| / |value|``. The dual value is a
 lower bound on R for any feasible dual point and ``primal_cost`` an upper bound (Q* is
@@ -49,16 +52,16 @@ from otstab_solvers.weights import phi
 from .errors import SolverError
 
 __all__ = ["AUDIT_RTOL", "RISK_RTOL", "MASS_TOL", "CANCEL_RTOL", "REACHED_RTOL", "audit_sums",
-           "audit_points", "problems", "accept", "first_accepted", "reached", "tolerance"]
+           "audit_points", "problems", "resolution_problem", "accept", "first_accepted", "reached", "tolerance"]
 
 #: relative tolerance of |cost(Q*) - value|
 AUDIT_RTOL = 1e-6
 #: relative shortfall of the risk of Q* below r that is put down to rounding
-RISK_RTOL = 1e-9
+RISK_RTOL = 1e-8
 #: tolerance of |E_Q*[W] - 1|
 MASS_TOL = 1e-9
-#: rounding floor of the dual value, relative to h r (see the module docstring)
-CANCEL_RTOL = 1e-11
+#: rounding bound of the dual value, relative to h r (see the module docstring)
+CANCEL_RTOL = 1e-13
 #: r counts as reached by the data when r <= base (1 + REACHED_RTOL) (status ``zero``)
 REACHED_RTOL = 1e-12
 
@@ -76,9 +79,24 @@ def reached(r: float, base: float) -> bool:
 
 
 def tolerance(value: float, h: float, r: float) -> float:
-    """The largest accepted |primal_cost - value| (see the module docstring)."""
-    floor = CANCEL_RTOL * abs(h) * r if math.isfinite(h) else 0.0
-    return AUDIT_RTOL * abs(value) + floor
+    """The largest accepted |primal_cost - value|: AUDIT_RTOL |value| less the rounding bound
+    of the dual value (negative when the value cannot be resolved; see the module docstring)."""
+    rounding = CANCEL_RTOL * abs(h) * r if math.isfinite(h) else 0.0
+    return AUDIT_RTOL * abs(value) - rounding
+
+
+def resolution_problem(value: float, h: float, r: float) -> str:
+    """Why a dual value cannot be certified to AUDIT_RTOL in double precision ("" if it can):
+    a negative value, or one whose own rounding bound CANCEL_RTOL h r exceeds AUDIT_RTOL
+    |value|. Feature scores, which have no Q* of their own, are refused by the same rule."""
+    if not math.isfinite(value):
+        return ""
+    if value < 0.0:
+        return f"the dual value {value:.6g} is negative (rounding at these prices)"
+    if math.isfinite(float(h)) and tolerance(value, h, r) < 0:
+        return (f"the value {value:.6g} is below the resolution of the dual in double "
+                f"precision (h r = {abs(h) * r:.6g})")
+    return ""
 
 
 def audit_sums(loss_base, loss_star, moved2, mass, w, theta1, theta2, divergence,
@@ -147,7 +165,10 @@ def problems(res) -> list[str]:
         out.append(f"risk of Q* {res.risk_star:.10g} < r = {r:.10g}")
     tol = tolerance(value, res.h, r)
     diff = abs(res.primal_cost - value)
-    if not diff <= tol:
+    unresolved = resolution_problem(value, res.h, r)
+    if unresolved:
+        out.append(unresolved)
+    elif not diff <= tol:
         out.append(f"cost of Q* {res.primal_cost:.10g} != value {value:.10g} "
                    f"(|diff| {diff:.3g} > tolerance {tol:.3g})")
     return out
@@ -221,7 +242,10 @@ def first_accepted(attempts, *, solver: str):
         return cand
     tried = "; ".join(f"{e['solver']}: {e['status']} ({e['reason']})" for e in log)
     raise SolverError(f"no method produced an answer that passes the audit "
-                      f"(solver={solver!r}). Tried: {tried}")
+                      f"(solver={solver!r}). Tried: {tried}. If theta1 and theta2 differ by "
+                      "many orders of magnitude from each other or from the losses, double "
+                      "precision may not resolve this instance: rescale the prices or use "
+                      "math.inf for a perturbation that is effectively forbidden")
 
 
 class Skip(Exception):

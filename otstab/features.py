@@ -1,22 +1,30 @@
 """Feature stability (Sec. 2.4 of the paper): which feature makes a model fragile?
 
 To score feature j only coordinate j may move (the cost of moving any other coordinate is
-infinite); reweighting is allowed as usual. The score is R_j(beta, r); a lower score means a
-more sensitive feature. A one-hot block (all columns of one categorical variable) can be scored
-as one feature by letting the whole block move (``groups=``).
+infinite); reweighting is allowed as usual. The score is R_j(beta, r), exactly
+``certify(model, X, y, ..., features=[j]).value``; a lower score means a more sensitive
+feature. A one-hot block (all columns of one categorical variable) can be scored as one
+feature by letting the whole block move (``groups=``; the score is then
+``certify(..., features=cols).value``).
 
-For linear models every feature is scored from one pass over the data: the reduced form keeps
-its ``c1`` and only ``c2`` changes (``c2_k = a_kj^2 / (4 theta1)``), and for the 0/1 loss
-``d*_ij = m_i^2 / beta_j^2`` shares one sort of the margins across all features.
+For linear models with a piecewise-linear or 0/1 loss every feature is scored from one pass
+over the data: the reduced form keeps its ``c1`` and only ``c2`` changes
+(``c2_k = a_kj^2 / (4 theta1)``), and for the 0/1 loss ``d*_ij = m_i^2 / beta_j^2`` shares one
+sort of the margins across all features. Smooth losses and nonlinear models run one certify
+per feature.
 
-A feature the model ignores (zero coefficients) cannot change any loss by moving: its score is
-reported as ``inf`` (infinitely stable), whatever reweighting alone could do; the
-reweighting-only value is in ``df.attrs["reweighting_only_value"]``.
+A feature whose move cannot change any loss (``ignored``: for linear models all its
+coefficients are zero, or equal across classes for a multiclass model; ``theta1 = inf``
+freezes every feature) scores what reweighting alone achieves, as certify does: 0 when
+``r <= base risk``, the reweighting-only value when ``r`` is below the largest loss, its limit
+value when ``r`` equals the largest loss, ``inf`` above it or with ``theta2 = inf``. That value
+is also in ``df.attrs["reweighting_only_value"]``.
 """
 
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pandas as pd
@@ -26,17 +34,24 @@ from otstab_solvers.sorted_oracle import SortedTwoPiece
 from otstab_solvers.weights import chi2_alpha, chi2_weights, kl_weights
 from otstab_solvers.zero_one import solve_zero_one
 
+from .audit import reached, resolution_problem
 from .errors import SolverError, ValidationError
 from .losses import MulticlassHinge, PiecewiseLinear, ZeroOne, get_loss
 from .models import resolve_model
 from .params import check_common
 from .reduction import reduce_problem
 from .smooth import certify_smooth
+from .zero_one import certify_zero_one_problem, linear_distances
 
 __all__ = ["feature_stability"]
 
-COLUMNS = ["feature", "score", "rank", "h", "share_moving", "share_reweighting", "columns"]
+COLUMNS = ["feature", "score", "rank", "h", "share_moving", "share_reweighting", "ignored",
+           "columns"]
 
+#: (score, h, share_moving, share_reweighting) of a threshold at or below the base risk
+_ZERO = (0.0, 0.0, 0.0, 0.0)
+#: ... of an unreachable threshold
+_UNREACHABLE = (math.inf, math.nan, math.nan, math.nan)
 
 def _units(names, features, groups):
     """[(label, column indices)] for the features/groups to score."""
@@ -115,9 +130,61 @@ def _weights(lh, theta2, divergence):
     return chi2_weights(lh, theta2, chi2_alpha(lh, theta2))
 
 
+def _reweighting_only(losses, r, theta2, divergence):
+    """(score, h, share_moving, share_reweighting) when no sample can move: what certify
+    answers for a feature the model ignores (or for theta1 = inf).
+
+    Zero when ``r <= base risk``; ``inf`` with ``theta2 = inf`` or ``r`` above the largest loss;
+    the limit value (all mass on the samples of largest loss, h -> inf) when ``r`` equals the
+    largest loss; otherwise the dual with ``l_h = h * loss`` (``c2 = 0``).
+    """
+    # the thresholds of otstab.piecewise.edge_case (same rule for zero / unreachable / limit)
+    base = float(np.mean(losses))
+    lmax = float(np.max(losses))
+    if reached(r, base):
+        return _ZERO
+    if math.isinf(theta2) or r > lmax * (1 + 1e-12):
+        return _UNREACHABLE
+    if r >= lmax * (1 - 1e-12):
+        frac = float(np.mean(losses >= lmax * (1 - 1e-12)))
+        value = theta2 * (math.log(1 / frac) if divergence == "kl" else (1 / frac - 1))
+        return value, math.inf, 0.0, 1.0
+    n = losses.size
+    # max(0, h * loss) = h * loss (losses are >= 0): the hinge shape, so oracle_for sorts once
+    # and every dual evaluation works on prefix sums
+    oracle = oracle_for(np.column_stack([losses, np.zeros(n)]), np.zeros((1, 2)))
+    sol = solve_dual(oracle, r, theta2, divergence)
+    if sol.status != OPTIMAL:
+        raise SolverError(f"reweighting-only dual failed ({sol.native_status})")
+    return sol.value, sol.h, 0.0, 1.0
+
+
+def _ignored(prob, cols) -> bool:
+    """True when moving ``cols`` cannot change any score difference of a linear model: the
+    coefficients are zero (binary, regression) or equal across classes (multiclass)."""
+    Wc = prob.scorer.W[:, cols]
+    if prob.scorer.task == "multiclass":
+        return bool(np.all(Wc == Wc[0]))
+    return not np.any(Wc)
+
+
+def _result_row(res):
+    """(score, h, share_moving, share_reweighting) of a certify result."""
+    if not math.isfinite(res.value):
+        return (res.value,) + _UNREACHABLE[1:]
+    exc = res.risk_star - res.risk_base
+    dec = res.decomposition
+    if not exc > 0:
+        return res.value, res.h, 0.0, 0.0
+    return res.value, res.h, dec["corruption"] / exc, dec["reweighting"] / exc
+
+
 def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl",
                       features=None, groups=None, solver="auto") -> pd.DataFrame:
     """Score each feature (or group of columns) by R_j(beta, r): lowest = most sensitive.
+
+    ``score`` is ``otstab.certify(model, X, y, loss=loss, r=r, theta1=theta1, theta2=theta2,
+    divergence=divergence, features=[j]).value`` (``features=cols`` for a group).
 
     Parameters
     ----------
@@ -135,9 +202,13 @@ def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergen
     -------
     pandas.DataFrame
         Columns ``feature``, ``score``, ``rank``, ``h``, ``share_moving``,
-        ``share_reweighting``, ``columns`` (the columns that moved), sorted by score.
+        ``share_reweighting``, ``ignored`` (moving the feature cannot change the loss; its score
+        is then the reweighting-only value), ``columns`` (the columns that moved), sorted by
+        score. ``df.attrs`` holds the arguments and ``reweighting_only_value`` (the score of
+        a feature that cannot move).
     """
-    r, theta1, theta2, divergence = check_common(r, theta1, theta2, divergence)
+    r, theta1, theta2, divergence = check_common(r, theta1, theta2, divergence, solver)
+    solver = solver.lower()
     loss_obj = get_loss(loss)
     prob = resolve_model(model, X, y, loss=loss_obj)
     if isinstance(loss_obj, ZeroOne) and r > 1.0:
@@ -146,101 +217,122 @@ def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergen
     units = _units(prob.feature_names, features, groups)
     linear_exact = prob.scorer is not None and isinstance(
         loss_obj, (PiecewiseLinear, MulticlassHinge, ZeroOne)) and solver != "first_order"
-    rows = []
     if not linear_exact:
-        rows = _nonlinear_rows(prob, units, r, theta1, theta2, divergence, solver)
+        base_losses = prob.losses(prob.X)
+        rw = _reweighting_only(base_losses, r, theta2, divergence)
+        results = _nonlinear_results(prob, units, r, theta1, theta2, divergence, solver)
+        rows = [_result_row(res) for res in results]
     elif isinstance(loss_obj, ZeroOne):
-        rows = _zero_one_rows(prob, units, r, theta1, theta2, divergence)
+        base_losses = prob.losses(prob.X)
+        rw = _reweighting_only(base_losses, r, theta2, divergence)
+        rows = _zero_one_rows(prob, units, r, theta1, theta2, divergence, rw)
     else:
         red = reduce_problem(prob, theta1, None)
-        c1 = red.c1
         base_losses = red.loss_values()
-        base = float(np.mean(base_losses))
-        shared = oracle_for(c1, red.c2)
-        # c2 of every unit first; then solve in order of decreasing c2 so that each solve is
-        # warm-started from the previous h (h moves smoothly with c2)
-        c2s = []
-        for _label, cols in units:
-            mask = np.zeros(prob.d, dtype=bool)
-            mask[cols] = True
-            if red.kind == "multiclass":
-                c2s.append(reduce_problem(prob, theta1, mask).c2)
-            elif math.isfinite(theta1):
-                v = red.v[cols]
-                a = prob.loss.a
-                c2s.append((a * a * float(v @ v) / (4.0 * theta1))[None, :])
-            else:
-                c2s.append(np.zeros((1, c1.shape[1])))
-        order = sorted(range(len(units)), key=lambda i: -float(np.max(c2s[i])))
-        out = {}
-        h_prev = None
-        for i in order:
-            label, cols = units[i]
-            c2 = c2s[i]
-            if not np.any(c2 > 0):
-                out[i] = (label, math.inf, math.nan, math.nan, math.nan, cols)
-                continue
-            if r <= base:
-                out[i] = (label, 0.0, 0.0, 0.0, 0.0, cols)
-                continue
-            oracle = shared.with_c2(c2)
-            sol = solve_dual(oracle, r, theta2, divergence, h_init=h_prev)
-            if sol.status != OPTIMAL:
-                raise SolverError(f"feature {label!r}: dual solver failed ({sol.native_status})")
-            h_prev = sol.h if sol.h > 0 else h_prev
-            sm, sr = _shares(_risk_parts(oracle, sol.h, theta2, divergence), base, r)
-            out[i] = (label, sol.value, sol.h, sm, sr, cols)
-        rows = [out[i] for i in range(len(units))]
+        rw = _reweighting_only(base_losses, r, theta2, divergence)
+        rows = _piecewise_rows(prob, red, units, r, theta1, theta2, divergence, rw)
+    for (label, _cols), row in zip(units, [rw, *rows]):
+        why = resolution_problem(row[0], row[1], r)
+        if why:  # the same refusal as certify's audit (otstab.audit)
+            raise SolverError(f"feature {label!r}: {why}; rescale the prices or use math.inf")
+    if prob.scorer is not None:
+        ignored = [_ignored(prob, cols) for _, cols in units]
+    else:
+        ignored = _nonlinear_ignored(prob, units, loss_obj, results)
 
-    df = pd.DataFrame(rows, columns=["feature", "score", "h", "share_moving",
-                                     "share_reweighting", "cols"])
+    df = pd.DataFrame([(label, *row, ign, cols) for (label, cols), row, ign
+                       in zip(units, rows, ignored)],
+                      columns=["feature", "score", "h", "share_moving", "share_reweighting",
+                               "ignored", "cols"])
     df["columns"] = [[prob.feature_names[j] for j in c] for c in df.pop("cols")]
     df = df.sort_values("score", kind="stable").reset_index(drop=True)
     df["rank"] = df["score"].rank(method="min").astype(int)
     df = df[COLUMNS]
     df.attrs.update({"r": r, "theta1": theta1, "theta2": theta2, "divergence": divergence,
-                     "loss": loss_obj.name})
+                     "loss": loss_obj.name, "reweighting_only_value": rw[0]})
     return df
 
 
-def _nonlinear_rows(prob, units, r, theta1, theta2, divergence, solver):
+def _piecewise_rows(prob, red, units, r, theta1, theta2, divergence, rw):
+    """Rows of a linear model with a piecewise-linear loss: one reduced form, only ``c2``
+    changes per feature."""
+    c1 = red.c1
+    base = float(np.mean(red.loss_values()))
+    if reached(r, base):
+        return [_ZERO] * len(units)
+    shared = oracle_for(c1, red.c2)
+    # c2 of every unit first; then solve in order of decreasing c2 so that each solve is
+    # warm-started from the previous h (h moves smoothly with c2)
+    c2s = []
+    for _label, cols in units:
+        if red.kind == "multiclass":
+            mask = np.zeros(prob.d, dtype=bool)
+            mask[cols] = True
+            c2s.append(reduce_problem(prob, theta1, mask).c2)
+        elif math.isfinite(theta1):
+            v = red.v[cols]
+            a = prob.loss.a
+            c2s.append((a * a * float(v @ v) / (4.0 * theta1))[None, :])
+        else:
+            c2s.append(np.zeros((1, c1.shape[1])))
+    order = sorted(range(len(units)), key=lambda i: -float(np.max(c2s[i])))
+    out = {}
+    h_prev = None
+    for i in order:
+        label, _cols = units[i]
+        c2 = c2s[i]
+        if not np.any(c2 > 0):  # no sample can move (certify's test on the masked form)
+            out[i] = rw
+            continue
+        oracle = shared.with_c2(c2)
+        sol = solve_dual(oracle, r, theta2, divergence, h_init=h_prev)
+        if sol.status != OPTIMAL:
+            raise SolverError(f"feature {label!r}: dual solver failed ({sol.native_status})")
+        h_prev = sol.h if sol.h > 0 else h_prev
+        sm, sr = _shares(_risk_parts(oracle, sol.h, theta2, divergence), base, r)
+        out[i] = (sol.value, sol.h, sm, sr)
+    return [out[i] for i in range(len(units))]
+
+
+def _nonlinear_results(prob, units, r, theta1, theta2, divergence, solver):
     """One certify per feature (exact 1-D duals for smooth losses of linear models, the
     first-order path otherwise) with the feature mask; no one-pass shortcut applies here."""
-    rows = []
-    for label, cols in units:
+    out = []
+    for _label, cols in units:
         mask = np.zeros(prob.d, dtype=bool)
         mask[cols] = True
-        if prob.scorer is not None and not np.any(prob.scorer.W[:, cols]):
-            rows.append((label, math.inf, math.nan, math.nan, math.nan, cols))
-            continue
-        res = certify_smooth(prob, r=r, theta1=theta1, theta2=theta2,
-                             divergence=divergence, mask=mask, solver=solver)
-        if not math.isfinite(res.value):
-            rows.append((label, math.inf, math.nan, math.nan, math.nan, cols))
-            continue
-        exc = res.risk_star - res.risk_base
-        dec = res.decomposition
-        sm = dec["corruption"] / exc if exc > 0 else 0.0
-        sr = dec["reweighting"] / exc if exc > 0 else 0.0
-        rows.append((label, res.value, res.h, sm, sr, cols))
-    return rows
+        out.append(certify_smooth(prob, r=r, theta1=theta1, theta2=theta2,
+                                  divergence=divergence, mask=mask, solver=solver))
+    return out
 
 
-def _zero_one_chi2_row(label, cols, prefix, r, theta2, base):
+def _nonlinear_ignored(prob, units, loss_obj, results):
+    """``ignored`` for a nonlinear model: no sample's loss gradient has a nonzero entry in the
+    unit's columns (smooth losses), or the perturbation search of its certificate found no
+    move of those columns that changes a correct prediction (0/1 loss: every ``d*`` of a
+    correctly classified sample is ``inf``)."""
+    if isinstance(loss_obj, ZeroOne):
+        loss0 = prob.losses(prob.X)
+        return [not np.any(np.isfinite(res.info["dstar"]) & (loss0 == 0)) for res in results]
+    _, grad = prob.nonlinear.loss_and_grad(prob.X, prob.y)
+    return [not np.any(grad[:, cols]) for _label, cols in units]
+
+
+def _zero_one_chi2_row(prefix, r, theta2, base):
     """One 0/1 chi2 feature score from the shared sorted distances (O(log n) per evaluation)."""
     sol = solve_dual(prefix, r, theta2, "chi2")
     if sol.status != OPTIMAL:
-        return (label, math.inf, math.nan, math.nan, math.nan, cols)
+        raise SolverError(f"0/1 chi2 dual failed ({sol.native_status})")
     sm, sr = _shares(prefix.risk_parts(sol.h, theta2, "chi2"), base, r)
-    return (label, sol.value, sol.h, sm, sr, cols)
+    return sol.value, sol.h, sm, sr
 
 
-def _zero_one_rows(prob, units, r, theta1, theta2, divergence):
-    from .zero_one import linear_distances
-
+def _zero_one_rows(prob, units, r, theta1, theta2, divergence, rw):
     sc = prob.scorer
     loss0 = prob.losses(prob.X)
     base = float(loss0.mean())
+    if reached(r, base):
+        return [_ZERO] * len(units)
     rows = []
     binary = sc.task == "binary"
     shared = None
@@ -253,44 +345,47 @@ def _zero_one_rows(prob, units, r, theta1, theta2, divergence):
         if divergence == "chi2" and math.isfinite(theta2) and math.isfinite(theta1) and r < 1:
             # the chi2 dual on one sorted oracle, rescaled per feature: a_ij = s_j m2_i
             shared = SortedTwoPiece(-m2_sorted, "distance", presorted=True)
-    for label, cols in units:
-        if r <= base:
-            rows.append((label, 0.0, 0.0, 0.0, 0.0, cols))
-            continue
+    for _label, cols in units:
+        mask = np.zeros(prob.d, dtype=bool)
+        mask[cols] = True
         if binary:
             nb = float(np.sum(sc.W[0, cols] ** 2))
+            if shared is not None and nb > 0:
+                rows.append(_zero_one_chi2_row(shared.with_scale(theta1 / nb), r, theta2, base))
+                continue
+            # a_i = theta1 d*_i as certify builds it (linear_distances: d* = inf for a correct
+            # sample when the unit's coefficients are zero)
             if nb == 0.0:
-                rows.append((label, math.inf, math.nan, math.nan, math.nan, cols))
-                continue
-            if shared is not None:
-                rows.append(_zero_one_chi2_row(label, cols, shared.with_scale(theta1 / nb), r,
-                                               theta2, base))
-                continue
-            if math.isfinite(theta1):
+                a_sorted = np.where(loss_sorted_all > 0, 0.0, np.inf)
+            elif math.isfinite(theta1):
                 a_sorted = theta1 * m2_sorted / nb
             else:
                 a_sorted = np.where(m2_sorted > 0, np.inf, 0.0)
             loss_sorted = loss_sorted_all
         else:
-            mask = np.zeros(prob.d, dtype=bool)
-            mask[cols] = True
             d, _ = linear_distances(prob, mask)
-            if not np.any(np.isfinite(d) & (d > 0)):
-                rows.append((label, math.inf, math.nan, math.nan, math.nan, cols))
-                continue
             a = theta1 * d if math.isfinite(theta1) else np.where(d > 0, np.inf, 0.0)
             o = np.argsort(a, kind="stable")
             a_sorted, loss_sorted = a[o], loss0[o]
-        n_reach = float(np.sum(loss_sorted) + np.sum(np.isfinite(a_sorted) & (loss_sorted == 0)))
-        if (math.isinf(theta2) and r * a_sorted.size > n_reach) or (
-                r >= 1.0 and not np.all(np.isfinite(a_sorted))):
-            rows.append((label, math.inf, math.nan, math.nan, math.nan, cols))
+        finite = np.isfinite(a_sorted)
+        n = a_sorted.size
+        if not np.any(finite & (loss_sorted == 0)):  # no correct sample can be misclassified
+            rows.append(rw)
+            continue
+        if r >= 1.0 and not np.all(finite):
+            # r = 1 with some samples unable to move: a limit or unreachable answer, rare;
+            # certify's own 0/1 path decides it
+            res = certify_zero_one_problem(prob, r, theta1, theta2, divergence, mask, "auto",
+                                           time.perf_counter())
+            rows.append(_result_row(res))
+            continue
+        n_reach = float(np.sum(loss_sorted) + np.sum(finite & (loss_sorted == 0)))
+        if math.isinf(theta2) and r * n > n_reach:
+            rows.append(_UNREACHABLE)
             continue
         sol = solve_zero_one(a_sorted, r, theta2, divergence, presorted=True)
         if sol.status != OPTIMAL:
-            rows.append((label, math.inf, math.nan, math.nan, math.nan, cols))
-            continue
-        n = a_sorted.size
+            raise SolverError(f"0/1 dual failed ({sol.native_status})")
         if "n_moved" in sol.info:
             # KL closed form: Q* in O(1) from the solver's prefix sums. Moved samples (a < h)
             # carry weight mass `moved_weight`; tied ones (a = h, l_h = 0) have weight
@@ -298,18 +393,17 @@ def _zero_one_rows(prob, units, r, theta1, theta2, divergence):
             inf = sol.info
             extra = max(r - inf["moved_weight"], 0.0) * n / inf["unit_weight"]
             moved_frac = (inf["n_moved"] + min(extra, inf["n_tied"])) / n
-            excess = r - base
-            sm = (moved_frac - base) / excess if excess > 0 else 0.0
-            rows.append((label, sol.value, sol.h, sm, 1.0 - sm, cols))
+            sm = (moved_frac - base) / (r - base)
+            rows.append((sol.value, sol.h, sm, 1.0 - sm))
             continue
         if math.isinf(theta2):  # no reweighting: all of the excess risk is from moving
-            rows.append((label, sol.value, sol.h, 1.0, 0.0, cols))
+            rows.append((sol.value, sol.h, 1.0, 0.0))
             continue
         lh = np.maximum(sol.h - a_sorted, 0.0)
         w = _weights(lh, theta2, divergence)
         tol = 1e-10 * max(1.0, sol.h)
         d_hi = np.where(a_sorted <= sol.h + tol, 1.0, loss_sorted)
         d_lo = np.where(a_sorted < sol.h - tol, 1.0, loss_sorted)
-        sm, sr = _shares(_dense_parts(w, d_lo, d_hi), float(np.mean(loss_sorted)), r)
-        rows.append((label, sol.value, sol.h, sm, sr, cols))
+        sm, sr = _shares(_dense_parts(w, d_lo, d_hi), base, r)
+        rows.append((sol.value, sol.h, sm, sr))
     return rows

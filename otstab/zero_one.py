@@ -196,7 +196,10 @@ def _weights(a, h, sol, theta2, divergence, n, cand, ac):
         alpha = float(sol.alpha)
         base = max(alpha / (2.0 * theta2) + 1.0, 0.0)
         vals = np.maximum((np.maximum(h - ac, 0.0) + alpha) / (2.0 * theta2) + 1.0, 0.0)
-        return _Weights(n, base=base, idx=cand, vals=vals), alpha
+        w = _Weights(n, base=base, idx=cand, vals=vals)
+        if abs(w.total() / n - 1.0) <= 1e-13:
+            return w, alpha
+        # the dual's alpha belongs to a slightly different h: recompute it exactly below
     lh = np.maximum(h - a, 0.0)
     if divergence == "kl":
         return _Weights(n, idx=cand, dense=kl_weights(lh, theta2)), None

@@ -179,10 +179,12 @@ class SortedTwoPiece:
             Zu2 = e_val * float(self.cu2[p])
             e = None
         else:
-            e = u * (A / theta2)
-            e += B / theta2 - M
-            if (A * float(u[-1]) + B) / theta2 - M < -700.0:
-                np.maximum(e, -700.0, out=e)
+            e = u * A
+            e += B
+            e /= theta2
+            e -= M
+            # e <= 0 up to rounding (M is the largest l / theta2); clamp both ends
+            np.clip(e, -700.0, 0.0, out=e)
             np.exp(e, out=e)
             Z1 = float(e.sum())
             Zu = float(np.einsum("i,i->", e, u))
@@ -205,9 +207,8 @@ class SortedTwoPiece:
             if A == 0.0:
                 zm1 = p * math.expm1(max(B / theta2 - M, -700.0))
             else:
-                x = u * (A / theta2)
-                x += B / theta2 - M
-                zm1 = float(np.sum(np.expm1(np.maximum(x, -700.0))))
+                x = (u * A + B) / theta2 - M
+                zm1 = float(np.sum(np.expm1(np.clip(x, -700.0, 0.0))))
             log_mean = math.log1p((zm1 + (n - p) * math.expm1(-M)) / n)
         else:
             log_mean = math.log(Z / n)
@@ -230,8 +231,10 @@ class SortedTwoPiece:
             return (two * (n - k) - (A * float(self.cu[q]) + q * B)) / k
 
         def valid(k):
+            # l_k + alpha_k + 2 theta2 > 0  <=>  2 theta2 n > sum_{top k} l - k l_k (exact at k=1)
+            q = min(k, p)
             lk = A * float(self.us[k - 1]) + B if k <= p else 0.0
-            return lk + alpha_at(k) + two > 0.0
+            return two * n > (A * float(self.cu[q]) + q * B) - k * lk
 
         # the weights are positive on the top-kk values; validity is monotone in k
         if valid(n):

@@ -84,10 +84,20 @@ def chi2_alpha(lh: np.ndarray, theta2: float) -> float:
     # 2 theta2 eps): with the top k active, sum_{top k} (lh_i + alpha + 2 theta2) = 2 theta2 n
     u = np.sort(lh)[::-1]
     k = np.arange(1, n + 1)
-    alpha = (2.0 * theta2 * (n - k) - np.cumsum(u)) / k
-    valid = u + alpha + 2.0 * theta2 > 0
+    csum = np.cumsum(u)
+    alpha = (2.0 * theta2 * (n - k) - csum) / k
+    # u_k + alpha_k + 2 theta2 > 0, i.e. 2 theta2 n > sum_{i<=k} (u_i - u_k): written so that
+    # k = 1 is valid exactly (the sum is 0), whatever the size of u against theta2
+    valid = 2.0 * theta2 * n > csum - k * u
     kk = int(np.nonzero(valid)[0][-1])
-    return float(alpha[kk])
+    a = float(alpha[kk])
+    # one Newton step on mean(w) = 1 (w is linear in alpha on the active set): removes the
+    # rounding of the closed form when the losses are large against theta2
+    w = np.maximum((lh + a) / (2.0 * theta2) + 1.0, 0.0)
+    k_act = int(np.count_nonzero(w))
+    if k_act:
+        a -= 2.0 * theta2 * (float(np.mean(w)) - 1.0) * n / k_act
+    return a
 
 
 def chi2_weights(lh: np.ndarray, theta2: float, alpha: float | None = None) -> np.ndarray:
