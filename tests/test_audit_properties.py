@@ -255,6 +255,19 @@ positions = st.one_of(st.sampled_from([0.0, 1.0]), st.floats(0.0, 1.2))
 @example(n=3, d=1, seed=0, thetas=(1e-6, 1e12), divergence="kl", u=1.0)
 # primal cost 1.01059e-7 vs value 1.01113e-7 (5e-4 relative) accepted as "optimal"
 @example(n=3, d=1, seed=0, thetas=(1e-6, 1e6), divergence="kl", u=1.0)
+# cross_entropy: IndexError inside certify (chi2, theta2 = 1e-6)
+@example(n=3, d=1, seed=0, thetas=(1e12, 1e-6), divergence="chi2", u=1.125)
+# cross_entropy, zero_one_multiclass: total mass of Q* 0.9999999983 (chi2, theta2 = 1e-6)
+@example(n=3, d=1, seed=0, thetas=(1e3, 1e-6), divergence="chi2", u=1.125)
+@example(n=3, d=1, seed=0, thetas=(1e3, 1e-6), divergence="chi2", u=1.0)
+# cross_entropy: cost 8.16029e-8 vs value 8.16037e-8; squared: 7.129826e-8 vs 7.129810e-8;
+# multiclass_hinge: 8.0525e-20 vs 8.0510e-20 (all accepted: the gap is taken against max(1, v))
+@example(n=3, d=1, seed=0, thetas=(1e-6, 1.0), divergence="chi2", u=1.0)
+@example(n=3, d=1, seed=0, thetas=(1e-6, 1e3), divergence="chi2", u=1.0)
+@example(n=3, d=1, seed=0, thetas=(1e-6, 1e-6), divergence="kl", u=1e-6)
+# zero_one_multiclass: value -1.1e-11; a Q* of cost 0 (no move reaches r) for a value 1.5e-22
+@example(n=3, d=1, seed=0, thetas=(1e-6, 1e6), divergence="kl", u=1e-9)
+@example(n=3, d=1, seed=0, thetas=(1e-6, 1e-6), divergence="kl", u=1e-9)
 def test_every_answer_is_explicit_and_optimal_ones_pass_the_audit(case, n, d, seed, thetas,
                                                                    divergence, u):
     model, X, y = make_case(case, n, d, seed)
@@ -270,6 +283,10 @@ def test_every_answer_is_explicit_and_optimal_ones_pass_the_audit(case, n, d, se
 # found on current main with the absolute loss: SolverError at r = lmax; value(lmax) < 0
 @example(n=3, d=1, seed=0, thetas=(1e-3, 1e12), divergence="kl", u1=0.0, u2=1.0)
 @example(n=3, d=1, seed=0, thetas=(1e-6, 1e12), divergence="kl", u1=0.0, u2=1.0)
+# pinball: SolverError at r = base + (lmax - base) / 2; zero_one: value 2.2e-4 at r = 2/3 but
+# 0 at r = 1 (theta2 = 1e12)
+@example(n=3, d=1, seed=0, thetas=(1e-3, 1e12), divergence="kl", u1=0.0, u2=0.5)
+@example(n=3, d=1, seed=0, thetas=(1e-6, 1e12), divergence="kl", u1=1.0, u2=0.5)
 def test_monotone_in_r(case, n, d, seed, thetas, divergence, u1, u2):
     model, X, y = make_case(case, n, d, seed)
     r1, r2 = sorted(threshold(model, case, X, y, u)[0] for u in (u1, u2))
@@ -286,6 +303,8 @@ def test_monotone_in_r(case, n, d, seed, thetas, divergence, u1, u2):
 # found on current main with the absolute loss: SolverError; value(theta2 = 1e12) < 0
 @example(n=3, d=1, seed=0, which=1, other=1e-3, divergence="kl", u=1.0, pair=[1e-6, 1e12])
 @example(n=3, d=1, seed=0, which=1, other=1e-6, divergence="kl", u=1.0, pair=[1e-6, 1e12])
+# zero_one at r = 1: value 1.7917595e-6 at theta1 = 1e-6 but 1.7917482e-6 at theta1 = 1e3
+@example(n=6, d=1, seed=0, which=0, other=1e-6, divergence="kl", u=1.0, pair=[1e-6, 1e3])
 def test_monotone_in_theta1_and_theta2(case, n, d, seed, which, other, divergence, u, pair):
     """With the other price fixed, raising theta1 (which = 0) or theta2 (which = 1) never
     lowers the value."""
@@ -307,6 +326,10 @@ def test_monotone_in_theta1_and_theta2(case, n, d, seed, which, other, divergenc
 # found on current main with the absolute loss: a feature with a zero coefficient is scored inf
 # by feature_stability, certify(features=[j]) answers 0 (r = base) or the reweighting value
 @example(n=3, d=1, seed=0, dead=True, thetas=(1e-6, 1e-6), divergence="kl", u=0.0)
+# every loss: with theta1 = inf every feature is scored inf, certify answers 0 at r = base
+@example(n=3, d=1, seed=0, dead=False, thetas=(math.inf, 1e-6), divergence="kl", u=0.0)
+# zero_one: a zero-coefficient feature scored inf, certify gives the reweighting value at r = 1
+@example(n=3, d=1, seed=0, dead=True, thetas=(1e-6, 1e-6), divergence="kl", u=1.0)
 def test_feature_stability_equals_certify_per_feature(case, n, d, seed, dead, thetas,
                                                       divergence, u):
     model, X, y = make_case(case, n, d, seed, dead)
