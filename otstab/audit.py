@@ -20,7 +20,7 @@ and :func:`accept` decides the status. A candidate is accepted when
 The tolerance is relative to the value itself, not to 1, so it stays relative for tiny
 values. ``CANCEL_RTOL h r`` bounds the rounding of the dual value itself: ``value = h r - T(h)``
 is a difference of two numbers of size ``h r`` and cannot be computed to better than a few
-hundred ulps of ``h r`` (``CANCEL_RTOL = 1e-13``). When that rounding alone exceeds
+ulps of ``h r`` (``CANCEL_RTOL = 4e-15``, about 18 ulps). When that rounding alone exceeds
 ``AUDIT_RTOL |value|`` (extreme price ratios: ``value / (h r) < 1e-7``) the value cannot be
 certified to the promised precision in double precision, and the instance is refused rather
 than answered.
@@ -61,7 +61,7 @@ RISK_RTOL = 1e-8
 #: tolerance of |E_Q*[W] - 1|
 MASS_TOL = 1e-9
 #: rounding bound of the dual value, relative to h r (see the module docstring)
-CANCEL_RTOL = 1e-13
+CANCEL_RTOL = 4e-15
 #: r counts as reached by the data when r <= base (1 + REACHED_RTOL) (status ``zero``)
 REACHED_RTOL = 1e-12
 
