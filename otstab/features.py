@@ -31,10 +31,11 @@ import pandas as pd
 from otstab_solvers.dual import oracle_for, solve_dual
 from otstab_solvers.result import OPTIMAL
 from otstab_solvers.sorted_oracle import SortedTwoPiece
-from otstab_solvers.weights import chi2_alpha, chi2_weights, kl_weights
+from otstab_solvers.weights import chi2_weights, kl_weights
 from otstab_solvers.zero_one import solve_zero_one
 
 from .audit import reached, resolution_problem
+from .core import certify
 from .errors import SolverError, ValidationError
 from .losses import MulticlassHinge, PiecewiseLinear, ZeroOne, get_loss
 from .models import resolve_model
@@ -44,6 +45,10 @@ from .smooth import certify_smooth
 from .zero_one import certify_zero_one_problem, linear_distances
 
 __all__ = ["feature_stability"]
+
+#: prices within which the one-pass scores are used as they are (outside, every feature is
+#: scored through certify, whose Q* is audited)
+MODERATE = (1e-3, 1e3)
 
 COLUMNS = ["feature", "score", "rank", "h", "share_moving", "share_reweighting", "ignored",
            "columns"]
@@ -127,7 +132,7 @@ def _shares(parts, base, r):
 def _weights(lh, theta2, divergence):
     if divergence == "kl" or math.isinf(theta2):
         return kl_weights(lh, theta2)
-    return chi2_weights(lh, theta2, chi2_alpha(lh, theta2))
+    return chi2_weights(lh, theta2)
 
 
 def _reweighting_only(losses, r, theta2, divergence):
@@ -217,7 +222,17 @@ def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergen
     units = _units(prob.feature_names, features, groups)
     linear_exact = prob.scorer is not None and isinstance(
         loss_obj, (PiecewiseLinear, MulticlassHinge, ZeroOne)) and solver != "first_order"
-    if not linear_exact:
+    extreme = any(math.isfinite(t) and not MODERATE[0] <= t <= MODERATE[1]
+                  for t in (theta1, theta2))
+    if linear_exact and extreme:
+        # far from moderate prices the one-pass scores are not audited per feature: score each
+        # feature through certify (its Q* audited, or refused like certify refuses)
+        base_losses = prob.losses(prob.X)
+        rw = _reweighting_only(base_losses, r, theta2, divergence)
+        rows = [_result_row(certify(model, X, y, loss=loss_obj, r=r, theta1=theta1,
+                                    theta2=theta2, divergence=divergence, solver=solver,
+                                    features=cols)) for _label, cols in units]
+    elif not linear_exact:
         base_losses = prob.losses(prob.X)
         rw = _reweighting_only(base_losses, r, theta2, divergence)
         results = _nonlinear_results(prob, units, r, theta1, theta2, divergence, solver)
@@ -231,8 +246,12 @@ def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergen
         base_losses = red.loss_values()
         rw = _reweighting_only(base_losses, r, theta2, divergence)
         rows = _piecewise_rows(prob, red, units, r, theta1, theta2, divergence, rw)
-    for (label, _cols), row in zip(units, [rw, *rows]):
-        why = resolution_problem(row[0], row[1], r)
+    # at r = 1 the 0/1 value comes from a closed form without the h r - T(h) cancellation
+    # (otstab_solvers.zero_one): its rounding is relative to the value itself
+    closed = isinstance(loss_obj, ZeroOne) and r >= 1.0
+    for (label, _cols), row in zip([("reweighting only", None), *units], [rw, *rows]):
+        why = resolution_problem(row[0], row[1], r,
+                                 4e-15 * abs(row[0]) if closed else None)
         if why:  # the same refusal as certify's audit (otstab.audit)
             raise SolverError(f"feature {label!r}: {why}; rescale the prices or use math.inf")
     if prob.scorer is not None:

@@ -17,7 +17,7 @@ import numpy as np
 from otstab_solvers import conic as _conic
 from otstab_solvers.dual import PiecewiseOracle, dual_objective, oracle_for, refine, solve_dual
 from otstab_solvers.result import OPTIMAL, DualSolution
-from otstab_solvers.weights import chi2_alpha, chi2_weights, kl_weights
+from otstab_solvers.weights import chi2_solution, kl_weights
 
 from . import audit
 from .errors import SolverNotAvailableError
@@ -136,8 +136,8 @@ def solve_reduced(prob: Problem, red: Reduced, r, theta1, theta2, divergence, so
 def _weights_at(lh: np.ndarray, theta2: float, divergence: str):
     if divergence == "kl" or math.isinf(theta2):
         return kl_weights(lh, theta2), (None if divergence == "kl" else 0.0)
-    alpha = chi2_alpha(lh, theta2)
-    return chi2_weights(lh, theta2, alpha), alpha
+    w, alpha, _ = chi2_solution(lh, theta2)
+    return w, alpha
 
 
 def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, theta2, divergence,
@@ -178,6 +178,14 @@ def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, thet
     piece = np.concatenate([main_piece, k_hi[split_rows]])
     mass = np.concatenate([main_mass, frac[split_rows]])
     value = float(dual_objective(lh, h, r, theta2, divergence))
+    if sol.solver == "dual" and math.isfinite(sol.value):
+        # the specialised dual evaluated F at this very h, at a kink on the side where l_h is
+        # resolved best (the scan's max over pieces keeps the rounding of the moving piece)
+        value = max(value, float(sol.value))
+    # F(h) = h r - T(h) with T(h) >= mean(l_h) >= 0 (the losses are nonnegative): a value above
+    # h r is rounding of T (prefix sums of the sorted oracle can round below 0); at a kink where
+    # every l_h is 0, h r is the exact value
+    value = min(value, h * r)
     X = prob.X
 
     def moved_block(s, e):
@@ -228,7 +236,8 @@ def _audit_sampled(prob, red, src, piece, h, mass, w, theta1, theta2, divergence
     delta = red.displacement(src[pick], piece[pick], h)
     Xs = Xg if delta is None else Xg + delta
     direct_loss = prob.losses(Xs, prob.y[src[pick]])
-    direct_d2 = np.zeros(pick.size) if delta is None else np.einsum("ij,ij->i", delta, delta)
+    diff = None if delta is None else Xs - Xg  # the move as Q* holds it
+    direct_d2 = np.zeros(pick.size) if diff is None else np.einsum("ij,ij->i", diff, diff)
     err = max(float(np.max(np.abs(direct_loss - loss_star[pick]) / (1 + np.abs(direct_loss)))),
               float(np.max(np.abs(direct_d2 - moved2[pick]) / (1 + direct_d2))))
     out = audit.audit_sums(prob.losses(prob.X), loss_star, moved2, mass, w, theta1, theta2,
@@ -249,7 +258,10 @@ def _audit_blocks(prob, moved_block, src, mass, w, theta1, theta2, divergence, v
     for s, e in zip(bounds[:-1], bounds[1:]):
         Xg, Xs, delta = moved_block(s, e)
         loss_star[s:e] = prob.losses(Xs, prob.y[src[s:e]])
-        moved2[s:e] = 0.0 if delta is None else np.einsum("ij,ij->i", delta, delta)
+        # the move as Q* holds it (x* - x in floating point, not the exact displacement): a
+        # move below the resolution of x is not a move the user can reproduce
+        diff = None if delta is None else Xs - Xg
+        moved2[s:e] = 0.0 if diff is None else np.einsum("ij,ij->i", diff, diff)
     out = audit.audit_sums(prob.losses(prob.X), loss_star, moved2, mass, w, theta1, theta2,
                            divergence, value)
     out["audit"] = {"method": "direct", "sample": int(m), "max_rel_error": 0.0}

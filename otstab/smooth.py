@@ -24,7 +24,7 @@ from otstab_solvers.dual import solve_dual
 from otstab_solvers.first_order import solve_first_order
 from otstab_solvers.result import OPTIMAL
 from otstab_solvers.smooth import CrossEntropyOracle, LogisticOracle, SquaredOracle
-from otstab_solvers.weights import chi2_alpha, chi2_weights, kl_weights
+from otstab_solvers.weights import chi2_solution, kl_weights
 
 from . import audit
 from .errors import IncompatibleLossError, ValidationError
@@ -84,8 +84,8 @@ def linear_smooth_oracle(W, b, task: str, X, y, *, loss: str, theta1: float, mas
 def _weights_at(lh, theta2, divergence):
     if divergence == "kl" or math.isinf(theta2):
         return kl_weights(lh, theta2), (None if divergence == "kl" else 0.0)
-    alpha = chi2_alpha(lh, theta2)
-    return chi2_weights(lh, theta2, alpha), alpha
+    w, alpha, _ = chi2_solution(lh, theta2)
+    return w, alpha
 
 
 def certify_smooth(prob, *, r, theta1, theta2, divergence, mask=None, solver="auto",

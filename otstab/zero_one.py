@@ -8,8 +8,9 @@ is solved exactly in O(n log n) (:mod:`otstab_solvers.zero_one`).
 Q* moves each sample either to its nearest misclassified point or not at all, and reweights;
 when the optimum sits at a breakpoint (a tie between staying and moving) one sample's mass is
 split so that the error rate under Q* is exactly r. The nearest misclassified point is pushed a
-relative 1e-9 beyond the decision boundary so that it is misclassified by the model's own rule
-(ties at a score of 0 go to the negative class), which changes the cost by a relative 2e-9.
+relative 1e-9 of its margin (plus a few hundred ulps of its scores) beyond the decision boundary
+so that it is misclassified by the model's own rule (ties at a score of 0 go to the negative
+class), which changes the cost by a relative 2e-9 (more only within rounding of the boundary).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import time
 
 import numpy as np
 from otstab_solvers.result import OPTIMAL
-from otstab_solvers.weights import chi2_alpha, chi2_weights, kl_weights, phi
+from otstab_solvers.weights import chi2_solution, kl_weights, phi
 from otstab_solvers.zero_one import solve_zero_one
 
 from . import audit
@@ -36,6 +37,7 @@ __all__ = ["linear_distances", "certify_distances", "certify_zero_one_problem",
            "certify_zero_one_search", "SEARCH_OPTIONS"]
 
 PUSH = 1e-9
+EPS = float(np.finfo(float).eps)
 
 
 def linear_distances(prob: Problem, mask: np.ndarray | None = None):
@@ -57,7 +59,8 @@ def linear_distances(prob: Problem, mask: np.ndarray | None = None):
             return d, X.copy()
         mp = np.maximum(m, 0.0)
         d = np.where(loss0 > 0, 0.0, mp * mp / nw)
-        step = np.where(loss0 > 0, 0.0, (mp + PUSH * np.maximum(1.0, mp)) / nw)
+        s_abs = np.abs(m)
+        step = np.where(loss0 > 0, 0.0, (mp + _push(mp, s_abs, sc.b[0])) / nw)
         X_near = X - (step * prob.y)[:, None] * w[None, :]
         return d, X_near
     S = sc.scores(X)
@@ -81,11 +84,22 @@ def linear_distances(prob: Problem, mask: np.ndarray | None = None):
     Delta = W[y] - W[kbest]
     nk = np.einsum("nd,nd->n", Delta, Delta)
     g = gaps[np.arange(n), kbest]
+    push = _push(g, np.abs(sy[:, 0]) + np.abs(S[np.arange(n), kbest]),
+                 np.abs(sc.b[y]) + np.abs(sc.b[kbest]))
     with np.errstate(divide="ignore", invalid="ignore"):
         step = np.where((loss0 > 0) | ~np.isfinite(d) | (nk == 0), 0.0,
-                        (g + PUSH * np.maximum(1.0, g)) / np.where(nk > 0, nk, 1.0))
+                        (g + push) / np.where(nk > 0, nk, 1.0))
     X_near = X - step[:, None] * Delta
     return d, X_near
+
+
+def _push(gap, score_scale, intercept_scale):
+    """How far past the decision boundary (in score units) a moved point is put so that the
+    model's own rule misclassifies it: a relative PUSH of the gap, plus a few hundred ulps of
+    the scores involved (their rounding when the model recomputes them). Relative to the gap
+    this costs 2 PUSH of the move's cost, and more only for samples within rounding of the
+    boundary (the audit then measures the cost of the point actually returned)."""
+    return PUSH * gap + 256.0 * EPS * (1.0 + score_scale + np.abs(intercept_scale))
 
 
 def _near(a, h, tol=1e-10):
@@ -200,11 +214,17 @@ def _weights(a, h, sol, theta2, divergence, n, cand, ac):
         if abs(w.total() / n - 1.0) <= 1e-13:
             return w, alpha
         # the dual's alpha belongs to a slightly different h: recompute it exactly below
-    lh = np.maximum(h - a, 0.0)
+    shift = 0.0
+    if math.isfinite(h) and a.size and h >= float(a.max()):
+        # every sample moves (r = 1): l_h = h - a, and the weights depend on l_h only up to a
+        # constant (KL) or through l_h + alpha (chi2): use -a, without the rounding of h - a
+        lh, shift = -a, h
+    else:
+        lh = np.maximum(h - a, 0.0)
     if divergence == "kl":
         return _Weights(n, idx=cand, dense=kl_weights(lh, theta2)), None
-    alpha = chi2_alpha(lh, theta2)
-    return _Weights(n, idx=cand, dense=chi2_weights(lh, theta2, alpha)), alpha
+    w, alpha, _ = chi2_solution(lh, theta2)
+    return _Weights(n, idx=cand, dense=w), alpha - shift
 
 
 def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near, y, losses_fn,
@@ -390,7 +410,9 @@ def _finish(*, value, h, alpha, status, message, plan, w, a, loss0, r, theta1, t
         iterations=(sol.iterations if sol is not None else 0), split=split is not None,
         loss_star=loss_star, loss_base=loss0,
         X=X if X is not None else np.empty((n, 0)), feature_names=names, index=index,
-        info={"dstar": dstar, "wall_time": time.perf_counter() - t_start},
+        info={"dstar": dstar, "wall_time": time.perf_counter() - t_start,
+              **({"value_rounding": sol.info["value_rounding"]}
+                 if sol is not None and "value_rounding" in sol.info else {})},
     )
 
 

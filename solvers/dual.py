@@ -29,7 +29,7 @@ import numpy as np
 
 from .result import FAILED, OPTIMAL, DualSolution
 from .sorted_oracle import SortedTwoPiece
-from .weights import chi2_alpha, chi2_dual_term, chi2_term_at, kl_dual_term, log_mean_shifted
+from .weights import chi2_dual_term, chi2_solution, kl_dual_term, log_mean_shifted
 
 __all__ = ["PiecewiseOracle", "oracle_for", "solve_dual", "dual_objective", "refine"]
 
@@ -233,9 +233,7 @@ def _reduce(lh, d1, d2, theta2, divergence, n):
         var = float(np.einsum("i,i->", e, (d1 - mu) ** 2)) / Z
         curv = float(np.einsum("i,i->", e, d2)) / Z + var / theta2
         return term, mu, curv, None
-    alpha = chi2_alpha(lh, theta2)
-    w = np.maximum((lh + alpha) / (2.0 * theta2) + 1.0, 0.0)
-    term = chi2_term_at(lh, theta2, alpha)
+    w, alpha, term = chi2_solution(lh, theta2)
     mu = float(np.einsum("i,i->", w, d1)) / n
     act = w > 0
     da = d1[act]
@@ -333,20 +331,28 @@ def solve_dual(oracle, r: float, theta2: float, divergence: str, *, tol: float =
         width = hi["h"] - lo["h"]
         # the value needs a small gap; the risk of Q* (the derivative) needs a small |g| or a
         # narrow bracket (the tie split of Q* then closes the audit exactly)
-        if gap <= tol * max(1.0, abs(best["F"])) and (
-                abs(best["g"]) <= 1e-11 * (1.0 + abs(r)) or width <= 1e-11 * max(1.0, hi["h"])):
+        # both tests are relative (to the value, to r and to h): a tiny value or threshold is
+        # solved to the same relative precision as a large one
+        if gap <= tol * abs(best["F"]) and (
+                abs(best["g"]) <= 1e-11 * abs(r) or width <= 1e-11 * hi["h"]):
             return finish(best, OPTIMAL, gap)
-        if width <= 4 * np.finfo(float).eps * max(1.0, hi["h"]):
+        if width <= 4 * np.finfo(float).eps * hi["h"]:
             return finish(best, OPTIMAL, gap, "bracket at machine precision")
         n_kinks = 0
         if kinks:
             n_kinks, k_min, k_max, k_mid = _kinks_between(oracle, fast, lo, hi)
-            if n_kinks and k_max - k_min <= 1e-12 * max(1.0, k_max):
+            if n_kinks and k_max - k_min <= 1e-12 * k_max:
                 # one kink left in the bracket: the root is there iff g changes sign across it
                 hk = k_mid
                 left, right = at(hk, "left"), at(hk, "right")
                 if left["g"] >= 0.0 >= right["g"]:
-                    best = right if abs(right["g"]) <= abs(left["g"]) else left
+                    # F is continuous at the kink: both sides are the same number up to the
+                    # rounding of l_h on each side's pieces. Keep the side whose divergence
+                    # term T = h r - F is smaller: a side on a flat piece (l_h = 0, T exactly
+                    # 0) beats one on a moving piece whose c1 h + c2 h^2 cancels to rounding
+                    # (the audit compares the value with the cost of Q* either way)
+                    t_left, t_right = abs(hk * r - left["F"]), abs(hk * r - right["F"])
+                    best = left if t_left <= t_right else right
                     return finish(best, OPTIMAL, 0.0, "optimum at a kink")
                 if right["g"] > 0:
                     lo = right
@@ -384,7 +390,7 @@ def solve_dual(oracle, r: float, theta2: float, divergence: str, *, tol: float =
             hi = p
         widths.append(hi["h"] - lo["h"])
     best, gap = bound(lo, hi)
-    status = OPTIMAL if gap <= 1e-9 * max(1.0, abs(best["F"])) else FAILED
+    status = OPTIMAL if gap <= 1e-9 * abs(best["F"]) else FAILED
     return finish(best, status, gap, "" if status == OPTIMAL else "max_iter reached")
 
 

@@ -26,7 +26,7 @@ import numpy as np
 from .dual import solve_dual
 from .result import FAILED, OPTIMAL, DualSolution
 from .sorted_oracle import SortedTwoPiece
-from .weights import chi2_dual_term, kl_dual_term
+from .weights import chi2_alpha, chi2_dual_term, kl_dual_term
 
 __all__ = ["DistanceOracle", "solve_zero_one", "zero_one_objective"]
 
@@ -96,12 +96,22 @@ def solve_zero_one(a, r: float, theta2: float, divergence: str, *,
     a = np.asarray(a, dtype=np.float64)
     n = a.size
     if r >= 1.0 and np.all(np.isfinite(a)) and float(np.mean(a == 0)) < 1.0:
-        # F'(h) = 1 - E_w[1{h > a_i}] >= 0, and = 0 once every sample moves: h* = max a
+        # F'(h) = 1 - E_w[1{h > a_i}] >= 0, and = 0 once every sample moves: h* = max a. For
+        # h >= max a, l_h = h - a and the divergence terms shift with h (T(l + c) = T(l) + c),
+        # so F(h) = h - T(h - a) = -T(-a): computed in that form, without the cancellation of
+        # two numbers of size h
         h = float(a.max())
-        return DualSolution(h, None if divergence == "kl" else 0.0,
-                            float(zero_one_objective(a, h, r, theta2, divergence)), OPTIMAL,
+        if divergence == "kl" or math.isinf(theta2):
+            value = -kl_dual_term(-a, theta2)
+            alpha = None if divergence == "kl" else 0.0
+        else:
+            alpha_neg = chi2_alpha(-a, theta2)
+            value = -chi2_dual_term(-a, theta2, alpha_neg)
+            alpha = alpha_neg - h  # the alpha of l_h = h - a
+        return DualSolution(h, alpha, float(value), OPTIMAL,
                             "zero_one_closed_form", "r = 1: every sample moves", iterations=1,
-                            gap_bound=0.0, solve_time=time.perf_counter() - t0)
+                            gap_bound=0.0, solve_time=time.perf_counter() - t0,
+                            info={"value_rounding": 4e-15 * (abs(value) + float(a.min()))})
     if method == "dual" or (divergence == "chi2" and not math.isinf(theta2)):
         sol = solve_dual(DistanceOracle(a, presorted=presorted), r, theta2, divergence)
         sol.solver = "zero_one_dual"

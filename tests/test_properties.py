@@ -15,9 +15,9 @@ import otstab
 
 thetas = st.sampled_from([0.2, 1.0, 5.0, math.inf])
 
-#: docs/math.md: r is reached by the data (value 0, status "zero") when r <= base (1 + 1e-12);
+#: docs/math.md: r is reached by the data (value 0, status "zero") when r <= base (1 + 1e-8);
 #: with base == 0 only r == 0 is reached. Above that the value is positive and audited.
-REACHED_RTOL = 1e-12
+REACHED_RTOL = 1e-8
 
 
 def reached(r, base):
@@ -52,7 +52,7 @@ def test_nonnegative_monotone_in_r(inst, r, t2, div):
     a = R(model, X, y, r, t2=t2, div=div)
     b = R(model, X, y, r + 0.3, t2=t2, div=div)
     assert a >= 0
-    assert b >= a - 1e-9 * max(1, a)
+    assert b >= a - 1e-9 * abs(a)
 
 
 @settings(max_examples=40)
@@ -62,7 +62,7 @@ def test_monotone_in_thetas(inst, r, div):
     vals1 = [R(model, X, y, r, t1=t, div=div) for t in (0.2, 1.0, 5.0)]
     vals2 = [R(model, X, y, r, t2=t, div=div) for t in (0.2, 1.0, 5.0)]
     for vals in (vals1, vals2):
-        assert all(b >= a - 1e-9 * max(1, a) for a, b in zip(vals, vals[1:]))
+        assert all(b >= a - 1e-9 * abs(a) for a, b in zip(vals, vals[1:]))
 
 
 def check_zero_iff_reached(model, X, y, r):
@@ -89,7 +89,7 @@ def test_zero_below_base_and_permutation_invariant(inst, r, seed):
 
 
 @settings(max_examples=30)
-@given(instance, st.sampled_from([0.0, 0.5e-12, 2e-12, 1e-9, 1e-6]))
+@given(instance, st.sampled_from([0.0, 0.5e-12, 2e-12, 0.5e-8, 2e-8, 1e-6]))
 # issue 18's instance (base risk 0): r = 0 is reached, r = 2e-12 is not
 @example(inst=make_instance(1, 570), rel=0.0)
 @example(inst=make_instance(1, 570), rel=2e-12)
@@ -97,8 +97,9 @@ def test_zero_below_base_and_permutation_invariant(inst, r, seed):
 # 5e-13 above it (reached by the rule) was answered 4.2e-18 (chi2)
 @example(inst=make_instance(1, 0), rel=2e-12)
 @example(inst=make_instance(1, 0), rel=0.5e-12)
+@example(inst=make_instance(1, 0), rel=2e-8)
 def test_threshold_rule_at_the_base_risk(inst, rel):
-    """r = base (1 + rel) (r = rel when base == 0), on both sides of the 1e-12 rule."""
+    """r = base (1 + rel) (r = rel when base == 0), on both sides of the 1e-8 rule."""
     model, X, y = inst
     base = hinge_base(model, X, y)
     check_zero_iff_reached(model, X, y, base * (1 + rel) if base > 0 else rel)
