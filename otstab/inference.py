@@ -233,7 +233,8 @@ def _notes(res, infl) -> list[str]:
             notes.append(f"r is within {DOUBT_SE:g} standard errors of the base risk "
                          f"({res.risk_base:.4g} +- {se_base:.2g}): whether R is 0 in the "
                          "population is uncertain, the normal approximation is doubtful")
-        if math.isinf(res.theta1) and lb.size and res.r >= float(np.max(lb)) - DOUBT_SE * se_base:
+        if math.isinf(res.theta1) and lb.size \
+                and abs(res.r - float(np.max(lb))) <= DOUBT_SE * se_base:
             notes.append("r is close to the largest loss with samples unable to move: the "
                          "value depends on the few samples of largest loss")
     if res.h is not None and math.isinf(res.h):
