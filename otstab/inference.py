@@ -44,7 +44,7 @@ from .smooth import certify_smooth
 from .zero_one import certify_distances, certify_zero_one_search, linear_distances
 
 __all__ = ["Inference", "Bootstrap", "influence", "analytic", "bootstrap", "replicator",
-           "resolve_se", "INTERVALS", "DOUBT_SE"]
+           "resample", "check_level", "resolve_se", "INTERVALS", "DOUBT_SE"]
 
 INTERVALS = ("percentile", "bca")
 #: r within this many standard errors of the base risk: the normal approximation is doubtful
@@ -102,6 +102,7 @@ class Inference:
     replicates: np.ndarray | None = None
     interval: str = "normal"
     acceleration: float = 0.0
+    seed: int | None = None
 
     def _quantile(self, p: float) -> float:
         """The bootstrap quantile at ``p`` (percentile) or its BCa adjustment."""
@@ -134,10 +135,22 @@ class Inference:
             return 0.0
         return max(self.value - _z(level, two_sided=False) * self.se, 0.0)
 
-    def to_dict(self) -> dict:
-        return {"method": self.method, "se": self.se, "interval": self.interval,
-                "reliable": self.reliable, "note": self.note,
-                "n_boot": 0 if self.replicates is None else int(self.replicates.size)}
+    def to_dict(self, level: float = 0.95) -> dict:
+        """The record of a certificate: method, level, se, interval and one-sided bound."""
+        lo, hi = self.ci(level)
+        return {"method": self.method, "interval": self.interval, "level": float(level),
+                "se": self.se, "ci_low": lo, "ci_high": hi,
+                "lower_bound": self.lower_confidence_bound(level),
+                "n_boot": 0 if self.replicates is None else int(self.replicates.size),
+                "seed": None if self.seed is None else int(self.seed),
+                "reliable": bool(self.reliable), "note": self.note}
+
+    def spec(self):
+        """What re-creates this estimate in ``certify(..., se=...)``."""
+        if self.method != "bootstrap":
+            return "analytic"
+        return Bootstrap(n_boot=int(self.replicates.size), seed=int(self.seed),
+                         interval=self.interval)
 
 
 @dataclass(frozen=True)
@@ -375,5 +388,5 @@ def bootstrap(res, replicates: np.ndarray, spec: Bootstrap) -> Inference:
     base = analytic(res)
     return Inference(method="bootstrap", se=se, value=float(res.value), n=res.n,
                      reliable=not notes and res.status != "bounds", note="; ".join(notes),
-                     replicates=reps, interval=spec.interval,
+                     replicates=reps, interval=spec.interval, seed=spec.seed,
                      acceleration=_acceleration(influence(res)) if base.se < math.inf else 0.0)
