@@ -216,3 +216,69 @@ def test_coverage_of_95_percent_intervals(name):
         lo, hi = otstab.certify(MODEL, X, y, **kw).ci(0.95)
         hits += lo <= truth <= hi
     assert 0.93 <= hits / reps <= 0.97
+
+
+def test_feature_uncertainty_is_the_bootstrap_of_certify_per_feature():
+    # the replicates are feature_stability on rows resampled with default_rng(seed); each
+    # score is certify(..., features=[j]).value on those rows (the documented definition)
+    X, y = population(300, 8)
+    kw = dict(loss="hinge", r=1.0, theta2=0.25)
+    df = otstab.feature_stability(MODEL, X, y, confidence=0.9, n_boot=6, seed=4, top_k=1, **kw)
+    rng = np.random.default_rng(4)
+    reps = np.empty((6, 3))
+    for b in range(6):
+        idx = rng.integers(0, 300, 300)
+        for j in range(3):
+            reps[b, j] = otstab.certify(MODEL, X[idx], y[idx], features=[j], se=None,
+                                        **kw).value
+    for _, row in df.iterrows():
+        j = int(row["feature"][1:])
+        assert row["se"] == pytest.approx(np.std(reps[:, j], ddof=1), rel=1e-6)
+        assert row["ci_low"] == pytest.approx(np.quantile(reps[:, j], 0.05), rel=1e-6)
+        assert row["ci_high"] == pytest.approx(np.quantile(reps[:, j], 0.95), rel=1e-6)
+        assert row["p_top_k"] == pytest.approx(np.mean(np.argmin(reps, axis=1) == j))
+    assert df["p_top_k"].sum() == pytest.approx(1.0)
+    with pytest.raises(ValidationError, match="top_k"):
+        otstab.feature_stability(MODEL, X, y, confidence=0.9, top_k=0, **kw)
+
+
+def test_stability_curve_bands_are_each_certificates_interval():
+    X, y = population(500, 9)
+    grid = [0.3, 0.8, 1.0]
+    df = otstab.stability_curve(MODEL, X, y, r=grid, loss="hinge", confidence=0.8)
+    for rv, lo, hi, se in zip(grid, df["ci_low"], df["ci_high"], df["se"]):
+        res = otstab.certify(MODEL, X, y, loss="hinge", r=rv)
+        assert (lo, hi) == pytest.approx(res.ci(0.8))
+        assert se == pytest.approx(res.se)
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from otstab import plot
+
+    ax = plot.stability_curve(df)
+    assert len(ax.collections) == 1  # the band
+    assert "80% interval" in [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+@pytest.mark.parametrize("se", ["analytic", Bootstrap(n_boot=20, seed=2, interval="bca")])
+def test_certificate_records_and_verify_rechecks_uncertainty(se):
+    from otstab.certificate import make_certificate, validate_certificate, verify_certificate
+    from otstab.report import render_html
+
+    X, y = population(400, 10)
+    res = otstab.certify(MODEL, X, y, loss="hinge", r=1.0, se=se)
+    cert = make_certificate(res, MODEL, X, y, level=0.9)
+    validate_certificate(cert)
+    unc = cert["results"]["uncertainty"]
+    assert unc["level"] == 0.9 and unc["se"] == pytest.approx(res.se)
+    assert (unc["ci_low"], unc["ci_high"]) == pytest.approx(res.ci(0.9))
+    assert unc["lower_bound"] == pytest.approx(res.lower_confidence_bound(0.9))
+    assert verify_certificate(cert, MODEL, X, y)
+    page = render_html(cert)
+    assert 'id="uncertainty"' in page and "with 90% confidence" in page
+    for key, factor in (("se", 1.5), ("ci_high", 1.1), ("lower_bound", 0.5)):
+        bad = {**cert, "results": {**cert["results"], "uncertainty": {**unc,
+                                                                       key: unc[key] * factor}}}
+        report = verify_certificate(bad, MODEL, X, y)
+        assert not report and any(key in m for m in report.reasons)
