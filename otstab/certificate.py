@@ -69,6 +69,7 @@ from .audit import relative_gap
 from .core import certify
 from .errors import InputTypeError, OtstabError, SolverError, ValidationError
 from .features import feature_stability
+from .inference import Bootstrap, check_level
 from .losses import LOSS_NAMES, PiecewiseLinear, epsilon_insensitive, get_loss, pinball
 from .models import resolve_model
 from .reduction import feature_mask
@@ -444,7 +445,7 @@ def _num(x) -> float:
 
 def make_certificate(result, model, X, y, *, features=None, groups=None, movable=None,
                      target=None, model_file=None, qstar=None, solver=None,
-                     solver_options=None, loss=None, extra=None) -> dict:
+                     solver_options=None, loss=None, extra=None, level=0.95) -> dict:
     """Build a version-1 certificate (a JSON-ready dict) for a :class:`~otstab.StabilityResult`.
 
     Parameters
@@ -478,6 +479,11 @@ def make_certificate(result, model, X, y, *, features=None, groups=None, movable
         rebuild it (a custom :class:`~otstab.losses.PiecewiseLinear`).
     extra : dict, optional
         Free-form JSON-serialisable metadata stored under ``"extra"``.
+    level : float, default 0.95
+        Confidence level of the recorded sampling uncertainty (``results.uncertainty``: the
+        SE, the two-sided interval and the one-sided lower bound of R, from
+        ``result.inference``; ``docs/inference.md``); null when R = inf or when certify ran
+        with ``se=None``.
 
     Returns
     -------
@@ -511,6 +517,9 @@ def make_certificate(result, model, X, y, *, features=None, groups=None, movable
         "n_atoms": result.n_atoms,
         "split": bool(result.split),
         "exact": bool(getattr(result, "exact", True)),
+        # none when not computed, or when r is unreachable (R = inf: no interval to state)
+        "uncertainty": (None if result.inference is None or not math.isfinite(result.value)
+                        else result.inference.to_dict(check_level(level))),
         "feature_stability": None,
     }
     if features is not None:
@@ -1053,8 +1062,11 @@ def verify_certificate(cert_or_path, model, X, y, *, rtol=None, atol=None, h_rto
     kwargs = dict(loss=loss, r=_num(inputs["r"]), theta1=_num(inputs["theta1"]),
                   theta2=_num(inputs["theta2"]), divergence=inputs["divergence"],
                   solver=solver or requested, features=inputs.get("movable_features"))
+    unc = cert["results"].get("uncertainty")
+    se_spec = _uncertainty_spec(report, unc)
     try:
-        new = certify(model, X, y, **kwargs, **(inputs.get("solver_options") or {}))
+        new = certify(model, X, y, **kwargs, se=se_spec,
+                      **(inputs.get("solver_options") or {}))
     except SolverError:
         raise
     except (OtstabError, ValueError, TypeError) as exc:
@@ -1066,6 +1078,8 @@ def verify_certificate(cert_or_path, model, X, y, *, rtol=None, atol=None, h_rto
     report.notes.append(f"recomputed with solver {new.solver} ({new.status}) in "
                         f"{new.info.get('wall_time', new.solve_time):.3g} s")
     _verify_results(report, cert, new, tol, compare_solver=solver in (None, requested))
+    if unc:
+        _verify_uncertainty(report, unc, new, tol)
 
     fs = cert["results"].get("feature_stability")
     if fs is not None and check_features:
@@ -1212,6 +1226,34 @@ def _verify_results(report, cert: dict, new, tol: dict, *, compare_solver: bool)
             report.mismatches.append(Mismatch(
                 "audit.risk_star", f">= r = {r:g}", new.risk_star,
                 "the risk under the recomputed Q* does not reach r"))
+
+
+def _uncertainty_spec(report, unc: dict | None):
+    """``se=`` of the recomputation: the recorded method (a bootstrap with the recorded seed,
+    replicate count and interval); settings that are not valid are a mismatch."""
+    if not unc or unc["method"] == "influence":
+        return "analytic"
+    try:
+        return Bootstrap(n_boot=unc.get("n_boot"), seed=unc.get("seed"),
+                         interval=unc.get("interval", "percentile"))
+    except ValidationError as exc:
+        report.mismatches.append(Mismatch("results.uncertainty", "valid bootstrap settings",
+                                          str(exc), "the bootstrap cannot be re-run"))
+        return "analytic"
+
+
+def _verify_uncertainty(report, unc: dict, new, tol: dict) -> None:
+    """The recorded SE, interval and lower bound against the recomputed estimate (the same
+    method; a bootstrap re-run with the recorded seed and replicate count), and every other
+    entry of the record."""
+    got = _strict(new.inference.to_dict(float(unc["level"])))
+    for key, val in unc.items():
+        if key in ("se", "ci_low", "ci_high", "lower_bound"):
+            _expect_close(report, f"results.uncertainty.{key}", val, _num(got[key]),
+                          tol["rtol"], tol["atol"], f"the sampling {key} does not reproduce")
+        else:
+            _expect(report, f"results.uncertainty.{key}", val == got.get(key), val,
+                    got.get(key), f"the sampling {key} does not reproduce")
 
 
 def _verify_features(report, fs: dict, model, X, y, kwargs: dict, tol: dict) -> None:

@@ -77,6 +77,13 @@ def _number(allow_inf: bool):
     return parse
 
 
+def _level(text: str) -> float:
+    v = _number(False)(text)
+    if not 0.0 < v < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a confidence level in (0, 1), got {text!r}")
+    return v
+
+
 def _tolerance(text: str) -> float:
     """A verification tolerance: a finite number >= 0."""
     v = _number(False)(text)
@@ -161,6 +168,12 @@ def build_parser() -> argparse.ArgumentParser:
     cert.add_argument("--movable", nargs="+", metavar="COL", default=None,
                       help="only these features may move (names after the model's "
                            "preprocessing, or indices)")
+    cert.add_argument("--confidence", type=_level, default=0.95, metavar="LEVEL",
+                      help="confidence level of the sampling interval of R and of its "
+                           "one-sided lower bound, recorded in the certificate (default 0.95)")
+    cert.add_argument("--bootstrap", type=_positive_int, default=None, metavar="N",
+                      help="estimate the sampling uncertainty with N bootstrap replicates "
+                           "(seed 0) instead of the influence function")
     cert.add_argument("--features", action="store_true",
                       help="also score every feature's stability (feature_stability)")
     cert.add_argument("--groups", choices=("auto", "none"), default="auto",
@@ -529,6 +542,7 @@ def _cmd_demo(args) -> int:
 def _cmd_certify(args) -> int:
     from . import certify, feature_stability
     from .certificate import make_certificate, write_certificate, write_qstar
+    from .inference import Bootstrap
     from .losses import epsilon_insensitive, pinball
     from .report import write_report
 
@@ -551,12 +565,17 @@ def _cmd_certify(args) -> int:
     movable = None
     if args.movable:
         movable = [int(c) if re.fullmatch(r"-?\d+", c) else c for c in args.movable]
+    se = "analytic" if args.bootstrap is None else Bootstrap(n_boot=max(args.bootstrap, 2))
     result = _run_library(certify, model, X, y, loss=loss, r=args.r, theta1=args.theta1,
                           theta2=args.theta2, divergence=args.divergence, solver=args.solver,
-                          features=movable)
+                          features=movable, se=se)
     out = sys.stdout
     if not args.quiet:
         print(result.summary(), file=out)
+        if math.isfinite(result.value):
+            lcb = result.lower_confidence_bound(args.confidence)
+            print(f"  with {args.confidence:.0%} confidence over evaluation samples, "
+                  f"R >= {lcb:.6g}", file=out)
     table, groups = None, None
     if args.features:
         if args.groups == "auto":
@@ -573,7 +592,8 @@ def _cmd_certify(args) -> int:
     if args.json or args.html:
         cert = make_certificate(result, model, X, y, features=table, groups=groups,
                                 movable=movable, target=args.target, model_file=args.model,
-                                qstar=qinfo, solver=args.solver, loss=loss)
+                                qstar=qinfo, solver=args.solver, loss=loss,
+                                level=args.confidence)
     written = []
     if args.json:
         written.append(write_certificate(cert, args.json))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 
+from . import inference
 from .errors import ValidationError
 from .losses import MulticlassHinge, PiecewiseLinear, ZeroOne, get_loss
 from .models import resolve_model
@@ -25,7 +26,7 @@ __all__ = ["certify", "certify_distances", "check_common", "SOLVERS", "DIVERGENC
 
 
 def certify(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl", solver="auto",
-            features=None, **solver_options) -> StabilityResult:
+            features=None, se="analytic", **solver_options) -> StabilityResult:
     """Compute the OT stability criterion R(beta, r) and the most sensitive distribution.
 
     Parameters
@@ -54,6 +55,12 @@ def certify(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl", s
         backend (``"clarabel"``, ``"mosek"``, ``"ecos"``, ``"scs"``), or ``"first_order"``.
     features : sequence of column names or indices, optional
         Only these features may move (the feature mask); default all.
+    se : "analytic" (default), "bootstrap", ``otstab.inference.Bootstrap(n_boot, seed,
+        interval, progress)`` or None
+        Sampling uncertainty of R (``res.se``, ``res.ci(level)``,
+        ``res.lower_confidence_bound(level)``; ``docs/inference.md``): the influence-function
+        SE (computed on first access, one pass over Q*'s weights) or a bootstrap over the
+        evaluation rows (run now, re-solving per replicate).
     **solver_options
         Passed to the backend (e.g. ``max_iter`` for Clarabel).
 
@@ -73,7 +80,22 @@ def certify(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl", s
         raise ValidationError(
             f"r is an error rate for loss='zero_one' and must be in [0, 1], got {r}")
     mask = feature_mask(prob.d, features, prob.feature_names)
+    spec = inference.resolve_se(se)
+    res = _solve(prob, loss_obj, r, theta1, theta2, divergence, solver, mask, t_start,
+                 **solver_options)
+    if spec == "analytic":
+        res.inference = lambda: inference.analytic(res)  # built on first access
+    elif spec is not None:
+        value = inference.replicator(prob, r=r, theta1=theta1, theta2=theta2,
+                                     divergence=divergence, mask=mask, solver=solver,
+                                     **solver_options)
+        res.inference = inference.bootstrap(res, inference.resample(prob.n, spec, value), spec)
+    return res
 
+
+def _solve(prob, loss_obj, r, theta1, theta2, divergence, solver, mask, t_start,
+           **solver_options) -> StabilityResult:
+    """The solving path of ``prob`` (0/1, smooth or piecewise-linear)."""
     if isinstance(loss_obj, ZeroOne):
         if prob.scorer is not None and solver != "first_order":
             return certify_zero_one_problem(prob, r, theta1, theta2, divergence, mask, solver,

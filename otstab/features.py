@@ -37,6 +37,7 @@ from otstab_solvers.zero_one import solve_zero_one
 from .audit import reached, resolution_problem
 from .core import certify
 from .errors import SolverError, ValidationError
+from .inference import Bootstrap, check_level
 from .losses import MulticlassHinge, PiecewiseLinear, ZeroOne, get_loss
 from .models import resolve_model
 from .params import check_common
@@ -185,7 +186,8 @@ def _result_row(res):
 
 
 def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl",
-                      features=None, groups=None, solver="auto") -> pd.DataFrame:
+                      features=None, groups=None, solver="auto", confidence=None,
+                      n_boot=200, seed=0, top_k=3) -> pd.DataFrame:
     """Score each feature (or group of columns) by R_j(beta, r): lowest = most sensitive.
 
     ``score`` is ``otstab.certify(model, X, y, loss=loss, r=r, theta1=theta1, theta2=theta2,
@@ -202,6 +204,13 @@ def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergen
         ``otstab.datasets.feature_groups(df)``).
     solver : "auto" or "first_order"
         Linear models with piecewise-linear or 0/1 losses use the exact one-pass path.
+
+    confidence : float in (0, 1), optional
+        Add the sampling uncertainty of every score from ``n_boot`` bootstrap replicates
+        (rows resampled with replacement, ``seed``): columns ``se``, ``ci_low``, ``ci_high``
+        (percentile interval at this level) and ``p_top_k``, the share of replicates in which
+        the feature is among the ``top_k`` most sensitive (rank <= top_k); see
+        ``docs/inference.md``.
 
     Returns
     -------
@@ -269,7 +278,44 @@ def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergen
     df = df[COLUMNS]
     df.attrs.update({"r": r, "theta1": theta1, "theta2": theta2, "divergence": divergence,
                      "loss": loss_obj.name, "reweighting_only_value": rw[0]})
+    if confidence is not None:
+        spec = Bootstrap(n_boot=n_boot, seed=seed)
+        level = check_level(confidence)
+        if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1:
+            raise ValidationError(f"top_k must be an integer >= 1, got {top_k!r}")
+        kwargs = dict(loss=loss_obj, r=r, theta1=theta1, theta2=theta2, divergence=divergence,
+                      features=features, groups=groups, solver=solver)
+        _add_uncertainty(df, model, X, y, kwargs, spec, level, int(top_k))
     return df
+
+
+def _rows(data, idx):
+    """Rows ``idx`` of an array, DataFrame or Series."""
+    return data.iloc[idx] if hasattr(data, "iloc") else np.asarray(data)[idx]
+
+
+def _add_uncertainty(df, model, X, y, kwargs, spec, level, top_k) -> None:
+    """Columns se, ci_low, ci_high, p_top_k from feature_stability on resampled rows."""
+    n = len(y)
+    rng = np.random.default_rng(spec.seed)
+    scores = np.empty((spec.n_boot, len(df)))
+    in_top = np.zeros(len(df))
+    pos = {f: i for i, f in enumerate(df["feature"])}
+    for b in range(spec.n_boot):
+        idx = rng.integers(0, n, n)
+        rep = feature_stability(model, _rows(X, idx), _rows(y, idx), **kwargs)
+        cols = [pos[f] for f in rep["feature"]]
+        scores[b, cols] = rep["score"].to_numpy(float)
+        in_top[cols] += rep["rank"].to_numpy() <= top_k
+    finite = np.where(np.isfinite(scores), scores, np.nan)
+    with np.errstate(invalid="ignore"):
+        df["se"] = [float(np.std(c[~np.isnan(c)], ddof=1)) if np.sum(~np.isnan(c)) > 1
+                    else math.inf for c in finite.T]
+    df["ci_low"] = np.quantile(scores, (1 - level) / 2, axis=0, method="linear")
+    df["ci_high"] = np.quantile(scores, (1 + level) / 2, axis=0, method="linear")
+    df["p_top_k"] = in_top / spec.n_boot
+    df.attrs.update({"confidence": level, "n_boot": spec.n_boot, "seed": spec.seed,
+                     "top_k": top_k})
 
 
 def _piecewise_rows(prob, red, units, r, theta1, theta2, divergence, rw):

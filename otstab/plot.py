@@ -426,8 +426,10 @@ def stability_curve(curve, *, ax=None, label=None, highlight=None, title=None):
     ----------
     curve : DataFrame, dict, list of dicts or list of StabilityResult
         Columns ``r`` and ``value`` (the output of :func:`otstab.stability_curve` or
-        :func:`value_curve`); the base risk (``curve.attrs["risk_base"]`` or a ``risk_base``
-        column), when present, is marked by a dotted line.
+        :func:`value_curve`; with columns ``ci_low`` and ``ci_high``, from
+        ``stability_curve(..., confidence=)``, the interval is drawn as a band); the base
+        risk (``curve.attrs["risk_base"]`` or a ``risk_base`` column), when present, is marked
+        by a dotted line.
     ax : matplotlib Axes, optional
     label : str, optional
         Legend label of the curve (to overlay several models on one Axes).
@@ -446,7 +448,14 @@ def stability_curve(curve, *, ax=None, label=None, highlight=None, title=None):
     rr = c["r"].to_numpy(float)
     v = pd.to_numeric(c["value"], errors="coerce").to_numpy(float)
     ok = np.isfinite(v)
-    ax.plot(rr[ok], v[ok], ".-", label=label)
+    line = ax.plot(rr[ok], v[ok], ".-", label=label)[0]
+    if {"ci_low", "ci_high"} <= set(c.columns):  # sampling band (stability_curve(confidence=))
+        lo = pd.to_numeric(c["ci_low"], errors="coerce").to_numpy(float)
+        hi = pd.to_numeric(c["ci_high"], errors="coerce").to_numpy(float)
+        band = ok & np.isfinite(lo) & np.isfinite(hi)
+        level = c.attrs.get("confidence")
+        ax.fill_between(rr[band], lo[band], hi[band], color=line.get_color(), alpha=0.2,
+                        label=f"{100 * level:g}% interval" if level else "interval")
     if (~ok).any():
         ax.plot(rr[~ok], np.full((~ok).sum(), np.nanmax(v[ok]) if ok.any() else 0.0), "rx",
                 label="unreachable")
@@ -462,7 +471,8 @@ def stability_curve(curve, *, ax=None, label=None, highlight=None, title=None):
     ax.set_xlabel("risk threshold r")
     ax.set_ylabel("R(beta, r)  (higher = more stable)")
     ax.set_title(title or "Stability against the risk threshold", fontsize=10)
-    if label is not None or (~ok).any() or base is not None or highlight is not None:
+    if label is not None or (~ok).any() or base is not None or highlight is not None \
+            or "ci_low" in c.columns:
         ax.legend(loc="upper left", fontsize=8)
     return ax
 

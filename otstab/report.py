@@ -119,6 +119,23 @@ def _figure(png: str | None, caption: str, alt: str) -> str:
             f"<figcaption>{html.escape(caption)}</figcaption></figure>")
 
 
+def _uncertainty_text(unc: dict) -> str:
+    """The sampling uncertainty of R in plain words."""
+    lv = f"{100 * float(unc['level']):g}%"
+    how = ("a bootstrap over the evaluation rows" if unc["method"] == "bootstrap"
+           else "the influence function (normal approximation)")
+    text = (f"R was computed on a sample of evaluation data; another sample of the same size "
+            f"from the same population would give a somewhat different value. By {how}, R "
+            f"would typically move by about {_fmt(_num(unc['se']), 3)} (one standard error); "
+            f"with {lv} confidence R in the population lies between "
+            f"{_fmt(_num(unc['ci_low']))} and {_fmt(_num(unc['ci_high']))}, and is at least "
+            f"{_fmt(_num(unc['lower_bound']))} (the value to compare with a pass/fail "
+            "threshold).")
+    if unc.get("note"):
+        text += f" Caution: {html.escape(unc['note'])}."
+    return text
+
+
 def render_html(cert: dict, *, result=None, features=None, grid=None, curve=None, trace=None,
                 y=None, title=None, top=15, verify_command=None) -> str:
     """Render a certificate (and optional extras) as one self-contained HTML page.
@@ -191,6 +208,9 @@ def render_html(cert: dict, *, result=None, features=None, grid=None, curve=None
     if 'id="value"' not in verdict:
         verdict += f' <span class="value" id="value">R = {_fmt(value)}</span>'
     parts.append(f'<p class="{cls}">{verdict}</p>')
+    unc = res.get("uncertainty")
+    if unc:
+        parts.append(f'<p id="uncertainty">{_uncertainty_text(unc)}</p>')
 
     # certificate table
     parts.append("<h2>Certificate</h2>")
@@ -212,6 +232,17 @@ def render_html(cert: dict, *, result=None, features=None, grid=None, curve=None
     ]
     if res.get("alpha") is not None:
         rows.insert(8, ("dual multiplier alpha", _num(res["alpha"])))
+    if unc:
+        lv = f"{100 * float(unc['level']):g}%"
+        rows[1:1] = [
+            ("standard error of R (sampling)", _num(unc["se"])),
+            (f"{lv} interval for R", f"[{_fmt(_num(unc['ci_low']))}, "
+                                     f"{_fmt(_num(unc['ci_high']))}]"),
+            (f"{lv} lower bound for R", _num(unc["lower_bound"])),
+            ("uncertainty method", unc["method"] + (
+                f" ({unc.get('n_boot', 0)} replicates, {unc.get('interval')})"
+                if unc["method"] == "bootstrap" else "")),
+        ]
     parts.append(_table(rows))
     if solver.get("message"):
         parts.append(f'<p class="small">Note: {html.escape(solver["message"])}</p>')

@@ -100,6 +100,9 @@ class StabilityResult(ResultMixin):
     feature_names: list = field(default_factory=list, repr=False)
     index: object = field(default=None, repr=False)
     info: dict = field(default_factory=dict, repr=False)
+    #: sampling uncertainty (:class:`otstab.inference.Inference`; set by certify, built on
+    #: first access)
+    inference: object = field(default=None, repr=False)
 
     @property
     def n(self) -> int:
@@ -112,6 +115,25 @@ class StabilityResult(ResultMixin):
     @property
     def excess_risk(self) -> float:
         return self.risk_star - self.risk_base
+
+    @property
+    def se(self) -> float:
+        """Standard error of R over evaluation samples (influence function by default, the
+        bootstrap with ``certify(..., se="bootstrap")``; ``nan`` when not computed, ``inf`` when
+        r is unreachable). See ``docs/inference.md``."""
+        return math.nan if self.inference is None else self.inference.se
+
+    def ci(self, level: float = 0.95) -> tuple[float, float]:
+        """Confidence interval ``(low, high)`` for R in the population at ``level``."""
+        if self.inference is None:
+            return math.nan, math.nan
+        return self.inference.ci(level)
+
+    def lower_confidence_bound(self, level: float = 0.95) -> float:
+        """One-sided bound: R >= this with confidence ``level`` (the value to gate on)."""
+        if self.inference is None:
+            return math.nan
+        return self.inference.lower_confidence_bound(level)
 
     def summary(self) -> str:
         """A short human-readable certificate."""
@@ -133,6 +155,13 @@ class StabilityResult(ResultMixin):
                 f"  excess risk: corruption {self.decomposition.get('corruption', 0):.4g}, "
                 f"reweighting {self.decomposition.get('reweighting', 0):.4g}",
             ]
+        inf_ = self.inference
+        if inf_ is not None and not math.isnan(inf_.se):
+            lo, hi = inf_.ci(0.95)
+            lines.append(f"  sampling SE          {inf_.se:.3g}   95% interval [{lo:.6g}, {hi:.6g}]"
+                         f" ({inf_.method})")
+            if inf_.note:
+                lines.append(f"  sampling note: {inf_.note}")
         if self.message:
             lines.append(f"  note: {self.message}")
         return "\n".join(lines)
@@ -196,3 +225,4 @@ def _lazy_property(name: str) -> property:
 LAZY_FIELDS = ("X_star", "weights", "source", "mass", "loss_star")
 for _name in LAZY_FIELDS:
     setattr(StabilityResult, _name, _lazy_property(_name))
+StabilityResult.inference = _lazy_property("inference")

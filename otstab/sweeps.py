@@ -16,6 +16,7 @@ from otstab_solvers import conic as _conic
 from ._validation import as_float_vector
 from .core import certify
 from .errors import ValidationError
+from .inference import analytic, check_level
 from .losses import MulticlassHinge, PiecewiseLinear, ZeroOne, get_loss
 from .models import resolve_model
 from .params import check_common
@@ -26,13 +27,18 @@ __all__ = ["stability_curve"]
 
 
 def stability_curve(model, X, y, *, r, loss, theta1=1.0, theta2=0.25, divergence="kl",
-                    solver="auto", features=None, **solver_options) -> pd.DataFrame:
+                    solver="auto", features=None, confidence=None,
+                    **solver_options) -> pd.DataFrame:
     """R(beta, r) for every threshold in ``r`` (value versus r).
 
     Returns a DataFrame with columns ``r``, ``value``, ``h``, ``risk_star``, ``primal_cost``,
     ``gap``, ``status``, ``solver``, ``solve_time``; ``df.attrs["risk_base"]`` holds the base
-    risk. Each row is a full audited certificate (see :func:`otstab.certify`).
+    risk. Each row is a full audited certificate (see :func:`otstab.certify`). With
+    ``confidence`` (a level in (0, 1)) the columns ``se``, ``ci_low``, ``ci_high`` give each
+    value's influence-function standard error and interval (``docs/inference.md``), drawn as
+    a band by :func:`otstab.plot.stability_curve`.
     """
+    level = None if confidence is None else check_level(confidence)
     grid = as_float_vector(r, "r")
     if np.any(grid < 0):
         raise ValidationError("r must be >= 0")
@@ -71,6 +77,14 @@ def stability_curve(model, X, y, *, r, loss, theta1=1.0, theta2=0.25, divergence
         "solver": [res.solver for res in results],
         "solve_time": [res.solve_time for res in results],
     })
+    if level is not None:
+        infs = [res.inference if res.inference is not None else analytic(res)
+                for res in results]
+        bands = [inf_.ci(level) for inf_ in infs]
+        df["se"] = [inf_.se for inf_ in infs]
+        df["ci_low"] = [b[0] for b in bands]
+        df["ci_high"] = [b[1] for b in bands]
+        df.attrs["confidence"] = level
     df.attrs.update({"risk_base": results[0].risk_base if results else float("nan"),
                      "loss": loss_obj.name, "theta1": theta1, "theta2": theta2,
                      "divergence": divergence})
