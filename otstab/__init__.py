@@ -22,6 +22,7 @@ _LAZY = {
     "feature_stability": "otstab.features",
     "StabilityResult": "otstab.results",
     "LinearModel": "otstab.models",
+    "Bootstrap": "otstab.inference",
     # related evaluations
     "worst_subpopulation": "otstab.worst_case",
     "conditional_shift": "otstab.worst_case",

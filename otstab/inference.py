@@ -209,9 +209,12 @@ def _lh(res) -> np.ndarray:
         return np.maximum(res.h - res.theta1 * a, 0.0)
     vals = res.h * np.asarray(res.loss_star, dtype=float)
     if math.isfinite(res.theta1):
-        src = np.asarray(res.source)
-        diff = np.asarray(res.X_star) - res.X[src]
-        vals = vals - res.theta1 * np.einsum("ij,ij->i", diff, diff)
+        moved2 = res.info.get("moved2") if isinstance(res.info, dict) else None
+        if moved2 is None:  # paths that keep Q* as points
+            src = np.asarray(res.source)
+            diff = np.asarray(res.X_star) - res.X[src]
+            moved2 = np.einsum("ij,ij->i", diff, diff)
+        vals = vals - res.theta1 * np.asarray(moved2, dtype=float)
     return _per_sample(res, vals)
 
 

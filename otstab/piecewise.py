@@ -204,6 +204,7 @@ def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, thet
         res = _audit_blocks(prob, moved_block, src, mass, w[src], theta1, theta2, divergence,
                             value)
     sampled = res.pop("audit")
+    moved2 = res.pop("moved2")  # per atom: kept for the influence function (otstab.inference)
     return StabilityResult(
         value=value, h=h, alpha=alpha,
         X_star=lambda: red.move(X, src, piece, h), weights=w[src], source=src, mass=mass,
@@ -214,7 +215,7 @@ def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, thet
         X=prob.X, feature_names=prob.feature_names, index=prob.index,
         info={"solver_value": sol.value, "native_status": sol.native_status,
               "solver_alpha": sol.alpha, "wall_time": time.perf_counter() - t_start,
-              "audit": sampled, **sol.info},
+              "audit": sampled, "moved2": moved2, **sol.info},
         **res,
     )
 
@@ -243,6 +244,7 @@ def _audit_sampled(prob, red, src, piece, h, mass, w, theta1, theta2, divergence
     out = audit.audit_sums(prob.losses(prob.X), loss_star, moved2, mass, w, theta1, theta2,
                            divergence, value)
     out["audit"] = {"method": "sampled", "sample": int(pick.size), "max_rel_error": err}
+    out["moved2"] = moved2
     if err > SAMPLED_RTOL:  # the reduced form and the model disagree: never pass this off
         out["primal_cost"] = out["gap"] = math.inf
     return out
@@ -265,6 +267,7 @@ def _audit_blocks(prob, moved_block, src, mass, w, theta1, theta2, divergence, v
     out = audit.audit_sums(prob.losses(prob.X), loss_star, moved2, mass, w, theta1, theta2,
                            divergence, value)
     out["audit"] = {"method": "direct", "sample": int(m), "max_rel_error": 0.0}
+    out["moved2"] = moved2
     return out
 
 
