@@ -60,13 +60,15 @@ def _interval(values: np.ndarray, level: float):
 
 
 def compare(models: dict, X, y, *, loss, r, settings=((1.0, 0.25),), divergence="kl",
-            n_resamples=200, level=0.95, random_state=0, solver="auto") -> pd.DataFrame:
+            n_resamples=200, level=0.95, random_state=0, solver="auto",
+            features=None) -> pd.DataFrame:
     """Certify several models on the same data under several (theta1, theta2) settings.
 
     Parameters
     ----------
     models : dict {name: fitted model}
-    X, y, loss, r, divergence, solver : as in :func:`otstab.certify`
+    X, y, loss, r, divergence, solver, features : as in :func:`otstab.certify`
+        (``features``: only these may move, e.g. one feature's stability score)
     settings : list of (theta1, theta2) pairs
     n_resamples : int >= 0
         Bootstrap draws of the evaluation rows for ``se`` and the interval (0: none).
@@ -96,7 +98,8 @@ def compare(models: dict, X, y, *, loss, r, settings=((1.0, 0.25),), divergence=
     for name, model in models.items():
         acc = _accuracy(model, X, y)
         for t1, t2 in settings:
-            kw = dict(loss=loss, r=r, theta1=t1, theta2=t2, divergence=divergence, solver=solver)
+            kw = dict(loss=loss, r=r, theta1=t1, theta2=t2, divergence=divergence, solver=solver,
+                      features=features)
             res = certify(model, X, y, **kw)
             boot = np.array([certify(model, _take(X, i), _take(y, i), **kw).value
                              for i in draws])
