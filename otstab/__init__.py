@@ -38,7 +38,7 @@ _LAZY = {
     "SubsetDistances": "otstab.subsets",
     # the inverse question and model comparison
     "worst_case_risk": "otstab.dro",
-    "compare": "otstab.compare",
+    "compare": "otstab.comparison",
     "harden": "otstab.train",
 }
 _SUBMODULES = {"losses", "errors", "datasets", "plot", "models", "results", "certificate",

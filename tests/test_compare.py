@@ -11,7 +11,7 @@ import pytest  # noqa: E402
 from sklearn.linear_model import LinearRegression, LogisticRegression  # noqa: E402
 
 import otstab  # noqa: E402
-from otstab.compare import compare, plot_compare  # noqa: E402
+from otstab.comparison import compare, plot_compare  # noqa: E402
 from otstab.errors import InputTypeError, ValidationError  # noqa: E402
 
 INF = math.inf
@@ -93,3 +93,18 @@ def test_plot(setup):
         plot_compare(pd.DataFrame({"x": [1]}))
     import matplotlib.pyplot as plt
     plt.close("all")
+
+
+def test_features_are_passed_to_certify(setup):
+    models, X, y = setup
+    df = compare({"lr": models["lr"]}, X, y, loss="zero_one", r=0.4, settings=[(1.0, 0.25)],
+                 n_resamples=0, features=["b"])
+    assert df["value"].iloc[0] == otstab.certify(models["lr"], X, y, loss="zero_one", r=0.4,
+                                                 features=["b"]).value
+
+
+def test_lazy_public_names():
+    assert otstab.compare is compare
+    assert otstab.worst_case_risk is otstab.dro.worst_case_risk
+    assert otstab.harden is otstab.train.harden
+    assert {"compare", "worst_case_risk", "train", "harden"} <= set(dir(otstab))

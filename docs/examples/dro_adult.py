@@ -22,7 +22,7 @@ from sklearn.linear_model import LogisticRegression  # noqa: E402
 
 import otstab  # noqa: E402
 from otstab import datasets  # noqa: E402
-from otstab.compare import compare, plot_compare  # noqa: E402
+from otstab.comparison import compare, plot_compare  # noqa: E402
 from otstab.train import (  # noqa: E402
     AdversarialLogisticRegression,
     TiltedLogisticRegression,

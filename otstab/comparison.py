@@ -6,6 +6,9 @@ with intervals). The uncertainty comes from resampling the evaluation set, as th
 ``n_resamples`` bootstrap draws of the rows (the same draws for every model and setting, so
 differences between models are paired), each certified exactly; ``se`` is the standard deviation
 of the resampled values and ``[ci_lower, ci_upper]`` their percentile interval.
+
+(The module is ``otstab.comparison``, not ``otstab.compare``: a submodule of that name would
+shadow the function ``otstab.compare`` once imported.)
 """
 
 from __future__ import annotations
