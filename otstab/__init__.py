@@ -37,9 +37,13 @@ _LAZY = {
     "ModelSelection": "otstab.groups",
     "subset_distances": "otstab.subsets",
     "SubsetDistances": "otstab.subsets",
+    # the inverse question and model comparison
+    "worst_case_risk": "otstab.dro",
+    "compare": "otstab.comparison",
+    "harden": "otstab.train",
 }
 _SUBMODULES = {"losses", "errors", "datasets", "plot", "models", "results", "certificate",
-               "report", "cli", "nonlinear", "perturbation", "zero_one"}
+               "report", "cli", "nonlinear", "perturbation", "zero_one", "train"}
 
 __all__ = sorted(set(_LAZY) | _SUBMODULES | {"__version__"})
 
