@@ -21,7 +21,10 @@ import math
 import numpy as np
 import pandas as pd
 
+from .core import certify
 from .errors import InputTypeError, ValidationError
+from .results import StabilityResult
+from .sweeps import stability_curve as _sc
 
 __all__ = [
     "sensitive_distribution",
@@ -64,8 +67,6 @@ def _axes(ax, figsize=(6.0, 4.5)):
 
 
 def _check_result(result):
-    from .results import StabilityResult
-
     if not isinstance(result, StabilityResult):
         raise InputTypeError(
             f"result must be an otstab.StabilityResult, got {type(result).__name__}")
@@ -290,8 +291,6 @@ def decomposition_grid(model, X, y, *, loss, r, total=5.0, splits=None, divergen
         Columns ``split``, ``theta1``, ``theta2``, ``value``, ``risk_base``, ``corruption``,
         ``reweighting``, ``risk_star``, ``status``; one row per split.
     """
-    from . import certify
-
     if not (isinstance(total, (int, float, np.floating)) and math.isfinite(total)
             and total > 0):
         raise ValidationError(f"total must be a finite number > 0, got {total!r}")
@@ -379,35 +378,16 @@ def decomposition(grid, *, ax=None, show_value=True, title=None):
 
 def value_curve(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl",
                 solver="auto") -> pd.DataFrame:
-    """``R(beta, r)`` over a grid of thresholds (columns ``r``, ``value``, ``h``, ``status``).
-
-    Uses :func:`otstab.stability_curve` when it is available, else one
-    :func:`otstab.certify` per threshold.
-    """
+    """``R(beta, r)`` over a grid of thresholds: :func:`otstab.stability_curve` (columns
+    ``r``, ``value``, ``h``, ``status``, ...)."""
     grid = np.asarray(r, dtype=float).reshape(-1)
     if grid.size == 0:
         raise ValidationError("r must be a non-empty sequence of thresholds")
-    try:
-        from .sweeps import stability_curve as _sc
-    except ImportError:
-        _sc = None
-    if _sc is not None:
-        return _sc(model, X, y, r=grid, loss=loss, theta1=theta1, theta2=theta2,
-                   divergence=divergence, solver=solver)
-    from . import certify
-
-    rows = []
-    for rr in grid.tolist():
-        res = certify(model, X, y, loss=loss, r=rr, theta1=theta1, theta2=theta2,
-                      divergence=divergence, solver=solver)
-        rows.append({"r": rr, "value": res.value, "h": res.h, "status": res.status,
-                     "risk_base": res.risk_base})
-    return pd.DataFrame(rows)
+    return _sc(model, X, y, r=grid, loss=loss, theta1=theta1, theta2=theta2,
+               divergence=divergence, solver=solver)
 
 
 def _curve_frame(curve) -> pd.DataFrame:
-    from .results import StabilityResult
-
     if isinstance(curve, pd.DataFrame):
         return curve
     if isinstance(curve, dict):
@@ -482,8 +462,6 @@ def stability_curve(curve, *, ax=None, label=None, highlight=None, title=None):
 
 
 def _trace_frame(trace) -> pd.DataFrame:
-    from .results import StabilityResult
-
     if isinstance(trace, StabilityResult):
         tr = (trace.info or {}).get("trace")
         if tr is None:
@@ -522,8 +500,6 @@ def convergence_trace(trace, *, ax=None, r=None, show_h=False, title=None):
     matplotlib Axes
         The left axes; the right one is ``ax.figure.axes[-1]``.
     """
-    from .results import StabilityResult
-
     if r is None and isinstance(trace, StabilityResult):
         r = trace.r
     t = _trace_frame(trace)

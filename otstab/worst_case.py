@@ -56,6 +56,7 @@ from ._validation import (
     check_scalar,
 )
 from .errors import InputTypeError, ValidationError
+from .losses import ZeroOne, get_loss
 from .models import per_sample_losses
 
 __all__ = [
@@ -1316,8 +1317,6 @@ def worst_subpopulation_of_model(model, X, y, *, loss, Z=None, **kwargs) -> Wors
     ``bound`` defaults to 1 (its known range, so the band is a guarantee). Other keyword
     arguments go to :func:`worst_subpopulation`.
     """
-    from .losses import ZeroOne, get_loss
-
     losses = _model_losses(model, X, y, loss)
     Zv = X if Z is None else _columns_of(X, Z, "Z")
     if kwargs.get("bound") is None and isinstance(get_loss(loss), ZeroOne):
