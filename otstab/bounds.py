@@ -241,11 +241,12 @@ def leaf_table(model, d: int, X_check: np.ndarray | None = None) -> LeafTable:
 class _Sample:
     """The leaves reachable from one sample, in a form the branch and bound works on."""
 
-    def __init__(self, table: LeafTable, x, y: int, mv, upper: float):
-        self.upper = upper
+    def __init__(self, table: LeafTable, x, y: int, mv, upper: float, predict):
+        self.upper, self.predict, self.y, self.mv, self.x_full = upper, predict, y, mv, x
         a, b = table.edges(table.lo, table.hi)  # float64 boxes [a, b] holding each leaf
         fixed = ~mv
-        ok = np.all((a[:, fixed] <= x[fixed]) & (x[fixed] <= b[:, fixed]), axis=1)
+        cx = table.comparable(x[None, :])[0]  # fixed features: exactly the leaves holding x
+        ok = np.all((table.lo[:, fixed] < cx[fixed]) & (cx[fixed] <= table.hi[:, fixed]), axis=1)
         self.idx = np.flatnonzero(ok)
         self.lo, self.hi = table.lo[self.idx][:, mv], table.hi[self.idx][:, mv]
         self.a, self.b = a[self.idx][:, mv], b[self.idx][:, mv]
@@ -284,7 +285,24 @@ class _Sample:
         if np.all(bound > 0):
             return None  # proved: no point of the box within U changes the prediction
         single = starts.size == alive.size
+        if single and self._constant_and_right(blo, bhi):
+            return None
         return key, alive, single, (mins, starts, lo, hi, bound)
+
+    def _constant_and_right(self, blo, bhi) -> bool:
+        """A box inside one leaf of every tree has one prediction: the model's own at a point
+        of the box (``lo < c(p) <= hi``) decides it (ties of the scores included)."""
+        p = np.where(np.isfinite(bhi), bhi, np.where(np.isfinite(blo), blo + 1.0, 0.0))
+        if self.table.f32:
+            c = p.astype(np.float32)
+            c = np.where(c.astype(np.float64) > p, np.nextafter(c, np.float32(-np.inf)), c)
+            p = c.astype(np.float64)
+        cp = self.table.comparable(p)
+        if not np.all((cp > blo) & (cp <= bhi)):
+            return False  # no safe interior point: keep the box (sound, maybe not exact)
+        z = self.x_full.copy()
+        z[self.mv] = p
+        return bool(self.predict(z[None, :])[0] == self.y)
 
     def split(self, blo, bhi, alive, info):
         """Split the box on an edge of the most damaging leaf of the most spread tree."""
@@ -386,6 +404,10 @@ def tree_lower_distances(model, X, yi, *, mask=None, upper=None, max_nodes=200,
     up = np.full(n, np.inf) if upper is None else np.asarray(upper, dtype=np.float64)
     table = leaf_table(model, d, X)
     yi = np.asarray(yi, dtype=np.intp)
+    classes = np.asarray(model.classes_)
+
+    def predict(Z):
+        return np.searchsorted(classes, model.predict(Z))
     t0 = time.perf_counter()
     deadline = math.inf if time_budget is None else t0 + float(time_budget)
     dlow = np.zeros(n)
@@ -397,7 +419,7 @@ def tree_lower_distances(model, X, yi, *, mask=None, upper=None, max_nodes=200,
             exact[i] = True
         else:
             budget = max_nodes if time.perf_counter() <= deadline else 1
-            smp = _Sample(table, X[i], int(yi[i]), mv, float(up[i]))
+            smp = _Sample(table, X[i], int(yi[i]), mv, float(up[i]), predict)
             dlow[i], exact[i], used = _branch_and_bound(smp, budget, deadline if budget > 1
                                                         else math.inf)
             total += used
@@ -546,32 +568,35 @@ def mlp_lower_distances(adapter, X, yi, *, mask=None, upper=None, steps=24, chun
     out = np.asarray(adapter.outputs(X), dtype=np.float64)
     R = _output_rows(adapter, yi)
     F = out[:, None] if out.ndim == 1 else out
-    margin = np.min(np.einsum("nmk,nk->nm", R, F), axis=1)
+    M = np.einsum("nmk,nk->nm", R, F)  # margins F_y - F_k (binary: the signed logit)
+    margin = np.min(M, axis=1)
     dlow = np.zeros(n)
     if not mv.any():
         dlow = np.where(margin > 0, np.inf, 0.0)
         return dlow, {"time": time.perf_counter() - t0}
     for s in range(0, n, chunk):
         sl = slice(s, s + chunk)
-        rho = _certified_radius(adapter, X[sl], R[sl], margin[sl], up[sl], mv, steps)
+        rho = _certified_radius(adapter, X[sl], R[sl], M[sl], up[sl], mv, steps)
         dlow[sl] = np.where(margin[sl] > 0, rho * rho, 0.0)
     return np.minimum(dlow, up), {"time": time.perf_counter() - t0}
 
 
-def _certified_radius(adapter, X, R, m, up, mv, steps):
+def _certified_radius(adapter, X, R, M, up, mv, steps):
     """The largest radius rho (by bisection between the global bound and sqrt(up)) with
-    ``m >= rho L(rho)``: no point closer than rho changes the prediction."""
-    pos = m > 0
+    ``M_ik >= rho L_ik(rho)`` for every margin k: no point closer than rho changes the
+    prediction. ``M``: margins (n, K-1)."""
+    pos = np.all(M > 0, axis=1)
 
     def certified(rho):
-        L = np.max(_margin_lipschitz(adapter, X, rho, R, mv), axis=1)
+        L = _margin_lipschitz(adapter, X, rho, R, mv)
         with np.errstate(invalid="ignore"):
-            return pos & (m >= rho * L)
+            return pos & np.all(M >= rho[:, None] * L, axis=1)
 
-    Lg = np.max(_margin_lipschitz(adapter, X, np.full(m.size, np.inf), R, mv), axis=1)
-    Lg = np.minimum(Lg, np.sqrt(np.sum(R * R, axis=2)).max(axis=1) * mlp_lipschitz(adapter, mv))
+    Lg = _margin_lipschitz(adapter, X, np.full(X.shape[0], np.inf), R, mv)
+    Lg = np.minimum(Lg, np.sqrt(np.sum(R * R, axis=2)) * mlp_lipschitz(adapter, mv))
     with np.errstate(divide="ignore", invalid="ignore"):
-        lo = np.where(pos & (Lg > 0), m / Lg, np.where(pos, np.inf, 0.0))
+        lo = np.min(np.where(Lg > 0, M / Lg, np.inf), axis=1)
+    lo = np.where(pos, lo, 0.0)
     hi = np.sqrt(up)
     lo = np.minimum(lo, hi)
     for _ in range(steps):
