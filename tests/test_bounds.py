@@ -257,3 +257,23 @@ def test_caller_arrays_untouched_and_options_pass_through():
     with pytest.raises(otstab.errors.ValidationError):
         otstab.certify(model, X, y, r=0.3, loss="zero_one", theta1=1.0, theta2=0.5,
                        max_nodez=3)
+
+
+def test_interval_downstream_certificate_verify_report_summary():
+    from otstab.certificate import make_certificate, verify_certificate  # noqa: PLC0415
+    from otstab.report import render_html  # noqa: PLC0415
+
+    X, y = _data(n=80, seed=7)
+    model = _ensembles(2)[0].fit(X, y)
+    res = otstab.certify(model, X, y, r=0.3, loss="zero_one", theta1=1.0, theta2=0.5)
+    assert 0 < res.value_lower <= res.value_upper
+    cert = make_certificate(res, model, X, y)
+    assert cert["results"]["value_lower"] == res.value_lower
+    assert cert["results"]["value_upper"] == res.value_upper
+    rep = verify_certificate(cert, model, X, y)
+    assert rep.ok, rep
+    cert["results"]["value_lower"] = res.value_lower * 1.5  # a claimed bound must reproduce
+    assert not verify_certificate(cert, model, X, y).ok
+    html = render_html(make_certificate(res, model, X, y))
+    assert "(certified)" in html and "does (found" in html
+    assert "(certified)" in res.summary()
