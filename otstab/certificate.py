@@ -98,7 +98,8 @@ __all__ = [
 ]
 
 FORMAT = "otstab-certificate"
-VERSION = 1
+#: 2: results gained value_lower / value_upper (certified interval) and uncertainty
+VERSION = 2
 DATA_HASH = "otstab-data-v1"
 MODEL_HASH = "otstab-model-v1"
 
@@ -520,6 +521,8 @@ def make_certificate(result, model, X, y, *, features=None, groups=None, movable
         # none when not computed, or when r is unreachable (R = inf: no interval to state)
         "uncertainty": (None if result.inference is None or not math.isfinite(result.value)
                         else result.inference.to_dict(check_level(level))),
+        "value_lower": float(getattr(result, "value_lower", result.value)),
+        "value_upper": float(getattr(result, "value_upper", result.value)),
         "feature_stability": None,
     }
     if features is not None:
@@ -1190,6 +1193,10 @@ def _verify_results(report, cert: dict, new, tol: dict, *, compare_solver: bool)
     if not (math.isfinite(_num(res["value"])) and math.isfinite(_num(res["primal_cost"]))):
         _expect_close(report, "results.gap", res["gap"], new.gap, rtol, atol,
                       "the gap does not reproduce")  # finite ones: _verify_consistency
+    for key in ("value_lower", "value_upper"):  # the certified side is recomputed too
+        if key in res:
+            _expect_close(report, f"results.{key}", res[key], getattr(new, key), rtol, atol,
+                          f"{key} (the certified interval) does not reproduce")
     if "dual_gap_bound" in res:
         scale = max(1.0, abs(new.value)) if math.isfinite(new.value) else 1.0
         _expect_close(report, "results.dual_gap_bound", res["dual_gap_bound"],

@@ -194,6 +194,16 @@ def render_html(cert: dict, *, result=None, features=None, grid=None, curve=None
         verdict = (f"The threshold r = {_fmt(r)} cannot be reached by perturbations of the "
                    f"allowed kind: R = inf. {html.escape(solver.get('message', ''))}")
         cls = "verdict warn"
+    elif status == "bounds":
+        lo, up = _num(res.get("value_lower", 0.0)), _num(res.get("value_upper", value))
+        verdict = (f"R is not computed exactly for this model; it is bracketed: no perturbation "
+                   f"cheaper than <span class=\"value\" id=\"value_lower\">{_fmt(lo)}</span> "
+                   f"reaches r = {_fmt(r)} (certified); one of cost <span class=\"value\" "
+                   f'id="value">{_fmt(up)}</span> does (found: the returned Q*, audited). '
+                   f"Base {html.escape(loss)} risk {_fmt(base)}; theta1 = "
+                   f'{_fmt(_num(inputs["theta1"]))}, theta2 = {_fmt(_num(inputs["theta2"]))}, '
+                   f'{inputs["divergence"]}.')
+        cls = "verdict warn"
     elif value == 0:
         verdict = (f"The risk on the evaluation data ({_fmt(base)}) already reaches "
                    f"r = {_fmt(r)}: R = 0.")
@@ -217,6 +227,8 @@ def render_html(cert: dict, *, result=None, features=None, grid=None, curve=None
     rows = [
         ("R(beta, r) (dual value)", _num(res["value"])),
         ("cost of Q* (primal)", _num(res["primal_cost"])),
+        ("certified interval for R", f"[{_fmt(_num(res.get('value_lower', res['value'])))}, "
+                                     f"{_fmt(_num(res.get('value_upper', res['value'])))}]"),
         ("relative gap", _num(res["gap"])),
         ("threshold r", r),
         ("base risk E_P0[l]", base),

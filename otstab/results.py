@@ -145,9 +145,12 @@ class StabilityResult(ResultMixin):
             f"  R(beta, r)           {self.value:.6g}   [{self.status}, solver {self.solver}]",
         ]
         if self.status == "bounds":
-            lines.append(f"  certified interval   [{self.value_lower:.6g}, {self.value_upper:.6g}]"
-                         "   (not exact: no cheaper perturbation than the lower end reaches r; "
-                         "the upper end is the cost of the returned Q*)")
+            lines += [
+                f"  certified interval   [{self.value_lower:.6g}, {self.value_upper:.6g}]"
+                f"   (ratio {self._ratio()})",
+                f"    no perturbation cheaper than {self.value_lower:.6g} reaches r (certified);"
+                f" one of cost {self.value_upper:.6g} does (found: the returned Q*, audited)",
+            ]
         if math.isfinite(self.value):
             lines += [
                 f"  risk under Q*        {self.risk_star:.6g}",
@@ -165,6 +168,12 @@ class StabilityResult(ResultMixin):
         if self.message:
             lines.append(f"  note: {self.message}")
         return "\n".join(lines)
+
+    def _ratio(self) -> str:
+        lo, up = self.value_lower, self.value_upper
+        if not (math.isfinite(lo) and math.isfinite(up)) or up <= 0:
+            return "n/a"
+        return f"{lo / up:.3g}"
 
     def __str__(self) -> str:
         return self.summary()

@@ -26,7 +26,7 @@ from otstab_solvers.result import OPTIMAL
 from otstab_solvers.smooth import CrossEntropyOracle, LogisticOracle, SquaredOracle
 from otstab_solvers.weights import chi2_solution, kl_weights
 
-from . import audit
+from . import audit, bounds
 from .errors import IncompatibleLossError, ValidationError
 from .nonlinear import SMOOTH_LOSSES, LinearDifferentiable, loss_name
 from .params import check_options
@@ -129,6 +129,15 @@ def _certify_first_order(prob, loss, r, theta1, theta2, divergence, mask, t_star
                "(value_upper) is an upper bound on R, not R itself")
     if sol.message:
         message = sol.message + "; " + message
+    # certified lower bound: the same dual on an over-estimate of l_h (sklearn MLPs)
+    value_lower = 0.0
+    if hasattr(adapter, "W") and hasattr(adapter, "activation"):
+        oracle = bounds.mlp_transform_upper(adapter, loss, prob.losses(prob.X), theta1, mask)
+        value_lower = bounds.smooth_lower_value(oracle, r, theta2, divergence)
+        message += ("; value_lower from a global Lipschitz over-estimate of l_h "
+                    "(otstab.bounds)")
+    else:
+        message += "; no certified lower bound for this model (value_lower = 0)"
 
     def attempt():
         src = sol.atom_source
@@ -146,7 +155,7 @@ def _certify_first_order(prob, loss, r, theta1, theta2, divergence, mask, t_star
                   "solver_primal_cost": sol.primal_cost,
                   "wall_time": time.perf_counter() - t_start, **sol.info},
             **res)
-        return cand, False, 0.0
+        return cand, False, value_lower
 
     return audit.first_accepted([("first_order", attempt)], solver="first_order")
 

@@ -23,7 +23,7 @@ from otstab_solvers.result import OPTIMAL
 from otstab_solvers.weights import chi2_solution, kl_weights, phi
 from otstab_solvers.zero_one import solve_zero_one
 
-from . import audit
+from . import audit, bounds
 from ._validation import as_bool_vector, as_float_matrix, as_float_vector
 from .errors import ValidationError
 from .losses import zero_one
@@ -228,9 +228,10 @@ def _weights(a, h, sol, theta2, divergence, n, cand, ac):
 
 
 def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near, y, losses_fn,
-                     names, index, t_start, dstar, base=None, *, exact=True):
+                     names, index, t_start, dstar, base=None, *, exact=True, value_lower=0.0):
     """Edge cases, the exact 0/1 dual, Q* and its audit. ``exact=False`` when the distances
-    are upper bounds (a perturbation search): the answer is then an upper bound on R."""
+    are upper bounds (a perturbation search): the answer is then an upper bound on R and
+    ``value_lower`` the certified lower bound passed to the audit."""
     n = a.size
     base = float(np.mean(loss0)) if base is None else base
     method = "dual" if solver == "dual" else "closed_form"
@@ -283,7 +284,7 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
             res = _finish(value=float(sol.value), h=sol.h, alpha=alpha, status="candidate",
                           message="", plan=plan, w=w, solver_name=sol.solver, sol=sol, log=[],
                           **common)
-            return res, exact, 0.0
+            return res, exact, value_lower
         return thunk
 
     attempts = [(method, attempt(method))]
@@ -516,7 +517,10 @@ def certify_zero_one_search(prob: Problem, *, r, theta1, theta2, divergence, mas
     Options ``n_directions``, ``n_refine``, ``max_radius`` and ``seed`` go to
     :func:`otstab.perturbation.perturbation_search`. The distances are exact for decision trees
     (and tree ensembles with one movable feature), upper bounds otherwise; R is nondecreasing in
-    every distance, so the answer is then an upper bound on R (``status = 'bounds'``).
+    every distance, so the answer is then an upper bound on R (``status = 'bounds'``). For
+    scikit-learn tree ensembles and MLPs, :mod:`otstab.bounds` proves lower bounds on the
+    distances (options ``max_nodes``, ``time_budget``, ``progress``), and the same dual on them
+    gives the certified ``value_lower``.
     """
     if r > 1.0:
         raise ValidationError(
@@ -524,8 +528,10 @@ def certify_zero_one_search(prob: Problem, *, r, theta1, theta2, divergence, mas
     if solver not in ("auto", "dual", "closed_form", "first_order"):
         raise ValidationError(f"solver={solver!r} does not apply to loss='zero_one' (use "
                               "'auto', 'closed_form' or 'dual')")
-    check_options(solver_options, SEARCH_OPTIONS,
+    check_options(solver_options, SEARCH_OPTIONS + bounds.BOUND_OPTIONS,
                   "the 0/1 loss of a nonlinear classifier (the perturbation search)")
+    bound_options = {k: solver_options.pop(k) for k in bounds.BOUND_OPTIONS
+                     if k in solver_options}
     t_start = time.perf_counter()
     model = prob.nonlinear if prob.nonlinear is not None else prob.model
     if prob.nonlinear is None and prob.scorer is not None:
@@ -537,17 +543,31 @@ def certify_zero_one_search(prob: Problem, *, r, theta1, theta2, divergence, mas
     dstar = np.where(loss0 > 0, 0.0, pr.distances)
     a = dstar * theta1 if math.isfinite(theta1) else np.where(dstar > 0, np.inf, 0.0)
     X_near = np.where(np.isfinite(pr.points), pr.points, prob.X)
+    value_lower, lower_info = 0.0, None
+    if not pr.exact:
+        lower = bounds.certified_distances(model, prob.X, prob.y, mask=mask, upper=dstar,
+                                           **bound_options)
+        if lower is not None:
+            dlow, lower_info = lower
+            value_lower = bounds.zero_one_lower_value(dlow, loss0, r, theta1, theta2,
+                                                      divergence)
     res = _solve_and_build(a, loss0, r, theta1, theta2, divergence,
                            "dual" if solver == "dual" else "auto", prob.X, X_near, prob.y,
                            prob.losses, prob.feature_names, prob.index, t_start, dstar,
-                           exact=bool(pr.exact))
+                           exact=bool(pr.exact), value_lower=value_lower)
     res.info.update({"perturbation_method": pr.method, "n_predictions": pr.n_predictions})
+    if lower_info is not None:
+        res.info["lower_bound"] = lower_info
     if not pr.exact and res.status in ("unreachable", "optimal"):
         # decided from distances the search could not prove minimal: only an upper bound
-        res.status, res.exact, res.value_lower = "bounds", False, 0.0
-        res.value_upper = res.value
+        was = res.status
+        res.status, res.exact, res.value_upper = "bounds", False, res.value
+        res.value_lower = value_lower if was == "unreachable" else min(value_lower, res.value)
     if not pr.exact and res.status == "bounds":
+        how = (f"the lower end is proved by {lower_info['method']} lower bounds on the "
+               "distances" if lower_info is not None else
+               "no certified lower bound is available for this model (value_lower = 0)")
         note = (f"distances to misclassification found by a {pr.method} search are upper "
-                "bounds, so the value is an upper bound on R (value_upper)")
+                f"bounds, so the value is an upper bound on R (value_upper); {how}")
         res.message = f"{res.message}; {note}" if res.message else note
     return res

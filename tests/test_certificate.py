@@ -88,7 +88,7 @@ def test_every_certificate_validates(toy, kw, tmp_path):
     res = otstab.certify(model, X, y, **kw)
     cert = C.make_certificate(res, model, X, y, target="label")
     _validate(cert)
-    assert cert["format"] == "otstab-certificate" and cert["version"] == 1
+    assert cert["format"] == "otstab-certificate" and cert["version"] == 2
     # non-finite figures are strings
     if math.isinf(res.value):
         assert cert["results"]["value"] == "inf"
@@ -321,7 +321,7 @@ def test_bad_certificates_are_rejected(toy, toy_cert, tmp_path):
     with pytest.raises(ValidationError, match="not an otstab certificate"):
         C.verify_certificate(cert, model, X, y)
     cert = json.loads(json.dumps(toy_cert[0]))
-    cert["version"] = 2
+    cert["version"] = 1  # version 1 certificates (no certified interval) are refused
     with pytest.raises(ValidationError, match="version"):
         C.verify_certificate(cert, model, X, y)
     cert = json.loads(json.dumps(toy_cert[0]))

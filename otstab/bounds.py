@@ -1,0 +1,722 @@
+"""Certified lower bounds for models without an exact path (``status = 'bounds'``).
+
+R(beta, r) is nondecreasing in every sample's d-transform ``l_h(z_i)`` taken with a minus sign:
+a larger ``l_h`` can only lower the dual ``h r - T(l_h)``. So any **over-estimate** of ``l_h``
+(for the 0/1 loss: any **under-estimate** ``dlow_i <= d*_i`` of the squared distance to the
+nearest misclassified point, since ``l_h = (h - theta1 d*_i)_+``) plugged into the same exact
+1-D dual gives a number ``<= R``: a certified lower bound. This module computes those
+under/over-estimates; each is a proof, not a heuristic:
+
+* **tree ensembles, 0/1 loss** (:func:`tree_lower_distances`; scikit-learn decision trees,
+  random forests, extra trees, gradient boosting, histogram gradient boosting): a best-first
+  branch and bound over boxes of the input space. A box is discarded when no point of it closer
+  than the known upper bound ``U_i`` can flip the prediction, which is proved by the
+  *independent-trees* bound: every class margin ``F_y - F_k`` is at least the sum over trees of
+  the smallest leaf margin among the leaves the box can reach within distance ``U_i``. Boxes are
+  explored in order of a lower bound on their distance to ``x_i``, so at any moment the smallest
+  key among the open boxes (capped at ``U_i``) is a certified lower bound on ``d*_i``; run to
+  completion it is exact (up to float32 rounding of the split thresholds, which is accounted
+  for conservatively). ``max_nodes`` and ``time_budget`` stop the search; the bound is reported
+  at whatever point it stops.
+* **MLPs, 0/1 loss** (:func:`mlp_lower_distances`; scikit-learn ``MLPClassifier`` through
+  :class:`otstab.nonlinear.MLPModel`): ``d*_i >= rho^2`` whenever ``m_i >= rho L_i(rho)`` with
+  ``m_i`` the smallest logit margin at ``x_i`` and ``L_i(rho)`` a certified Lipschitz constant of
+  the margin on the ball of radius rho: the Jacobian is ``W_L D_{L-1} ... D_1 W_1`` with each
+  activation-derivative diagonal ``D_l`` confined, by interval propagation over the ball, to
+  ``[s_lo, s_hi]``; the part with ``D = mid`` is kept as a matrix, the rest is bounded in norm.
+  Identity activations give ``L_i`` = the exact norm of the collapsed linear model (the bound is
+  then exact). rho is found by bisection between the global bound and ``sqrt(U_i)``.
+* **MLPs, smooth losses** (:func:`mlp_transform_upper`): a global Lipschitz constant ``G`` of
+  the loss in x (``|dl/df| <= 1`` for logistic, ``||softmax - e_y|| <= sqrt 2`` for
+  cross-entropy, times a Lipschitz constant of the network) gives
+  ``l_h <= sup_t h (l_i + G t) - theta1 t^2 = h l_i + h^2 G^2 / (4 theta1)``; squared loss:
+  ``l <= (e_i + L t)^2`` gives ``l_h <= h e_i^2 theta1 / (theta1 - h L^2)`` for
+  ``h < theta1 / L^2`` (``+inf`` beyond).
+
+:func:`zero_one_lower_value` and :func:`smooth_lower_value` turn these into the lower bound on
+R. ``dtai-veritas`` (a tree-ensemble verifier) is not available from this machine's package
+index, so it was not measured (docs/bounds.md).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from otstab_solvers.dual import solve_dual
+from otstab_solvers.zero_one import solve_zero_one
+
+from .audit import CANCEL_RTOL
+from .errors import InputTypeError, ValidationError
+
+__all__ = ["LeafTable", "leaf_table", "tree_lower_distances", "mlp_lower_distances",
+           "mlp_lipschitz", "mlp_transform_upper", "zero_one_lower_value",
+           "smooth_lower_value", "certified_distances", "BOUND_OPTIONS"]
+
+#: options of the lower bounds, accepted by ``certify`` next to the perturbation search's
+BOUND_OPTIONS = ("max_nodes", "time_budget", "progress", "steps")
+
+#: relative slack taken off a computed dual value so that its rounding cannot lift it above R
+VALUE_SLACK = 1e-12
+
+
+# ----------------------------------------------------------------------------------------------
+# tree ensembles as a table of leaf boxes
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class LeafTable:
+    """Every leaf of a tree ensemble as a box and a contribution to the class scores.
+
+    Leaf ``L`` of tree ``tree[L]`` holds the points with ``lo[L, j] < c(x_j) <= hi[L, j]`` for
+    every feature ``j``, where ``c`` is the comparison the trees make (``float32(x)`` for
+    scikit-learn trees, ``x`` itself for histogram gradient boosting, ``f32``). The class scores
+    are ``F(x) = base + sum over trees of value[leaf of x]`` (shape ``(K,)``, ``K >= 2``) and the
+    prediction is their argmax (binary models: ``F = (0, decision_function)``).
+    """
+
+    lo: np.ndarray
+    hi: np.ndarray
+    tree: np.ndarray
+    value: np.ndarray
+    base: np.ndarray
+    f32: bool
+    n_trees: int
+
+    def comparable(self, X: np.ndarray) -> np.ndarray:
+        """``c(X)``: the values the trees compare with their thresholds."""
+        return X.astype(np.float32).astype(np.float64) if self.f32 else X
+
+    def scores(self, X: np.ndarray) -> np.ndarray:
+        """``F(X)`` from the table (checked against the model's own scores)."""
+        C = self.comparable(X)
+        out = np.tile(self.base, (X.shape[0], 1))
+        for L in range(self.lo.shape[0]):
+            inside = np.all((C > self.lo[L]) & (C <= self.hi[L]), axis=1)
+            out[inside] += self.value[L]
+        return out
+
+    def edges(self, lo, hi):
+        """Float64 intervals ``[a, b]`` that contain every x with ``lo < c(x) <= hi``
+        (``c = float32``: one float32 step wider on each side)."""
+        if not self.f32:
+            return lo, hi
+        with np.errstate(over="ignore"):
+            a = np.nextafter(lo.astype(np.float32), np.float32(-np.inf)).astype(np.float64)
+            b = np.nextafter(hi.astype(np.float32), np.float32(np.inf)).astype(np.float64)
+        return np.where(np.isfinite(lo), a, lo), np.where(np.isfinite(hi), b, hi)
+
+
+def _boxes(left, right, feature, threshold, leaf_value, d, cols=None):
+    """Leaf boxes of one binary tree given as node arrays (left/right child, -1 at leaves)."""
+    los, his, vals = [], [], []
+    stack = [(0, np.full(d, -np.inf), np.full(d, np.inf))]
+    while stack:
+        node, lo, hi = stack.pop()
+        if left[node] == -1:
+            los.append(lo)
+            his.append(hi)
+            vals.append(leaf_value(node))
+            continue
+        f = int(feature[node])
+        f = int(cols[f]) if cols is not None else f
+        t = float(threshold[node])
+        hl, lr = hi.copy(), lo.copy()
+        hl[f] = min(hl[f], t)
+        lr[f] = max(lr[f], t)
+        stack.append((int(left[node]), lo, hl))
+        stack.append((int(right[node]), lr, hi))
+    return los, his, vals
+
+
+def _sk_tree(tree, d, leaf_value, cols=None):
+    return _boxes(tree.children_left, tree.children_right, tree.feature, tree.threshold,
+                  leaf_value, d, cols)
+
+
+def leaf_table(model, d: int, X_check: np.ndarray | None = None) -> LeafTable:
+    """The :class:`LeafTable` of a fitted scikit-learn tree model (decision tree, random
+    forest, extra trees, gradient boosting, histogram gradient boosting; classifiers).
+
+    ``X_check``: a few rows on which the table's prediction is compared with the model's own
+    ``predict_proba``/``decision_function`` (an :class:`otstab.errors.InputTypeError` if they
+    disagree: a structure this module does not understand is refused, never guessed).
+    """
+    name = type(model).__name__
+    classes = getattr(model, "classes_", None)
+    if classes is None:
+        raise InputTypeError(f"{name} is not a fitted classifier (no classes_)")
+    K = len(classes)
+    los, his, vals, tree_ids = [], [], [], []
+
+    def add(parts):
+        lo, hi, v = parts
+        tree_ids.extend([tree_ids[-1] + 1 if tree_ids else 0] * len(lo))
+        los.extend(lo)
+        his.extend(hi)
+        vals.extend(v)
+
+    def proba_leaf(tree, scale):
+        def f(node):
+            v = np.asarray(tree.value[node], dtype=np.float64).reshape(-1)
+            s = v.sum()
+            return scale * (v / s if s > 0 else v)
+        return f
+
+    f32 = True
+    kind = "proba"
+    if hasattr(model, "tree_") and getattr(model.tree_, "n_outputs", 1) == 1:
+        add(_sk_tree(model.tree_, d, proba_leaf(model.tree_, 1.0)))
+    elif name in ("RandomForestClassifier", "ExtraTreesClassifier"):
+        ests = model.estimators_
+        for est in ests:
+            add(_sk_tree(est.tree_, d, proba_leaf(est.tree_, 1.0 / len(ests))))
+    elif name == "GradientBoostingClassifier":
+        kind = "decision"
+        lr = float(model.learning_rate)
+        E = np.asarray(model.estimators_, dtype=object)
+        for m in range(E.shape[0]):
+            for k in range(E.shape[1]):
+                t = E[m, k].tree_
+                col = k + 1 if E.shape[1] == 1 else k
+
+                def gb_leaf(node, t=t, col=col):
+                    out = np.zeros(K)
+                    out[col] = lr * float(t.value[node].reshape(-1)[0])
+                    return out
+                add(_sk_tree(t, d, gb_leaf))
+    elif name == "HistGradientBoostingClassifier":
+        kind = "decision"
+        f32 = False
+        preds = model._predictors
+        for it in preds:
+            for k, pr in enumerate(it):
+                nodes = pr.nodes
+                if np.any(nodes["is_categorical"]):
+                    raise InputTypeError("histogram gradient boosting with categorical splits "
+                                         "is not supported by the lower bounds")
+                col = k + 1 if len(it) == 1 else k
+                leaf = nodes["is_leaf"].astype(bool)
+                left = np.where(leaf, -1, nodes["left"].astype(np.intp))
+
+                def hgb_leaf(node, nodes=nodes, col=col):
+                    out = np.zeros(K)
+                    out[col] = float(nodes["value"][node])
+                    return out
+                add(_boxes(left, nodes["right"], nodes["feature_idx"], nodes["num_threshold"],
+                           hgb_leaf, d))
+    else:
+        raise InputTypeError(f"no certified lower bound for {name}: supported are scikit-learn "
+                             "decision trees, random forests, extra trees, gradient boosting and "
+                             "histogram gradient boosting classifiers")
+    table = LeafTable(lo=np.array(los), hi=np.array(his), tree=np.array(tree_ids, dtype=np.intp),
+                      value=np.array(vals), base=np.zeros(K), f32=f32,
+                      n_trees=max(tree_ids) + 1)
+    if X_check is None or X_check.shape[0] == 0:
+        raise ValidationError("leaf_table needs rows X_check to check the table against the "
+                              "model")
+    Xc = np.asarray(X_check[:32], dtype=np.float64)
+    own = table.scores(Xc)
+    if kind == "decision":
+        dec = np.asarray(model.decision_function(Xc), dtype=np.float64)
+        dec = np.column_stack([np.zeros(len(dec)), dec]) if dec.ndim == 1 else dec
+        shift = dec - own
+        if not np.allclose(shift, shift[0], rtol=0, atol=1e-9 * (1 + np.abs(dec).max())):
+            raise InputTypeError(f"{name}: the scores are not a constant plus the sum of the "
+                                 "leaf values (an init estimator?); no certified lower bound")
+        table.base = shift[0].copy()
+    else:
+        proba = np.asarray(model.predict_proba(Xc), dtype=np.float64)
+        if not np.allclose(own, proba, rtol=0, atol=1e-9):
+            raise InputTypeError(f"{name}: the leaf table does not reproduce predict_proba; "
+                                 "no certified lower bound")
+    return table
+
+
+class _Sample:
+    """The leaves reachable from one sample, in a form the branch and bound works on."""
+
+    def __init__(self, table: LeafTable, x, y: int, mv, upper: float, predict):
+        self.upper, self.predict, self.y, self.mv, self.x_full = upper, predict, y, mv, x
+        a, b = table.edges(table.lo, table.hi)  # float64 boxes [a, b] holding each leaf
+        fixed = ~mv
+        cx = table.comparable(x[None, :])[0]  # fixed features: exactly the leaves holding x
+        ok = np.all((table.lo[:, fixed] < cx[fixed]) & (cx[fixed] <= table.hi[:, fixed]), axis=1)
+        self.idx = np.flatnonzero(ok)
+        self.lo, self.hi = table.lo[self.idx][:, mv], table.hi[self.idx][:, mv]
+        self.a, self.b = a[self.idx][:, mv], b[self.idx][:, mv]
+        self.x = x[mv]
+        self.tree = table.tree[self.idx]
+        # margins F_y - F_k per leaf (k != y), and the base margin
+        V = table.value[self.idx]
+        others = [k for k in range(table.value.shape[1]) if k != y]
+        self.marg = V[:, [y]] - V[:, others]
+        self.base = table.base[y] - table.base[others]
+        self.n_trees = table.n_trees
+        self.table = table
+
+    def evaluate(self, alive, blo, bhi):
+        """Key (lower bound on the distance from x to the points of the box closer than U),
+        whether the box is proved safe, and a split. ``alive``: candidate leaf positions."""
+        lo = np.maximum(self.lo[alive], blo)
+        hi = np.minimum(self.hi[alive], bhi)
+        meet = np.all(lo < hi, axis=1)
+        alive = alive[meet]
+        lo, hi = lo[meet], hi[meet]
+        a, b = self.table.edges(lo, hi)
+        gap = np.maximum(np.maximum(a - self.x, self.x - b), 0.0)
+        dist = np.einsum("ij,ij->i", gap, gap)
+        near = dist < self.upper
+        alive, dist, lo, hi = alive[near], dist[near], lo[near], hi[near]
+        tree = self.tree[alive]
+        if alive.size == 0:
+            return None
+        starts = np.flatnonzero(np.r_[True, tree[1:] != tree[:-1]])
+        if starts.size < self.n_trees:  # some tree has no leaf here: no point of the box
+            return None
+        key = float(np.max(np.minimum.reduceat(dist, starts)))
+        mins = np.minimum.reduceat(self.marg[alive], starts, axis=0)  # (trees, K-1)
+        bound = self.base + mins.sum(axis=0)
+        if np.all(bound > 0):
+            return None  # proved: no point of the box within U changes the prediction
+        single = starts.size == alive.size
+        if single and self._constant_and_right(blo, bhi):
+            return None
+        return key, alive, single, (mins, starts, lo, hi, bound)
+
+    def _constant_and_right(self, blo, bhi) -> bool:
+        """A box inside one leaf of every tree has one prediction: the model's own at a point
+        of the box (``lo < c(p) <= hi``) decides it (ties of the scores included)."""
+        p = np.where(np.isfinite(bhi), bhi, np.where(np.isfinite(blo), blo + 1.0, 0.0))
+        if self.table.f32:
+            c = p.astype(np.float32)
+            c = np.where(c.astype(np.float64) > p, np.nextafter(c, np.float32(-np.inf)), c)
+            p = c.astype(np.float64)
+        cp = self.table.comparable(p)
+        if not np.all((cp > blo) & (cp <= bhi)):
+            return False  # no safe interior point: keep the box (sound, maybe not exact)
+        z = self.x_full.copy()
+        z[self.mv] = p
+        return bool(self.predict(z[None, :])[0] == self.y)
+
+    def split(self, blo, bhi, alive, info):
+        """Split the box on an edge of the most damaging leaf of the most spread tree."""
+        mins, starts, lo, hi, bound = info
+        k = int(np.argmin(bound))
+        col = self.marg[alive, k]
+        maxs = np.maximum.reduceat(col, starts)
+        ends = np.r_[starts[1:], alive.size]
+        spread = np.where(ends - starts > 1, maxs - mins[:, k], -1.0)  # trees with 2+ leaves
+        t = int(np.argmax(spread))
+        end = ends[t]
+        rows = np.arange(starts[t], end)
+        worst = rows[int(np.argmin(col[rows]))]
+        best = None
+        for j in range(blo.size):
+            for s, upper_side in ((lo[worst, j], True), (hi[worst, j], False)):
+                if not blo[j] < s < bhi[j]:
+                    continue
+                clo, chi = (s, bhi[j]) if upper_side else (blo[j], s)
+                a, b = self.table.edges(np.array([clo]), np.array([chi]))
+                g = max(float(a[0]) - self.x[j], self.x[j] - float(b[0]), 0.0)
+                if best is None or g > best[0]:
+                    best = (g, j, s)
+        if best is None:  # pragma: no cover - a tree with 2 leaves here has an inner edge
+            raise AssertionError("no split found")
+        _, j, s = best
+        lo1, hi1 = blo.copy(), bhi.copy()
+        hi1[j] = s
+        lo2, hi2 = blo.copy(), bhi.copy()
+        lo2[j] = s
+        return (lo1, hi1), (lo2, hi2)
+
+
+def _branch_and_bound(smp: _Sample, max_nodes: int, deadline: float):
+    """Certified lower bound on d*_i (and whether it is exact) by best-first search."""
+    d = smp.x.size
+    root = (np.full(d, -np.inf), np.full(d, np.inf))
+    ev = smp.evaluate(np.arange(smp.idx.size), *root)
+    if ev is None:
+        return smp.upper, True, 1
+    heap = [(ev[0], 0, root, ev)]
+    counter, nodes = 1, 1
+    while heap:
+        key, _, box, ev = heap[0]
+        if ev[2]:  # a box with one leaf per tree whose prediction may change: exact
+            return min(key, smp.upper), True, nodes
+        if nodes >= max_nodes or time.perf_counter() > deadline:
+            return min(key, smp.upper), False, nodes
+        heapq.heappop(heap)
+        for child in smp.split(*box, ev[1], ev[3]):
+            nodes += 1
+            cev = smp.evaluate(ev[1], *child)
+            if cev is not None:
+                heapq.heappush(heap, (max(cev[0], key), counter, child, cev))
+                counter += 1
+    return smp.upper, True, nodes
+
+
+def _progress(done, total, t0, stream=sys.stderr):
+    width = 30
+    k = int(width * done / max(total, 1))
+    stream.write(f"\r  lower bounds [{'#' * k}{'.' * (width - k)}] {done}/{total} "
+                 f"{time.perf_counter() - t0:.1f}s")
+    if done == total:
+        stream.write("\n")
+    stream.flush()
+
+
+def tree_lower_distances(model, X, yi, *, mask=None, upper=None, max_nodes=200,
+                         time_budget=None, progress=False):
+    """Certified lower bounds ``dlow_i <= d*_i`` for a scikit-learn tree-ensemble classifier.
+
+    Parameters
+    ----------
+    model : fitted tree classifier (see :func:`leaf_table`)
+    X : array (n, d); yi : class indices (0..K-1) of the labels
+    mask : boolean array (d,), optional
+        Movable features.
+    upper : array (n,), optional
+        Known upper bounds ``d*_i <= upper_i`` (``inf`` when unknown); only points closer
+        than ``upper_i`` are examined, and ``dlow_i = upper_i`` proves the upper bound exact.
+    max_nodes : int
+        Boxes examined per sample (effort).
+    time_budget : float, optional
+        Seconds for all samples; samples are processed in order of ``upper`` (the smallest
+        distances first: they decide R), those left when time runs out get the bound of their
+        root box only (one box each).
+    progress : bool
+        A progress bar on stderr.
+
+    Returns
+    -------
+    (dlow, info): ``dlow`` array (n,) and ``info`` with ``exact`` (bool array: the search
+    completed) and ``nodes`` (total boxes examined).
+    """
+    X = np.asarray(X, dtype=np.float64)
+    n, d = X.shape
+    mv = np.ones(d, dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
+    up = np.full(n, np.inf) if upper is None else np.asarray(upper, dtype=np.float64)
+    table = leaf_table(model, d, X)
+    yi = np.asarray(yi, dtype=np.intp)
+    classes = np.asarray(model.classes_)
+
+    def predict(Z):
+        return np.searchsorted(classes, model.predict(Z))
+    t0 = time.perf_counter()
+    deadline = math.inf if time_budget is None else t0 + float(time_budget)
+    dlow = np.zeros(n)
+    exact = np.zeros(n, dtype=bool)
+    total = 0
+    order = np.argsort(up, kind="stable")
+    for done, i in enumerate(order, 1):
+        if up[i] == 0.0:
+            exact[i] = True
+        else:
+            budget = max_nodes if time.perf_counter() <= deadline else 1
+            smp = _Sample(table, X[i], int(yi[i]), mv, float(up[i]), predict)
+            dlow[i], exact[i], used = _branch_and_bound(smp, budget, deadline if budget > 1
+                                                        else math.inf)
+            total += used
+        if progress and (done % 50 == 0 or done == n):
+            _progress(done, n, t0)
+    return dlow, {"exact": exact, "nodes": total, "time": time.perf_counter() - t0}
+
+
+# ----------------------------------------------------------------------------------------------
+# MLPs
+# ----------------------------------------------------------------------------------------------
+
+
+def _act_slopes(act, zl, zu):
+    """Range ``[s_lo, s_hi]`` of the activation's derivative over ``[zl, zu]``."""
+    if act == "identity":
+        one = np.ones_like(zl)
+        return one, one
+    if act == "relu":
+        return (zl > 0).astype(float), (zu > 0).astype(float)
+    if act == "tanh":
+        def g(z):
+            return 1.0 - np.tanh(z) ** 2
+    elif act == "logistic":
+        def g(z):
+            s = 0.5 * (1.0 + np.tanh(0.5 * z))
+            return s * (1.0 - s)
+    else:  # pragma: no cover - MLPModel refuses other activations
+        raise InputTypeError(f"unsupported activation {act!r}")
+    lo = np.minimum(g(zl), g(zu))  # derivatives are unimodal with the peak at 0
+    hi = np.where((zl <= 0) & (zu >= 0), g(np.zeros_like(zl)), np.maximum(g(zl), g(zu)))
+    return lo, hi
+
+
+def _act(act, Z):
+    if act == "identity":
+        return Z
+    if act == "relu":
+        return np.maximum(Z, 0.0)
+    if act == "tanh":
+        return np.tanh(Z)
+    return 0.5 * (1.0 + np.tanh(0.5 * Z))
+
+
+def _check_mlp(adapter):
+    if not (hasattr(adapter, "W") and hasattr(adapter, "activation")):
+        raise InputTypeError(f"{type(adapter).__name__} is not an otstab MLPModel: certified "
+                             "MLP bounds need the numpy weights of a scikit-learn MLP")
+
+
+def _output_rows(adapter, yi):
+    """Rows ``(e_y - e_k)^T`` of the margins per sample: array (n, K-1, K_out)."""
+    K = adapter.W[-1].shape[1]
+    if adapter.task == "binary":  # logit f: class 1 iff f > 0; margin s f with s = +-1
+        s = np.where(np.asarray(yi) == 1, 1.0, -1.0)
+        return s[:, None, None] * np.ones((1, 1, 1))
+    eye = np.eye(K)
+    rows = [eye[y][None, :] - np.delete(eye, y, axis=0) for y in np.asarray(yi)]
+    return np.array(rows)
+
+
+def _margin_lipschitz(adapter, X, rho, R, mv):
+    """Certified Lipschitz constants (n, K-1) of the margins ``R_i f(x)`` over the L2 balls of
+    radius ``rho_i`` (``inf`` allowed) around ``X_i``, movable coordinates only."""
+    with np.errstate(all="ignore"):  # infinite radii: intervals overflow to +-inf on purpose
+        return _margin_lipschitz_raw(adapter, X, rho, R, mv)
+
+
+def _margin_lipschitz_raw(adapter, X, rho, R, mv):
+    W, b, act = adapter.W, adapter.b, adapter.activation
+    W1 = W[0][mv]  # (d_mv, H1)
+    n = X.shape[0]
+    rho = np.asarray(rho, dtype=np.float64)
+    # C: the Jacobian of the current pre-activations w.r.t. x with every activation slope at
+    # the midpoint of its range, (n, H, d_mv); e: a bound on the spectral norm of the rest
+    C = np.broadcast_to(W1.T[None], (n, W1.shape[1], W1.shape[0]))
+    e = np.zeros(n)
+    z = X @ W[0] + b[0]
+    zr = rho[:, None] * np.sqrt(np.sum(W1 * W1, axis=0))[None, :]  # exact over the L2 ball
+    zr = np.nan_to_num(zr, nan=np.inf)
+    for layer in range(1, len(W)):
+        zl, zu = z - zr, z + zr
+        s_lo, s_hi = _act_slopes(act, zl, zu)
+        mid, rad = 0.5 * (s_lo + s_hi), 0.5 * (s_hi - s_lo)
+        amax = np.maximum(np.abs(s_lo), np.abs(s_hi))
+        Wn = W[layer]
+        if layer == len(W) - 1:
+            # the margins' rows pulled back through the output layer: g = R W_L^T, and
+            # g D (C + E) = g mid C + g (D - mid) C + g D E, the middle term bounded row by row
+            g = np.einsum("nmk,hk->nmh", R, Wn)  # (n, K-1, H)
+            lin = np.einsum("nmh,nhd->nmd", g * mid[:, None, :], C)
+            cn = np.sqrt(np.einsum("nhd,nhd->nh", C, C))  # ||C_h||
+            out = (np.sqrt(np.einsum("nmd,nmd->nm", lin, lin))
+                   + np.einsum("nmh,nh->nm", np.abs(g), rad * cn)
+                   + np.sqrt(np.einsum("nmh,nh->nm", g * g, amax * amax)) * e[:, None])
+            return np.nan_to_num(out, nan=np.inf)
+        # D C = mid C + (D - mid) C: ||(D - mid) C|| <= ||rad C||_F; ||D E|| <= max|D| e
+        e = np.sqrt(np.einsum("nh,nhd->n", rad * rad, C * C)) + np.max(amax, axis=1) * e
+        C = np.einsum("nhd,hk->nkd", mid[:, :, None] * C, Wn)
+        e = e * np.linalg.norm(Wn, 2)
+        # interval of the activations, then of the next pre-activations (center-radius form)
+        if act == "identity":
+            al, au = zl, zu
+        else:
+            al, au = _act(act, np.maximum(zl, -1e300)), _act(act, np.minimum(zu, 1e300))
+        c, r_ = 0.5 * (al + au), 0.5 * (au - al)
+        z = np.nan_to_num(c, nan=0.0, posinf=0.0, neginf=0.0) @ Wn + b[layer]
+        zr = np.nan_to_num(np.nan_to_num(r_, nan=np.inf) @ np.abs(Wn), nan=np.inf)
+    raise AssertionError("an MLP has at least one hidden layer")  # pragma: no cover
+
+
+def mlp_lipschitz(adapter, mask=None) -> float:
+    """A global Lipschitz constant (L2) of the network's output map in the movable
+    coordinates: the exact norm of the collapsed linear map for identity activations, else
+    the product of the layers' spectral norms times the activations' largest slope."""
+    _check_mlp(adapter)
+    d = adapter.W[0].shape[0]
+    mv = np.ones(d, dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
+    Ws = [adapter.W[0][mv]] + list(adapter.W[1:])
+    if adapter.activation == "identity":
+        M = Ws[0]
+        for Wl in Ws[1:]:
+            M = M @ Wl
+        return float(np.linalg.norm(M, 2))
+    slope = {"relu": 1.0, "tanh": 1.0, "logistic": 0.25}[adapter.activation]
+    out = 1.0
+    for Wl in Ws:
+        out *= float(np.linalg.norm(Wl, 2))
+    return out * slope ** (len(Ws) - 1)
+
+
+def mlp_lower_distances(adapter, X, yi, *, mask=None, upper=None, steps=24, chunk=256):
+    """Certified lower bounds ``dlow_i <= d*_i`` for an sklearn MLP classifier (0/1 loss).
+
+    ``yi``: class indices (binary: 0/1 with 1 the positive class). ``upper``: known upper
+    bounds (the bisection never goes beyond them). Misclassified samples get 0. Returns
+    ``(dlow, info)``.
+    """
+    _check_mlp(adapter)
+    t0 = time.perf_counter()
+    X = np.asarray(X, dtype=np.float64)
+    n, d = X.shape
+    mv = np.ones(d, dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
+    yi = np.asarray(yi, dtype=np.intp)
+    up = np.full(n, np.inf) if upper is None else np.asarray(upper, dtype=np.float64)
+    out = np.asarray(adapter.outputs(X), dtype=np.float64)
+    R = _output_rows(adapter, yi)
+    F = out[:, None] if out.ndim == 1 else out
+    M = np.einsum("nmk,nk->nm", R, F)  # margins F_y - F_k (binary: the signed logit)
+    margin = np.min(M, axis=1)
+    dlow = np.zeros(n)
+    if not mv.any():
+        dlow = np.where(margin > 0, np.inf, 0.0)
+        return dlow, {"time": time.perf_counter() - t0}
+    for s in range(0, n, chunk):
+        sl = slice(s, s + chunk)
+        rho = _certified_radius(adapter, X[sl], R[sl], M[sl], up[sl], mv, steps)
+        dlow[sl] = np.where(margin[sl] > 0, rho * rho, 0.0)
+    return np.minimum(dlow, up), {"time": time.perf_counter() - t0}
+
+
+def _certified_radius(adapter, X, R, M, up, mv, steps):
+    """The largest radius rho (by bisection between the global bound and sqrt(up)) with
+    ``M_ik >= rho L_ik(rho)`` for every margin k: no point closer than rho changes the
+    prediction. ``M``: margins (n, K-1)."""
+    pos = np.all(M > 0, axis=1)
+
+    def certified(rho):
+        L = _margin_lipschitz(adapter, X, rho, R, mv)
+        with np.errstate(invalid="ignore"):
+            return pos & np.all(M >= rho[:, None] * L, axis=1)
+
+    Lg = _margin_lipschitz(adapter, X, np.full(X.shape[0], np.inf), R, mv)
+    Lg = np.minimum(Lg, np.sqrt(np.sum(R * R, axis=2)) * mlp_lipschitz(adapter, mv))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lo = np.min(np.where(Lg > 0, M / Lg, np.inf), axis=1)
+    lo = np.where(pos, lo, 0.0)
+    hi = np.sqrt(up)
+    lo = np.minimum(lo, hi)
+    for _ in range(steps):
+        open_ = np.isfinite(hi) & (hi > lo * (1 + 1e-6))
+        if not open_.any():
+            break
+        mid = np.where(open_, 0.5 * (lo + hi), lo)
+        ok = certified(mid) & open_
+        lo = np.where(ok, mid, lo)
+        hi = np.where(open_ & ~ok, mid, hi)
+    return lo
+
+
+def mlp_transform_upper(adapter, loss: str, base, theta1: float, mask=None):
+    """An over-estimate of the d-transform of a smooth loss of an sklearn MLP; ``base``: the
+    per-sample losses at the evaluation points.
+
+    Returns an oracle ``evaluate(h) -> (l_h_up, d/dh, d2/dh2)`` with ``h_max`` (for
+    :func:`otstab_solvers.dual.solve_dual`), built from a global Lipschitz constant of the
+    network (:func:`mlp_lipschitz`) and the losses at X (module docstring).
+    """
+    _check_mlp(adapter)
+    Lf = mlp_lipschitz(adapter, mask)
+    if not math.isfinite(theta1) or Lf == 0.0:
+        Lf = 0.0
+    base = np.asarray(base, dtype=np.float64)
+    if loss == "squared":
+        e = np.sqrt(np.maximum(base, 0.0))
+        return _SquaredUpper(e, Lf * Lf, theta1)
+    G = Lf * (math.sqrt(2.0) if loss == "cross_entropy" and adapter.task == "multiclass"
+              else 1.0)
+    return _QuadraticUpper(base, 0.0 if Lf == 0.0 else G * G / (4.0 * theta1))
+
+
+class _QuadraticUpper:
+    """``l_h = h l_i + c h^2``."""
+
+    h_max = math.inf
+
+    def __init__(self, base, c):
+        self.base, self.c, self.n = base, float(c), base.size
+
+    def evaluate(self, h):
+        return (h * self.base + self.c * h * h, self.base + 2 * self.c * h,
+                np.full(self.n, 2 * self.c))
+
+
+class _SquaredUpper:
+    """``l_h = h e_i^2 theta1 / (theta1 - h L^2)`` for ``h < theta1 / L^2``."""
+
+    def __init__(self, e, L2, theta1):
+        self.e2, self.L2, self.t1, self.n = e * e, float(L2), float(theta1), e.size
+        self.h_max = self.t1 / self.L2 if self.L2 > 0 else math.inf
+
+    def evaluate(self, h):
+        if self.L2 == 0.0:
+            return h * self.e2, self.e2, np.zeros(self.n)
+        q = self.t1 - h * self.L2
+        lh = h * self.e2 * self.t1 / q
+        d1 = self.e2 * self.t1 * self.t1 / (q * q)
+        d2 = 2.0 * self.e2 * self.t1 * self.t1 * self.L2 / (q * q * q)
+        return lh, d1, d2
+
+
+# ----------------------------------------------------------------------------------------------
+# lower bounds on R
+# ----------------------------------------------------------------------------------------------
+
+
+def _slack(value, h, r):
+    return max(value - VALUE_SLACK * abs(value) - CANCEL_RTOL * abs(h) * r, 0.0)
+
+
+def zero_one_lower_value(dlow, loss0, r, theta1, theta2, divergence) -> float:
+    """Certified lower bound on R for the 0/1 loss from ``dlow_i <= d*_i``: the exact 0/1
+    dual on ``a = theta1 dlow`` (R is nondecreasing in each d*_i), less its rounding bound.
+    ``inf`` when even these distances cannot reach r."""
+    dlow = np.where(np.asarray(loss0) > 0, 0.0, np.asarray(dlow, dtype=np.float64))
+    if r <= float(np.mean(loss0)):
+        return 0.0
+    a = dlow * theta1 if math.isfinite(theta1) else np.where(dlow > 0, np.inf, 0.0)
+    if r >= 1.0 and not np.all(np.isfinite(a)):
+        return 0.0  # the limit case: leave it to the exact path's own answer
+    method = "closed_form" if divergence == "kl" or math.isinf(theta2) else "dual"
+    sol = solve_zero_one(a, r, theta2, divergence, method=method)
+    if not math.isfinite(sol.value):
+        return math.inf if sol.native_status == "unreachable" else 0.0
+    if sol.status != "optimal":
+        return 0.0
+    return _slack(float(sol.value), sol.h, r)
+
+
+def smooth_lower_value(oracle, r, theta2, divergence) -> float:
+    """Certified lower bound on R from an over-estimating d-transform oracle: the dual at the
+    best point the 1-D solver found (any h gives a lower bound), less its rounding bound."""
+    sol = solve_dual(oracle, r, theta2, divergence)
+    if not (math.isfinite(sol.value) and math.isfinite(sol.h)):
+        return 0.0
+    return _slack(float(sol.value), sol.h, r)
+
+
+def certified_distances(model, X, y, *, mask=None, upper=None, **options):
+    """Certified ``dlow_i <= d*_i`` for an :class:`~otstab.nonlinear.MLPModel` or a
+    scikit-learn tree classifier (``model`` or ``model.model``), with ``y`` in internal labels
+    (-1/+1 binary, 0..K-1 multiclass). Returns ``(dlow, info)`` (``info["method"]`` names the
+    bound) or ``None`` when no certified bound is available for this model."""
+    y = np.asarray(y)
+    if hasattr(model, "W") and hasattr(model, "activation"):
+        yi = (y > 0).astype(np.intp) if model.task == "binary" else y.astype(np.intp)
+        dlow, info = mlp_lower_distances(model, X, yi, mask=mask, upper=upper,
+                                         **{k: v for k, v in options.items() if k == "steps"})
+        return dlow, {**info, "method": "local-Lipschitz (MLP)"}
+    raw = getattr(model, "model", model)
+    classes = getattr(raw, "classes_", None)
+    if classes is None:
+        return None
+    yi = (y > 0).astype(np.intp) if len(classes) == 2 else y.astype(np.intp)
+    opts = {k: v for k, v in options.items() if k in ("max_nodes", "time_budget", "progress")}
+    try:
+        dlow, info = tree_lower_distances(raw, X, yi, mask=mask, upper=upper, **opts)
+    except InputTypeError:
+        return None
+    return dlow, {**info, "method": "branch-and-bound (tree ensemble)"}

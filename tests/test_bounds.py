@@ -1,0 +1,279 @@
+"""Certified lower bounds (otstab.bounds): checked against brute forces and exact paths.
+
+* tree ensembles on 2-D data: d*_i by enumerating every cell of the threshold grid (the
+  prediction is constant on each cell), so ``dlow <= d*`` and, where the branch and bound ran
+  to completion, ``dlow == d*``; at the level of R: ``value_lower <= R <= value_upper`` with R
+  from the exact 0/1 dual on the brute-force distances;
+* MLPs with identity activations are linear classifiers in disguise: d*_i = m_i^2 / ||w||^2 in
+  closed form, and the certified bound must be exact;
+* nonlinear MLPs: the bound is checked by sampling (no point inside the certified radius
+  changes the prediction) and against the distances the perturbation search found.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+import otstab
+from otstab import bounds
+from otstab.nonlinear import MLPModel
+from otstab.perturbation import perturbation_search
+
+sk_ens = pytest.importorskip("sklearn.ensemble")
+sk_nn = pytest.importorskip("sklearn.neural_network")
+from sklearn.exceptions import ConvergenceWarning  # noqa: E402
+
+
+def _data(n=120, d=2, k=2, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d)).round(2)  # a coarse grid: thresholds sit between the values
+    s = X @ rng.normal(size=(d, k)) + 0.5 * np.sin(3 * X[:, :1])
+    y = np.argmax(s + 0.3 * rng.normal(size=s.shape), axis=1) if k > 2 else (
+        s[:, 0] + 0.3 * rng.normal(size=n) > 0).astype(int)
+    return X, y
+
+
+def _ensembles(k):
+    return [
+        sk_ens.GradientBoostingClassifier(n_estimators=15, max_depth=2, random_state=0),
+        sk_ens.RandomForestClassifier(n_estimators=8, max_depth=3, random_state=0),
+        sk_ens.ExtraTreesClassifier(n_estimators=6, max_depth=3, random_state=0),
+        sk_ens.HistGradientBoostingClassifier(max_iter=10, max_depth=3, random_state=0),
+    ]
+
+
+def brute_distances(table, model, X, y, movable):
+    """Exact d* on the grid of every split threshold: each cell (product of threshold
+    intervals) is predicted at an interior point by the model itself; its distance from x_i
+    is taken to the closed cell (fixed features: the cell must hold x_i)."""
+    d = X.shape[1]
+    T = [np.unique(np.r_[table.lo[:, j], table.hi[:, j]]) for j in range(d)]
+    T = [t[np.isfinite(t)] for t in T]
+    lo_c = [np.r_[-np.inf, t] for t in T]
+    hi_c = [np.r_[t, np.inf] for t in T]
+    mid = [np.r_[t[0] - 1.0, 0.5 * (t[:-1] + t[1:]), t[-1] + 1.0] if t.size else np.zeros(1)
+           for t in T]
+    cells = np.array(list(itertools.product(*[range(m.size) for m in mid])))
+    P = np.column_stack([mid[j][cells[:, j]] for j in range(d)])
+    lo = np.column_stack([lo_c[j][cells[:, j]] for j in range(d)])
+    hi = np.column_stack([hi_c[j][cells[:, j]] for j in range(d)])
+    pred = model.predict(P)
+    out = np.full(X.shape[0], np.inf)
+    for i, x in enumerate(X):
+        gap = np.maximum(np.maximum(lo - x, x - hi), 0.0)
+        fixed_ok = np.all((gap == 0) | movable[None, :], axis=1)
+        wrong = (pred != y[i]) & fixed_ok
+        if model.predict(x[None])[0] != y[i]:
+            out[i] = 0.0
+        elif wrong.any():
+            out[i] = float(np.min(np.sum(gap[wrong] ** 2, axis=1)))
+    return out
+
+
+@pytest.mark.parametrize("k", [2, 3])
+@pytest.mark.parametrize("which", range(4))
+@pytest.mark.parametrize("movable", [(True, True), (True, False)])
+def test_tree_ensembles_match_the_cell_brute_force(k, which, movable):
+    X, y = _data(k=k, seed=which)
+    model = _ensembles(k)[which].fit(X, y)
+    mv = np.array(movable)
+    table = bounds.leaf_table(model, 2, X)
+    exact = brute_distances(table, model, X, y, mv)
+    dlow, info = bounds.tree_lower_distances(model, X, y, mask=mv, max_nodes=5000)
+    # sound everywhere; float32 rounding of the thresholds costs at most ~1e-7 in distance
+    assert np.all(np.sqrt(dlow) <= np.sqrt(exact) + 1e-6)
+    # run to completion, the search is exact
+    assert info["exact"].all()
+    fin = np.isfinite(exact)
+    np.testing.assert_allclose(np.sqrt(dlow[fin]), np.sqrt(exact[fin]), rtol=0, atol=1e-6)
+    assert np.all(np.isinf(dlow[~fin]))
+
+
+def test_leaf_table_reproduces_the_model():
+    X, y = _data(k=3, d=3)
+    for model in _ensembles(3):
+        model.fit(X, y)
+        table = bounds.leaf_table(model, 3, X)
+        np.testing.assert_array_equal(np.argmax(table.scores(X), axis=1),
+                                      np.searchsorted(model.classes_, model.predict(X)))
+
+
+def test_budget_gives_smaller_but_sound_bounds():
+    X, y = _data(n=80, d=4, seed=3)
+    model = sk_ens.GradientBoostingClassifier(n_estimators=40, max_depth=3,
+                                              random_state=0).fit(X, y)
+    up = perturbation_search(model, X, y).distances
+    prev = np.zeros(len(y))
+    for nodes in (1, 5, 50, 2000):
+        dlow, _ = bounds.tree_lower_distances(model, X, y, upper=up, max_nodes=nodes)
+        assert np.all(dlow >= prev - 1e-15)  # best first: more boxes never lower the bound
+        assert np.all(dlow <= up)
+        prev = dlow
+    dlow0, info = bounds.tree_lower_distances(model, X, y, upper=up, time_budget=0.0)
+    assert np.all(dlow0 <= prev + 1e-15)
+
+
+@pytest.mark.parametrize("which", range(4))
+def test_certify_interval_holds_the_exact_value(which):
+    X, y = _data(k=2, seed=10 + which)
+    model = _ensembles(2)[which].fit(X, y)
+    exact_d = brute_distances(bounds.leaf_table(model, 2, X), model, X, y,
+                              np.array([True, True]))
+    for theta2, r in ((0.5, 0.3), (math.inf, 0.25)):
+        res = otstab.certify(model, X, y, r=r, loss="zero_one", theta1=1.0, theta2=theta2)
+        ref = otstab.certify_distances(exact_d, r, theta1=1.0, theta2=theta2,
+                                       misclassified=model.predict(X) != y)
+        assert res.status == "bounds"
+        assert res.value_lower <= ref.value * (1 + 1e-6) + 1e-9
+        assert ref.value <= res.value_upper * (1 + 1e-6) + 1e-9
+        assert res.value_lower > 0.9 * ref.value  # run to completion: tight
+
+
+def _mlp(activation, k, seed=0, d=3):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(150, d))
+    s = X @ rng.normal(size=(d, k)) + np.sin(2 * X[:, :1])
+    y = np.argmax(s, axis=1) if k > 2 else (s[:, 0] > 0).astype(int)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        m = sk_nn.MLPClassifier((12, 8) if seed % 2 else (16,), activation=activation,
+                                max_iter=400, random_state=seed).fit(X, y)
+    return m, X, y
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_identity_mlp_is_exact(k):
+    model, X, y = _mlp("identity", k)
+    # the collapsed linear map x -> x W + b, d* = min_k ((s_y - s_k)_+)^2 / ||w_y - w_k||^2
+    W, b = model.coefs_[0], model.intercepts_[0]
+    for Wl, bl in zip(model.coefs_[1:], model.intercepts_[1:]):
+        W, b = W @ Wl, b @ Wl + bl
+    S = X @ W + b
+    if k == 2:
+        S, W = np.column_stack([np.zeros(len(S)), S[:, 0]]), np.column_stack([0 * W[:, 0],
+                                                                              W[:, 0]])
+    yi = np.searchsorted(model.classes_, y)
+    exact = np.full(len(y), np.inf)
+    for c in range(S.shape[1]):
+        gap = np.maximum(S[np.arange(len(y)), yi] - S[:, c], 0.0)
+        nrm = np.sum((W[:, yi] - W[:, [c]]) ** 2, axis=0)  # 0 only where yi == c
+        exact = np.where(yi == c, exact, np.minimum(exact, gap ** 2 / np.where(yi == c, 1.0,
+                                                                                nrm)))
+    exact = np.where(model.predict(X) != y, 0.0, exact)
+    dlow, _ = bounds.mlp_lower_distances(MLPModel(model), X, yi)
+    np.testing.assert_allclose(dlow, exact, rtol=1e-5, atol=1e-12)
+    res = otstab.certify(model, X, y, r=0.4, loss="zero_one", theta1=1.0, theta2=0.5)
+    ref = otstab.certify_distances(exact, 0.4, theta1=1.0, theta2=0.5,
+                                   misclassified=model.predict(X) != y)
+    assert res.value_lower <= ref.value * (1 + 1e-6) <= res.value_upper * (1 + 2e-6)
+    assert res.value_lower >= ref.value * (1 - 1e-4)
+
+
+@pytest.mark.parametrize("activation", ["relu", "tanh", "logistic"])
+@pytest.mark.parametrize("k,seed", [(2, 0), (3, 1), (2, 3)])
+def test_mlp_radius_is_sound_by_sampling(activation, k, seed):
+    model, X, y = _mlp(activation, k, seed)
+    yi = np.searchsorted(model.classes_, y)
+    up = perturbation_search(model, X, y).distances
+    dlow, _ = bounds.mlp_lower_distances(MLPModel(model), X, yi, upper=up)
+    assert np.all(dlow <= up)
+    rng = np.random.default_rng(seed)
+    ok = (dlow > 0) & np.isfinite(dlow)
+    for i in np.flatnonzero(ok)[:40]:
+        U = rng.normal(size=(300, X.shape[1]))
+        U /= np.linalg.norm(U, axis=1, keepdims=True)
+        radius = np.sqrt(dlow[i]) * (1 - 1e-9) * rng.uniform(0.5, 1.0, size=(300, 1))
+        assert np.all(model.predict(X[i] + radius * U) == y[i])
+    assert np.mean(dlow[ok] / up[ok]) > 0.05  # not trivial
+
+
+def test_mlp_masked_features_do_not_move():
+    model, X, y = _mlp("relu", 2, 0)
+    yi = np.searchsorted(model.classes_, y)
+    mv = np.array([True, False, True])
+    full, _ = bounds.mlp_lower_distances(MLPModel(model), X, yi)
+    masked, _ = bounds.mlp_lower_distances(MLPModel(model), X, yi, mask=mv)
+    assert np.all(masked >= full * (1 - 1e-9))  # fewer directions: farther from the boundary
+    none, _ = bounds.mlp_lower_distances(MLPModel(model), X, yi, mask=np.zeros(3, bool))
+    assert np.all(np.isinf(none[model.predict(X) == y]))
+
+
+@pytest.mark.parametrize("loss,k", [("logistic", 2), ("cross_entropy", 3)])
+def test_smooth_transform_over_estimate_by_sampling(loss, k):
+    model, X, y = _mlp("tanh", k, 1)
+    ad = MLPModel(model).bind_loss(loss)
+    yint = np.where(y == 1, 1.0, -1.0) if k == 2 else y.astype(float)
+    base = ad.loss_values(X, yint)
+    theta1 = 2.0
+    oracle = bounds.mlp_transform_upper(MLPModel(model), loss, base, theta1)
+    rng = np.random.default_rng(0)
+    for h in (0.1, 1.0, 5.0):
+        lh_up = oracle.evaluate(h)[0]
+        for _ in range(20):
+            Z = X + rng.normal(size=X.shape) * rng.uniform(0, 2)
+            val = h * ad.loss_values(Z, yint) - theta1 * np.sum((Z - X) ** 2, axis=1)
+            assert np.all(val <= lh_up + 1e-12)
+
+
+def test_smooth_identity_mlp_lower_bound_below_exact_linear():
+    model, X, y = _mlp("identity", 2, 0)
+    W, b = model.coefs_[0], model.intercepts_[0]
+    for Wl, bl in zip(model.coefs_[1:], model.intercepts_[1:]):
+        W, b = W @ Wl, b @ Wl + bl
+    lin = otstab.LinearModel(W[:, 0], float(b[0]))
+    ylin = np.where(y == model.classes_[1], 1, -1)
+    for r, theta2 in ((0.5, 0.5), (0.6, math.inf)):
+        exact = otstab.certify(lin, X, ylin, r=r, loss="logistic", theta1=1.0, theta2=theta2)
+        res = otstab.certify(model, X, y, r=r, loss="logistic", theta1=1.0, theta2=theta2)
+        assert res.status == "bounds"
+        assert 0 < res.value_lower <= exact.value * (1 + 1e-6)
+        assert exact.value <= res.value_upper * (1 + 1e-6)
+
+
+def test_unsupported_model_gets_the_trivial_bound():
+    from sklearn.svm import SVC  # noqa: PLC0415
+
+    X, y = _data(n=60)
+    model = SVC().fit(X, y)
+    res = otstab.certify(model, X, y, r=0.4, loss="zero_one", theta1=1.0, theta2=0.5)
+    assert res.status == "bounds" and res.value_lower == 0.0
+    assert "no certified lower bound" in res.message
+
+
+def test_caller_arrays_untouched_and_options_pass_through():
+    X, y = _data(n=60, seed=5)
+    model = _ensembles(2)[0].fit(X, y)
+    X0, y0 = X.copy(), y.copy()
+    res = otstab.certify(model, X, y, r=0.3, loss="zero_one", theta1=1.0, theta2=0.5,
+                         max_nodes=3, time_budget=5.0)
+    np.testing.assert_array_equal(X, X0)
+    np.testing.assert_array_equal(y, y0)
+    assert res.value_lower <= res.value_upper
+    with pytest.raises(otstab.errors.ValidationError):
+        otstab.certify(model, X, y, r=0.3, loss="zero_one", theta1=1.0, theta2=0.5,
+                       max_nodez=3)
+
+
+def test_interval_downstream_certificate_verify_report_summary():
+    from otstab.certificate import make_certificate, verify_certificate  # noqa: PLC0415
+    from otstab.report import render_html  # noqa: PLC0415
+
+    X, y = _data(n=80, seed=7)
+    model = _ensembles(2)[0].fit(X, y)
+    res = otstab.certify(model, X, y, r=0.3, loss="zero_one", theta1=1.0, theta2=0.5)
+    assert 0 < res.value_lower <= res.value_upper
+    cert = make_certificate(res, model, X, y)
+    assert cert["results"]["value_lower"] == res.value_lower
+    assert cert["results"]["value_upper"] == res.value_upper
+    rep = verify_certificate(cert, model, X, y)
+    assert rep.ok, rep
+    cert["results"]["value_lower"] = res.value_lower * 1.5  # a claimed bound must reproduce
+    assert not verify_certificate(cert, model, X, y).ok
+    html = render_html(make_certificate(res, model, X, y))
+    assert "(certified)" in html and "does (found" in html
+    assert "(certified)" in res.summary()
