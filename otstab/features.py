@@ -43,7 +43,7 @@ from .models import resolve_model
 from .params import check_common
 from .reduction import reduce_problem
 from .smooth import certify_smooth
-from .zero_one import certify_zero_one_problem, linear_distances
+from .zero_one import certify_zero_one_problem, certify_zero_one_search, linear_distances
 
 __all__ = ["feature_stability"]
 
@@ -273,11 +273,19 @@ def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergen
                       columns=["feature", "score", "h", "share_moving", "share_reweighting",
                                "ignored", "cols"])
     df["columns"] = [[prob.feature_names[j] for j in c] for c in df.pop("cols")]
-    df = df.sort_values("score", kind="stable").reset_index(drop=True)
-    df["rank"] = df["score"].rank(method="min").astype(int)
-    df = df[COLUMNS]
+    columns, ranked_by = COLUMNS, "score"
+    if not linear_exact and any(not res.exact for res in results):
+        # not exact: each score is the found (upper) value; rank by the certified lower side
+        df["score_lower"] = [res.value_lower for res in results]
+        df["score_upper"] = [res.value_upper for res in results]
+        df["exact"] = [bool(res.exact) for res in results]
+        columns, ranked_by = COLUMNS + ["score_lower", "score_upper", "exact"], "score_lower"
+    df = df.sort_values([ranked_by, "score"], kind="stable").reset_index(drop=True)
+    df["rank"] = df[ranked_by].rank(method="min").astype(int)
+    df = df[columns]
     df.attrs.update({"r": r, "theta1": theta1, "theta2": theta2, "divergence": divergence,
-                     "loss": loss_obj.name, "reweighting_only_value": rw[0]})
+                     "loss": loss_obj.name, "reweighting_only_value": rw[0],
+                     "ranked_by": ranked_by})
     if confidence is not None:
         spec = Bootstrap(n_boot=n_boot, seed=seed)
         level = check_level(confidence)
@@ -366,8 +374,9 @@ def _nonlinear_results(prob, units, r, theta1, theta2, divergence, solver):
     for _label, cols in units:
         mask = np.zeros(prob.d, dtype=bool)
         mask[cols] = True
-        out.append(certify_smooth(prob, r=r, theta1=theta1, theta2=theta2,
-                                  divergence=divergence, mask=mask, solver=solver))
+        path = certify_zero_one_search if isinstance(prob.loss, ZeroOne) else certify_smooth
+        out.append(path(prob, r=r, theta1=theta1, theta2=theta2, divergence=divergence,
+                        mask=mask, solver=solver))
     return out
 
 

@@ -334,3 +334,27 @@ def test_scores_equal_certify_at_price_1e12(name, theta1, theta2, div, where):
     model, X, y = zero_column_problem(name)
     r = _thresholds(name, model, X, y)[where]
     assert_scores_match_certify(model, X, y, _loss_arg(name), r, theta1, theta2, div)
+
+
+def test_non_exact_models_report_and_rank_by_the_certified_side():
+    """Tree ensembles (0/1 loss) and MLPs are not exact: each row carries the certified
+    interval of certify(features=[j]) and the ranking uses its certified lower end."""
+    from sklearn.ensemble import GradientBoostingClassifier
+    from sklearn.neural_network import MLPClassifier
+
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(80, 3))
+    y = (X[:, 0] + 0.5 * X[:, 1] + 0.3 * rng.normal(size=80) > 0).astype(int)
+    gb = GradientBoostingClassifier(n_estimators=5, max_depth=2, random_state=0).fit(X, y)
+    mlp = MLPClassifier(hidden_layer_sizes=(8,), max_iter=2000, random_state=0).fit(X, y)
+    # one movable feature of a tree ensemble is searched exactly; a group of two is not
+    for model, loss, r, groups in [(gb, "zero_one", 0.3, {"g": ["x0", "x1"]}),
+                                   (mlp, "zero_one", 0.3, None), (mlp, "logistic", 1.0, None)]:
+        df = otstab.feature_stability(model, X, y, loss=loss, r=r, groups=groups)
+        assert df.attrs["ranked_by"] == "score_lower" and not df["exact"].all()
+        assert list(df["score_lower"]) == sorted(df["score_lower"])
+        for _, row in df.iterrows():
+            ref = otstab.certify(model, X, y, loss=loss, r=r, features=row["columns"])
+            assert row.score_lower == pytest.approx(ref.value_lower, rel=1e-9, abs=1e-15)
+            assert row.score_upper == pytest.approx(ref.value_upper, rel=1e-9)
+            assert row.score_lower <= row.score_upper
