@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 
 from . import inference
+from .costs import check_feature_costs, scaled_problem, unscale_result
 from .errors import ValidationError
 from .losses import MulticlassHinge, PiecewiseLinear, ZeroOne, get_loss
 from .models import resolve_model
@@ -26,7 +27,8 @@ __all__ = ["certify", "certify_distances", "check_common", "SOLVERS", "DIVERGENC
 
 
 def certify(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl", solver="auto",
-            features=None, se="analytic", **solver_options) -> StabilityResult:
+            features=None, se="analytic", feature_costs=None,
+            **solver_options) -> StabilityResult:
     """Compute the OT stability criterion R(beta, r) and the most sensitive distribution.
 
     Parameters
@@ -55,6 +57,10 @@ def certify(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl", s
         backend (``"clarabel"``, ``"mosek"``, ``"ecos"``, ``"scs"``), or ``"first_order"``.
     features : sequence of column names or indices, optional
         Only these features may move (the feature mask); default all.
+    feature_costs : dict {name or index: price} or sequence of d prices, optional
+        Per-feature move prices ``c_j`` in ``(0, inf]``: moving costs
+        ``theta1 sum_j c_j (x*_j - x_j)^2``; ``inf`` makes a feature immutable (linear models;
+        see :mod:`otstab.costs`). Default: every price 1.
     se : "analytic" (default), "bootstrap", ``otstab.inference.Bootstrap(n_boot, seed,
         interval, progress)`` or None
         Sampling uncertainty of R (``res.se``, ``res.ci(level)``,
@@ -81,8 +87,14 @@ def certify(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl", s
             f"r is an error rate for loss='zero_one' and must be in [0, 1], got {r}")
     mask = feature_mask(prob.d, features, prob.feature_names)
     spec = inference.resolve_se(se)
+    costs = check_feature_costs(feature_costs, prob.feature_names)
+    original = prob
+    if costs is not None:  # a diagonal metric: solve in x~ = sqrt(c) x (otstab.costs)
+        prob, mask = scaled_problem(prob, costs, mask)
     res = _solve(prob, loss_obj, r, theta1, theta2, divergence, solver, mask, t_start,
                  **solver_options)
+    if costs is not None:
+        unscale_result(res, prob, original, costs)
     if spec == "analytic":
         res.inference = lambda: inference.analytic(res)  # built on first access
     elif spec is not None:
