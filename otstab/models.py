@@ -30,13 +30,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from . import nonlinear
+from . import nonlinear, scale
 from ._validation import (
     align_columns,
     as_float_matrix,
     as_float_vector,
     check_finite_matrix,
     check_real,
+    fitted_feature_names,
 )
 from .errors import IncompatibleLossError, InputTypeError, NotFittedError, ValidationError
 from .losses import Loss, MulticlassHinge, PiecewiseLinear, SmoothLoss, ZeroOne, get_loss
@@ -293,6 +294,8 @@ def check_loss_fits(loss: Loss, task: str, model_name: str) -> None:
 def resolve_model(model, X, y, *, loss) -> Problem:
     """Validate ``(model, X, y, loss)`` and reduce them to arrays (never mutating the inputs)."""
     loss = get_loss(loss)
+    if scale.is_dask(X):
+        return _resolve_dask(model, X, y, loss)
     index = X.index if isinstance(X, pd.DataFrame) else None
     # columns matched by name to the model's feature_names_in_ (a reordered copy if needed)
     X, names = align_columns(X, model)
@@ -345,6 +348,21 @@ def resolve_model(model, X, y, *, loss) -> Problem:
         check_finite_matrix(Xa, "X")  # names the offending entry
         raise ValidationError("the model's scores on X are not finite (overflow?)")
     return Problem(model, Xa, yy, y_orig, loss, names, scorer, None, index, scores=scores)
+
+
+def _resolve_dask(model, X, y, loss) -> Problem:
+    """A Dask ``X`` (linear models): one blockwise pass for the scores; X stays distributed
+    (:class:`otstab.scale.DaskRows`)."""
+    scorer = linear_scorer(model) if not _is_pipeline(model) else None
+    if scorer is None:
+        raise InputTypeError(
+            f"Dask input needs a linear model (otstab.LinearModel or a fitted scikit-learn "
+            f"linear model, not {type(model).__name__}); compute X into memory for others")
+    check_loss_fits(loss, scorer.task, type(model).__name__)
+    Xr, names, scores = scale.prepare(X, scorer.W, scorer.b, fitted_feature_names(model))
+    yy, y_orig = _encode_labels(scale.as_numpy_labels(y), scorer.task, scorer.classes)
+    _check_rows(Xr, yy)
+    return Problem(model, Xr, yy, y_orig, loss, names, scorer, None, None, scores=scores)
 
 
 def _check_rows(Xa, yy):
