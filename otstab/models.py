@@ -317,11 +317,13 @@ def resolve_model(model, X, y, *, loss) -> Problem:
         if names is None or len(names) != Xa.shape[1]:
             names = [f"x{j}" for j in range(Xa.shape[1])]
     else:
-        # results own their data: X is always copied (one memcpy), so a later change of the
-        # caller's array cannot change a result; for linear models the NaN/inf check runs on
-        # the scores (no extra pass)
+        # results own their data: X is copied (one memcpy), so a later change of the caller's
+        # array cannot change a result -- except a read-only NumPy array, kept by reference
+        # (the caller declares it frozen: docs/scale.md); for linear models the NaN/inf check
+        # runs on the scores (no extra pass)
         linear = getattr(est, "coef_", None) is not None
-        Xa = as_float_matrix(X, "X", copy=True, check_finite=not linear)
+        frozen = isinstance(X, np.ndarray) and not X.flags.writeable
+        Xa = as_float_matrix(X, "X", copy=not frozen, check_finite=not linear)
 
     scorer = linear_scorer(est)
     model_name = type(est).__name__
