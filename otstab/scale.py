@@ -183,7 +183,10 @@ def as_dask_matrix(X, names_expected=None):
     bad = [c for c, t in zip(cols, X.dtypes) if getattr(t, "kind", "O") not in "biuf"]
     if bad:
         raise ValidationError(f"X has non-numeric columns: {bad[:10]}")
-    return X.to_dask_array(lengths=True).astype(np.float64), cols
+    arr = X.to_dask_array()
+    if any(np.isnan(c) for c in arr.chunks[0]):
+        arr = arr.compute_chunk_sizes()  # partition lengths: a pass over one column's metadata
+    return arr.astype(np.float64), cols
 
 
 def prepare(X, W, b, names_expected=None):
