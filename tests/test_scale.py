@@ -182,3 +182,21 @@ def test_read_parquet_dir(client, tmp_path):
           otstab.certify(model, Xr, yr, loss="hinge", r=0.8))
     with pytest.raises(ValidationError, match="target column"):
         scale.read_parquet_dir(str(tmp_path / "data"), "nope")
+
+
+def test_read_only_x_is_kept_and_writable_x_copied():
+    """One machine: a read-only X is kept by reference (no copy), a writable one is copied, so
+    changing it afterwards leaves the result as it was; both give the same answer."""
+    rng = np.random.default_rng(2)
+    X = rng.standard_normal((500, 3))
+    model = otstab.LinearModel([1.0, -0.5, 0.25])
+    y = np.where(X @ model.coef_ + 0.5 * rng.standard_normal(500) > 0, 1, -1)
+    frozen = X.copy()
+    frozen.flags.writeable = False
+    res_w = otstab.certify(model, X, y, loss="zero_one", r=0.3)
+    res_f = otstab.certify(model, frozen, y, loss="zero_one", r=0.3)
+    assert np.shares_memory(res_f.X, frozen) and not np.shares_memory(res_w.X, X)
+    assert res_w.value == res_f.value
+    before = np.array(res_w.X_star)
+    X[:] = 0.0
+    np.testing.assert_array_equal(res_w.X_star, before)
