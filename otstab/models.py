@@ -30,13 +30,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from . import nonlinear
+from . import nonlinear, scale
 from ._validation import (
     align_columns,
     as_float_matrix,
     as_float_vector,
     check_finite_matrix,
     check_real,
+    fitted_feature_names,
 )
 from .errors import IncompatibleLossError, InputTypeError, NotFittedError, ValidationError
 from .losses import Loss, MulticlassHinge, PiecewiseLinear, SmoothLoss, ZeroOne, get_loss
@@ -293,6 +294,8 @@ def check_loss_fits(loss: Loss, task: str, model_name: str) -> None:
 def resolve_model(model, X, y, *, loss) -> Problem:
     """Validate ``(model, X, y, loss)`` and reduce them to arrays (never mutating the inputs)."""
     loss = get_loss(loss)
+    if scale.is_dask(X):
+        return _resolve_dask(model, X, y, loss)
     index = X.index if isinstance(X, pd.DataFrame) else None
     # columns matched by name to the model's feature_names_in_ (a reordered copy if needed)
     X, names = align_columns(X, model)
@@ -314,11 +317,13 @@ def resolve_model(model, X, y, *, loss) -> Problem:
         if names is None or len(names) != Xa.shape[1]:
             names = [f"x{j}" for j in range(Xa.shape[1])]
     else:
-        # results own their data: X is always copied (one memcpy), so a later change of the
-        # caller's array cannot change a result; for linear models the NaN/inf check runs on
-        # the scores (no extra pass)
+        # results own their data: X is copied (one memcpy), so a later change of the caller's
+        # array cannot change a result -- except a read-only NumPy array, kept by reference
+        # (the caller declares it frozen: docs/scale.md); for linear models the NaN/inf check
+        # runs on the scores (no extra pass)
         linear = getattr(est, "coef_", None) is not None
-        Xa = as_float_matrix(X, "X", copy=True, check_finite=not linear)
+        frozen = isinstance(X, np.ndarray) and not X.flags.writeable
+        Xa = as_float_matrix(X, "X", copy=not frozen, check_finite=not linear)
 
     scorer = linear_scorer(est)
     model_name = type(est).__name__
@@ -345,6 +350,21 @@ def resolve_model(model, X, y, *, loss) -> Problem:
         check_finite_matrix(Xa, "X")  # names the offending entry
         raise ValidationError("the model's scores on X are not finite (overflow?)")
     return Problem(model, Xa, yy, y_orig, loss, names, scorer, None, index, scores=scores)
+
+
+def _resolve_dask(model, X, y, loss) -> Problem:
+    """A Dask ``X`` (linear models): one blockwise pass for the scores; X stays distributed
+    (:class:`otstab.scale.DaskRows`)."""
+    scorer = linear_scorer(model) if not _is_pipeline(model) else None
+    if scorer is None:
+        raise InputTypeError(
+            f"Dask input needs a linear model (otstab.LinearModel or a fitted scikit-learn "
+            f"linear model, not {type(model).__name__}); compute X into memory for others")
+    check_loss_fits(loss, scorer.task, type(model).__name__)
+    Xr, names, scores = scale.prepare(X, scorer.W, scorer.b, fitted_feature_names(model))
+    yy, y_orig = _encode_labels(scale.as_numpy_labels(y), scorer.task, scorer.classes)
+    _check_rows(Xr, yy)
+    return Problem(model, Xr, yy, y_orig, loss, names, scorer, None, None, scores=scores)
 
 
 def _check_rows(Xa, yy):

@@ -215,7 +215,10 @@ def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, thet
         X=prob.X, feature_names=prob.feature_names, index=prob.index,
         info={"solver_value": sol.value, "native_status": sol.native_status,
               "solver_alpha": sol.alpha, "wall_time": time.perf_counter() - t_start,
-              "audit": sampled, "moved2": moved2, **sol.info},
+              "audit": sampled, "moved2": moved2,
+              # x* - x of the atoms ``atoms`` (None: no move), for Q* built blockwise
+              "displacement": lambda atoms: red.displacement(src[atoms], piece[atoms], h),
+              **sol.info},
         **res,
     )
 

@@ -33,7 +33,7 @@ from .params import check_common, check_options
 from .perturbation import perturbation_search
 from .results import StabilityResult
 
-__all__ = ["linear_distances", "certify_distances", "certify_zero_one_problem",
+__all__ = ["linear_distances", "NearPoints", "certify_distances", "certify_zero_one_problem",
            "certify_zero_one_search", "SEARCH_OPTIONS"]
 
 PUSH = 1e-9
@@ -44,26 +44,25 @@ def linear_distances(prob: Problem, mask: np.ndarray | None = None):
     """d*_i and the nearest misclassified points for a linear classifier.
 
     Returns ``(dstar, X_near)``; ``dstar`` is ``inf`` where no move along the allowed features
-    can change the prediction.
+    can change the prediction; ``X_near`` a :class:`NearPoints` (rows built on demand).
     """
     sc = prob.scorer
     X = prob.X
     W = sc.W if mask is None else sc.W * mask[None, :]
-    loss0 = zero_one.values(sc.scores(X), prob.y)
+    S = prob.scores if prob.scores is not None else sc.scores(X)
+    loss0 = zero_one.values(S, prob.y)
     if sc.task == "binary":
         w = W[0]
         nw = float(w @ w)
-        m = prob.y * sc.scores(X)
+        m = prob.y * S
         if nw == 0.0:
             d = np.where(loss0 > 0, 0.0, np.inf)
-            return d, X.copy()
+            return d, NearPoints(X, np.zeros(X.shape[0]), lambda rows: w[None, :])
         mp = np.maximum(m, 0.0)
         d = np.where(loss0 > 0, 0.0, mp * mp / nw)
         s_abs = np.abs(m)
         step = np.where(loss0 > 0, 0.0, (mp + _push(mp, s_abs, sc.b[0])) / nw)
-        X_near = X - (step * prob.y)[:, None] * w[None, :]
-        return d, X_near
-    S = sc.scores(X)
+        return d, NearPoints(X, step * prob.y, lambda rows: w[None, :])
     y = prob.y.astype(np.intp)
     sy = np.take_along_axis(S, y[:, None], axis=1)
     gaps = np.maximum(sy - S, 0.0)  # (n, K): s_y - s_k
@@ -89,8 +88,24 @@ def linear_distances(prob: Problem, mask: np.ndarray | None = None):
     with np.errstate(divide="ignore", invalid="ignore"):
         step = np.where((loss0 > 0) | ~np.isfinite(d) | (nk == 0), 0.0,
                         (g + push) / np.where(nk > 0, nk, 1.0))
-    X_near = X - step[:, None] * Delta
-    return d, X_near
+    return d, NearPoints(X, step, lambda rows: W[y[rows]] - W[kbest[rows]])
+
+
+class NearPoints:
+    """The nearest misclassified points ``x_i - c_i D_i`` of a linear classifier, built only
+    for the rows asked for (``near[rows]``): ``c`` per row, ``direction(rows)`` the rows'
+    directions (one shared row for binary models). No n x d array is formed."""
+
+    def __init__(self, X, c, direction):
+        self.X, self.c, self.direction = X, c, direction
+        self.shape = X.shape
+
+    def displacement(self, rows) -> np.ndarray:
+        """``x_near - x`` for ``rows``."""
+        return -self.c[rows][:, None] * self.direction(rows)
+
+    def __getitem__(self, rows) -> np.ndarray:
+        return self.X[rows] + self.displacement(rows)
 
 
 def _push(gap, score_scale, intercept_scale):
@@ -329,9 +344,11 @@ def _finish(*, value, h, alpha, status, message, plan, w, a, loss0, r, theta1, t
     w_rows = w.at(pos)
     # the loss at every moved point and the squared distance moved
     if X is not None and X_near is not None and rows.size:
-        Xm = X_near[rows]
+        X_rows = X[rows]
+        Xm = X_rows + X_near.displacement(rows) if isinstance(X_near, NearPoints) \
+            else X_near[rows]
         loss_m = np.asarray(losses_fn(Xm, y[rows]), dtype=np.float64)
-        diff = Xm - X[rows]
+        diff = Xm - X_rows
         d2 = np.einsum("ij,ij->i", diff, diff)
     else:
         loss_m = np.ones(rows.size)
@@ -397,6 +414,20 @@ def _finish(*, value, h, alpha, status, message, plan, w, a, loss0, r, theta1, t
                 out[n] = Xm[-1]
         return out
 
+    def displacement(atoms):
+        """x* - x of the atoms ``atoms`` (Q* built blockwise, :mod:`otstab.scale`)."""
+        atoms = np.asarray(atoms)
+        out = np.zeros((atoms.size, X.shape[1]))
+        if rows.size:
+            at = np.full(n_atoms, -1, dtype=np.intp)
+            at[moved] = np.arange(moved.size)
+            if split is not None:
+                at[n] = rows.size - 1
+            pos = at[atoms]
+            sel = pos >= 0
+            out[sel] = diff[pos[sel]]
+        return out
+
     return StabilityResult(
         value=value, h=h, alpha=alpha, X_star=x_star, weights=weights, source=source,
         mass=mass, risk_base=base, risk_star=risk_star, total_mass=total / n,
@@ -412,6 +443,8 @@ def _finish(*, value, h, alpha, status, message, plan, w, a, loss0, r, theta1, t
         loss_star=loss_star, loss_base=loss0,
         X=X if X is not None else np.empty((n, 0)), feature_names=names, index=index,
         info={"dstar": dstar, "wall_time": time.perf_counter() - t_start,
+              **({"displacement": displacement} if X is not None and X_near is not None
+                 else {}),
               **({"value_rounding": sol.info["value_rounding"]}
                  if sol is not None and "value_rounding" in sol.info else {})},
     )

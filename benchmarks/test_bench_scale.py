@@ -1,0 +1,133 @@
+"""Benchmarks of issue 17: a whole certificate against one pass over the data, and Dask.
+
+- ``test_end_to_end``: ``otstab.certify`` (hinge KL, solver "dual"; and the 0/1 closed form)
+  against its baseline in the same run: one ``X @ coef`` (hinge) and ``X @ coef`` + ``np.sort``
+  (0/1); X read-only (kept by reference, see docs/scale.md). Quick n = 1e5, full n = 1e6,
+  d = 50. The peak extra memory of each certificate (tracemalloc, beyond X) is recorded in
+  n-vectors (8 n bytes).
+- ``test_dask_large`` (full only): n = 1e8 rows (``OTSTAB_BENCH_SCALE_N``), d = 20, generated
+  blockwise on a ``distributed.LocalCluster`` (2 worker processes) and never held in one
+  process; hinge KL. Records the wall time, the client's peak resident memory and the number
+  of passes over the data (block generations / blocks). The quick subset runs it at n = 2e5.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import resource
+import time
+import tracemalloc
+
+import numpy as np
+import pytest
+from _benchlib import fmt_n, full, measure, quick, record, sizes
+
+import otstab
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+D_E2E = 50
+D_DASK = 20
+
+
+def _e2e_data(n, d=D_E2E, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, d))
+    coef = rng.standard_normal(d) / np.sqrt(d)
+    y = np.where(X @ coef + 0.3 * rng.standard_normal(n) > 0, 1, -1)
+    X.flags.writeable = False
+    return X, coef, y
+
+
+def _peak_vectors(fn, n) -> float:
+    gc.collect()
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1] / (8.0 * n)
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("n", sizes((100_000,), (1_000_000,)))
+@pytest.mark.parametrize("part", ("matmul", "sort", "hinge", "zero_one"))
+def test_end_to_end(benchmark, part, n):
+    X, coef, y = _e2e_data(n)
+    model = otstab.LinearModel(coef, 0.1)
+    benchmark.group = f"scale end-to-end n={fmt_n(n)} d={D_E2E}"
+    fns = {
+        "matmul": lambda: X @ coef,
+        "sort": lambda: np.sort(X @ coef),
+        "hinge": lambda: otstab.certify(model, X, y, loss="hinge", r=0.6, solver="dual"),
+        "zero_one": lambda: otstab.certify(model, X, y, loss="zero_one", r=0.3),
+    }
+    out = measure(benchmark, fns[part])
+    info = {"suite": "scale", "part": part, "n": n, "d": D_E2E,
+            "role": "baseline" if part in ("matmul", "sort") else "certify"}
+    if part in ("hinge", "zero_one"):
+        assert out.status == "optimal"
+        info["peak_extra_n_vectors"] = _peak_vectors(fns[part], n)
+        info["value"] = out.value
+    record(benchmark, **info)
+
+
+# ---------------------------------------------------------------------------------------------
+# Dask, data generated blockwise
+
+MU = 0.4
+
+
+def _block(seed, rows, d, log_dir=None):
+    """Rows of one block: labels +-1 and X = y mu 1 + N(0, I), from the block's own seed."""
+    rng = np.random.default_rng(seed)
+    y = np.where(rng.random(rows) < 0.5, -1.0, 1.0)
+    if d == 0:
+        return y
+    if log_dir is not None:  # count the passes over the data
+        with open(os.path.join(log_dir, f"gen.{os.getpid()}"), "a") as fh:
+            fh.write("x\n")
+    return y[:, None] * MU + rng.standard_normal((rows, d))
+
+
+def _dask_data(n, d, chunk, log_dir):
+    import dask
+    import dask.array as da
+
+    sizes_ = [chunk] * (n // chunk) + ([n % chunk] if n % chunk else [])
+    xs = [da.from_delayed(dask.delayed(_block)(k, m, d, log_dir), (m, d), dtype=float)
+          for k, m in enumerate(sizes_)]
+    ys = [da.from_delayed(dask.delayed(_block)(k, m, 0), (m,), dtype=float)
+          for k, m in enumerate(sizes_)]
+    return da.concatenate(xs), da.concatenate(ys), len(sizes_)
+
+
+@pytest.mark.parametrize("n", [pytest.param(200_000, marks=quick),
+                               pytest.param(int(float(os.environ.get(
+                                   "OTSTAB_BENCH_SCALE_N", "1e8"))), marks=full)])
+def test_dask_large(benchmark, n, tmp_path):
+    distributed = pytest.importorskip("distributed")
+    chunk = min(1_000_000, max(n // 8, 1))
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                       dashboard_address=None, memory_limit="8GiB")
+    client = distributed.Client(cluster)
+    try:
+        X, y, nblocks = _dask_data(n, D_DASK, chunk, str(tmp_path))
+        model = otstab.LinearModel(np.full(D_DASK, 1.0 / np.sqrt(D_DASK)), 0.0)
+        benchmark.group = f"scale dask n={fmt_n(n)} d={D_DASK}"
+        t0 = time.perf_counter()
+        res = measure(benchmark, lambda: otstab.certify(model, X, y, loss="hinge", r=0.5,
+                                                        divergence="kl", solver="dual"),
+                      slow=True)
+        wall = time.perf_counter() - t0
+        gens = sum(len(open(os.path.join(tmp_path, f)).read().split())
+                   for f in os.listdir(tmp_path) if f.startswith("gen."))
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
+        assert res.status == "optimal", res.solver_log
+        record(benchmark, suite="scale-dask", n=n, d=D_DASK, blocks=nblocks, wall_s=wall,
+               client_peak_rss_gib=peak, passes=gens / nblocks, value=res.value,
+               audit=res.info.get("audit", {}).get("method"),
+               data_gib=n * D_DASK * 8 / 2**30)
+    finally:
+        client.close()
+        cluster.close()

@@ -1,0 +1,202 @@
+"""Dask input (otstab.scale): results equal the NumPy path, Q* written to Parquet audits.
+
+Every check compares against something computed independently of the Dask path: the NumPy
+path on the same numbers (computed from the same Dask array), or the model's own decision
+function on the points read back from Parquet.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import otstab
+from otstab.errors import InputTypeError, ValidationError
+
+da = pytest.importorskip("dask.array")
+dd = pytest.importorskip("dask.dataframe")
+distributed = pytest.importorskip("distributed")
+
+from otstab_solvers.weights import phi  # noqa: E402
+
+from otstab import scale  # noqa: E402
+
+RTOL = 1e-10
+
+
+@pytest.fixture(scope="module")
+def client():
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                       dashboard_address=None)
+    cl = distributed.Client(cluster)
+    yield cl
+    cl.close()
+    cluster.close()
+
+
+def _data(n, d, seed, K=2, chunks=None):
+    """Dask X generated blockwise, its NumPy copy, a linear model and labels."""
+    Xd = da.random.default_rng(seed).standard_normal((n, d), chunks=(chunks or n // 5 + 1, d))
+    X = Xd.compute()
+    rng = np.random.default_rng(seed)
+    if K == 2:
+        coef = rng.standard_normal(d)
+        y = np.where(X @ coef + 0.7 * rng.standard_normal(n) > 0, 1, -1)
+        return Xd, X, otstab.LinearModel(coef, 0.2), y
+    W = rng.standard_normal((K, d))
+    y = np.argmax(X @ W.T + rng.gumbel(size=(n, K)), axis=1)
+    return Xd, X, otstab.LinearModel(W, np.zeros(K)), y
+
+
+def _close(a, b, rtol=RTOL):
+    return abs(a - b) <= rtol * max(abs(a), abs(b), 1e-300)
+
+
+def _same(res_np, res_dk):
+    assert res_dk.status == res_np.status
+    for key in ("value", "h", "risk_star", "primal_cost", "total_mass"):
+        assert _close(getattr(res_np, key), getattr(res_dk, key)), key
+
+
+CASES = [("hinge", 0.8), ("zero_one", 0.3), ("logistic", 0.75)]
+
+
+@pytest.mark.parametrize("n", [3000, 240_000])  # direct audit; sampled audit (> 200k)
+@pytest.mark.parametrize("divergence", ["kl", "chi2"])
+@pytest.mark.parametrize("loss,r", CASES)
+def test_equals_numpy(client, n, divergence, loss, r):
+    Xd, X, model, y = _data(n, 4, seed=n % 7 + len(loss))
+    res_np = otstab.certify(model, X, y, loss=loss, r=r, divergence=divergence)
+    res_dk = otstab.certify(model, Xd, y, loss=loss, r=r, divergence=divergence)
+    assert res_np.status == "optimal"
+    _same(res_np, res_dk)
+    assert isinstance(res_dk.X, scale.DaskRows)
+    assert _close(res_np.se, res_dk.se, 1e-8)  # the analytic confidence interval
+
+
+@pytest.mark.parametrize("loss,r", [("multiclass_hinge", 1.3), ("zero_one", 0.6)])
+def test_multiclass_equals_numpy(client, loss, r):
+    Xd, X, model, y = _data(5000, 3, seed=3, K=3)
+    _same(otstab.certify(model, X, y, loss=loss, r=r),
+          otstab.certify(model, Xd, y, loss=loss, r=r))
+
+
+def test_dataframe_by_name_and_dask_labels(client):
+    sklearn = pytest.importorskip("sklearn.linear_model")
+    Xd, X, _, y = _data(4000, 3, seed=5)
+    cols = ["a", "b", "c"]
+    fitted = sklearn.LogisticRegression().fit(pd.DataFrame(X, columns=cols), y)
+    ddf = dd.from_dask_array(Xd, columns=cols)[["c", "a", "b"]]  # other order: matched by name
+    ys = dd.from_dask_array(da.from_array(y, chunks=1000))
+    res_np = otstab.certify(fitted, pd.DataFrame(X, columns=cols), y, loss="hinge", r=0.9)
+    res_dk = otstab.certify(fitted, ddf, ys, loss="hinge", r=0.9)
+    _same(res_np, res_dk)
+    assert list(res_dk.feature_names) == cols
+    with pytest.raises(ValidationError, match="missing"):
+        otstab.certify(fitted, ddf[["a", "b"]], ys, loss="hinge", r=0.9)
+
+
+def test_features_and_curve_equal_numpy(client):
+    Xd, X, model, y = _data(3000, 4, seed=9)
+    fs_np = otstab.feature_stability(model, X, y, loss="hinge", r=0.8)
+    fs_dk = otstab.feature_stability(model, Xd, y, loss="hinge", r=0.8)
+    num = fs_np.select_dtypes("number").columns
+    np.testing.assert_allclose(fs_dk[num].to_numpy(float), fs_np[num].to_numpy(float),
+                               rtol=RTOL, atol=0)
+    c_np = otstab.stability_curve(model, X, y, loss="zero_one", r=[0.25, 0.3])
+    c_dk = otstab.stability_curve(model, Xd, y, loss="zero_one", r=[0.25, 0.3])
+    for col in ("value", "h", "risk_star", "primal_cost"):
+        np.testing.assert_allclose(c_dk[col].to_numpy(float), c_np[col].to_numpy(float),
+                                   rtol=RTOL)
+
+
+@pytest.mark.parametrize("loss,r", [("hinge", 0.8), ("zero_one", 0.3)])
+def test_qstar_parquet_audits(client, tmp_path, loss, r):
+    """Q* read back from Parquet: its risk (the model's own decision function at x*) reaches r
+    and its cost (moves from x, weights through phi) equals the value."""
+    n = 6000
+    Xd, X, model, y = _data(n, 3, seed=11)
+    res = otstab.certify(model, Xd, y, loss=loss, r=r)
+    q = scale.qstar(res)
+    assert isinstance(q, dd.DataFrame)  # lazy
+    scale.write_qstar(res, str(tmp_path / "q"))
+    df = pd.read_parquet(tmp_path / "q").sort_values("source", kind="stable")
+    assert len(df) == np.asarray(res.source).size
+    Xs = df[list(res.feature_names)].to_numpy()
+    src, w, mass = df["source"].to_numpy(), df["weight"].to_numpy(), df["mass"].to_numpy()
+    score = model.decision_function(Xs)
+    ys = y[src]
+    loss_star = np.maximum(1 - ys * score, 0) if loss == "hinge" else (
+        np.where(score > 0, 1, -1) != ys).astype(float)
+    moved2 = np.sum((Xs - X[src]) ** 2, axis=1)
+    risk = np.sum(mass * w * loss_star) / n
+    cost = (res.theta1 * np.sum(mass * w * moved2) + res.theta2 * np.sum(mass * phi(w, "kl"))) / n
+    assert risk >= r * (1 - 1e-8)
+    assert abs(cost - res.value) <= 1e-6 * res.value
+    assert abs(np.sum(mass * w) / n - 1) <= 1e-9
+    np.testing.assert_allclose(Xs, res.X_star[np.argsort(np.asarray(res.source),
+                                                         kind="stable")], rtol=0, atol=1e-12)
+
+
+def test_changed_data_is_detected(client, tmp_path):
+    """Q* and X are read again lazily: a result whose Parquet source changed refuses to
+    describe it."""
+    Xd, X, model, y = _data(1500, 2, seed=4)
+    path = tmp_path / "data"
+    path.mkdir()
+    for k in range(3):
+        pd.DataFrame(X[500 * k:500 * (k + 1)], columns=["x0", "x1"]).assign(
+            label=y[500 * k:500 * (k + 1)]).to_parquet(path / f"part.{k}.parquet")
+    Xr, yr = scale.read_parquet_dir(str(path), "label")
+    res = otstab.certify(model, Xr, yr, loss="hinge", r=0.8)
+    X2 = X[1000:].copy()
+    X2[7, 0] += 1.0
+    pd.DataFrame(X2, columns=["x0", "x1"]).assign(label=y[1000:]).to_parquet(
+        path / "part.2.parquet")
+    with pytest.raises(scale.DataChangedError, match="block 2"):
+        res.X_star  # noqa: B018  (gathering re-reads the blocks)
+
+
+def test_bad_input(client):
+    Xd, X, model, y = _data(1000, 3, seed=1)
+    bad = da.where(da.arange(1000)[:, None] == 617, np.nan, Xd)
+    with pytest.raises(ValidationError, match="row 617"):
+        otstab.certify(model, bad, y, loss="hinge", r=0.8)
+    sklearn = pytest.importorskip("sklearn.pipeline")
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+    pipe = sklearn.make_pipeline(StandardScaler(), LogisticRegression()).fit(X, y)
+    with pytest.raises(InputTypeError, match="linear model"):
+        otstab.certify(pipe, Xd, y, loss="hinge", r=0.8)
+    with pytest.raises(ValidationError, match="features"):
+        otstab.certify(otstab.LinearModel([1.0, 2.0]), Xd, y, loss="hinge", r=0.8)
+
+
+def test_read_parquet_dir(client, tmp_path):
+    Xd, X, model, y = _data(1500, 2, seed=4)
+    pdf = pd.DataFrame({"x0": X[:, 0], "x1": X[:, 1], "label": y})
+    dd.from_pandas(pdf, npartitions=3).to_parquet(str(tmp_path / "data"))
+    Xr, yr = scale.read_parquet_dir(str(tmp_path / "data"), "label")
+    _same(otstab.certify(model, X, y, loss="hinge", r=0.8),
+          otstab.certify(model, Xr, yr, loss="hinge", r=0.8))
+    with pytest.raises(ValidationError, match="target column"):
+        scale.read_parquet_dir(str(tmp_path / "data"), "nope")
+
+
+def test_read_only_x_is_kept_and_writable_x_copied():
+    """One machine: a read-only X is kept by reference (no copy), a writable one is copied, so
+    changing it afterwards leaves the result as it was; both give the same answer."""
+    rng = np.random.default_rng(2)
+    X = rng.standard_normal((500, 3))
+    model = otstab.LinearModel([1.0, -0.5, 0.25])
+    y = np.where(X @ model.coef_ + 0.5 * rng.standard_normal(500) > 0, 1, -1)
+    frozen = X.copy()
+    frozen.flags.writeable = False
+    res_w = otstab.certify(model, X, y, loss="zero_one", r=0.3)
+    res_f = otstab.certify(model, frozen, y, loss="zero_one", r=0.3)
+    assert np.shares_memory(res_f.X, frozen) and not np.shares_memory(res_w.X, X)
+    assert res_w.value == res_f.value
+    before = np.array(res_w.X_star)
+    X[:] = 0.0
+    np.testing.assert_array_equal(res_w.X_star, before)
