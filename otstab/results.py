@@ -187,7 +187,7 @@ class StabilityResult(ResultMixin):
             ``distance2`` stays in the model's space, where the cost is measured.
         """
         if raw:
-            return self._raw_view().frame(self)
+            return self.raw_view().frame(self)
         names = list(self.feature_names) or [f"x{j}" for j in range(self.X_star.shape[1])]
         src = np.asarray(self.source)
         data = {"source": src, "mass": self.mass}
@@ -204,7 +204,10 @@ class StabilityResult(ResultMixin):
         data["distance2"] = np.sum((self.X_star - X0) ** 2, axis=1)
         return pd.DataFrame(data)
 
-    def _raw_view(self):
+    def raw_view(self):
+        """The :class:`otstab.pipeline.RawView` behind ``to_frame(raw=True)`` (its ``map``
+        says which encoded columns each raw column became); raises ValidationError when the
+        model's preprocessing cannot be inverted."""
         view = (self.info or {}).get("raw_view")
         names = list(self.feature_names) or [f"x{j}" for j in range(self.X.shape[1])]
         if view is None:  # no preprocessing: the raw columns are X's
