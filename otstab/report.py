@@ -327,9 +327,10 @@ def raw_moves(result, top: int = 10):
             before, after = frame[name].iloc[a], frame[f"{name}*"].iloc[a]
             if isinstance(after, float) and isinstance(before, (int, float, np.number)):
                 if not np.isclose(float(before), after, rtol=1e-9, atol=0):
-                    parts.append(f"{name} {_short(before)} &rarr; {_short(after)}")
+                    parts.append(f"{html.escape(name)} {_short(before)} &rarr; "
+                                 f"{_short(after)}")
             elif before != after:
-                parts.append(f"{name}: {html.escape(str(before))} &rarr; "
+                parts.append(f"{html.escape(name)}: {html.escape(str(before))} &rarr; "
                              f"{html.escape(str(after))}")
         label = frame["index"].iloc[a] if "index" in frame.columns else src[a]
         changes.append((str(label), _short(float(wm[a])), "; ".join(parts[:4]) or
@@ -402,7 +403,7 @@ def _raw_section(result, top=8) -> list[str]:
         parts.append("<table><tr><th>sample</th><th>weight</th><th>change</th></tr>" + "".join(
             f"<tr><td>{html.escape(i)}</td><td class=\"num\">{w}</td><td>{c}</td></tr>"
             for i, w, c in changes) + "</table>")
-    top2 = [k for k in shares.index if shares[k] > 0][:2]
+    top2 = list(shares.index[:2])  # the two raw columns with the largest share (or first)
     if len(top2) == 2:
         wm = np.asarray(result.weights, dtype=float) * np.asarray(result.mass, dtype=float)
         png = figure_png(lambda ax: _raw_plot(ax, frame, top2[0], top2[1], wm),
