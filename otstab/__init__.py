@@ -43,7 +43,10 @@ _LAZY = {
     "harden": "otstab.train",
 }
 _SUBMODULES = {"losses", "errors", "datasets", "plot", "models", "results", "certificate",
-               "report", "cli", "nonlinear", "perturbation", "zero_one", "train"}
+               "report", "cli", "nonlinear", "perturbation", "zero_one", "train",
+               "worst_case", "groups", "subsets", "features", "sweeps", "inference", "dro",
+               "comparison", "pipeline", "core", "audit", "params", "piecewise", "smooth",
+               "reduction"}
 
 __all__ = sorted(set(_LAZY) | _SUBMODULES | {"__version__"})
 

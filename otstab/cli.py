@@ -1,9 +1,12 @@
 """The ``otstab`` command line: ``demo``, ``certify`` and ``verify``.
 
-Exit codes: 0 success; 1 ``verify`` found a mismatch (the reasons are printed); 2 bad input
-(a one-line message naming the argument, no traceback); 3 the solvers found no trustworthy
-answer (:class:`otstab.errors.SolverError`); 4 an unexpected internal error (run with
-``--debug`` for the traceback).
+Exit codes: 0 success (and, with ``certify --fail-under``, the gate passed); 1 ``verify`` found
+a mismatch (the reasons are printed); 2 bad input (a one-line message naming the argument, no
+traceback); 3 the solvers found no trustworthy answer (:class:`otstab.errors.SolverError`); 4
+an unexpected internal error (run with ``--debug`` for the traceback); 5 below the threshold of
+``--fail-under`` (the gated value is proven below it); 6 not certified (the answer is not exact
+and cannot prove the gate either way, or ``--require-exact`` and the answer is not exact, or
+the confidence bound asked for is not available). See :func:`gate` and docs/ci_gating.md.
 
 Models are loaded with skops (``.skops`` files, when skops is installed: only the types skops
 trusts, unless ``--trust-model``) or with joblib/pickle (any other file). Unpickling runs code
@@ -21,14 +24,17 @@ import time
 import traceback
 from pathlib import Path
 
-__all__ = ["main", "build_parser", "load_model", "load_data", "auto_groups", "EXIT_OK",
-           "EXIT_MISMATCH", "EXIT_BAD_INPUT", "EXIT_SOLVER", "EXIT_INTERNAL"]
+__all__ = ["main", "build_parser", "load_model", "load_data", "auto_groups", "gate", "EXIT_OK",
+           "EXIT_MISMATCH", "EXIT_BAD_INPUT", "EXIT_SOLVER", "EXIT_INTERNAL", "EXIT_BELOW",
+           "EXIT_NOT_CERTIFIED"]
 
 EXIT_OK = 0
 EXIT_MISMATCH = 1
 EXIT_BAD_INPUT = 2
 EXIT_SOLVER = 3
 EXIT_INTERNAL = 4
+EXIT_BELOW = 5
+EXIT_NOT_CERTIFIED = 6
 
 DEMO_R = 0.4
 DEMO_THETA1 = 1.0
@@ -121,8 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "2024): how much must the data change (moving samples, priced by theta1, "
                     "and reweighting them, priced by theta2) before the model's risk reaches "
                     "r?",
-        epilog="Exit codes: 0 ok, 1 verification mismatch, 2 bad input, 3 solver failure, "
-               "4 internal error.",
+        epilog="Exit codes: 0 ok (gate passed), 1 verification mismatch, 2 bad input, 3 solver "
+               "failure, 4 internal error, 5 below the --fail-under threshold, 6 not certified "
+               "(not exact and the gate cannot be proven, or --require-exact).",
     )
     p.add_argument("--version", action="version", version=f"otstab {__version__}")
     p.add_argument("--debug", action="store_true",
@@ -168,9 +175,29 @@ def build_parser() -> argparse.ArgumentParser:
     cert.add_argument("--movable", nargs="+", metavar="COL", default=None,
                       help="only these features may move (names after the model's "
                            "preprocessing, or indices)")
-    cert.add_argument("--confidence", type=_level, default=0.95, metavar="LEVEL",
+    cert.add_argument("--confidence", type=_level, default=None, metavar="LEVEL",
                       help="confidence level of the sampling interval of R and of its "
-                           "one-sided lower bound, recorded in the certificate (default 0.95)")
+                           "one-sided lower bound, recorded in the certificate (default "
+                           "0.95); when given, --fail-under gates on that lower confidence "
+                           "bound")
+    cert.add_argument("--fail-under", type=_number(False), default=None, metavar="VALUE",
+                      help="policy threshold: exit 5 when R is proven below VALUE, 6 when "
+                           "not certified (a non-exact answer whose certified lower end "
+                           "value_lower is below VALUE while its upper end is not); gates on "
+                           "value_lower for non-exact answers and on the lower confidence "
+                           "bound with --confidence")
+    cert.add_argument("--require-exact", action="store_true",
+                      help="exit 6 (not certified) unless the answer is exact (status "
+                           "optimal, zero or unreachable; not 'bounds')")
+    cert.add_argument("--title", default=None, help="title of the HTML report")
+    cert.add_argument("--pdf", metavar="OUT",
+                      help="also print the HTML report to PDF with headless Chromium")
+    cert.add_argument("--card", metavar="OUT",
+                      help="write a model-card summary for governance tooling (.json or .md; "
+                           "'-' for JSON on stdout)")
+    cert.add_argument("--qstar-raw", metavar="OUT",
+                      help="write Q* in the data's raw columns and units (.csv or .parquet; "
+                           "res.to_frame(raw=True))")
     cert.add_argument("--bootstrap", type=_positive_int, default=None, metavar="N",
                       help="estimate the sampling uncertainty with N bootstrap replicates "
                            "(seed 0) instead of the influence function")
@@ -182,14 +209,18 @@ def build_parser() -> argparse.ArgumentParser:
                            "feature (auto, the default) or every column alone (none)")
     cert.add_argument("--top", type=_positive_int, default=10,
                       help="number of features to print (default 10)")
-    cert.add_argument("--json", metavar="OUT", help="write the certificate (JSON) here")
+    cert.add_argument("--json", metavar="OUT",
+                      help="write the certificate (JSON) here; '-' prints it on stdout (the "
+                           "other messages then go to stderr)")
     cert.add_argument("--html", metavar="OUT", help="write an HTML report here")
     cert.add_argument("--grid", action="store_true",
                       help="with --html: add the corruption/reweighting split over theta and "
                            "R against r (about 18 more certifications)")
     cert.add_argument("--qstar", metavar="OUT",
                       help="write the most sensitive distribution Q* (.csv or .parquet)")
-    cert.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    cert.add_argument("--quiet", action="store_true",
+                      help="print nothing on success (errors and a failed gate still go to "
+                           "stderr)")
     _add_debug(cert)
 
     ver = sub.add_parser(
@@ -217,6 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="largest accepted primal-dual gap, >= 0 (default 1e-5)")
     ver.add_argument("--no-features", action="store_true",
                      help="do not recompute the feature-stability scores")
+    ver.add_argument("--json", action="store_true",
+                     help="print the verification report as JSON on stdout (ok, checked, "
+                          "mismatches, notes, tolerances); the exit code is unchanged")
     _add_debug(ver)
     return p
 
@@ -316,8 +350,11 @@ def _unpickle(p: Path):
 
 def _verify_command(cert, model, data, target) -> str:
     """The ``otstab verify`` command line that reproduces a certificate."""
+    import shlex
+
     trust = "" if Path(str(model)).suffix.lower() in SKOPS_SUFFIXES else " --trust-model"
-    return f"otstab verify {cert} --model {model} --data {data} --target {target}{trust}"
+    q = [shlex.quote(str(v)) for v in (cert, model, data, target)]
+    return f"otstab verify {q[0]} --model {q[1]} --data {q[2]} --target {q[3]}{trust}"
 
 
 def load_data(path, target):
@@ -385,47 +422,34 @@ def _arg_for(message: str) -> str | None:
 
 
 def auto_groups(model, names) -> dict | None:
-    """One-hot blocks among the model's input features, to score each as one variable.
+    """The raw variables of the model's input, to score each as one feature.
 
-    Columns named ``"variable: level"`` (the bundled data sets) are grouped by
-    :func:`otstab.datasets.feature_groups`; in a scikit-learn Pipeline, the output columns of
-    every fitted ``OneHotEncoder`` (alone or inside a ``ColumnTransformer``) are grouped by
-    the input column they encode.
+    :func:`otstab.pipeline.auto_groups`: a Pipeline's preprocessing (ColumnTransformer,
+    OneHotEncoder, OrdinalEncoder, scalers, passthrough) read back to the user's columns,
+    named exactly as those columns; without preprocessing, columns named ``"variable:
+    level"`` form one variable each.
 
     Returns
     -------
     dict or None
-        ``{variable: [columns]}``, or None when there is nothing to group.
+        ``{variable: [columns]}``, or None when the preprocessing cannot be mapped back.
     """
-    from .datasets import feature_groups
+    from .pipeline import auto_groups as _auto
 
-    names = [str(n) for n in names]
-    groups = dict(feature_groups(names))
-    taken = {c for cols in groups.values() for c in cols}
-    steps = getattr(model, "steps", None) or []
-    encoders = []  # (prefix, encoder)
-    for _, step in steps[:-1]:
-        for tname, trans, _cols in getattr(step, "transformers_", []) or []:
-            encoders.append((f"{tname}__", trans))
-        encoders.append(("", step))
-    available = set(names)
-    for prefix, enc in encoders:
-        if type(enc).__name__ != "OneHotEncoder" or not hasattr(enc, "categories_"):
-            continue
-        try:
-            out = [str(c) for c in enc.get_feature_names_out()]
-            inputs = [str(c) for c in enc.feature_names_in_] if hasattr(
-                enc, "feature_names_in_") else [f"x{i}" for i in range(len(enc.categories_))]
-        except Exception:  # an encoder we cannot introspect: leave its columns alone
-            continue
-        for col in out:
-            owner = max((f for f in inputs if col.startswith(f + "_")), key=len, default=None)
-            full = prefix + col if prefix + col in available else col
-            if owner is None or full not in available or full in taken:
-                continue
-            groups.setdefault(owner, []).append(full)
-            taken.add(full)
-    return groups or None
+    return _auto(model, [str(n) for n in names])
+
+
+#: exit code of each outcome of :func:`otstab.report.policy_gate`
+GATE_EXIT = {"pass": EXIT_OK, "below": EXIT_BELOW, "not_certified": EXIT_NOT_CERTIFIED}
+
+
+def gate(result, fail_under=None, *, require_exact=False, confidence=None) -> dict:
+    """:func:`otstab.report.policy_gate` with the exit code of its outcome (``exit_code``)."""
+    from .report import policy_gate
+
+    verdict = policy_gate(result, fail_under, require_exact=require_exact,
+                          confidence=confidence)
+    return {**verdict, "exit_code": GATE_EXIT[verdict["outcome"]]}
 
 
 def _run_library(fn, *args, **kwargs):
@@ -539,12 +563,23 @@ def _cmd_demo(args) -> int:
     return EXIT_OK
 
 
+def _write_frame(frame, path) -> Path:
+    path = Path(path)
+    if path.name.lower().endswith((".parquet", ".pq")):
+        frame.to_parquet(path, index=False)
+    else:
+        frame.to_csv(path, index=False, float_format="%.17g")
+    return path
+
+
 def _cmd_certify(args) -> int:
+    import json
+
     from . import certify, feature_stability
-    from .certificate import make_certificate, write_certificate, write_qstar
+    from .certificate import make_certificate, validate_certificate, write_certificate, write_qstar
     from .inference import Bootstrap
     from .losses import epsilon_insensitive, pinball
-    from .report import write_report
+    from .report import model_card, model_card_markdown, write_pdf, write_report
 
     loss = args.loss
     m = re.fullmatch(r"\s*(pinball|epsilon_insensitive)\(\s*([^)]+)\)\s*", loss)
@@ -554,28 +589,39 @@ def _cmd_certify(args) -> int:
         except ValueError:
             raise BadInput("--loss", f"cannot read the parameter of {loss!r}") from None
         loss = _run_library(pinball if m.group(1) == "pinball" else epsilon_insensitive, val)
-    for opt in ("json", "html", "qstar"):
+    for opt in ("json", "html", "qstar", "pdf", "card", "qstar_raw"):
         dest = getattr(args, opt)
-        if dest is not None and not Path(dest).parent.exists():
-            raise BadInput(f"--{opt}", f"folder {str(Path(dest).parent)!r} does not exist")
-    if args.qstar and not args.qstar.lower().endswith((".csv", ".csv.gz", ".parquet", ".pq")):
-        raise BadInput("--qstar", f"{args.qstar!r} must end in .csv, .csv.gz or .parquet")
+        if dest is not None and dest != "-" and not Path(dest).parent.exists():
+            raise BadInput(f"--{opt.replace('_', '-')}",
+                           f"folder {str(Path(dest).parent)!r} does not exist")
+    for opt in ("qstar", "qstar_raw"):
+        dest = getattr(args, opt)
+        if dest and not dest.lower().endswith((".csv", ".csv.gz", ".parquet", ".pq")):
+            raise BadInput(f"--{opt.replace('_', '-')}",
+                           f"{dest!r} must end in .csv, .csv.gz or .parquet")
+    if args.card and args.card != "-" and not args.card.lower().endswith((".json", ".md")):
+        raise BadInput("--card", f"{args.card!r} must end in .json or .md (or be '-')")
+    if args.json == "-" and args.card == "-":
+        raise BadInput("--card", "only one of --json and --card can write to stdout ('-')")
     X, y = load_data(args.data, args.target)
     model = load_model(args.model, trust_model=args.trust_model)
     movable = None
     if args.movable:
         movable = [int(c) if re.fullmatch(r"-?\d+", c) else c for c in args.movable]
+    level = 0.95 if args.confidence is None else args.confidence
     se = "analytic" if args.bootstrap is None else Bootstrap(n_boot=max(args.bootstrap, 2))
     result = _run_library(certify, model, X, y, loss=loss, r=args.r, theta1=args.theta1,
                           theta2=args.theta2, divergence=args.divergence, solver=args.solver,
                           features=movable, se=se)
-    out = sys.stdout
-    if not args.quiet:
-        print(result.summary(), file=out)
-        if math.isfinite(result.value):
-            lcb = result.lower_confidence_bound(args.confidence)
-            print(f"  with {args.confidence:.0%} confidence over evaluation samples, "
-                  f"R >= {lcb:.6g}", file=out)
+    # with --json - / --card - stdout carries only that document
+    out = sys.stderr if "-" in (args.json, args.card) else sys.stdout
+    say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=out))
+    say(result.summary())
+    if math.isfinite(result.value):
+        lcb = result.lower_confidence_bound(level)
+        say(f"  with {level:.0%} confidence over evaluation samples, R >= {lcb:.6g}")
+    verdict = gate(result, args.fail_under, require_exact=args.require_exact,
+                   confidence=args.confidence)
     table, groups = None, None
     if args.features:
         if args.groups == "auto":
@@ -583,38 +629,71 @@ def _cmd_certify(args) -> int:
         table = _run_library(feature_stability, model, X, y, loss=loss, r=args.r,
                              theta1=args.theta1, theta2=args.theta2,
                              divergence=args.divergence, groups=groups)
+        say(f"\nMost sensitive features (of {len(table)}; lower score = more sensitive):")
         if not args.quiet:
-            print(f"\nMost sensitive features (of {len(table)}; lower score = more "
-                  "sensitive):", file=out)
             _print_features(table, args.top, out)
     qinfo = write_qstar(result, args.qstar) if args.qstar else None
-    cert = None
-    if args.json or args.html:
-        cert = make_certificate(result, model, X, y, features=table, groups=groups,
-                                movable=movable, target=args.target, model_file=args.model,
-                                qstar=qinfo, solver=args.solver, loss=loss,
-                                level=args.confidence)
     written = []
-    if args.json:
+    if args.qstar:
+        written.append(Path(args.qstar))
+    if args.qstar_raw:
+        written.append(_write_frame(_run_library(result.to_frame, raw=True), args.qstar_raw))
+    policy = None if args.fail_under is None and not args.require_exact else verdict
+    cert = make_certificate(result, model, X, y, features=table, groups=groups,
+                            movable=movable, target=args.target, model_file=args.model,
+                            qstar=qinfo, solver=args.solver, loss=loss, level=level,
+                            extra=None if policy is None else {"policy": policy})
+    if args.json == "-":
+        validate_certificate(cert)
+        print(json.dumps(cert, indent=2, allow_nan=False, ensure_ascii=False))
+    elif args.json:
         written.append(write_certificate(cert, args.json))
-    if args.html:
+    if args.html or args.pdf:
         grid = curve = None
         if args.grid:
             grid, curve = _report_grids(model, X, y, result)
         cmd = None
-        if args.json:
+        if args.json and args.json != "-":
             cmd = _verify_command(args.json, args.model, args.data, args.target)
-        written.append(write_report(args.html, cert, result=result, features=table,
-                                    grid=grid, curve=curve, verify_command=cmd))
-    if args.qstar:
-        written.append(Path(args.qstar))
-    if not args.quiet:
-        for pth in written:
-            print(f"wrote {pth}", file=out)
-    return EXIT_OK
+        html_path = Path(args.html) if args.html else Path(args.pdf).with_suffix(".html")
+        write_report(html_path, cert, result=result, features=table, grid=grid, curve=curve,
+                     verify_command=cmd, title=args.title, y=y)
+        if args.html:
+            written.append(html_path)
+        if args.pdf:
+            try:
+                written.append(write_pdf(html_path, args.pdf))
+            except RuntimeError as exc:
+                raise BadInput("--pdf", str(exc)) from None
+            finally:
+                if not args.html:
+                    html_path.unlink(missing_ok=True)
+    if args.card:
+        card = model_card(cert, verify_command=_verify_command(
+            args.json, args.model, args.data, args.target) if args.json not in (None, "-")
+            else None)
+        if args.card == "-":
+            print(json.dumps(card, indent=2, allow_nan=False, ensure_ascii=False))
+        else:
+            path = Path(args.card)
+            text = model_card_markdown(card) if path.suffix.lower() == ".md" else \
+                json.dumps(card, indent=2, allow_nan=False, ensure_ascii=False) + "\n"
+            path.write_text(text, encoding="utf-8")
+            written.append(path)
+    for pth in written:
+        say(f"wrote {pth}")
+    if policy is not None:
+        if verdict["passed"]:
+            say(f"gate passed: {verdict['reason']}")
+        else:
+            print(f"otstab certify: gate failed (exit {verdict['exit_code']}): "
+                  f"{verdict['reason']}", file=sys.stderr)
+    return verdict["exit_code"]
 
 
 def _cmd_verify(args) -> int:
+    import json
+
     from .certificate import read_certificate, verify_certificate
     from .errors import ValidationError
 
@@ -634,11 +713,32 @@ def _cmd_verify(args) -> int:
         verify_certificate, cert, model, X, y, rtol=args.rtol, atol=args.atol,
         h_rtol=args.h_rtol, gap_tol=args.gap_tol, check_features=not args.no_features,
         qstar=args.qstar, model_file=args.model)
+    if args.json:
+        print(json.dumps(_report_dict(report, args.certificate), indent=2, allow_nan=False,
+                         default=str))
+        return EXIT_OK if report.ok else EXIT_MISMATCH
     if report.ok:
         print(report.summary())
         return EXIT_OK
     print(report.summary(), file=sys.stderr)
     return EXIT_MISMATCH
+
+
+def _report_dict(report, certificate) -> dict:
+    """``verify --json``: the verification report as strict JSON."""
+    from ._results import jsonable
+
+    res = report.recomputed
+    return jsonable({
+        "certificate": str(certificate), "ok": bool(report.ok),
+        "exit_code": EXIT_OK if report.ok else EXIT_MISMATCH,
+        "checked": list(report.checked), "notes": list(report.notes),
+        "mismatches": [{"field": m.field, "expected": m.expected, "actual": m.actual,
+                        "reason": m.reason} for m in report.mismatches],
+        "tolerances": dict(report.tolerances),
+        "recomputed": None if res is None else {"value": res.value, "status": res.status,
+                                                "gap": res.gap},
+    }, strict=True)
 
 
 _COMMANDS = {"demo": _cmd_demo, "certify": _cmd_certify, "verify": _cmd_verify}

@@ -9,9 +9,10 @@ sensitive distribution Q* built from it and decides the status.
 
 from __future__ import annotations
 
+import functools
 import time
 
-from . import inference
+from . import inference, pipeline
 from .costs import check_feature_costs, scaled_problem, unscale_result
 from .errors import ValidationError
 from .losses import MulticlassHinge, PiecewiseLinear, ZeroOne, get_loss
@@ -56,7 +57,9 @@ def certify(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl", s
         the next), ``"dual"``, ``"conic"`` (conic backends only, in that order), a named conic
         backend (``"clarabel"``, ``"mosek"``, ``"ecos"``, ``"scs"``), or ``"first_order"``.
     features : sequence of column names or indices, optional
-        Only these features may move (the feature mask); default all.
+        Only these features may move (the feature mask); default all. Names are the final
+        estimator's input columns or, for a Pipeline, the raw columns of X (a raw column
+        stands for all of its encoded columns, e.g. a one-hot block; :mod:`otstab.pipeline`).
     feature_costs : dict {name or index: price} or sequence of d prices, optional
         Per-feature move prices ``c_j`` in ``(0, inf]``: moving costs
         ``theta1 sum_j c_j (x*_j - x_j)^2``; ``inf`` makes a feature immutable (linear models;
@@ -85,6 +88,7 @@ def certify(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl", s
     if isinstance(loss_obj, ZeroOne) and r > 1.0:
         raise ValidationError(
             f"r is an error rate for loss='zero_one' and must be in [0, 1], got {r}")
+    features = pipeline.expand_features(model, features, prob.feature_names)
     mask = feature_mask(prob.d, features, prob.feature_names)
     spec = inference.resolve_se(se)
     costs = check_feature_costs(feature_costs, prob.feature_names)
@@ -95,6 +99,10 @@ def certify(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl", s
                  **solver_options)
     if costs is not None:
         unscale_result(res, prob, original, costs)
+    # raw units for res.to_frame(raw=True): built on first use (a copy of the raw rows)
+    builder = _raw_view_builder(model, X, prob.feature_names)
+    if builder is not None:
+        res.info["raw_view"] = builder
     if spec == "analytic":
         res.inference = lambda: inference.analytic(res)  # built on first access
     elif spec is not None:
@@ -103,6 +111,17 @@ def certify(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl", s
                                      **solver_options)
         res.inference = inference.bootstrap(res, inference.resample(prob.n, spec, value), spec)
     return res
+
+
+def _raw_view_builder(model, X, names):
+    """For a Pipeline, a picklable builder of the result's :class:`otstab.pipeline.RawView`
+    (``res.to_frame(raw=True)``); the raw rows are copied now so that later changes to the
+    caller's X cannot reach the result. None for other models (their raw columns are
+    ``res.X``)."""
+    if not getattr(model, "steps", None):
+        return None
+    X = X.copy() if hasattr(X, "copy") else X
+    return functools.partial(pipeline.raw_view, model, X, names)
 
 
 def _solve(prob, loss_obj, r, theta1, theta2, divergence, solver, mask, t_start,

@@ -34,6 +34,7 @@ from otstab_solvers.sorted_oracle import SortedTwoPiece
 from otstab_solvers.weights import chi2_weights, kl_weights
 from otstab_solvers.zero_one import solve_zero_one
 
+from . import pipeline
 from .audit import reached, resolution_problem
 from .core import certify
 from .errors import SolverError, ValidationError
@@ -59,14 +60,27 @@ _ZERO = (0.0, 0.0, 0.0, 0.0)
 #: ... of an unreachable threshold
 _UNREACHABLE = (math.inf, math.nan, math.nan, math.nan)
 
-def _units(names, features, groups):
-    """[(label, column indices)] for the features/groups to score."""
+def _units(names, features, groups, model=None):
+    """[(label, column indices)] for the features/groups to score.
+
+    ``groups="auto"``: one unit per raw column of the model's input
+    (:func:`otstab.pipeline.auto_groups`); ``features`` may name units, encoded columns,
+    indices or raw columns (a raw column's encoded columns move together).
+    """
     index = {nm: j for j, nm in enumerate(names)}
+    if isinstance(groups, str):
+        if groups != "auto":
+            raise ValidationError(f"groups must be a dict {{name: [columns...]}}, 'auto' or "
+                                  f"None, got {groups!r}")
+        groups = pipeline.auto_groups(model, names)
+        if groups is None:
+            raise ValidationError("groups='auto': the model's preprocessing cannot be mapped "
+                                  "back to raw columns; pass groups as a dict")
     grouped = set()
     units = []
     if groups is not None:
         if not isinstance(groups, dict):
-            raise ValidationError("groups must be a dict {name: [columns...]}")
+            raise ValidationError("groups must be a dict {name: [columns...]}, 'auto' or None")
         for g, cols in groups.items():
             idx = []
             for c in cols:
@@ -77,29 +91,32 @@ def _units(names, features, groups):
                 elif str(c) in index:
                     idx.append(index[str(c)])
                 else:
-                    raise ValidationError(f"groups[{g!r}]: unknown column {c!r}")
+                    raise ValidationError(f"groups[{g!r}]: unknown column {c!r}"
+                                          + pipeline.suggest(c, names))
             if not idx:
                 raise ValidationError(f"groups[{g!r}] is empty")
             grouped.update(idx)
             units.append((str(g), idx))
     if features is None:
         singles = [(names[j], [j]) for j in range(len(names)) if j not in grouped]
-        units = singles + units
-    else:
-        chosen = []
-        for f in np.atleast_1d(np.asarray(features, dtype=object)).tolist():
-            if any(u[0] == str(f) for u in units):
-                chosen.append(next(u for u in units if u[0] == str(f)))
-            elif isinstance(f, (int, np.integer)) and not isinstance(f, bool):
-                if not 0 <= int(f) < len(names):
-                    raise ValidationError(f"features: index {f} out of range")
-                chosen.append((names[int(f)], [int(f)]))
-            elif str(f) in index:
-                chosen.append((str(f), [index[str(f)]]))
-            else:
-                raise ValidationError(f"features: unknown feature {f!r}")
-        units = chosen
-    return units
+        return singles + units
+    chosen = []
+    labels = {u[0]: u for u in units}
+    for f in np.atleast_1d(np.asarray(features, dtype=object)).tolist():
+        if str(f) in labels:
+            chosen.append(labels[str(f)])
+        elif isinstance(f, (bool, np.bool_)):
+            raise ValidationError("features must be names or indices, not booleans")
+        elif isinstance(f, (int, np.integer)):
+            if not 0 <= int(f) < len(names):
+                raise ValidationError(f"features: index {f} out of range")
+            chosen.append((names[int(f)], [int(f)]))
+        elif str(f) in index:
+            chosen.append((str(f), [index[str(f)]]))
+        else:  # a raw column of a Pipeline (or an unknown name: suggestions)
+            cols = pipeline.expand_features(model, [f], names)
+            chosen.append((str(f), [index[c] for c in cols]))
+    return chosen
 
 
 def _dense_parts(w, d_lo, d_hi):
@@ -198,10 +215,14 @@ def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergen
     model, X, y, loss, r, theta1, theta2, divergence : as in :func:`otstab.certify`
     features : sequence of names or indices, optional
         Which features (or group names) to score; default all columns (grouped columns are
-        scored as their group).
-    groups : dict {name: [columns]}, optional
+        scored as their group). A Pipeline's raw column names are accepted (its encoded
+        columns are scored together).
+    groups : dict {name: [columns]}, "auto" or None
         Blocks scored as one feature (e.g. the one-hot columns of a categorical variable:
-        ``otstab.datasets.feature_groups(df)``).
+        ``otstab.datasets.feature_groups(df)``). ``"auto"``: one feature per raw column of
+        the model's input, read from its preprocessing (a Pipeline's ColumnTransformer,
+        OneHotEncoder, OrdinalEncoder, scalers, passthrough; ``"variable: level"`` columns
+        otherwise), named exactly as the user's columns (:mod:`otstab.pipeline`).
     solver : "auto" or "first_order"
         Linear models with piecewise-linear or 0/1 losses use the exact one-pass path.
 
@@ -228,7 +249,7 @@ def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergen
     if isinstance(loss_obj, ZeroOne) and r > 1.0:
         raise ValidationError(f"r is an error rate for loss='zero_one' and must be in [0, 1], "
                               f"got {r}")
-    units = _units(prob.feature_names, features, groups)
+    units = _units(prob.feature_names, features, groups, model)
     linear_exact = prob.scorer is not None and isinstance(
         loss_obj, (PiecewiseLinear, MulticlassHinge, ZeroOne)) and solver != "first_order"
     extreme = any(math.isfinite(t) and not MODERATE[0] <= t <= MODERATE[1]

@@ -19,12 +19,14 @@ from __future__ import annotations
 import contextlib
 
 import numpy as np
+import pandas as pd
 from scipy.special import expit
 
 from ._validation import align_columns, as_float_matrix
 from .errors import IncompatibleLossError, InputTypeError, NotFittedError, ValidationError
 
 __all__ = [
+    "as_model_input",
     "DifferentiableModel",
     "MLPModel",
     "TorchModel",
@@ -480,6 +482,16 @@ class CallableModel(DifferentiableModel):
         raise IncompatibleLossError("a CallableModel exposes no outputs")
 
 
+def as_model_input(model, X):
+    """``X`` as float64, in a DataFrame with the model's ``feature_names_in_`` when it was
+    fitted on one (so scikit-learn does not warn "X does not have valid feature names")."""
+    X = np.asarray(X, dtype=np.float64)
+    names = getattr(model, "feature_names_in_", None)
+    if names is not None and X.ndim == 2 and len(names) == X.shape[1]:
+        return pd.DataFrame(X, columns=list(names), copy=False)
+    return X
+
+
 def _encode_predictions(pred, classes, task) -> np.ndarray:
     lookup = {c.item() if hasattr(c, "item") else c: k for k, c in enumerate(classes)}
     codes = np.array([lookup.get(v, -1) for v in np.asarray(pred).tolist()], dtype=np.intp)
@@ -536,7 +548,7 @@ class PredictOnlyModel(DifferentiableModel):
         self.task = "binary" if len(self.classes) == 2 else "multiclass"
 
     def predict_internal(self, X):
-        pred = np.asarray(self.model.predict(np.asarray(X, dtype=np.float64)))
+        pred = np.asarray(self.model.predict(as_model_input(self.model, X)))
         return _encode_predictions(pred, self.classes, self.task)
 
     def outputs(self, X):
@@ -607,5 +619,5 @@ def zero_one_loss(model, X, y) -> np.ndarray:
     y = np.asarray(y)
     if y.shape != (X.shape[0],):
         raise ValidationError(f"y must have shape ({X.shape[0]},), got {y.shape}")
-    pred = np.asarray(model.predict(X))
+    pred = np.asarray(model.predict(as_model_input(model, X)))
     return (pred != y).astype(np.float64)

@@ -27,7 +27,8 @@ import pandas as pd
 
 from .errors import ValidationError
 
-__all__ = ["render_html", "write_report", "figure_png"]
+__all__ = ["render_html", "write_report", "figure_png", "write_pdf", "find_chromium",
+           "model_card", "model_card_markdown", "raw_moves"]
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;
@@ -45,6 +46,22 @@ img{max-width:100%;height:auto}
 pre{background:#f6f8fa;padding:.8em;overflow:auto;font-size:.8em}
 code{background:#f6f8fa;padding:0 .2em}
 .small{font-size:.85em;color:#555}
+pre{white-space:pre-wrap;overflow-wrap:anywhere}
+.pass,.fail{font-weight:bold;padding:.1em .5em;border-radius:3px;color:#fff}
+.pass{background:#1b7e4a}.fail{background:#b3261e}
+.policy{border-left:4px solid #555;padding:.5em 1em;background:#fafafa}
+dl.explain dt{font-weight:bold;margin-top:.5em}dl.explain dd{margin-left:1.2em}
+@page{size:A4;margin:14mm 12mm}
+@media print{
+body{max-width:none;margin:0;padding:0;font-size:10.5pt}
+h1,h2,h3{break-after:avoid;page-break-after:avoid}
+h2+*,h2+p+*{break-before:avoid;page-break-before:avoid}
+table,figure,pre.command,.verdict,.policy,dl.explain dd{break-inside:avoid;page-break-inside:avoid}
+pre{overflow:visible;white-space:pre-wrap;overflow-wrap:anywhere;font-size:7.5pt}
+details>summary{display:none}
+img{max-width:100%;max-height:120mm}
+a{color:inherit;text-decoration:none}
+}
 """
 
 
@@ -136,8 +153,270 @@ def _uncertainty_text(unc: dict) -> str:
     return text
 
 
+def policy_gate(result, fail_under=None, *, require_exact=False, confidence=None) -> dict:
+    """Pass/fail of a result against a policy threshold on R (the CI gate of ``otstab
+    certify --fail-under``; docs/ci_gating.md).
+
+    The gated value is the certified lower side of R: ``value`` for an exact answer,
+    ``value_lower`` for a non-exact one (status ``bounds``: ``value_lower <= R <=
+    value_upper``), and with ``confidence`` the smaller of that and the one-sided lower
+    confidence bound of R at that level (a statement about the population, not only this
+    sample).
+
+    Returns
+    -------
+    dict
+        ``outcome``: ``"pass"`` (gated value >= threshold, or no threshold), ``"below"`` (the
+        gated value is below the threshold and so is R's upper side, or the answer is exact),
+        ``"not_certified"`` (a non-exact answer straddling the threshold, a confidence bound
+        that is not available, or ``require_exact`` with a non-exact answer); ``passed``,
+        ``gated_on``, ``gated_value``, ``threshold``, ``status``, ``reason``.
+    """
+    exact = result.status != "bounds"
+    lower = result.value if exact else result.value_lower
+    upper = result.value if exact else result.value_upper
+    out = {"threshold": fail_under, "require_exact": bool(require_exact),
+           "status": result.status, "confidence": confidence,
+           "gated_on": "value" if exact else "value_lower", "gated_value": lower}
+
+    def verdict(outcome, reason):
+        return {**out, "outcome": outcome, "passed": outcome == "pass", "reason": reason}
+
+    if confidence is not None and math.isfinite(result.value):
+        lcb = result.lower_confidence_bound(confidence)
+        if math.isnan(lcb):
+            return verdict("not_certified", f"the {confidence:g} lower confidence bound of R "
+                                            "is not available")
+        if lcb < lower:
+            lower = lcb
+            out.update(gated_on=f"lower_confidence_bound({confidence:g})", gated_value=lcb)
+    if require_exact and not exact:
+        return verdict("not_certified",
+                       f"the answer is not exact (status bounds: R in [{result.value_lower:.6g}"
+                       f", {result.value_upper:.6g}]) and an exact answer is required")
+    if fail_under is None:
+        return verdict("pass", "no threshold")
+    said = f"{out['gated_on']} = {lower:.6g}"
+    if lower >= fail_under:
+        return verdict("pass", f"{said} >= {fail_under:g}")
+    if exact or upper < fail_under:  # R (or its confidence bound) is below the threshold
+        return verdict("below", f"{said} < {fail_under:g}")
+    return verdict("not_certified",
+                   f"{said} < {fail_under:g} but the answer is not exact (R <= {upper:.6g}); "
+                   "use an exact path (docs/ci_gating.md)")
+
+
+def _policy_html(policy: dict) -> str:
+    if not policy or policy.get("threshold") is None and not policy.get("require_exact"):
+        return ""
+    ok = bool(policy.get("passed"))
+    badge = f'<span class="{"pass" if ok else "fail"}">{"PASS" if ok else "FAIL"}</span>'
+    thr = policy.get("threshold")
+    what = (f"R must be at least {_fmt(thr)}" if thr is not None else "an exact answer")
+    both = " and exact" if thr is not None and policy.get("require_exact") else ""
+    text = (f"Policy: {what}{both}. Gated on {html.escape(str(policy.get('gated_on')))} = "
+            f"{_fmt(_num(policy.get('gated_value')))}: {badge} "
+            f"({html.escape(str(policy.get('outcome', '')).replace('_', ' '))}: "
+            f"{html.escape(str(policy.get('reason', '')))}).")
+    return f'<p class="policy" id="policy">{text}</p>'
+
+
+def _space_text(cert: dict) -> str:
+    """Where the cost is measured: the final estimator's input columns, in words."""
+    model = cert["inputs"]["model"]
+    d = cert["inputs"]["data"]["n_features"]
+    est = html.escape(str(model.get("estimator") or model.get("class")))
+    if model.get("pipeline"):
+        steps = " &rarr; ".join(html.escape(str(s["name"])) for s in model["pipeline"][:-1])
+        return (f"the model's preprocessed feature space: the input columns of the final "
+                f"estimator <code>{est}</code> after the pipeline's preprocessing ({steps}) "
+                "&mdash; a standardised column moves in standard deviations of the training "
+                "data, a one-hot indicator between 0 and 1 (a whole category change costs 2 "
+                f"squared units), raw columns the model drops never move; the raw data has "
+                f"{d} columns")
+    return (f"the {d} input columns of <code>{est}</code> as given (no preprocessing), in "
+            "those columns' own units")
+
+
+def _explanation(cert: dict) -> str:
+    """The plain-language "what this means" section."""
+    inputs, solver = cert["inputs"], cert["solver"]
+    t1, t2 = _fmt(_num(inputs["theta1"])), _fmt(_num(inputs["theta2"]))
+    div = inputs["divergence"]
+    phi = "t log t - t + 1 (KL)" if div == "kl" else "(t - 1)<sup>2</sup> (chi-square)"
+    exact = solver["status"] != "bounds"
+    items = [
+        ("What is measured",
+         "How much the evaluation data would have to change before the model's average "
+         f"{html.escape(inputs['loss']['name'])} loss reaches the threshold r = "
+         f"{_fmt(_num(inputs['r']))} (for the 0/1 loss: the error rate). Two kinds of change "
+         "are priced: moving samples (data corruption, measurement drift) and reweighting them "
+         "(some kinds of cases becoming more frequent). Labels never change."),
+        ("The cost and its units",
+         f"Moving a sample from x to x' costs theta1 &times; ||x' - x||<sup>2</sup>, the "
+         f"<em>squared Euclidean distance</em> in {_space_text(cert)}, weighted by the sample's "
+         f"weight. Reweighting a sample to weight w costs theta2 &times; phi(w) with phi(t) = "
+         f"{phi}, averaged over the samples. R is the total of both, so it has no physical "
+         "unit: it compares models and thresholds on the same data and the same prices."),
+        ("R", "R(beta, r): the smallest cost of a change that brings the risk to r. Larger = "
+              "more stable. R = 0: the data already reach r; R = inf: no allowed change can."),
+        ("r", "The risk threshold: the level of loss (error rate) that counts as failure."),
+        ("theta1, theta2", f"The prices of moving ({t1}) and of reweighting ({t2}); "
+                           "inf forbids that kind of change. Halving a price doubles how far "
+                           "that kind of change may go for the same cost."),
+        ("h (and alpha)", "The dual multipliers: h is the marginal cost of risk, raising r by a "
+                          "small amount d raises R by about h &times; d; alpha (chi-square "
+                          "only) keeps the total weight at 1."),
+        ("E_P0[l] and risk under Q*", "The average loss on the evaluation data as given, and "
+                                      "under the most sensitive distribution Q* (which "
+                                      "reaches r)."),
+        ("Mass of Q*", "The total weight of Q* (it must equal 1: Q* is a reweighting, not a "
+                       "way to add or remove data)."),
+        ("Q*", "The most sensitive distribution: the cheapest change itself, every evaluation "
+               "sample with where it moves and its new weight. It shows which cases and which "
+               "columns the model is fragile to."),
+        ("What is guaranteed",
+         ("The answer is exact and audited: no change cheaper than R reaches r (the dual "
+          "value is a proven lower bound), and Q* reaches r at cost R (the primal cost "
+          "recomputed from Q* matches within the relative gap shown). ") if exact else
+         ("The answer is not exact: R lies between value_lower (no cheaper change reaches r) "
+          "and value_upper (the audited Q* reaches r at that cost); gate on value_lower. ")
+         + "The guarantee is about this evaluation sample, this model and these prices; the "
+           "sampling interval (when shown) says how much R would vary on another sample of "
+           "the same population. Changes of a kind the cost does not price (e.g. labels, or "
+           "columns outside the movable set) are not covered. `otstab verify` recomputes "
+           "every figure from the model and the data."),
+    ]
+    body = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in items)
+    return ('<h2 id="explanation">What this means</h2>'
+            f'<dl class="explain">{body}</dl>')
+
+
+def raw_moves(result, top: int = 10):
+    """Q* in the data's raw columns: ``(frame, shares, changes)``.
+
+    ``frame`` is ``result.to_frame(raw=True)``; ``shares`` the share of the moving cost per
+    raw column (``sum_a mass_a w_a ||x*_a - x_a||^2`` over that column's encoded columns,
+    normalised to 1), largest first; ``changes`` one line per most-moved atom, e.g.
+    ``"amount 1169 -> 1402; purpose radio/television -> car (new)"``. None when the model's
+    preprocessing cannot be mapped back.
+    """
+    from .errors import ValidationError as _VE
+
+    try:
+        frame = result.to_frame(raw=True)
+    except _VE:
+        return None
+    rmap = result.raw_view().map
+    src = np.asarray(result.source)
+    X0 = np.asarray(result.X)[src]
+    dx2 = (np.asarray(result.X_star) - X0) ** 2
+    wm = np.asarray(result.weights, dtype=float) * np.asarray(result.mass, dtype=float)
+    cost = {v.name: float(wm @ dx2[:, v.columns].sum(axis=1)) for v in rmap.variables
+            if v.columns}
+    total = sum(cost.values())
+    shares = pd.Series({k: (c / total if total > 0 else 0.0) for k, c in cost.items()})
+    shares = shares.sort_values(ascending=False, kind="stable")
+    order = np.argsort(-(wm * dx2.sum(axis=1)), kind="stable")[:top]
+    changes = []
+    for a in order:
+        if dx2[a].sum() == 0:
+            break
+        parts = []
+        for name in shares.index:
+            before, after = frame[name].iloc[a], frame[f"{name}*"].iloc[a]
+            if isinstance(after, float) and isinstance(before, (int, float, np.number)):
+                if not np.isclose(float(before), after, rtol=1e-9, atol=0):
+                    parts.append(f"{html.escape(name)} {_short(before)} &rarr; "
+                                 f"{_short(after)}")
+            elif before != after:
+                parts.append(f"{html.escape(name)}: {html.escape(str(before))} &rarr; "
+                             f"{html.escape(str(after))}")
+        label = frame["index"].iloc[a] if "index" in frame.columns else src[a]
+        changes.append((str(label), _short(float(wm[a])), "; ".join(parts[:4]) or
+                        "(small moves of one-hot indicators only)"))
+    return frame, shares, changes
+
+
+def _short(v) -> str:
+    v = float(v)
+    return f"{v:,.4g}" if abs(v) < 1e4 else f"{v:,.0f}"
+
+
+def _raw_plot(ax, frame, a, b, wm, y=None):
+    """Q* on two raw columns: crosses = data, discs = Q* (area ~ weight), arrows = moves."""
+    def coord(name):
+        v0, v1 = frame[name], frame[f"{name}*"]
+        if pd.api.types.is_numeric_dtype(v0) and pd.api.types.is_numeric_dtype(v1):
+            return v0.to_numpy(float), v1.to_numpy(float), None
+        levels = sorted(set(map(str, v0)) | set(map(str, v1)))
+        pos = {lv: k for k, lv in enumerate(levels)}
+        jit = np.random.default_rng(0).uniform(-0.25, 0.25, len(v0))  # fixed seed
+        return (np.array([pos[str(t)] for t in v0]) + jit,
+                np.array([pos[str(t)] for t in v1]) + jit, levels)
+    x0, x1, lx = coord(a)
+    y0, y1, ly = coord(b)
+    ax.scatter(x0, y0, s=8, marker="x", color="#999999", alpha=0.5, linewidths=0.7,
+               label="evaluation data")
+    size = 30.0 * wm / max(float(np.max(wm)), 1e-300) * 4
+    moved = (x0 != x1) | (y0 != y1)
+    ax.scatter(x1, y1, s=size, color="#d95f02", alpha=0.55, edgecolors="none",
+               label="Q* (area = weight)")
+    for k in np.flatnonzero(moved)[:300]:
+        ax.annotate("", (x1[k], y1[k]), (x0[k], y0[k]),
+                    arrowprops=dict(arrowstyle="->", color="#1b9e77", lw=0.6, alpha=0.7))
+    for axis, levels in ((ax.xaxis, lx), (ax.yaxis, ly)):
+        if levels is not None:
+            axis.set_ticks(range(len(levels)))
+            axis.set_ticklabels([lv if len(lv) <= 22 else lv[:20] + "..." for lv in levels],
+                                fontsize=7)
+    if lx is not None:
+        for t in ax.get_xticklabels():
+            t.set_rotation(30)
+            t.set_ha("right")
+    ax.set_xlabel(f"{a} (raw units)")
+    ax.set_ylabel(f"{b} (raw units)")
+    ax.legend(loc="best", fontsize=8)
+    return ax
+
+
+def _raw_section(result, top=8) -> list[str]:
+    got = raw_moves(result, top=top)
+    if got is None:
+        return []
+    frame, shares, changes = got
+    parts = ['<h2 id="raw-qstar">Most sensitive distribution Q*, in the data\'s own columns'
+             '</h2>',
+             f"<p>{result.n_atoms} atoms over {result.n} samples. The moves of Q* mapped back "
+             "to the raw columns and units of the data "
+             "(scalers inverted exactly; a moved one-hot block is shown as the category whose "
+             "indicator is largest after the move &mdash; a moved point generally has "
+             "fractional indicators, listed in the Q* file's '&lt;column&gt;* indicators' "
+             "columns). Share of moving cost: how much of the cost of moving samples falls on "
+             "each raw column.</p>"]
+    shown = shares[shares > 0].head(10)
+    if len(shown):
+        parts.append(_table([(k, float(v)) for k, v in shown.items()],
+                            header=["raw column", "share of moving cost"]))
+    if changes:
+        parts.append("<p>The most moved samples (weighted squared move):</p>")
+        parts.append("<table><tr><th>sample</th><th>weight</th><th>change</th></tr>" + "".join(
+            f"<tr><td>{html.escape(i)}</td><td class=\"num\">{w}</td><td>{c}</td></tr>"
+            for i, w, c in changes) + "</table>")
+    top2 = list(shares.index[:2])  # the two raw columns with the largest share (or first)
+    if len(top2) == 2:
+        wm = np.asarray(result.weights, dtype=float) * np.asarray(result.mass, dtype=float)
+        png = figure_png(lambda ax: _raw_plot(ax, frame, top2[0], top2[1], wm),
+                         figsize=(7.0, 5.0))
+        parts.append(_figure(png, f"Q* on the two raw columns that carry most of the moving "
+                                  f"cost: {top2[0]} and {top2[1]}. Crosses: evaluation data; "
+                                  "discs: Q* (area proportional to weight); arrows: moves.",
+                             "Q* on raw columns"))
+    return parts
+
+
 def render_html(cert: dict, *, result=None, features=None, grid=None, curve=None, trace=None,
-                y=None, title=None, top=15, verify_command=None) -> str:
+                y=None, title=None, top=15, verify_command=None, policy=None) -> str:
     """Render a certificate (and optional extras) as one self-contained HTML page.
 
     Parameters
@@ -162,6 +441,9 @@ def render_html(cert: dict, *, result=None, features=None, grid=None, curve=None
         Number of features listed and drawn.
     verify_command : str, optional
         The command line that reproduces the certificate (shown verbatim).
+    policy : dict, optional
+        A :func:`policy_gate` verdict shown as PASS/FAIL (default: the certificate's
+        ``extra.policy``, written by ``otstab certify --fail-under``).
 
     Returns
     -------
@@ -218,6 +500,7 @@ def render_html(cert: dict, *, result=None, features=None, grid=None, curve=None
     if 'id="value"' not in verdict:
         verdict += f' <span class="value" id="value">R = {_fmt(value)}</span>'
     parts.append(f'<p class="{cls}">{verdict}</p>')
+    parts.append(_policy_html(policy or (cert.get("extra") or {}).get("policy")))
     unc = res.get("uncertainty")
     if unc:
         parts.append(f'<p id="uncertainty">{_uncertainty_text(unc)}</p>')
@@ -258,6 +541,8 @@ def render_html(cert: dict, *, result=None, features=None, grid=None, curve=None
     parts.append(_table(rows))
     if solver.get("message"):
         parts.append(f'<p class="small">Note: {html.escape(solver["message"])}</p>')
+
+    parts.append(_explanation(cert))
 
     # decomposition
     dec = res.get("decomposition") or {}
@@ -316,15 +601,20 @@ def render_html(cert: dict, *, result=None, features=None, grid=None, curve=None
 
     # Q*
     if result is not None:
-        parts.append("<h2>Most sensitive distribution Q*</h2>")
-        parts.append(
-            f"<p>{result.n_atoms} atoms over {result.n} samples. Crosses: evaluation data; "
-            "discs: Q*, area proportional to weight; arrows: moves x &rarr; x* (the largest "
-            "ones). For more than two features the two most moved coordinates are shown.</p>")
-        png = figure_png(lambda ax: _plot.sensitive_distribution(result, ax=ax, y=y),
-                         figsize=(7.0, 5.0))
-        parts.append(_figure(png, "Most sensitive distribution Q*.", "most sensitive "
-                             "distribution"))
+        raw = _raw_section(result)
+        if raw:  # Q* on the raw columns that moved most, in the data's units
+            parts += raw
+        else:
+            parts.append("<h2>Most sensitive distribution Q*</h2>")
+            parts.append(
+                f"<p>{result.n_atoms} atoms over {result.n} samples. Crosses: evaluation data; "
+                "discs: Q*, area proportional to weight; arrows: moves x &rarr; x* (the "
+                "largest ones). For more than two features the two most moved coordinates are "
+                "shown.</p>")
+            png = figure_png(lambda ax: _plot.sensitive_distribution(result, ax=ax, y=y),
+                             figsize=(7.0, 5.0))
+            parts.append(_figure(png, "Most sensitive distribution Q*.", "most sensitive "
+                                 "distribution"))
         tr = trace if trace is not None else (result.info or {}).get("trace")
         if tr is not None:
             trace = tr
@@ -363,8 +653,8 @@ def render_html(cert: dict, *, result=None, features=None, grid=None, curve=None
         ", ".join(f"{k} {v}" for k, v in env.items())) + "</p>")
     if verify_command:
         parts.append("<h2>Reproduce</h2>")
-        parts.append(f"<pre>{html.escape(verify_command)}</pre>")
-    parts.append("<h2>Certificate JSON</h2><details><summary>show</summary><pre>"
+        parts.append(f'<pre class="command" id="command">{html.escape(verify_command)}</pre>')
+    parts.append("<h2>Certificate JSON</h2><details open><summary>hide / show</summary><pre>"
                  + html.escape(json.dumps(cert, indent=2)) + "</pre></details>")
     parts.append("</body></html>")
     return "\n".join(p for p in parts if p)
@@ -413,3 +703,141 @@ def write_report(path, cert: dict, *, result=None, model=None, X=None, y=None, f
     path = Path(path)
     path.write_text(text, encoding="utf-8")
     return path
+
+
+# ----------------------------------------------------------------------------------------------
+# PDF (headless Chromium) and the model card
+
+#: executables tried by :func:`find_chromium` (after ``$OTSTAB_CHROMIUM``)
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable",
+                  "chrome")
+#: flags of every headless Chromium run: no sandbox (containers), no GPU, no network chatter
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync", "--hide-scrollbars")
+
+
+def find_chromium() -> str | None:
+    """Path of a Chromium/Chrome executable (``$OTSTAB_CHROMIUM`` first), or None."""
+    import os
+    import shutil
+
+    env = os.environ.get("OTSTAB_CHROMIUM")
+    if env:
+        return shutil.which(env) or (env if Path(env).is_file() else None)
+    return next((p for p in map(shutil.which, CHROMIUM_NAMES) if p), None)
+
+
+def run_chromium(args, *, timeout=120.0) -> None:
+    """Run headless Chromium with :data:`CHROMIUM_FLAGS`, a fresh profile and ``args``."""
+    import subprocess
+    import tempfile
+
+    exe = find_chromium()
+    if exe is None:
+        raise RuntimeError("no Chromium found (install chromium, or set OTSTAB_CHROMIUM to "
+                           "the executable)")
+    with tempfile.TemporaryDirectory(prefix="otstab-chromium-") as profile:
+        cmd = [exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *map(str, args)]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                                  check=False)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"Chromium did not finish within {timeout:g} s") from None
+    if proc.returncode != 0:
+        tail = " ".join(proc.stderr.split()[-40:])
+        raise RuntimeError(f"Chromium failed (exit {proc.returncode}): {tail}")
+
+
+def write_pdf(html_path, pdf_path, *, timeout=120.0) -> Path:
+    """Print an HTML report to PDF with headless Chromium (the report's print stylesheet:
+    A4, nothing cut, the certificate JSON expanded).
+
+    Chromium rather than a Python PDF library: it is the engine that renders the report on
+    screen, so the PDF is what the reader sees, and it adds no Python dependency (WeasyPrint
+    needs Pango/Cairo and lays pages out differently). Raises RuntimeError when no Chromium
+    is installed or printing fails.
+    """
+    html_path, pdf_path = Path(html_path).resolve(), Path(pdf_path)
+    if not html_path.is_file():
+        raise ValidationError(f"html_path {str(html_path)!r} does not exist")
+    pdf_path.unlink(missing_ok=True)
+    run_chromium(["--no-pdf-header-footer", f"--print-to-pdf={pdf_path.resolve()}",
+                  html_path.as_uri()], timeout=timeout)
+    if not pdf_path.is_file() or pdf_path.stat().st_size == 0:
+        raise RuntimeError(f"Chromium wrote no PDF to {str(pdf_path)!r}")
+    return pdf_path
+
+
+def model_card(cert: dict, *, verify_command=None) -> dict:
+    """A model-card style summary of a certificate, to paste into governance tooling.
+
+    Plain JSON: what was certified (model, data fingerprints), the answer (R, status, base
+    risk, threshold, prices), the sampling uncertainty, the policy verdict when the
+    certificate has one, the most sensitive features, and how to reproduce it.
+    """
+    from .certificate import validate_certificate
+
+    validate_certificate(cert)
+    inputs, res, solver = cert["inputs"], cert["results"], cert["solver"]
+    data, model = inputs["data"], inputs["model"]
+    unc = res.get("uncertainty") or {}
+    fs = (res.get("feature_stability") or {}).get("table") or []
+    card = {
+        "schema": "otstab-model-card/1",
+        "title": f"OT stability of {model.get('estimator') or model.get('class')}",
+        "created": cert["created"],
+        "model": {"class": model["class"], "estimator": model.get("estimator"),
+                  "sha256": model["sha256"], "file": model.get("file"),
+                  "pipeline": [s["name"] for s in model.get("pipeline") or []] or None},
+        "data": {"rows": data["n_samples"], "columns": data["n_features"],
+                 "target": data.get("target"), "sha256": data["sha256"]},
+        "criterion": {"loss": inputs["loss"]["name"], "r": inputs["r"],
+                      "theta1": inputs["theta1"], "theta2": inputs["theta2"],
+                      "divergence": inputs["divergence"],
+                      "movable_features": inputs.get("movable_features")},
+        "result": {"R": res["value"], "status": solver["status"], "exact": res.get("exact"),
+                   "base_risk": res["risk_base"], "risk_under_qstar": res["risk_star"],
+                   "gap": res["gap"], "solver": solver["name"]},
+        "uncertainty": None if not unc else {
+            "level": unc.get("level"), "se": unc.get("se"), "lower_bound": unc.get(
+                "lower_bound"), "interval": [unc.get("ci_low"), unc.get("ci_high")],
+            "method": unc.get("method")},
+        "policy": (cert.get("extra") or {}).get("policy"),
+        "most_sensitive_features": [{"feature": r["feature"], "score": r["score"]}
+                                    for r in fs[:5]],
+        "interpretation": (
+            "R is the smallest optimal-transport cost (theta1 x squared distance in the "
+            "model's preprocessed feature space, plus theta2 x divergence of the reweighting) "
+            "of a change of the evaluation data that raises the risk to r; larger is more "
+            "stable."),
+        "reproduce": verify_command,
+        "reference": "Blanchet, Cui, Li, Liu: Stability evaluation through distributional "
+                     "perturbation analysis, ICML 2024",
+    }
+    return json.loads(json.dumps(card, allow_nan=False, default=str))
+
+
+def model_card_markdown(card: dict) -> str:
+    """:func:`model_card` as Markdown (a table per block)."""
+    def cell(v):
+        return "-" if v is None else str(v).replace("|", "\\|")
+
+    lines = [f"# {card['title']}", "", f"Created {card['created']} with otstab. "
+             + card["interpretation"], ""]
+    for block in ("model", "data", "criterion", "result", "uncertainty", "policy"):
+        val = card.get(block)
+        if not val:
+            continue
+        lines += [f"## {block.capitalize()}", "", "| field | value |", "|---|---|"]
+        lines += [f"| {k} | {cell(v)} |" for k, v in val.items()]
+        lines.append("")
+    if card.get("most_sensitive_features"):
+        lines += ["## Most sensitive features", "", "| feature | score |", "|---|---|"]
+        lines += [f"| {cell(r['feature'])} | {cell(r['score'])} |"
+                  for r in card["most_sensitive_features"]]
+        lines.append("")
+    if card.get("reproduce"):
+        lines += ["## Reproduce", "", "```", card["reproduce"], "```", ""]
+    lines.append(f"Reference: {card['reference']}.")
+    return "\n".join(lines) + "\n"

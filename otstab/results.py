@@ -17,6 +17,8 @@ import numpy as np
 import pandas as pd
 
 from ._results import ResultMixin, jsonable
+from .errors import ValidationError
+from .pipeline import RawView, raw_view
 
 __all__ = ["StabilityResult"]
 
@@ -178,9 +180,23 @@ class StabilityResult(ResultMixin):
     def __str__(self) -> str:
         return self.summary()
 
-    def to_frame(self) -> pd.DataFrame:
+    def to_frame(self, raw: bool = False) -> pd.DataFrame:
         """One row per atom: source sample, share of its mass, original x, moved x*, weight,
-        loss before and after, squared distance moved."""
+        loss before and after, squared distance moved.
+
+        Parameters
+        ----------
+        raw : bool, default False
+            False: the columns the model's final estimator sees (standardised, one-hot...).
+            True: the user's raw columns (for a Pipeline, its preprocessing inverted by
+            :mod:`otstab.pipeline`: scalers exactly, a moved one-hot block as the category with
+            the largest indicator after the move plus the fractional indicator values in
+            ``"<column>* indicators"``, dropped and unmoved columns unchanged; ``"variable:
+            level"`` one-hot columns of a model without preprocessing likewise).
+            ``distance2`` stays in the model's space, where the cost is measured.
+        """
+        if raw:
+            return self.raw_view().frame(self)
         names = list(self.feature_names) or [f"x{j}" for j in range(self.X_star.shape[1])]
         src = np.asarray(self.source)
         data = {"source": src, "mass": self.mass}
@@ -196,6 +212,25 @@ class StabilityResult(ResultMixin):
         data["loss*"] = self.loss_star
         data["distance2"] = np.sum((self.X_star - X0) ** 2, axis=1)
         return pd.DataFrame(data)
+
+    def raw_view(self):
+        """The :class:`otstab.pipeline.RawView` behind ``to_frame(raw=True)`` (its ``map``
+        says which encoded columns each raw column became); raises ValidationError when the
+        model's preprocessing cannot be inverted."""
+        view = (self.info or {}).get("raw_view")
+        names = list(self.feature_names) or [f"x{j}" for j in range(self.X.shape[1])]
+        if view is None:  # no preprocessing: the raw columns are X's
+            view = raw_view(None, pd.DataFrame(self.X, columns=names), names)
+        elif not isinstance(view, RawView):
+            view = view()
+            if view is None:
+                raise ValidationError(
+                    "to_frame(raw=True): the model's preprocessing cannot be inverted column by "
+                    "column (supported: ColumnTransformer, OneHotEncoder, OrdinalEncoder, "
+                    "scalers, SimpleImputer, FunctionTransformer with inverse_func, "
+                    "passthrough, drop); use to_frame()")
+            self.info["raw_view"] = view
+        return view
 
     def to_dict(self, *, arrays: bool = True) -> dict:
         """Plain-Python dict; ``arrays=False`` leaves out the atoms of Q*."""

@@ -398,10 +398,13 @@ def test_pipeline_with_one_hot_encoder_groups_its_columns(tmp_path):
     cert = json.loads((tmp_path / "c.json").read_text())
     assert cert["inputs"]["model"]["pipeline"][-1]["class"].endswith("LogisticRegression")
     groups = cert["results"]["feature_stability"]["groups"]
+    # every raw column is one feature, named as in the data (one-hot block grouped)
     assert groups == {"color": ["onehotencoder__color_blue", "onehotencoder__color_green",
-                                "onehotencoder__color_red"]}
+                                "onehotencoder__color_red"],
+                      "size_x": ["standardscaler__size_x"],
+                      "weight": ["standardscaler__weight"]}
     scored = {row["feature"] for row in cert["results"]["feature_stability"]["table"]}
-    assert scored == {"color", "standardscaler__size_x", "standardscaler__weight"}
+    assert scored == {"color", "size_x", "weight"}
     # the raw data (strings included) verify against the certificate
     code, _, stderr = run(["verify", tmp_path / "c.json", "--model", tmp_path / "pipe.joblib",
                            "--data", tmp_path / "data.csv", "--trust-model"])
@@ -506,3 +509,118 @@ def test_tampered_fields_a_reader_sees_fail_in_the_cli(demo, tmp_path):
                                      .replace('"exact"', '"created"', 1))
     code, _, stderr = run(verify_args(out, cert=tmp_path / "c.json"))
     assert code == 2 and "twice" in stderr
+
+
+# ------------------------------------------------------------------------------------------
+# pipelines on raw data and the CI gate (issue 15)
+
+
+@pytest.fixture(scope="module")
+def german_files(tmp_path_factory):
+    """A ColumnTransformer Pipeline fitted on the raw German credit file, saved with joblib."""
+    from sklearn.compose import ColumnTransformer
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import Pipeline
+    from sklearn.preprocessing import OneHotEncoder, StandardScaler
+
+    d = tmp_path_factory.mktemp("german")
+    df = otstab.datasets.load_german(raw=True)
+    X, y = df.drop(columns="credit"), df["credit"]
+    num = [c for c in X.columns if X[c].dtype.kind in "if"]
+    cat = [c for c in X.columns if c not in num]
+    ct = ColumnTransformer([("num", StandardScaler(), num),
+                            ("cat", OneHotEncoder(handle_unknown="ignore"), cat)])
+    model = Pipeline([("pre", ct), ("clf", LogisticRegression(max_iter=2000))]).fit(X, y)
+    joblib.dump(model, d / "model.joblib")
+    df.to_csv(d / "german.csv", index=False)
+    res = otstab.certify(model, X, y, loss="zero_one", r=0.4)
+    base = ["certify", "--model", d / "model.joblib", "--data", d / "german.csv", "--target",
+            "credit", "--trust-model", "--r", "0.4"]
+    return d, base, res, list(X.columns)
+
+
+def test_fail_under_gates_on_the_value(german_files):
+    d, base, res, _ = german_files
+    assert res.status == "optimal"
+    code, out, err = run([*base, "--fail-under", res.value * 0.5, "--quiet"])
+    assert (code, out, err) == (0, "", "")  # --quiet: nothing on success
+    code, out, err = run([*base, "--fail-under", res.value * 2, "--quiet"])
+    assert code == 5 and out == "" and "gate failed" in err
+    # with --confidence the gate is on the lower confidence bound (below the value)
+    lcb = res.lower_confidence_bound(0.95)
+    assert lcb < res.value
+    mid = (lcb + res.value) / 2
+    assert run([*base, "--fail-under", mid, "--quiet"])[0] == 0
+    code, _, err = run([*base, "--fail-under", mid, "--confidence", "0.95", "--quiet"])
+    assert code == 5 and "lower_confidence_bound" in err
+
+
+def test_gate_on_non_exact_answers():
+    """bounds answers: gate on value_lower; straddling the threshold is 'not certified'."""
+    from otstab.cli import EXIT_BELOW, EXIT_NOT_CERTIFIED, gate
+
+    class R:  # the fields the gate reads (an answer with status bounds)
+        status, value, value_lower, value_upper = "bounds", 2.0, 1.0, 2.0
+
+        def lower_confidence_bound(self, level):
+            return math.nan
+
+    assert gate(R(), 0.5)["exit_code"] == 0
+    assert gate(R(), 1.5)["exit_code"] == EXIT_NOT_CERTIFIED  # 1 <= R <= 2: unknown
+    assert gate(R(), 3.0)["exit_code"] == EXIT_BELOW  # R <= 2 < 3: proven below
+    assert gate(R(), 0.5, require_exact=True)["exit_code"] == EXIT_NOT_CERTIFIED
+    assert gate(R(), 0.5, confidence=0.9)["exit_code"] == EXIT_NOT_CERTIFIED  # no bound
+
+
+def test_json_to_stdout_card_and_verify_json(german_files):
+    d, base, res, raw_cols = german_files
+    code, out, err = run([*base, "--json", "-", "--features"])
+    assert code == 0, err
+    cert = json.loads(out)  # stdout holds the certificate only
+    C.validate_certificate(cert)
+    assert cert["results"]["value"] == pytest.approx(res.value, rel=1e-12)
+    assert not (Path.cwd() / "-").exists()
+    # auto groups: the feature table is named by the raw columns
+    table = cert["results"]["feature_stability"]["table"]
+    assert sorted(r["feature"] for r in table) == sorted(raw_cols)
+    (d / "cert.json").write_text(out)
+    code, out, err = run(["verify", d / "cert.json", "--model", d / "model.joblib", "--data",
+                          d / "german.csv", "--trust-model", "--json"])
+    rep = json.loads(out)
+    assert code == 0 and rep["ok"] is True and rep["mismatches"] == []
+    assert rep["recomputed"]["value"] == pytest.approx(res.value, rel=1e-9)
+    # a tampered value: verify --json still parses, with the mismatch and exit 1
+    bad = dict(cert, results=dict(cert["results"], value=cert["results"]["value"] * 1.5))
+    (d / "bad.json").write_text(json.dumps(bad))
+    code, out, _ = run(["verify", d / "bad.json", "--model", d / "model.joblib", "--data",
+                        d / "german.csv", "--trust-model", "--json", "--no-features"])
+    rep = json.loads(out)
+    assert code == 1 and not rep["ok"]
+    assert "results.value" in {m["field"] for m in rep["mismatches"]}
+    code, out, err = run([*base, "--fail-under", "0", "--card", "-"])
+    card = json.loads(out)
+    assert card["result"]["R"] == pytest.approx(res.value, rel=1e-12)
+    assert card["policy"]["passed"] is True and card["policy"]["threshold"] == 0
+    code, _, _ = run([*base, "--card", d / "card.md"])
+    assert code == 0 and "| R |" in (d / "card.md").read_text()
+
+
+def test_qstar_raw_file_is_in_the_data_units(german_files):
+    d, base, res, raw_cols = german_files
+    code, _, err = run([*base, "--qstar-raw", d / "q.csv", "--quiet"])
+    assert code == 0, err
+    q = pd.read_csv(d / "q.csv")
+    raw = pd.read_csv(d / "german.csv")
+    for c in raw_cols:
+        assert f"{c}*" in q.columns
+    assert set(q["purpose*"]) <= set(raw["purpose"])
+    # unmoved atoms keep the file's numbers exactly
+    still = q["distance2"] == 0
+    np.testing.assert_array_equal(q.loc[still, "amount*"],
+                                  raw["amount"].to_numpy()[q.loc[still, "source"]])
+
+
+def test_unknown_raw_feature_suggests_the_encoded_name(german_files):
+    d, base, res, _ = german_files
+    code, _, err = run([*base, "--movable", "durration"])
+    assert code == 2 and "num__duration" in err and "--movable" in err

@@ -86,7 +86,8 @@ def test_report_shows_the_certificate(page):
     assert "Most sensitive features" in text and "Excess-risk decomposition" in text
     # names are escaped, and the embedded JSON is the certificate
     assert "x <b>0</b>" not in text and html.escape("x <b>0</b>") in text
-    blob = re.search(r"<details><summary>show</summary><pre>(.*?)</pre>", text, re.S).group(1)
+    blob = re.search(r"<details open><summary>hide / show</summary><pre>(.*?)</pre>", text,
+                     re.S).group(1)
     assert json.loads(html.unescape(blob)) == cert
 
 
@@ -147,3 +148,97 @@ def test_report_renders_in_headless_chromium(page, tmp_path):
     # no console messages (errors, uncaught exceptions) from the page
     console = [ln for ln in proc.stderr.splitlines() if "CONSOLE" in ln]
     assert not console, console
+
+
+# ------------------------------------------------------------------------------------------
+# auditor-grade report: explanation, policy, raw Q*, print stylesheet (issue 15)
+
+from otstab import report as _report  # noqa: E402
+
+CHROMIUM = _report.find_chromium()
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium installed")
+
+#: runs in the page at A4 width: what is cut (content wider than its box) or collapsed
+_PROBE = """<script>
+const cut = [...document.querySelectorAll('pre, table, img, p, dd')]
+  .filter(e => e.scrollWidth > e.clientWidth + 1
+            || e.getBoundingClientRect().right > innerWidth + 1)
+  .map(e => e.tagName + ':' + (e.id || e.textContent.slice(0, 40)));
+const closed = [...document.querySelectorAll('details')].filter(d => !d.open).length;
+document.body.setAttribute('data-probe', JSON.stringify({cut, closed}));
+</script>"""
+
+
+@pytest.fixture(scope="module")
+def audited(tmp_path_factory):
+    from sklearn.compose import ColumnTransformer
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import Pipeline
+    from sklearn.preprocessing import OneHotEncoder, StandardScaler
+
+    from otstab.cli import _verify_command
+
+    df = otstab.datasets.load_german(raw=True)
+    X, y = df.drop(columns="credit"), df["credit"]
+    num = [c for c in X.columns if X[c].dtype.kind in "if"]
+    cat = [c for c in X.columns if c not in num]
+    ct = ColumnTransformer([("num", StandardScaler(), num), ("cat", OneHotEncoder(), cat)])
+    model = Pipeline([("pre", ct), ("clf", LogisticRegression(max_iter=2000))]).fit(X, y)
+    res = otstab.certify(model, X, y, loss="zero_one", r=0.4)
+    policy = _report.policy_gate(res, res.value / 2)
+    cert = otstab.certificate.make_certificate(res, model, X, y, target="credit",
+                                               extra={"policy": policy})
+    d = tmp_path_factory.mktemp("audit")
+    long_dir = d / ("a-rather-long-folder-name-for-the-audit-trail-" * 3)
+    cmd = _verify_command(long_dir / "certificate.json", long_dir / "model.joblib",
+                          long_dir / "german credit evaluation.csv", "credit")
+    page = _report.write_report(d / "report.html", cert, result=res, verify_command=cmd,
+                                title="Model risk: German credit")
+    return d, page, res, cert, cmd, X
+
+
+def test_report_explains_and_gates(audited):
+    d, page, res, cert, cmd, X = audited
+    text = page.read_text()
+    assert 'id="explanation"' in text and "squared Euclidean distance" in text
+    assert "preprocessed feature space" in text
+    assert 'id="policy"' in text and ">PASS<" in text
+    assert html.escape(cmd) in text  # the whole command, in one block
+    assert "<details open>" in text
+    assert "<title>Model risk: German credit</title>" in text
+    # Q* is drawn on raw columns: the most moved raw column is named in the caption
+    frame, shares, changes = _report.raw_moves(res)
+    assert set(shares.index) == set(X.columns)
+    assert shares.sum() == pytest.approx(1.0)
+    assert f"{shares.index[0]} and {shares.index[1]}" in text
+    failing = _report.render_html(cert, policy=_report.policy_gate(res, res.value * 2))
+    assert ">FAIL<" in failing
+
+
+@needs_chromium
+def test_report_prints_without_cuts(audited, tmp_path):
+    d, page, res, cert, cmd, X = audited
+    probe = tmp_path / "probe.html"
+    probe.write_text(page.read_text().replace("</body>", _PROBE + "</body>"))
+    dom = subprocess.run(
+        [CHROMIUM, *_report.CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}",
+         "--window-size=794,1123", "--dump-dom", probe.as_uri()],
+        capture_output=True, text=True, timeout=120)
+    m = re.search(r"data-probe=\"([^\"]*)\"", dom.stdout)
+    assert m, dom.stderr[-500:]
+    found = json.loads(html.unescape(m.group(1)))
+    assert found == {"cut": [], "closed": 0}  # at A4 width nothing overflows or is collapsed
+    shot = tmp_path / "page.png"
+    _report.run_chromium(["--window-size=794,1123", f"--screenshot={shot}", page.as_uri()])
+    assert shot.stat().st_size > 10_000
+    pdf = _report.write_pdf(page, tmp_path / "report.pdf")
+    data = pdf.read_bytes()
+    assert data.startswith(b"%PDF")
+    pages = len(re.findall(rb"/Type\s*/Page[^s]", data))
+    assert 2 <= pages <= 20
+    pdftotext = shutil.which("pdftotext")
+    if pdftotext:  # the printed text, when poppler is installed
+        txt = subprocess.run([pdftotext, "-layout", str(pdf), "-"], capture_output=True,
+                             text=True, timeout=60).stdout
+        assert "What this means" in txt and "PASS" in txt
+        assert "german credit evaluation.csv" in " ".join(txt.split())
