@@ -52,6 +52,7 @@ from otstab_solvers.zero_one import solve_zero_one
 
 from .audit import CANCEL_RTOL
 from .errors import InputTypeError, ValidationError
+from .nonlinear import as_model_input
 
 __all__ = ["LeafTable", "leaf_table", "tree_lower_distances", "mlp_lower_distances",
            "mlp_lipschitz", "mlp_transform_upper", "zero_one_lower_value",
@@ -223,7 +224,7 @@ def leaf_table(model, d: int, X_check: np.ndarray | None = None) -> LeafTable:
     Xc = np.asarray(X_check[:32], dtype=np.float64)
     own = table.scores(Xc)
     if kind == "decision":
-        dec = np.asarray(model.decision_function(Xc), dtype=np.float64)
+        dec = np.asarray(model.decision_function(as_model_input(model, Xc)), dtype=np.float64)
         dec = np.column_stack([np.zeros(len(dec)), dec]) if dec.ndim == 1 else dec
         shift = dec - own
         if not np.allclose(shift, shift[0], rtol=0, atol=1e-9 * (1 + np.abs(dec).max())):
@@ -231,7 +232,7 @@ def leaf_table(model, d: int, X_check: np.ndarray | None = None) -> LeafTable:
                                  "leaf values (an init estimator?); no certified lower bound")
         table.base = shift[0].copy()
     else:
-        proba = np.asarray(model.predict_proba(Xc), dtype=np.float64)
+        proba = np.asarray(model.predict_proba(as_model_input(model, Xc)), dtype=np.float64)
         if not np.allclose(own, proba, rtol=0, atol=1e-9):
             raise InputTypeError(f"{name}: the leaf table does not reproduce predict_proba; "
                                  "no certified lower bound")
@@ -407,7 +408,7 @@ def tree_lower_distances(model, X, yi, *, mask=None, upper=None, max_nodes=200,
     classes = np.asarray(model.classes_)
 
     def predict(Z):
-        return np.searchsorted(classes, model.predict(Z))
+        return np.searchsorted(classes, model.predict(as_model_input(model, Z)))
     t0 = time.perf_counter()
     deadline = math.inf if time_budget is None else t0 + float(time_budget)
     dlow = np.zeros(n)

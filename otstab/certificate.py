@@ -353,7 +353,7 @@ def _loss_spec(loss) -> dict:
     return spec
 
 
-def _loss_from_spec(spec):
+def loss_from_spec(spec):
     """The loss a certificate's ``inputs.loss`` names: a built-in loss by its name (also
     ``pinball(TAU)`` and ``epsilon_insensitive(EPS)``), else a custom
     :class:`~otstab.losses.PiecewiseLinear` from its slopes, intercepts and ``on``."""
@@ -768,7 +768,7 @@ def audit_qstar(qstar, model, X, y, cert, *, rtol=None, atol=None,
     tol = _tolerances(rtol=rtol, atol=atol, gap_tol=gap_tol)
     frame = read_table(qstar) if not isinstance(qstar, pd.DataFrame) else qstar
     inputs, res = cert["inputs"], cert["results"]
-    prob = resolve_model(model, X, y, loss=_loss_from_spec(inputs["loss"]))
+    prob = resolve_model(model, X, y, loss=loss_from_spec(inputs["loss"]))
     names = [str(nm) for nm in prob.feature_names]
     star_cols = [f"{nm}*" for nm in names]
     needed = ["source", "mass", *names, *star_cols, "weight", "loss", "loss*", "distance2"]
@@ -1057,7 +1057,7 @@ def verify_certificate(cert_or_path, model, X, y, *, rtol=None, atol=None, h_rto
     _verify_model(report, inputs["model"], model, model_file)
     _verify_consistency(report, cert, tol)
 
-    loss = _loss_from_spec(inputs["loss"])
+    loss = loss_from_spec(inputs["loss"])
     spec = _strict(_loss_spec(loss))
     _expect(report, "inputs.loss", spec == inputs["loss"], inputs["loss"], spec,
             "the loss's slopes, intercepts or side are not those of the named loss")

@@ -317,7 +317,8 @@ def perturbation_search(model, X, y, *, mask=None, labels="model", n_directions=
                          max_iter)
     if not hasattr(raw, "predict"):
         raise InputTypeError(f"{type(raw).__name__} has no predict method")
-    pred = _Predictor(lambda Z: _to_indices(raw.predict(Z), classes, "model.predict(X)"))
+    pred = _Predictor(lambda Z: _to_indices(raw.predict(nonlinear.as_model_input(raw, Z)),
+                                            classes, "model.predict(X)"))
     return _search(pred, X, yi, mv, rng, n_directions, n_refine, max_radius, tol,
                    thresholds=_ensemble_thresholds(raw, d))
 
@@ -471,7 +472,8 @@ def _f32_edge(v: np.ndarray) -> np.ndarray:
 def _tree(model, X, yi, mv) -> PerturbationResult:
     n, d = X.shape
     classes = np.asarray(model.classes_)
-    pred = _Predictor(lambda Z: _to_indices(model.predict(Z), classes, "model.predict(X)"))
+    pred = _Predictor(lambda Z: _to_indices(model.predict(nonlinear.as_model_input(model, Z)),
+                                            classes, "model.predict(X)"))
     mis = pred(X) != yi
     lo, hi, cls = _tree_leaves(model.tree_, d)
     lo_e, hi_e = _f32_edge(lo), _f32_edge(hi)  # the leaf boxes seen by float64 inputs

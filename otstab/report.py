@@ -25,6 +25,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from . import plot as _plot
+from .certificate import loss_from_spec, validate_certificate
 from .errors import ValidationError
 
 __all__ = ["render_html", "write_report", "figure_png", "write_pdf", "find_chromium",
@@ -301,11 +303,10 @@ def raw_moves(result, top: int = 10):
     ``"amount 1169 -> 1402; purpose radio/television -> car (new)"``. None when the model's
     preprocessing cannot be mapped back.
     """
-    from .errors import ValidationError as _VE
 
     try:
         frame = result.to_frame(raw=True)
-    except _VE:
+    except ValidationError:
         return None
     rmap = result.raw_view().map
     src = np.asarray(result.source)
@@ -450,8 +451,6 @@ def render_html(cert: dict, *, result=None, features=None, grid=None, curve=None
     str
         The HTML document.
     """
-    from . import plot as _plot
-    from .certificate import validate_certificate
 
     validate_certificate(cert)
     inputs, res, solver = cert["inputs"], cert["results"], cert["solver"]
@@ -683,13 +682,11 @@ def write_report(path, cert: dict, *, result=None, model=None, X=None, y=None, f
     -------
     pathlib.Path
     """
-    from . import plot as _plot
-    from .certificate import _loss_from_spec
 
     inputs = cert["inputs"]
     if (theta_grid or r_grid is not None) and (model is None or X is None or y is None):
         raise ValidationError("theta_grid and r_grid need model, X and y")
-    loss = _loss_from_spec(inputs["loss"])
+    loss = loss_from_spec(inputs["loss"])
     t1, t2 = _num(inputs["theta1"]), _num(inputs["theta2"])
     if theta_grid and grid is None:
         total = (0.0 if math.isinf(t1) else 1 / t1) + (0.0 if math.isinf(t2) else 1 / t2)
@@ -776,7 +773,6 @@ def model_card(cert: dict, *, verify_command=None) -> dict:
     risk, threshold, prices), the sampling uncertainty, the policy verdict when the
     certificate has one, the most sensitive features, and how to reproduce it.
     """
-    from .certificate import validate_certificate
 
     validate_certificate(cert)
     inputs, res, solver = cert["inputs"], cert["results"], cert["solver"]

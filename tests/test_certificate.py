@@ -370,7 +370,7 @@ def test_loss_specs_round_trip(toy):
     cert = C.make_certificate(res, model, X, y, loss=custom)
     assert cert["inputs"]["loss"]["slopes"] == [0.0, -2.0]
     assert C.verify_certificate(cert, model, X, y).ok
-    assert C._loss_from_spec({"name": "pinball(0.3)"}) == pinball(0.3)
+    assert C.loss_from_spec({"name": "pinball(0.3)"}) == pinball(0.3)
 
 
 # ------------------------------------------------------------------------------------------
