@@ -24,6 +24,8 @@ import time
 import traceback
 from pathlib import Path
 
+from .scale import read_parquet_dir
+
 __all__ = ["main", "build_parser", "load_model", "load_data", "auto_groups", "gate", "EXIT_OK",
            "EXIT_MISMATCH", "EXIT_BAD_INPUT", "EXIT_SOLVER", "EXIT_INTERNAL", "EXIT_BELOW",
            "EXIT_NOT_CERTIFIED"]
@@ -160,6 +162,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "MODEL is loaded only with --trust-model (unpickling runs code from the "
                     "file); a .skops MODEL loads safely without it.")
     _add_inputs(cert)
+    cert.add_argument("--dask", nargs="?", const="local", default=None, metavar="ADDRESS",
+                      help="read DATA (a directory of Parquet files) with Dask, computing "
+                           "blockwise; with ADDRESS connect to that distributed scheduler "
+                           "(docs/scale.md)")
     cert.add_argument("--loss", default="zero_one",
                       help=f"loss: one of {', '.join(LOSS_NAMES)}, pinball(TAU) or "
                            "epsilon_insensitive(EPS) (default zero_one)")
@@ -258,6 +264,23 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_debug(p) -> None:
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                    help="show the Python traceback of unexpected errors")
+
+
+def _dask_client(address: str):
+    """A ``distributed.Client`` for ``--dask ADDRESS``; ``--dask`` alone (``"local"``) uses
+    Dask's default scheduler in this process."""
+    if address == "local":
+        return None
+    try:
+        from distributed import Client
+    except ImportError as exc:  # optional dependency (the dask extra)
+        raise BadInput("--dask", "a scheduler address needs distributed: "
+                                 "pip install 'otstab[dask]'") from exc
+    try:
+        return Client(address)
+    except (OSError, TimeoutError, ValueError) as exc:
+        raise BadInput("--dask", f"cannot connect to the Dask scheduler {address!r}: "
+                                 f"{exc}") from exc
 
 
 def _add_inputs(p, *, target_required=True) -> None:
@@ -603,7 +626,11 @@ def _cmd_certify(args) -> int:
         raise BadInput("--card", f"{args.card!r} must end in .json or .md (or be '-')")
     if args.json == "-" and args.card == "-":
         raise BadInput("--card", "only one of --json and --card can write to stdout ('-')")
-    X, y = load_data(args.data, args.target)
+    if args.dask is not None:  # DATA is a directory of Parquet files, read lazily
+        _dask_client(args.dask)
+        X, y = read_parquet_dir(args.data, args.target)
+    else:
+        X, y = load_data(args.data, args.target)
     model = load_model(args.model, trust_model=args.trust_model)
     movable = None
     if args.movable:

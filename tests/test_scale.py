@@ -200,3 +200,38 @@ def test_read_only_x_is_kept_and_writable_x_copied():
     before = np.array(res_w.X_star)
     X[:] = 0.0
     np.testing.assert_array_equal(res_w.X_star, before)
+
+
+def test_cli_reads_a_parquet_directory_with_dask(tmp_path):
+    """``otstab certify --dask`` on a directory of Parquet files gives the value that the
+    same rows give from one CSV file."""
+    import contextlib
+    import io
+    import json
+
+    import joblib
+    import pandas as pd
+    from sklearn.linear_model import LogisticRegression
+
+    from otstab.cli import main
+
+    pytest.importorskip("pyarrow")
+    rng = np.random.default_rng(0)
+    X = pd.DataFrame(rng.normal(size=(900, 3)), columns=["a", "b", "c"])
+    y = (X["a"] + 0.5 * rng.normal(size=900) > 0).astype(int)
+    joblib.dump(LogisticRegression().fit(X, y), tmp_path / "m.joblib")
+    (tmp_path / "pq").mkdir()
+    frame = X.assign(label=y)
+    for i in range(3):
+        frame.iloc[300 * i:300 * (i + 1)].to_parquet(tmp_path / "pq" / f"part{i}.parquet")
+    frame.to_csv(tmp_path / "all.csv", index=False)
+    values = []
+    for data, extra in [(tmp_path / "pq", ["--dask"]), (tmp_path / "all.csv", [])]:
+        out = tmp_path / f"cert{len(values)}.json"
+        with contextlib.redirect_stdout(io.StringIO()):
+            code = main(["certify", "--model", str(tmp_path / "m.joblib"), "--trust-model",
+                         "--data", str(data), "--target", "label", "--loss", "hinge",
+                         "--r", "0.6", "--json", str(out), *extra])
+        assert code == 0
+        values.append(json.loads(out.read_text())["results"]["value"])
+    assert values[0] == pytest.approx(values[1], rel=1e-10)
