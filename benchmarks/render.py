@@ -553,6 +553,20 @@ def figures(benches, fig_dir) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 
 
+def section_elsewhere() -> list[str]:
+    """Pointers to measurements that need their own set-up (kept with their method)."""
+    return [
+        "## Measured elsewhere", "",
+        "- Certified lower bounds for models without an exact path (tree ensembles, MLPs): "
+        "`value_lower / value_upper` and the time it costs on Adult, in "
+        "[bounds.md](bounds.md).",
+        "- Standard errors and confidence intervals: coverage, analytic vs bootstrap SE and "
+        "their cost, in [inference.md](inference.md).",
+        "- End-to-end certificate cost against one `X @ coef`, peak memory, and Dask runs, in "
+        "[scale.md](scale.md) (`benchmarks/test_bench_scale.py`).", "",
+    ]
+
+
 def render(json_path, out_path, fig_dir) -> str:
     data, benches = load(json_path)
     meta = data.get("otstab", {})
@@ -587,6 +601,7 @@ def render(json_path, out_path, fig_dir) -> str:
     lines += section_zero_one(benches, figures_rel)
     lines += section_first_order(benches)
     lines += section_skipped(meta)
+    lines += section_elsewhere()
     text = "\n".join(lines).rstrip() + "\n"
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
     with open(out_path, "w") as fh:
