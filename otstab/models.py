@@ -152,8 +152,18 @@ class Problem:
         return self.X.shape[1]
 
     def losses(self, X: np.ndarray, y: np.ndarray | None = None) -> np.ndarray:
-        """Per-sample loss at features ``X`` (same labels)."""
-        y = self.y if y is None else y
+        """Per-sample loss at features ``X`` (same labels). The losses at the data itself are
+        computed once and kept (read-only): every path and the audit need them."""
+        if X is self.X and y is None:
+            cached = self.extra.get("base_losses")
+            if cached is None:
+                cached = self._losses(X, self.y)
+                cached.setflags(write=False)
+                self.extra["base_losses"] = cached
+            return cached
+        return self._losses(X, self.y if y is None else y)
+
+    def _losses(self, X: np.ndarray, y: np.ndarray) -> np.ndarray:
         if self.scorer is not None:
             scores = self.scores if (X is self.X and self.scores is not None) else \
                 self.scorer.scores(X)

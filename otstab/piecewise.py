@@ -39,13 +39,14 @@ AUDIT_SAMPLE = 20_000
 SAMPLED_RTOL = 1e-8
 
 
-def edge_case(red: Reduced, r: float, theta2: float):
-    """Decide trivial and unreachable thresholds before any solver runs.
+def edge_case(red: Reduced, r: float, theta2: float, losses: np.ndarray | None = None):
+    """Decide trivial and unreachable thresholds before any solver runs (``losses``: the
+    per-sample losses of the data, when the caller has them).
 
     Returns None (a solver is needed) or a tuple (kind, message) with kind in
     {"zero", "unreachable", "limit"}.
     """
-    losses = red.loss_values()
+    losses = red.loss_values() if losses is None else losses
     base = float(np.mean(losses))
     if audit.reached(r, base):
         return "zero", f"r = {r:g} <= base risk {base:.6g}: no perturbation is needed"
@@ -81,10 +82,10 @@ def _conic_order(solver: str) -> list[str]:
 def solve_reduced(prob: Problem, red: Reduced, r, theta1, theta2, divergence, solver, t_start,
                   *, program=None, **solver_options) -> StabilityResult:
     """Run the solver chain on a reduced form and return the first audited answer."""
-    edge = edge_case(red, r, theta2)
+    losses = prob.losses(prob.X)
+    edge = edge_case(red, r, theta2, losses)
     if edge is not None:
-        return edge_result(prob, red.loss_values(), r, theta1, theta2, divergence, edge,
-                           t_start)
+        return edge_result(prob, losses, r, theta1, theta2, divergence, edge, t_start)
     solver_options = dict(solver_options)
     if solver in ("auto", "dual"):
         check_options(solver_options, DUAL_OPTIONS,

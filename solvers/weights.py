@@ -154,8 +154,11 @@ def chi2_term_at(lh: np.ndarray, theta2: float, alpha: float) -> float:
     return float(np.mean(np.where(act, s + theta2 * v * v, -theta2))) - alpha
 
 
-#: Taylor coefficients of phi_KL(1 + t) = sum_{k>=2} (-1)^k t^k / (k (k - 1)), highest first
-_KL_SERIES = np.array([(-1.0) ** k / (k * (k - 1)) for k in range(17, 1, -1)])
+#: Taylor coefficients of phi_KL(1 + t) = sum_{k>=2} (-1)^k t^k / (k (k - 1)), highest first,
+#: divided by t^2: enough terms for full precision at |t| < NEAR_ONE ((2e-3)^8 < 1e-16 t^2)
+_KL_SERIES = np.array([(-1.0) ** k / (k * (k - 1)) for k in range(10, 1, -1)])
+#: below this |w - 1| the direct formula loses more than 1e-10 of phi's relative accuracy
+NEAR_ONE = 2e-3
 
 
 def phi(w: np.ndarray, divergence: str) -> np.ndarray:
@@ -163,16 +166,15 @@ def phi(w: np.ndarray, divergence: str) -> np.ndarray:
 
     phi_KL is evaluated with full relative accuracy also for weights close to 1 (where
     ``t log t - t + 1`` cancels to rounding noise, and ``theta2 * phi`` with a large price
-    would turn that noise into cost): there a Taylor series in ``t - 1`` is summed.
+    would turn that noise into cost): below ``|t - 1| < 2e-3`` a Taylor series is summed.
     """
     w = np.asarray(w, dtype=np.float64)
     if divergence == "kl":
-        t = w - 1.0
-        near = np.abs(t) < 0.1
         with np.errstate(divide="ignore", invalid="ignore"):
             out = np.where(w > 0, w * np.log(np.where(w > 0, w, 1.0)) - w + 1.0, 1.0)
-        if np.any(near):
-            tn = t[near]
+        near = np.flatnonzero(np.abs(w - 1.0) < NEAR_ONE)
+        if near.size:
+            tn = w[near] - 1.0
             out[near] = np.polyval(_KL_SERIES, tn) * tn * tn
         return out
     if divergence == "chi2":
