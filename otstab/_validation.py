@@ -19,6 +19,7 @@ __all__ = [
     "as_bool_vector",
     "as_float_matrix",
     "as_float_vector",
+    "as_sample_weight",
     "check_same_length",
     "check_positive_extended",
     "check_scalar",
@@ -212,6 +213,30 @@ def as_float_vector(v, name: str, *, finite: bool = True, nonnegative: bool = Fa
         i = int(np.argmax(arr < 0))
         raise ValidationError(f"{name} must be >= 0, got {arr[i]} at index {i}")
     return arr
+
+
+def as_sample_weight(v, n: int, name: str = "sample_weight") -> np.ndarray | None:
+    """Survey weights as probabilities: a float64 1-D copy of length ``n``, finite,
+    nonnegative, not all zero, normalised to sum 1 (None when absent or all equal: the
+    unweighted problem). Booleans and text are
+    refused (a boolean mask is not a weight: select the rows instead)."""
+    if v is None:
+        return None
+    raw = v.to_numpy() if isinstance(v, (pd.Series, pd.DataFrame)) else v
+    if np.asarray(raw).dtype.kind == "b":
+        raise ValidationError(f"{name} must hold numbers, got booleans (to keep some rows, "
+                              "select them instead)")
+    arr = as_float_vector(raw, name, nonnegative=True)
+    if arr.size != n:
+        raise ValidationError(f"{name} has {arr.size} entries but X has {n} rows")
+    total = float(np.sum(arr))
+    if not total > 0.0:
+        raise ValidationError(f"{name} must have a positive sum, got all zeros")
+    if not math.isfinite(total):
+        raise ValidationError(f"{name} sums to {total} (overflow); rescale the weights")
+    if np.all(arr == arr[0]):
+        return None  # uniform: the unweighted problem (bit-identical results)
+    return arr / total
 
 
 def as_bool_vector(v, name: str) -> np.ndarray:

@@ -107,13 +107,18 @@ def resolution_problem(value: float, h: float, r: float, rounding: float | None 
 
 
 def audit_sums(loss_base, loss_star, moved2, mass, w, theta1, theta2, divergence,
-               value) -> dict:
+               value, p=None, src=None) -> dict:
     """Cost, risk and mass of Q* from per-atom arrays.
 
     ``loss_base`` (n,): the loss of each evaluation sample; ``loss_star``, ``moved2``,
     ``mass``, ``w`` (one entry per atom): the loss at the atom's point, its squared distance
-    from its source sample, its share of that sample's mass and its weight.
+    from its source sample, its share of that sample's mass and its weight. ``p`` (n,): the
+    sample probabilities (None: uniform) and ``src`` the source sample of each atom: an atom
+    then carries ``p[src] * mass`` of P0 and every sum is weighted by it.
     """
+    if p is not None:
+        return _audit_weighted(loss_base, loss_star, moved2, mass * p[src], w, theta1, theta2,
+                               divergence, value, p)
     n = loss_base.size
     mw = mass * w
     move_cost = 0.0 if math.isinf(theta1) else theta1 * float(np.dot(mw, moved2)) / n
@@ -125,10 +130,21 @@ def audit_sums(loss_base, loss_star, moved2, mass, w, theta1, theta2, divergence
                      moved_risk, value, loss_star)
 
 
+def _audit_weighted(loss_base, loss_star, moved2, pm, w, theta1, theta2, divergence, value, p):
+    """:func:`audit_sums` with ``pm`` the P0-mass of each atom (sample probability times
+    its share of the sample)."""
+    pmw = pm * w
+    move_cost = 0.0 if math.isinf(theta1) else theta1 * float(np.dot(pmw, moved2))
+    rew_cost = 0.0 if math.isinf(theta2) else theta2 * float(np.dot(pm, phi(w, divergence)))
+    return summarise(loss_base, move_cost, rew_cost, float(np.dot(pmw, loss_star)),
+                     float(np.sum(pmw)), float(np.dot(pm, loss_star)), value, loss_star, p)
+
+
 def summarise(loss_base, move_cost, rew_cost, risk_star, total_mass, moved_risk, value,
-              loss_star=None) -> dict:
-    """The audit fields of a result from its sums (paths that sum compactly call this)."""
-    base = float(np.mean(loss_base))
+              loss_star=None, p=None) -> dict:
+    """The audit fields of a result from its sums (paths that sum compactly call this);
+    ``p``: the sample probabilities (None: uniform) of the base risk."""
+    base = float(np.mean(loss_base)) if p is None else float(np.dot(p, loss_base))
     primal = move_cost + rew_cost
     return {
         "risk_base": base, "risk_star": risk_star, "total_mass": total_mass,
@@ -156,7 +172,7 @@ def audit_points(prob, X_star, src, mass, w, theta1, theta2, divergence, value) 
     diff = X_star - prob.X[src]
     moved2 = np.einsum("ij,ij->i", diff, diff)
     return audit_sums(prob.losses(prob.X), loss_star, moved2, mass, w, theta1, theta2,
-                      divergence, value)
+                      divergence, value, prob.p, src)
 
 
 def problems(res) -> list[str]:

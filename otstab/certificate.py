@@ -495,6 +495,11 @@ def make_certificate(result, model, X, y, *, features=None, groups=None, movable
     if not isinstance(result, StabilityResult):
         raise InputTypeError(
             f"result must be an otstab.StabilityResult, got {type(result).__name__}")
+    if isinstance(result.info, dict) and result.info.get("sample_weight") is not None:
+        raise ValidationError(
+            "make_certificate does not support results computed with sample_weight yet (the "
+            "certificate cannot record and re-verify the weights); certify without "
+            "sample_weight for a certificate")
     data = _data_info(X, y, target)
     if result.n and result.n != data["n_samples"]:
         raise ValidationError(

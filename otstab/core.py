@@ -28,7 +28,7 @@ __all__ = ["certify", "certify_distances", "check_common", "SOLVERS", "DIVERGENC
 
 
 def certify(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl", solver="auto",
-            features=None, se="analytic", feature_costs=None,
+            features=None, se="analytic", feature_costs=None, sample_weight=None,
             **solver_options) -> StabilityResult:
     """Compute the OT stability criterion R(beta, r) and the most sensitive distribution.
 
@@ -64,6 +64,12 @@ def certify(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl", s
         Per-feature move prices ``c_j`` in ``(0, inf]``: moving costs
         ``theta1 sum_j c_j (x*_j - x_j)^2``; ``inf`` makes a feature immutable (linear models;
         see :mod:`otstab.costs`). Default: every price 1.
+    sample_weight : array-like of shape (n,), optional
+        Nonnegative weights of the evaluation rows (survey weights): P0 is the weighted
+        empirical distribution ``sum_i p_i delta_{z_i}`` with ``p = sample_weight / sum``.
+        Exact paths of linear models (``solver="auto"`` or ``"dual"``, the 0/1 path); the conic
+        backends, the first-order path, nonlinear models and ``se="bootstrap"`` refuse it.
+        Equal weights are the unweighted problem.
     se : "analytic" (default), "bootstrap", ``otstab.inference.Bootstrap(n_boot, seed,
         interval, progress)`` or None
         Sampling uncertainty of R (``res.se``, ``res.ci(level)``,
@@ -84,13 +90,16 @@ def certify(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl", s
     r, theta1, theta2, divergence = check_common(r, theta1, theta2, divergence, solver)
     solver = solver.lower()
     loss_obj = get_loss(loss)
-    prob = resolve_model(model, X, y, loss=loss_obj)
+    prob = resolve_model(model, X, y, loss=loss_obj, sample_weight=sample_weight)
     if isinstance(loss_obj, ZeroOne) and r > 1.0:
         raise ValidationError(
             f"r is an error rate for loss='zero_one' and must be in [0, 1], got {r}")
     features = pipeline.expand_features(model, features, prob.feature_names)
     mask = feature_mask(prob.d, features, prob.feature_names)
     spec = inference.resolve_se(se)
+    if prob.p is not None and spec not in (None, "analytic"):
+        raise ValidationError("sample_weight is not supported with se='bootstrap' (the "
+                              "bootstrap resamples rows uniformly); use se='analytic' or None")
     costs = check_feature_costs(feature_costs, prob.feature_names)
     original = prob
     if costs is not None:  # a diagonal metric: solve in x~ = sqrt(c) x (otstab.costs)
@@ -99,6 +108,8 @@ def certify(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl", s
                  **solver_options)
     if costs is not None:
         unscale_result(res, prob, original, costs)
+    if prob.p is not None:
+        res.info["sample_weight"] = prob.p
     # raw units for res.to_frame(raw=True): built on first use (a copy of the raw rows)
     builder = _raw_view_builder(model, X, prob.feature_names)
     if builder is not None:

@@ -31,7 +31,7 @@ import pandas as pd
 from otstab_solvers.dual import oracle_for, solve_dual
 from otstab_solvers.result import OPTIMAL
 from otstab_solvers.sorted_oracle import SortedTwoPiece
-from otstab_solvers.weights import chi2_weights, kl_weights
+from otstab_solvers.weights import chi2_weights, kl_weights, pmean
 from otstab_solvers.zero_one import solve_zero_one
 
 from . import pipeline
@@ -153,30 +153,31 @@ def _weights(lh, theta2, divergence):
     return chi2_weights(lh, theta2)
 
 
-def _reweighting_only(losses, r, theta2, divergence):
+def _reweighting_only(losses, r, theta2, divergence, p=None):
     """(score, h, share_moving, share_reweighting) when no sample can move: what certify
     answers for a feature the model ignores (or for theta1 = inf).
 
     Zero when ``r <= base risk``; ``inf`` with ``theta2 = inf`` or ``r`` above the largest loss;
     the limit value (all mass on the samples of largest loss, h -> inf) when ``r`` equals the
-    largest loss; otherwise the dual with ``l_h = h * loss`` (``c2 = 0``).
+    largest loss; otherwise the dual with ``l_h = h * loss`` (``c2 = 0``). ``p``: the sample
+    probabilities (None: uniform).
     """
     # the thresholds of otstab.piecewise.edge_case (same rule for zero / unreachable / limit)
-    base = float(np.mean(losses))
-    lmax = float(np.max(losses))
+    base = pmean(losses, p)
+    lmax = float(np.max(losses if p is None else losses[p > 0]))
     if reached(r, base):
         return _ZERO
     if math.isinf(theta2) or r > lmax * (1 + 1e-12):
         return _UNREACHABLE
     if r >= lmax * (1 - 1e-12):
-        frac = float(np.mean(losses >= lmax * (1 - 1e-12)))
+        frac = pmean(losses >= lmax * (1 - 1e-12), p)
         value = theta2 * (math.log(1 / frac) if divergence == "kl" else (1 / frac - 1))
         return value, math.inf, 0.0, 1.0
     n = losses.size
     # max(0, h * loss) = h * loss (losses are >= 0): the hinge shape, so oracle_for sorts once
     # and every dual evaluation works on prefix sums
     oracle = oracle_for(np.column_stack([losses, np.zeros(n)]), np.zeros((1, 2)))
-    sol = solve_dual(oracle, r, theta2, divergence)
+    sol = solve_dual(oracle, r, theta2, divergence, p=p)
     if sol.status != OPTIMAL:
         raise SolverError(f"reweighting-only dual failed ({sol.native_status})")
     return sol.value, sol.h, 0.0, 1.0
@@ -204,7 +205,7 @@ def _result_row(res):
 
 def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl",
                       features=None, groups=None, solver="auto", confidence=None,
-                      n_boot=200, seed=0, top_k=3) -> pd.DataFrame:
+                      n_boot=200, seed=0, top_k=3, sample_weight=None) -> pd.DataFrame:
     """Score each feature (or group of columns) by R_j(beta, r): lowest = most sensitive.
 
     ``score`` is ``otstab.certify(model, X, y, loss=loss, r=r, theta1=theta1, theta2=theta2,
@@ -232,6 +233,10 @@ def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergen
         (percentile interval at this level) and ``p_top_k``, the share of replicates in which
         the feature is among the ``top_k`` most sensitive (rank <= top_k); see
         ``docs/inference.md``.
+    sample_weight : array-like of shape (n,), optional
+        Weights of the evaluation rows, as in :func:`otstab.certify`: each feature is then
+        scored by ``certify(..., features=cols, sample_weight=sample_weight)`` (no one-pass
+        path); ``confidence`` is refused with weights.
 
     Returns
     -------
@@ -245,23 +250,28 @@ def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergen
     r, theta1, theta2, divergence = check_common(r, theta1, theta2, divergence, solver)
     solver = solver.lower()
     loss_obj = get_loss(loss)
-    prob = resolve_model(model, X, y, loss=loss_obj)
+    prob = resolve_model(model, X, y, loss=loss_obj, sample_weight=sample_weight)
     if isinstance(loss_obj, ZeroOne) and r > 1.0:
         raise ValidationError(f"r is an error rate for loss='zero_one' and must be in [0, 1], "
                               f"got {r}")
+    if prob.p is not None and confidence is not None:
+        raise ValidationError("sample_weight is not supported with confidence= (the bootstrap "
+                              "resamples rows uniformly); pass confidence=None")
     units = _units(prob.feature_names, features, groups, model)
     linear_exact = prob.scorer is not None and isinstance(
         loss_obj, (PiecewiseLinear, MulticlassHinge, ZeroOne)) and solver != "first_order"
     extreme = any(math.isfinite(t) and not MODERATE[0] <= t <= MODERATE[1]
                   for t in (theta1, theta2))
-    if linear_exact and extreme:
-        # far from moderate prices the one-pass scores are not audited per feature: score each
-        # feature through certify (its Q* audited, or refused like certify refuses)
+    if linear_exact and (extreme or prob.p is not None):
+        # far from moderate prices the one-pass scores are not audited per feature, and they
+        # have no weighted form: score each feature through certify (its Q* audited, or
+        # refused like certify refuses)
         base_losses = prob.losses(prob.X)
-        rw = _reweighting_only(base_losses, r, theta2, divergence)
+        rw = _reweighting_only(base_losses, r, theta2, divergence, prob.p)
         rows = [_result_row(certify(model, X, y, loss=loss_obj, r=r, theta1=theta1,
                                     theta2=theta2, divergence=divergence, solver=solver,
-                                    features=cols)) for _label, cols in units]
+                                    features=cols, sample_weight=sample_weight))
+                for _label, cols in units]
     elif not linear_exact:
         base_losses = prob.losses(prob.X)
         rw = _reweighting_only(base_losses, r, theta2, divergence)

@@ -218,24 +218,34 @@ def _lh(res) -> np.ndarray:
     return _per_sample(res, vals)
 
 
+def _probs(res):
+    """The sample probabilities of a weighted result (None: uniform)."""
+    return res.info.get("sample_weight") if isinstance(res.info, dict) else None
+
+
+def _centred(v, p):
+    return v - (v.mean() if p is None else float(np.dot(p, v)))
+
+
 def influence(res) -> np.ndarray | None:
     """Empirical influence function of R at each evaluation sample (None when R = inf).
 
-    ``R(P_n + eps (delta_z - P_n)) = R(P_n) + eps IF(z) + o(eps)`` (see the module docstring).
+    ``R(P_n + eps (delta_z - P_n)) = R(P_n) + eps IF(z) + o(eps)`` (see the module docstring);
+    with sample weights P_n is the weighted empirical distribution and the centring is
+    p-weighted.
     """
+    p = _probs(res)
     if res.status == "unreachable" or not math.isfinite(res.value):
         return None
     n = res.n
     if res.status == "zero":
         return np.zeros(n)
     if math.isinf(res.theta2):
-        lh = _lh(res)
-        return -(lh - lh.mean())
+        return -_centred(_lh(res), p)
     w = _per_sample(res, np.asarray(res.weights, dtype=float))
     if res.divergence == "kl":
-        return -res.theta2 * (w - w.mean())
-    w2 = w * w
-    return -res.theta2 * (w2 - w2.mean())
+        return -res.theta2 * _centred(w, p)
+    return -res.theta2 * _centred(w * w, p)
 
 
 def _notes(res, infl) -> list[str]:
@@ -284,7 +294,11 @@ def analytic(res) -> Inference:
         notes.append("r is unreachable on this sample (R = inf): the data say nothing about "
                      "how far from reachable it is in the population")
     else:
-        se = float(np.std(infl)) / math.sqrt(n) if n > 0 else math.nan
+        p = _probs(res)
+        if p is None:
+            se = float(np.std(infl)) / math.sqrt(n) if n > 0 else math.nan
+        else:  # weighted influence function (Kish): sqrt(sum_i p_i^2 IF_i^2), IF p-centred
+            se = math.sqrt(float(np.dot(p * p, infl * infl)))
     notes += _notes(res, infl)
     if res.status == "bounds":
         notes.append("not exact: the SE is that of the found (upper) value, not of R")

@@ -35,6 +35,7 @@ from ._validation import (
     align_columns,
     as_float_matrix,
     as_float_vector,
+    as_sample_weight,
     check_finite_matrix,
     check_real,
     fitted_feature_names,
@@ -129,6 +130,8 @@ class Problem:
 
     ``y`` holds internal labels (-1/+1, 0..K-1 or real targets); ``y_original`` the caller's.
     ``scorer`` is set for linear models, ``nonlinear`` (an ``otstab.nonlinear`` adapter) otherwise.
+    ``sample_weight``: the probabilities p of the samples (the caller's weights normalised to
+    sum 1; None: uniform, also when every weight is equal), so that P0 = sum_i p_i delta_{z_i}.
     """
 
     model: object
@@ -142,6 +145,12 @@ class Problem:
     index: object = None
     extra: dict = field(default_factory=dict)
     scores: np.ndarray | None = None  # model scores at X (linear models), computed once
+    sample_weight: np.ndarray | None = None
+
+    @property
+    def p(self) -> np.ndarray | None:
+        """The sample probabilities (None: uniform)."""
+        return self.sample_weight
 
     @property
     def n(self) -> int:
@@ -301,11 +310,24 @@ def check_loss_fits(loss: Loss, task: str, model_name: str) -> None:
         )
 
 
-def resolve_model(model, X, y, *, loss) -> Problem:
-    """Validate ``(model, X, y, loss)`` and reduce them to arrays (never mutating the inputs)."""
+def resolve_model(model, X, y, *, loss, sample_weight=None) -> Problem:
+    """Validate ``(model, X, y, loss)`` and reduce them to arrays (never mutating the inputs).
+
+    ``sample_weight``: nonnegative weights of the evaluation rows (survey weights), stored
+    normalised as ``Problem.sample_weight`` (None when absent or all equal)."""
     loss = get_loss(loss)
     if scale.is_dask(X):
+        if sample_weight is not None:
+            raise ValidationError("sample_weight is not supported with Dask input; compute X "
+                                  "into memory to use sample weights")
         return _resolve_dask(model, X, y, loss)
+    prob = _resolve_arrays(model, X, y, loss)
+    prob.sample_weight = as_sample_weight(sample_weight, prob.n)
+    return prob
+
+
+def _resolve_arrays(model, X, y, loss) -> Problem:
+    """:func:`resolve_model` for in-memory data."""
     index = X.index if isinstance(X, pd.DataFrame) else None
     # columns matched by name to the model's feature_names_in_ (a reordered copy if needed)
     X, names = align_columns(X, model)

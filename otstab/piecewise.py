@@ -17,10 +17,10 @@ import numpy as np
 from otstab_solvers import conic as _conic
 from otstab_solvers.dual import PiecewiseOracle, dual_objective, oracle_for, refine, solve_dual
 from otstab_solvers.result import OPTIMAL, DualSolution
-from otstab_solvers.weights import chi2_solution, kl_weights
+from otstab_solvers.weights import pmean, weights_at
 
 from . import audit
-from .errors import SolverNotAvailableError
+from .errors import SolverNotAvailableError, ValidationError
 from .models import Problem
 from .params import check_options
 from .reduction import Reduced
@@ -39,15 +39,15 @@ AUDIT_SAMPLE = 20_000
 SAMPLED_RTOL = 1e-8
 
 
-def edge_case(red: Reduced, r: float, theta2: float, losses: np.ndarray | None = None):
+def edge_case(red: Reduced, r: float, theta2: float, losses: np.ndarray | None = None, p=None):
     """Decide trivial and unreachable thresholds before any solver runs (``losses``: the
     per-sample losses of the data, when the caller has them).
 
     Returns None (a solver is needed) or a tuple (kind, message) with kind in
-    {"zero", "unreachable", "limit"}.
+    {"zero", "unreachable", "limit"}. ``p``: the sample probabilities (None: uniform).
     """
     losses = red.loss_values() if losses is None else losses
-    base = float(np.mean(losses))
+    base = pmean(losses, p)
     if audit.reached(r, base):
         return "zero", f"r = {r:g} <= base risk {base:.6g}: no perturbation is needed"
     can_move = bool(np.any(red.c2 > 0))
@@ -59,7 +59,7 @@ def edge_case(red: Reduced, r: float, theta2: float, losses: np.ndarray | None =
             f"{base:.6g} (samples cannot move: theta1 = inf, a zero model or masked features; "
             "and theta2 = inf forbids reweighting)"
         )
-    lmax = float(losses.max())
+    lmax = float(losses.max() if p is None else losses[p > 0].max())
     if r > lmax * (1 + 1e-12):
         return "unreachable", (
             f"r = {r:g} exceeds the largest loss {lmax:.6g}; with samples unable to move "
@@ -82,8 +82,13 @@ def _conic_order(solver: str) -> list[str]:
 def solve_reduced(prob: Problem, red: Reduced, r, theta1, theta2, divergence, solver, t_start,
                   *, program=None, **solver_options) -> StabilityResult:
     """Run the solver chain on a reduced form and return the first audited answer."""
+    p = prob.p
+    if p is not None and solver not in ("auto", "dual"):
+        raise ValidationError(
+            f"sample_weight is not supported with solver={solver!r}; use solver='dual' or "
+            "'auto' (the specialised dual, exact)")
     losses = prob.losses(prob.X)
-    edge = edge_case(red, r, theta2, losses)
+    edge = edge_case(red, r, theta2, losses, p)
     if edge is not None:
         return edge_result(prob, losses, r, theta1, theta2, divergence, edge, t_start)
     solver_options = dict(solver_options)
@@ -99,7 +104,7 @@ def solve_reduced(prob: Problem, red: Reduced, r, theta1, theta2, divergence, so
     state = {"program": program}
 
     def run_dual():
-        sol = solve_dual(oracle, r, theta2, divergence, **dual_opts)
+        sol = solve_dual(oracle, r, theta2, divergence, p=p, **dual_opts)
         if sol.status != OPTIMAL:
             raise audit.Skip(f"dual reported {sol.native_status!r}", sol.status)
         return build_result(prob, red, sol, r, theta1, theta2, divergence, t_start,
@@ -129,16 +134,9 @@ def solve_reduced(prob: Problem, red: Reduced, r, theta1, theta2, divergence, so
     attempts = []
     if solver in ("auto", "dual"):
         attempts.append(("dual", run_dual))
-    if solver != "dual":
+    if solver != "dual" and p is None:  # no conic fallback with sample weights
         attempts += [(name, run_conic(name)) for name in _conic_order(solver)]
     return audit.first_accepted(attempts, solver=solver)
-
-
-def _weights_at(lh: np.ndarray, theta2: float, divergence: str):
-    if divergence == "kl" or math.isinf(theta2):
-        return kl_weights(lh, theta2), (None if divergence == "kl" else 0.0)
-    w, alpha, _ = chi2_solution(lh, theta2)
-    return w, alpha
 
 
 def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, theta2, divergence,
@@ -157,10 +155,15 @@ def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, thet
         tie_rtol = 1e-10 if sol.solver == "dual" else 1e-7
     oracle = PiecewiseOracle(red.c1, red.c2) if oracle is None else oracle
     lh, k_lo, d_lo, k_hi, d_hi = oracle.scan(h, tie_rtol)
-    w, alpha = _weights_at(lh, theta2, divergence)
+    p = prob.p
+    w, alpha = weights_at(lh, theta2, divergence, p)
     # risk with every tied sample on its low piece, and the gain of moving each to its high one
-    need = n * r - float(w @ d_lo)
-    gain = w * (d_hi - d_lo)
+    if p is None:
+        need = n * r - float(w @ d_lo)
+        gain = w * (d_hi - d_lo)
+    else:
+        need = r - float((p * w) @ d_lo)
+        gain = p * w * (d_hi - d_lo)
     cand = np.nonzero(gain > 0)[0]
     frac = np.zeros(n)
     if need > 0 and cand.size and h > 0:
@@ -178,7 +181,7 @@ def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, thet
     src = np.concatenate([np.arange(n), split_rows])
     piece = np.concatenate([main_piece, k_hi[split_rows]])
     mass = np.concatenate([main_mass, frac[split_rows]])
-    value = float(dual_objective(lh, h, r, theta2, divergence))
+    value = float(dual_objective(lh, h, r, theta2, divergence, p))
     if sol.solver == "dual" and math.isfinite(sol.value):
         # the specialised dual evaluated F at this very h, at a kink on the side where l_h is
         # resolved best (the scan's max over pieces keeps the rounding of the moving piece)
@@ -246,7 +249,7 @@ def _audit_sampled(prob, red, src, piece, h, mass, w, theta1, theta2, divergence
     err = max(float(np.max(np.abs(direct_loss - loss_star[pick]) / (1 + np.abs(direct_loss)))),
               float(np.max(np.abs(direct_d2 - moved2[pick]) / (1 + direct_d2))))
     out = audit.audit_sums(prob.losses(prob.X), loss_star, moved2, mass, w, theta1, theta2,
-                           divergence, value)
+                           divergence, value, prob.p, src)
     out["audit"] = {"method": "sampled", "sample": int(pick.size), "max_rel_error": err}
     out["moved2"] = moved2
     if err > SAMPLED_RTOL:  # the reduced form and the model disagree: never pass this off
@@ -269,7 +272,7 @@ def _audit_blocks(prob, moved_block, src, mass, w, theta1, theta2, divergence, v
         diff = None if delta is None else Xs - Xg
         moved2[s:e] = 0.0 if diff is None else np.einsum("ij,ij->i", diff, diff)
     out = audit.audit_sums(prob.losses(prob.X), loss_star, moved2, mass, w, theta1, theta2,
-                           divergence, value)
+                           divergence, value, prob.p, src)
     out["audit"] = {"method": "direct", "sample": int(m), "max_rel_error": 0.0}
     out["moved2"] = moved2
     return out
@@ -288,9 +291,15 @@ def edge_result(prob, losses, r, theta1, theta2, divergence, edge, t_start,
     w = np.ones(n)
     value, h, alpha = 0.0, 0.0, (0.0 if divergence == "chi2" else None)
     if kind == "limit":
-        top = losses >= losses.max() * (1 - 1e-12)
-        w = np.where(top, n / top.sum(), 0.0)
-        frac = top.sum() / n
+        p = prob.p
+        if p is None:
+            top = losses >= losses.max() * (1 - 1e-12)
+            w = np.where(top, n / top.sum(), 0.0)
+            frac = top.sum() / n
+        else:  # the p-mass of the samples of largest loss (over the support of p)
+            top = (losses >= losses[p > 0].max() * (1 - 1e-12)) & (p > 0)
+            frac = float(np.sum(p[top]))
+            w = np.where(top, 1.0 / frac, 0.0)
         value = theta2 * (math.log(1 / frac) if divergence == "kl" else (1 / frac - 1))
         h, alpha = math.inf, None
     elif kind == "unreachable":

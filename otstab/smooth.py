@@ -24,7 +24,7 @@ from otstab_solvers.dual import solve_dual
 from otstab_solvers.first_order import solve_first_order
 from otstab_solvers.result import OPTIMAL
 from otstab_solvers.smooth import CrossEntropyOracle, LogisticOracle, SquaredOracle
-from otstab_solvers.weights import chi2_solution, kl_weights
+from otstab_solvers.weights import pmean, weights_at
 
 from . import audit, bounds
 from .errors import IncompatibleLossError, ValidationError
@@ -81,13 +81,6 @@ def linear_smooth_oracle(W, b, task: str, X, y, *, loss: str, theta1: float, mas
     raise IncompatibleLossError(f"loss {loss!r} does not fit a linear {task} model")
 
 
-def _weights_at(lh, theta2, divergence):
-    if divergence == "kl" or math.isinf(theta2):
-        return kl_weights(lh, theta2), (None if divergence == "kl" else 0.0)
-    w, alpha, _ = chi2_solution(lh, theta2)
-    return w, alpha
-
-
 def certify_smooth(prob, *, r, theta1, theta2, divergence, mask=None, solver="auto",
                    **solver_options) -> StabilityResult:
     """``certify`` for smooth losses (linear models: exact; others: first-order)."""
@@ -107,6 +100,10 @@ def certify_smooth(prob, *, r, theta1, theta2, divergence, mask=None, solver="au
                                      **solver_options)
     if solver == "dual":
         raise ValidationError("solver='dual' needs a linear model; use 'auto' or 'first_order'")
+    if prob.p is not None:
+        raise ValidationError(
+            f"sample_weight is not supported with solver={solver!r} / loss={loss!r} on this "
+            "model (the first-order path); use a linear model with solver='auto' or 'dual'")
     check_options(solver_options, FIRST_ORDER_OPTIONS, "the first-order solver")
     return _certify_first_order(prob, loss, r, theta1, theta2, divergence, mask, t_start,
                                 **solver_options)
@@ -173,11 +170,12 @@ def _certify_linear_exact(prob, loss, r, theta1, theta2, divergence, mask, t_sta
     oracle = linear_smooth_oracle(sc.W, sc.b, sc.task, prob.X, prob.y, loss=loss,
                                   theta1=theta1, mask=mask)
     base = prob.losses(prob.X)
+    p = prob.p
     cannot_move = math.isinf(theta1) or _zero_direction(oracle)
-    lmax = float(np.max(base))
+    lmax = float(np.max(base) if p is None else np.max(base[p > 0]))
     edge = None
-    if audit.reached(r, float(np.mean(base))):
-        edge = ("zero", f"r = {r:g} <= base risk {float(np.mean(base)):.6g}: no perturbation "
+    if audit.reached(r, pmean(base, p)):
+        edge = ("zero", f"r = {r:g} <= base risk {pmean(base, p):.6g}: no perturbation "
                         "is needed")
     elif cannot_move and (math.isinf(theta2) or r > lmax * (1 + 1e-12)):
         edge = ("unreachable", f"r = {r:g} cannot be reached: samples cannot move and "
@@ -189,7 +187,7 @@ def _certify_linear_exact(prob, loss, r, theta1, theta2, divergence, mask, t_sta
         return edge_result(prob, base, r, theta1, theta2, divergence, edge, t_start, loss=loss)
 
     def attempt():
-        sol = solve_dual(oracle, r, theta2, divergence, **solver_options)
+        sol = solve_dual(oracle, r, theta2, divergence, p=p, **solver_options)
         if sol.status != OPTIMAL:
             raise audit.Skip(f"dual reported {sol.native_status!r}", sol.status)
         cand = _build(prob, oracle, sol, loss, r, theta1, theta2, divergence, t_start)
@@ -205,19 +203,22 @@ def _build(prob, oracle, sol, loss, r, theta1, theta2, divergence, t_start):
     n = prob.n
     h = float(sol.h)
     lh = oracle.evaluate(h)[0]
-    w, alpha = _weights_at(lh, theta2, divergence)
+    p = prob.p
+    w, alpha = weights_at(lh, theta2, divergence, p)
+    # q: each sample's share of P0 times n (all ones without sample weights)
+    q = np.ones(n) if p is None else p * n
     X_star = oracle.argmax(h)
     loss_star = prob.losses(X_star)
     src = np.arange(n)
     mass = np.ones(n)
-    risk = float(w @ loss_star) / n
+    risk = float(w @ loss_star) / n if p is None else float((p * w) @ loss_star)
     split_note = ""
     if h > 0 and abs(risk - r) > 1e-12 * r:
         X_lo, X_hi = oracle.argmax(h * (1 - SWITCH_STEP)), _argmax_above(oracle, h)
         if X_hi is not None:
             l_lo, l_hi = prob.losses(X_lo), prob.losses(X_hi)
-            need = n * r - float(w @ l_lo)
-            gain = w * (l_hi - l_lo)
+            need = n * r - float((q * w) @ l_lo)
+            gain = q * w * (l_hi - l_lo)
             cand = np.flatnonzero(gain > 0)
             if need > 0 and cand.size and float(gain[cand].sum()) >= need * (1 - 1e-12):
                 frac = np.zeros(n)
@@ -241,7 +242,7 @@ def _build(prob, oracle, sol, loss, r, theta1, theta2, divergence, t_start):
     diff = X_star - prob.X[src]
     moved2 = np.einsum("ij,ij->i", diff, diff)
     res = audit.audit_sums(prob.losses(prob.X), loss_star, moved2, mass, w[src], theta1, theta2,
-                           divergence, float(sol.value))
+                           divergence, float(sol.value), p, src)
     msg = split_note
     if not getattr(oracle, "exact_at", lambda _h: True)(h):
         msg = (f"multinomial cross-entropy above h_concave = {getattr(oracle, 'h_concave', 0):.4g}"

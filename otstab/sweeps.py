@@ -27,7 +27,7 @@ __all__ = ["stability_curve"]
 
 
 def stability_curve(model, X, y, *, r, loss, theta1=1.0, theta2=0.25, divergence="kl",
-                    solver="auto", features=None, confidence=None,
+                    solver="auto", features=None, confidence=None, sample_weight=None,
                     **solver_options) -> pd.DataFrame:
     """R(beta, r) for every threshold in ``r`` (value versus r).
 
@@ -36,7 +36,8 @@ def stability_curve(model, X, y, *, r, loss, theta1=1.0, theta2=0.25, divergence
     risk. Each row is a full audited certificate (see :func:`otstab.certify`). With
     ``confidence`` (a level in (0, 1)) the columns ``se``, ``ci_low``, ``ci_high`` give each
     value's influence-function standard error and interval (``docs/inference.md``), drawn as
-    a band by :func:`otstab.plot.stability_curve`.
+    a band by :func:`otstab.plot.stability_curve`. ``sample_weight``: weights of the evaluation
+    rows, as in :func:`otstab.certify`.
     """
     level = None if confidence is None else check_level(confidence)
     grid = as_float_vector(r, "r")
@@ -46,26 +47,30 @@ def stability_curve(model, X, y, *, r, loss, theta1=1.0, theta2=0.25, divergence
                                                  solver)
     solver = solver.lower()
     loss_obj = get_loss(loss)
-    prob = resolve_model(model, X, y, loss=loss_obj)
+    prob = resolve_model(model, X, y, loss=loss_obj, sample_weight=sample_weight)
     mask = feature_mask(prob.d, features, prob.feature_names)
     results = []
     if prob.scorer is not None and isinstance(loss_obj, (PiecewiseLinear, MulticlassHinge)) \
             and solver != "first_order":
         red = reduce_problem(prob, theta1, mask)
         program = None
-        if solver not in ("auto", "dual"):
+        if solver not in ("auto", "dual") and prob.p is None:  # (refused with weights)
             program = _conic.ConicProgram(red.c1, red.c2, theta2, divergence)
         for rv in grid:
             t0 = time.perf_counter()
-            results.append(solve_reduced(prob, red, float(rv), theta1, theta2, divergence,
-                                         solver, t0, program=program, **solver_options))
+            res = solve_reduced(prob, red, float(rv), theta1, theta2, divergence, solver, t0,
+                                program=program, **solver_options)
+            if prob.p is not None:
+                res.info["sample_weight"] = prob.p  # for the weighted influence function
+            results.append(res)
     else:
         if isinstance(loss_obj, ZeroOne) and np.any(grid > 1):
             raise ValidationError("r is an error rate for loss='zero_one': values must be <= 1")
         for rv in grid:
             results.append(certify(model, X, y, loss=loss_obj, r=float(rv), theta1=theta1,
                                    theta2=theta2, divergence=divergence, solver=solver,
-                                   features=features, **solver_options))
+                                   features=features, sample_weight=sample_weight,
+                                   **solver_options))
     df = pd.DataFrame({
         "r": grid,
         "value": [res.value for res in results],

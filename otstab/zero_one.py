@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 from otstab_solvers.result import OPTIMAL
-from otstab_solvers.weights import chi2_solution, kl_weights, phi
+from otstab_solvers.weights import chi2_solution, kl_weights, phi, pmean, weights_at
 from otstab_solvers.zero_one import solve_zero_one
 
 from . import audit, bounds
@@ -127,14 +127,22 @@ def _near(a, h, tol=1e-10):
 class _Weights:
     """The weights of Q* over the n samples, kept compact: every row outside ``idx`` has the
     weight ``base`` (its ``l_h`` is 0), the rows ``idx`` have ``vals``; or a dense array
-    (``dense``). Sums over all rows cost O(len(idx)) plus one pass over the summed array."""
+    (``dense``). Sums over all rows cost O(len(idx)) plus one pass over the summed array.
 
-    def __init__(self, n, *, base=None, idx=None, vals=None, dense=None):
+    ``q`` (dense weights only): n times the sample probabilities (sample weights); the sums
+    and :meth:`at` then carry each row's share ``q_i`` of P0 (``sum_i q_i w_i = n``), so that
+    every ``sum / n`` below is the p-weighted sum."""
+
+    def __init__(self, n, *, base=None, idx=None, vals=None, dense=None, q=None):
         self.n, self.base, self.idx, self.vals, self.dense = n, base, idx, vals, dense
+        self.q = q
+        self._qw = None if q is None else q * dense
         self._dots = {}
 
     def at(self, pos):
-        """Weights of the rows ``idx[pos]``."""
+        """Weights of the rows ``idx[pos]`` (times their ``q`` with sample weights)."""
+        if self._qw is not None:
+            return self._qw[self.idx[pos]]
         if self.dense is not None:
             return self.dense[self.idx[pos]]
         return self.vals[pos]
@@ -143,7 +151,9 @@ class _Weights:
         """sum_i w_i x_i (remembered per array: the plan and the audit both need it)."""
         key = id(x)
         if key not in self._dots:
-            if self.dense is not None:
+            if self._qw is not None:
+                val = float(np.dot(self._qw, x))
+            elif self.dense is not None:
                 val = float(np.dot(self.dense, x))
             else:
                 val = self.base * float(np.sum(x)) + float(
@@ -152,12 +162,16 @@ class _Weights:
         return self._dots[key][1]
 
     def total(self):
+        if self._qw is not None:
+            return float(np.sum(self._qw))
         if self.dense is not None:
             return float(np.sum(self.dense))
         return self.base * (self.n - self.idx.size) + float(np.sum(self.vals))
 
     def phi_total(self, divergence):
-        """sum_i phi(w_i)."""
+        """sum_i phi(w_i) (sum_i q_i phi(w_i) with sample weights)."""
+        if self.q is not None:
+            return float(np.dot(self.q, phi(self.dense, divergence)))
         if self.dense is not None:
             return _phi_sum(self.dense, divergence)
         return (_phi_sum(np.array([self.base]), divergence) * (self.n - self.idx.size)
@@ -207,11 +221,22 @@ def _move_plan(h, w, loss0, r, n, ac, tol=1e-10):
     return moved, split
 
 
-def _weights(a, h, sol, theta2, divergence, n, cand, ac):
+def _unit(n, q):
+    """Every weight 1 (no reweighting)."""
+    if q is None:
+        return _Weights(n, base=1.0, idx=np.empty(0, dtype=np.intp), vals=np.empty(0))
+    return _Weights(n, idx=np.empty(0, dtype=np.intp), dense=np.ones(n), q=q)
+
+
+def _weights(a, h, sol, theta2, divergence, n, cand, ac, q=None):
     """The weights of Q* at ``h`` (a :class:`_Weights`) and chi2's alpha. Samples with
     ``a_i >= h`` have ``l_h = 0`` and share one weight, so only the rows ``cand`` (a superset
     of ``a_i < h``) get their own (the KL closed form returns the shared weight; chi2 takes
-    the dual's exact alpha); otherwise the weights are computed densely."""
+    the dual's exact alpha); otherwise the weights are computed densely. ``q``: n times the
+    sample probabilities (None: uniform); the weights are then computed densely with them."""
+    if q is not None:
+        w, alpha = weights_at(np.maximum(h - a, 0.0), theta2, divergence, q / n)
+        return _Weights(n, idx=cand, dense=w, q=q), alpha
     if math.isinf(theta2):
         return _Weights(n, base=1.0, idx=cand, vals=np.ones(cand.size)), \
             (None if divergence == "kl" else 0.0)
@@ -243,12 +268,16 @@ def _weights(a, h, sol, theta2, divergence, n, cand, ac):
 
 
 def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near, y, losses_fn,
-                     names, index, t_start, dstar, base=None, *, exact=True, value_lower=0.0):
+                     names, index, t_start, dstar, base=None, *, exact=True, value_lower=0.0,
+                     p=None):
     """Edge cases, the exact 0/1 dual, Q* and its audit. ``exact=False`` when the distances
     are upper bounds (a perturbation search): the answer is then an upper bound on R and
-    ``value_lower`` the certified lower bound passed to the audit."""
+    ``value_lower`` the certified lower bound passed to the audit. ``p``: the sample
+    probabilities (None: uniform)."""
     n = a.size
-    base = float(np.mean(loss0)) if base is None else base
+    base = pmean(loss0, p) if base is None else base
+    q = None if p is None else p * n
+    live = slice(None) if p is None else p > 0  # the samples P0 charges
     method = "dual" if solver == "dual" else "closed_form"
     no_moves = (np.empty(0, dtype=np.intp), None)
     common = dict(a=a, loss0=loss0, r=r, theta1=theta1, theta2=theta2, divergence=divergence,
@@ -258,30 +287,30 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
         message = f"r = {r:g} <= base error rate {base:.6g}: no perturbation is needed"
         res = _finish(value=0.0, h=0.0, alpha=(0.0 if divergence == "chi2" else None),
                       status="zero", message=message, plan=no_moves,
-                      w=_Weights(n, base=1.0, idx=no_moves[0], vals=np.empty(0)),
-                      solver_name="none", sol=None,
+                      w=_unit(n, q), solver_name="none", sol=None,
                       log=[{"solver": "none", "status": "zero", "reason": message}], **common)
         audit.mark_edge(res, "zero")
         return res
     unreachable = None
     if math.isinf(theta2):
-        n_movable = int(np.count_nonzero(np.isfinite(a) & (loss0 == 0)))
-        if r > (float(np.sum(loss0)) + n_movable) / n:
+        movable = np.isfinite(a) & (loss0 == 0)
+        top = (float(np.sum(loss0)) + int(np.count_nonzero(movable))) / n if p is None \
+            else pmean(loss0 + movable, p)
+        if r > top:
             unreachable = (f"r = {r:g} exceeds the largest error rate reachable by moving "
                            "samples alone (theta2 = inf and some samples cannot be moved)")
-    if unreachable is None and base == 0.0 and not np.isfinite(a).any():
+    if unreachable is None and base == 0.0 and not np.isfinite(a[live]).any():
         unreachable = ("no sample is misclassified and none can be moved "
                        "(theta1 = inf, a zero model or masked features)")
-    if unreachable is None and r >= 1.0 and not bool(np.all(np.isfinite(a))):
+    if unreachable is None and r >= 1.0 and not bool(np.all(np.isfinite(a[live]))):
         if base > 0 and math.isfinite(theta2):
-            res = _limit_result(**common)
+            res = _limit_result(**common, p=p)
             audit.mark_edge(res, "limit")
             return res
         unreachable = "r = 1 needs every sample misclassified, which moving cannot achieve here"
     if unreachable:
         res = _finish(value=math.inf, h=math.nan, alpha=None, status="unreachable",
-                      message=unreachable, plan=no_moves,
-                      w=_Weights(n, base=1.0, idx=no_moves[0], vals=np.empty(0)),
+                      message=unreachable, plan=no_moves, w=_unit(n, q),
                       solver_name="none", sol=None,
                       log=[{"solver": "none", "status": "unreachable", "reason": unreachable}],
                       **common)
@@ -290,11 +319,11 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
 
     def attempt(how):
         def thunk():
-            sol = solve_zero_one(a, r, theta2, divergence, method=how)
+            sol = solve_zero_one(a, r, theta2, divergence, method=how, p=p)
             if sol.status != OPTIMAL:
                 raise audit.Skip(f"0/1 {how} reported {sol.native_status!r}", sol.status)
             cand, ac = _near(a, sol.h)
-            w, alpha = _weights(a, sol.h, sol, theta2, divergence, n, cand, ac)
+            w, alpha = _weights(a, sol.h, sol, theta2, divergence, n, cand, ac, q)
             plan = _move_plan(sol.h, w, loss0, r, n, ac)
             res = _finish(value=float(sol.value), h=sol.h, alpha=alpha, status="candidate",
                           message="", plan=plan, w=w, solver_name=sol.solver, sol=sol, log=[],
@@ -303,17 +332,23 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
         return thunk
 
     attempts = [(method, attempt(method))]
-    if solver == "auto" and method == "closed_form":
+    if solver == "auto" and method == "closed_form" and p is None:
         attempts.append(("dual", attempt("dual")))  # the kink-exact dual on the distances
     return audit.first_accepted(attempts, solver=solver)
 
 
 def _limit_result(*, a, loss0, r, theta1, theta2, divergence, X, X_near, y, losses_fn, names,
-                  index, t_start, dstar, base):
+                  index, t_start, dstar, base, p=None):
     n = a.size
     A = loss0 > 0
-    w = _Weights(n, idx=np.empty(0, dtype=np.intp), dense=np.where(A, n / A.sum(), 0.0))
-    frac_A = A.sum() / n
+    if p is None:
+        w = _Weights(n, idx=np.empty(0, dtype=np.intp), dense=np.where(A, n / A.sum(), 0.0))
+        frac_A = A.sum() / n
+    else:  # the p-mass of the misclassified samples
+        A &= p > 0
+        frac_A = float(np.sum(p[A]))
+        w = _Weights(n, idx=np.empty(0, dtype=np.intp), dense=np.where(A, 1.0 / frac_A, 0.0),
+                     q=p * n)
     value = theta2 * (math.log(1 / frac_A) if divergence == "kl" else (1 / frac_A - 1))
     msg = ("r = 1 is attained only in the limit h -> inf, with all mass on the misclassified "
            "samples")
@@ -370,7 +405,8 @@ def _finish(*, value, h, alpha, status, message, plan, w, a, loss0, r, theta1, t
     # risk: every atom at loss0, corrected on the moved atoms
     risk_star = (w.dot(loss0) + float(np.einsum("i,i,i->", m_rows, w_rows, loss_m - l0_rows))) / n
     base = float(np.mean(loss0)) if base is None else base
-    moved_risk = base + float(np.dot(m_rows, loss_m - l0_rows)) / n
+    qm = m_rows if w.q is None else m_rows * w.q[rows]
+    moved_risk = base + float(np.dot(qm, loss_m - l0_rows)) / n
     gap = audit.relative_gap(primal, value)
     if status == "unreachable":
         primal, gap = math.nan, math.nan
@@ -465,7 +501,7 @@ def certify_zero_one_problem(prob: Problem, r, theta1, theta2, divergence, mask,
     a = np.where(loss0 > 0, 0.0, a)
     return _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, prob.X, X_near,
                             prob.y, prob.losses, prob.feature_names, prob.index, t_start,
-                            np.where(loss0 > 0, 0.0, dstar))
+                            np.where(loss0 > 0, 0.0, dstar), p=prob.p)
 
 
 def certify_distances(dstar, r, *, theta1=1.0, theta2=0.25, divergence="kl", solver="auto",
@@ -558,6 +594,10 @@ def certify_zero_one_search(prob: Problem, *, r, theta1, theta2, divergence, mas
     if r > 1.0:
         raise ValidationError(
             f"r is an error rate for loss='zero_one' and must be in [0, 1], got {r}")
+    if prob.p is not None:
+        raise ValidationError(
+            f"sample_weight is not supported with solver={solver!r} / loss='zero_one' on this "
+            "model (the perturbation search); use a linear classifier with solver='auto'")
     if solver not in ("auto", "dual", "closed_form", "first_order"):
         raise ValidationError(f"solver={solver!r} does not apply to loss='zero_one' (use "
                               "'auto', 'closed_form' or 'dual')")

@@ -29,7 +29,14 @@ import numpy as np
 
 from .result import FAILED, OPTIMAL, DualSolution
 from .sorted_oracle import SortedTwoPiece
-from .weights import chi2_dual_term, chi2_solution, kl_dual_term, log_mean_shifted
+from .weights import (
+    chi2_dual_term,
+    chi2_solution,
+    kl_dual_term,
+    log_mean_shifted,
+    pmean,
+    support_max,
+)
 
 __all__ = ["PiecewiseOracle", "oracle_for", "solve_dual", "dual_objective", "refine"]
 
@@ -218,8 +225,10 @@ def _exp_shifted(a, m):
     return np.exp(np.maximum(a - m, -700.0))
 
 
-def _reduce(lh, d1, d2, theta2, divergence, n):
-    """(divergence term, mean_w d1, curvature) at one h."""
+def _reduce(lh, d1, d2, theta2, divergence, n, p=None):
+    """(divergence term, mean_w d1, curvature) at one h (``p``: sample probabilities)."""
+    if p is not None:
+        return _reduce_weighted(lh, d1, d2, theta2, divergence, p)
     if math.isinf(theta2):
         return float(np.mean(lh)), float(np.mean(d1)), float(np.mean(d2)), None
     if divergence == "kl":
@@ -242,26 +251,59 @@ def _reduce(lh, d1, d2, theta2, divergence, n):
     return term, mu, curv, alpha
 
 
-def dual_objective(lh, h, r, theta2, divergence):
+def _reduce_weighted(lh, d1, d2, theta2, divergence, p):
+    """:func:`_reduce` with sample probabilities ``p`` (every mean a p-weighted sum)."""
+    if math.isinf(theta2):
+        return pmean(lh, p), pmean(d1, p), pmean(d2, p), None
+    if divergence == "kl":
+        a = lh / theta2
+        m = support_max(a, p)
+        e = _exp_shifted(a, m)
+        pe = p * e
+        Z = float(np.sum(pe))
+        term = theta2 * (m + log_mean_shifted(a, m, e, p))
+        mu = float(np.dot(pe, d1)) / Z
+        var = float(np.dot(pe, (d1 - mu) ** 2)) / Z
+        curv = float(np.dot(pe, d2)) / Z + var / theta2
+        return term, mu, curv, None
+    w, alpha, term = chi2_solution(lh, theta2, p)
+    pw = p * w
+    mu = float(np.dot(pw, d1))
+    act = (w > 0) & (p > 0)
+    pa, da = p[act], d1[act]
+    dbar = float(np.dot(pa, da)) / float(np.sum(pa))
+    curv = float(np.dot(pw, d2)) + float(np.dot(pa, (da - dbar) ** 2)) / (2.0 * theta2)
+    return term, mu, curv, alpha
+
+
+def dual_objective(lh, h, r, theta2, divergence, p=None):
     """F(h) = h r - divergence term of ``l_h`` values (exact alpha for chi2)."""
     if divergence == "kl" or math.isinf(theta2):
-        return h * r - kl_dual_term(lh, theta2)
-    return h * r - chi2_dual_term(lh, theta2)
+        return h * r - kl_dual_term(lh, theta2, p)
+    return h * r - chi2_dual_term(lh, theta2, p=p)
 
 
 def solve_dual(oracle, r: float, theta2: float, divergence: str, *, tol: float = 1e-13,
-               max_iter: int = 200, h_init: float | None = None) -> DualSolution:
+               max_iter: int = 200, h_init: float | None = None, p=None) -> DualSolution:
     """Maximise the concave dual over ``h >= 0`` given an oracle for ``l_h``.
 
     The oracle has ``n``, ``h_max`` and ``evaluate(h) -> (l_h, dl_h/dh, d2l_h/dh2 or None)``;
     piecewise oracles (``evaluate(..., with_pieces=True)`` and ``crossings``) get exact kink
     handling. Stops when the concavity bound on ``F* - F(best)`` from the bracket (F* lies below
     the tangent at either end) is below ``tol * max(1, |F|)``; that bound is ``gap_bound``.
+    ``p``: probabilities of the samples (None: uniform); the sorted prefix-sum view is then
+    not used (the oracle is evaluated densely).
     """
     t0 = time.perf_counter()
     n = oracle.n
     # a sorted view (or an oracle carrying one) is evaluated from its prefix sums
     fast = oracle if isinstance(oracle, SortedTwoPiece) else getattr(oracle, "prefix", None)
+    probs = p  # (``p`` names the points of the search below)
+    if probs is not None:
+        if isinstance(oracle, SortedTwoPiece):
+            raise ValueError("a SortedTwoPiece oracle has no weighted form; pass the dense "
+                             "oracle with p")
+        fast = None
     kinks = fast is not None or hasattr(oracle, "crossings")
     evals = 0
 
@@ -279,7 +321,7 @@ def solve_dual(oracle, r: float, theta2: float, divergence: str, *, tol: float =
             lh, d1, d2 = oracle.evaluate(h)
         if d2 is None:
             d2 = np.zeros_like(lh)
-        term, mu, curv, alpha = _reduce(lh, d1, d2, theta2, divergence, n)
+        term, mu, curv, alpha = _reduce(lh, d1, d2, theta2, divergence, n, probs)
         return {"h": h, "F": h * r - term, "g": r - mu, "curv": curv, "alpha": alpha, "k": k}
 
     def bound(lo, hi):
@@ -408,7 +450,8 @@ def _kinks_between(oracle, fast, lo, hi):
     return hc.size, float(hc.min()), float(hc.max()), float(np.median(hc))
 
 
-def refine(oracle, h: float, r: float, theta2: float, divergence: str, *, steps: int = 4):
+def refine(oracle, h: float, r: float, theta2: float, divergence: str, *, steps: int = 4,
+           p=None):
     """Iterative refinement of an approximate dual solution (e.g. from a conic solver).
 
     Takes up to ``steps`` Newton steps on the exact dual derivative from ``h``, keeping a step
@@ -422,7 +465,7 @@ def refine(oracle, h: float, r: float, theta2: float, divergence: str, *, steps:
     def at(hh):
         lh, d1, d2 = oracle.evaluate(hh)[:3]
         term, mu, curv, alpha = _reduce(lh, d1, np.zeros_like(lh) if d2 is None else d2,
-                                        theta2, divergence, n)
+                                        theta2, divergence, n, p)
         return hh * r - term, r - mu, curv, alpha
 
     F, g, curv, alpha = at(h)

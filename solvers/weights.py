@@ -4,6 +4,11 @@ For the KL divergence, ``w_i = exp(l_i/theta2) / mean_j exp(l_j/theta2)`` (a sof
 for chi2, ``w_i = ((l_i + alpha)/(2 theta2) + 1)_+`` where ``alpha`` solves
 ``mean_i ((l_i + alpha)/(2 theta2) + 1)_+ = 1`` (Remark 5 of the paper), found exactly by a sort.
 Both accept ``theta2 = inf`` (no reweighting: all weights 1).
+
+Every function takes an optional ``p``: probabilities of the samples (sample weights
+normalised to sum 1; None: uniform, 1/n each, computed by the plain means). With ``p`` every
+mean over samples is the p-weighted sum (the evaluation distribution is sum_i p_i delta_{z_i}),
+and the weights are likelihood ratios with respect to it: ``sum_i p_i w_i = 1``.
 """
 
 from __future__ import annotations
@@ -13,6 +18,9 @@ import math
 import numpy as np
 
 __all__ = [
+    "pmean",
+    "support_max",
+    "weights_at",
     "logmeanexp",
     "log_mean_shifted",
     "kl_weights",
@@ -26,7 +34,21 @@ __all__ = [
 ]
 
 
-def log_mean_shifted(a: np.ndarray, m: float, e: np.ndarray) -> float:
+def pmean(x: np.ndarray, p: np.ndarray | None = None) -> float:
+    """mean(x), or sum_i p_i x_i with probabilities ``p``."""
+    if p is None:
+        return float(np.mean(x))
+    return float(np.dot(p, x))
+
+
+def support_max(a: np.ndarray, p: np.ndarray | None) -> float:
+    """The largest entry of ``a`` among the samples of positive probability."""
+    if p is None:
+        return float(np.max(a))
+    return float(np.max(a[p > 0]))
+
+
+def log_mean_shifted(a: np.ndarray, m: float, e: np.ndarray, p=None) -> float:
     """log(mean(exp(a - m))) given ``e = exp(a - m)`` (clamped at exp(-700)).
 
     When the mean is close to 1 (every ``a_i`` close to the largest, as when theta2 is huge
@@ -34,42 +56,47 @@ def log_mean_shifted(a: np.ndarray, m: float, e: np.ndarray) -> float:
     then turns an error of 1e-16 into one of 1e-16 theta2. There the mean of ``expm1`` and
     ``log1p`` are used instead, which keep full relative accuracy.
     """
-    s = float(np.mean(e))
+    s = pmean(e, p)
     if s > 0.5:
-        return math.log1p(float(np.mean(np.expm1(np.maximum(a - m, -700.0)))))
+        return math.log1p(pmean(np.expm1(np.maximum(a - m, -700.0)), p))
     return math.log(s)
 
 
-def logmeanexp(a: np.ndarray) -> float:
+def logmeanexp(a: np.ndarray, p=None) -> float:
     """log(mean(exp(a))) computed stably (terms below exp(-700) of the largest are clamped
     there: they are far below rounding, and subnormal arithmetic is very slow), with full
     relative accuracy also when every term is close to the largest."""
     a = np.asarray(a, dtype=np.float64)
-    m = float(np.max(a))
+    m = support_max(a, p)
     if not math.isfinite(m):
         return m
-    return m + log_mean_shifted(a, m, np.exp(np.maximum(a - m, -700.0)))
+    return m + log_mean_shifted(a, m, np.exp(np.maximum(a - m, -700.0)), p)
 
 
-def kl_dual_term(lh: np.ndarray, theta2: float) -> float:
+def kl_dual_term(lh: np.ndarray, theta2: float, p=None) -> float:
     """theta2 * log mean exp(lh / theta2); the mean of lh when theta2 = inf."""
     if math.isinf(theta2):
-        return float(np.mean(lh))
-    return theta2 * logmeanexp(np.asarray(lh) / theta2)
+        return pmean(lh, p)
+    return theta2 * logmeanexp(np.asarray(lh) / theta2, p)
 
 
-def kl_weights(lh: np.ndarray, theta2: float) -> np.ndarray:
-    """Weights w_i = n softmax_i(lh / theta2), so that mean(w) = 1."""
+def kl_weights(lh: np.ndarray, theta2: float, p=None) -> np.ndarray:
+    """Weights w_i = n softmax_i(lh / theta2), so that mean(w) = 1 (with ``p``:
+    exp(lh_i/theta2) / sum_j p_j exp(lh_j/theta2), so that sum p w = 1)."""
     lh = np.asarray(lh, dtype=np.float64)
     if math.isinf(theta2):
         return np.ones_like(lh)
     a = lh / theta2
     # clamp: weights below 1e-304 stay normal numbers (subnormal arithmetic is very slow)
-    e = np.exp(np.maximum(a - np.max(a), -700.0))
-    return e * (lh.size / np.sum(e))
+    if p is None:
+        e = np.exp(np.maximum(a - np.max(a), -700.0))
+        return e * (lh.size / np.sum(e))
+    # a sample of zero probability above the support's top is capped (its weight enters no sum)
+    e = np.exp(np.clip(a - support_max(a, p), -700.0, 700.0))
+    return e / float(np.dot(p, e))
 
 
-def chi2_alpha(lh: np.ndarray, theta2: float) -> float:
+def chi2_alpha(lh: np.ndarray, theta2: float, p=None) -> float:
     """The alpha solving mean_i ((lh_i + alpha)/(2 theta2) + 1)_+ = 1, exactly (O(n log n)).
 
     With u_i = lh_i / (2 theta2) and beta = alpha / (2 theta2) + 1, the equation is
@@ -81,6 +108,8 @@ def chi2_alpha(lh: np.ndarray, theta2: float) -> float:
     n = lh.size
     if math.isinf(theta2):
         return 0.0
+    if p is not None:
+        return _chi2_alpha_weighted(lh, theta2, p)
     # in alpha itself (not beta = alpha / (2 theta2) + 1, whose rounding near 1 would cost
     # 2 theta2 eps): with the top k active, sum_{top k} (lh_i + alpha + 2 theta2) = 2 theta2 n
     u = np.sort(lh)[::-1]
@@ -101,6 +130,26 @@ def chi2_alpha(lh: np.ndarray, theta2: float) -> float:
     return a
 
 
+def _chi2_alpha_weighted(lh, theta2, p):
+    """:func:`chi2_alpha` with probabilities ``p``: with the top k (in decreasing ``lh``, over
+    the samples of positive probability) active, P_k = sum_{top k} p and S_k = sum_{top k} p lh,
+    alpha = (2 theta2 (1 - P_k) - S_k) / P_k, valid when 2 theta2 > S_k - lh_(k) P_k."""
+    live = p > 0
+    order = np.argsort(-lh[live], kind="stable")
+    u = lh[live][order]
+    q = p[live][order]
+    P = np.cumsum(q)
+    S = np.cumsum(q * u)
+    valid = 2.0 * theta2 > S - u * P
+    kk = int(np.nonzero(valid)[0][-1])
+    a = float((2.0 * theta2 * (1.0 - P[kk]) - S[kk]) / P[kk])
+    w = np.maximum((lh + a) / (2.0 * theta2) + 1.0, 0.0)
+    p_act = float(np.sum(p[w > 0]))
+    if p_act > 0:
+        a -= 2.0 * theta2 * (float(np.dot(p, w)) - 1.0) / p_act
+    return a
+
+
 def chi2_weights(lh: np.ndarray, theta2: float, alpha: float | None = None) -> np.ndarray:
     """w_i = ((lh_i + alpha)/(2 theta2) + 1)_+; mean(w) = 1 at the exact alpha.
 
@@ -114,7 +163,7 @@ def chi2_weights(lh: np.ndarray, theta2: float, alpha: float | None = None) -> n
     return np.maximum((lh + alpha) / (2.0 * theta2) + 1.0, 0.0)
 
 
-def chi2_solution(lh: np.ndarray, theta2: float):
+def chi2_solution(lh: np.ndarray, theta2: float, p=None):
     """``(w, alpha, term)``: the chi2 weights, alpha and the dual's subtracted term, computed
     on ``lh - max(lh)`` (the weights depend on ``lh + alpha`` only, and the term shifts with
     ``lh``). Without the shift, ``lh + alpha`` cancels two numbers of the size of ``lh``, and
@@ -122,15 +171,25 @@ def chi2_solution(lh: np.ndarray, theta2: float):
     1e-6 with ``lh ~ 1e6``, theta2 = 1e-6)."""
     lh = np.asarray(lh, dtype=np.float64)
     if math.isinf(theta2):
-        return np.ones_like(lh), 0.0, float(np.mean(lh))
-    m = float(np.max(lh))
+        return np.ones_like(lh), 0.0, pmean(lh, p)
+    m = support_max(lh, p)
     ls = lh - m
-    a = chi2_alpha(ls, theta2)
+    a = chi2_alpha(ls, theta2, p)
     w = np.maximum((ls + a) / (2.0 * theta2) + 1.0, 0.0)
-    return w, a - m, chi2_term_at(ls, theta2, a) + m
+    return w, a - m, chi2_term_at(ls, theta2, a, p) + m
 
 
-def chi2_dual_term(lh: np.ndarray, theta2: float, alpha: float | None = None) -> float:
+def weights_at(lh: np.ndarray, theta2: float, divergence: str, p=None):
+    """``(w, alpha)``: the weights of the most sensitive distribution at the values ``lh`` of
+    l_h, and chi2's alpha (None for KL; 0 when theta2 = inf)."""
+    if divergence == "kl" or math.isinf(theta2):
+        return kl_weights(lh, theta2, p), (None if divergence == "kl" else 0.0)
+    w, alpha, _ = chi2_solution(lh, theta2, p)
+    return w, alpha
+
+
+def chi2_dual_term(lh: np.ndarray, theta2: float, alpha: float | None = None,
+                   p=None) -> float:
     """The chi2 dual's subtracted term: -alpha - theta2 + theta2 mean(w^2) at the best alpha.
 
     So the chi2 dual objective at h is ``h r - chi2_dual_term(l_h, theta2)``.
@@ -138,20 +197,20 @@ def chi2_dual_term(lh: np.ndarray, theta2: float, alpha: float | None = None) ->
     """
     lh = np.asarray(lh, dtype=np.float64)
     if math.isinf(theta2):
-        return float(np.mean(lh))
+        return pmean(lh, p)
     if alpha is None:
-        alpha = chi2_alpha(lh, theta2)
-    return chi2_term_at(lh, theta2, alpha)
+        alpha = chi2_alpha(lh, theta2, p)
+    return chi2_term_at(lh, theta2, alpha, p)
 
 
-def chi2_term_at(lh: np.ndarray, theta2: float, alpha: float) -> float:
+def chi2_term_at(lh: np.ndarray, theta2: float, alpha: float, p=None) -> float:
     """-alpha - theta2 + theta2 mean(w^2) at a given alpha, written without cancellation:
     with v = (lh + alpha) / (2 theta2), an active sample (w = 1 + v > 0) contributes
     theta2 (w^2 - 1) = (lh + alpha) + theta2 v^2 and an inactive one -theta2."""
     s = np.asarray(lh, dtype=np.float64) + alpha
     v = s / (2.0 * theta2)
     act = v > -1.0
-    return float(np.mean(np.where(act, s + theta2 * v * v, -theta2))) - alpha
+    return pmean(np.where(act, s + theta2 * v * v, -theta2), p) - alpha
 
 
 #: Taylor coefficients of phi_KL(1 + t) = sum_{k>=2} (-1)^k t^k / (k (k - 1)), highest first,

@@ -85,15 +85,22 @@ class _PrefixSums:
 
 
 def solve_zero_one(a, r: float, theta2: float, divergence: str, *,
-                   method: str = "closed_form", presorted: bool = False) -> DualSolution:
+                   method: str = "closed_form", presorted: bool = False,
+                   p=None) -> DualSolution:
     """Solve the 0/1 dual exactly. ``method``: "closed_form" (KL and theta2 = inf) or "dual".
 
     ``a`` must be nonnegative (``inf`` allowed). The caller decides reachability first
     (``r <= max loss`` when samples cannot move). ``presorted=True`` skips the sort when ``a``
     is already ascending (feature scores reuse one sort: d*_ij = m_i^2 / beta_j^2).
+    ``p``: probabilities of the samples (None: uniform); the dual then depends on the samples
+    of positive probability only and is solved by the kink-exact dual on them.
     """
     t0 = time.perf_counter()
     a = np.asarray(a, dtype=np.float64)
+    if p is not None:
+        live = np.asarray(p) > 0
+        a, p = a[live], np.asarray(p, dtype=np.float64)[live]
+        method = "dual"
     n = a.size
     if r >= 1.0 and np.all(np.isfinite(a)) and float(np.mean(a == 0)) < 1.0:
         # F'(h) = 1 - E_w[1{h > a_i}] >= 0, and = 0 once every sample moves: h* = max a. For
@@ -102,18 +109,18 @@ def solve_zero_one(a, r: float, theta2: float, divergence: str, *,
         # two numbers of size h
         h = float(a.max())
         if divergence == "kl" or math.isinf(theta2):
-            value = -kl_dual_term(-a, theta2)
+            value = -kl_dual_term(-a, theta2, p)
             alpha = None if divergence == "kl" else 0.0
         else:
-            alpha_neg = chi2_alpha(-a, theta2)
-            value = -chi2_dual_term(-a, theta2, alpha_neg)
+            alpha_neg = chi2_alpha(-a, theta2, p)
+            value = -chi2_dual_term(-a, theta2, alpha_neg, p)
             alpha = alpha_neg - h  # the alpha of l_h = h - a
         return DualSolution(h, alpha, float(value), OPTIMAL,
                             "zero_one_closed_form", "r = 1: every sample moves", iterations=1,
                             gap_bound=0.0, solve_time=time.perf_counter() - t0,
                             info={"value_rounding": 4e-15 * (abs(value) + float(a.min()))})
     if method == "dual" or (divergence == "chi2" and not math.isinf(theta2)):
-        sol = solve_dual(DistanceOracle(a, presorted=presorted), r, theta2, divergence)
+        sol = solve_dual(DistanceOracle(a, presorted=presorted), r, theta2, divergence, p=p)
         sol.solver = "zero_one_dual"
         return sol
     s = a if presorted else np.sort(a)

@@ -256,8 +256,10 @@ def check_result(model, X, y, case, res, base, err, lmax):
 
 
 def le(a, b):
-    """a <= b up to a relative 1e-9 (inf <= inf)."""
-    return a <= b or a - b <= 1e-9 * abs(b)
+    """a <= b up to a relative 2e-6 (inf <= inf): each value is certified to a relative 1e-6
+    (its audit), so two values can be ordered only up to the sum of their tolerances (the 0/1
+    dual and closed form, for example, agree to about 2e-9)."""
+    return a <= b or a - b <= 2e-6 * abs(b)
 
 
 # one hypothesis run per loss, so that each loss reports its own failures

@@ -1,0 +1,198 @@
+"""``sample_weight=``: P0 = sum_i p_i delta_{z_i} (issue 15).
+
+The references are independent of the weighted code: integer weights are the same problem as
+the rows replicated that many times (the unweighted path on ``np.repeat``), zero weights the
+rows dropped, and the audit of a weighted Q* is recomputed here from the model's own
+decision_function.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import otstab
+from otstab.errors import ValidationError
+
+RTOL = 1e-9
+
+
+def _binary(n=40, d=3, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d))
+    y = np.where(X[:, 0] + 0.5 * rng.normal(size=n) > 0, 1, -1)
+    return otstab.LinearModel(rng.normal(size=d), 0.1), X, y
+
+
+def _multiclass(n=45, d=3, K=3, seed=1):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d))
+    y = rng.integers(0, K, size=n)
+    return otstab.LinearModel(rng.normal(size=(K, d)), rng.normal(size=K)), X, y
+
+
+def _regression(n=40, d=3, seed=2):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d))
+    y = X @ np.array([1.0, -0.5, 0.2]) + 0.3 * rng.normal(size=n)
+    return otstab.LinearModel(np.array([0.8, -0.4, 0.0]), 0.05, task="regression"), X, y
+
+
+# (problem, loss, r): r above the base risk of each problem
+CASES = [(_binary, "hinge", 1.5), (_binary, "zero_one", 0.6), (_binary, "logistic", 1.2),
+         (_regression, "absolute", 0.8), (_multiclass, "multiclass_hinge", 2.5),
+         (_multiclass, "cross_entropy", 2.0)]
+PRICES = [(1.0, 0.5), (math.inf, 0.5), (1.0, math.inf)]
+
+
+def _counts(n, seed=3, low=0):
+    return np.random.default_rng(seed).integers(low, 4, size=n)
+
+
+def _close(a, b):
+    assert a.status == b.status
+    assert a.value == pytest.approx(b.value, rel=RTOL, abs=1e-300)
+
+
+@pytest.mark.parametrize("make, loss, r", CASES)
+@pytest.mark.parametrize("divergence", ["kl", "chi2"])
+@pytest.mark.parametrize("theta1, theta2", PRICES)
+def test_integer_weights_equal_replicated_rows(make, loss, r, divergence, theta1, theta2):
+    model, X, y = make()
+    k = _counts(len(y))  # includes zeros: those rows are dropped by the replication
+    kw = dict(loss=loss, r=r, theta1=theta1, theta2=theta2, divergence=divergence)
+    res = otstab.certify(model, X, y, sample_weight=k, **kw)
+    ref = otstab.certify(model, np.repeat(X, k, axis=0), np.repeat(y, k), **kw)
+    _close(res, ref)
+    assert res.status in ("optimal", "zero", "unreachable")
+    assert res.risk_base == pytest.approx(ref.risk_base, rel=1e-12)
+
+
+@pytest.mark.parametrize("make, loss, r", CASES[:3])
+def test_zero_weights_equal_dropped_rows_and_scaling_changes_nothing(make, loss, r):
+    model, X, y = make()
+    k = _counts(len(y), seed=4)
+    keep = k > 0
+    p = np.where(keep, np.random.default_rng(5).uniform(0.5, 2.0, size=len(y)), 0.0)
+    kw = dict(loss=loss, r=r, theta1=1.0, theta2=0.5)
+    res = otstab.certify(model, X, y, sample_weight=p, **kw)
+    _close(res, otstab.certify(model, X[keep], y[keep], sample_weight=p[keep], **kw))
+    scaled = otstab.certify(model, X, y, sample_weight=1e3 * p, **kw)
+    _close(res, scaled)
+
+
+@pytest.mark.parametrize("make, loss, r", CASES)
+def test_uniform_weights_are_bit_identical_to_none(make, loss, r):
+    model, X, y = make()
+    kw = dict(loss=loss, r=r, theta1=1.0, theta2=0.5, divergence="chi2")
+    a = otstab.certify(model, X, y, sample_weight=np.full(len(y), 2.5), **kw)
+    b = otstab.certify(model, X, y, **kw)
+    assert (a.value, a.h, a.risk_star, a.primal_cost) == (b.value, b.h, b.risk_star,
+                                                         b.primal_cost)
+    assert np.array_equal(a.weights, b.weights)
+
+
+@pytest.mark.parametrize("loss, r", [("hinge", 1.5), ("zero_one", 0.6), ("logistic", 1.2)])
+@pytest.mark.parametrize("divergence", ["kl", "chi2"])
+def test_weighted_audit_recomputed_from_the_model(loss, r, divergence):
+    model, X, y = _binary()
+    sw = np.random.default_rng(6).uniform(0.0, 3.0, size=len(y))
+    theta1, theta2 = 1.0, 0.5
+    res = otstab.certify(model, X, y, loss=loss, r=r, theta1=theta1, theta2=theta2,
+                         divergence=divergence, sample_weight=sw)
+    assert res.status == "optimal"
+    p = sw / sw.sum()
+    src, mass, w = np.asarray(res.source), np.asarray(res.mass), np.asarray(res.weights)
+    Xs = np.asarray(res.X_star)
+    margin = y[src] * model.decision_function(Xs)
+    loss_star = {"hinge": np.maximum(0.0, 1.0 - margin),
+                 "zero_one": (margin <= 0).astype(float),
+                 "logistic": np.logaddexp(0.0, -margin)}[loss]
+    pm = p[src] * mass
+    phi = (w * np.log(np.where(w > 0, w, 1.0)) - w + 1.0) if divergence == "kl" \
+        else (w - 1.0) ** 2
+    cost = theta1 * np.sum(pm * w * np.sum((Xs - X[src]) ** 2, axis=1)) + theta2 * np.sum(
+        pm * phi)
+    assert np.sum(pm * w) == pytest.approx(1.0, abs=1e-9)
+    assert np.sum(pm * w * loss_star) == pytest.approx(r, rel=1e-8)
+    assert cost == pytest.approx(res.value, rel=1e-6)
+    base = {"hinge": np.maximum(0.0, 1.0 - y * model.decision_function(X)),
+            "zero_one": (y * model.decision_function(X) <= 0).astype(float),
+            "logistic": np.logaddexp(0.0, -y * model.decision_function(X))}[loss]
+    assert res.risk_base == pytest.approx(float(p @ base), rel=1e-12)
+
+
+@pytest.mark.parametrize("divergence", ["kl", "chi2"])
+def test_limit_value_uses_the_weighted_mass_of_the_largest_losses(divergence):
+    # samples cannot move (theta1 = inf) and r is the largest loss: all mass on the samples
+    # A of largest loss, R = theta2 log(1/P(A)) (KL) or theta2 (1/P(A) - 1) (chi2)
+    model, X, y = _binary()
+    sw = np.random.default_rng(7).uniform(0.1, 2.0, size=len(y))
+    losses = np.maximum(0.0, 1.0 - y * model.decision_function(X))
+    top = losses == losses.max()
+    PA = sw[top].sum() / sw.sum()
+    res = otstab.certify(model, X, y, loss="hinge", r=float(losses.max()), theta1=math.inf,
+                         theta2=0.5, divergence=divergence, sample_weight=sw)
+    expect = 0.5 * (math.log(1 / PA) if divergence == "kl" else 1 / PA - 1)
+    assert res.value == pytest.approx(expect, rel=1e-12)
+
+
+def test_sweeps_and_features_equal_replicated_rows():
+    model, X, y = _binary()
+    k = _counts(len(y), seed=8)
+    Xr, yr = np.repeat(X, k, axis=0), np.repeat(y, k)
+    grid = [1.2, 1.5, 2.0]
+    a = otstab.stability_curve(model, X, y, r=grid, loss="hinge", sample_weight=k)
+    b = otstab.stability_curve(model, Xr, yr, r=grid, loss="hinge")
+    np.testing.assert_allclose(a["value"], b["value"], rtol=RTOL)
+    fa = otstab.feature_stability(model, X, y, loss="hinge", r=1.5, sample_weight=k)
+    fb = otstab.feature_stability(model, Xr, yr, loss="hinge", r=1.5)
+    fa, fb = fa.sort_values("feature"), fb.sort_values("feature")
+    np.testing.assert_allclose(fa["score"], fb["score"], rtol=1e-8)
+
+
+def test_weighted_se_with_zero_one_weights_equals_dropped_rows():
+    # with weights in {0, 1} the Kish SE sqrt(sum p_i^2 IF_i^2) is sd(IF)/sqrt(m) on the m kept
+    # rows: the unweighted SE of the kept rows
+    model, X, y = _binary(n=120)
+    keep = np.random.default_rng(9).uniform(size=len(y)) < 0.7
+    kw = dict(loss="hinge", r=1.5, theta1=1.0, theta2=0.5)
+    a = otstab.certify(model, X, y, sample_weight=keep.astype(float), **kw)
+    b = otstab.certify(model, X[keep], y[keep], **kw)
+    assert a.se == pytest.approx(b.se, rel=1e-8)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (np.ones(39), "40 rows"), (-np.ones(40), ">= 0"), (np.zeros(40), "positive sum"),
+    (np.full(40, np.nan), "NaN"), (np.ones(40, dtype=bool), "booleans"),
+    (np.array(["1"] * 40), "numeric"), (np.ones((40, 2)), "1-D")])
+def test_bad_weights_raise_naming_sample_weight(bad, match):
+    model, X, y = _binary()
+    with pytest.raises(ValidationError, match="sample_weight") as err:
+        otstab.certify(model, X, y, loss="hinge", r=1.5, sample_weight=bad)
+    assert match in str(err.value)
+
+
+def test_unsupported_paths_refuse_clearly():
+    model, X, y = _binary()
+    sw = np.arange(1.0, 41.0)
+    for kw in (dict(loss="hinge", solver="clarabel"), dict(loss="logistic", solver="first_order"),
+               dict(loss="zero_one", solver="first_order"),
+               dict(loss="hinge", se="bootstrap")):
+        with pytest.raises(ValidationError, match="sample_weight is not supported"):
+            otstab.certify(model, X, y, r=0.9 if kw["loss"] == "zero_one" else 1.5,
+                           sample_weight=sw, **kw)
+    res = otstab.certify(model, X, y, loss="hinge", r=1.5, sample_weight=sw)
+    from otstab.certificate import make_certificate
+    with pytest.raises(ValidationError, match="sample_weight"):
+        make_certificate(res, model, X, y)
+
+
+def test_caller_weights_not_mutated():
+    model, X, y = _binary()
+    sw = np.arange(1.0, 41.0)
+    keep = sw.copy()
+    otstab.certify(model, X, y, loss="hinge", r=1.5, sample_weight=sw)
+    assert np.array_equal(sw, keep)
