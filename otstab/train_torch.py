@@ -122,9 +122,14 @@ def _check_int(v, name, lowest):
         raise ValidationError(f"{name} must be an integer >= {lowest}, got {v!r}")
 
 
-def _is_pos_real(v):
-    return isinstance(v, Real) and not isinstance(v, (bool, np.bool_)) and v > 0 \
-        and math.isfinite(v)
+def _check_real(v, name, *, zero_ok=False):
+    """A finite real number > 0 (>= 0 with ``zero_ok``)."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, Real):
+        raise InputTypeError(f"{name} must be a real number, got {type(v).__name__}")
+    if not math.isfinite(v) or v < 0 or (v == 0 and not zero_ok):
+        kind = "non-negative" if zero_ok else "positive"
+        raise ValidationError(f"{name} must be a {kind} finite number, got {v!r}")
+    return float(v)
 
 
 class _RobustMLP(ClassifierMixin, BaseEstimator):
@@ -135,7 +140,10 @@ class _RobustMLP(ClassifierMixin, BaseEstimator):
 
     def _check_params(self):
         sizes = self.hidden_layer_sizes
-        sizes = (sizes,) if _is_int(sizes) else tuple(sizes)
+        try:
+            sizes = (sizes,) if _is_int(sizes) else tuple(sizes)
+        except TypeError:
+            sizes = ()
         if not sizes or not all(_is_int(s) and s >= 1 for s in sizes):
             raise ValidationError("hidden_layer_sizes must be a non-empty sequence of positive "
                                   f"integers, got {self.hidden_layer_sizes!r}")
@@ -144,11 +152,8 @@ class _RobustMLP(ClassifierMixin, BaseEstimator):
                                   f"{self.activation!r}")
         for name in ("epochs", "batch_size"):
             _check_int(getattr(self, name), name, 1)
-        if not _is_pos_real(self.lr):
-            raise ValidationError(f"lr must be a positive finite number, got {self.lr!r}")
-        if not (_is_pos_real(self.alpha) or (_is_pos_real(self.alpha + 1) and self.alpha == 0)):
-            raise ValidationError(f"alpha must be a non-negative finite number, got "
-                                  f"{self.alpha!r}")
+        _check_real(self.lr, "lr")
+        _check_real(self.alpha, "alpha", zero_ok=True)
         _check_int(self.seed, "seed", 0)
         return [int(s) for s in sizes]
 
@@ -168,9 +173,8 @@ class _RobustMLP(ClassifierMixin, BaseEstimator):
                              f"({self.classes_[0]!r})")
         n, d = X.shape
         names = list(getattr(self, "feature_names_in_", [])) or None
-        mask = None
-        if features is not None and not math.isinf(gamma):
-            mask = torch.as_tensor(feature_mask(d, features, names), dtype=torch.float64)
+        mask = None if features is None else torch.as_tensor(
+            feature_mask(d, features, names), dtype=torch.float64)
         rng = np.random.default_rng(self.seed)
         widths = [d, *sizes, 1 if k == 2 else k]
         params = []
@@ -287,9 +291,8 @@ class AdversarialMLPClassifier(_RobustMLP):
     def _prices(self):
         gamma = check_positive_extended(self.gamma, "gamma")
         _check_int(self.inner_steps, "inner_steps", 0)
-        if self.inner_lr is not None and not _is_pos_real(self.inner_lr):
-            raise ValidationError(f"inner_lr must be a positive finite number or None, got "
-                                  f"{self.inner_lr!r}")
+        if self.inner_lr is not None:
+            _check_real(self.inner_lr, "inner_lr")
         return gamma, math.inf, self.features, self.inner_steps, self.inner_lr
 
 

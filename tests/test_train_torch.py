@@ -237,14 +237,15 @@ def test_certify_runs_on_trained_models(data, est):
 @pytest.mark.parametrize("params", [dict(gamma=0.0), dict(gamma=-1.0), dict(gamma="a"),
                                     dict(hidden_layer_sizes=()),
                                     dict(hidden_layer_sizes=(4, 0)),
+                                    dict(hidden_layer_sizes=2.5), dict(alpha=math.nan),
                                     dict(activation="softplus"), dict(epochs=0),
                                     dict(batch_size=2.5), dict(lr=0.0), dict(alpha=-1.0),
                                     dict(inner_steps=-1), dict(inner_lr=0.0), dict(seed=-1),
-                                    dict(features=["zz"])])
+                                    dict(features=["zz"]), dict(gamma=INF, features=[5])])
 def test_bad_parameters_raise(data, params):
     X, y = data
-    name = next(iter(params))
-    with pytest.raises(OtstabError, match=name if name != "features" else "zz"):
+    name = list(params)[-1]  # the message names the offending argument
+    with pytest.raises(OtstabError, match=name):
         AdversarialMLPClassifier(**params).fit(X, y)
 
 
