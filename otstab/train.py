@@ -23,7 +23,8 @@ Gradients: by the envelope theorem the gradient of ``l_gamma`` in ``(w, b)`` is 
 of the loss at the maximiser ``x*_i`` (unique for the logistic loss except on a null set), and
 the gradient of ``T_t`` weights the samples by ``w_i = n softmax(l_i / t)``.
 
-PyTorch versions for MLPs are not included (no ``torch`` in this environment).
+PyTorch versions for MLPs are in :mod:`otstab.train_torch` (``AdversarialMLPClassifier``,
+``TiltedMLPClassifier``; the ``torch`` extra).
 """
 
 from __future__ import annotations
