@@ -699,15 +699,77 @@ def smooth_lower_value(oracle, r, theta2, divergence) -> float:
     return _slack(float(sol.value), sol.h, r)
 
 
+class _MLPWeights:
+    """A feed-forward network in the layout of :class:`~otstab.nonlinear.MLPModel`: numpy
+    weights ``W[l]`` (in, out), biases ``b[l]``, one hidden activation, ``task``."""
+
+    def __init__(self, W, b, activation, task):
+        self.W, self.b, self.activation, self.task = W, b, activation, task
+
+    def outputs(self, X):
+        """The network's logits (binary: one logit, class 1 iff > 0)."""
+        Z = np.asarray(X, dtype=np.float64)
+        for Wl, bl in zip(self.W[:-1], self.b[:-1]):
+            Z = _act(self.activation, Z @ Wl + bl)
+        out = Z @ self.W[-1] + self.b[-1]
+        return out[:, 0] if self.task == "binary" else out
+
+
+#: torch activation modules and their names in the MLP bounds
+_TORCH_ACTIVATIONS = {"ReLU": "relu", "Tanh": "tanh", "Sigmoid": "logistic",
+                      "Identity": "identity"}
+
+
+def as_mlp(adapter):
+    """``adapter`` in the MLP layout the certified bounds read, or None: an sklearn MLP
+    adapter as it is; a :class:`~otstab.nonlinear.TorchModel` whose module is an
+    ``nn.Sequential`` of ``Linear`` layers with one kind of elementwise activation between
+    them (ReLU, Tanh, Sigmoid or Identity; ``Dropout`` is the identity in eval mode) and no
+    activation after the last layer (the outputs are logits). A binary module with two
+    outputs is collapsed to the difference of its logits, as the adapter reads it."""
+    if hasattr(adapter, "W") and hasattr(adapter, "activation"):
+        return adapter
+    module = getattr(adapter, "module", None)
+    if module is None or type(module).__name__ != "Sequential":
+        return None
+    W, b, acts = [], [], set()
+    for layer in module.children():
+        kind = type(layer).__name__
+        if kind == "Linear":
+            w = layer.weight.detach().cpu().double().numpy().T
+            bias = (layer.bias.detach().cpu().double().numpy() if layer.bias is not None
+                    else np.zeros(w.shape[1]))
+            W.append(np.array(w, copy=True))
+            b.append(np.array(bias, copy=True))
+        elif kind in _TORCH_ACTIVATIONS and W:
+            if len(acts) == len(W):  # two activations in a row
+                return None
+            acts.add(_TORCH_ACTIVATIONS[kind])
+        elif kind != "Dropout":
+            return None
+    if len(W) < 2 or len({*acts}) != 1 or len(acts) == 0:
+        return None
+    n_act = sum(1 for layer in module.children()
+                if type(layer).__name__ in _TORCH_ACTIVATIONS)
+    if n_act != len(W) - 1 or type(list(module.children())[-1]).__name__ != "Linear":
+        return None
+    if adapter.task == "binary" and W[-1].shape[1] == 2:
+        W[-1] = (W[-1][:, 1] - W[-1][:, 0])[:, None]
+        b[-1] = np.array([b[-1][1] - b[-1][0]])
+    return _MLPWeights(W, b, acts.pop(), adapter.task)
+
+
 def certified_distances(model, X, y, *, mask=None, upper=None, **options):
-    """Certified ``dlow_i <= d*_i`` for an :class:`~otstab.nonlinear.MLPModel` or a
+    """Certified ``dlow_i <= d*_i`` for an :class:`~otstab.nonlinear.MLPModel`, a
+    :class:`~otstab.nonlinear.TorchModel` of the form :func:`as_mlp` reads, or a
     scikit-learn tree classifier (``model`` or ``model.model``), with ``y`` in internal labels
     (-1/+1 binary, 0..K-1 multiclass). Returns ``(dlow, info)`` (``info["method"]`` names the
     bound) or ``None`` when no certified bound is available for this model."""
     y = np.asarray(y)
-    if hasattr(model, "W") and hasattr(model, "activation"):
-        yi = (y > 0).astype(np.intp) if model.task == "binary" else y.astype(np.intp)
-        dlow, info = mlp_lower_distances(model, X, yi, mask=mask, upper=upper,
+    mlp = as_mlp(model)
+    if mlp is not None:
+        yi = (y > 0).astype(np.intp) if mlp.task == "binary" else y.astype(np.intp)
+        dlow, info = mlp_lower_distances(mlp, X, yi, mask=mask, upper=upper,
                                          **{k: v for k, v in options.items() if k == "steps"})
         return dlow, {**info, "method": "local-Lipschitz (MLP)"}
     raw = getattr(model, "model", model)

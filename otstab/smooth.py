@@ -128,8 +128,9 @@ def _certify_first_order(prob, loss, r, theta1, theta2, divergence, mask, t_star
         message = sol.message + "; " + message
     # certified lower bound: the same dual on an over-estimate of l_h (sklearn MLPs)
     value_lower = 0.0
-    if hasattr(adapter, "W") and hasattr(adapter, "activation"):
-        oracle = bounds.mlp_transform_upper(adapter, loss, prob.losses(prob.X), theta1, mask)
+    mlp = bounds.as_mlp(adapter)
+    if mlp is not None:
+        oracle = bounds.mlp_transform_upper(mlp, loss, prob.losses(prob.X), theta1, mask)
         value_lower = bounds.smooth_lower_value(oracle, r, theta2, divergence)
         message += ("; value_lower from a global Lipschitz over-estimate of l_h "
                     "(otstab.bounds)")
