@@ -37,6 +37,7 @@ from otstab_solvers.zero_one import solve_zero_one
 from . import pipeline
 from .audit import reached, resolution_problem
 from .core import certify
+from .costs import check_feature_costs
 from .errors import SolverError, ValidationError
 from .inference import Bootstrap, check_level
 from .losses import MulticlassHinge, PiecewiseLinear, ZeroOne, get_loss
@@ -205,7 +206,8 @@ def _result_row(res):
 
 def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl",
                       features=None, groups=None, solver="auto", confidence=None,
-                      n_boot=200, seed=0, top_k=3, sample_weight=None) -> pd.DataFrame:
+                      n_boot=200, seed=0, top_k=3, sample_weight=None,
+                      feature_costs=None) -> pd.DataFrame:
     """Score each feature (or group of columns) by R_j(beta, r): lowest = most sensitive.
 
     ``score`` is ``otstab.certify(model, X, y, loss=loss, r=r, theta1=theta1, theta2=theta2,
@@ -237,6 +239,10 @@ def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergen
         Weights of the evaluation rows, as in :func:`otstab.certify`: each feature is then
         scored by ``certify(..., features=cols, sample_weight=sample_weight)`` (no one-pass
         path); ``confidence`` is refused with weights.
+    feature_costs : dict or sequence, optional
+        Per-feature move prices as in :func:`otstab.certify` (linear models): each feature is
+        scored by ``certify(..., features=cols, feature_costs=feature_costs)``; a feature whose
+        price is ``inf`` cannot move and scores the reweighting-only value (``ignored``).
 
     Returns
     -------
@@ -262,16 +268,20 @@ def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergen
         loss_obj, (PiecewiseLinear, MulticlassHinge, ZeroOne)) and solver != "first_order"
     extreme = any(math.isfinite(t) and not MODERATE[0] <= t <= MODERATE[1]
                   for t in (theta1, theta2))
-    if linear_exact and (extreme or prob.p is not None):
+    costs = check_feature_costs(feature_costs, prob.feature_names)
+    frozen = [costs is not None and bool(np.all(np.isinf(costs[cols]))) for _l, cols in units]
+    if costs is not None or (linear_exact and (extreme or prob.p is not None)):
         # far from moderate prices the one-pass scores are not audited per feature, and they
-        # have no weighted form: score each feature through certify (its Q* audited, or
-        # refused like certify refuses)
+        # have no weighted or priced form: score each feature through certify (its Q*
+        # audited, or refused like certify refuses)
         base_losses = prob.losses(prob.X)
         rw = _reweighting_only(base_losses, r, theta2, divergence, prob.p)
-        rows = [_result_row(certify(model, X, y, loss=loss_obj, r=r, theta1=theta1,
-                                    theta2=theta2, divergence=divergence, solver=solver,
-                                    features=cols, sample_weight=sample_weight))
-                for _label, cols in units]
+        rows = [rw if frz else _result_row(certify(
+            model, X, y, loss=loss_obj, r=r, theta1=theta1, theta2=theta2,
+            divergence=divergence, solver=solver, features=cols,
+            sample_weight=sample_weight, feature_costs=feature_costs))
+            for (_label, cols), frz in zip(units, frozen)]
+        linear_exact = True  # the rows are certify's: no nonlinear post-processing
     elif not linear_exact:
         base_losses = prob.losses(prob.X)
         rw = _reweighting_only(base_losses, r, theta2, divergence)
@@ -295,7 +305,7 @@ def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergen
         if why:  # the same refusal as certify's audit (otstab.audit)
             raise SolverError(f"feature {label!r}: {why}; rescale the prices or use math.inf")
     if prob.scorer is not None:
-        ignored = [_ignored(prob, cols) for _, cols in units]
+        ignored = [_ignored(prob, cols) or frz for (_, cols), frz in zip(units, frozen)]
     else:
         ignored = _nonlinear_ignored(prob, units, loss_obj, results)
 

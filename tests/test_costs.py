@@ -83,3 +83,18 @@ def test_models_without_a_linear_reduced_form_are_refused(problem):
     mlp = MLPClassifier(hidden_layer_sizes=(4,), max_iter=2000, random_state=0).fit(X, y)
     with pytest.raises(IncompatibleLossError, match="feature_costs"):
         otstab.certify(mlp, X, y, loss="zero_one", r=0.3, feature_costs={"x0": 2.0})
+
+
+def test_feature_scores_with_prices_equal_certify_per_feature(problem):
+    model, X, y = problem
+    costs = {"x0": 4.0, "x1": math.inf}
+    for loss, r in CASES:
+        df = otstab.feature_stability(model, X, y, loss=loss, r=r, feature_costs=costs)
+        rw = df.attrs["reweighting_only_value"]
+        for _, row in df.iterrows():
+            if row.feature == "x1":  # immutable: the reweighting-only value
+                assert row.ignored and row.score == pytest.approx(rw, rel=1e-9)
+                continue
+            ref = otstab.certify(model, X, y, loss=loss, r=r, features=row["columns"],
+                                 feature_costs=costs)
+            assert row.score == pytest.approx(ref.value, rel=1e-9), (loss, row.feature)
