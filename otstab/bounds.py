@@ -53,6 +53,7 @@ from otstab_solvers.zero_one import solve_zero_one
 from .audit import CANCEL_RTOL
 from .errors import InputTypeError, ValidationError
 from .nonlinear import as_model_input
+from .perturbation import tree_boxes
 
 __all__ = ["LeafTable", "leaf_table", "tree_lower_distances", "mlp_lower_distances",
            "mlp_lipschitz", "mlp_transform_upper", "zero_one_lower_value",
@@ -113,31 +114,9 @@ class LeafTable:
         return np.where(np.isfinite(lo), a, lo), np.where(np.isfinite(hi), b, hi)
 
 
-def _boxes(left, right, feature, threshold, leaf_value, d, cols=None):
-    """Leaf boxes of one binary tree given as node arrays (left/right child, -1 at leaves)."""
-    los, his, vals = [], [], []
-    stack = [(0, np.full(d, -np.inf), np.full(d, np.inf))]
-    while stack:
-        node, lo, hi = stack.pop()
-        if left[node] == -1:
-            los.append(lo)
-            his.append(hi)
-            vals.append(leaf_value(node))
-            continue
-        f = int(feature[node])
-        f = int(cols[f]) if cols is not None else f
-        t = float(threshold[node])
-        hl, lr = hi.copy(), lo.copy()
-        hl[f] = min(hl[f], t)
-        lr[f] = max(lr[f], t)
-        stack.append((int(left[node]), lo, hl))
-        stack.append((int(right[node]), lr, hi))
-    return los, his, vals
-
-
 def _sk_tree(tree, d, leaf_value, cols=None):
-    return _boxes(tree.children_left, tree.children_right, tree.feature, tree.threshold,
-                  leaf_value, d, cols)
+    return tree_boxes(tree.children_left, tree.children_right, tree.feature, tree.threshold,
+                      leaf_value, d, cols)
 
 
 def leaf_table(model, d: int, X_check: np.ndarray | None = None) -> LeafTable:
@@ -209,7 +188,7 @@ def leaf_table(model, d: int, X_check: np.ndarray | None = None) -> LeafTable:
                     out = np.zeros(K)
                     out[col] = float(nodes["value"][node])
                     return out
-                add(_boxes(left, nodes["right"], nodes["feature_idx"], nodes["num_threshold"],
+                add(tree_boxes(left, nodes["right"], nodes["feature_idx"], nodes["num_threshold"],
                            hgb_leaf, d))
     else:
         raise InputTypeError(f"no certified lower bound for {name}: supported are scikit-learn "

@@ -418,26 +418,35 @@ def _linear(X, yi, W, b, task, mv) -> PerturbationResult:
 # ----------------------------------------------------------------------------------------------
 
 
-def _tree_leaves(tree, d: int):
-    """Boxes (lo, hi) of the leaves (lo < x <= hi) and their class index."""
-    left, right = tree.children_left, tree.children_right
-    feat, thr = tree.feature, tree.threshold
-    lo_list, hi_list, leaf_ids = [], [], []
+def tree_boxes(left, right, feature, threshold, leaf_value, d, cols=None):
+    """Leaf boxes ``(lo, hi)`` (``lo < x <= hi``) of one binary tree given as node arrays
+    (left/right child, -1 at leaves), with ``leaf_value(node)`` of each leaf; ``cols`` maps the
+    tree's feature numbers to columns (bagging over feature subsets)."""
+    los, his, vals = [], [], []
     stack = [(0, np.full(d, -np.inf), np.full(d, np.inf))]
     while stack:
         node, lo, hi = stack.pop()
         if left[node] == -1:
-            lo_list.append(lo)
-            hi_list.append(hi)
-            leaf_ids.append(node)
+            los.append(lo)
+            his.append(hi)
+            vals.append(leaf_value(node))
             continue
-        f, t = feat[node], thr[node]
-        hl = hi.copy()
+        f = int(feature[node])
+        f = int(cols[f]) if cols is not None else f
+        t = float(threshold[node])
+        hl, lr = hi.copy(), lo.copy()
         hl[f] = min(hl[f], t)
-        stack.append((left[node], lo, hl))
-        lr = lo.copy()
         lr[f] = max(lr[f], t)
-        stack.append((right[node], lr, hi))
+        stack.append((int(left[node]), lo, hl))
+        stack.append((int(right[node]), lr, hi))
+    return los, his, vals
+
+
+
+def _tree_leaves(tree, d: int):
+    """Boxes (lo, hi) of the leaves (lo < x <= hi) and their class index."""
+    lo_list, hi_list, leaf_ids = tree_boxes(tree.children_left, tree.children_right,
+                                            tree.feature, tree.threshold, int, d)
     leaf_ids = np.array(leaf_ids)
     value = tree.value[leaf_ids]
     if value.ndim == 3:
