@@ -48,6 +48,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from otstab_solvers.dual import solve_dual
+from otstab_solvers.weights import pmean
 from otstab_solvers.zero_one import solve_zero_one
 
 from .audit import CANCEL_RTOL
@@ -650,18 +651,18 @@ def _slack(value, h, r):
     return max(value - VALUE_SLACK * abs(value) - CANCEL_RTOL * abs(h) * r, 0.0)
 
 
-def zero_one_lower_value(dlow, loss0, r, theta1, theta2, divergence) -> float:
+def zero_one_lower_value(dlow, loss0, r, theta1, theta2, divergence, p=None) -> float:
     """Certified lower bound on R for the 0/1 loss from ``dlow_i <= d*_i``: the exact 0/1
     dual on ``a = theta1 dlow`` (R is nondecreasing in each d*_i), less its rounding bound.
-    ``inf`` when even these distances cannot reach r."""
+    ``inf`` when even these distances cannot reach r. ``p``: the sample probabilities."""
     dlow = np.where(np.asarray(loss0) > 0, 0.0, np.asarray(dlow, dtype=np.float64))
-    if r <= float(np.mean(loss0)):
+    if r <= pmean(np.asarray(loss0, dtype=np.float64), p):
         return 0.0
     a = dlow * theta1 if math.isfinite(theta1) else np.where(dlow > 0, np.inf, 0.0)
     if r >= 1.0 and not np.all(np.isfinite(a)):
         return 0.0  # the limit case: leave it to the exact path's own answer
     method = "closed_form" if divergence == "kl" or math.isinf(theta2) else "dual"
-    sol = solve_zero_one(a, r, theta2, divergence, method=method)
+    sol = solve_zero_one(a, r, theta2, divergence, method=method, p=p)
     if not math.isfinite(sol.value):
         return math.inf if sol.native_status == "unreachable" else 0.0
     if sol.status != "optimal":

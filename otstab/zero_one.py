@@ -594,10 +594,6 @@ def certify_zero_one_search(prob: Problem, *, r, theta1, theta2, divergence, mas
     if r > 1.0:
         raise ValidationError(
             f"r is an error rate for loss='zero_one' and must be in [0, 1], got {r}")
-    if prob.p is not None:
-        raise ValidationError(
-            f"sample_weight is not supported with solver={solver!r} / loss='zero_one' on this "
-            "model (the perturbation search); use a linear classifier with solver='auto'")
     if solver not in ("auto", "dual", "closed_form", "first_order"):
         raise ValidationError(f"solver={solver!r} does not apply to loss='zero_one' (use "
                               "'auto', 'closed_form' or 'dual')")
@@ -623,11 +619,11 @@ def certify_zero_one_search(prob: Problem, *, r, theta1, theta2, divergence, mas
         if lower is not None:
             dlow, lower_info = lower
             value_lower = bounds.zero_one_lower_value(dlow, loss0, r, theta1, theta2,
-                                                      divergence)
+                                                      divergence, prob.p)
     res = _solve_and_build(a, loss0, r, theta1, theta2, divergence,
                            "dual" if solver == "dual" else "auto", prob.X, X_near, prob.y,
                            prob.losses, prob.feature_names, prob.index, t_start, dstar,
-                           exact=bool(pr.exact), value_lower=value_lower)
+                           exact=bool(pr.exact), value_lower=value_lower, p=prob.p)
     res.info.update({"perturbation_method": pr.method, "n_predictions": pr.n_predictions})
     if lower_info is not None:
         res.info["lower_bound"] = lower_info

@@ -179,7 +179,6 @@ def test_unsupported_paths_refuse_clearly():
     model, X, y = _binary()
     sw = np.arange(1.0, 41.0)
     for kw in (dict(loss="hinge", solver="clarabel"), dict(loss="logistic", solver="first_order"),
-               dict(loss="zero_one", solver="first_order"),
                dict(loss="hinge", se="bootstrap")):
         with pytest.raises(ValidationError, match="sample_weight is not supported"):
             otstab.certify(model, X, y, r=0.9 if kw["loss"] == "zero_one" else 1.5,
@@ -196,3 +195,26 @@ def test_caller_weights_not_mutated():
     keep = sw.copy()
     otstab.certify(model, X, y, loss="hinge", r=1.5, sample_weight=sw)
     assert np.array_equal(sw, keep)
+
+
+@pytest.mark.parametrize("divergence", ["kl", "chi2"])
+def test_perturbation_search_with_integer_weights_equals_replicated_rows(divergence):
+    """The 0/1 loss of a predict-only classifier (a decision tree: exact distances) with
+    integer weights equals the same data with rows replicated that many times."""
+    from sklearn.tree import DecisionTreeClassifier
+
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(60, 2))
+    y = (X[:, 0] + 0.4 * rng.normal(size=60) > 0).astype(int)
+    tree = DecisionTreeClassifier(max_depth=3, random_state=0).fit(X, y)
+    k = rng.integers(0, 4, size=60)
+    k[:2] = 1
+    base = float(np.sum(k * (tree.predict(X) != y)) / k.sum())
+    r = min(0.95, base + 0.2)
+    res = otstab.certify(tree, X, y, loss="zero_one", r=r, divergence=divergence,
+                         sample_weight=k)
+    ref = otstab.certify(tree, np.repeat(X, k, axis=0), np.repeat(y, k), loss="zero_one", r=r,
+                         divergence=divergence)
+    assert res.status == ref.status
+    assert res.value == pytest.approx(ref.value, rel=1e-9)
+    assert res.value_lower == pytest.approx(ref.value_lower, rel=1e-9)
