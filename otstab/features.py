@@ -31,7 +31,7 @@ import pandas as pd
 from otstab_solvers.dual import oracle_for, solve_dual
 from otstab_solvers.result import OPTIMAL
 from otstab_solvers.sorted_oracle import SortedTwoPiece
-from otstab_solvers.weights import chi2_weights, kl_weights, pmean
+from otstab_solvers.weights import chi2_weights, kl_weights
 from otstab_solvers.zero_one import solve_zero_one
 
 from . import pipeline
@@ -43,6 +43,7 @@ from .inference import Bootstrap, check_level
 from .losses import MulticlassHinge, PiecewiseLinear, ZeroOne, get_loss
 from .models import resolve_model
 from .params import check_common
+from .piecewise import edge_kind, limit_weights
 from .reduction import reduce_problem
 from .smooth import certify_smooth
 from .zero_one import certify_zero_one_problem, certify_zero_one_search, linear_distances
@@ -163,17 +164,12 @@ def _reweighting_only(losses, r, theta2, divergence, p=None):
     largest loss; otherwise the dual with ``l_h = h * loss`` (``c2 = 0``). ``p``: the sample
     probabilities (None: uniform).
     """
-    # the thresholds of otstab.piecewise.edge_case (same rule for zero / unreachable / limit)
-    base = pmean(losses, p)
-    lmax = float(np.max(losses if p is None else losses[p > 0]))
-    if reached(r, base):
-        return _ZERO
-    if math.isinf(theta2) or r > lmax * (1 + 1e-12):
-        return _UNREACHABLE
-    if r >= lmax * (1 - 1e-12):
-        frac = pmean(losses >= lmax * (1 - 1e-12), p)
-        value = theta2 * (math.log(1 / frac) if divergence == "kl" else (1 / frac - 1))
-        return value, math.inf, 0.0, 1.0
+    edge = edge_kind(losses, r, theta2, False, p)  # certify's own edge decisions
+    if edge is not None:
+        kind = edge[0]
+        if kind == "limit":
+            return limit_weights(losses, theta2, divergence, p)[1], math.inf, 0.0, 1.0
+        return _ZERO if kind == "zero" else _UNREACHABLE
     n = losses.size
     # max(0, h * loss) = h * loss (losses are >= 0): the hinge shape, so oracle_for sorts once
     # and every dual evaluation works on prefix sums

@@ -39,18 +39,18 @@ AUDIT_SAMPLE = 20_000
 SAMPLED_RTOL = 1e-8
 
 
-def edge_case(red: Reduced, r: float, theta2: float, losses: np.ndarray | None = None, p=None):
-    """Decide trivial and unreachable thresholds before any solver runs (``losses``: the
-    per-sample losses of the data, when the caller has them).
+def edge_kind(losses: np.ndarray, r: float, theta2: float, can_move: bool, p=None):
+    """Decide trivial and unreachable thresholds before any solver runs, on every path.
 
-    Returns None (a solver is needed) or a tuple (kind, message) with kind in
-    {"zero", "unreachable", "limit"}. ``p``: the sample probabilities (None: uniform).
+    ``losses``: the per-sample losses of the data; ``can_move``: some sample can move at a
+    finite price; ``p``: the sample probabilities (None: uniform). Returns None (a solver is
+    needed) or ``(kind, message)`` with kind ``"zero"`` (r reached by the data,
+    :func:`otstab.audit.reached`), ``"unreachable"`` or ``"limit"`` (r equals the largest loss
+    and nothing moves: attained only as h -> inf, :func:`limit_weights`).
     """
-    losses = red.loss_values() if losses is None else losses
     base = pmean(losses, p)
     if audit.reached(r, base):
         return "zero", f"r = {r:g} <= base risk {base:.6g}: no perturbation is needed"
-    can_move = bool(np.any(red.c2 > 0))
     if can_move:
         return None
     if math.isinf(theta2):
@@ -71,6 +71,27 @@ def edge_case(red: Reduced, r: float, theta2: float, losses: np.ndarray | None =
             "h -> inf, with all mass on the samples of largest loss"
         )
     return None
+
+
+def edge_case(red: Reduced, r: float, theta2: float, losses: np.ndarray | None = None, p=None):
+    """:func:`edge_kind` of a piecewise reduced form (samples can move where ``c2 > 0``)."""
+    losses = red.loss_values() if losses is None else losses
+    return edge_kind(losses, r, theta2, bool(np.any(red.c2 > 0)), p)
+
+
+def limit_weights(losses: np.ndarray, theta2: float, divergence: str, p=None):
+    """``(w, value)`` of the limit case: all mass on the samples of largest loss (the set A,
+    of P0-mass ``P(A)``), at cost ``theta2 log(1/P(A))`` (KL) or ``theta2 (1/P(A) - 1)``."""
+    if p is None:
+        top = losses >= losses.max() * (1 - 1e-12)
+        w = np.where(top, losses.size / top.sum(), 0.0)
+        frac = top.sum() / losses.size
+    else:  # the p-mass of the samples of largest loss (over the support of p)
+        top = (losses >= losses[p > 0].max() * (1 - 1e-12)) & (p > 0)
+        frac = float(np.sum(p[top]))
+        w = np.where(top, 1.0 / frac, 0.0)
+    value = theta2 * (math.log(1 / frac) if divergence == "kl" else (1 / frac - 1))
+    return w, value
 
 
 def _conic_order(solver: str) -> list[str]:
@@ -291,16 +312,7 @@ def edge_result(prob, losses, r, theta1, theta2, divergence, edge, t_start,
     w = np.ones(n)
     value, h, alpha = 0.0, 0.0, (0.0 if divergence == "chi2" else None)
     if kind == "limit":
-        p = prob.p
-        if p is None:
-            top = losses >= losses.max() * (1 - 1e-12)
-            w = np.where(top, n / top.sum(), 0.0)
-            frac = top.sum() / n
-        else:  # the p-mass of the samples of largest loss (over the support of p)
-            top = (losses >= losses[p > 0].max() * (1 - 1e-12)) & (p > 0)
-            frac = float(np.sum(p[top]))
-            w = np.where(top, 1.0 / frac, 0.0)
-        value = theta2 * (math.log(1 / frac) if divergence == "kl" else (1 / frac - 1))
+        w, value = limit_weights(losses, theta2, divergence, prob.p)
         h, alpha = math.inf, None
     elif kind == "unreachable":
         value, h, alpha = math.inf, math.nan, None

@@ -24,13 +24,13 @@ from otstab_solvers.dual import solve_dual
 from otstab_solvers.first_order import solve_first_order
 from otstab_solvers.result import OPTIMAL
 from otstab_solvers.smooth import CrossEntropyOracle, LogisticOracle, SquaredOracle
-from otstab_solvers.weights import pmean, weights_at
+from otstab_solvers.weights import weights_at
 
 from . import audit, bounds
 from .errors import IncompatibleLossError, ValidationError
 from .nonlinear import SMOOTH_LOSSES, LinearDifferentiable, loss_name
 from .params import check_options
-from .piecewise import edge_result
+from .piecewise import edge_kind, edge_result
 from .results import StabilityResult
 
 __all__ = ["certify_smooth", "linear_smooth_oracle", "FIRST_ORDER_OPTIONS"]
@@ -173,17 +173,7 @@ def _certify_linear_exact(prob, loss, r, theta1, theta2, divergence, mask, t_sta
     base = prob.losses(prob.X)
     p = prob.p
     cannot_move = math.isinf(theta1) or _zero_direction(oracle)
-    lmax = float(np.max(base) if p is None else np.max(base[p > 0]))
-    edge = None
-    if audit.reached(r, pmean(base, p)):
-        edge = ("zero", f"r = {r:g} <= base risk {pmean(base, p):.6g}: no perturbation "
-                        "is needed")
-    elif cannot_move and (math.isinf(theta2) or r > lmax * (1 + 1e-12)):
-        edge = ("unreachable", f"r = {r:g} cannot be reached: samples cannot move and "
-                               f"reweighting reaches at most the largest loss {lmax:.6g}")
-    elif cannot_move and r >= lmax * (1 - 1e-12):
-        edge = ("limit", f"r equals the largest loss {lmax:.6g}: the value is attained only in "
-                         "the limit h -> inf, with all mass on the samples of largest loss")
+    edge = edge_kind(base, r, theta2, not cannot_move, p)
     if edge is not None:
         return edge_result(prob, base, r, theta1, theta2, divergence, edge, t_start, loss=loss)
 
