@@ -39,13 +39,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from otstab_solvers.dual import oracle_for
-from otstab_solvers.weights import (
-    chi2_alpha,
-    chi2_dual_term,
-    chi2_weights,
-    kl_dual_term,
-    kl_weights,
-)
+from otstab_solvers.weights import chi2_solution, kl_dual_term, kl_weights
 from otstab_solvers.zero_one import DistanceOracle
 
 from ._results import ResultMixin
@@ -184,9 +178,7 @@ def _conjugate(oracle, h: float, theta2: float, divergence: str):
             w = kl_weights(lh, theta2)
             T = kl_dual_term(lh, theta2)
         else:
-            alpha = chi2_alpha(lh, theta2)
-            w = chi2_weights(lh, theta2, alpha)
-            T = chi2_dual_term(lh, theta2, alpha)
+            w, _, T = chi2_solution(lh, theta2)
     return float(T), float(np.mean(w * d1))
 
 

@@ -31,7 +31,7 @@ import pandas as pd
 from otstab_solvers.dual import oracle_for, solve_dual
 from otstab_solvers.result import OPTIMAL
 from otstab_solvers.sorted_oracle import SortedTwoPiece
-from otstab_solvers.weights import chi2_weights, kl_weights
+from otstab_solvers.weights import weights_at
 from otstab_solvers.zero_one import solve_zero_one
 
 from . import pipeline
@@ -134,7 +134,7 @@ def _risk_parts(oracle, h, theta2, divergence):
     if oracle.prefix is not None:
         return oracle.prefix.risk_parts(h, theta2, divergence)
     lh, _, d_lo, _, d_hi = oracle.scan(h)
-    return _dense_parts(_weights(lh, theta2, divergence), d_lo, d_hi)
+    return _dense_parts(weights_at(lh, theta2, divergence)[0], d_lo, d_hi)
 
 
 def _shares(parts, base, r):
@@ -147,12 +147,6 @@ def _shares(parts, base, r):
     if excess <= 0:
         return 0.0, 0.0
     return (moved - base) / excess, (risk - moved) / excess
-
-
-def _weights(lh, theta2, divergence):
-    if divergence == "kl" or math.isinf(theta2):
-        return kl_weights(lh, theta2)
-    return chi2_weights(lh, theta2)
 
 
 def _reweighting_only(losses, r, theta2, divergence, p=None):
@@ -511,7 +505,7 @@ def _zero_one_rows(prob, units, r, theta1, theta2, divergence, rw):
             rows.append((sol.value, sol.h, 1.0, 0.0))
             continue
         lh = np.maximum(sol.h - a_sorted, 0.0)
-        w = _weights(lh, theta2, divergence)
+        w = weights_at(lh, theta2, divergence)[0]
         tol = 1e-10 * max(1.0, sol.h)
         d_hi = np.where(a_sorted <= sol.h + tol, 1.0, loss_sorted)
         d_lo = np.where(a_sorted < sol.h - tol, 1.0, loss_sorted)

@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .smooth import _mask_vector
-from .weights import chi2_alpha, chi2_dual_term, chi2_weights, kl_dual_term, kl_weights, phi
+from .weights import chi2_alpha, chi2_dual_term, kl_dual_term, phi, weights_at
 
 __all__ = ["FirstOrderSolution", "solve_first_order"]
 
@@ -313,13 +313,6 @@ class _Inner:
 # ----------------------------------------------------------------------------------------------
 
 
-def _weights(lh, theta2, divergence):
-    if divergence == "kl" or math.isinf(theta2):
-        return kl_weights(lh, theta2), None
-    alpha = chi2_alpha(lh, theta2)
-    return chi2_weights(lh, theta2, alpha), alpha
-
-
 def _slope(loss, grad_m, w, theta1, theta2, divergence) -> float:
     """Estimate of g'(h) = -d risk/dh from quantities at hand (no extra evaluations).
 
@@ -526,7 +519,7 @@ def solve_first_order(loss_and_grad, X, y, *, r, theta1=1.0, theta2=0.25, diverg
             return {"h": h, "Z": Z, "loss": loss, "grad": grad, "lh": lh,
                     "w": np.ones(n), "alpha": None, "risk": math.inf, "value": -math.inf,
                     "g": -math.inf}
-        w, alpha = _weights(lh, theta2, divergence)
+        w, alpha = weights_at(lh, theta2, divergence)
         risk = float(np.mean(w * loss))
         value = float(_dual_value(lh, h, r, theta2, divergence, alpha))
         dg = _slope(loss, grad * mv, w, theta1 if can_move else math.inf, theta2, divergence)

@@ -110,7 +110,7 @@ def test_sorted_solve_matches_brute_force_and_dense(kind, theta2, div):
 
 
 def test_risk_parts_match_dense_scan():
-    from otstab.features import _weights
+    from otstab_solvers.weights import weights_at
 
     rng = np.random.default_rng(2)
     u = np.round(rng.standard_normal(300), 1)
@@ -120,7 +120,7 @@ def test_risk_parts_match_dense_scan():
     for theta2 in (0.1, INF):
         for div in ("kl", "chi2"):
             lh, _, d_lo, _, d_hi = oracle.scan(h)
-            w = _weights(lh, theta2, div)
+            w = weights_at(lh, theta2, div)[0]
             dense = (w @ d_lo / u.size, w @ d_hi / u.size, d_lo.mean(), d_hi.mean())
             np.testing.assert_allclose(oracle.prefix.risk_parts(h, theta2, div), dense,
                                        rtol=1e-11, atol=1e-13)
