@@ -116,23 +116,8 @@ def audit_sums(loss_base, loss_star, moved2, mass, w, theta1, theta2, divergence
     sample probabilities (None: uniform) and ``src`` the source sample of each atom: an atom
     then carries ``p[src] * mass`` of P0 and every sum is weighted by it.
     """
-    if p is not None:
-        return _audit_weighted(loss_base, loss_star, moved2, mass * p[src], w, theta1, theta2,
-                               divergence, value, p)
-    n = loss_base.size
-    mw = mass * w
-    move_cost = 0.0 if math.isinf(theta1) else theta1 * float(np.dot(mw, moved2)) / n
-    rew_cost = 0.0 if math.isinf(theta2) else theta2 * float(
-        np.dot(mass, phi(w, divergence))) / n
-    risk_star = float(np.dot(mw, loss_star)) / n
-    moved_risk = float(np.dot(mass, loss_star)) / n
-    return summarise(loss_base, move_cost, rew_cost, risk_star, float(np.sum(mw)) / n,
-                     moved_risk, value, loss_star)
-
-
-def _audit_weighted(loss_base, loss_star, moved2, pm, w, theta1, theta2, divergence, value, p):
-    """:func:`audit_sums` with ``pm`` the P0-mass of each atom (sample probability times
-    its share of the sample)."""
+    # the P0-mass of each atom: its share of its sample times the sample's probability
+    pm = mass / loss_base.size if p is None else mass * p[src]
     pmw = pm * w
     move_cost = 0.0 if math.isinf(theta1) else theta1 * float(np.dot(pmw, moved2))
     rew_cost = 0.0 if math.isinf(theta2) else theta2 * float(np.dot(pm, phi(w, divergence)))
