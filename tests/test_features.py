@@ -160,10 +160,6 @@ BINARY = ("hinge", "logistic", "zero_one")
 MULTICLASS = ("multiclass_hinge", "cross_entropy", "zero_one_multiclass")
 REGRESSION = ("absolute", "pinball", "squared")
 THETAS = [(1.0, 0.25), (math.inf, 0.25), (1.0, math.inf), (1e-3, 1e3), (1e6, 1e-6)]
-#: where certify itself fails (not feature_stability): r above the largest loss with
-#: theta1 = 1e6, theta2 = 1e-6 and chi2, the dual's audit fails and no conic backend answers
-CERTIFY_FAILS = {(loss, 1e6, 1e-6, "chi2", "above_max")
-                 for loss in ("hinge", "absolute", "pinball", "multiclass_hinge")}
 
 
 def _loss_arg(name):
@@ -310,26 +306,24 @@ def test_property_scores_equal_certify(name, theta1, theta2, div, u, seed):
     assert_scores_match_certify(model, X, y, _loss_arg(name), r, theta1, theta2, div)
 
 
-#: prices of 1e12 break the shared solvers (certify gives the same wrong answers or errors);
-#: one representative case per failure, strict so that a fix shows up as XPASS
-SOLVER_BUGS_AT_1E12 = [
-    # KL with theta2 = 1e12: theta2 * log mean exp(l_h / theta2) cancels (error ~ theta2 * eps)
-    # and certify returns a negative value
-    ("hinge", 1e-6, 1e12, "kl", "between", AssertionError),
-    # the same cancellation in the 0/1 closed form at r = 1 (chi2, theta1 = 1e12): negative
-    ("zero_one", 1e12, 1e-6, "chi2", "at_max", AssertionError),
-    # chi2 with theta2 = 1e12: the dual's audit fails and no conic backend answers
-    ("hinge", 1.0, 1e12, "chi2", "between", otstab.errors.SolverError),
-    # theta1 = 1e12, theta2 = 1e-6, chi2: chi2_alpha finds no active sample (IndexError)
-    ("absolute", 1e12, 1e-6, "chi2", "above_max", IndexError),
-    ("logistic", 1e12, 1e-6, "chi2", "above_max", IndexError),
-    # theta1 = 1e12, theta2 = 1e-6, KL: exp overflows in the sorted oracle's KL reduction
-    ("hinge", 1e12, 1e-6, "kl", "above_max", RuntimeWarning),
+#: prices of 1e12: each case once broke the shared solvers (kept as regressions; certify and
+#: feature_stability now agree, or refuse alike)
+PRICE_1E12_CASES = [
+    # KL with theta2 = 1e12: theta2 * log mean exp(l_h / theta2) cancelled to a negative value
+    ("hinge", 1e-6, 1e12, "kl", "between"),
+    # the same cancellation in the 0/1 closed form at r = 1 (chi2, theta1 = 1e12)
+    ("zero_one", 1e12, 1e-6, "chi2", "at_max"),
+    # chi2 with theta2 = 1e12: the dual's audit failed and no conic backend answered
+    ("hinge", 1.0, 1e12, "chi2", "between"),
+    # theta1 = 1e12, theta2 = 1e-6, chi2: chi2_alpha found no active sample (IndexError)
+    ("absolute", 1e12, 1e-6, "chi2", "above_max"),
+    ("logistic", 1e12, 1e-6, "chi2", "above_max"),
+    # theta1 = 1e12, theta2 = 1e-6, KL: exp overflowed in the sorted oracle's KL reduction
+    ("hinge", 1e12, 1e-6, "kl", "above_max"),
 ]
 
 
-@pytest.mark.parametrize("name,theta1,theta2,div,where", [
-    pytest.param(*case[:5]) for case in SOLVER_BUGS_AT_1E12])
+@pytest.mark.parametrize("name,theta1,theta2,div,where", PRICE_1E12_CASES)
 def test_scores_equal_certify_at_price_1e12(name, theta1, theta2, div, where):
     model, X, y = zero_column_problem(name)
     r = _thresholds(name, model, X, y)[where]
