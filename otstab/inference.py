@@ -210,6 +210,8 @@ def _lh(res) -> np.ndarray:
     vals = res.h * np.asarray(res.loss_star, dtype=float)
     if math.isfinite(res.theta1):
         moved2 = res.info.get("moved2") if isinstance(res.info, dict) else None
+        if callable(moved2):  # built on first access (large n: Q* is kept compact)
+            moved2 = res.info["moved2"] = moved2()
         if moved2 is None:  # paths that keep Q* as points
             src = np.asarray(res.source)
             diff = np.asarray(res.X_star) - res.X[src]

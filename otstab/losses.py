@@ -154,7 +154,7 @@ class ZeroOne(Loss):
     def values(self, scores, y):
         S = np.asarray(scores, dtype=float)
         if S.ndim == 1:  # binary: y in {-1, +1}, predict +1 iff score > 0 (scikit-learn's rule)
-            return (np.where(S > 0, 1.0, -1.0) != y).astype(float)
+            return ((S > 0) != (np.asarray(y) > 0)).astype(float)
         return (np.argmax(S, axis=1) != np.asarray(y, dtype=np.intp)).astype(float)
 
 

@@ -252,6 +252,10 @@ def _encode_labels(y, scorer_task: str, classes) -> tuple[np.ndarray, np.ndarray
     if y_orig.dtype.kind == "f" and not np.all(np.isfinite(y_orig)):
         i = int(np.argmax(~np.isfinite(y_orig)))
         raise ValidationError(f"y contains NaN or inf (first at index {i})")
+    if scorer_task == "binary":
+        signs = _binary_signs(y_orig, classes)
+        if signs is not None:
+            return signs, y_orig
     codes = _codes_fast(y_orig, classes)
     if codes is None:
         lookup = {c.item() if hasattr(c, "item") else c: k for k, c in enumerate(classes)}
@@ -266,6 +270,18 @@ def _encode_labels(y, scorer_task: str, classes) -> tuple[np.ndarray, np.ndarray
     if scorer_task == "binary":
         return np.where(codes == 1, 1.0, -1.0), y_orig
     return codes, y_orig
+
+
+def _binary_signs(y, classes):
+    """+1 for the second class, -1 for the first, when y and the two classes are numbers and
+    every label is one of them (None otherwise: the general path encodes and reports)."""
+    classes = np.asarray(classes)
+    if y.dtype.kind not in "biuf" or classes.dtype.kind not in "biuf" or classes.size != 2:
+        return None
+    pos = y == classes[1]
+    if np.count_nonzero(pos) + np.count_nonzero(y == classes[0]) != y.size:
+        return None
+    return np.where(pos, 1.0, -1.0)
 
 
 def _codes_fast(y, classes):

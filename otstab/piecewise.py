@@ -15,9 +15,9 @@ import time
 
 import numpy as np
 from otstab_solvers import conic as _conic
-from otstab_solvers.dual import PiecewiseOracle, dual_objective, oracle_for, refine, solve_dual
+from otstab_solvers.dual import PiecewiseOracle, oracle_for, refine, solve_dual
 from otstab_solvers.result import OPTIMAL, DualSolution
-from otstab_solvers.weights import pmean, weights_at
+from otstab_solvers.weights import phi, pmean, weight_map
 
 from . import audit
 from .errors import SolverNotAvailableError, ValidationError
@@ -35,6 +35,8 @@ AUDIT_BLOCK = 1 << 15
 #: reduced form and checks them against the model on a random sample of atoms (AUDIT_SAMPLE)
 AUDIT_DIRECT_MAX = 200_000
 AUDIT_SAMPLE = 20_000
+#: atoms per block of the sampled check
+SAMPLE_BLOCK = 2048
 #: largest relative disagreement between the reduced form and the model on the sampled atoms
 SAMPLED_RTOL = 1e-8
 
@@ -167,42 +169,61 @@ def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, thet
     Samples tied between pieces at h (e.g. "stay" and "move" for the hinge loss) have their
     mass split between the tied piece with the smallest and the largest derivative so that
     the risk of Q* equals r exactly (MATH.md): samples are moved to the high piece one by one
-    and at most one sample is split. The audit runs over row blocks; ``X_star`` is built on
-    first access.
+    and at most one sample is split.
+
+    The work is done over blocks of rows (:data:`AUDIT_BLOCK`), so that beyond ``l_h`` itself
+    no temporary of the size of the data is made: one pass finds ``l_h`` and the weights'
+    normalisation, a second one the tied samples and (above :data:`AUDIT_DIRECT_MAX` rows)
+    the audit's sums. Q*'s per-atom arrays (``weights``, ``source``, ``mass``, ``X_star``,
+    ``loss_star``) are then built on first access. At most ``AUDIT_DIRECT_MAX`` rows the audit
+    re-scores every atom with the model instead.
     """
     h = float(sol.h)
     n = red.n
     if tie_rtol is None:
         tie_rtol = 1e-10 if sol.solver == "dual" else 1e-7
     oracle = PiecewiseOracle(red.c1, red.c2) if oracle is None else oracle
-    lh, k_lo, d_lo, k_hi, d_hi = oracle.scan(h, tie_rtol)
     p = prob.p
-    w, alpha = weights_at(lh, theta2, divergence, p)
-    # risk with every tied sample on its low piece, and the gain of moving each to its high one
-    if p is None:
-        need = n * r - float(w @ d_lo)
-        gain = w * (d_hi - d_lo)
-    else:
-        need = r - float((p * w) @ d_lo)
-        gain = p * w * (d_hi - d_lo)
-    cand = np.nonzero(gain > 0)[0]
-    frac = np.zeros(n)
-    if need > 0 and cand.size and h > 0:
-        cg = np.cumsum(gain[cand])
+    blocks = [(s, min(s + AUDIT_BLOCK, n)) for s in range(0, n, AUDIT_BLOCK)]
+    lh = np.empty(n)
+    for s, e in blocks:
+        lh[s:e] = oracle.values(h, slice(s, e))
+    wm = weight_map(lh, theta2, divergence, p)
+    sampled = n > AUDIT_DIRECT_MAX
+    # every sample on its low piece (the tied ones moved afterwards): the risk it reaches, the
+    # tied samples (those whose high piece gains risk) and, for the sampled audit, the sums
+    sums = _Sums(n, p)
+    low_risk = 0.0
+    tied = []
+    for s, e in blocks:
+        _, k_lo, d_lo, k_hi, d_hi = oracle.scan(h, tie_rtol, slice(s, e))
+        w = wm(lh[s:e])
+        pw = w if p is None else p[s:e] * w
+        low_risk += float(pw @ d_lo)
+        gain = pw * (d_hi - d_lo)
+        at = np.flatnonzero(gain > 0)
+        if at.size:
+            tied.append((at + s, gain[at], k_lo[at], k_hi[at]))
+        if sampled:
+            rows = slice(s, e)
+            sums.add(rows, 1.0, w, *_reduced_atoms(prob, red, rows, k_lo, h))
+            sums.add_phi(rows, w, divergence)
+    t_rows, t_gain, t_lo, t_hi = (np.concatenate(c) for c in zip(*tied)) if tied else \
+        (np.zeros(0, dtype=np.intp), np.zeros(0), np.zeros(0, dtype=np.intp),
+         np.zeros(0, dtype=np.intp))
+    need = n * r - low_risk if p is None else r - low_risk
+    frac = np.zeros(t_rows.size)
+    if need > 0 and t_rows.size and h > 0:
+        cg = np.cumsum(t_gain)
         full = cg <= need
-        frac[cand[full]] = 1.0
+        frac[full] = 1.0
         nxt = int(np.count_nonzero(full))
-        if nxt < cand.size:
+        if nxt < t_rows.size:
             before = cg[nxt - 1] if nxt > 0 else 0.0
-            frac[cand[nxt]] = (need - before) / gain[cand[nxt]]
-    split_rows = np.nonzero((frac > 0) & (frac < 1))[0]
-    # atoms: every sample on its main piece, plus one extra atom per split sample
-    main_piece = np.where(frac >= 1.0, k_hi, k_lo)
-    main_mass = np.where((frac > 0) & (frac < 1), 1.0 - frac, 1.0)
-    src = np.concatenate([np.arange(n), split_rows])
-    piece = np.concatenate([main_piece, k_hi[split_rows]])
-    mass = np.concatenate([main_mass, frac[split_rows]])
-    value = float(dual_objective(lh, h, r, theta2, divergence, p))
+            frac[nxt] = (need - before) / t_gain[nxt]
+    moving = frac > 0
+    split = (frac > 0) & (frac < 1)
+    value = h * r - wm.term
     if sol.solver == "dual" and math.isfinite(sol.value):
         # the specialised dual evaluated F at this very h, at a kink on the side where l_h is
         # resolved best (the scan's max over pieces keeps the rounding of the moving piece)
@@ -213,69 +234,165 @@ def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, thet
     value = min(value, h * r)
     X = prob.X
 
-    def moved_block(s, e):
-        """(x_src, x*, x* - x_src) for atoms s..e; main atoms are rows s..e of X (no copy)."""
-        sb = src[s:e]
-        Xg = X[s:e] if e <= n else X[sb]
-        delta = red.displacement(sb, piece[s:e], h)
-        if delta is None:
-            return Xg, Xg, None
-        return Xg, Xg + delta, delta
+    def build_atoms():
+        """(source, piece, mass, weight) of every atom: each sample on its main piece, plus
+        one extra atom per split sample."""
+        piece = np.empty(n, dtype=np.intp)
+        for s, e in blocks:
+            piece[s:e] = oracle.scan(h, tie_rtol, slice(s, e))[1]
+        up = frac >= 1.0
+        piece[t_rows[up]] = t_hi[up]
+        mass = np.ones(n)
+        mass[t_rows[split]] = 1.0 - frac[split]
+        srows = t_rows[split]
+        src = np.concatenate([np.arange(n), srows])
+        piece = np.concatenate([piece, t_hi[split]])
+        mass = np.concatenate([mass, frac[split]])
+        w = wm(lh)
+        return src, piece, mass, np.concatenate([w, w[srows]])
 
-    if n > AUDIT_DIRECT_MAX:
-        res = _audit_sampled(prob, red, src, piece, h, mass, w[src], theta1, theta2,
-                             divergence, value)
+    atoms = _Lazy(build_atoms)
+    if sampled:
+        # the tied samples that move: a share frac of their mass goes from the low piece to
+        # the high one (the sums are linear in the mass; the weight stays the sample's)
+        rows = t_rows[moving]
+        if rows.size:
+            w = wm(lh[rows])
+            f = frac[moving]
+            sums.add(rows, f, w, *_reduced_atoms(prob, red, rows, t_hi[moving], h))
+            sums.add(rows, -f, w, *_reduced_atoms(prob, red, rows, t_lo[moving], h))
+        res = sums.result(prob, theta1, theta2, value)
+        res["audit"] = _sample_check(prob, red, oracle, h, tie_rtol, t_rows, t_hi, frac, wm,
+                                     lh)
+        if res["audit"]["max_rel_error"] > SAMPLED_RTOL:  # the reduced form and the model
+            res["primal_cost"] = res["gap"] = math.inf   # disagree: never pass this off
+        res["loss_star"] = lambda: _reduced_atoms(prob, red, atoms()[0], atoms()[1], h)[0]
+        moved2 = lambda: red.sq_displacement(atoms()[0], atoms()[1], h)  # noqa: E731
     else:
-        res = _audit_blocks(prob, moved_block, src, mass, w[src], theta1, theta2, divergence,
-                            value)
-    sampled = res.pop("audit")
-    moved2 = res.pop("moved2")  # per atom: kept for the influence function (otstab.inference)
+        src, piece, mass, w_atoms = atoms()
+
+        def moved_block(s, e):
+            """(x_src, x*, x* - x_src) for atoms s..e; main atoms are rows s..e of X."""
+            sb = src[s:e]
+            Xg = X[s:e] if e <= n else X[sb]
+            delta = red.displacement(sb, piece[s:e], h)
+            if delta is None:
+                return Xg, Xg, None
+            return Xg, Xg + delta, delta
+
+        res = _audit_blocks(prob, moved_block, src, mass, w_atoms, theta1, theta2,
+                            divergence, value)
+        moved2 = res.pop("moved2")  # per atom: for the influence function (otstab.inference)
+    audit_info = res.pop("audit")
     return StabilityResult(
-        value=value, h=h, alpha=alpha,
-        X_star=lambda: red.move(X, src, piece, h), weights=w[src], source=src, mass=mass,
+        value=value, h=h, alpha=wm.alpha,
+        X_star=lambda: red.move(X, atoms()[0], atoms()[1], h), weights=lambda: atoms()[3],
+        source=lambda: atoms()[0], mass=lambda: atoms()[2],
         solver=sol.solver, status="candidate", solve_time=sol.solve_time,
         r=r, theta1=theta1, theta2=theta2, divergence=divergence, loss=prob.loss.name,
         dual_gap_bound=sol.gap_bound, iterations=sol.iterations,
-        compile_time=sol.compile_time, split=bool(split_rows.size),
+        compile_time=sol.compile_time, split=bool(split.any()),
         X=prob.X, feature_names=prob.feature_names, index=prob.index,
         info={"solver_value": sol.value, "native_status": sol.native_status,
               "solver_alpha": sol.alpha, "wall_time": time.perf_counter() - t_start,
-              "audit": sampled, "moved2": moved2,
+              "audit": audit_info, "moved2": moved2,
               # x* - x of the atoms ``atoms`` (None: no move), for Q* built blockwise
-              "displacement": lambda atoms: red.displacement(src[atoms], piece[atoms], h),
+              "displacement": lambda idx: red.displacement(atoms()[0][idx], atoms()[1][idx],
+                                                           h),
               **sol.info},
         **res,
     )
 
 
-def _audit_sampled(prob, red, src, piece, h, mass, w, theta1, theta2, divergence,
-                   value) -> dict:
-    """Audit for large n: the loss is evaluated at the moved scores ``s + (x* - x) W^T`` and the
-    distances from the displacement, both from the reduced form in O(n); a random sample of
-    atoms is then materialised and re-scored by the model (and re-measured) to confirm them.
-    A disagreement above SAMPLED_RTOL fails the audit."""
-    shift = red.score_shift(prob.scorer.W, src, piece, h)
-    base_scores = prob.scores[src]
-    scores = base_scores if shift is None else base_scores + shift
-    loss_star = prob.losses_from_scores(scores, prob.y[src])
-    moved2 = red.sq_displacement(src, piece, h)
+class _Lazy:
+    """A value built on first call and kept; pickled as the value (so that closures over it,
+    e.g. Q*'s displacement shipped to Dask workers, carry the arrays, not their builder)."""
+
+    def __init__(self, build):
+        self._build, self._value = build, None
+
+    def __call__(self):
+        if self._build is not None:
+            self._value, self._build = self._build(), None
+        return self._value
+
+    def __getstate__(self):
+        return {"_build": None, "_value": self()}
+
+
+def _reduced_atoms(prob, red, rows, piece, h):
+    """(loss at x*, ||x* - x||^2) of the atoms ``(rows, piece)`` from the reduced form: the
+    loss at the moved scores ``s + (x* - x) W^T`` and the squared move, without forming x*."""
+    shift = red.score_shift(prob.scorer.W, rows, piece, h)
+    scores = prob.scores[rows]
+    if shift is not None:
+        scores = scores + shift
+    return prob.losses_from_scores(scores, prob.y[rows]), red.sq_displacement(rows, piece, h)
+
+
+class _Sums:
+    """The audit's sums over Q*'s atoms, accumulated block by block: ``E_P0[mass W l(x*)]``,
+    ``E_P0[mass W]``, ``E_P0[mass W |x* - x|^2]``, ``E_P0[mass l(x*)]`` and ``E_P0[phi(W)]``
+    (each atom carrying its share ``mass`` of its sample's P0-mass)."""
+
+    def __init__(self, n, p):
+        self.n, self.p = n, p
+        self.risk = self.mass = self.move = self.moved_risk = self.phi = 0.0
+
+    def _pm(self, rows, mass):
+        return (mass / self.n) if self.p is None else mass * self.p[rows]
+
+    def add(self, rows, mass, w, loss_star, moved2):
+        pm = np.broadcast_to(self._pm(rows, mass), w.shape)
+        pmw = pm * w
+        self.risk += float(pmw @ loss_star)
+        self.mass += float(np.sum(pmw))
+        self.move += float(pmw @ moved2)
+        self.moved_risk += float(pm @ loss_star)
+
+    def add_phi(self, rows, w, divergence):
+        pm = np.broadcast_to(self._pm(rows, 1.0), w.shape)
+        self.phi += float(pm @ phi(w, divergence))
+
+    def result(self, prob, theta1, theta2, value) -> dict:
+        move_cost = 0.0 if math.isinf(theta1) else theta1 * self.move
+        rew_cost = 0.0 if math.isinf(theta2) else theta2 * self.phi
+        return audit.summarise(prob.losses(prob.X), move_cost, rew_cost, self.risk, self.mass,
+                               self.moved_risk, value, None, self.p)
+
+
+def _sample_check(prob, red, oracle, h, tie_rtol, t_rows, t_hi, frac, wm, lh) -> dict:
+    """The reduced form against the model on a random sample of AUDIT_SAMPLE atoms: each is
+    materialised (x* = x + displacement), re-scored by the model and re-measured."""
+    n = prob.n
+    split_rows = t_rows[(frac > 0) & (frac < 1)]
+    m = n + split_rows.size
     rng = np.random.default_rng(0)
-    pick = np.sort(rng.choice(src.size, size=min(AUDIT_SAMPLE, src.size), replace=False))
-    Xg = prob.X[src[pick]]
-    delta = red.displacement(src[pick], piece[pick], h)
-    Xs = Xg if delta is None else Xg + delta
-    direct_loss = prob.losses(Xs, prob.y[src[pick]])
-    diff = None if delta is None else Xs - Xg  # the move as Q* holds it
-    direct_d2 = np.zeros(pick.size) if diff is None else np.einsum("ij,ij->i", diff, diff)
-    err = max(float(np.max(np.abs(direct_loss - loss_star[pick]) / (1 + np.abs(direct_loss)))),
-              float(np.max(np.abs(direct_d2 - moved2[pick]) / (1 + direct_d2))))
-    out = audit.audit_sums(prob.losses(prob.X), loss_star, moved2, mass, w, theta1, theta2,
-                           divergence, value, prob.p, src)
-    out["audit"] = {"method": "sampled", "sample": int(pick.size), "max_rel_error": err}
-    out["moved2"] = moved2
-    if err > SAMPLED_RTOL:  # the reduced form and the model disagree: never pass this off
-        out["primal_cost"] = out["gap"] = math.inf
-    return out
+    pick = np.sort(rng.choice(m, size=min(AUDIT_SAMPLE, m), replace=False))
+    main = pick[pick < n]
+    rows = np.concatenate([main, split_rows[pick[pick >= n] - n]])
+    piece = oracle.scan(h, tie_rtol, main)[1]
+    up = t_rows[frac >= 1.0]
+    pos = np.searchsorted(up, main)
+    hit = (pos < up.size) & (up[np.minimum(pos, up.size - 1)] == main) if up.size else \
+        np.zeros(main.size, dtype=bool)
+    piece[hit] = t_hi[frac >= 1.0][pos[hit]]
+    extra = pick[pick >= n] - n
+    split_hi = t_hi[(frac > 0) & (frac < 1)]
+    piece = np.concatenate([piece, split_hi[extra]])
+    err = 0.0
+    for s in range(0, rows.size, SAMPLE_BLOCK):  # small blocks: cache-sized temporaries
+        rb, pb = rows[s:s + SAMPLE_BLOCK], piece[s:s + SAMPLE_BLOCK]
+        loss_star, moved2 = _reduced_atoms(prob, red, rb, pb, h)
+        Xg = prob.X[rb]
+        delta = red.displacement(rb, pb, h)
+        Xs = Xg if delta is None else Xg + delta
+        direct_loss = prob.losses(Xs, prob.y[rb])
+        diff = None if delta is None else Xs - Xg  # the move as Q* holds it
+        direct_d2 = np.zeros(rb.size) if diff is None else np.einsum("ij,ij->i", diff, diff)
+        err = max(err, float(np.max(np.abs(direct_loss - loss_star) / (1 + np.abs(direct_loss)))),
+                  float(np.max(np.abs(direct_d2 - moved2) / (1 + direct_d2))))
+    return {"method": "sampled", "sample": int(rows.size), "max_rel_error": err}
 
 
 def _audit_blocks(prob, moved_block, src, mass, w, theta1, theta2, divergence, value) -> dict:

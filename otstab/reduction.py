@@ -38,7 +38,8 @@ class Reduced:
     theta1 : float
     kind : "margin", "residual" or "multiclass"
     v : (d,) masked coefficient direction (margin / residual)
-    g : (n, K) or (1, K) coefficient of ``v`` in ``a_ik`` (margin / residual)
+    g : (1, K) coefficient of ``v`` in ``a_ik`` (margin / residual), times ``g_rows[i]``
+    g_rows : (n,) per-sample factor of ``g`` (the labels +-1 of a margin loss; None: 1)
     Wm : (K, d) masked class weights (multiclass); a_ik = Wm[k] - Wm[y_i]
     labels : (n,) internal class indices (multiclass)
     """
@@ -51,6 +52,7 @@ class Reduced:
     g: np.ndarray | None = None
     Wm: np.ndarray | None = None
     labels: np.ndarray | None = None
+    g_rows: np.ndarray | None = None
 
     @property
     def n(self) -> int:
@@ -68,8 +70,12 @@ class Reduced:
         """``a_(src, piece)`` restricted to the mask, one row per atom."""
         if self.kind == "multiclass":
             return self.Wm[piece] - self.Wm[self.labels[src]]
-        g = self.g[src, piece] if self.g.shape[0] > 1 else self.g[0, piece]
-        return g[:, None] * self.v[None, :]
+        return self.coef(src, piece)[:, None] * self.v[None, :]
+
+    def coef(self, src: np.ndarray, piece: np.ndarray) -> np.ndarray:
+        """The coefficient of ``v`` in ``a_(src, piece)`` (margin / residual), one per atom."""
+        g = self.g[0, piece]
+        return g if self.g_rows is None else g * self.g_rows[src]
 
     def displacement(self, src: np.ndarray, piece: np.ndarray, h: float) -> np.ndarray | None:
         """``x* - x`` for each atom, ``h a_(src,piece) / (2 theta1)``; None when nothing moves."""
@@ -78,7 +84,7 @@ class Reduced:
         t = h / (2.0 * self.theta1)
         if self.kind == "multiclass":
             return t * self.directions(src, piece)
-        g = self.g[src, piece] if self.g.shape[0] > 1 else self.g[0, piece]
+        g = self.coef(src, piece)
         return np.multiply.outer(t * g, self.v)
 
     def score_shift(self, W: np.ndarray, src, piece, h: float) -> np.ndarray | None:
@@ -91,20 +97,20 @@ class Reduced:
             P = self.Wm @ W.T  # (K, K_out)
             out = t * (P[piece] - P[self.labels[src]])
             return out[:, 0] if W.shape[0] == 1 else out
-        g = self.g[src, piece] if self.g.shape[0] > 1 else self.g[0, piece]
+        g = self.coef(src, piece)
         vw = self.v @ W.T  # (K_out,)
         return (t * g)[:, None] * vw[None, :] if W.shape[0] > 1 else (t * g) * float(vw[0])
 
     def sq_displacement(self, src, piece, h: float) -> np.ndarray:
         """``||x* - x||^2`` per atom, without forming x*."""
         if math.isinf(self.theta1) or h == 0.0:
-            return np.zeros(np.size(src))
+            return np.zeros(np.size(piece))
         t = h / (2.0 * self.theta1)
         if self.kind == "multiclass":
             diff = self.Wm[:, None, :] - self.Wm[None, :, :]
             G = np.einsum("ykd,ykd->yk", diff, diff)  # G[k, y] = ||w_k - w_y||^2
             return t * t * G[piece, self.labels[src]]
-        g = self.g[src, piece] if self.g.shape[0] > 1 else self.g[0, piece]
+        g = self.coef(src, piece)
         return (t * g) ** 2 * float(self.v @ self.v)
 
     def move(self, X: np.ndarray, src: np.ndarray, piece: np.ndarray, h: float) -> np.ndarray:
@@ -116,7 +122,7 @@ class Reduced:
         if self.kind == "multiclass":
             out += t * self.directions(src, piece)
         else:
-            g = self.g[src, piece] if self.g.shape[0] > 1 else self.g[0, piece]
+            g = self.coef(src, piece)
             out += np.multiply.outer(t * g, self.v)
         return out
 
@@ -157,14 +163,19 @@ def reduce_problem(prob: Problem, theta1: float, mask: np.ndarray | None = None)
         a = loss.a
         if loss.on == "margin":
             u = prob.y * s
-            g = prob.y[:, None] * a[None, :]
+            g, g_rows = a[None, :], prob.y
         else:
             u = prob.y - s
-            g = -a[None, :]
-        c1 = np.multiply.outer(u, a) + loss.b[None, :]
+            g, g_rows = -a[None, :], None
+        # c1 is built piece by piece in (K, n) layout (c1 is its transpose, a view): the
+        # oracles scan one contiguous piece at a time
+        c1T = np.empty((a.size, u.size))
+        for k in range(a.size):
+            np.multiply(u, a[k], out=c1T[k])
+            c1T[k] += loss.b[k]
         v = W[0]
         c2 = (a * a * float(v @ v) * inv4)[None, :]
-        return Reduced(c1, c2, theta1, loss.on, v=v, g=g)
+        return Reduced(c1T.T, c2, theta1, loss.on, v=v, g=g, g_rows=g_rows)
     if isinstance(loss, MulticlassHinge):
         if sc.task == "binary":
             Wm = np.vstack([np.zeros_like(W[0]), W[0]])

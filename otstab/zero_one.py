@@ -40,6 +40,10 @@ PUSH = 1e-9
 EPS = float(np.finfo(float).eps)
 
 
+#: moved rows per block of the 0/1 audit (cache-sized temporaries)
+MOVED_BLOCK = 4096
+
+
 def linear_distances(prob: Problem, mask: np.ndarray | None = None):
     """d*_i and the nearest misclassified points for a linear classifier.
 
@@ -59,10 +63,16 @@ def linear_distances(prob: Problem, mask: np.ndarray | None = None):
             d = np.where(loss0 > 0, 0.0, np.inf)
             return d, NearPoints(X, np.zeros(X.shape[0]), lambda rows: w[None, :])
         mp = np.maximum(m, 0.0)
-        d = np.where(loss0 > 0, 0.0, mp * mp / nw)
-        s_abs = np.abs(m)
-        step = np.where(loss0 > 0, 0.0, (mp + _push(mp, s_abs, sc.b[0])) / nw)
-        return d, NearPoints(X, step * prob.y, lambda rows: w[None, :])
+        d = mp * mp
+        d /= nw
+        d[loss0 > 0] = 0.0
+        y, b = prob.y, sc.b[0]
+
+        def step(rows):  # built for the rows Q* moves only
+            mr = np.maximum(m[rows], 0.0)
+            c = (mr + _push(mr, np.abs(m[rows]), b)) / nw * y[rows]
+            return np.where(loss0[rows] > 0, 0.0, c)
+        return d, NearPoints(X, step, lambda rows: w[None, :])
     y = prob.y.astype(np.intp)
     sy = np.take_along_axis(S, y[:, None], axis=1)
     gaps = np.maximum(sy - S, 0.0)  # (n, K): s_y - s_k
@@ -93,8 +103,9 @@ def linear_distances(prob: Problem, mask: np.ndarray | None = None):
 
 class NearPoints:
     """The nearest misclassified points ``x_i - c_i D_i`` of a linear classifier, built only
-    for the rows asked for (``near[rows]``): ``c`` per row, ``direction(rows)`` the rows'
-    directions (one shared row for binary models). No n x d array is formed."""
+    for the rows asked for (``near[rows]``): ``c`` per row (an array, or a function of the
+    rows), ``direction(rows)`` the rows' directions (one shared row for binary models). No
+    n x d array is formed."""
 
     def __init__(self, X, c, direction):
         self.X, self.c, self.direction = X, c, direction
@@ -102,7 +113,8 @@ class NearPoints:
 
     def displacement(self, rows) -> np.ndarray:
         """``x_near - x`` for ``rows``."""
-        return -self.c[rows][:, None] * self.direction(rows)
+        c = self.c(rows) if callable(self.c) else self.c[rows]
+        return -c[:, None] * self.direction(rows)
 
     def __getitem__(self, rows) -> np.ndarray:
         return self.X[rows] + self.displacement(rows)
@@ -377,14 +389,24 @@ def _finish(*, value, h, alpha, status, message, plan, w, a, loss0, r, theta1, t
     rows = w.idx[pos]  # the moved rows (the split row last)
     moved = rows[:moved_pos.size]
     w_rows = w.at(pos)
-    # the loss at every moved point and the squared distance moved
+    def moved_points(sel):
+        """(x, x*) of the moved rows ``rows[sel]``."""
+        rs = rows[sel]
+        Xr = X[rs]
+        return Xr, (Xr + X_near.displacement(rs) if isinstance(X_near, NearPoints)
+                    else np.asarray(X_near[rs], dtype=np.float64))
+
+    # the loss at every moved point and the squared distance moved, over blocks of rows (the
+    # moved points are not kept: X_star and the displacement rebuild them when asked)
     if X is not None and X_near is not None and rows.size:
-        X_rows = X[rows]
-        Xm = X_rows + X_near.displacement(rows) if isinstance(X_near, NearPoints) \
-            else X_near[rows]
-        loss_m = np.asarray(losses_fn(Xm, y[rows]), dtype=np.float64)
-        diff = Xm - X_rows
-        d2 = np.einsum("ij,ij->i", diff, diff)
+        loss_m = np.empty(rows.size)
+        d2 = np.empty(rows.size)
+        step = MOVED_BLOCK if isinstance(X, np.ndarray) else rows.size  # Dask: one gather
+        for s in range(0, rows.size, step):
+            Xr, Xm = moved_points(slice(s, s + step))
+            loss_m[s:s + step] = losses_fn(Xm, y[rows[s:s + step]])
+            diff = Xm - Xr  # the move as Q* holds it
+            d2[s:s + step] = np.einsum("ij,ij->i", diff, diff)
     else:
         loss_m = np.ones(rows.size)
         d2 = dstar[rows]
@@ -445,6 +467,7 @@ def _finish(*, value, h, alpha, status, message, plan, w, a, loss0, r, theta1, t
         out = np.empty((n_atoms, X.shape[1]))
         out[:n] = X
         if rows.size:
+            Xm = moved_points(slice(None))[1]
             out[moved] = Xm[:moved.size]
             if split is not None:
                 out[n] = Xm[-1]
@@ -461,7 +484,8 @@ def _finish(*, value, h, alpha, status, message, plan, w, a, loss0, r, theta1, t
                 at[n] = rows.size - 1
             pos = at[atoms]
             sel = pos >= 0
-            out[sel] = diff[pos[sel]]
+            Xr, Xm = moved_points(pos[sel])
+            out[sel] = Xm - Xr
         return out
 
     return StabilityResult(
@@ -495,13 +519,12 @@ def certify_zero_one_problem(prob: Problem, r, theta1, theta2, divergence, mask,
             "or 'dual'): the 0/1 loss has no conic program, its dual is solved exactly"
         )
     check_options(solver_options, (), "the exact 0/1 path of a linear classifier")
-    dstar, X_near = linear_distances(prob, mask)
+    dstar, X_near = linear_distances(prob, mask)  # 0 where misclassified
     loss0 = prob.losses(prob.X)
     a = dstar * theta1 if math.isfinite(theta1) else np.where(dstar > 0, np.inf, 0.0)
-    a = np.where(loss0 > 0, 0.0, a)
     return _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, prob.X, X_near,
                             prob.y, prob.losses, prob.feature_names, prob.index, t_start,
-                            np.where(loss0 > 0, 0.0, dstar), p=prob.p)
+                            dstar, p=prob.p)
 
 
 def certify_distances(dstar, r, *, theta1=1.0, theta2=0.25, divergence="kl", solver="auto",

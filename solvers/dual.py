@@ -71,7 +71,7 @@ class PiecewiseOracle:
         self._c2T = np.ascontiguousarray(c2.T) if self._rowwise else c2[0]
         c2z = (~np.any(c2 != 0, axis=0))
         self._zero = [bool(c2z[k] and not np.any(self._c1T[k])) for k in range(self.K)]
-        self._c1abs = float(np.max(np.abs(c1))) if c1.size else 0.0
+        self._c1abs = max(float(c1.max()), -float(c1.min())) if c1.size else 0.0
 
     def _c2k(self, k):
         return self._c2T[k]
@@ -96,20 +96,22 @@ class PiecewiseOracle:
                 new.prefix = self.prefix.with_c(float(c2[0, k1]))
         return new
 
-    def scan(self, h: float, tol: float | None = None):
+    def scan(self, h: float, tol: float | None = None, rows=None):
         """(l_h, k_lo, d_lo, k_hi, d_hi): the tied pieces with the smallest and largest
         derivative at ``h`` (the same piece where there is no tie). Ties are values within
-        ``tol`` times the largest |l_h| (plus one)."""
+        ``tol`` times the largest |l_h| over all samples (plus one). ``rows``: only these
+        samples (a slice or an index array; the tie threshold stays that of all samples)."""
         tol = self.TIE if tol is None else tol
-        n = self.n
+        sel = slice(None) if rows is None else rows
+        n = self._c1T[0][sel].shape[0] if self.K else 0
         hh = h * h
         vmax = d_lo = d_hi = None
         k_lo = np.zeros(n, dtype=np.intp)
         k_hi = np.zeros(n, dtype=np.intp)
         scale = None
         for k in range(self.K):
-            c1k = self._c1T[k]
-            c2k = self._c2k(k)
+            c1k = self._c1T[k][sel]
+            c2k = self._c2T[k][sel] if self._rowwise else self._c2T[k]
             if self._zero[k]:
                 v = np.zeros(n)
                 dk = v
@@ -137,6 +139,25 @@ class PiecewiseOracle:
                 np.copyto(k_hi, k, where=hi_upd)
             np.maximum(vmax, v, out=vmax)
         return vmax, k_lo, d_lo, k_hi, d_hi
+
+    def values(self, h: float, rows=None) -> np.ndarray:
+        """l_h of the samples ``rows`` (a slice or index array; default all): the first output
+        of :meth:`scan`, computed alone (the same arithmetic, so the same numbers)."""
+        sel = slice(None) if rows is None else rows
+        hh = h * h
+        vmax = None
+        for k in range(self.K):
+            if self._zero[k]:
+                v = 0.0
+            else:
+                c1k = self._c1T[k][sel]
+                c2k = self._c2T[k][sel] if self._rowwise else self._c2T[k]
+                v = c1k * h + c2k * hh if self._rowwise or c2k != 0.0 else c1k * h
+            if vmax is None:
+                vmax = np.zeros(self._c1T[k][sel].shape[0]) + v
+            else:
+                np.maximum(vmax, v, out=vmax)
+        return vmax
 
     def _bound(self, h):
         """An upper bound on max_i |l_h(z_i)|, for the tie threshold."""

@@ -33,6 +33,26 @@ import numpy as np
 __all__ = ["SortedTwoPiece"]
 
 
+class _Keys:
+    """The sorted keys of a :class:`SortedTwoPiece` (shared by its rescaled copies) and their
+    prefix sums, computed on first use (KL evaluations away from ``A = 0`` never need them)."""
+
+    def __init__(self, nu, us, n_fin, umax):
+        self.nu, self.us, self.n_fin, self.umax = nu, us, n_fin, umax
+        self._prefix = None
+
+    def prefix(self):
+        if self._prefix is None:
+            n_fin = self.n_fin
+            uf = self.us[:n_fin]
+            cu = np.zeros(self.us.size + 1)
+            cu2 = np.zeros(self.us.size + 1)
+            np.cumsum(uf, out=cu[1:n_fin + 1])
+            np.cumsum(uf * uf, out=cu2[1:n_fin + 1])
+            self._prefix = (cu, cu2)
+        return self._prefix
+
+
 class SortedTwoPiece:
     """Prefix-sum reductions of ``l_h(z_i) = (A(h) u_i + B(h))_+`` (see the module docstring).
 
@@ -71,18 +91,25 @@ class SortedTwoPiece:
             if not presorted:
                 nu.sort()
             us = -nu  # decreasing u
-            fin = np.isfinite(us)
-            n_fin = int(np.count_nonzero(fin))
-            uf = us[:n_fin]
-            cu = np.zeros(us.size + 1)
-            cu2 = np.zeros(us.size + 1)
-            np.cumsum(uf, out=cu[1:n_fin + 1])
-            np.cumsum(uf * uf, out=cu2[1:n_fin + 1])
-            umax = float(np.max(np.abs(uf))) if n_fin else 0.0
-            _sorted = (nu, us, cu, cu2, n_fin, umax)
+            n_fin = int(np.searchsorted(nu, math.inf, side="left"))  # -inf keys sort last
+            # the largest |key| is at one end of the finite, sorted keys
+            umax = max(abs(float(us[0])), abs(float(us[n_fin - 1]))) if n_fin else 0.0
+            _sorted = _Keys(nu, us, n_fin, umax)
         self._sorted = _sorted
-        self.nu, self.us, self.cu, self.cu2, self.n_fin, self.umax = _sorted
+        self.nu, self.us, self.n_fin, self.umax = _sorted.nu, _sorted.us, _sorted.n_fin, \
+            _sorted.umax
         self.n = self.us.size
+
+    @property
+    def cu(self) -> np.ndarray:
+        """Prefix sums of the sorted keys (``cu[q]``: the sum of the first q; built on first
+        use, shared with the oracles made by :meth:`with_c` / :meth:`with_scale`)."""
+        return self._sorted.prefix()[0]
+
+    @property
+    def cu2(self) -> np.ndarray:
+        """Prefix sums of the squared sorted keys."""
+        return self._sorted.prefix()[1]
 
     def with_c(self, c: float) -> SortedTwoPiece:
         """The same sorted keys with another hinge coefficient ``c`` (no new sort)."""

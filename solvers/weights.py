@@ -14,6 +14,7 @@ and the weights are likelihood ratios with respect to it: ``sum_i p_i w_i = 1``.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -21,6 +22,8 @@ __all__ = [
     "pmean",
     "support_max",
     "weights_at",
+    "WeightMap",
+    "weight_map",
     "logmeanexp",
     "log_mean_shifted",
     "kl_weights",
@@ -83,17 +86,7 @@ def kl_dual_term(lh: np.ndarray, theta2: float, p=None) -> float:
 def kl_weights(lh: np.ndarray, theta2: float, p=None) -> np.ndarray:
     """Weights w_i = n softmax_i(lh / theta2), so that mean(w) = 1 (with ``p``:
     exp(lh_i/theta2) / sum_j p_j exp(lh_j/theta2), so that sum p w = 1)."""
-    lh = np.asarray(lh, dtype=np.float64)
-    if math.isinf(theta2):
-        return np.ones_like(lh)
-    a = lh / theta2
-    # clamp: weights below 1e-304 stay normal numbers (subnormal arithmetic is very slow)
-    if p is None:
-        e = np.exp(np.maximum(a - np.max(a), -700.0))
-        return e * (lh.size / np.sum(e))
-    # a sample of zero probability above the support's top is capped (its weight enters no sum)
-    e = np.exp(np.clip(a - support_max(a, p), -700.0, 700.0))
-    return e / float(np.dot(p, e))
+    return weight_map(lh, theta2, "kl", p)(lh)
 
 
 def chi2_alpha(lh: np.ndarray, theta2: float, p=None) -> float:
@@ -179,13 +172,87 @@ def chi2_solution(lh: np.ndarray, theta2: float, p=None):
     return w, a - m, chi2_term_at(ls, theta2, a, p) + m
 
 
+#: rows per block of the blockwise sums (cache-sized temporaries, no n-vector is allocated)
+BLOCK = 1 << 15
+
+
 def weights_at(lh: np.ndarray, theta2: float, divergence: str, p=None):
     """``(w, alpha)``: the weights of the most sensitive distribution at the values ``lh`` of
     l_h, and chi2's alpha (None for KL; 0 when theta2 = inf)."""
-    if divergence == "kl" or math.isinf(theta2):
-        return kl_weights(lh, theta2, p), (None if divergence == "kl" else 0.0)
-    w, alpha, _ = chi2_solution(lh, theta2, p)
-    return w, alpha
+    wm = weight_map(lh, theta2, divergence, p)
+    return wm(lh), wm.alpha
+
+
+@dataclass(frozen=True)
+class WeightMap:
+    """The weights of the most sensitive distribution as a function of ``l_h``, with the
+    normalisation fixed by all n values: ``wm(lh_rows)`` gives the weights of any subset of
+    rows (a block), equal to those :func:`weights_at` gives for the whole vector.
+
+    ``term`` is the dual's subtracted term at these ``l_h`` (so F(h) = h r - term) and
+    ``alpha`` chi2's multiplier (None for KL, 0 when theta2 = inf).
+    """
+
+    divergence: str
+    theta2: float
+    shift: float  # KL: the largest l_h / theta2; chi2: the largest l_h
+    scale: float  # KL: n / sum exp(.) (uniform) or sum p exp(.) (weighted); chi2: shifted alpha
+    alpha: float | None
+    term: float
+    weighted: bool = False
+
+    def __call__(self, lh: np.ndarray) -> np.ndarray:
+        lh = np.asarray(lh, dtype=np.float64)
+        if math.isinf(self.theta2):
+            return np.ones_like(lh)
+        if self.divergence == "kl":
+            if self.weighted:
+                # a sample of zero probability above the support's top is capped (its weight
+                # enters no sum)
+                return np.exp(np.clip(lh / self.theta2 - self.shift, -700.0, 700.0)) / self.scale
+            # clamp: weights below 1e-304 stay normal numbers (subnormal arithmetic is slow)
+            return np.exp(np.maximum(lh / self.theta2 - self.shift, -700.0)) * self.scale
+        return np.maximum(((lh - self.shift) + self.scale) / (2.0 * self.theta2) + 1.0, 0.0)
+
+
+def weight_map(lh: np.ndarray, theta2: float, divergence: str, p=None) -> WeightMap:
+    """The :class:`WeightMap` of ``l_h`` values ``lh`` (``p``: sample probabilities).
+
+    KL without ``p`` sums over blocks of rows, so that no temporary of the size of ``lh`` is
+    made (one pass; a second one, of ``expm1``, when every term is close to the largest and
+    ``log`` of the mean would keep only its rounding, see :func:`log_mean_shifted`).
+    """
+    lh = np.asarray(lh, dtype=np.float64)
+    if divergence not in ("kl", "chi2"):
+        raise ValueError(f"divergence must be 'kl' or 'chi2', got {divergence!r}")
+    if math.isinf(theta2):
+        return WeightMap(divergence, theta2, 0.0, 1.0, None if divergence == "kl" else 0.0,
+                         pmean(lh, p), p is not None)
+    if divergence == "chi2":
+        m = support_max(lh, p)
+        ls = lh - m
+        a = chi2_alpha(ls, theta2, p)
+        return WeightMap("chi2", theta2, m, a, a - m, chi2_term_at(ls, theta2, a, p) + m,
+                         p is not None)
+    if p is not None:
+        a = lh / theta2
+        m = support_max(a, p)
+        e = np.exp(np.clip(a - m, -700.0, 700.0))
+        term = theta2 * (m + log_mean_shifted(a, m, np.exp(np.maximum(a - m, -700.0)), p))
+        return WeightMap("kl", theta2, m, float(np.dot(p, e)), None, term, True)
+    n = lh.size
+    m = float(np.max(lh)) / theta2  # == max(lh / theta2): division by theta2 > 0 is monotone
+    z = 0.0
+    for s in range(0, n, BLOCK):
+        z += float(np.sum(np.exp(np.maximum(lh[s:s + BLOCK] / theta2 - m, -700.0))))
+    if z > 0.5 * n:
+        zm1 = 0.0
+        for s in range(0, n, BLOCK):
+            zm1 += float(np.sum(np.expm1(np.maximum(lh[s:s + BLOCK] / theta2 - m, -700.0))))
+        log_mean = math.log1p(zm1 / n)
+    else:
+        log_mean = math.log(z / n)
+    return WeightMap("kl", theta2, m, n / z, None, theta2 * (m + log_mean))
 
 
 def chi2_dual_term(lh: np.ndarray, theta2: float, alpha: float | None = None,
