@@ -10,6 +10,7 @@ import pytest
 from sklearn.ensemble import RandomForestClassifier
 from sklearn.linear_model import LogisticRegression
 from sklearn.neural_network import MLPClassifier
+from sklearn.svm import SVC
 from sklearn.tree import DecisionTreeClassifier
 
 import otstab
@@ -152,6 +153,30 @@ def test_forest_prices_are_sound_against_a_forest_on_scaled_inputs(problem):
     assert res.value_lower <= ref.value * (1 + 1e-9) <= res.value_upper * (1 + 2e-9)
     assert res.value_upper == pytest.approx(ref.value, rel=1e-6)
     assert res.value_lower == pytest.approx(ref.value, rel=1e-6)
+
+
+class _Composed:
+    """A classifier reading ``x~ / s``: ``model`` composed with the inverse scaling."""
+
+    def __init__(self, model, s):
+        self.model, self.s, self.classes_ = model, s, model.classes_
+
+    def predict(self, Z):
+        return self.model.predict(np.asarray(Z) / self.s)
+
+
+def test_predict_only_prices_equal_the_model_composed_with_the_scaling(problem):
+    """The generic search (kernel SVM, no gradient, no thresholds) runs in x~ on both sides."""
+    _, X, y = problem
+    s = np.sqrt(C)
+    svm = SVC(gamma=0.5).fit(X, y)
+    res = otstab.certify(svm, X, y, loss="zero_one", r=0.3, feature_costs=C)
+    ref = otstab.certify(_Composed(svm, s), X * s, y, loss="zero_one", r=0.3)
+    assert res.status == ref.status == "bounds"
+    assert res.value == pytest.approx(ref.value, rel=1e-9)
+    Xs, src = np.asarray(res.X_star), np.asarray(res.source)
+    moved = np.any(Xs != X[src], axis=1)
+    assert moved.any() and np.all(svm.predict(Xs[moved]) != y[src][moved])
 
 
 @pytest.mark.parametrize("loss,r", [("zero_one", 0.3), ("logistic", 0.8)])
