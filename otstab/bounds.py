@@ -33,6 +33,11 @@ under/over-estimates; each is a proof, not a heuristic:
   ``l <= (e_i + L t)^2`` gives ``l_h <= h e_i^2 theta1 / (theta1 - h L^2)`` for
   ``h < theta1 / L^2`` (``+inf`` beyond).
 
+With per-feature prices (a model wrapped in :class:`otstab.costs.Rescaled`, coordinates
+``x~ = sqrt(c) x``) an MLP's first layer reads ``W_1 / sqrt(c)`` and the tree boxes stay in the
+caller's coordinates with their distances priced, ``sum_j c_j gap_j^2``: the same proofs in the
+priced metric.
+
 :func:`zero_one_lower_value` and :func:`smooth_lower_value` turn these into the lower bound on
 R. ``dtai-veritas`` (a tree-ensemble verifier) is not available from this machine's package
 index, so it was not measured (docs/bounds.md).

@@ -32,6 +32,11 @@ For the 0/1 loss the d-transform is ``l_h(z_i) = (h - theta1 d*_i)_+`` with
   and the coordinates of the best point are pulled back towards ``x_i`` threshold by
   threshold. With a single movable feature that some split uses, this is exact.
 
+Per-feature prices (``feature_costs``, :mod:`otstab.costs`) reach this module as a model
+wrapped in :class:`otstab.costs.Rescaled` on the coordinates ``x~ = sqrt(c) x``, where the
+distance is Euclidean again: decision trees are then searched in the caller's coordinates with
+the priced distance ``sum_j c_j (x'_j - x_j)^2`` (still exact), every other model in ``x~``.
+
 Except for linear models and trees the distances are **upper bounds** on ``d*_i`` (the point
 returned is verified to be misclassified), so the resulting ``R`` is an upper bound too.
 For linear models and trees the distance is the exact infimum (decision trees compare
