@@ -50,9 +50,10 @@ def check_feature_costs(feature_costs, names: list[str], model=None) -> np.ndarr
     c = np.ones(d)
     if isinstance(feature_costs, dict):
         set_by: dict[int, object] = {}
+        rmap = pipeline.raw_map(model, names) if model is not None else None
         for key, val in feature_costs.items():
             price = _price(val, key)
-            for j, cj in _priced_columns(key, price, names, model).items():
+            for j, cj in _priced_columns(key, price, names, rmap).items():
                 if j in set_by:
                     raise ValidationError(
                         f"feature_costs prices column {names[j]!r} twice (keys "
@@ -71,14 +72,14 @@ def check_feature_costs(feature_costs, names: list[str], model=None) -> np.ndarr
     return None if np.all(c == 1.0) else c
 
 
-def _priced_columns(key, price: float, names: list[str], model) -> dict:
-    """``{column index: price per unit of that column}`` of one ``feature_costs`` key."""
+def _priced_columns(key, price: float, names: list[str], rmap) -> dict:
+    """``{column index: price per unit of that column}`` of one ``feature_costs`` key
+    (``rmap``: the model's :class:`otstab.pipeline.RawMap`, or None)."""
     d = len(names)
     if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
         if not -d <= int(key) < d:
             raise ValidationError(f"feature_costs: index {key} out of range for {d} features")
         return {int(key) % d: price}
-    rmap = pipeline.raw_map(model, names) if model is not None else None
     var = rmap.variable(str(key)) if rmap is not None else None
     if var is not None and var.columns:
         slopes = rmap.slopes(var.name)
