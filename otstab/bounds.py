@@ -33,6 +33,11 @@ under/over-estimates; each is a proof, not a heuristic:
   ``l <= (e_i + L t)^2`` gives ``l_h <= h e_i^2 theta1 / (theta1 - h L^2)`` for
   ``h < theta1 / L^2`` (``+inf`` beyond).
 
+With per-feature prices (a model wrapped in :class:`otstab.costs.Rescaled`, coordinates
+``x~ = sqrt(c) x``) an MLP's first layer reads ``W_1 / sqrt(c)`` and the tree boxes stay in the
+caller's coordinates with their distances priced, ``sum_j c_j gap_j^2``: the same proofs in the
+priced metric.
+
 :func:`zero_one_lower_value` and :func:`smooth_lower_value` turn these into the lower bound on
 R. ``dtai-veritas`` (a tree-ensemble verifier) is not available from this machine's package
 index, so it was not measured (docs/bounds.md).
@@ -52,6 +57,7 @@ from otstab_solvers.weights import pmean
 from otstab_solvers.zero_one import solve_zero_one
 
 from .audit import CANCEL_RTOL
+from .costs import Rescaled
 from .errors import InputTypeError, ValidationError
 from .nonlinear import as_model_input
 from .perturbation import tree_boxes
@@ -222,8 +228,10 @@ def leaf_table(model, d: int, X_check: np.ndarray | None = None) -> LeafTable:
 class _Sample:
     """The leaves reachable from one sample, in a form the branch and bound works on."""
 
-    def __init__(self, table: LeafTable, x, y: int, mv, upper: float, predict):
+    def __init__(self, table: LeafTable, x, y: int, mv, upper: float, predict, weights=None):
         self.upper, self.predict, self.y, self.mv, self.x_full = upper, predict, y, mv, x
+        # per-feature prices of the squared distance (feature_costs; default 1)
+        self.w = np.ones(int(mv.sum())) if weights is None else np.asarray(weights)[mv]
         a, b = table.edges(table.lo, table.hi)  # float64 boxes [a, b] holding each leaf
         fixed = ~mv
         cx = table.comparable(x[None, :])[0]  # fixed features: exactly the leaves holding x
@@ -251,7 +259,7 @@ class _Sample:
         lo, hi = lo[meet], hi[meet]
         a, b = self.table.edges(lo, hi)
         gap = np.maximum(np.maximum(a - self.x, self.x - b), 0.0)
-        dist = np.einsum("ij,ij->i", gap, gap)
+        dist = (gap * gap) @ self.w
         near = dist < self.upper
         alive, dist, lo, hi = alive[near], dist[near], lo[near], hi[near]
         tree = self.tree[alive]
@@ -304,7 +312,8 @@ class _Sample:
                     continue
                 clo, chi = (s, bhi[j]) if upper_side else (blo[j], s)
                 a, b = self.table.edges(np.array([clo]), np.array([chi]))
-                g = max(float(a[0]) - self.x[j], self.x[j] - float(b[0]), 0.0)
+                g = max(float(a[0]) - self.x[j], self.x[j] - float(b[0]), 0.0) \
+                    * math.sqrt(self.w[j])
                 if best is None or g > best[0]:
                     best = (g, j, s)
         if best is None:  # pragma: no cover - a tree with 2 leaves here has an inner edge
@@ -353,7 +362,7 @@ def _progress(done, total, t0, stream=sys.stderr):
 
 
 def tree_lower_distances(model, X, yi, *, mask=None, upper=None, max_nodes=200,
-                         time_budget=None, progress=False):
+                         time_budget=None, progress=False, weights=None):
     """Certified lower bounds ``dlow_i <= d*_i`` for a scikit-learn tree-ensemble classifier.
 
     Parameters
@@ -373,6 +382,10 @@ def tree_lower_distances(model, X, yi, *, mask=None, upper=None, max_nodes=200,
         root box only (one box each).
     progress : bool
         A progress bar on stderr.
+    weights : array (d,), optional
+        Per-feature prices ``c`` of the squared distance ``sum_j c_j (x'_j - x_j)^2``
+        (``feature_costs``; default 1): the boxes' distances are priced the same way, so the
+        bounds hold in that metric.
 
     Returns
     -------
@@ -400,7 +413,7 @@ def tree_lower_distances(model, X, yi, *, mask=None, upper=None, max_nodes=200,
             exact[i] = True
         else:
             budget = max_nodes if time.perf_counter() <= deadline else 1
-            smp = _Sample(table, X[i], int(yi[i]), mv, float(up[i]), predict)
+            smp = _Sample(table, X[i], int(yi[i]), mv, float(up[i]), predict, weights)
             dlow[i], exact[i], used = _branch_and_bound(smp, budget, deadline if budget > 1
                                                         else math.inf)
             total += used
@@ -709,6 +722,12 @@ def as_mlp(adapter):
     outputs is collapsed to the difference of its logits, as the adapter reads it."""
     if hasattr(adapter, "W") and hasattr(adapter, "activation"):
         return adapter
+    if isinstance(adapter, Rescaled):  # x = x~ / s: the first layer reads W_1 / s
+        inner = as_mlp(adapter.inner)
+        if inner is None:
+            return None
+        return _MLPWeights([inner.W[0] / adapter.s[:, None], *inner.W[1:]], list(inner.b),
+                           inner.activation, inner.task)
     module = getattr(adapter, "module", None)
     if module is None or type(module).__name__ != "Sequential":
         return None
@@ -752,6 +771,10 @@ def certified_distances(model, X, y, *, mask=None, upper=None, **options):
         dlow, info = mlp_lower_distances(mlp, X, yi, mask=mask, upper=upper,
                                          **{k: v for k, v in options.items() if k == "steps"})
         return dlow, {**info, "method": "local-Lipschitz (MLP)"}
+    weights = None
+    if isinstance(model, Rescaled):  # feature_costs: the trees' boxes in the caller's x
+        X, weights = model.back(X), model.s * model.s
+        model = model.inner
     raw = getattr(model, "model", model)
     classes = getattr(raw, "classes_", None)
     if classes is None:
@@ -759,7 +782,8 @@ def certified_distances(model, X, y, *, mask=None, upper=None, **options):
     yi = (y > 0).astype(np.intp) if len(classes) == 2 else y.astype(np.intp)
     opts = {k: v for k, v in options.items() if k in ("max_nodes", "time_budget", "progress")}
     try:
-        dlow, info = tree_lower_distances(raw, X, yi, mask=mask, upper=upper, **opts)
+        dlow, info = tree_lower_distances(raw, X, yi, mask=mask, upper=upper, weights=weights,
+                                          **opts)
     except InputTypeError:
         return None
     return dlow, {**info, "method": "branch-and-bound (tree ensemble)"}

@@ -8,6 +8,12 @@ an unexpected internal error (run with ``--debug`` for the traceback); 5 below t
 and cannot prove the gate either way, or ``--require-exact`` and the answer is not exact, or
 the confidence bound asked for is not available). See :func:`gate` and docs/ci_gating.md.
 
+``certify --feature-costs 'age=inf,duration=2'`` (or a JSON object or file;
+:func:`parse_feature_costs`) passes per-feature move prices to ``certify`` and
+``feature_stability``; ``--sample-weight COL`` takes the rows' weights from a column of DATA
+(:func:`split_weights`). A certificate of a priced run is refused until certificates record the
+prices (``inputs.feature_costs``).
+
 Models are loaded with skops (``.skops`` files, when skops is installed: only the types skops
 trusts, unless ``--trust-model``) or with joblib/pickle (any other file). Unpickling runs code
 stored in the file, so ``certify`` and ``verify`` load a pickle or joblib file only with
@@ -26,7 +32,8 @@ from pathlib import Path
 
 from .scale import read_parquet_dir
 
-__all__ = ["main", "build_parser", "load_model", "load_data", "auto_groups", "gate", "EXIT_OK",
+__all__ = ["main", "build_parser", "load_model", "load_data", "parse_feature_costs",
+           "split_weights", "auto_groups", "gate", "EXIT_OK",
            "EXIT_MISMATCH", "EXIT_BAD_INPUT", "EXIT_SOLVER", "EXIT_INTERNAL", "EXIT_BELOW",
            "EXIT_NOT_CERTIFIED"]
 
@@ -181,6 +188,14 @@ def build_parser() -> argparse.ArgumentParser:
     cert.add_argument("--movable", nargs="+", metavar="COL", default=None,
                       help="only these features may move (names after the model's "
                            "preprocessing, or indices)")
+    cert.add_argument("--feature-costs", metavar="PRICES", default=None,
+                      help="per-feature move prices in (0, inf] (inf: immutable): "
+                           "'age=inf,duration=2', a JSON object or a JSON file; names are "
+                           "the data's raw columns (priced per raw unit) or the model's input "
+                           "columns, integers are column indices")
+    cert.add_argument("--sample-weight", metavar="COL", default=None,
+                      help="column of DATA holding the rows' weights (survey weights); it is "
+                           "removed from the features")
     cert.add_argument("--confidence", type=_level, default=None, metavar="LEVEL",
                       help="confidence level of the sampling interval of R and of its "
                            "one-sided lower bound, recorded in the certificate (default "
@@ -431,10 +446,76 @@ _ARG_PATTERNS = [
     (r"^(unknown )?loss|^tau|^eps", "--loss"),
     (r"^features", "--movable"),
     (r"^groups", "--groups"),
+    (r"^feature_costs", "--feature-costs"),
+    (r"^sample_weight|computed with sample_weight", "--sample-weight"),
     (r"^X and y|^X |^X$|^X \(|pipeline's preprocessing", "--data"),
     (r"^y ", "--target"),
     (r"^model|^coef|not supported|is not fitted|^binary classifier|^multi-output", "--model"),
 ]
+
+
+def parse_feature_costs(text: str) -> dict:
+    """``--feature-costs``: ``'name=price,...'``, a JSON object, or a JSON file holding one.
+    Prices are numbers or ``inf``; integer keys are column indices (as ``--movable``)."""
+    import json
+
+    text = text.strip()
+    if not text.startswith("{") and "=" not in text:
+        try:
+            text = Path(text).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise BadInput("--feature-costs", f"expected 'name=price,...', a JSON object or "
+                                              f"a JSON file; cannot read {text!r}: "
+                                              f"{exc.strerror}") from None
+    if text.startswith("{"):
+        try:
+            pairs = json.loads(text)
+        except ValueError as exc:
+            raise BadInput("--feature-costs", f"not a JSON object: {exc}") from None
+        if not isinstance(pairs, dict):
+            raise BadInput("--feature-costs", "expected a JSON object {name: price}")
+        pairs = list(pairs.items())
+    else:
+        pairs = []
+        for item in filter(None, (t.strip() for t in text.split(","))):
+            name, eq, price = item.rpartition("=")
+            if not eq or not name.strip():
+                raise BadInput("--feature-costs", f"expected name=price, got {item!r}")
+            pairs.append((name.strip(), price.strip()))
+    out = {}
+    for name, price in pairs:
+        if isinstance(price, str):
+            try:
+                price = _number(True)(price)
+            except argparse.ArgumentTypeError as exc:
+                raise BadInput("--feature-costs", f"{name}: {exc}") from None
+        key = int(name) if re.fullmatch(r"-?\d+", str(name)) else str(name)
+        if key in out:
+            raise BadInput("--feature-costs", f"{name!r} is given twice")
+        out[key] = price
+    if not out:
+        raise BadInput("--feature-costs", "no prices given")
+    return out
+
+
+def split_weights(X, column: str):
+    """``--sample-weight``: ``(X without the column, weights)``; rows with a missing weight are
+    refused naming the first."""
+    import pandas as pd
+
+    if column not in X.columns:
+        cols = ", ".join(map(str, list(X.columns)[:8]))
+        raise BadInput("--sample-weight", f"column {column!r} is not in DATA (columns: "
+                                          f"{cols}{', ...' if X.shape[1] > 8 else ''})")
+    w = pd.to_numeric(X[column], errors="coerce")
+    bad = w.isna().to_numpy()
+    if bad.any():
+        row = int(bad.argmax())
+        raise BadInput("--sample-weight", f"column {column!r} has a missing or non-numeric "
+                                          f"weight at row {row} ({X[column].iloc[row]!r})")
+    if X.shape[1] < 2:
+        raise BadInput("--data", f"no feature columns besides {column!r}")
+    return X.drop(columns=[column]), w.to_numpy(dtype=float)
 
 
 def _arg_for(message: str) -> str | None:
@@ -631,6 +712,12 @@ def _cmd_certify(args) -> int:
         X, y = read_parquet_dir(args.data, args.target)
     else:
         X, y = load_data(args.data, args.target)
+    weights = None
+    if args.sample_weight is not None:
+        if args.dask is not None:
+            raise BadInput("--sample-weight", "sample weights are not supported with --dask")
+        X, weights = split_weights(X, args.sample_weight)
+    costs = None if args.feature_costs is None else parse_feature_costs(args.feature_costs)
     model = load_model(args.model, trust_model=args.trust_model)
     movable = None
     if args.movable:
@@ -639,7 +726,8 @@ def _cmd_certify(args) -> int:
     se = "analytic" if args.bootstrap is None else Bootstrap(n_boot=max(args.bootstrap, 2))
     result = _run_library(certify, model, X, y, loss=loss, r=args.r, theta1=args.theta1,
                           theta2=args.theta2, divergence=args.divergence, solver=args.solver,
-                          features=movable, se=se)
+                          features=movable, se=se, feature_costs=costs,
+                          sample_weight=weights)
     # with --json - / --card - stdout carries only that document
     out = sys.stderr if "-" in (args.json, args.card) else sys.stdout
     say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=out))
@@ -655,7 +743,8 @@ def _cmd_certify(args) -> int:
             groups = auto_groups(model, result.feature_names)
         table = _run_library(feature_stability, model, X, y, loss=loss, r=args.r,
                              theta1=args.theta1, theta2=args.theta2,
-                             divergence=args.divergence, groups=groups)
+                             divergence=args.divergence, groups=groups,
+                             feature_costs=costs, sample_weight=weights)
         say(f"\nMost sensitive features (of {len(table)}; lower score = more sensitive):")
         if not args.quiet:
             _print_features(table, args.top, out)
@@ -666,10 +755,17 @@ def _cmd_certify(args) -> int:
     if args.qstar_raw:
         written.append(_write_frame(_run_library(result.to_frame, raw=True), args.qstar_raw))
     policy = None if args.fail_under is None and not args.require_exact else verdict
-    cert = make_certificate(result, model, X, y, features=table, groups=groups,
-                            movable=movable, target=args.target, model_file=args.model,
-                            qstar=qinfo, solver=args.solver, loss=loss, level=level,
-                            extra=None if policy is None else {"policy": policy})
+    cert = None
+    if args.json or args.html or args.pdf or args.card:
+        cert = _run_library(make_certificate, result, model, X, y, features=table,
+                            groups=groups, movable=movable, target=args.target,
+                            model_file=args.model, qstar=qinfo, solver=args.solver, loss=loss,
+                            level=level, extra=None if policy is None else {"policy": policy})
+        if costs is not None and "feature_costs" not in cert["inputs"]:
+            # a certificate that verify would recompute without the prices: refuse it
+            raise BadInput("--feature-costs", "certificates do not record feature_costs yet "
+                                              "(verify could not reproduce them); drop --json, "
+                                              "--html, --pdf and --card")
     if args.json == "-":
         validate_certificate(cert)
         print(json.dumps(cert, indent=2, allow_nan=False, ensure_ascii=False))

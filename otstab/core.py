@@ -62,8 +62,10 @@ def certify(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl", s
         stands for all of its encoded columns, e.g. a one-hot block; :mod:`otstab.pipeline`).
     feature_costs : dict {name or index: price} or sequence of d prices, optional
         Per-feature move prices ``c_j`` in ``(0, inf]``: moving costs
-        ``theta1 sum_j c_j (x*_j - x_j)^2``; ``inf`` makes a feature immutable (linear models;
-        see :mod:`otstab.costs`). Default: every price 1.
+        ``theta1 sum_j c_j (x*_j - x_j)^2``; ``inf`` makes a feature immutable (every model
+        and path; see :mod:`otstab.costs`). Keys as in ``features``: a Pipeline's raw column
+        is priced per unit of the raw variable (a one-hot block: each indicator). Default:
+        every price 1.
     sample_weight : array-like of shape (n,), optional
         Nonnegative weights of the evaluation rows (survey weights): P0 is the weighted
         empirical distribution ``sum_i p_i delta_{z_i}`` with ``p = sample_weight / sum``.
@@ -100,7 +102,7 @@ def certify(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl", s
     if prob.p is not None and spec not in (None, "analytic"):
         raise ValidationError("sample_weight is not supported with se='bootstrap' (the "
                               "bootstrap resamples rows uniformly); use se='analytic' or None")
-    costs = check_feature_costs(feature_costs, prob.feature_names)
+    costs = check_feature_costs(feature_costs, prob.feature_names, model)
     original = prob
     if costs is not None:  # a diagonal metric: solve in x~ = sqrt(c) x (otstab.costs)
         prob, mask = scaled_problem(prob, costs, mask)

@@ -230,9 +230,10 @@ def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergen
         scored by ``certify(..., features=cols, sample_weight=sample_weight)`` (no one-pass
         path); ``confidence`` is refused with weights.
     feature_costs : dict or sequence, optional
-        Per-feature move prices as in :func:`otstab.certify` (linear models): each feature is
-        scored by ``certify(..., features=cols, feature_costs=feature_costs)``; a feature whose
-        price is ``inf`` cannot move and scores the reweighting-only value (``ignored``).
+        Per-feature move prices as in :func:`otstab.certify` (any model; a Pipeline's raw
+        columns priced in raw units): each feature is scored by
+        ``certify(..., features=cols, feature_costs=feature_costs)``; a feature whose price is
+        ``inf`` cannot move and scores the reweighting-only value (``ignored``).
 
     Returns
     -------
@@ -258,7 +259,7 @@ def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergen
         loss_obj, (PiecewiseLinear, MulticlassHinge, ZeroOne)) and solver != "first_order"
     extreme = any(math.isfinite(t) and not MODERATE[0] <= t <= MODERATE[1]
                   for t in (theta1, theta2))
-    costs = check_feature_costs(feature_costs, prob.feature_names)
+    costs = check_feature_costs(feature_costs, prob.feature_names, model)
     frozen = [costs is not None and bool(np.all(np.isinf(costs[cols]))) for _l, cols in units]
     if costs is not None or (linear_exact and (extreme or prob.p is not None)):
         # far from moderate prices the one-pass scores are not audited per feature, and they
@@ -266,12 +267,14 @@ def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergen
         # audited, or refused like certify refuses)
         base_losses = prob.losses(prob.X)
         rw = _reweighting_only(base_losses, r, theta2, divergence, prob.p)
-        rows = [rw if frz else _result_row(certify(
+        results = [None if frz else certify(
             model, X, y, loss=loss_obj, r=r, theta1=theta1, theta2=theta2,
             divergence=divergence, solver=solver, features=cols,
-            sample_weight=sample_weight, feature_costs=feature_costs))
-            for (_label, cols), frz in zip(units, frozen)]
-        linear_exact = True  # the rows are certify's: no nonlinear post-processing
+            sample_weight=sample_weight, feature_costs=feature_costs)
+            for (_label, cols), frz in zip(units, frozen)]  # None: immutable, rw's score
+        rows = [rw if res is None else _result_row(res) for res in results]
+        # the rows are certify's: no post-processing for linear models
+        linear_exact = prob.scorer is not None
     elif not linear_exact:
         base_losses = prob.losses(prob.X)
         rw = _reweighting_only(base_losses, r, theta2, divergence)
@@ -305,11 +308,11 @@ def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergen
                                "ignored", "cols"])
     df["columns"] = [[prob.feature_names[j] for j in c] for c in df.pop("cols")]
     columns, ranked_by = COLUMNS, "score"
-    if not linear_exact and any(not res.exact for res in results):
+    if not linear_exact and any(res is not None and not res.exact for res in results):
         # not exact: each score is the found (upper) value; rank by the certified lower side
-        df["score_lower"] = [res.value_lower for res in results]
-        df["score_upper"] = [res.value_upper for res in results]
-        df["exact"] = [bool(res.exact) for res in results]
+        df["score_lower"] = [rw[0] if res is None else res.value_lower for res in results]
+        df["score_upper"] = [rw[0] if res is None else res.value_upper for res in results]
+        df["exact"] = [res is None or bool(res.exact) for res in results]
         columns, ranked_by = COLUMNS + ["score_lower", "score_upper", "exact"], "score_lower"
     df = df.sort_values([ranked_by, "score"], kind="stable").reset_index(drop=True)
     df["rank"] = df[ranked_by].rank(method="min").astype(int)
@@ -418,9 +421,11 @@ def _nonlinear_ignored(prob, units, loss_obj, results):
     correctly classified sample is ``inf``)."""
     if isinstance(loss_obj, ZeroOne):
         loss0 = prob.losses(prob.X)
-        return [not np.any(np.isfinite(res.info["dstar"]) & (loss0 == 0)) for res in results]
+        return [res is None or not np.any(np.isfinite(res.info["dstar"]) & (loss0 == 0))
+                for res in results]
     _, grad = prob.nonlinear.loss_and_grad(prob.X, prob.y)
-    return [not np.any(grad[:, cols]) for _label, cols in units]
+    return [res is None or not np.any(grad[:, cols])
+            for (_label, cols), res in zip(units, results)]
 
 
 def _zero_one_chi2_row(prefix, r, theta2, base):

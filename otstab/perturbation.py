@@ -32,6 +32,11 @@ For the 0/1 loss the d-transform is ``l_h(z_i) = (h - theta1 d*_i)_+`` with
   and the coordinates of the best point are pulled back towards ``x_i`` threshold by
   threshold. With a single movable feature that some split uses, this is exact.
 
+Per-feature prices (``feature_costs``, :mod:`otstab.costs`) reach this module as a model
+wrapped in :class:`otstab.costs.Rescaled` on the coordinates ``x~ = sqrt(c) x``, where the
+distance is Euclidean again: decision trees are then searched in the caller's coordinates with
+the priced distance ``sum_j c_j (x'_j - x_j)^2`` (still exact), every other model in ``x~``.
+
 Except for linear models and trees the distances are **upper bounds** on ``d*_i`` (the point
 returned is verified to be misclassified), so the resulting ``R`` is an upper bound too.
 For linear models and trees the distance is the exact infimum (decision trees compare
@@ -50,6 +55,7 @@ import numpy as np
 from . import nonlinear
 from ._results import ResultMixin
 from ._validation import align_columns, as_float_matrix
+from .costs import Rescaled
 from .errors import IncompatibleLossError, InputTypeError, ValidationError
 from .models import linear_scorer
 from .nonlinear import CallableModel
@@ -300,6 +306,9 @@ def perturbation_search(model, X, y, *, mask=None, labels="model", n_directions=
         yi = _to_indices(y, classes)
 
     # --- dispatch ----------------------------------------------------------------------------
+    if isinstance(model, Rescaled):
+        return _rescaled(model, X, yi, task, mv, rng, n_directions, n_refine, max_radius, tol,
+                         max_iter)
     lin = _linear_parts(raw) if adapter is None or isinstance(
         adapter, nonlinear.PredictOnlyModel) else None
     if isinstance(adapter, nonlinear.LinearDifferentiable):
@@ -321,6 +330,35 @@ def perturbation_search(model, X, y, *, mask=None, labels="model", n_directions=
                                             classes, "model.predict(X)"))
     return _search(pred, X, yi, mv, rng, n_directions, n_refine, max_radius, tol,
                    thresholds=_ensemble_thresholds(raw, d))
+
+
+def _rescaled(model, X, yi, task, mv, rng, n_directions, n_refine, max_radius, tol,
+              max_iter) -> PerturbationResult:
+    """The search in the coordinates ``x~ = s x`` of :class:`otstab.costs.Rescaled` (per-feature
+    prices ``c = s^2``): a decision tree exactly in the caller's coordinates with the weighted
+    distance ``sum_j s_j^2 (x'_j - x_j)^2`` (points mapped to ``x~``); a differentiable model by
+    its gradients in ``x~``; any other classifier by the search in ``x~``, with the split
+    thresholds of a tree ensemble mapped to ``x~`` (probes then lie within a float32 step of
+    the thresholds rather than just past them, so the answer is not claimed exact)."""
+    inner, s = model.inner, model.s
+    raw = getattr(inner, "model", None)
+    if isinstance(inner, nonlinear.PredictOnlyModel) and _is_tree(raw):
+        res = _tree(raw, model.back(X), yi, mv, weights=s * s)
+        res.points = res.points * s[None, :]
+        return res
+    if inner.differentiable:
+        return _gradient(model, X, yi, task, mv, rng, n_directions, n_refine, max_radius, tol,
+                         max_iter)
+    pred = _Predictor(lambda Z: _internal_to_indices(model.predict_internal(Z), task))
+    thresholds = _ensemble_thresholds(raw, X.shape[1]) if raw is not None else None
+    if thresholds is not None:
+        thresholds = [np.unique(T * s[j]) for j, T in enumerate(thresholds)]
+    res = _search(pred, X, yi, mv, rng, n_directions, n_refine, max_radius, tol,
+                  thresholds=thresholds)
+    scaled = bool(np.any(s[mv] != 1.0))
+    if scaled and res.exact and np.any(~np.isfinite(res.distances) | (res.distances > 0)):
+        res.exact = False
+    return res
 
 
 # ----------------------------------------------------------------------------------------------
@@ -478,8 +516,11 @@ def _f32_edge(v: np.ndarray) -> np.ndarray:
     return 0.5 * (_f32_atmost(v) + _f32_above(v))
 
 
-def _tree(model, X, yi, mv) -> PerturbationResult:
+def _tree(model, X, yi, mv, weights=None) -> PerturbationResult:
+    """Exact nearest misclassified points of a decision tree; ``weights``: per-feature prices
+    of the squared distance (default 1)."""
     n, d = X.shape
+    w2 = mv.astype(np.float64) if weights is None else np.where(mv, weights, 0.0)
     classes = np.asarray(model.classes_)
     pred = _Predictor(lambda Z: _to_indices(model.predict(nonlinear.as_model_input(model, Z)),
                                             classes, "model.predict(X)"))
@@ -498,7 +539,7 @@ def _tree(model, X, yi, mv) -> PerturbationResult:
         high = X32 > hi[L][None, :]
         gap = np.where(low, np.maximum(lo_e[L][None, :] - X, 0.0),
                        np.where(high, np.maximum(X - hi_e[L][None, :], 0.0), 0.0))
-        dist = np.sum((gap * mv[None, :]) ** 2, axis=1)
+        dist = (gap * gap) @ w2
         if fixed.any():
             inside = np.all((X32[:, fixed] > lo[L][fixed]) & (X32[:, fixed] <= hi[L][fixed]),
                             axis=1)
@@ -892,7 +933,7 @@ def _gradient(adapter, X, yi, task, mv, rng, n_directions, n_refine, max_radius,
         return (p > 0).astype(np.intp) if task == "binary" else np.asarray(p).astype(np.intp)
 
     pred = _Predictor(pred_fn)
-    has_margin = not isinstance(adapter, CallableModel)
+    has_margin = not isinstance(getattr(adapter, "inner", adapter), CallableModel)
 
     def direction(Z, rows):
         """Unit masked direction that lowers the margin (or raises the loss) and the margin."""

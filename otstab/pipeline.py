@@ -85,6 +85,27 @@ class RawMap:
     def variable(self, name: str) -> RawVariable | None:
         return next((v for v in self.variables if v.name == name), None)
 
+    def slopes(self, name: str) -> dict:
+        """``{encoded column index: dz/dx}`` of raw variable ``name``: how far its encoded
+        column moves per unit of the raw variable (scalers are linear column by column; a
+        one-hot indicator and an ordinal code move 1 per unit of themselves). None for a
+        column the preprocessing maps nonlinearly (PowerTransformer, QuantileTransformer, a
+        FunctionTransformer with a function)."""
+        var = self.variable(name)
+        leaf = next(lf for lf in self._leaves if name in lf.inputs)
+        k = leaf.inputs.index(name)
+        inner = 1.0
+        if var.kind == "numeric":
+            for step in leaf.steps:
+                inner = _times(inner, _slope(step, k))
+        out = {}
+        for j in var.columns:
+            s = inner
+            for step in self._post:
+                s = _times(s, _slope(step, j))
+            out[j] = s
+        return out
+
     def groups(self) -> dict:
         """``{raw column: [encoded column names]}`` for every raw column the model reads."""
         return {v.name: [self.encoded_names[j] for j in v.columns]
@@ -130,6 +151,24 @@ class RawMap:
                 if name in texts:
                     indicators[name] = [t if m else "" for t, m in zip(texts[name], rows)]
         return out, indicators
+
+
+def _times(a, b):
+    return None if a is None or b is None else a * b
+
+
+def _slope(step, k: int):
+    """``dz/dx`` of an elementwise step on its column ``k`` (a constant for the affine
+    scalers), or None when the step is not affine."""
+    name = _name(step)
+    if name in IDENTITY or (name == "FunctionTransformer" and step.func is None):
+        return 1.0
+    scale = getattr(step, "scale_", None)
+    if name == "MinMaxScaler":
+        return float(scale[k])
+    if name in ("StandardScaler", "MaxAbsScaler", "RobustScaler"):
+        return 1.0 if scale is None else 1.0 / float(scale[k])
+    return None
 
 
 def _name(step) -> str:

@@ -2,6 +2,7 @@
 features=, to_frame(raw=True). Every inverse is checked against the pipeline's own forward
 transform (sklearn), never against otstab's inversion code."""
 
+import math
 import warnings
 
 import numpy as np
@@ -12,7 +13,13 @@ from sklearn.decomposition import PCA
 from sklearn.impute import SimpleImputer
 from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import Pipeline, make_pipeline
-from sklearn.preprocessing import MinMaxScaler, OneHotEncoder, OrdinalEncoder, StandardScaler
+from sklearn.preprocessing import (
+    MinMaxScaler,
+    OneHotEncoder,
+    OrdinalEncoder,
+    PowerTransformer,
+    StandardScaler,
+)
 
 import otstab
 from otstab import pipeline
@@ -187,3 +194,85 @@ def test_caller_frame_changes_do_not_reach_the_result(german):
     Xc.loc[:, "amount"] = 0
     assert list(res.to_frame(raw=True)["amount"]) == list(X["amount"].iloc[
         res.to_frame()["source"]])
+
+
+def test_raw_prices_are_per_unit_of_the_raw_variable(german):
+    """feature_costs by raw name: the audited moving cost of Q* equals the cost recomputed in
+    raw units through sklearn's own inverse of the scaler (price per squared raw unit), each
+    indicator of a priced one-hot block at its price, other columns at 1, age unmoved."""
+    model, X, y, num, cat, res0 = german
+    costs = {"age": math.inf, "purpose": 2.0, "duration": 0.01}
+    res = otstab.certify(model, X, y, loss="zero_one", r=0.4, feature_costs=costs)
+    assert res.status == "optimal" and res.value > res0.value
+    names = res.feature_names
+    src = np.asarray(res.source)
+    Z0, Z1 = np.asarray(res.X)[src], np.asarray(res.X_star)
+    ncols = [names.index(f"num__{c}") for c in num]
+    scaler = model.named_steps["pre"].named_transformers_["num"]
+    raw0, raw1 = scaler.inverse_transform(Z0[:, ncols]), scaler.inverse_transform(Z1[:, ncols])
+    assert np.array_equal(raw0[:, num.index("age")], raw1[:, num.index("age")])
+    dur = num.index("duration")
+    cost = 0.01 * (raw1[:, dur] - raw0[:, dur]) ** 2
+    purpose = [j for j, nm in enumerate(names) if nm.startswith("cat__purpose_")]
+    other = [j for j in range(len(names)) if j not in purpose and j not in ncols]
+    other += [ncols[k] for k, c in enumerate(num) if c not in ("age", "duration")]
+    cost += 2.0 * np.sum((Z1[:, purpose] - Z0[:, purpose]) ** 2, axis=1)
+    cost += np.sum((Z1[:, other] - Z0[:, other]) ** 2, axis=1)
+    moving = float(np.sum(np.asarray(res.mass) * np.asarray(res.weights) * cost)) / len(y)
+    assert cost.max() > 0
+    assert moving == pytest.approx(res.decomposition["cost_moving"], rel=1e-6)
+    # feature_stability takes the same raw prices: its purpose score is certify's
+    table = otstab.feature_stability(model, X, y, loss="zero_one", r=0.4, groups="auto",
+                                     feature_costs=costs)
+    row = table.set_index("feature").loc["purpose"]
+    ref = otstab.certify(model, X, y, loss="zero_one", r=0.4, features=["purpose"],
+                         feature_costs=costs)
+    assert row.score == pytest.approx(ref.value, rel=1e-9)
+    assert table.set_index("feature").loc["age", "ignored"]
+
+
+@pytest.mark.parametrize("costs, match", [
+    ({"durration": 2.0}, "did you mean 'duration'"),
+    ({"duration": 2.0, "num__duration": 3.0}, "twice"),
+])
+def test_bad_raw_prices_are_refused(german, costs, match):
+    model, X, y, *_ = german
+    with pytest.raises(ValidationError, match=match):
+        otstab.certify(model, X, y, loss="zero_one", r=0.4, feature_costs=costs)
+
+
+def test_raw_prices_need_an_affine_preprocessing():
+    """A raw price is refused through a nonlinear transformer (no constant price per raw unit)
+    and for a dropped column; the encoded name is accepted."""
+    X, y = _toy()
+    ct = ColumnTransformer([("num", PowerTransformer(), ["income"]),
+                            ("cat", OneHotEncoder(), ["grade", "city"])], remainder="drop")
+    model = make_pipeline(ct, LogisticRegression()).fit(X, y)
+    with pytest.raises(ValidationError, match="nonlinearly.*'num__income'"):
+        otstab.certify(model, X, y, loss="zero_one", r=0.4, feature_costs={"income": 2.0})
+    with pytest.raises(ValidationError, match="drops"):
+        otstab.certify(model, X, y, loss="zero_one", r=0.4, feature_costs={"note": 2.0})
+    res = otstab.certify(model, X, y, loss="zero_one", r=0.4,
+                         feature_costs={"num__income": math.inf})
+    src = np.asarray(res.source)
+    assert np.array_equal(np.asarray(res.X_star)[:, 0], np.asarray(res.X)[src, 0])
+
+
+def test_slopes_match_the_pipelines_own_transform():
+    """RawMap.slopes (dz/dx per encoded column) against a finite difference of sklearn's
+    transform (exact for affine scalers), with a scaler after the ColumnTransformer too."""
+    X, y = _toy()
+    ct = ColumnTransformer([("num", MinMaxScaler(), ["income"]),
+                            ("cat", OneHotEncoder(sparse_output=False), ["grade"])])
+    model = make_pipeline(ct, StandardScaler(), LogisticRegression()).fit(X, y)
+    names = [str(c) for c in model[:-1].get_feature_names_out()]
+    rmap = pipeline.raw_map(model, names)
+    X1 = X.copy()
+    X1["income"] += 100.0
+    dz = (model[:-1].transform(X1) - model[:-1].transform(X)) / 100.0
+    (j, slope), = rmap.slopes("income").items()
+    assert slope == pytest.approx(dz[0, j], rel=1e-9)
+    assert np.all(dz[:, j] == pytest.approx(slope, rel=1e-9))
+    post = model[1].scale_  # an indicator moves 1/scale_ of the standardised column per unit
+    for j, sl in rmap.slopes("grade").items():
+        assert sl == pytest.approx(1.0 / post[j], rel=1e-12)
