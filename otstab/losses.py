@@ -117,9 +117,13 @@ class PiecewiseLinear(Loss):
 
     def of_u(self, u: np.ndarray) -> np.ndarray:
         u = np.asarray(u, dtype=float)
-        out = self.a[0] * u + self.b[0]
+        out = np.multiply(u, self.a[0], out=np.empty_like(u))  # in place from here on
+        out += self.b[0]
+        piece = np.empty_like(u) if len(self.slopes) > 1 else None
         for ak, bk in zip(self.slopes[1:], self.intercepts[1:]):
-            out = np.maximum(out, ak * u + bk)
+            np.multiply(u, ak, out=piece)
+            piece += bk
+            np.maximum(out, piece, out=out)
         return out
 
     def values(self, scores, y):

@@ -25,6 +25,7 @@ pairwise hyperplanes (K(K-1)/2 rows, as many as classes when K = 3), not one row
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -119,9 +120,9 @@ class LinearScorer:
         return self.W.shape[1]
 
     def scores(self, X: np.ndarray) -> np.ndarray:
-        if self.task == "multiclass":
-            return X @ self.W.T + self.b
-        return X @ self.W[0] + self.b[0]
+        out = X @ self.W.T if self.task == "multiclass" else X @ self.W[0]
+        out += self.b if self.task == "multiclass" else self.b[0]  # in place: no second array
+        return out
 
 
 @dataclass
@@ -394,7 +395,9 @@ def _resolve_arrays(model, X, y, loss) -> Problem:
     yy, y_orig = _encode_labels(y, scorer.task, scorer.classes)
     _check_rows(Xa, yy)
     scores = scorer.scores(Xa)
-    if not np.all(np.isfinite(scores)):
+    # one sum finds a NaN or inf (it propagates); the elementwise test runs only when the sum
+    # is not finite (also when finite scores overflow it)
+    if not math.isfinite(float(np.sum(scores))) and not np.all(np.isfinite(scores)):
         check_finite_matrix(Xa, "X")  # names the offending entry
         raise ValidationError("the model's scores on X are not finite (overflow?)")
     return Problem(model, Xa, yy, y_orig, loss, names, scorer, None, index, scores=scores)
