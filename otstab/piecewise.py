@@ -30,7 +30,9 @@ __all__ = ["solve_reduced", "build_result", "DUAL_OPTIONS", "AUDIT_DIRECT_MAX", 
 
 #: ``**solver_options`` of the specialised dual
 DUAL_OPTIONS = ("tol", "max_iter", "refine")
-AUDIT_BLOCK = 1 << 15
+#: rows per block of the certificate builder (temporaries of 128 KB stay in cache and in
+#: the allocator's heap)
+AUDIT_BLOCK = 1 << 14
 #: above this many samples the audit evaluates the loss on the moved scores computed from the
 #: reduced form and checks them against the model on a random sample of atoms (AUDIT_SAMPLE)
 AUDIT_DIRECT_MAX = 200_000

@@ -168,6 +168,14 @@ class SortedTwoPiece:
         return i1 - i0, self.kink(i0), self.kink(i1 - 1), self.kink((i0 + i1 - 1) // 2)
 
     # -- prefix sums --------------------------------------------------------------------------
+    def _head_sums(self, q: int):
+        """(sum, sum of squares) of the first q sorted keys: from the prefix sums when they
+        exist, else directly (one pass over the q keys, no n-sized arrays)."""
+        if self._sorted._prefix is not None:
+            return float(self.cu[q]), float(self.cu2[q])
+        head = self.us[:q]
+        return float(np.sum(head)), float(np.dot(head, head))
+
     def _sums(self, q: int, A, B, dA, dB):
         """Sums over the first q sorted samples of l, l^2, d, d^2 and l d, where l = A u + B
         and d = A' u + B'."""
@@ -202,8 +210,8 @@ class SortedTwoPiece:
         M = max(top, 0.0)
         if A == 0.0:
             e_val = math.exp(max(B / theta2 - M, -700.0))
-            Z1, Zu = e_val * p, e_val * float(self.cu[p])
-            Zu2 = e_val * float(self.cu2[p])
+            s1, s2 = self._head_sums(p)
+            Z1, Zu, Zu2 = e_val * p, e_val * s1, e_val * s2
             e = None
         else:
             e = u * A
