@@ -178,7 +178,7 @@ def test_bad_weights_raise_naming_sample_weight(bad, match):
 def test_unsupported_paths_refuse_clearly():
     model, X, y = _binary()
     sw = np.arange(1.0, 41.0)
-    for kw in (dict(loss="hinge", solver="clarabel"), dict(loss="logistic", solver="first_order"),
+    for kw in (dict(loss="logistic", solver="first_order"),
                dict(loss="hinge", se="bootstrap")):
         with pytest.raises(ValidationError, match="sample_weight is not supported"):
             otstab.certify(model, X, y, r=0.9 if kw["loss"] == "zero_one" else 1.5,
@@ -218,3 +218,84 @@ def test_perturbation_search_with_integer_weights_equals_replicated_rows(diverge
     assert res.status == ref.status
     assert res.value == pytest.approx(ref.value, rel=1e-9)
     assert res.value_lower == pytest.approx(ref.value_lower, rel=1e-9)
+
+
+# --- conic backends with weights -----------------------------------------------------------
+
+CONIC_CASES = [(_binary, "hinge"), (_regression, "absolute"), (_regression, "pinball")]
+
+
+def _piecewise_losses(model, X, y, loss):
+    f = model.decision_function(X)
+    if loss == "hinge":
+        return np.maximum(0.0, 1.0 - y * f)
+    u = y - f
+    return np.abs(u) if loss == "absolute" else np.maximum(0.3 * u, -0.7 * u)
+
+
+@pytest.mark.parametrize("make, loss", CONIC_CASES)
+@pytest.mark.parametrize("divergence", ["kl", "chi2"])
+@pytest.mark.parametrize("theta1, theta2", PRICES)
+def test_conic_with_weights_equals_dual_and_replicated_rows(make, loss, divergence, theta1,
+                                                            theta2):
+    # three independent computations of the same weighted R: the specialised dual with p, the
+    # conic program with p (its own value `solver_value`, before the refinement of h by the
+    # dual's oracle) and the conic program on the rows replicated k_i times (uniform weights)
+    model, X, y = make()
+    k = _counts(len(y), seed=11)
+    # r between the weighted base risk and the largest loss of a kept row (reachable also by
+    # reweighting alone, theta1 = inf)
+    losses = _piecewise_losses(model, X, y, loss)
+    base = float(k @ losses) / k.sum()
+    r = base + 0.6 * (losses[k > 0].max() - base)
+    loss = otstab.losses.pinball(0.3) if loss == "pinball" else loss
+    kw = dict(loss=loss, r=r, theta1=theta1, theta2=theta2, divergence=divergence)
+    dual = otstab.certify(model, X, y, sample_weight=k, solver="dual", **kw)
+    assert dual.status == "optimal"
+    conic = otstab.certify(model, X, y, sample_weight=k, solver="clarabel", **kw)
+    rep = otstab.certify(model, np.repeat(X, k, axis=0), np.repeat(y, k), solver="clarabel",
+                         **kw)
+    assert conic.status == rep.status == "optimal"
+    assert conic.solver == "clarabel"
+    for res in (conic, rep):
+        assert res.info["solver_value"] == pytest.approx(dual.value, rel=1e-6)
+        assert res.value == pytest.approx(dual.value, rel=1e-6)
+
+
+@pytest.mark.parametrize("divergence", ["kl", "chi2"])
+def test_auto_falls_back_to_conic_with_weights(monkeypatch, divergence):
+    # the specialised dual reports a failure: "auto" moves on to the conic backends, which now
+    # solve the weighted program (equal to the dual's own weighted answer)
+    from otstab_solvers.result import FAILED, DualSolution
+
+    import otstab.piecewise as pw
+
+    model, X, y = _binary()
+    sw = np.random.default_rng(12).uniform(0.0, 3.0, size=len(y))
+    kw = dict(loss="hinge", r=1.5, theta1=1.0, theta2=0.5, divergence=divergence,
+              sample_weight=sw)
+    ref = otstab.certify(model, X, y, **kw)
+    monkeypatch.setattr(pw, "solve_dual", lambda *a, **k: DualSolution(
+        np.nan, None, np.nan, FAILED, "dual", native_status="forced failure"))
+    res = otstab.certify(model, X, y, **kw)
+    assert res.solver_log[0]["solver"] == "dual" and res.solver != "dual"
+    assert res.status == "optimal"
+    assert res.value == pytest.approx(ref.value, rel=1e-6)
+
+
+def test_conic_program_drops_zero_weight_rows():
+    # a zero weight is the row removed: the program on (c1, c2) with weights (0, ...) equals the
+    # program on the other rows with the remaining weights
+    from otstab_solvers.conic import ConicProgram
+
+    rng = np.random.default_rng(13)
+    c1 = np.column_stack([np.zeros(12), rng.uniform(0.5, 2.0, size=12)])
+    c2 = np.array([[0.0, 0.25]])
+    w = rng.uniform(0.5, 2.0, size=12)
+    w[[2, 7]] = 0.0
+    keep = w > 0
+    for div in ("kl", "chi2"):
+        a = ConicProgram(c1, c2, 0.5, div, weights=w).solve("clarabel", 1.8)
+        b = ConicProgram(c1[keep], c2, 0.5, div, weights=w[keep]).solve("clarabel", 1.8)
+        assert a.status == b.status == "optimal"
+        assert a.value == pytest.approx(b.value, rel=1e-7)
