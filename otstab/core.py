@@ -97,9 +97,6 @@ def certify(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl", s
     features = pipeline.expand_features(model, features, prob.feature_names)
     mask = feature_mask(prob.d, features, prob.feature_names)
     spec = inference.resolve_se(se)
-    if prob.p is not None and spec not in (None, "analytic"):
-        raise ValidationError("sample_weight is not supported with se='bootstrap' (the "
-                              "bootstrap resamples rows uniformly); use se='analytic' or None")
     costs = check_feature_costs(feature_costs, prob.feature_names)
     original = prob
     if costs is not None:  # a diagonal metric: solve in x~ = sqrt(c) x (otstab.costs)
