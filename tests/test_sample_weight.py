@@ -175,7 +175,7 @@ def test_bad_weights_raise_naming_sample_weight(bad, match):
     assert match in str(err.value)
 
 
-def test_unsupported_paths_refuse_clearly():
+def test_weighted_certificate_needs_its_weights():
     model, X, y = _binary()
     sw = np.arange(1.0, 41.0)
     res = otstab.certify(model, X, y, loss="hinge", r=1.5, sample_weight=sw)
