@@ -43,6 +43,14 @@ scikit-learn estimator this covers the hyper-parameters and the fitted state (``
 same for a model in memory and the same model after a joblib round trip. The SHA-256 of a model
 file's bytes is recorded as well (``file_sha256``) but only reported, since saving the same
 model again may give other bytes.
+
+``otstab-weights-v1`` (:func:`hash_weights`): the sample weights of a weighted certificate
+(``certify(..., sample_weight=w)``), recorded like the data, by fingerprint: SHA-256 of
+``chunk("otstab-weights-v1") chunk("<n>") chunk(payload)`` with the payload the caller's
+weights (not normalised) as float64 little-endian bytes (``-0.0`` as ``0.0``). The
+certificate's ``inputs.sample_weight`` holds the fingerprint, the number of rows, where the
+weights came from (``source``, e.g. a column name) and their effective sample size
+``(sum w)^2 / sum w^2``; :func:`verify_certificate` needs the same weights to recompute.
 """
 
 from __future__ import annotations
@@ -65,6 +73,7 @@ from otstab_solvers.weights import phi
 
 from . import __version__
 from ._results import jsonable
+from ._validation import as_float_vector, as_sample_weight
 from .audit import relative_gap
 from .core import certify
 from .errors import InputTypeError, OtstabError, SolverError, ValidationError
@@ -91,6 +100,7 @@ __all__ = [
     "Mismatch",
     "hash_data",
     "hash_model",
+    "hash_weights",
     "hash_file",
     "write_qstar",
     "read_table",
@@ -102,6 +112,7 @@ FORMAT = "otstab-certificate"
 VERSION = 2
 DATA_HASH = "otstab-data-v1"
 MODEL_HASH = "otstab-model-v1"
+WEIGHTS_HASH = "otstab-weights-v1"
 
 #: Default tolerances of :func:`verify_certificate`: a recomputed figure ``b`` reproduces the
 #: certified ``a`` when ``|a - b| <= atol + rtol * max(|a|, |b|)`` (``h_rtol`` for the dual
@@ -192,6 +203,54 @@ def hash_data(X, y) -> str:
     h.update(_chunk(kind))
     h.update(_chunk(payload))
     return h.hexdigest()
+
+
+def hash_weights(sample_weight) -> str:
+    """SHA-256 (hex) of the canonical serialisation ``otstab-weights-v1`` of sample weights
+    (a 1-D sequence of numbers; see the module docstring)."""
+    w = _raw_weights(sample_weight)
+    h = hashlib.sha256()
+    for part in (WEIGHTS_HASH.encode(), str(w.size).encode(), _float_bytes(w)):
+        h.update(_chunk(part))
+    return h.hexdigest()
+
+
+def _raw_weights(sample_weight) -> np.ndarray:
+    """The caller's weights as float64 (checked by :func:`as_float_vector`)."""
+    raw = sample_weight.to_numpy() if isinstance(sample_weight, pd.Series) else sample_weight
+    return as_float_vector(raw, "sample_weight", nonnegative=True)
+
+
+def _weights_info(sample_weight, source, n: int, p_result) -> dict | None:
+    """``inputs.sample_weight`` of a certificate: None for an unweighted result, else the
+    fingerprint of ``sample_weight``, after checking that they are the weights the result was
+    computed with (``p_result``: the result's probabilities, None when uniform)."""
+    if sample_weight is None:
+        if p_result is not None:
+            raise ValidationError(
+                "result was computed with sample_weight: pass the same sample_weight= to "
+                "make_certificate (its fingerprint is recorded so that verify can recompute "
+                "the weighted audit)")
+        return None
+    p = as_sample_weight(sample_weight, n)
+    same = (p is None and p_result is None) or (
+        p is not None and p_result is not None and p.shape == np.shape(p_result)
+        and np.allclose(p, p_result, rtol=1e-12, atol=0.0))
+    if not same:
+        raise ValidationError("sample_weight differs from the weights the result was computed "
+                              "with; pass the sample_weight given to certify")
+    w = _raw_weights(sample_weight)
+    if source is None and isinstance(sample_weight, pd.Series) and sample_weight.name is not None:
+        source = sample_weight.name
+    return {"hash_method": WEIGHTS_HASH, "sha256": hash_weights(w), "n_samples": int(w.size),
+            "source": None if source is None else str(source),
+            "effective_n": _effective_n(w)}
+
+
+def _effective_n(w: np.ndarray) -> float:
+    """Kish's effective sample size ``(sum w)^2 / sum w^2`` (scale-free)."""
+    q = w / float(np.max(w))
+    return float(np.sum(q)) ** 2 / float(np.dot(q, q))
 
 
 def _qualname(obj) -> str:
@@ -446,7 +505,8 @@ def _num(x) -> float:
 
 def make_certificate(result, model, X, y, *, features=None, groups=None, movable=None,
                      target=None, model_file=None, qstar=None, solver=None,
-                     solver_options=None, loss=None, extra=None, level=0.95) -> dict:
+                     solver_options=None, loss=None, extra=None, level=0.95,
+                     sample_weight=None, sample_weight_source=None) -> dict:
     """Build a version-1 certificate (a JSON-ready dict) for a :class:`~otstab.StabilityResult`.
 
     Parameters
@@ -480,6 +540,14 @@ def make_certificate(result, model, X, y, *, features=None, groups=None, movable
         rebuild it (a custom :class:`~otstab.losses.PiecewiseLinear`).
     extra : dict, optional
         Free-form JSON-serialisable metadata stored under ``"extra"``.
+    sample_weight : array-like of shape (n,), optional
+        The ``sample_weight=`` passed to ``certify`` (required when ``result`` is weighted;
+        checked against the weights the result was computed with). Its fingerprint
+        (:func:`hash_weights`), row count and effective sample size are recorded under
+        ``inputs.sample_weight``; :func:`verify_certificate` needs the same weights.
+    sample_weight_source : str, optional
+        Where the weights came from (e.g. the data column they were read from; default the
+        name of a pandas Series), recorded as ``inputs.sample_weight.source``.
     level : float, default 0.95
         Confidence level of the recorded sampling uncertainty (``results.uncertainty``: the
         SE, the two-sided interval and the one-sided lower bound of R, from
@@ -495,15 +563,13 @@ def make_certificate(result, model, X, y, *, features=None, groups=None, movable
     if not isinstance(result, StabilityResult):
         raise InputTypeError(
             f"result must be an otstab.StabilityResult, got {type(result).__name__}")
-    if isinstance(result.info, dict) and result.info.get("sample_weight") is not None:
-        raise ValidationError(
-            "make_certificate does not support results computed with sample_weight yet (the "
-            "certificate cannot record and re-verify the weights); certify without "
-            "sample_weight for a certificate")
     data = _data_info(X, y, target)
     if result.n and result.n != data["n_samples"]:
         raise ValidationError(
             f"result was computed on {result.n} samples but X has {data['n_samples']} rows")
+    weights = _weights_info(sample_weight, sample_weight_source, data["n_samples"],
+                            result.info.get("sample_weight")
+                            if isinstance(result.info, dict) else None)
     loss_spec = _loss_spec(loss if loss is not None else result.loss)
     info = result.info or {}
     decomposition = {k: v for k, v in (result.decomposition or {}).items()
@@ -559,6 +625,7 @@ def make_certificate(result, model, X, y, *, features=None, groups=None, movable
             "solver_requested": solver or (
                 "first_order" if result.solver == "first_order" else "auto"),
             "solver_options": dict(solver_options or {}),
+            "sample_weight": weights,
         },
         "results": results,
         "solver": {
@@ -744,7 +811,7 @@ def write_qstar(result, path) -> dict:
 
 
 def audit_qstar(qstar, model, X, y, cert, *, rtol=None, atol=None,
-                gap_tol=None) -> list[Mismatch]:
+                gap_tol=None, sample_weight=None) -> list[Mismatch]:
     """Audit a stored Q* independently: every column of the side file from the model and data.
 
     Parameters
@@ -756,6 +823,9 @@ def audit_qstar(qstar, model, X, y, cert, *, rtol=None, atol=None,
         The certificate (its inputs and results).
     rtol, atol, gap_tol : float, optional
         Tolerances (default ``DEFAULT_TOLERANCES``), as in :func:`verify_certificate`.
+    sample_weight : array-like of shape (n,), optional
+        The sample weights of a weighted certificate (their fingerprint must match
+        ``inputs.sample_weight``): each atom then carries ``p[source] * mass`` of P0.
 
     Returns
     -------
@@ -773,7 +843,15 @@ def audit_qstar(qstar, model, X, y, cert, *, rtol=None, atol=None,
     tol = _tolerances(rtol=rtol, atol=atol, gap_tol=gap_tol)
     frame = read_table(qstar) if not isinstance(qstar, pd.DataFrame) else qstar
     inputs, res = cert["inputs"], cert["results"]
-    prob = resolve_model(model, X, y, loss=loss_from_spec(inputs["loss"]))
+    recorded_w = inputs.get("sample_weight")
+    if (recorded_w is None) != (sample_weight is None) or (
+            recorded_w is not None and hash_weights(sample_weight) != recorded_w["sha256"]):
+        return [Mismatch("qstar:sample_weight",
+                         "no weights" if recorded_w is None else recorded_w["sha256"],
+                         "no weights" if sample_weight is None else hash_weights(sample_weight),
+                         "the Q* file can only be audited with the certified sample weights")]
+    prob = resolve_model(model, X, y, loss=loss_from_spec(inputs["loss"]),
+                         sample_weight=sample_weight)
     names = [str(nm) for nm in prob.feature_names]
     star_cols = [f"{nm}*" for nm in names]
     needed = ["source", "mass", *names, *star_cols, "weight", "loss", "loss*", "distance2"]
@@ -833,13 +911,14 @@ def audit_qstar(qstar, model, X, y, cert, *, rtol=None, atol=None,
                                 "Q* moves a feature that the certificate does not allow"))
     theta1, theta2 = _num(inputs["theta1"]), _num(inputs["theta2"])
     divergence, r = inputs["divergence"], _num(inputs["r"])
+    pm = mass / n if prob.p is None else mass * prob.p[src]  # each atom's P0-mass
     move = 0.0 if math.isinf(theta1) else theta1 * float(
-        np.sum(mass * w * np.sum(diff ** 2, axis=1))) / n
-    rew = 0.0 if math.isinf(theta2) else theta2 * float(np.sum(mass * phi(w, divergence))) / n
+        np.sum(pm * w * np.sum(diff ** 2, axis=1)))
+    rew = 0.0 if math.isinf(theta2) else theta2 * float(np.sum(pm * phi(w, divergence)))
     figures = {
         "primal_cost": move + rew,
-        "risk_star": float(np.sum(mass * w * loss_star)) / n,
-        "total_mass": float(np.sum(mass * w)) / n,
+        "risk_star": float(np.sum(pm * w * loss_star)),
+        "total_mass": float(np.sum(pm * w)),
     }
     recorded = {key: _num(res[key]) for key in figures}
     if math.isinf(_num(res["value"])):
@@ -996,7 +1075,7 @@ def _expect_close(report, field_, certified, recomputed, rtol, atol, reason) -> 
 
 def verify_certificate(cert_or_path, model, X, y, *, rtol=None, atol=None, h_rtol=None,
                        gap_tol=None, check_features=True, qstar=None, model_file=None,
-                       solver=None) -> VerificationReport:
+                       solver=None, sample_weight=None) -> VerificationReport:
     """Recompute a certificate from the model and the data and check every field.
 
     Every field of the certificate is recomputed, checked for consistency with the others,
@@ -1036,6 +1115,12 @@ def verify_certificate(cert_or_path, model, X, y, *, rtol=None, atol=None, h_rto
     solver : str, optional
         Solver for the recomputation (default: the one requested in the certificate). With
         another solver than the recorded one, the answering solver's name is not compared.
+    sample_weight : array-like of shape (n,), optional
+        The sample weights of a weighted certificate: their fingerprint, row count and
+        effective sample size must match ``inputs.sample_weight``, and everything is
+        recomputed with them (certify, the feature scores, the Q* audit). Weights given for an
+        unweighted certificate, or none for a weighted one, are a mismatch (nothing is
+        recomputed then).
 
     Returns
     -------
@@ -1061,6 +1146,9 @@ def verify_certificate(cert_or_path, model, X, y, *, rtol=None, atol=None, h_rto
     _verify_data(report, inputs["data"], X, y)
     _verify_model(report, inputs["model"], model, model_file)
     _verify_consistency(report, cert, tol)
+    if not _verify_weights(report, inputs.get("sample_weight"), sample_weight, tol):
+        report.ok = False
+        return report
 
     loss = loss_from_spec(inputs["loss"])
     spec = _strict(_loss_spec(loss))
@@ -1069,7 +1157,8 @@ def verify_certificate(cert_or_path, model, X, y, *, rtol=None, atol=None, h_rto
     requested = inputs.get("solver_requested") or "auto"
     kwargs = dict(loss=loss, r=_num(inputs["r"]), theta1=_num(inputs["theta1"]),
                   theta2=_num(inputs["theta2"]), divergence=inputs["divergence"],
-                  solver=solver or requested, features=inputs.get("movable_features"))
+                  solver=solver or requested, features=inputs.get("movable_features"),
+                  sample_weight=sample_weight)
     unc = cert["results"].get("uncertainty")
     se_spec = _uncertainty_spec(report, unc)
     try:
@@ -1095,7 +1184,7 @@ def verify_certificate(cert_or_path, model, X, y, *, rtol=None, atol=None, h_rto
     elif fs is not None:
         report.notes.append("the feature scores were not recomputed (check_features=False)")
     if qstar is not None:
-        _verify_qstar_file(report, cert, qstar, model, X, y, tol)
+        _verify_qstar_file(report, cert, qstar, model, X, y, tol, sample_weight)
     elif cert.get("qstar"):
         report.notes.append("the Q* side file was not given: its hash and columns were not "
                             "audited")
@@ -1135,6 +1224,37 @@ def _verify_data(report, data: dict, X, y) -> None:
                    else " (values or labels differ)")
     _expect(report, "inputs.data.sha256", got["sha256"] == data["sha256"], data["sha256"],
             got["sha256"], detail)
+
+
+def _verify_weights(report, recorded: dict | None, sample_weight, tol: dict) -> bool:
+    """``inputs.sample_weight`` against the given weights; False when the two do not say the
+    same thing about whether the certificate is weighted (nothing can be recomputed)."""
+    if recorded is None and sample_weight is None:
+        return True
+    if recorded is None or sample_weight is None:
+        _expect(report, "inputs.sample_weight", False,
+                "no weights" if recorded is None else recorded["sha256"],
+                "no weights" if sample_weight is None else "weights given",
+                "the certificate is unweighted but sample_weight was given" if recorded is None
+                else "the certificate was made with sample weights: pass the same "
+                     "sample_weight= to verify it")
+        return False
+    try:
+        w = _raw_weights(sample_weight)
+    except ValidationError as exc:
+        _expect(report, "inputs.sample_weight", False, recorded["sha256"], f"error: {exc}",
+                "the sample weights cannot be fingerprinted")
+        return False
+    _expect(report, "inputs.sample_weight.n_samples", w.size == recorded["n_samples"],
+            recorded["n_samples"], w.size, "the sample weights have another length")
+    got = hash_weights(w)
+    _expect(report, "inputs.sample_weight.sha256", got == recorded["sha256"],
+            recorded["sha256"], got, "the sample weights differ from the certified weights")
+    if "effective_n" in recorded and w.size and np.max(w) > 0:
+        _expect_close(report, "inputs.sample_weight.effective_n", recorded["effective_n"],
+                      _effective_n(w), tol["rtol"], tol["atol"],
+                      "the effective sample size of the weights does not reproduce")
+    return True
 
 
 def _verify_model(report, mc: dict, model, model_file) -> None:
@@ -1275,7 +1395,7 @@ def _verify_features(report, fs: dict, model, X, y, kwargs: dict, tol: dict) -> 
         new = feature_stability(
             model, X, y, loss=kwargs["loss"], r=kwargs["r"], theta1=kwargs["theta1"],
             theta2=kwargs["theta2"], divergence=kwargs["divergence"],
-            groups=fs.get("groups"))
+            groups=fs.get("groups"), sample_weight=kwargs.get("sample_weight"))
     except SolverError:
         raise
     except (OtstabError, ValueError, TypeError) as exc:
@@ -1315,7 +1435,8 @@ def _is_number(v) -> bool:
     return isinstance(v, Real) or v in ("inf", "-inf", "nan")
 
 
-def _verify_qstar_file(report, cert: dict, qstar, model, X, y, tol: dict) -> None:
+def _verify_qstar_file(report, cert: dict, qstar, model, X, y, tol: dict,
+                       sample_weight=None) -> None:
     """The Q* reference (hash, format) and the side file itself (:func:`audit_qstar`)."""
     report.checked.append("qstar (independent audit)")
     qi = cert.get("qstar")
@@ -1329,7 +1450,8 @@ def _verify_qstar_file(report, cert: dict, qstar, model, X, y, tol: dict) -> Non
                 "the Q* file differs from the certified one")
     try:
         report.mismatches.extend(audit_qstar(qstar, model, X, y, cert, rtol=tol["rtol"],
-                                             atol=tol["atol"], gap_tol=tol["gap_tol"]))
+                                             atol=tol["atol"], gap_tol=tol["gap_tol"],
+                                             sample_weight=sample_weight))
     except (OtstabError, ValueError, TypeError) as exc:
         report.mismatches.append(Mismatch("qstar", "an auditable Q* file", f"error: {exc}",
                                           "the Q* file cannot be audited"))

@@ -69,9 +69,10 @@ def certify(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl", s
     sample_weight : array-like of shape (n,), optional
         Nonnegative weights of the evaluation rows (survey weights): P0 is the weighted
         empirical distribution ``sum_i p_i delta_{z_i}`` with ``p = sample_weight / sum``.
-        Exact paths of linear models (``solver="auto"`` or ``"dual"``, the 0/1 path); the conic
-        backends, the first-order path, nonlinear models and ``se="bootstrap"`` refuse it.
-        Equal weights are the unweighted problem.
+        Every path takes it (the specialised dual, the conic backends, the exact smooth and
+        0/1 paths, the perturbation search, the first-order path) and both SEs: the analytic
+        one is the weighted influence function, the bootstrap resamples rows with their
+        weights. Dask input refuses it. Equal weights are the unweighted problem.
     se : "analytic" (default), "bootstrap", ``otstab.inference.Bootstrap(n_boot, seed,
         interval, progress)`` or None
         Sampling uncertainty of R (``res.se``, ``res.ci(level)``,
@@ -99,9 +100,6 @@ def certify(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl", s
     features = pipeline.expand_features(model, features, prob.feature_names)
     mask = feature_mask(prob.d, features, prob.feature_names)
     spec = inference.resolve_se(se)
-    if prob.p is not None and spec not in (None, "analytic"):
-        raise ValidationError("sample_weight is not supported with se='bootstrap' (the "
-                              "bootstrap resamples rows uniformly); use se='analytic' or None")
     costs = check_feature_costs(feature_costs, prob.feature_names, model)
     original = prob
     if costs is not None:  # a diagonal metric: solve in x~ = sqrt(c) x (otstab.costs)

@@ -251,9 +251,6 @@ def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergen
     if isinstance(loss_obj, ZeroOne) and r > 1.0:
         raise ValidationError(f"r is an error rate for loss='zero_one' and must be in [0, 1], "
                               f"got {r}")
-    if prob.p is not None and confidence is not None:
-        raise ValidationError("sample_weight is not supported with confidence= (the bootstrap "
-                              "resamples rows uniformly); pass confidence=None")
     units = _units(prob.feature_names, features, groups, model)
     linear_exact = prob.scorer is not None and isinstance(
         loss_obj, (PiecewiseLinear, MulticlassHinge, ZeroOne)) and solver != "first_order"
@@ -327,7 +324,7 @@ def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergen
             raise ValidationError(f"top_k must be an integer >= 1, got {top_k!r}")
         kwargs = dict(loss=loss_obj, r=r, theta1=theta1, theta2=theta2, divergence=divergence,
                       features=features, groups=groups, solver=solver)
-        _add_uncertainty(df, model, X, y, kwargs, spec, level, int(top_k))
+        _add_uncertainty(df, model, X, y, kwargs, spec, level, int(top_k), prob.p)
     return df
 
 
@@ -336,8 +333,9 @@ def _rows(data, idx):
     return data.iloc[idx] if hasattr(data, "iloc") else np.asarray(data)[idx]
 
 
-def _add_uncertainty(df, model, X, y, kwargs, spec, level, top_k) -> None:
-    """Columns se, ci_low, ci_high, p_top_k from feature_stability on resampled rows."""
+def _add_uncertainty(df, model, X, y, kwargs, spec, level, top_k, p=None) -> None:
+    """Columns se, ci_low, ci_high, p_top_k from feature_stability on resampled rows (sample
+    probabilities ``p`` travel with their rows)."""
     n = len(y)
     rng = np.random.default_rng(spec.seed)
     scores = np.empty((spec.n_boot, len(df)))
@@ -345,7 +343,8 @@ def _add_uncertainty(df, model, X, y, kwargs, spec, level, top_k) -> None:
     pos = {f: i for i, f in enumerate(df["feature"])}
     for b in range(spec.n_boot):
         idx = rng.integers(0, n, n)
-        rep = feature_stability(model, _rows(X, idx), _rows(y, idx), **kwargs)
+        rep = feature_stability(model, _rows(X, idx), _rows(y, idx),
+                                sample_weight=None if p is None else p[idx], **kwargs)
         cols = [pos[f] for f in rep["feature"]]
         scores[b, cols] = rep["score"].to_numpy(float)
         in_top[cols] += rep["rank"].to_numpy() <= top_k

@@ -13,14 +13,18 @@ derivative towards a point mass at ``z`` by differentiating at the fixed optimum
 
 (the 0/1 loss is the case ``l_h = (h - theta1 d*)_+``; the limit case r = largest loss, where
 ``R = -theta2 log p`` or ``theta2 (1/p - 1)``, falls under the same formulas). Then
-``se = sd(IF) / sqrt(n)`` and the interval is ``R +- z se`` (clipped at 0).
+``se = sd(IF) / sqrt(n)`` and the interval is ``R +- z se`` (clipped at 0). With sample
+weights (P0 = sum_i p_i delta_{z_i}, a ratio estimator) the expectations are p-weighted, the
+influence of row i on the estimate is ``n p_i IF(z_i)`` and ``se = sqrt(sum_i p_i^2 IF_i^2)``
+(docs/inference.md derives it; equal weights give ``sd(IF) / sqrt(n)``).
 
 **Bootstrap** (``certify(..., se="bootstrap")`` or :class:`Bootstrap`): rows are resampled
 with replacement and R re-solved per replicate on the already validated arrays: the
 specialised dual on the resampled reduced form (piecewise-linear losses of linear models), the
 exact 0/1 dual on the resampled distances (0/1 loss of linear classifiers), the model's own
-path on the resampled rows otherwise. Percentile or BCa intervals (the BCa acceleration from
-the influence function).
+path on the resampled rows otherwise. Sample weights travel with their rows: each replicate
+is the weighted problem on the resampled rows with their weights (renormalised). Percentile or
+BCa intervals (the BCa acceleration from the influence function).
 """
 
 from __future__ import annotations
@@ -41,7 +45,12 @@ from .models import Problem
 from .piecewise import edge_case, solve_reduced
 from .reduction import reduce_problem
 from .smooth import certify_smooth
-from .zero_one import certify_distances, certify_zero_one_search, linear_distances
+from .zero_one import (
+    certify_distances,
+    certify_zero_one_problem,
+    certify_zero_one_search,
+    linear_distances,
+)
 
 __all__ = ["Inference", "Bootstrap", "influence", "analytic", "bootstrap", "replicator",
            "resample", "check_level", "resolve_se", "INTERVALS", "DOUBT_SE"]
@@ -105,8 +114,9 @@ class Inference:
     seed: int | None = None
 
     def _quantile(self, p: float) -> float:
-        """The bootstrap quantile at ``p`` (percentile) or its BCa adjustment."""
-        reps = self.replicates
+        """The bootstrap quantile at ``p`` (percentile) or its BCa adjustment (over the
+        replicates that have a value: a draw of zero-weight rows only has none, nan)."""
+        reps = self.replicates[~np.isnan(self.replicates)]
         if self.interval == "bca":
             below = np.mean(reps < self.value) + 0.5 * np.mean(reps == self.value)
             below = min(max(below, 0.5 / reps.size), 1 - 0.5 / reps.size)
@@ -255,20 +265,25 @@ def _notes(res, infl) -> list[str]:
     notes = []
     n = res.n
     lb = res.loss_base
+    p = _probs(res)
     if lb is not None and n > 1 and math.isfinite(res.r):
-        se_base = float(np.std(lb)) / math.sqrt(n)
+        se_base = _mean_se(np.asarray(lb, dtype=float), p)
         if abs(res.r - res.risk_base) <= DOUBT_SE * se_base:
             notes.append(f"r is within {DOUBT_SE:g} standard errors of the base risk "
                          f"({res.risk_base:.4g} +- {se_base:.2g}): whether R is 0 in the "
                          "population is uncertain, the normal approximation is doubtful")
-        if math.isinf(res.theta1) and lb.size \
-                and abs(res.r - float(np.max(lb))) <= DOUBT_SE * se_base:
+        top = float(np.max(lb)) if p is None else float(np.max(lb[p > 0]))
+        if math.isinf(res.theta1) and lb.size and abs(res.r - top) <= DOUBT_SE * se_base:
             notes.append("r is close to the largest loss with samples unable to move: the "
                          "value depends on the few samples of largest loss")
     if res.h is not None and math.isinf(res.h):
         notes.append("limit case (h = inf): the value rests on the samples of largest loss")
     if res.status in ("optimal", "bounds") and math.isfinite(res.theta2) and infl is not None:
+        # effective sample size of the P0-masses times the weights of Q*: (sum q)^2 / sum q^2
+        # with q_i = p_i w_i (q_i = w_i without sample weights)
         w = _per_sample(res, np.asarray(res.weights, dtype=float))
+        if p is not None:
+            w = p * w
         s2 = float(w @ w)
         n_eff = float(w.sum()) ** 2 / s2 if s2 > 0 else 0.0
         if n_eff < MIN_EFFECTIVE_N:
@@ -279,9 +294,21 @@ def _notes(res, infl) -> list[str]:
     return notes
 
 
-def _acceleration(infl) -> float:
+def _mean_se(v: np.ndarray, p) -> float:
+    """Standard error of the (p-weighted) mean of ``v``: ``sd(v) / sqrt(n)``, or
+    ``sqrt(sum_i p_i^2 (v_i - sum_j p_j v_j)^2)`` (the same when p is uniform)."""
+    if p is None:
+        return float(np.std(v)) / math.sqrt(v.size) if v.size else math.nan
+    return math.sqrt(float(np.dot(p * p, _centred(v, p) ** 2)))
+
+
+def _acceleration(infl, p=None) -> float:
+    """BCa acceleration ``sum a^3 / (6 (sum a^2)^1.5)`` of the per-row influences ``a`` on the
+    estimate (``a_i = IF_i``, or ``n p_i IF_i`` with sample weights: the scale cancels)."""
     if infl is None:
         return 0.0
+    if p is not None:
+        infl = p * infl
     s2 = float(infl @ infl)
     return float(np.sum(infl ** 3)) / (6.0 * s2 ** 1.5) if s2 > 0 else 0.0
 
@@ -296,11 +323,9 @@ def analytic(res) -> Inference:
         notes.append("r is unreachable on this sample (R = inf): the data say nothing about "
                      "how far from reachable it is in the population")
     else:
-        p = _probs(res)
-        if p is None:
-            se = float(np.std(infl)) / math.sqrt(n) if n > 0 else math.nan
-        else:  # weighted influence function (Kish): sqrt(sum_i p_i^2 IF_i^2), IF p-centred
-            se = math.sqrt(float(np.dot(p * p, infl * infl)))
+        # IF is centred (p-weighted with sample weights): this is sd(IF) / sqrt(n), or
+        # sqrt(sum_i p_i^2 IF_i^2) for a weighted P0 (docs/inference.md)
+        se = _mean_se(infl, _probs(res)) if n > 0 else math.nan
     notes += _notes(res, infl)
     if res.status == "bounds":
         notes.append("not exact: the SE is that of the found (upper) value, not of R")
@@ -316,10 +341,29 @@ def analytic(res) -> Inference:
 
 
 def _subset(prob: Problem, idx: np.ndarray) -> Problem:
-    """The problem on the rows ``idx`` (already validated arrays, no copy of the model)."""
+    """The problem on the rows ``idx`` (already validated arrays, no copy of the model); a
+    sample weight travels with its row (renormalised over the rows drawn)."""
+    # the cached losses at the data belong to the original rows: never carry them over
+    extra = {k: v for k, v in prob.extra.items() if k != "base_losses"}
     return dataclasses.replace(
         prob, X=prob.X[idx], y=prob.y[idx], y_original=np.asarray(prob.y_original)[idx],
-        index=None, scores=None if prob.scores is None else prob.scores[idx])
+        index=None, scores=None if prob.scores is None else prob.scores[idx],
+        sample_weight=_drawn_weights(prob.p, idx), extra=extra)
+
+
+def _drawn_weights(p, idx):
+    """The probabilities of the rows ``idx`` (None without sample weights)."""
+    if p is None:
+        return None
+    q = p[idx]
+    return q / float(np.sum(q))
+
+
+def _weighted_rows(p, value):
+    """``value`` made nan on a draw of rows that all have zero weight (no distribution)."""
+    if p is None:
+        return value
+    return lambda idx: value(idx) if np.any(p[idx] > 0) else math.nan
 
 
 def replicator(prob: Problem, *, r, theta1, theta2, divergence, mask, solver, **options):
@@ -330,8 +374,19 @@ def replicator(prob: Problem, *, r, theta1, theta2, divergence, mask, solver, **
     classifiers: the exact 0/1 dual on the resampled distances; otherwise the model's own path
     (smooth losses, nonlinear models: slower, one solve per replicate).
     """
+    return _weighted_rows(prob.p, _replicator(prob, r=r, theta1=theta1, theta2=theta2,
+                                              divergence=divergence, mask=mask, solver=solver,
+                                              **options))
+
+
+def _replicator(prob: Problem, *, r, theta1, theta2, divergence, mask, solver, **options):
     loss = prob.loss
     linear = prob.scorer is not None and solver != "first_order"
+    if linear and isinstance(loss, ZeroOne) and prob.p is not None:
+        def value(idx):  # the exact 0/1 path of the weighted rows
+            return certify_zero_one_problem(_subset(prob, idx), r, theta1, theta2, divergence,
+                                            mask, solver, 0.0, **options).value
+        return value
     if linear and isinstance(loss, ZeroOne):
         dstar, _ = linear_distances(prob, mask)
         loss0 = prob.losses(prob.X)
@@ -349,8 +404,9 @@ def replicator(prob: Problem, *, r, theta1, theta2, divergence, mask, solver, **
         def value(idx):
             c2 = red.c2 if shared_c2 else red.c2[idx]
             sub = dataclasses.replace(red, c1=red.c1[idx], c2=c2)
-            if edge_case(sub, r, theta2) is None and solver in ("auto", "dual"):
-                sol = solve_dual(oracle_for(sub.c1, sub.c2), r, theta2, divergence)
+            p = _drawn_weights(prob.p, idx)
+            if edge_case(sub, r, theta2, p=p) is None and solver in ("auto", "dual"):
+                sol = solve_dual(oracle_for(sub.c1, sub.c2), r, theta2, divergence, p=p)
                 if sol.status == OPTIMAL:
                     return float(sol.value)
             sub_prob = _subset(prob, idx)
@@ -396,9 +452,12 @@ def bootstrap(res, replicates: np.ndarray, spec: Bootstrap) -> Inference:
     reps = np.asarray(replicates, dtype=float)
     finite = reps[np.isfinite(reps)]
     notes = []
-    if finite.size < reps.size:
-        notes.append(f"{reps.size - finite.size} of {reps.size} replicates are unreachable "
-                     "(R = inf)")
+    empty = int(np.count_nonzero(np.isnan(reps)))
+    if empty:
+        notes.append(f"{empty} of {reps.size} replicates drew only rows of zero weight")
+    if finite.size < reps.size - empty:
+        notes.append(f"{reps.size - empty - finite.size} of {reps.size} replicates are "
+                     "unreachable (R = inf)")
     se = float(np.std(finite, ddof=1)) if finite.size > 1 else math.inf
     if finite.size < reps.size / 2:
         se = math.inf
@@ -408,4 +467,5 @@ def bootstrap(res, replicates: np.ndarray, spec: Bootstrap) -> Inference:
     return Inference(method="bootstrap", se=se, value=float(res.value), n=res.n,
                      reliable=not notes and res.status != "bounds", note="; ".join(notes),
                      replicates=reps, interval=spec.interval, seed=spec.seed,
-                     acceleration=_acceleration(influence(res)) if base.se < math.inf else 0.0)
+                     acceleration=_acceleration(influence(res), _probs(res))
+                     if base.se < math.inf else 0.0)

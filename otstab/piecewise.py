@@ -20,7 +20,7 @@ from otstab_solvers.result import OPTIMAL, DualSolution
 from otstab_solvers.weights import phi, pmean, weight_map
 
 from . import audit
-from .errors import SolverNotAvailableError, ValidationError
+from .errors import SolverNotAvailableError
 from .models import Problem
 from .params import check_options
 from .reduction import Reduced
@@ -108,10 +108,6 @@ def solve_reduced(prob: Problem, red: Reduced, r, theta1, theta2, divergence, so
                   *, program=None, **solver_options) -> StabilityResult:
     """Run the solver chain on a reduced form and return the first audited answer."""
     p = prob.p
-    if p is not None and solver not in ("auto", "dual"):
-        raise ValidationError(
-            f"sample_weight is not supported with solver={solver!r}; use solver='dual' or "
-            "'auto' (the specialised dual, exact)")
     losses = prob.losses(prob.X)
     edge = edge_case(red, r, theta2, losses, p)
     if edge is not None:
@@ -143,13 +139,14 @@ def solve_reduced(prob: Problem, red: Reduced, r, theta1, theta2, divergence, so
                 raise audit.Skip(why, fatal=SolverNotAvailableError(why) if solver == name
                                  else None)
             if state["program"] is None:  # a sweep over r passes one program (DPP)
-                state["program"] = _conic.ConicProgram(red.c1, red.c2, theta2, divergence)
+                state["program"] = _conic.ConicProgram(red.c1, red.c2, theta2, divergence,
+                                                       weights=p)
             sol = state["program"].solve(backend, r, **conic_opts)
             if sol.status != OPTIMAL:
                 raise audit.Skip(f"{name} reported {sol.native_status!r}", sol.status)
             if do_refine:
                 h_raw = sol.h
-                h_ref, _, _, steps = refine(oracle, sol.h, r, theta2, divergence)
+                h_ref, _, _, steps = refine(oracle, sol.h, r, theta2, divergence, p=p)
                 sol.h = h_ref
                 sol.info.update({"h_raw": h_raw, "refine_steps": steps})
             return build_result(prob, red, sol, r, theta1, theta2, divergence, t_start,
@@ -159,7 +156,7 @@ def solve_reduced(prob: Problem, red: Reduced, r, theta1, theta2, divergence, so
     attempts = []
     if solver in ("auto", "dual"):
         attempts.append(("dual", run_dual))
-    if solver != "dual" and p is None:  # no conic fallback with sample weights
+    if solver != "dual":
         attempts += [(name, run_conic(name)) for name in _conic_order(solver)]
     return audit.first_accepted(attempts, solver=solver)
 

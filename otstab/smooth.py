@@ -100,10 +100,6 @@ def certify_smooth(prob, *, r, theta1, theta2, divergence, mask=None, solver="au
                                      **solver_options)
     if solver == "dual":
         raise ValidationError("solver='dual' needs a linear model; use 'auto' or 'first_order'")
-    if prob.p is not None:
-        raise ValidationError(
-            f"sample_weight is not supported with solver={solver!r} / loss={loss!r} on this "
-            "model (the first-order path); use a linear model with solver='auto' or 'dual'")
     check_options(solver_options, FIRST_ORDER_OPTIONS, "the first-order solver")
     return _certify_first_order(prob, loss, r, theta1, theta2, divergence, mask, t_start,
                                 **solver_options)
@@ -117,7 +113,8 @@ def _certify_first_order(prob, loss, r, theta1, theta2, divergence, mask, t_star
     else:
         adapter = prob.nonlinear
     sol = solve_first_order(adapter.loss_and_grad, prob.X, prob.y, r=r, theta1=theta1,
-                            theta2=theta2, divergence=divergence, mask=mask, **solver_options)
+                            theta2=theta2, divergence=divergence, mask=mask, weights=prob.p,
+                            **solver_options)
     if sol.status == "unreachable":
         return edge_result(prob, prob.losses(prob.X), r, theta1, theta2, divergence,
                            ("unreachable", sol.message or "the search found no perturbation "
@@ -129,7 +126,11 @@ def _certify_first_order(prob, loss, r, theta1, theta2, divergence, mask, t_star
     # certified lower bound: the same dual on an over-estimate of l_h (sklearn MLPs)
     value_lower = 0.0
     mlp = bounds.as_mlp(adapter)
-    if mlp is not None:
+    if mlp is not None and prob.p is not None:
+        # bounds.smooth_lower_value solves the unweighted dual: no certified bound for a
+        # weighted P0 from it
+        message += "; no certified lower bound with sample_weight (value_lower = 0)"
+    elif mlp is not None:
         oracle = bounds.mlp_transform_upper(mlp, loss, prob.losses(prob.X), theta1, mask)
         value_lower = bounds.smooth_lower_value(oracle, r, theta2, divergence)
         message += ("; value_lower from a global Lipschitz over-estimate of l_h "

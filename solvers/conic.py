@@ -22,6 +22,11 @@ theta2 = inf (no reweighting) for either divergence::
 
     minimize  -h r + mean(p)   s.t.  c1[i,k] h + c2[i,k] q <= p_i
 
+Sample weights (P0 = sum_i pi_i delta_{z_i}, ``weights=pi``): every mean over samples becomes
+the pi-weighted sum (KL: ``sum_i pi_i eta_i <= 1``; chi2: ``theta2 sum_i pi_i eta_i^2``;
+theta2 = inf: ``sum_i pi_i p_i``). Rows of zero weight enter no sum and are dropped (an eta
+with no price in the objective would be unbounded).
+
 Backends are small adapter classes with explicit status maps (after cvxpy's own
 ``reductions/solvers/conic_solvers``): each maps the solver's native status to one of
 ``optimal``, ``inaccurate``, ``infeasible``, ``unbounded``, ``failed``.
@@ -198,14 +203,26 @@ class ConicProgram:
     divergence : "kl" or "chi2"
     c2_parameter : bool
         Make ``c2`` a Parameter (for per-feature sweeps that only change c2).
+    weights : (n,) nonnegative array, optional
+        Probabilities of the samples (P0 = sum_i weights_i delta_{z_i}); None: uniform.
     """
 
-    def __init__(self, c1, c2, theta2: float, divergence: str, *, c2_parameter: bool = False):
+    def __init__(self, c1, c2, theta2: float, divergence: str, *, c2_parameter: bool = False,
+                 weights=None):
         import cvxpy as cp
 
         t0 = time.perf_counter()
         c1 = np.asarray(c1, dtype=np.float64)
         c2 = np.asarray(c2, dtype=np.float64)
+        self._live = None
+        pw = None
+        if weights is not None:
+            pw = np.asarray(weights, dtype=np.float64)
+            self._live = pw > 0
+            c1 = c1[self._live]
+            if c2.shape[0] > 1:
+                c2 = c2[self._live]
+            pw = pw[self._live] / float(np.sum(pw[self._live]))
         n, K = c1.shape
         self.n, self.K = n, K
         self.divergence = divergence
@@ -225,20 +242,23 @@ class ConicProgram:
         if math.isinf(theta2):
             p = cp.Variable(n, name="p")
             cons += [piece(k) <= p for k in range(K)]
-            obj = -h * self.r + cp.sum(p) / n
+            obj = -h * self.r + (cp.sum(p) / n if pw is None else pw @ p)
         elif divergence == "kl":
             p = cp.Variable(n, name="p")
             t = cp.Variable(name="t")
             eta = cp.Variable(n, nonneg=True, name="eta")
             cons += [piece(k) <= p for k in range(K)]
             # scaled form: exp((p_i - t)/theta2) <= eta_i, mean(eta) <= 1
-            cons += [cp.ExpCone((p - t) / theta2, np.ones(n), eta), cp.sum(eta) / n <= 1]
+            cons += [cp.ExpCone((p - t) / theta2, np.ones(n), eta),
+                     (cp.sum(eta) / n if pw is None else pw @ eta) <= 1]
             obj = -h * self.r + t
         elif divergence == "chi2":
             self.alpha = cp.Variable(name="alpha")
             eta = cp.Variable(n, nonneg=True, name="eta")
             cons += [piece(k) + self.alpha + 2 * theta2 <= 2 * theta2 * eta for k in range(K)]
-            obj = -h * self.r - self.alpha - theta2 + (theta2 / n) * cp.sum_squares(eta)
+            square = ((theta2 / n) * cp.sum_squares(eta) if pw is None
+                      else theta2 * cp.sum_squares(cp.multiply(np.sqrt(pw), eta)))
+            obj = -h * self.r - self.alpha - theta2 + square
         else:
             raise ValueError(f"divergence must be 'kl' or 'chi2', got {divergence!r}")
         self.problem = cp.Problem(cp.Minimize(obj), cons)
@@ -256,7 +276,10 @@ class ConicProgram:
         if c2 is not None:
             if not hasattr(self.c2, "value"):
                 raise ValueError("this program was built without c2_parameter=True")
-            self.c2.value = np.asarray(c2, dtype=np.float64).reshape(self.c2.shape)
+            c2 = np.asarray(c2, dtype=np.float64)
+            if self._live is not None and c2.ndim == 2 and c2.shape[0] == self._live.size > 1:
+                c2 = c2[self._live]  # per-sample prices: the rows of positive weight
+            self.c2.value = c2.reshape(self.c2.shape)
         first = backend.name not in self._compiled_for
         t0 = time.perf_counter()
         try:

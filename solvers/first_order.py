@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .smooth import _mask_vector
-from .weights import chi2_alpha, chi2_dual_term, kl_dual_term, phi, weights_at
+from .weights import chi2_alpha, chi2_dual_term, kl_dual_term, phi, pmean, support_max, weights_at
 
 __all__ = ["FirstOrderSolution", "solve_first_order"]
 
@@ -81,12 +81,13 @@ class FirstOrderSolution:
     risk : float
         ``E_Q*[W loss]`` of the returned distribution (``r`` up to rounding after the split).
     risk_base : float
-        Mean loss on the unmoved data.
+        Mean loss on the unmoved data (p-weighted with ``weights``).
     X_star, weights, loss_star, lh : ndarray
         Per sample at ``h``: maximisers (n, d), weights (n,), loss at the maximisers and
         the inner-approximate d-transform.
     atom_source, atom_share, atom_X, atom_weight, atom_loss : ndarray
-        The returned distribution as atoms ``(1/n) sum_a share_a delta_(atom_X_a, atom_weight_a)``:
+        The returned distribution as atoms ``sum_a p_(src a) share_a delta_(atom_X_a,
+        atom_weight_a)`` (``p`` the sample probabilities, 1/n without ``weights``):
         the n samples at ``h``, or, after a split, the 2n atoms of the mixture of the
         distributions at the two bracketing ``h`` values (``atom_source`` is the sample each
         atom comes from; its shares sum to 1 per sample).
@@ -313,34 +314,37 @@ class _Inner:
 # ----------------------------------------------------------------------------------------------
 
 
-def _slope(loss, grad_m, w, theta1, theta2, divergence) -> float:
+def _slope(loss, grad_m, w, theta1, theta2, divergence, p=None) -> float:
     """Estimate of g'(h) = -d risk/dh from quantities at hand (no extra evaluations).
 
     Reweighting part (exact given d l_h/dh = loss*): KL ``Var_w(loss*)/theta2``; chi2
-    ``|A| Var_A(loss*) / (2 theta2 n)`` over the samples with positive weight. Moving part:
-    ``mean_i w_i d2_i`` with ``d2_i ~= ||grad_M loss(z_i*)||^2 / (2 theta1)`` (exact for a
-    locally linear loss, a lower bound for a locally convex one).
+    ``P(A) Var_A(loss*) / (2 theta2)`` over the samples A with positive weight (``P(A) =
+    |A| / n`` without sample probabilities ``p``). Moving part: ``mean_i w_i d2_i`` with
+    ``d2_i ~= ||grad_M loss(z_i*)||^2 / (2 theta1)`` (exact for a locally linear loss, a lower
+    bound for a locally convex one). Every mean is p-weighted when ``p`` is given.
     """
-    n = loss.size
     part = 0.0
     if math.isfinite(theta2):
         if divergence == "kl":
-            mu = float(np.mean(w * loss))
-            part += float(np.mean(w * (loss - mu) ** 2)) / theta2
+            mu = pmean(w * loss, p)
+            part += pmean(w * (loss - mu) ** 2, p) / theta2
         else:
-            act = w > 0
-            if np.any(act):
+            act = w > 0 if p is None else (w > 0) & (p > 0)
+            if np.any(act) and p is None:
                 la = loss[act]
-                part += la.size * float(np.var(la)) / (2.0 * theta2 * n)
+                part += la.size * float(np.var(la)) / (2.0 * theta2 * loss.size)
+            elif np.any(act):
+                la, pa = loss[act], p[act] / float(np.sum(p[act]))
+                part += float(np.sum(p[act])) * pmean((la - pa @ la) ** 2, pa) / (2.0 * theta2)
     if math.isfinite(theta1):
-        part += float(np.mean(w * np.sum(grad_m * grad_m, axis=1))) / (2.0 * theta1)
+        part += pmean(w * np.sum(grad_m * grad_m, axis=1), p) / (2.0 * theta1)
     return -part
 
 
-def _dual_value(lh, h, r, theta2, divergence, alpha=None):
+def _dual_value(lh, h, r, theta2, divergence, alpha=None, p=None):
     if divergence == "kl" or math.isinf(theta2):
-        return h * r - kl_dual_term(lh, theta2)
-    return h * r - chi2_dual_term(lh, theta2, alpha)
+        return h * r - kl_dual_term(lh, theta2, p)
+    return h * r - chi2_dual_term(lh, theta2, alpha, p)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -352,7 +356,8 @@ def solve_first_order(loss_and_grad, X, y, *, r, theta1=1.0, theta2=0.25, diverg
                       mask=None, outer="envelope", inner_steps=None, inner_lr=None,
                       inner_tol=1e-5, max_outer=None, tol=1e-4, h_init=None, outer_lr=0.05,
                       starts="auto", random_starts=0, screen_steps=5, inner_method="adam",
-                      h_cap=1e8, seed=0, verbose=False, callback=None) -> FirstOrderSolution:
+                      h_cap=1e8, seed=0, verbose=False, callback=None,
+                      weights=None) -> FirstOrderSolution:
     """Solve the stability dual with gradient-based inner maximisation.
 
     Parameters
@@ -423,6 +428,13 @@ def solve_first_order(loss_and_grad, X, y, *, r, theta1=1.0, theta2=0.25, diverg
     callback : callable, optional
         ``callback(state)`` after each outer iteration with a dict (``iteration``, ``h``,
         ``risk``, ``value``, ``n_grad_evals``); returning ``True`` stops the solver.
+    weights : array of shape (n,), optional
+        Nonnegative sample weights: the evaluation distribution is ``sum_i p_i delta_{z_i}``
+        with ``p = weights / sum(weights)`` (None: uniform). Every mean over samples (risk,
+        dual terms, the weights of Q*, the slope estimate, the feature scale and the
+        shared-direction start) is then p-weighted; integer weights give the same problem as
+        the rows replicated that many times. The atoms' shares stay per sample: atom ``a``
+        carries ``p[atom_source[a]] * atom_share[a]`` of P0.
 
     Returns
     -------
@@ -470,8 +482,9 @@ def solve_first_order(loss_and_grad, X, y, *, r, theta1=1.0, theta2=0.25, diverg
     h_cap = _scalar(h_cap, "h_cap", low=0.0, low_open=True)
     if callback is not None and not callable(callback):
         raise TypeError("callback must be callable or None")
+    p = _probabilities(weights, n)
 
-    sd = np.std(X[:, mv > 0], axis=0) if np.any(mv > 0) else np.zeros(0)
+    sd = _std(X[:, mv > 0], p) if np.any(mv > 0) else np.zeros(0)
     xscale = float(np.sqrt(np.mean(sd ** 2))) if sd.size else 1.0
     if not xscale > 0:
         xscale = 1.0
@@ -488,7 +501,7 @@ def solve_first_order(loss_and_grad, X, y, *, r, theta1=1.0, theta2=0.25, diverg
     loss0, grad0 = lg(X, y)
     if not np.all(np.isfinite(loss0)):
         raise ValueError("loss_and_grad returned NaN or inf at the data")
-    risk_base = float(np.mean(loss0))
+    risk_base = pmean(loss0, p)
 
     # label groups for the shared-direction start
     groups = None
@@ -519,10 +532,11 @@ def solve_first_order(loss_and_grad, X, y, *, r, theta1=1.0, theta2=0.25, diverg
             return {"h": h, "Z": Z, "loss": loss, "grad": grad, "lh": lh,
                     "w": np.ones(n), "alpha": None, "risk": math.inf, "value": -math.inf,
                     "g": -math.inf}
-        w, alpha = weights_at(lh, theta2, divergence)
-        risk = float(np.mean(w * loss))
-        value = float(_dual_value(lh, h, r, theta2, divergence, alpha))
-        dg = _slope(loss, grad * mv, w, theta1 if can_move else math.inf, theta2, divergence)
+        w, alpha = weights_at(lh, theta2, divergence, p)
+        risk = pmean(w * loss, p)
+        value = float(_dual_value(lh, h, r, theta2, divergence, alpha, p))
+        dg = _slope(loss, grad * mv, w, theta1 if can_move else math.inf, theta2, divergence,
+                    p)
         return {"h": h, "Z": Z, "loss": loss, "grad": grad, "lh": lh, "w": w,
                 "alpha": alpha, "risk": risk, "value": value, "g": r - risk, "dg": dg}
 
@@ -537,7 +551,7 @@ def solve_first_order(loss_and_grad, X, y, *, r, theta1=1.0, theta2=0.25, diverg
             if not any(np.array_equal(p, X) for p in pts):
                 pts.append(X.copy())
             if groups is not None:
-                D = _shared_direction(refs[0]["grad"] * mv, groups)
+                D = _shared_direction(refs[0]["grad"] * mv, groups, p)
                 if D is not None:
                     pts.append(X + (h / (2.0 * theta1)) * D)
         for _ in range(random_starts):
@@ -545,7 +559,7 @@ def solve_first_order(loss_and_grad, X, y, *, r, theta1=1.0, theta2=0.25, diverg
             scale = xscale
             if ref["h"] > 0:
                 scale = (h / ref["h"]) * math.sqrt(
-                    float(np.mean(np.sum((ref["Z"] - X) ** 2, axis=1))))
+                    pmean(np.sum((ref["Z"] - X) ** 2, axis=1), p))
             scale = max(scale, 1e-3 * xscale)
             R = rng.standard_normal(X.shape) * mv * (scale / math.sqrt(max(mv.sum(), 1.0)))
             pts.append(X + R)
@@ -587,10 +601,10 @@ def solve_first_order(loss_and_grad, X, y, *, r, theta1=1.0, theta2=0.25, diverg
             message = "theta1 = theta2 = inf: nothing may change and r > base risk"
             best = s0
             record(s0)
-        elif not can_move and r >= float(np.max(loss0)):
+        elif not can_move and r >= support_max(loss0, p):
             status = "unreachable"
             message = (f"only reweighting acts (theta1 = inf or an empty mask) and r >= max loss "
-                       f"{float(np.max(loss0)):.6g}")
+                       f"{support_max(loss0, p):.6g}")
             best = s0
             record(s0)
         elif outer == "envelope":
@@ -620,18 +634,19 @@ def solve_first_order(loss_and_grad, X, y, *, r, theta1=1.0, theta2=0.25, diverg
     AX = np.concatenate([p["Z"] for p, _ in parts], axis=0)
     AW = np.concatenate([p["w"] for p, _ in parts])
     AL = np.concatenate([p["loss"] for p, _ in parts])
-    risk = float(np.sum(share * AW * AL) / n)
+    pm = share / n if p is None else share * p[src]  # each atom's P0-mass
+    risk = float(np.sum(pm * AW * AL))
     moved2 = np.sum((AX - X[src]) ** 2, axis=1)
-    move_cost = 0.0 if not can_move else theta1 * float(np.sum(share * AW * moved2)) / n
+    move_cost = 0.0 if not can_move else theta1 * float(np.sum(pm * AW * moved2))
     rew_cost = 0.0 if math.isinf(theta2) else theta2 * float(
-        np.sum(share * phi(AW, divergence))) / n
+        np.sum(pm * phi(AW, divergence)))
     primal = move_cost + rew_cost if status != "unreachable" else math.nan
     value = best["value"] if status != "unreachable" else math.inf
     alpha = None
     if divergence == "chi2":
         alpha = best["alpha"]
         if alpha is None:
-            alpha = 0.0 if math.isinf(theta2) else chi2_alpha(best["lh"], theta2)
+            alpha = 0.0 if math.isinf(theta2) else chi2_alpha(best["lh"], theta2, p)
     return FirstOrderSolution(
         h=float(best["h"]), alpha=alpha, value=float(value), primal_cost=float(primal),
         risk=risk, risk_base=risk_base, X_star=best["Z"].copy(), weights=best["w"].copy(),
@@ -644,8 +659,32 @@ def solve_first_order(loss_and_grad, X, y, *, r, theta1=1.0, theta2=0.25, diverg
     )
 
 
-def _shared_direction(G: np.ndarray, groups: np.ndarray) -> np.ndarray | None:
-    """Per label group: the mean loss-gradient direction times the group's largest gradient.
+def _probabilities(weights, n: int) -> np.ndarray | None:
+    """``weights / sum(weights)`` after checking them (None stays None: uniform)."""
+    if weights is None:
+        return None
+    w = np.array(weights, dtype=np.float64, copy=True)
+    if w.shape != (n,):
+        raise ValueError(f"weights must have shape ({n},), got {w.shape}")
+    if not np.all(np.isfinite(w)) or np.any(w < 0):
+        raise ValueError("weights must be finite and >= 0")
+    total = float(np.sum(w))
+    if not total > 0:
+        raise ValueError("weights must have a positive sum")
+    return w / total
+
+
+def _std(A: np.ndarray, p) -> np.ndarray:
+    """Column standard deviations of ``A`` under the sample probabilities ``p``."""
+    if p is None:
+        return np.std(A, axis=0)
+    mu = p @ A
+    return np.sqrt(np.maximum(p @ (A - mu) ** 2, 0.0))
+
+
+def _shared_direction(G: np.ndarray, groups: np.ndarray, p=None) -> np.ndarray | None:
+    """Per label group: the mean loss-gradient direction times the group's largest gradient
+    (samples of probability 0 take no part; the mean is p-weighted).
 
     For a linear model all nonzero gradients of a label are parallel (``-y w`` times a scalar),
     so ``x_i + h D_i / (2 theta1)`` is the "far" stationary point of the hinge loss (and close
@@ -653,16 +692,17 @@ def _shared_direction(G: np.ndarray, groups: np.ndarray) -> np.ndarray | None:
     loss is flat (or nearly so) at ``x_i``.
     """
     gn = np.sqrt(np.sum(G * G, axis=1))
-    top = float(gn.max()) if gn.size else 0.0
+    live = np.ones(gn.size, dtype=bool) if p is None else p > 0
+    top = float(gn[live].max()) if np.any(live) else 0.0
     if not top > 0:
         return None
     D = np.zeros_like(G)
     for gi in np.unique(groups):
         sel = groups == gi
-        act = sel & (gn > 1e-12 * top)
+        act = sel & live & (gn > 1e-12 * top)
         if not np.any(act):
             continue
-        mean = G[act].mean(axis=0)
+        mean = G[act].mean(axis=0) if p is None else p[act] @ G[act] / float(np.sum(p[act]))
         mn = float(np.sqrt(mean @ mean))
         if mn == 0:
             continue

@@ -381,7 +381,8 @@ def test_loss_specs_round_trip(toy):
 #: run, the provenance of the model file's bytes and the Q* file's name, the user's metadata
 INFORMATIONAL = (r"created", r"environment\..*", r"timings\..*", r"solver\.message",
                  r"solver\.iterations", r"solver\.log\..*", r"inputs\.model\.file",
-                 r"inputs\.model\.file_sha256", r"qstar\.file", r"extra\..*")
+                 r"inputs\.model\.file_sha256", r"qstar\.file", r"extra\..*",
+                 r"inputs\.sample_weight\.source")
 #: enumerated strings are swapped for another valid value (a loss name for another built-in
 #: loss), so that the recomputation, not only the schema, has to notice
 _SWAP = {"kl": "chi2", "chi2": "kl", "csv": "parquet", "parquet": "csv",
@@ -432,7 +433,8 @@ def _perturb(v):
     return None
 
 
-KINDS = ("zero_one-kl-features", "hinge-chi2-pipeline", "zero_one-unreachable")
+KINDS = ("zero_one-kl-features", "hinge-chi2-pipeline", "zero_one-unreachable",
+         "hinge-kl-weighted")
 #: inputs are checked through the recomputation; these edits leave a certificate that is still
 #: true (0.31 is as unreachable as 0.3 with theta1 = theta2 = inf, where the divergence prices
 #: nothing), so verify rightly accepts them
@@ -443,8 +445,9 @@ STILL_TRUE = {"zero_one-unreachable": ("inputs.r", "inputs.divergence")}
 def tamper_cases(tmp_path_factory):
     """Real certificates whose leaves together are every field of the format: a 0/1-loss KL
     certificate with grouped feature scores, a movable subset and a label column; a hinge chi2
-    certificate (alpha set) of a Pipeline; an unreachable threshold (value "inf", gap "nan").
-    All with a model file, a Q* file and extra metadata."""
+    certificate (alpha set) of a Pipeline; an unreachable threshold (value "inf", gap "nan");
+    a hinge KL certificate with sample weights (a named Series) and feature scores. All with a
+    model file, a Q* file and extra metadata; the last entry of each case is its weights."""
     d = tmp_path_factory.mktemp("tamper")
     X, y = make_toy(40, random_state=2)
     noise = np.random.default_rng(3).normal(size=len(y))  # a third, weakly useful feature
@@ -458,43 +461,53 @@ def tamper_cases(tmp_path_factory):
         elif kind.startswith("zero_one"):
             model = LogisticRegression().fit(X, y)
             kw = dict(loss="zero_one", r=0.3, features=["a", "b", "c"])
+        elif kind == "hinge-kl-weighted":
+            model = LogisticRegression().fit(X, y)
+            kw = dict(loss="hinge", r=0.8)
         else:
             model = make_pipeline(StandardScaler(), LogisticRegression()).fit(X, y)
             kw = dict(loss="hinge", r=0.8, divergence="chi2")
+        sw = None
+        if kind.endswith("weighted"):
+            sw = pd.Series(np.random.default_rng(4).uniform(0.2, 3.0, size=len(y)),
+                           name="survey_weight")
         joblib.dump(model, d / f"{kind}.joblib")
-        res = otstab.certify(model, X, y, **kw)
+        res = otstab.certify(model, X, y, sample_weight=sw, **kw)
         fs, groups = None, None
         if kind.endswith("features"):
             groups = {"ab": ["a", "b"]}
             fs = otstab.feature_stability(model, X, y, loss="zero_one", r=0.3, groups=groups)
+        elif kind.endswith("weighted"):
+            fs = otstab.feature_stability(model, X, y, sample_weight=sw, **kw)
         qfile = d / f"{kind}.csv"
         cert = C.make_certificate(res, model, X, y, features=fs, groups=groups,
                                   movable=kw.get("features"), target="label",
                                   model_file=d / f"{kind}.joblib", qstar=C.write_qstar(res, qfile),
-                                  extra={"reviewer": "someone"})
-        cases[kind] = (cert, model, X, y, qfile, d / f"{kind}.joblib")
+                                  extra={"reviewer": "someone"}, sample_weight=sw)
+        cases[kind] = (cert, model, X, y, qfile, d / f"{kind}.joblib", sw)
     return cases
 
 
-def _verify_tampered(cert, model, X, y, qfile, model_file):
+def _verify_tampered(cert, model, X, y, qfile, model_file, sw):
     """True when verify accepts the certificate."""
     try:
-        return C.verify_certificate(cert, model, X, y, qstar=qfile, model_file=model_file).ok
+        return C.verify_certificate(cert, model, X, y, qstar=qfile, model_file=model_file,
+                                    sample_weight=sw).ok
     except ValidationError:
         return False
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_leaf_is_checked_or_informational(tamper_cases, kind):
-    cert, model, X, y, qfile, model_file = tamper_cases[kind]
-    assert _verify_tampered(cert, model, X, y, qfile, model_file)
+    cert, model, X, y, qfile, model_file, sw = tamper_cases[kind]
+    assert _verify_tampered(cert, model, X, y, qfile, model_file, sw)
     leaves = [(p, v) for p, v in _leaves(cert) if _perturb(v) is not None]
     assert len(leaves) > 50  # the walk really covers the certificate
     undetected, broken = [], []
     for path, value in leaves:
         bad = copy.deepcopy(cert)
         _set(bad, path, _perturb(value))
-        accepted = _verify_tampered(bad, model, X, y, qfile, model_file)
+        accepted = _verify_tampered(bad, model, X, y, qfile, model_file, sw)
         informational = any(re.fullmatch(p, path) for p in INFORMATIONAL) or path in \
             STILL_TRUE.get(kind, ())
         if informational and not accepted:
@@ -531,7 +544,7 @@ def test_every_kind_of_field_is_walked(tamper_cases):
 
 
 def _qstar_frame(tamper_cases):
-    cert, model, X, y, qfile, _ = tamper_cases["zero_one-kl-features"]
+    cert, model, X, y, qfile, _, _ = tamper_cases["zero_one-kl-features"]
     return cert, model, X, y, C.read_table(qfile)
 
 
@@ -632,3 +645,64 @@ def test_loss_spec_must_describe_the_named_loss(toy):
     cert = C.make_certificate(otstab.certify(model, X, y, loss=custom, r=0.6), model, X, y,
                               loss=custom)
     assert C.verify_certificate(cert, model, X, y).ok
+
+
+# ------------------------------------------------------------------------------------------
+# sample weights
+
+
+def test_weighted_certificate_verifies_and_a_tampered_weight_fails(tamper_cases, tmp_path):
+    cert, model, X, y, qfile, _, sw = tamper_cases["hinge-kl-weighted"]
+    recorded = cert["inputs"]["sample_weight"]
+    assert recorded["source"] == "survey_weight"
+    assert recorded["sha256"] == C.hash_weights(sw.to_numpy())
+    # Kish's effective sample size, from its definition
+    assert recorded["effective_n"] == pytest.approx(sw.sum() ** 2 / (sw ** 2).sum(), rel=1e-12)
+    rep = C.verify_certificate(cert, model, X, y, qstar=qfile, sample_weight=sw)
+    assert rep.ok, rep.summary()
+    assert rep.recomputed.value == pytest.approx(cert["results"]["value"], rel=1e-9)
+    # one weight changed: the fingerprint and the recomputed weighted figures both differ
+    bad = sw.copy()
+    i = int(np.argmax(np.asarray(rep.recomputed.weights)[:len(sw)]))  # a row Q* upweights
+    bad.iloc[i] *= 2.0
+    rep = C.verify_certificate(cert, model, X, y, qstar=qfile, sample_weight=bad)
+    assert not rep.ok
+    fields = set(_fields(rep))
+    assert {"inputs.sample_weight.sha256", "results.value", "qstar:sample_weight"} <= fields
+    # a weighted certificate cannot be verified without its weights, nor an unweighted one with
+    rep = C.verify_certificate(cert, model, X, y)
+    assert not rep.ok and _fields(rep)[-1] == "inputs.sample_weight"
+    plain, model2, X2, y2, *_ = tamper_cases["hinge-chi2-pipeline"]
+    rep = C.verify_certificate(plain, model2, X2, y2, sample_weight=np.ones(len(y2)))
+    assert not rep.ok and "inputs.sample_weight" in _fields(rep)
+
+
+def test_weighted_qstar_audit_uses_the_weights(tamper_cases):
+    # the Q* side file of a weighted certificate: its cost, risk and mass are sums over atoms
+    # weighted by p[source] * mass; with uniform 1/n instead they do not match the certificate
+    cert, model, X, y, qfile, _, sw = tamper_cases["hinge-kl-weighted"]
+    frame = C.read_table(qfile)
+    assert not C.audit_qstar(frame, model, X, y, cert, sample_weight=sw)
+    unweighted = copy.deepcopy(cert)
+    unweighted["inputs"]["sample_weight"] = None
+    fields = {m.field for m in C.audit_qstar(frame, model, X, y, unweighted)}
+    assert "qstar:total_mass" in fields or "qstar:primal_cost" in fields
+
+
+def test_make_certificate_checks_the_weights(toy):
+    model, X, y = toy
+    sw = np.random.default_rng(5).uniform(0.5, 2.0, size=len(y))
+    res = otstab.certify(model, X, y, loss="hinge", r=0.6, sample_weight=sw)
+    with pytest.raises(ValidationError, match="sample_weight"):
+        C.make_certificate(res, model, X, y)
+    other = sw.copy()
+    other[0] *= 1.1
+    with pytest.raises(ValidationError, match="sample_weight differs"):
+        C.make_certificate(res, model, X, y, sample_weight=other)
+    # scaling the weights changes nothing in the result: accepted, fingerprinted as given
+    cert = C.make_certificate(res, model, X, y, sample_weight=3 * sw, sample_weight_source="w")
+    _validate(cert)
+    assert cert["inputs"]["sample_weight"]["sha256"] == C.hash_weights(3 * sw)
+    assert C.hash_weights(3 * sw) != C.hash_weights(sw)
+    plain = otstab.certify(model, X, y, loss="hinge", r=0.6)
+    assert C.make_certificate(plain, model, X, y)["inputs"]["sample_weight"] is None

@@ -175,14 +175,9 @@ def test_bad_weights_raise_naming_sample_weight(bad, match):
     assert match in str(err.value)
 
 
-def test_unsupported_paths_refuse_clearly():
+def test_weighted_certificate_needs_its_weights():
     model, X, y = _binary()
     sw = np.arange(1.0, 41.0)
-    for kw in (dict(loss="hinge", solver="clarabel"), dict(loss="logistic", solver="first_order"),
-               dict(loss="hinge", se="bootstrap")):
-        with pytest.raises(ValidationError, match="sample_weight is not supported"):
-            otstab.certify(model, X, y, r=0.9 if kw["loss"] == "zero_one" else 1.5,
-                           sample_weight=sw, **kw)
     res = otstab.certify(model, X, y, loss="hinge", r=1.5, sample_weight=sw)
     from otstab.certificate import make_certificate
     with pytest.raises(ValidationError, match="sample_weight"):
@@ -218,3 +213,231 @@ def test_perturbation_search_with_integer_weights_equals_replicated_rows(diverge
     assert res.status == ref.status
     assert res.value == pytest.approx(ref.value, rel=1e-9)
     assert res.value_lower == pytest.approx(ref.value_lower, rel=1e-9)
+
+
+# --- conic backends with weights -----------------------------------------------------------
+
+CONIC_CASES = [(_binary, "hinge"), (_regression, "absolute"), (_regression, "pinball")]
+
+
+def _piecewise_losses(model, X, y, loss):
+    f = model.decision_function(X)
+    if loss == "hinge":
+        return np.maximum(0.0, 1.0 - y * f)
+    u = y - f
+    return np.abs(u) if loss == "absolute" else np.maximum(0.3 * u, -0.7 * u)
+
+
+@pytest.mark.parametrize("make, loss", CONIC_CASES)
+@pytest.mark.parametrize("divergence", ["kl", "chi2"])
+@pytest.mark.parametrize("theta1, theta2", PRICES)
+def test_conic_with_weights_equals_dual_and_replicated_rows(make, loss, divergence, theta1,
+                                                            theta2):
+    # three independent computations of the same weighted R: the specialised dual with p, the
+    # conic program with p (its own value `solver_value`, before the refinement of h by the
+    # dual's oracle) and the conic program on the rows replicated k_i times (uniform weights)
+    model, X, y = make()
+    k = _counts(len(y), seed=11)
+    # r between the weighted base risk and the largest loss of a kept row (reachable also by
+    # reweighting alone, theta1 = inf)
+    losses = _piecewise_losses(model, X, y, loss)
+    base = float(k @ losses) / k.sum()
+    r = base + 0.6 * (losses[k > 0].max() - base)
+    loss = otstab.losses.pinball(0.3) if loss == "pinball" else loss
+    kw = dict(loss=loss, r=r, theta1=theta1, theta2=theta2, divergence=divergence)
+    dual = otstab.certify(model, X, y, sample_weight=k, solver="dual", **kw)
+    assert dual.status == "optimal"
+    conic = otstab.certify(model, X, y, sample_weight=k, solver="clarabel", **kw)
+    rep = otstab.certify(model, np.repeat(X, k, axis=0), np.repeat(y, k), solver="clarabel",
+                         **kw)
+    assert conic.status == rep.status == "optimal"
+    assert conic.solver == "clarabel"
+    for res in (conic, rep):
+        assert res.info["solver_value"] == pytest.approx(dual.value, rel=1e-6)
+        assert res.value == pytest.approx(dual.value, rel=1e-6)
+
+
+@pytest.mark.parametrize("divergence", ["kl", "chi2"])
+def test_auto_falls_back_to_conic_with_weights(monkeypatch, divergence):
+    # the specialised dual reports a failure: "auto" moves on to the conic backends, which now
+    # solve the weighted program (equal to the dual's own weighted answer)
+    from otstab_solvers.result import FAILED, DualSolution
+
+    import otstab.piecewise as pw
+
+    model, X, y = _binary()
+    sw = np.random.default_rng(12).uniform(0.0, 3.0, size=len(y))
+    kw = dict(loss="hinge", r=1.5, theta1=1.0, theta2=0.5, divergence=divergence,
+              sample_weight=sw)
+    ref = otstab.certify(model, X, y, **kw)
+    monkeypatch.setattr(pw, "solve_dual", lambda *a, **k: DualSolution(
+        np.nan, None, np.nan, FAILED, "dual", native_status="forced failure"))
+    res = otstab.certify(model, X, y, **kw)
+    assert res.solver_log[0]["solver"] == "dual" and res.solver != "dual"
+    assert res.status == "optimal"
+    assert res.value == pytest.approx(ref.value, rel=1e-6)
+
+
+def test_conic_program_drops_zero_weight_rows():
+    # a zero weight is the row removed: the program on (c1, c2) with weights (0, ...) equals the
+    # program on the other rows with the remaining weights
+    from otstab_solvers.conic import ConicProgram
+
+    rng = np.random.default_rng(13)
+    c1 = np.column_stack([np.zeros(12), rng.uniform(0.5, 2.0, size=12)])
+    c2 = np.array([[0.0, 0.25]])
+    w = rng.uniform(0.5, 2.0, size=12)
+    w[[2, 7]] = 0.0
+    keep = w > 0
+    for div in ("kl", "chi2"):
+        a = ConicProgram(c1, c2, 0.5, div, weights=w).solve("clarabel", 1.8)
+        b = ConicProgram(c1[keep], c2, 0.5, div, weights=w[keep]).solve("clarabel", 1.8)
+        assert a.status == b.status == "optimal"
+        assert a.value == pytest.approx(b.value, rel=1e-7)
+
+
+# --- first-order path with weights ---------------------------------------------------------
+
+#: the first-order search stops at |risk - r| <= 1e-4 r; its value, stationary in h, is then
+#: accurate to far better than that, and two runs on the same problem agree to it
+FO_RTOL = 1e-4
+
+
+def _mlp_problem():
+    from sklearn.neural_network import MLPClassifier
+
+    rng = np.random.default_rng(14)
+    X = rng.normal(size=(60, 2))
+    y = (X[:, 0] + 0.5 * X[:, 1] ** 2 + 0.3 * rng.normal(size=60) > 0.3).astype(int)
+    mlp = MLPClassifier(hidden_layer_sizes=(8,), max_iter=3000, random_state=0).fit(X, y)
+    k = rng.integers(0, 4, size=60)
+    k[:2] = 1
+    return mlp, X, y, k
+
+
+def _audit_from_proba(model, res, X, y, p, divergence):
+    """(mass, risk, cost) of a weighted Q* recomputed from the model's predict_proba."""
+    src, mass, w = np.asarray(res.source), np.asarray(res.mass), np.asarray(res.weights)
+    Xs = np.asarray(res.X_star)
+    proba = model.predict_proba(Xs)
+    loss = -np.log(proba[np.arange(src.size), np.searchsorted(model.classes_, y[src])])
+    pm = p[src] * mass
+    phi = (w * np.log(np.where(w > 0, w, 1.0)) - w + 1.0) if divergence == "kl" \
+        else (w - 1.0) ** 2
+    cost = res.theta1 * np.sum(pm * w * np.sum((Xs - X[src]) ** 2, axis=1)) \
+        + res.theta2 * np.sum(pm * phi)
+    return np.sum(pm * w), np.sum(pm * w * loss), cost
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+@pytest.mark.parametrize("loss", ["logistic", "cross_entropy"])
+@pytest.mark.parametrize("divergence", ["kl", "chi2"])
+def test_first_order_mlp_integer_weights_equal_replicated_rows(loss, divergence):
+    mlp, X, y, k = _mlp_problem()
+    kw = dict(loss=loss, r=0.8, theta1=1.0, theta2=0.5, divergence=divergence)
+    res = otstab.certify(mlp, X, y, sample_weight=k, **kw)
+    ref = otstab.certify(mlp, np.repeat(X, k, axis=0), np.repeat(y, k), **kw)
+    assert res.status == ref.status == "bounds"
+    assert res.value_upper == pytest.approx(ref.value_upper, rel=FO_RTOL)
+    assert res.risk_base == pytest.approx(ref.risk_base, rel=1e-12)
+    # the audit of the weighted Q*, recomputed here from the network's own probabilities
+    mass, risk, cost = _audit_from_proba(mlp, res, X, y, k / k.sum(), divergence)
+    assert mass == pytest.approx(1.0, abs=1e-9)
+    assert risk >= 0.8 * (1 - 1e-8)
+    assert cost == pytest.approx(res.value_upper, rel=1e-9)
+    assert 0.0 <= res.value_lower <= res.value_upper
+
+
+@pytest.mark.parametrize("divergence", ["kl", "chi2"])
+def test_first_order_linear_with_weights_bounds_the_exact_value(divergence):
+    # the first-order Q* is a feasible perturbation of the weighted P0: its cost is >= the exact
+    # weighted R of the specialised dual, and the local search finds it (to FO_RTOL) on this
+    # concave (linear model, logistic loss) problem; the replicated rows give the same answer
+    model, X, y = _binary(n=50)
+    k = _counts(len(y), seed=15)
+    kw = dict(loss="logistic", r=1.2, theta1=1.0, theta2=0.5, divergence=divergence)
+    exact = otstab.certify(model, X, y, sample_weight=k, **kw)
+    fo = otstab.certify(model, X, y, sample_weight=k, solver="first_order", **kw)
+    rep = otstab.certify(model, np.repeat(X, k, axis=0), np.repeat(y, k), solver="first_order",
+                         **kw)
+    assert exact.status == "optimal" and fo.status == rep.status == "bounds"
+    assert fo.value_upper >= exact.value * (1 - 1e-9)
+    assert fo.value_upper == pytest.approx(exact.value, rel=FO_RTOL)
+    assert fo.value_upper == pytest.approx(rep.value_upper, rel=FO_RTOL)
+
+
+# --- sampling uncertainty with weights -------------------------------------------------------
+
+
+@pytest.mark.parametrize("loss, r", [("hinge", 1.5), ("zero_one", 0.6), ("logistic", 1.2)])
+@pytest.mark.parametrize("weighted", [True, False])
+def test_bootstrap_replicates_are_the_problem_on_the_resampled_rows(loss, r, weighted):
+    # brute force: each replicate is certify on the rows drawn (uniformly, with replacement, by
+    # the documented generator), with their own weights (the weighted 0/1 case failed when a
+    # replicate reused the losses cached for the original rows)
+    from otstab.inference import Bootstrap
+
+    model, X, y = _binary()
+    sw = np.random.default_rng(16).uniform(0.0, 3.0, size=len(y)) if weighted else None
+    kw = dict(loss=loss, r=r, theta1=1.0, theta2=0.5)
+    res = otstab.certify(model, X, y, sample_weight=sw, se=Bootstrap(n_boot=6, seed=3), **kw)
+    rng = np.random.default_rng(3)
+    expect = []
+    for _ in range(6):
+        idx = rng.integers(0, len(y), len(y))
+        expect.append(otstab.certify(model, X[idx], y[idx], se=None, **kw,
+                                     sample_weight=None if sw is None else sw[idx]).value)
+    np.testing.assert_allclose(res.inference.replicates, expect, rtol=1e-9)
+    assert res.se == pytest.approx(np.std(expect, ddof=1), rel=1e-9)
+
+
+@pytest.mark.parametrize("loss, r, divergence, n_boot", [
+    ("hinge", 0.6, "kl", 1000), ("hinge", 0.6, "chi2", 1000), ("zero_one", 0.25, "kl", 500)])
+def test_weighted_analytic_se_agrees_with_the_weighted_bootstrap(loss, r, divergence, n_boot):
+    # the influence-function SE of the ratio estimator, sqrt(sum p_i^2 IF_i^2), against the
+    # standard deviation of the bootstrap over (row, weight) pairs (docs/inference.md); with
+    # n_boot replicates the bootstrap SE is itself off by about 1/sqrt(2 n_boot) <= 3.2%
+    from otstab.inference import Bootstrap
+
+    rng = np.random.default_rng(20)
+    n = 5000
+    X = rng.normal(size=(n, 3))
+    y = np.where(X[:, 0] + 0.5 * rng.normal(size=n) > 0, 1, -1)
+    model = otstab.LinearModel(np.array([1.0, 0.3, -0.2]), 0.1)
+    sw = rng.lognormal(0.0, 0.7, size=n)
+    kw = dict(loss=loss, r=r, divergence=divergence, sample_weight=sw)
+    a = otstab.certify(model, X, y, **kw)
+    b = otstab.certify(model, X, y, se=Bootstrap(n_boot=n_boot, seed=1), **kw)
+    assert a.status == "optimal" and a.inference.reliable
+    assert 0.9 < a.se / b.se < 1.1
+
+
+@pytest.mark.parametrize("loss, r", [("hinge", 1.5), ("zero_one", 0.6), ("logistic", 1.2)])
+@pytest.mark.parametrize("divergence", ["kl", "chi2"])
+def test_weighted_influence_equals_replicated_rows(loss, r, divergence):
+    # the influence function is a property of P0 = sum p_i delta_{z_i}: every copy of a row in
+    # the replicated data has the influence of that row under the integer weights
+    from otstab.inference import influence
+
+    model, X, y = _binary()
+    k = _counts(len(y), seed=17)
+    kw = dict(loss=loss, r=r, theta1=1.0, theta2=0.5, divergence=divergence)
+    res = otstab.certify(model, X, y, sample_weight=k, **kw)
+    ref = otstab.certify(model, np.repeat(X, k, axis=0), np.repeat(y, k), **kw)
+    a = influence(res)[np.repeat(np.arange(len(y)), k)]
+    np.testing.assert_allclose(a, influence(ref), rtol=1e-7, atol=1e-9 * res.theta2)
+
+
+def test_feature_confidence_with_weights_resamples_rows_with_their_weights():
+    model, X, y = _binary(n=60)
+    sw = np.random.default_rng(18).uniform(0.2, 3.0, size=len(y))
+    kw = dict(loss="hinge", r=1.5)
+    df = otstab.feature_stability(model, X, y, sample_weight=sw, confidence=0.9, n_boot=4,
+                                  seed=5, **kw).set_index("feature")
+    rng = np.random.default_rng(5)
+    scores = []
+    for _ in range(4):
+        idx = rng.integers(0, len(y), len(y))
+        rep = otstab.feature_stability(model, X[idx], y[idx], sample_weight=sw[idx], **kw)
+        scores.append(rep.set_index("feature")["score"].reindex(df.index).to_numpy())
+    np.testing.assert_allclose(df["se"], np.std(scores, axis=0, ddof=1), rtol=1e-9)
