@@ -51,19 +51,25 @@ def _peak_vectors(fn, n) -> float:
 
 
 @pytest.mark.parametrize("n", sizes((100_000,), (1_000_000,)))
+@pytest.mark.parametrize("threads", ("default", "1"))
 @pytest.mark.parametrize("part", ("matmul", "sort", "hinge", "zero_one"))
-def test_end_to_end(benchmark, part, n):
+def test_end_to_end(benchmark, part, threads, n):
+    """As a user runs it (default BLAS threads) and pinned to one BLAS thread (``threads``):
+    the ratios are reported for both, each against its own baseline."""
+    from threadpoolctl import threadpool_limits  # a scikit-learn dependency
+
     X, coef, y = _e2e_data(n)
     model = otstab.LinearModel(coef, 0.1)
-    benchmark.group = f"scale end-to-end n={fmt_n(n)} d={D_E2E}"
+    benchmark.group = f"scale end-to-end n={fmt_n(n)} d={D_E2E} threads={threads}"
     fns = {
         "matmul": lambda: X @ coef,
         "sort": lambda: np.sort(X @ coef),
         "hinge": lambda: otstab.certify(model, X, y, loss="hinge", r=0.6, solver="dual"),
         "zero_one": lambda: otstab.certify(model, X, y, loss="zero_one", r=0.3),
     }
-    out = measure(benchmark, fns[part])
-    info = {"suite": "scale", "part": part, "n": n, "d": D_E2E,
+    with threadpool_limits(None if threads == "default" else 1):
+        out = measure(benchmark, fns[part])
+    info = {"suite": "scale", "part": part, "n": n, "d": D_E2E, "threads": threads,
             "role": "baseline" if part in ("matmul", "sort") else "certify"}
     if part in ("hinge", "zero_one"):
         assert out.status == "optimal"

@@ -100,8 +100,9 @@ def align_columns(X, model, name: str = "X"):
     )
 
 
-def _real_array(v, name: str, *, copy: bool = True) -> np.ndarray:
-    """``v`` as float64, refusing complex numbers and text (numpy would cast them silently).
+def _real_array(v, name: str, *, copy: bool = True, float32: bool = False) -> np.ndarray:
+    """``v`` as float64, refusing complex numbers and text (numpy would cast them silently);
+    ``float32``: a float32 NumPy array stays float32 (no conversion copy).
 
     A DataFrame's columns are checked by dtype (its non-numeric columns are refused earlier by
     :func:`as_float_matrix`); other input is scanned.
@@ -122,9 +123,10 @@ def _real_array(v, name: str, *, copy: bool = True) -> np.ndarray:
             text = next((x for x in raw.ravel().tolist() if isinstance(x, (str, bytes))), None)
             if text is not None:
                 raise ValidationError(f"{name} must be numeric, got text such as {text!r}")
+    dtype = np.float32 if float32 and isinstance(raw, np.ndarray) and \
+        raw.dtype == np.float32 else np.float64
     try:
-        return np.array(raw, dtype=np.float64, copy=True) if copy else np.asarray(
-            raw, dtype=np.float64)
+        return np.array(raw, dtype=dtype, copy=True) if copy else np.asarray(raw, dtype=dtype)
     except (TypeError, ValueError) as exc:
         raise ValidationError(f"{name} must be numeric, got {type(v).__name__}: {exc}") from exc
 
@@ -139,13 +141,14 @@ def check_real(arr: np.ndarray, name: str) -> None:
 
 
 def as_float_matrix(X, name: str = "X", *, allow_1d: bool = False, copy: bool = True,
-                    check_finite: bool = True) -> np.ndarray:
+                    check_finite: bool = True, float32: bool = False) -> np.ndarray:
     """A C-contiguous float64 2-D array, rejecting NaN/inf, complex and non-numeric data.
 
     ``copy=False`` returns a read-only view when no conversion is needed (the caller's array is
     never written to either way); ``check_finite=False`` leaves the NaN/inf check to the caller
     (e.g. on the model scores, which propagate any NaN or inf of X) -- call
-    :func:`check_finite_matrix` to raise the precise error.
+    :func:`check_finite_matrix` to raise the precise error. ``float32``: a float32 NumPy array
+    is kept in float32 (for callers that compute in float64 from it, e.g. linear scores).
     """
     if X is None:
         raise ValidationError(f"{name} is required, got None")
@@ -157,7 +160,7 @@ def as_float_matrix(X, name: str = "X", *, allow_1d: bool = False, copy: bool = 
                 f"{name} has non-numeric column(s) {bad[:5]}; encode them first "
                 "(e.g. one-hot) or pass a pipeline that does"
             )
-    arr = _real_array(X, name, copy=copy)
+    arr = _real_array(X, name, copy=copy, float32=float32)
     if arr.ndim == 1 and allow_1d:
         arr = arr.reshape(-1, 1)
     if arr.ndim != 2:

@@ -106,6 +106,10 @@ class LinearModel:
         return f"LinearModel(coef shape {self.coef_.shape}, task={self.task!r})"
 
 
+#: rows per block when scoring float32 data
+SCORE_BLOCK = 1 << 14
+
+
 @dataclass
 class LinearScorer:
     """Scores ``X @ W.T + b``; ``W`` is (K, d) with K = 1 for binary and regression."""
@@ -120,6 +124,14 @@ class LinearScorer:
         return self.W.shape[1]
 
     def scores(self, X: np.ndarray) -> np.ndarray:
+        if getattr(X, "dtype", np.float64) == np.float32:
+            # float32 data is scored in float64 over row blocks (each block cast exactly), so
+            # no float64 copy of X is made and the scores equal those of X.astype(float64)
+            n = X.shape[0]
+            out = np.empty((n, self.W.shape[0]) if self.task == "multiclass" else n)
+            for s in range(0, n, SCORE_BLOCK):
+                out[s:s + SCORE_BLOCK] = self.scores(X[s:s + SCORE_BLOCK].astype(np.float64))
+            return out
         out = X @ self.W.T if self.task == "multiclass" else X @ self.W[0]
         out += self.b if self.task == "multiclass" else self.b[0]  # in place: no second array
         return out
@@ -369,10 +381,11 @@ def _resolve_arrays(model, X, y, loss) -> Problem:
         # results own their data: X is copied (one memcpy), so a later change of the caller's
         # array cannot change a result -- except a read-only NumPy array, kept by reference
         # (the caller declares it frozen: docs/scale.md); for linear models the NaN/inf check
-        # runs on the scores (no extra pass)
+        # runs on the scores (no extra pass); float32 data of a linear model stays float32
+        # (scored in float64 block by block, moved points built in float64)
         linear = getattr(est, "coef_", None) is not None
         frozen = isinstance(X, np.ndarray) and not X.flags.writeable
-        Xa = as_float_matrix(X, "X", copy=not frozen, check_finite=not linear)
+        Xa = as_float_matrix(X, "X", copy=not frozen, check_finite=not linear, float32=linear)
 
     scorer = linear_scorer(est)
     model_name = type(est).__name__

@@ -115,7 +115,7 @@ class Reduced:
 
     def move(self, X: np.ndarray, src: np.ndarray, piece: np.ndarray, h: float) -> np.ndarray:
         """Moved points ``x_src + h a_(src,piece) / (2 theta1)`` (no move when theta1 = inf)."""
-        out = X[src]  # fancy indexing: a fresh array
+        out = X[src].astype(np.float64, copy=False)  # a fresh array (float64 for float32 X)
         if math.isinf(self.theta1) or h == 0.0:
             return out
         t = h / (2.0 * self.theta1)
