@@ -10,6 +10,7 @@ mass), the moved point ``X_star`` and the weight ``weights``.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -212,6 +213,26 @@ class StabilityResult(ResultMixin):
         data["loss*"] = self.loss_star
         data["distance2"] = np.sum((self.X_star - X0) ** 2, axis=1)
         return pd.DataFrame(data)
+
+    def __getstate__(self):
+        """Pickled with its lazy fields built (their builders are closures over the solver's
+        state) and the callables of ``info`` built (``moved2``) or left out (``displacement``,
+        which :func:`otstab.scale.qstar` needs: write Q* of a Dask result before pickling
+        it)."""
+        state = dict(self.__dict__)
+        for name in LAZY_FIELDS + ("inference",):
+            key = "_lazy_" + name
+            if callable(state.get(key)):
+                state[key] = getattr(self, name)
+        info = dict(state.get("info") or {})
+        for key, value in list(info.items()):
+            if callable(value) and not isinstance(value, functools.partial):
+                if key == "moved2":
+                    info[key] = value()
+                else:
+                    del info[key]
+        state["info"] = info
+        return state
 
     def raw_view(self):
         """The :class:`otstab.pipeline.RawView` behind ``to_frame(raw=True)`` (its ``map``
