@@ -214,39 +214,38 @@ class SortedTwoPiece:
             Z1, Zu, Zu2 = e_val * p, e_val * s1, e_val * s2
             e = None
         else:
-            e = u * A
-            e += B
-            e /= theta2
-            e -= M
-            # e <= 0 up to rounding (M is the largest l / theta2); clamp both ends
-            np.clip(e, -700.0, 0.0, out=e)
-            np.exp(e, out=e)
+            x = u * A  # the exponents (l - max l) / theta2, in one buffer, in place
+            x += B
+            x /= theta2
+            x -= M
+            # x <= 0 up to rounding (M is the largest l / theta2); clamp both ends
+            np.clip(x, -700.0, 0.0, out=x)
+            e = np.exp(x)
             Z1 = float(e.sum())
             Zu = float(np.einsum("i,i->", e, u))
         e0 = math.exp(max(-M, -700.0))
         Z = Z1 + (n - p) * e0
         mu = (dA * Zu + dB * Z1) / Z
-        # variance of dl/dh under the weights, centred (the curvature only steers Newton)
-        if dA == 0.0:
-            var_p = (dB - mu) ** 2 * Z1
-        elif e is None:
-            var_p = dA * dA * Zu2 + 2.0 * dA * (dB - mu) * Zu + (dB - mu) ** 2 * Z1
-        else:
-            dd = u * dA
-            dd += dB - mu
-            var_p = float(np.einsum("i,i,i->", e, dd, dd))
-        var = (max(var_p, 0.0) + (n - p) * e0 * mu * mu) / Z
         if Z > 0.5 * n:
             # every l / theta2 is close to the largest: log(Z / n) would keep only the rounding
             # of Z / n ~ 1 (times theta2); sum expm1 instead (one more pass over the prefix)
             if A == 0.0:
                 zm1 = p * math.expm1(max(B / theta2 - M, -700.0))
             else:
-                x = (u * A + B) / theta2 - M
-                zm1 = float(np.sum(np.expm1(np.clip(x, -700.0, 0.0))))
+                zm1 = float(np.sum(np.expm1(x, out=x)))
             log_mean = math.log1p((zm1 + (n - p) * math.expm1(-M)) / n)
         else:
             log_mean = math.log(Z / n)
+        # variance of dl/dh under the weights, centred (the curvature only steers Newton)
+        if dA == 0.0:
+            var_p = (dB - mu) ** 2 * Z1
+        elif e is None:
+            var_p = dA * dA * Zu2 + 2.0 * dA * (dB - mu) * Zu + (dB - mu) ** 2 * Z1
+        else:
+            dd = np.multiply(u, dA, out=x)  # x is no longer needed
+            dd += dB - mu
+            var_p = float(np.einsum("i,i,i->", e, dd, dd))
+        var = (max(var_p, 0.0) + (n - p) * e0 * mu * mu) / Z
         term = theta2 * (M + log_mean)
         curv = d2 * Z1 / Z + var / theta2
         return term, mu, curv
