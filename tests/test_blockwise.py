@@ -545,15 +545,20 @@ def test_plain_pickle_roundtrip_of_lazy_result(monkeypatch, access_first):
 # --- 6. a reduced form that disagrees with the model ---------------------------------------
 
 @pytest.mark.parametrize("solver", ["dual", "auto"])
-def test_sampled_audit_refuses_a_corrupted_reduced_form(monkeypatch, solver):
+@pytest.mark.parametrize("sign", [1.0, -1.0], ids=["margin_up", "margin_down"])
+def test_sampled_audit_refuses_a_corrupted_reduced_form(monkeypatch, solver, sign):
+    """The moved scores of the reduced form shifted by 1e-3 y (y the +-1 label, so every margin
+    moves by sign 1e-3): margin_up lowers the risk the sums report (the audit's own risk check
+    refuses that), margin_down raises it above r, and then only the sampled check against the
+    model stands between the corrupted sums and an answer."""
     name, div = "hinge", ("kl", 0.5)
     args = config(name, div, 1.0, False)
     model, X, y, sw, r, _ = args
     honest = Reduced.score_shift
 
-    def corrupted(self, *a, **k):
-        out = honest(self, *a, **k)
-        return None if out is None else out + 1e-3
+    def corrupted(self, W, src, piece, h):
+        out = honest(self, W, src, piece, h)
+        return None if out is None else out + sign * 1e-3 * self.g_rows[src]
 
     monkeypatch.setattr(Reduced, "score_shift", corrupted)
     try:
