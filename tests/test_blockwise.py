@@ -571,3 +571,28 @@ def test_sampled_audit_refuses_a_corrupted_reduced_form(monkeypatch, solver, sig
     assert solver != "dual", "the corrupted dual answer was returned"
     assert res.solver != "dual"
     check_against_model(name, model, X, y, sw, res, r)
+
+
+# --- found while testing: a zero-weight row above the support --------------------------------
+
+@pytest.mark.xfail(strict=True, raises=(RuntimeWarning, SolverError), reason=(
+    "solvers/dual.py::_reduce_weighted (KL with sample_weight): e = _exp_shifted(a, m) with "
+    "m the largest l_h / theta2 over the rows of positive weight; a zero-weight row above it "
+    "overflows exp (RuntimeWarning), p * e = 0 * inf = nan and solve_dual stops with "
+    "'non-finite dual objective while bracketing' (SolverError). Already so before a6b41e0"))
+def test_zero_weight_row_of_largest_loss_is_the_dropped_row():
+    """A row of sample weight 0 is not part of P0: R is that of the data without it. Here
+    the dropped row has the largest loss and r needs moves (h ~ 580), so its l_h / theta2
+    exceeds the support's by far more than 709."""
+    model, X, y = base_instance("hinge")
+    loss = model_losses("hinge", model, X, y)
+    sw = np.ones(X.shape[0])
+    sw[int(np.argmax(loss))] = 0.0
+    keep = sw > 0
+    base = float(np.mean(loss[keep]))
+    r = base + 0.99 * (float(loss.max()) - base)
+    kw = dict(loss="hinge", r=r, theta1=1e3, theta2=1e-3, divergence="kl", se=None)
+    dropped = otstab.certify(model, X[keep], y[keep], **kw)
+    res = otstab.certify(model, X, y, sample_weight=sw, **kw)
+    assert res.value == pytest.approx(dropped.value, rel=1e-9)
+    check_against_model("hinge", model, X, y, sw, res, r)
