@@ -19,6 +19,7 @@ masked out (as with ``features=``).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import replace
 
@@ -198,6 +199,16 @@ def unscale_result(res, scaled: Problem, prob: Problem, c: np.ndarray):
         return Xs / s[None, :]
 
     res.X_star = x_star
+    move = res.info.get("displacement")
+    if move is not None:  # x* - x per atom (Q* built blockwise), in the caller's coordinates
+        res.info["displacement"] = functools.partial(_unscaled_move, move, s)
     res.X = prob.X
     res.info["feature_costs"] = c.tolist()
     return res
+
+
+def _unscaled_move(move, s, atoms):
+    """``move(atoms) / sqrt(c)``: a displacement of the rescaled problem in the caller's
+    coordinates (None: no move)."""
+    d = move(atoms)
+    return None if d is None else d / s[None, :]

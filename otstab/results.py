@@ -226,11 +226,11 @@ class StabilityResult(ResultMixin):
                 state[key] = getattr(self, name)
         info = dict(state.get("info") or {})
         for key, value in list(info.items()):
-            if callable(value) and not isinstance(value, functools.partial):
-                if key == "moved2":
-                    info[key] = value()
-                else:
-                    del info[key]
+            if key == "moved2" and callable(value):
+                info[key] = value()
+            elif callable(value) and not (key == "raw_view" and
+                                          isinstance(value, functools.partial)):
+                del info[key]
         state["info"] = info
         return state
 

@@ -277,7 +277,7 @@ def _reduce_weighted(lh, d1, d2, theta2, divergence, p):
     if math.isinf(theta2):
         return pmean(lh, p), pmean(d1, p), pmean(d2, p), None
     if divergence == "kl":
-        a = lh / theta2
+        a = np.where(p > 0, lh / theta2, -np.inf)  # zero-probability rows: not in P0
         m = support_max(a, p)
         e = _exp_shifted(a, m)
         pe = p * e

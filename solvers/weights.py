@@ -69,11 +69,17 @@ def logmeanexp(a: np.ndarray, p=None) -> float:
     """log(mean(exp(a))) computed stably (terms below exp(-700) of the largest are clamped
     there: they are far below rounding, and subnormal arithmetic is very slow), with full
     relative accuracy also when every term is close to the largest."""
-    a = np.asarray(a, dtype=np.float64)
+    a = _on_support(np.asarray(a, dtype=np.float64), p)
     m = support_max(a, p)
     if not math.isfinite(m):
         return m
     return m + log_mean_shifted(a, m, np.exp(np.maximum(a - m, -700.0)), p)
+
+
+def _on_support(a: np.ndarray, p) -> np.ndarray:
+    """``a`` with the samples of zero probability at -inf: they are not part of P0, and an
+    exponent of theirs far above the support's would overflow ``exp``."""
+    return a if p is None else np.where(np.asarray(p) > 0, a, -np.inf)
 
 
 def kl_dual_term(lh: np.ndarray, theta2: float, p=None) -> float:
@@ -207,9 +213,9 @@ class WeightMap:
             return np.ones_like(lh)
         if self.divergence == "kl":
             if self.weighted:
-                # a sample of zero probability above the support's top is capped (its weight
-                # enters no sum)
-                return np.exp(np.clip(lh / self.theta2 - self.shift, -700.0, 700.0)) / self.scale
+                # a sample of zero probability above the support's top is capped at the top
+                # weight (its weight enters no sum)
+                return np.exp(np.clip(lh / self.theta2 - self.shift, -700.0, 0.0)) / self.scale
             # clamp: weights below 1e-304 stay normal numbers (subnormal arithmetic is slow)
             return np.exp(np.maximum(lh / self.theta2 - self.shift, -700.0)) * self.scale
         return np.maximum(((lh - self.shift) + self.scale) / (2.0 * self.theta2) + 1.0, 0.0)
@@ -235,10 +241,10 @@ def weight_map(lh: np.ndarray, theta2: float, divergence: str, p=None) -> Weight
         return WeightMap("chi2", theta2, m, a, a - m, chi2_term_at(ls, theta2, a, p) + m,
                          p is not None)
     if p is not None:
-        a = lh / theta2
+        a = _on_support(lh / theta2, p)
         m = support_max(a, p)
-        e = np.exp(np.clip(a - m, -700.0, 700.0))
-        term = theta2 * (m + log_mean_shifted(a, m, np.exp(np.maximum(a - m, -700.0)), p))
+        e = np.exp(np.maximum(a - m, -700.0))
+        term = theta2 * (m + log_mean_shifted(a, m, e, p))
         return WeightMap("kl", theta2, m, float(np.dot(p, e)), None, term, True)
     n = lh.size
     m = float(np.max(lh)) / theta2  # == max(lh / theta2): division by theta2 > 0 is monotone
