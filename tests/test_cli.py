@@ -841,3 +841,27 @@ def test_weighted_certificate_with_changed_weights_fails(weighted_file, tmp_path
     code, _, err = run(["verify", tmp_path / "u.json", *verify[2:], "--data",
                         d / "weighted.csv", "--sample-weight", "w"])
     assert code == 1 and "inputs.sample_weight" in err
+
+
+def test_weighted_priced_certificate_with_features_verifies(weighted_file, tmp_path):
+    """Both at once, as docs/guide.md shows them: the value and the feature table are the
+    library's with the same weights and prices, and verify reproduces all of it."""
+    d, wbase, df = weighted_file
+    code, _, err = run([*wbase, "--sample-weight", "w", "--feature-costs", "age=inf,duration=2",
+                        "--features", "--json", tmp_path / "c.json", "--quiet"])
+    assert code == 0, err
+    cert = json.loads((tmp_path / "c.json").read_text())
+    model = joblib.load(d / "model.joblib")
+    X, y = df.drop(columns=["credit", "w"]), df["credit"]
+    kw = dict(loss="zero_one", r=0.4, sample_weight=df["w"],
+              feature_costs={"age": math.inf, "duration": 2.0})
+    ref = otstab.certify(model, X, y, **kw)
+    assert cert["results"]["value"] == pytest.approx(ref.value, rel=1e-12)
+    table = otstab.feature_stability(model, X, y, groups="auto", **kw)
+    got = {r["feature"]: r["score"] for r in cert["results"]["feature_stability"]["table"]}
+    assert got == pytest.approx(dict(zip(table["feature"], table["score"])), rel=1e-12)
+    code, out, err = run(["verify", tmp_path / "c.json", "--model", d / "model.joblib",
+                          "--data", d / "weighted.csv", "--trust-model"])
+    assert code == 0, out + err
+    assert "results.feature_stability" in C.verify_certificate(
+        cert, model, X, y, sample_weight=df["w"]).checked
