@@ -683,10 +683,11 @@ def zero_one_lower_value(dlow, loss0, r, theta1, theta2, divergence, p=None) -> 
     return _slack(float(sol.value), sol.h, r)
 
 
-def smooth_lower_value(oracle, r, theta2, divergence) -> float:
+def smooth_lower_value(oracle, r, theta2, divergence, p=None) -> float:
     """Certified lower bound on R from an over-estimating d-transform oracle: the dual at the
-    best point the 1-D solver found (any h gives a lower bound), less its rounding bound."""
-    sol = solve_dual(oracle, r, theta2, divergence)
+    best point the 1-D solver found (any h gives a lower bound), less its rounding bound.
+    ``p``: the sample probabilities (None: uniform)."""
+    sol = solve_dual(oracle, r, theta2, divergence, p=p)
     if not (math.isfinite(sol.value) and math.isfinite(sol.h)):
         return 0.0
     return _slack(float(sol.value), sol.h, r)

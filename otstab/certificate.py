@@ -51,6 +51,12 @@ weights (not normalised) as float64 little-endian bytes (``-0.0`` as ``0.0``). T
 certificate's ``inputs.sample_weight`` holds the fingerprint, the number of rows, where the
 weights came from (``source``, e.g. a column name) and their effective sample size
 ``(sum w)^2 / sum w^2``; :func:`verify_certificate` needs the same weights to recompute.
+
+Per-feature prices (``certify(..., feature_costs=...)``, :mod:`otstab.costs`) are recorded as
+they were solved with: ``inputs.feature_costs`` is the list of prices of the model's input
+columns, in order (a raw Pipeline column priced per raw unit appears as its price per unit of
+the model's input; ``inf``, immutable, as ``"inf"``), null when every price is 1.
+:func:`verify_certificate` passes them to ``certify`` and ``feature_stability``.
 """
 
 from __future__ import annotations
@@ -245,6 +251,26 @@ def _weights_info(sample_weight, source, n: int, p_result) -> dict | None:
     return {"hash_method": WEIGHTS_HASH, "sha256": hash_weights(w), "n_samples": int(w.size),
             "source": None if source is None else str(source),
             "effective_n": _effective_n(w)}
+
+
+def _costs_info(info: dict) -> list | None:
+    """``inputs.feature_costs`` of a certificate: the per-column prices the result was solved
+    with (``info["feature_costs"]``, one per column of the model's input, set by
+    :func:`otstab.costs.unscale_result`), or None when every price is 1."""
+    costs = info.get("feature_costs")
+    if costs is None:
+        return None
+    c = [float(v) for v in costs]
+    if not c or not all(v > 0 for v in c):  # (0, inf]; nan fails too
+        raise ValidationError("result.info['feature_costs'] must hold prices in (0, inf], got "
+                              f"{costs!r}")
+    return c
+
+
+def _recorded_costs(inputs: dict) -> list | None:
+    """The prices of ``inputs.feature_costs`` as floats (``"inf"``: inf), or None."""
+    costs = inputs.get("feature_costs")
+    return None if costs is None else [_num(v) for v in costs]
 
 
 def _effective_n(w: np.ndarray) -> float:
@@ -554,6 +580,9 @@ def make_certificate(result, model, X, y, *, features=None, groups=None, movable
         ``result.inference``; ``docs/inference.md``); null when R = inf or when certify ran
         with ``se=None``.
 
+    The per-feature prices the result was solved with (``feature_costs=`` of ``certify``, as
+    ``result.info["feature_costs"]`` holds them) are recorded under ``inputs.feature_costs``.
+
     Returns
     -------
     dict
@@ -626,6 +655,7 @@ def make_certificate(result, model, X, y, *, features=None, groups=None, movable
                 "first_order" if result.solver == "first_order" else "auto"),
             "solver_options": dict(solver_options or {}),
             "sample_weight": weights,
+            "feature_costs": _costs_info(info),
         },
         "results": results,
         "solver": {
@@ -834,9 +864,11 @@ def audit_qstar(qstar, model, X, y, cert, *, rtol=None, atol=None,
         and ``results.n_atoms`` rows; every atom's ``index`` and original ``x`` are those of
         its ``source`` sample, its ``loss`` and ``loss*`` are the model's loss at ``x`` and at
         ``x*``, its ``distance2`` is ``||x* - x||^2``; each sample's ``mass`` shares sum to 1;
-        the cost of Q* equals ``results.primal_cost``, its risk ``results.risk_star`` (and
-        reaches ``r``), its mass ``results.total_mass``; and no atom moves a feature the
-        certificate does not let move.
+        the cost of Q* equals ``results.primal_cost`` (moves priced by
+        ``inputs.feature_costs``, ``theta1 sum_j c_j (x*_j - x_j)^2``, when the certificate
+        has prices), its risk ``results.risk_star`` (and reaches ``r``), its mass
+        ``results.total_mass``; and no atom moves a feature the certificate does not let move
+        (not in ``movable_features``, or priced ``inf``).
     """
 
 
@@ -901,19 +933,27 @@ def audit_qstar(qstar, model, X, y, cert, *, rtol=None, atol=None,
             out.append(Mismatch("qstar:index", f"atom {i}: {recorded[i]}", str(index[src[i]]),
                                 f"column 'index' is not the data index of the atom's source "
                                 f"sample ({bad.size} atom(s))"))
+    costs = _recorded_costs(inputs)
+    c = np.ones(prob.d) if costs is None else np.asarray(costs, dtype=np.float64)
+    if c.shape != (prob.d,):
+        return out + [Mismatch("qstar:feature_costs", f"{prob.d} prices", c.size,
+                               "inputs.feature_costs does not price every model input column")]
     mv = inputs.get("movable_features")
+    mask = np.isfinite(c)  # a feature priced inf is immutable
     if mv is not None:
-        mask = feature_mask(prob.d, mv, names)
-        moved_fixed = np.abs(diff[:, ~mask]).max() if (~mask).any() else 0.0
-        if moved_fixed > tol["atol"]:
-            out.append(Mismatch("qstar", "only movable features move",
-                                f"a fixed feature moved by {moved_fixed:.3g}",
-                                "Q* moves a feature that the certificate does not allow"))
+        mask &= feature_mask(prob.d, mv, names)
+    moved_fixed = np.abs(diff[:, ~mask]).max() if (~mask).any() and diff.size else 0.0
+    if moved_fixed > tol["atol"]:
+        out.append(Mismatch("qstar", "only movable features move",
+                            f"a fixed feature moved by {moved_fixed:.3g}",
+                            "Q* moves a feature that the certificate does not allow (not "
+                            "movable, or priced inf)"))
     theta1, theta2 = _num(inputs["theta1"]), _num(inputs["theta2"])
     divergence, r = inputs["divergence"], _num(inputs["r"])
     pm = mass / n if prob.p is None else mass * prob.p[src]  # each atom's P0-mass
-    move = 0.0 if math.isinf(theta1) else theta1 * float(
-        np.sum(pm * w * np.sum(diff ** 2, axis=1)))
+    # the priced squared move sum_j c_j (x*_j - x_j)^2 (immutable features left out)
+    priced2 = (diff ** 2) @ np.where(np.isfinite(c), c, 0.0)
+    move = 0.0 if math.isinf(theta1) else theta1 * float(np.sum(pm * w * priced2))
     rew = 0.0 if math.isinf(theta2) else theta2 * float(np.sum(pm * phi(w, divergence)))
     figures = {
         "primal_cost": move + rew,
@@ -1079,17 +1119,17 @@ def verify_certificate(cert_or_path, model, X, y, *, rtol=None, atol=None, h_rto
     """Recompute a certificate from the model and the data and check every field.
 
     Every field of the certificate is recomputed, checked for consistency with the others,
-    or informational (see ``docs/guarantees.md``). In order: the format, the schema, duplicate
-    and unknown keys (reading the file); the data block (fingerprint, shape, column names,
-    label counts, label column) and the model block (fingerprint, class, estimator, pipeline,
-    ``n_features_in``) against ``X, y`` and ``model``; the results' own consistency (gap from
-    value and primal cost, excess risk from the two risks, the feature ranks from the scores,
-    the Q* reference's atom count); then :func:`otstab.certify` is run again with the recorded
-    inputs and every figure of ``results`` (value, h, alpha, the risks, mass, primal cost, dual
-    gap bound, decomposition, atom count, split and exact flags), the solver and status are
-    compared, and the recomputed audit must close; the feature table is recomputed with
-    :func:`otstab.feature_stability` (if present and ``check_features``); the Q* side file
-    (if given) is audited column by column with :func:`audit_qstar`.
+    or informational (see ``docs/guarantees.md``). In order: the format, the schema, duplicate and
+    unknown keys (reading the file); the data block (fingerprint, shape, column names, label counts,
+    label column) and the model block (fingerprint, class, estimator, pipeline, ``n_features_in``)
+    against ``X, y`` and ``model``; the results' own consistency (gap from value and primal cost,
+    excess risk from the two risks, the feature ranks from the scores, the Q* reference's atom
+    count); then :func:`otstab.certify` is run again with the recorded inputs (the prices
+    ``inputs.feature_costs`` included) and every figure of ``results`` (value, h, alpha, the risks,
+    mass, primal cost, dual gap bound, decomposition, atom count, split and exact flags), the solver
+    and status are compared, and the recomputed audit must close; the feature table is recomputed
+    with :func:`otstab.feature_stability` (if present and ``check_features``); the Q* side file (if
+    given) is audited column by column with :func:`audit_qstar`.
 
     Parameters
     ----------
@@ -1158,7 +1198,7 @@ def verify_certificate(cert_or_path, model, X, y, *, rtol=None, atol=None, h_rto
     kwargs = dict(loss=loss, r=_num(inputs["r"]), theta1=_num(inputs["theta1"]),
                   theta2=_num(inputs["theta2"]), divergence=inputs["divergence"],
                   solver=solver or requested, features=inputs.get("movable_features"),
-                  sample_weight=sample_weight)
+                  sample_weight=sample_weight, feature_costs=_recorded_costs(inputs))
     unc = cert["results"].get("uncertainty")
     se_spec = _uncertainty_spec(report, unc)
     try:
@@ -1395,7 +1435,8 @@ def _verify_features(report, fs: dict, model, X, y, kwargs: dict, tol: dict) -> 
         new = feature_stability(
             model, X, y, loss=kwargs["loss"], r=kwargs["r"], theta1=kwargs["theta1"],
             theta2=kwargs["theta2"], divergence=kwargs["divergence"],
-            groups=fs.get("groups"), sample_weight=kwargs.get("sample_weight"))
+            groups=fs.get("groups"), sample_weight=kwargs.get("sample_weight"),
+            feature_costs=kwargs.get("feature_costs"))
     except SolverError:
         raise
     except (OtstabError, ValueError, TypeError) as exc:

@@ -11,8 +11,10 @@ the confidence bound asked for is not available). See :func:`gate` and docs/ci_g
 ``certify --feature-costs 'age=inf,duration=2'`` (or a JSON object or file;
 :func:`parse_feature_costs`) passes per-feature move prices to ``certify`` and
 ``feature_stability``; ``--sample-weight COL`` takes the rows' weights from a column of DATA
-(:func:`split_weights`). A certificate of a priced run is refused until certificates record the
-prices (``inputs.feature_costs``).
+(:func:`split_weights`). Both reach the certificate: the prices as ``inputs.feature_costs``,
+the weights by fingerprint as ``inputs.sample_weight`` (with ``source`` = COL). ``verify``
+reads the prices from the certificate and the weights from the column of DATA that
+``--sample-weight`` names (default: the certificate's ``inputs.sample_weight.source``).
 
 Models are loaded with skops (``.skops`` files, when skops is installed: only the types skops
 trusts, unless ``--trust-model``) or with joblib/pickle (any other file). Unpickling runs code
@@ -259,6 +261,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_inputs(ver, target_required=False)
     ver.add_argument("--qstar", metavar="FILE",
                      help="also audit this Q* file (cost, risk and mass recomputed)")
+    ver.add_argument("--sample-weight", metavar="COL", default=None,
+                     help="column of DATA holding the rows' weights of a weighted certificate "
+                          "(default: the column it records, inputs.sample_weight.source); it "
+                          "is removed from the features")
     ver.add_argument("--rtol", type=_tolerance, default=None,
                      help="relative tolerance for the figures, >= 0 (default 1e-6)")
     ver.add_argument("--atol", type=_tolerance, default=None,
@@ -386,13 +392,16 @@ def _unpickle(p: Path):
                                   f"({type(exc).__name__}: {exc})") from None
 
 
-def _verify_command(cert, model, data, target) -> str:
-    """The ``otstab verify`` command line that reproduces a certificate."""
+def _verify_command(cert, model, data, target, sample_weight=None) -> str:
+    """The ``otstab verify`` command line that reproduces a certificate (``sample_weight``:
+    the weight column of DATA, for a weighted certificate)."""
     import shlex
 
     trust = "" if Path(str(model)).suffix.lower() in SKOPS_SUFFIXES else " --trust-model"
     q = [shlex.quote(str(v)) for v in (cert, model, data, target)]
-    return f"otstab verify {q[0]} --model {q[1]} --data {q[2]} --target {q[3]}{trust}"
+    weights = "" if sample_weight is None else f" --sample-weight {shlex.quote(sample_weight)}"
+    return (f"otstab verify {q[0]} --model {q[1]} --data {q[2]} --target {q[3]}{weights}"
+            f"{trust}")
 
 
 def load_data(path, target):
@@ -499,8 +508,8 @@ def parse_feature_costs(text: str) -> dict:
 
 
 def split_weights(X, column: str):
-    """``--sample-weight``: ``(X without the column, weights)``; rows with a missing weight are
-    refused naming the first."""
+    """``--sample-weight``: ``(X without the column, weights)``, the weights a float Series
+    named ``column``; rows with a missing weight are refused naming the first."""
     import pandas as pd
 
     if column not in X.columns:
@@ -515,7 +524,7 @@ def split_weights(X, column: str):
                                           f"weight at row {row} ({X[column].iloc[row]!r})")
     if X.shape[1] < 2:
         raise BadInput("--data", f"no feature columns besides {column!r}")
-    return X.drop(columns=[column]), w.to_numpy(dtype=float)
+    return X.drop(columns=[column]), w.astype(float)
 
 
 def _arg_for(message: str) -> str | None:
@@ -760,12 +769,8 @@ def _cmd_certify(args) -> int:
         cert = _run_library(make_certificate, result, model, X, y, features=table,
                             groups=groups, movable=movable, target=args.target,
                             model_file=args.model, qstar=qinfo, solver=args.solver, loss=loss,
-                            level=level, extra=None if policy is None else {"policy": policy})
-        if costs is not None and "feature_costs" not in cert["inputs"]:
-            # a certificate that verify would recompute without the prices: refuse it
-            raise BadInput("--feature-costs", "certificates do not record feature_costs yet "
-                                              "(verify could not reproduce them); drop --json, "
-                                              "--html, --pdf and --card")
+                            level=level, extra=None if policy is None else {"policy": policy},
+                            sample_weight=weights, sample_weight_source=args.sample_weight)
     if args.json == "-":
         validate_certificate(cert)
         print(json.dumps(cert, indent=2, allow_nan=False, ensure_ascii=False))
@@ -777,7 +782,8 @@ def _cmd_certify(args) -> int:
             grid, curve = _report_grids(model, X, y, result)
         cmd = None
         if args.json and args.json != "-":
-            cmd = _verify_command(args.json, args.model, args.data, args.target)
+            cmd = _verify_command(args.json, args.model, args.data, args.target,
+                                  args.sample_weight)
         html_path = Path(args.html) if args.html else Path(args.pdf).with_suffix(".html")
         write_report(html_path, cert, result=result, features=table, grid=grid, curve=curve,
                      verify_command=cmd, title=args.title, y=y)
@@ -793,8 +799,8 @@ def _cmd_certify(args) -> int:
                     html_path.unlink(missing_ok=True)
     if args.card:
         card = model_card(cert, verify_command=_verify_command(
-            args.json, args.model, args.data, args.target) if args.json not in (None, "-")
-            else None)
+            args.json, args.model, args.data, args.target, args.sample_weight)
+            if args.json not in (None, "-") else None)
         if args.card == "-":
             print(json.dumps(card, indent=2, allow_nan=False, ensure_ascii=False))
         else:
@@ -829,13 +835,21 @@ def _cmd_verify(args) -> int:
         raise BadInput("--target", "the certificate does not name the label column; pass "
                                    "--target")
     X, y = load_data(args.data, target)
+    recorded = cert["inputs"].get("sample_weight")
+    column = args.sample_weight or (recorded or {}).get("source")
+    if recorded is not None and column is None:
+        raise BadInput("--sample-weight", "the certificate was made with sample weights but "
+                                          "does not name their column; pass --sample-weight COL")
+    weights = None
+    if column is not None:
+        X, weights = split_weights(X, column)
     model = load_model(args.model, trust_model=args.trust_model)
     if args.qstar is not None and not Path(args.qstar).is_file():
         raise BadInput("--qstar", f"file {args.qstar!r} does not exist")
     report = _run_library(
         verify_certificate, cert, model, X, y, rtol=args.rtol, atol=args.atol,
         h_rtol=args.h_rtol, gap_tol=args.gap_tol, check_features=not args.no_features,
-        qstar=args.qstar, model_file=args.model)
+        qstar=args.qstar, model_file=args.model, sample_weight=weights)
     if args.json:
         print(json.dumps(_report_dict(report, args.certificate), indent=2, allow_nan=False,
                          default=str))

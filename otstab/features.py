@@ -323,7 +323,8 @@ def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergen
         if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1:
             raise ValidationError(f"top_k must be an integer >= 1, got {top_k!r}")
         kwargs = dict(loss=loss_obj, r=r, theta1=theta1, theta2=theta2, divergence=divergence,
-                      features=features, groups=groups, solver=solver)
+                      features=features, groups=groups, solver=solver,
+                      feature_costs=feature_costs)
         _add_uncertainty(df, model, X, y, kwargs, spec, level, int(top_k), prob.p)
     return df
 
@@ -335,7 +336,8 @@ def _rows(data, idx):
 
 def _add_uncertainty(df, model, X, y, kwargs, spec, level, top_k, p=None) -> None:
     """Columns se, ci_low, ci_high, p_top_k from feature_stability on resampled rows (sample
-    probabilities ``p`` travel with their rows)."""
+    probabilities ``p`` travel with their rows; ``kwargs``, which every replicate gets, hold
+    the scoring arguments, ``feature_costs`` included)."""
     n = len(y)
     rng = np.random.default_rng(spec.seed)
     scores = np.empty((spec.n_boot, len(df)))

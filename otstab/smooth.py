@@ -126,13 +126,9 @@ def _certify_first_order(prob, loss, r, theta1, theta2, divergence, mask, t_star
     # certified lower bound: the same dual on an over-estimate of l_h (sklearn MLPs)
     value_lower = 0.0
     mlp = bounds.as_mlp(adapter)
-    if mlp is not None and prob.p is not None:
-        # bounds.smooth_lower_value solves the unweighted dual: no certified bound for a
-        # weighted P0 from it
-        message += "; no certified lower bound with sample_weight (value_lower = 0)"
-    elif mlp is not None:
+    if mlp is not None:
         oracle = bounds.mlp_transform_upper(mlp, loss, prob.losses(prob.X), theta1, mask)
-        value_lower = bounds.smooth_lower_value(oracle, r, theta2, divergence)
+        value_lower = bounds.smooth_lower_value(oracle, r, theta2, divergence, p=prob.p)
         message += ("; value_lower from a global Lipschitz over-estimate of l_h "
                     "(otstab.bounds)")
     else:

@@ -54,8 +54,8 @@ def stability_curve(model, X, y, *, r, loss, theta1=1.0, theta2=0.25, divergence
             and solver != "first_order":
         red = reduce_problem(prob, theta1, mask)
         program = None
-        if solver not in ("auto", "dual") and prob.p is None:  # (refused with weights)
-            program = _conic.ConicProgram(red.c1, red.c2, theta2, divergence)
+        if solver not in ("auto", "dual"):  # one program for the sweep, weighted or not
+            program = _conic.ConicProgram(red.c1, red.c2, theta2, divergence, weights=prob.p)
         for rv in grid:
             t0 = time.perf_counter()
             res = solve_reduced(prob, red, float(rv), theta1, theta2, divergence, solver, t0,

@@ -235,6 +235,43 @@ def test_smooth_identity_mlp_lower_bound_below_exact_linear():
         assert exact.value <= res.value_upper * (1 + 1e-6)
 
 
+@pytest.mark.parametrize("divergence", ["kl", "chi2"])
+def test_weighted_mlp_lower_bound_equals_replicated_rows(divergence):
+    # integer weights k_i are the rows replicated k_i times (the unweighted bound on np.repeat,
+    # an independent computation); the bound is certified (<= the found value_upper) and not
+    # the trivial 0; equal weights give the unweighted bound
+    model, X, y = _mlp("tanh", 2, 1)
+    k = np.random.default_rng(7).integers(0, 4, size=len(y))
+    kw = dict(r=0.6, loss="logistic", theta1=1.0, theta2=0.5, divergence=divergence)
+    res = otstab.certify(model, X, y, sample_weight=k, **kw)
+    rep = otstab.certify(model, np.repeat(X, k, axis=0), np.repeat(y, k), **kw)
+    assert res.status == rep.status == "bounds"
+    assert 0 < res.value_lower <= res.value_upper
+    assert res.value_lower == pytest.approx(rep.value_lower, rel=1e-9)
+    same = otstab.certify(model, X, y, sample_weight=np.full(len(y), 2.5), **kw)
+    plain = otstab.certify(model, X, y, **kw)
+    assert same.value_lower == pytest.approx(plain.value_lower, rel=1e-12)
+    assert 0 < same.value_lower <= same.value_upper
+
+
+def test_weighted_identity_mlp_lower_bound_below_the_exact_weighted_value():
+    # an identity MLP is a linear model: the exact weighted R of the specialised dual (with p)
+    # bounds the certified weighted lower bound from above
+    model, X, y = _mlp("identity", 2, 0)
+    W, b = model.coefs_[0], model.intercepts_[0]
+    for Wl, bl in zip(model.coefs_[1:], model.intercepts_[1:]):
+        W, b = W @ Wl, b @ Wl + bl
+    lin = otstab.LinearModel(W[:, 0], float(b[0]))
+    ylin = np.where(y == model.classes_[1], 1, -1)
+    sw = np.random.default_rng(8).uniform(0.2, 3.0, size=len(y))
+    kw = dict(r=0.5, loss="logistic", theta1=1.0, theta2=0.5, sample_weight=sw)
+    exact = otstab.certify(lin, X, ylin, **kw)
+    res = otstab.certify(model, X, y, **kw)
+    assert res.status == "bounds"
+    assert 0 < res.value_lower <= exact.value * (1 + 1e-6)
+    assert exact.value <= res.value_upper * (1 + 1e-6)
+
+
 def test_unsupported_model_gets_the_trivial_bound():
     from sklearn.svm import SVC  # noqa: PLC0415
 

@@ -445,9 +445,10 @@ STILL_TRUE = {"zero_one-unreachable": ("inputs.r", "inputs.divergence")}
 def tamper_cases(tmp_path_factory):
     """Real certificates whose leaves together are every field of the format: a 0/1-loss KL
     certificate with grouped feature scores, a movable subset and a label column; a hinge chi2
-    certificate (alpha set) of a Pipeline; an unreachable threshold (value "inf", gap "nan");
-    a hinge KL certificate with sample weights (a named Series) and feature scores. All with a
-    model file, a Q* file and extra metadata; the last entry of each case is its weights."""
+    certificate (alpha set) of a Pipeline with per-feature prices; an unreachable threshold
+    (value "inf", gap "nan"); a hinge KL certificate with sample weights (a named Series) and
+    feature scores. All with a model file, a Q* file and extra metadata; the last entry of each
+    case is its weights."""
     d = tmp_path_factory.mktemp("tamper")
     X, y = make_toy(40, random_state=2)
     noise = np.random.default_rng(3).normal(size=len(y))  # a third, weakly useful feature
@@ -466,7 +467,9 @@ def tamper_cases(tmp_path_factory):
             kw = dict(loss="hinge", r=0.8)
         else:
             model = make_pipeline(StandardScaler(), LogisticRegression()).fit(X, y)
-            kw = dict(loss="hinge", r=0.8, divergence="chi2")
+            # prices by raw name: "a" per raw unit (4 s_a^2 per scaled unit), "c" immutable
+            kw = dict(loss="hinge", r=0.8, divergence="chi2",
+                      feature_costs={"a": 4.0, "c": math.inf})
         sw = None
         if kind.endswith("weighted"):
             sw = pd.Series(np.random.default_rng(4).uniform(0.2, 3.0, size=len(y)),
@@ -706,3 +709,46 @@ def test_make_certificate_checks_the_weights(toy):
     assert C.hash_weights(3 * sw) != C.hash_weights(sw)
     plain = otstab.certify(model, X, y, loss="hinge", r=0.6)
     assert C.make_certificate(plain, model, X, y)["inputs"]["sample_weight"] is None
+
+
+def test_priced_certificate_records_the_prices_and_verifies(tamper_cases):
+    # the prices are those of the model's input (the scaled columns): "a" at 4 per raw unit is
+    # 4 s_a^2 per unit of the StandardScaler's output (dz = dx / s_a), "c" immutable
+    cert, model, X, y, qfile, _, _ = tamper_cases["hinge-chi2-pipeline"]
+    s = model.named_steps["standardscaler"].scale_
+    assert cert["inputs"]["feature_costs"] == [pytest.approx(4.0 * s[0] ** 2, rel=1e-12),
+                                               1.0, "inf"]
+    _validate(cert)
+    rep = C.verify_certificate(cert, model, X, y, qstar=qfile)
+    assert rep.ok, rep.summary()
+    # the certificate without its prices: the unpriced value is another one
+    bare = copy.deepcopy(cert)
+    bare["inputs"]["feature_costs"] = None
+    rep = C.verify_certificate(bare, model, X, y)
+    assert not rep.ok and "results.value" in _fields(rep)
+    unpriced = otstab.certify(model, X, y, loss="hinge", r=0.8, divergence="chi2")
+    assert rep.recomputed.value == pytest.approx(unpriced.value, rel=1e-12)
+    assert not C.make_certificate(unpriced, model, X, y)["inputs"]["feature_costs"]
+
+
+def test_priced_qstar_audit_prices_the_moves(tamper_cases):
+    # the cost of the stored Q*, recomputed here from its own columns with the prices of the
+    # certificate: theta1 E[W sum_j c_j (x*_j - x_j)^2] + theta2 E[phi(W)] (chi2: (W - 1)^2)
+    cert, model, X, y, qfile, _, _ = tamper_cases["hinge-chi2-pipeline"]
+    frame = C.read_table(qfile)
+    assert C.audit_qstar(frame, model, X, y, cert) == []
+    c = np.array([float(v) for v in cert["inputs"]["feature_costs"]])
+    diff = frame[["a*", "b*", "c*"]].to_numpy() - frame[["a", "b", "c"]].to_numpy()
+    assert np.all(diff[:, 2] == 0)  # "c" is immutable
+    pm, w = frame["mass"].to_numpy() / len(y), frame["weight"].to_numpy()
+    cost = float(cert["inputs"]["theta1"]) * np.sum(pm * w * (diff[:, :2] ** 2 @ c[:2])) \
+        + float(cert["inputs"]["theta2"]) * np.sum(pm * (w - 1.0) ** 2)
+    assert cost == pytest.approx(cert["results"]["primal_cost"], rel=1e-9)
+    assert np.any(diff[:, 0] != 0)  # the priced feature moves: its price matters below
+    unit = copy.deepcopy(cert)
+    unit["inputs"]["feature_costs"] = [1.0, 1.0, "inf"]
+    assert "qstar:primal_cost" in {m.field for m in C.audit_qstar(frame, model, X, y, unit)}
+    # a stored Q* that moves the immutable feature is refused
+    moved = frame.copy()
+    moved.loc[0, "c*"] += 0.5
+    assert "qstar" in {m.field for m in C.audit_qstar(moved, model, X, y, cert)}

@@ -7,6 +7,7 @@ import io
 import json
 import math
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -692,13 +693,47 @@ def test_bad_feature_costs_are_one_line_naming_the_flag(german_files, text, matc
     assert re.search(match, err), err
 
 
-def test_feature_costs_certificate_is_refused_until_recorded(german_files, tmp_path):
-    """make_certificate does not record feature_costs yet, so verify would recompute without
-    them: the CLI refuses the certificate rather than write one that cannot be verified."""
-    _, base, _, _ = german_files
-    code, _, err = run([*base, "--feature-costs", "age=inf", "--json", tmp_path / "c.json"])
-    assert code == 2 and not (tmp_path / "c.json").exists()
-    _one_line(err, "--feature-costs")
+def test_verify_reproduces_the_priced_certificate(german_files, tmp_path):
+    """The certificate records the prices it was solved with (per model input column: a raw
+    numeric column priced per raw unit is c s^2 per unit of its StandardScaler output) and
+    verify recomputes with them, the feature table included; a tampered price fails."""
+    d, base, _, _ = german_files
+    model = joblib.load(d / "model.joblib")
+    X, y = _german_xy(d)
+    costs = {"age": math.inf, "duration": 2.0}
+    ref = otstab.certify(model, X, y, loss="zero_one", r=0.4, feature_costs=costs)
+    code, _, err = run([*base, "--feature-costs", "age=inf,duration=2", "--features",
+                        "--json", tmp_path / "c.json", "--qstar", tmp_path / "q.csv", "--quiet"])
+    assert code == 0, err
+    cert = json.loads((tmp_path / "c.json").read_text())
+    assert cert["results"]["value"] == pytest.approx(ref.value, rel=1e-12)
+    names = [str(c) for c in ref.feature_names]
+    prices = dict(zip(names, cert["inputs"]["feature_costs"]))
+    scaler = model.named_steps["pre"].named_transformers_["num"]
+    num = list(scaler.feature_names_in_)
+    s_duration = scaler.scale_[num.index("duration")]
+    assert prices["num__age"] == "inf"
+    assert prices["num__duration"] == pytest.approx(2.0 * s_duration**2, rel=1e-12)
+    assert all(v == 1.0 for k, v in prices.items() if k not in ("num__age", "num__duration"))
+    verify = ["verify", tmp_path / "c.json", "--model", d / "model.joblib", "--data",
+              d / "german.csv", "--trust-model"]
+    code, out, err = run([*verify, "--qstar", tmp_path / "q.csv"])
+    assert code == 0, out + err
+    assert "inputs.feature_costs" not in out + err
+    # a tampered price: the recomputed value (and the feature table) no longer reproduce
+    j = names.index("num__duration")
+    bad = json.loads((tmp_path / "c.json").read_text())
+    bad["inputs"]["feature_costs"][j] = 1.0
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    code, _, err = run(["verify", tmp_path / "bad.json", *verify[2:]])
+    assert code == 1 and "results.value" in err
+    # an immutable feature made movable: the Q* file moves nothing it may not, but the value
+    # and the priced cost of the stored Q* differ
+    bad["inputs"]["feature_costs"][j] = cert["inputs"]["feature_costs"][j]
+    bad["inputs"]["feature_costs"][names.index("num__age")] = 1.0
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    code, _, err = run(["verify", tmp_path / "bad.json", *verify[2:], "--no-features"])
+    assert code == 1 and "results.value" in err
 
 
 @pytest.fixture(scope="module")
@@ -750,11 +785,83 @@ def test_bad_sample_weight_column(weighted_file, tmp_path):
 
 def test_weighted_certificate_verifies(weighted_file, tmp_path):
     d, wbase, df = weighted_file
-    code, _, err = run([*wbase, "--sample-weight", "w", "--json", tmp_path / "c.json"])
-    if code == 2 and "sample_weight" in err:
-        pytest.skip("make_certificate does not record sample weights on this branch (the sw "
-                    "helper adds it); " + err.strip())
+    code, _, err = run([*wbase, "--sample-weight", "w", "--json", tmp_path / "c.json",
+                        "--card", tmp_path / "card.json", "--qstar", tmp_path / "q.csv"])
     assert code == 0, err
+    cert = json.loads((tmp_path / "c.json").read_text())
+    sw = cert["inputs"]["sample_weight"]
+    assert sw["source"] == "w" and sw["n_samples"] == len(df)
+    assert sw["sha256"] == C.hash_weights(df["w"].to_numpy())
+    # the weighted value, from the library on the same columns
+    model = joblib.load(d / "model.joblib")
+    ref = otstab.certify(model, df.drop(columns=["credit", "w"]), df["credit"], loss="zero_one",
+                         r=0.4, sample_weight=df["w"])
+    assert cert["results"]["value"] == pytest.approx(ref.value, rel=1e-12)
+    # verify reads the recorded weight column by default
+    code, out, err = run(["verify", tmp_path / "c.json", "--model", d / "model.joblib",
+                          "--data", d / "weighted.csv", "--trust-model",
+                          "--qstar", tmp_path / "q.csv"])
+    assert code == 0, out + err
+    # the printed reproduce command names the weight column, and it runs
+    cmd = json.loads((tmp_path / "card.json").read_text())["reproduce"]
+    assert "--sample-weight w" in cmd
+    argv = shlex.split(cmd)
+    assert argv[:2] == ["otstab", "verify"]
+    code, out, err = run(argv[1:])
+    assert code == 0, out + err
+
+
+def test_weighted_certificate_with_changed_weights_fails(weighted_file, tmp_path):
+    """Another weight column (one weight changed), or the weights left out of the features
+    under another name: exit 1 (a mismatch), naming the weights' fingerprint."""
+    d, wbase, df = weighted_file
+    code, _, err = run([*wbase, "--sample-weight", "w", "--json", tmp_path / "c.json"])
+    assert code == 0, err
+    changed = df.copy()
+    changed.loc[3, "w"] = changed.loc[3, "w"] * 2
+    changed.to_csv(tmp_path / "changed.csv", index=False, float_format="%.17g")
+    verify = ["verify", tmp_path / "c.json", "--model", d / "model.joblib", "--trust-model"]
+    code, out, err = run([*verify, "--data", tmp_path / "changed.csv"])
+    assert code == 1 and "inputs.sample_weight.sha256" in err, out + err
+    assert "inputs.data.sha256" not in err  # the features and labels are the certified ones
+    # the same weights under another column name: --sample-weight names it
+    renamed = df.rename(columns={"w": "weight"})
+    renamed.to_csv(tmp_path / "renamed.csv", index=False, float_format="%.17g")
+    code, _, err = run([*verify, "--data", tmp_path / "renamed.csv"])
+    assert code == 2 and "'w'" in err
+    _one_line(err, "--sample-weight")
+    code, out, err = run([*verify, "--data", tmp_path / "renamed.csv", "--sample-weight",
+                          "weight"])
+    assert code == 0, out + err
+    # weights given for an unweighted certificate are a mismatch too
+    i = wbase.index("--data")
+    code, _, err = run([*wbase[:i + 1], d / "german.csv", *wbase[i + 2:], "--json",
+                        tmp_path / "u.json", "--quiet"])
+    assert code == 0, err
+    code, _, err = run(["verify", tmp_path / "u.json", *verify[2:], "--data",
+                        d / "weighted.csv", "--sample-weight", "w"])
+    assert code == 1 and "inputs.sample_weight" in err
+
+
+def test_weighted_priced_certificate_with_features_verifies(weighted_file, tmp_path):
+    """Both at once, as docs/guide.md shows them: the value and the feature table are the
+    library's with the same weights and prices, and verify reproduces all of it."""
+    d, wbase, df = weighted_file
+    code, _, err = run([*wbase, "--sample-weight", "w", "--feature-costs", "age=inf,duration=2",
+                        "--features", "--json", tmp_path / "c.json", "--quiet"])
+    assert code == 0, err
+    cert = json.loads((tmp_path / "c.json").read_text())
+    model = joblib.load(d / "model.joblib")
+    X, y = df.drop(columns=["credit", "w"]), df["credit"]
+    kw = dict(loss="zero_one", r=0.4, sample_weight=df["w"],
+              feature_costs={"age": math.inf, "duration": 2.0})
+    ref = otstab.certify(model, X, y, **kw)
+    assert cert["results"]["value"] == pytest.approx(ref.value, rel=1e-12)
+    table = otstab.feature_stability(model, X, y, groups="auto", **kw)
+    got = {r["feature"]: r["score"] for r in cert["results"]["feature_stability"]["table"]}
+    assert got == pytest.approx(dict(zip(table["feature"], table["score"])), rel=1e-12)
     code, out, err = run(["verify", tmp_path / "c.json", "--model", d / "model.joblib",
                           "--data", d / "weighted.csv", "--trust-model"])
     assert code == 0, out + err
+    assert "results.feature_stability" in C.verify_certificate(
+        cert, model, X, y, sample_weight=df["w"]).checked

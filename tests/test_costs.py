@@ -220,3 +220,44 @@ def test_feature_scores_with_prices_equal_certify_per_feature(problem):
             ref = otstab.certify(model, X, y, loss=loss, r=r, features=row["columns"],
                                  feature_costs=costs)
             assert row.score == pytest.approx(ref.value, rel=1e-9), (loss, row.feature)
+
+
+class _IdentityResample:
+    """A stand-in for ``np.random.default_rng`` whose resample is the data itself."""
+
+    def integers(self, low, high, size):
+        return np.arange(low, high)
+
+
+def test_feature_confidence_bootstraps_the_priced_scores(problem, monkeypatch):
+    # every bootstrap replicate scores with the prices: (a) at the identity resample each
+    # replicate is the priced table itself (se 0, interval = the priced score); (b) the SE is
+    # the spread of feature_stability(..., feature_costs=costs) on the resampled rows,
+    # recomputed here, and differs from the SE of the unpriced scores
+    model, X, y = problem
+    costs = {"x0": 4.0, "x1": math.inf}
+    kw = dict(loss="hinge", r=1.0)
+    priced = otstab.feature_stability(model, X, y, feature_costs=costs, **kw)
+    plain = otstab.feature_stability(model, X, y, **kw)
+    assert not np.allclose(priced.sort_values("feature")["score"],
+                           plain.sort_values("feature")["score"], rtol=1e-3)
+    boot = dict(confidence=0.9, n_boot=3, seed=5)
+    with monkeypatch.context() as m:
+        m.setattr(np.random, "default_rng", lambda seed=None: _IdentityResample())
+        same = otstab.feature_stability(model, X, y, feature_costs=costs, **boot, **kw)
+    same, ref = same.set_index("feature"), priced.set_index("feature")
+    np.testing.assert_allclose(same["ci_low"], ref.loc[same.index, "score"], rtol=1e-12)
+    np.testing.assert_allclose(same["ci_high"], ref.loc[same.index, "score"], rtol=1e-12)
+    np.testing.assert_array_equal(same["se"], 0.0)
+    df = otstab.feature_stability(model, X, y, feature_costs=costs, **boot,
+                                  **kw).set_index("feature")
+    rng = np.random.default_rng(5)
+    scores = []
+    for _ in range(3):
+        idx = rng.integers(0, len(y), len(y))
+        rep = otstab.feature_stability(model, X[idx], y[idx], feature_costs=costs, **kw)
+        scores.append(rep.set_index("feature")["score"].reindex(df.index).to_numpy())
+    np.testing.assert_allclose(df["se"], np.std(scores, axis=0, ddof=1), rtol=1e-9)
+    unpriced = otstab.feature_stability(model, X, y, **boot, **kw).set_index("feature")
+    moving = df.index[np.isfinite([costs.get(f, 1.0) for f in df.index])]
+    assert not np.allclose(df.loc[moving, "se"], unpriced.loc[moving, "se"], rtol=1e-3)

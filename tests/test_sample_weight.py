@@ -153,6 +153,35 @@ def test_sweeps_and_features_equal_replicated_rows():
     np.testing.assert_allclose(fa["score"], fb["score"], rtol=1e-8)
 
 
+@pytest.mark.parametrize("divergence", ["kl", "chi2"])
+def test_weighted_conic_curve_builds_one_program_and_equals_the_dual_curve(monkeypatch,
+                                                                           divergence):
+    # the conic program with p (one cvxpy build, r a Parameter) against the specialised dual
+    # with p at every threshold: two independent solvers of the same weighted R
+    from otstab_solvers import conic
+
+    model, X, y = _binary()
+    sw = np.random.default_rng(19).uniform(0.0, 3.0, size=len(y))
+    grid = [1.2, 1.5, 2.0]
+    kw = dict(r=grid, loss="hinge", theta1=1.0, theta2=0.5, divergence=divergence,
+              sample_weight=sw)
+    built = []
+    orig = conic.ConicProgram.__init__
+
+    def counting(self, *a, **k):
+        built.append(k.get("weights"))
+        orig(self, *a, **k)
+
+    monkeypatch.setattr(conic.ConicProgram, "__init__", counting)
+    a = otstab.stability_curve(model, X, y, solver="clarabel", **kw)
+    assert len(built) == 1 and built[0] is not None
+    assert list(a["solver"]) == ["clarabel"] * len(grid)
+    b = otstab.stability_curve(model, X, y, solver="dual", **kw)
+    np.testing.assert_allclose(a["value"], b["value"], rtol=1e-6)
+    assert not np.allclose(a["value"], otstab.stability_curve(
+        model, X, y, solver="dual", **{**kw, "sample_weight": None})["value"], rtol=1e-4)
+
+
 def test_weighted_se_with_zero_one_weights_equals_dropped_rows():
     # with weights in {0, 1} the Kish SE sqrt(sum p_i^2 IF_i^2) is sd(IF)/sqrt(m) on the m kept
     # rows: the unweighted SE of the kept rows
