@@ -228,7 +228,7 @@ def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergen
     sample_weight : array-like of shape (n,), optional
         Weights of the evaluation rows, as in :func:`otstab.certify`: each feature is then
         scored by ``certify(..., features=cols, sample_weight=sample_weight)`` (no one-pass
-        path); ``confidence`` is refused with weights.
+        path); with ``confidence`` the bootstrap resamples rows with their weights.
     feature_costs : dict or sequence, optional
         Per-feature move prices as in :func:`otstab.certify` (any model; a Pipeline's raw
         columns priced in raw units): each feature is scored by
