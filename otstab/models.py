@@ -294,7 +294,10 @@ def _binary_signs(y, classes):
     pos = y == classes[1]
     if np.count_nonzero(pos) + np.count_nonzero(y == classes[0]) != y.size:
         return None
-    return np.where(pos, 1.0, -1.0)
+    signs = pos.astype(np.float64)  # 2 pos - 1, in place (faster than np.where on booleans)
+    signs *= 2.0
+    signs -= 1.0
+    return signs
 
 
 def _codes_fast(y, classes):

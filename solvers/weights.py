@@ -289,6 +289,7 @@ def chi2_term_at(lh: np.ndarray, theta2: float, alpha: float, p=None) -> float:
 #: Taylor coefficients of phi_KL(1 + t) = sum_{k>=2} (-1)^k t^k / (k (k - 1)), highest first,
 #: divided by t^2: enough terms for full precision at |t| < NEAR_ONE ((2e-3)^8 < 1e-16 t^2)
 _KL_SERIES = np.array([(-1.0) ** k / (k * (k - 1)) for k in range(10, 1, -1)])
+_TINY = float(np.finfo(np.float64).tiny)
 #: below this |w - 1| the direct formula loses more than 1e-10 of phi's relative accuracy
 NEAR_ONE = 2e-3
 
@@ -302,9 +303,17 @@ def phi(w: np.ndarray, divergence: str) -> np.ndarray:
     """
     w = np.asarray(w, dtype=np.float64)
     if divergence == "kl":
-        with np.errstate(divide="ignore", invalid="ignore"):
-            out = np.where(w > 0, w * np.log(np.where(w > 0, w, 1.0)) - w + 1.0, 1.0)
-        near = np.flatnonzero(np.abs(w - 1.0) < NEAR_ONE)
+        # w log w - w + 1 in one buffer; w = 0 gives 0 log(tiny) - 0 + 1 = 1 (0 log 0 = 0)
+        out = np.maximum(w, _TINY)
+        np.log(out, out=out)
+        out *= w
+        out -= w
+        out += 1.0
+        if not np.all(w >= 0.0):  # not a weight (negative or NaN): phi is 1 there, as at 0
+            out[~(w >= 0.0)] = 1.0
+        dist = w - 1.0
+        np.abs(dist, out=dist)
+        near = np.flatnonzero(dist < NEAR_ONE)
         if near.size:
             tn = w[near] - 1.0
             out[near] = np.polyval(_KL_SERIES, tn) * tn * tn
