@@ -51,7 +51,8 @@ from otstab_solvers.weights import phi
 
 from .errors import SolverError
 
-__all__ = ["AUDIT_RTOL", "RISK_RTOL", "MASS_TOL", "CANCEL_RTOL", "REACHED_RTOL", "audit_sums",
+__all__ = ["AUDIT_RTOL", "RISK_RTOL", "MASS_TOL", "CANCEL_RTOL", "REACHED_RTOL", "AUDIT_DIRECT_MAX",
+           "AUDIT_SAMPLE", "SAMPLED_RTOL", "sampled_error", "audit_sums",
            "audit_points", "problems", "resolution_problem", "accept", "first_accepted",
            "reached", "tolerance"]
 
@@ -67,6 +68,14 @@ CANCEL_RTOL = 4e-15
 REACHED_RTOL = 1e-8
 
 OPTIMAL, BOUNDS, ZERO, UNREACHABLE = "optimal", "bounds", "zero", "unreachable"
+
+#: above this many samples, paths of linear models may sum the audit from their reduced form
+#: (the loss at the moved scores, the squared move) and confirm it on AUDIT_SAMPLE random atoms
+#: materialised and re-scored by the model (:func:`sampled_check`)
+AUDIT_DIRECT_MAX = 200_000
+AUDIT_SAMPLE = 20_000
+#: largest relative disagreement between the reduced form and the model on the sampled atoms
+SAMPLED_RTOL = 1e-8
 
 
 def reached(r: float, base: float) -> bool:
@@ -158,6 +167,15 @@ def audit_points(prob, X_star, src, mass, w, theta1, theta2, divergence, value) 
     moved2 = np.einsum("ij,ij->i", diff, diff)
     return audit_sums(prob.losses(prob.X), loss_star, moved2, mass, w, theta1, theta2,
                       divergence, value, prob.p, src)
+
+
+def sampled_error(direct_loss, loss, direct_d2, d2) -> float:
+    """The largest relative disagreement of the reduced form (``loss``, ``d2``) with the model
+    (``direct_loss``, ``direct_d2``: the loss and squared move of the materialised atoms)."""
+    if not np.size(direct_loss):
+        return 0.0
+    return max(float(np.max(np.abs(direct_loss - loss) / (1 + np.abs(direct_loss)))),
+               float(np.max(np.abs(direct_d2 - d2) / (1 + direct_d2))))
 
 
 def problems(res) -> list[str]:

@@ -33,14 +33,14 @@ DUAL_OPTIONS = ("tol", "max_iter", "refine")
 #: rows per block of the certificate builder (temporaries of 128 KB stay in cache and in
 #: the allocator's heap)
 AUDIT_BLOCK = 1 << 14
-#: above this many samples the audit evaluates the loss on the moved scores computed from the
-#: reduced form and checks them against the model on a random sample of atoms (AUDIT_SAMPLE)
-AUDIT_DIRECT_MAX = 200_000
-AUDIT_SAMPLE = 20_000
+#: above AUDIT_DIRECT_MAX samples the audit evaluates the loss on the moved scores computed from
+#: the reduced form and checks them against the model on a random sample of atoms
+#: (AUDIT_SAMPLE; :mod:`otstab.audit`)
+AUDIT_DIRECT_MAX = audit.AUDIT_DIRECT_MAX
+AUDIT_SAMPLE = audit.AUDIT_SAMPLE
 #: atoms per block of the sampled check
 SAMPLE_BLOCK = 2048
-#: largest relative disagreement between the reduced form and the model on the sampled atoms
-SAMPLED_RTOL = 1e-8
+SAMPLED_RTOL = audit.SAMPLED_RTOL
 
 
 def edge_kind(losses: np.ndarray, r: float, theta2: float, can_move: bool, p=None):
@@ -389,8 +389,7 @@ def _sample_check(prob, red, oracle, h, tie_rtol, t_rows, t_hi, frac, wm, lh) ->
         direct_loss = prob.losses(Xs, prob.y[rb])
         diff = None if delta is None else Xs - Xg  # the move as Q* holds it
         direct_d2 = np.zeros(rb.size) if diff is None else np.einsum("ij,ij->i", diff, diff)
-        err = max(err, float(np.max(np.abs(direct_loss - loss_star) / (1 + np.abs(direct_loss)))),
-                  float(np.max(np.abs(direct_d2 - moved2) / (1 + direct_d2))))
+        err = max(err, audit.sampled_error(direct_loss, loss_star, direct_d2, moved2))
     return {"method": "sampled", "sample": int(rows.size), "max_rel_error": err}
 
 

@@ -72,7 +72,13 @@ def linear_distances(prob: Problem, mask: np.ndarray | None = None):
             mr = np.maximum(m[rows], 0.0)
             c = (mr + _push(mr, np.abs(m[rows]), b)) / nw * y[rows]
             return np.where(loss0[rows] > 0, 0.0, c)
-        return d, NearPoints(X, step, lambda rows: w[None, :])
+
+        wv = float(w @ sc.W[0])  # the score's change along the (masked) direction w
+
+        def reduced(rows):  # loss and squared move at the moved points, without forming them
+            c = step(rows)
+            return zero_one.values(S[rows] - c * wv, y[rows]), c * c * nw
+        return d, NearPoints(X, step, lambda rows: w[None, :], reduced)
     y = prob.y.astype(np.intp)
     sy = np.take_along_axis(S, y[:, None], axis=1)
     gaps = np.maximum(sy - S, 0.0)  # (n, K): s_y - s_k
@@ -98,7 +104,13 @@ def linear_distances(prob: Problem, mask: np.ndarray | None = None):
     with np.errstate(divide="ignore", invalid="ignore"):
         step = np.where((loss0 > 0) | ~np.isfinite(d) | (nk == 0), 0.0,
                         (g + push) / np.where(nk > 0, nk, 1.0))
-    return d, NearPoints(X, step, lambda rows: W[y[rows]] - W[kbest[rows]])
+    P = W @ sc.W.T  # P[k] = the scores' change along W_k (masked)
+
+    def reduced(rows):  # loss and squared move at the moved points, without forming them
+        c = step[rows]
+        moved_scores = S[rows] - c[:, None] * (P[y[rows]] - P[kbest[rows]])
+        return zero_one.values(moved_scores, y[rows]), c * c * nk[rows]
+    return d, NearPoints(X, step, lambda rows: W[y[rows]] - W[kbest[rows]], reduced)
 
 
 class NearPoints:
@@ -107,9 +119,11 @@ class NearPoints:
     rows), ``direction(rows)`` the rows' directions (one shared row for binary models). No
     n x d array is formed."""
 
-    def __init__(self, X, c, direction):
+    def __init__(self, X, c, direction, reduced=None):
         self.X, self.c, self.direction = X, c, direction
         self.shape = X.shape
+        #: ``reduced(rows) -> (loss, squared move)`` at the moved points, from the scores
+        self.reduced = reduced
 
     def displacement(self, rows) -> np.ndarray:
         """``x_near - x`` for ``rows``."""
@@ -380,8 +394,11 @@ def _finish(*, value, h, alpha, status, message, plan, w, a, loss0, r, theta1, t
     Q* has one atom per sample (moved to its nearest misclassified point or not) plus one
     extra atom for a split sample. Only the moved atoms differ from the data, so the audit
     (cost, risk and mass of Q*) is summed over them and over the compact weights, with the
-    model's own loss recomputed at every moved point; the per-atom arrays (``source``,
-    ``mass``, ``weights``, ``loss_star``, ``X_star``) are built on first access.
+    model's own loss recomputed at every moved point (above ``audit.AUDIT_DIRECT_MAX`` rows,
+    for linear models: from the moved scores, confirmed on ``audit.AUDIT_SAMPLE`` random moved
+    rows materialised and re-scored by the model, as the piecewise path does); the per-atom
+    arrays (``source``, ``mass``, ``weights``, ``loss_star``, ``X_star``) are built on first
+    access.
     """
     n = a.size
     moved_pos, split = plan
@@ -398,7 +415,22 @@ def _finish(*, value, h, alpha, status, message, plan, w, a, loss0, r, theta1, t
 
     # the loss at every moved point and the squared distance moved, over blocks of rows (the
     # moved points are not kept: X_star and the displacement rebuild them when asked)
-    if X is not None and X_near is not None and rows.size:
+    audit_info = {"method": "direct", "sample": int(rows.size), "max_rel_error": 0.0}
+    reduced = getattr(X_near, "reduced", None)
+    if X is not None and X_near is not None and rows.size and reduced is not None \
+            and n > audit.AUDIT_DIRECT_MAX:
+        # large n: the loss and move of every moved row from the scores (the reduced form),
+        # confirmed on a random sample of moved rows materialised and re-scored by the model
+        loss_m, d2 = reduced(rows)
+        rng = np.random.default_rng(0)
+        pick = np.sort(rng.choice(rows.size, size=min(audit.AUDIT_SAMPLE, rows.size),
+                                  replace=False))
+        Xr, Xm = moved_points(pick)
+        diff = Xm - Xr  # the move as Q* holds it
+        err = audit.sampled_error(np.asarray(losses_fn(Xm, y[rows[pick]]), dtype=np.float64),
+                                  loss_m[pick], np.einsum("ij,ij->i", diff, diff), d2[pick])
+        audit_info = {"method": "sampled", "sample": int(pick.size), "max_rel_error": err}
+    elif X is not None and X_near is not None and rows.size:
         loss_m = np.empty(rows.size)
         d2 = np.empty(rows.size)
         step = MOVED_BLOCK if isinstance(X, np.ndarray) else rows.size  # Dask: one gather
@@ -429,6 +461,8 @@ def _finish(*, value, h, alpha, status, message, plan, w, a, loss0, r, theta1, t
     base = float(np.mean(loss0)) if base is None else base
     qm = m_rows if w.q is None else m_rows * w.q[rows]
     moved_risk = base + float(np.dot(qm, loss_m - l0_rows)) / n
+    if audit_info["max_rel_error"] > audit.SAMPLED_RTOL:  # the reduced form and the model
+        primal = math.inf                                  # disagree: never pass this off
     gap = audit.relative_gap(primal, value)
     if status == "unreachable":
         primal, gap = math.nan, math.nan
@@ -502,7 +536,7 @@ def _finish(*, value, h, alpha, status, message, plan, w, a, loss0, r, theta1, t
         iterations=(sol.iterations if sol is not None else 0), split=split is not None,
         loss_star=loss_star, loss_base=loss0,
         X=X if X is not None else np.empty((n, 0)), feature_names=names, index=index,
-        info={"dstar": dstar, "wall_time": time.perf_counter() - t_start,
+        info={"dstar": dstar, "wall_time": time.perf_counter() - t_start, "audit": audit_info,
               **({"displacement": displacement} if X is not None and X_near is not None
                  else {}),
               **({"value_rounding": sol.info["value_rounding"]}

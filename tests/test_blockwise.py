@@ -641,3 +641,59 @@ def test_dask_qstar_with_feature_costs_is_the_numpy_x_star():
     q = qstar(res).compute()
     np.testing.assert_allclose(q[list(res.feature_names)].to_numpy(), ref.X_star, rtol=0,
                                atol=1e-12)
+
+
+# --- the 0/1 loss above AUDIT_DIRECT_MAX: the moved rows audited from the scores ------------
+
+ZO_CASES = [("hinge", None, None), ("hinge", [0, 2], None), ("hinge", None, "weights"),
+            ("hinge", None, "costs"), ("multiclass", None, None), ("multiclass", [1], None)]
+
+
+@pytest.mark.parametrize("divergence", ["kl", "chi2"])
+@pytest.mark.parametrize("name, features, extra", ZO_CASES)
+def test_zero_one_sampled_audit_equals_direct(monkeypatch, name, features, extra, divergence):
+    """Above AUDIT_DIRECT_MAX the 0/1 path takes the loss and squared move of every moved row
+    from the scores (the reduced form) and re-scores only a sample with the model: the
+    certificate must be the direct one (same value, Q*, risk, cost to rounding)."""
+    import otstab.audit as oa
+
+    model, X, y = base_instance(name)
+    kw = dict(loss="zero_one", r=_fc_threshold(name, "zero_one", model, X, y), se=None,
+              divergence=divergence, features=features)
+    if extra == "weights":
+        kw["sample_weight"] = np.random.default_rng(5).uniform(0.2, 3.0, X.shape[0])
+    if extra == "costs":
+        kw["feature_costs"] = FEATURE_COSTS
+    direct = otstab.certify(model, X, y, **kw)
+    monkeypatch.setattr(oa, "AUDIT_DIRECT_MAX", 0)
+    monkeypatch.setattr(oa, "AUDIT_SAMPLE", 37)
+    sampled = otstab.certify(model, X, y, **kw)
+    assert direct.info["audit"]["method"] == "direct"
+    assert sampled.info["audit"]["method"] == "sampled"
+    assert sampled.info["audit"]["max_rel_error"] <= 1e-12
+    assert (sampled.status, sampled.value, sampled.h) == (direct.status, direct.value, direct.h)
+    for f in ("risk_star", "total_mass", "primal_cost"):
+        assert getattr(sampled, f) == pytest.approx(getattr(direct, f), rel=1e-12, abs=1e-15)
+    np.testing.assert_array_equal(sampled.X_star, direct.X_star)
+    np.testing.assert_array_equal(sampled.loss_star, direct.loss_star)
+
+
+def test_zero_one_sampled_audit_refuses_a_wrong_reduced_form(monkeypatch):
+    """Moved points that disagree with the scores the audit sums (here: Q*'s points are built
+    halfway, so the model sees them correctly classified, while the reduced form says they
+    cross the boundary) must not be passed off: the sampled check fails the audit."""
+    import otstab.audit as oa
+    import otstab.zero_one as oz
+
+    model, X, y = base_instance("hinge")
+    r = _fc_threshold("hinge", "zero_one", model, X, y)
+    monkeypatch.setattr(oa, "AUDIT_DIRECT_MAX", 0)
+    honest = oz.NearPoints.displacement
+    monkeypatch.setattr(oz.NearPoints, "displacement",
+                        lambda self, rows: 0.5 * honest(self, rows))
+    with pytest.raises(SolverError, match="audit"):
+        otstab.certify(model, X, y, loss="zero_one", r=r, se=None)
+    # what stopped it is the sampled check: the reduced sums alone pass
+    monkeypatch.setattr(oa, "SAMPLED_RTOL", math.inf)
+    res = otstab.certify(model, X, y, loss="zero_one", r=r, se=None)
+    assert res.info["audit"]["max_rel_error"] >= 1.0 / 2.0
