@@ -106,8 +106,9 @@ class LinearModel:
         return f"LinearModel(coef shape {self.coef_.shape}, task={self.task!r})"
 
 
-#: rows per block when scoring float32 data
+#: rows per block when scoring float32 data, and when computing losses from scores
 SCORE_BLOCK = 1 << 14
+LOSS_BLOCK = 1 << 14
 
 
 @dataclass
@@ -193,7 +194,18 @@ class Problem:
         return self.nonlinear.loss_values(X, y)
 
     def losses_from_scores(self, scores: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """Per-sample loss from model scores (linear models)."""
+        """Per-sample loss from model scores (linear models), over blocks of rows when there
+        are many (one output array, cache-sized temporaries)."""
+        n = np.shape(scores)[0]
+        if n <= LOSS_BLOCK:
+            return self._loss_block(scores, y)
+        out = np.empty(n)
+        for s in range(0, n, LOSS_BLOCK):
+            out[s:s + LOSS_BLOCK] = self._loss_block(scores[s:s + LOSS_BLOCK],
+                                                     y[s:s + LOSS_BLOCK])
+        return out
+
+    def _loss_block(self, scores: np.ndarray, y: np.ndarray) -> np.ndarray:
         loss = self.loss
         if isinstance(loss, MulticlassHinge) and self.scorer.task == "binary":
             scores = np.column_stack([np.zeros_like(scores), scores])

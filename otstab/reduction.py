@@ -26,6 +26,9 @@ from .models import Problem
 
 __all__ = ["Reduced", "reduce_problem", "feature_mask"]
 
+#: rows per block when the reduced form is built (cache-sized temporaries)
+REDUCE_BLOCK = 1 << 14
+
 
 @dataclass
 class Reduced:
@@ -161,18 +164,18 @@ def reduce_problem(prob: Problem, theta1: float, mask: np.ndarray | None = None)
     if isinstance(loss, PiecewiseLinear):
         s = scores
         a = loss.a
-        if loss.on == "margin":
-            u = prob.y * s
-            g, g_rows = a[None, :], prob.y
-        else:
-            u = prob.y - s
-            g, g_rows = -a[None, :], None
-        # c1 is built piece by piece in (K, n) layout (c1 is its transpose, a view): the
-        # oracles scan one contiguous piece at a time
-        c1T = np.empty((a.size, u.size))
-        for k in range(a.size):
-            np.multiply(u, a[k], out=c1T[k])
-            c1T[k] += loss.b[k]
+        margin = loss.on == "margin"
+        g, g_rows = (a[None, :], prob.y) if margin else (-a[None, :], None)
+        # c1 is built in (K, n) layout (c1 is its transpose, a view): the oracles scan one
+        # contiguous piece at a time; u (the margin or residual) is formed per block of rows
+        n = s.shape[0]
+        c1T = np.empty((a.size, n))
+        for i in range(0, n, REDUCE_BLOCK):
+            j = min(i + REDUCE_BLOCK, n)
+            u = prob.y[i:j] * s[i:j] if margin else prob.y[i:j] - s[i:j]
+            for k in range(a.size):
+                np.multiply(u, a[k], out=c1T[k, i:j])
+                c1T[k, i:j] += loss.b[k]
         v = W[0]
         c2 = (a * a * float(v @ v) * inv4)[None, :]
         return Reduced(c1T.T, c2, theta1, loss.on, v=v, g=g, g_rows=g_rows)

@@ -103,6 +103,8 @@ class PiecewiseOracle:
         samples (a slice or an index array; the tie threshold stays that of all samples)."""
         tol = self.TIE if tol is None else tol
         sel = slice(None) if rows is None else rows
+        if self.K == 2 and self._zero[0] and not self._zero[1]:
+            return self._scan_after_zero(h, tol, sel)
         n = self._c1T[0][sel].shape[0] if self.K else 0
         hh = h * h
         vmax = d_lo = d_hi = None
@@ -139,6 +141,25 @@ class PiecewiseOracle:
                 np.copyto(k_hi, k, where=hi_upd)
             np.maximum(vmax, v, out=vmax)
         return vmax, k_lo, d_lo, k_hi, d_hi
+
+    def _scan_after_zero(self, h, tol, sel):
+        """:meth:`scan` when piece 0 is identically zero and piece 1 is not (the hinge
+        shape): the same numbers with masks instead of masked copies. Against the zero piece
+        (value and derivative 0) piece 1 wins where it is above, and a tie goes to it on the
+        side its derivative lies (low side: negative, high side: positive)."""
+        c1k = self._c1T[1][sel]
+        c2k = self._c2T[1][sel] if self._rowwise else self._c2T[1]
+        dk = c1k + (2.0 * h) * c2k
+        v = c1k * h + c2k * (h * h) if self._rowwise or c2k != 0.0 else c1k * h
+        scale = tol * (1.0 + self._bound(h))
+        above = v > scale
+        tie = np.abs(v) <= scale
+        lo = above | (tie & (dk < 0.0))
+        hi = above | (tie & (dk > 0.0))
+        d_lo = np.where(lo, dk, 0.0)
+        d_hi = np.where(hi, dk, 0.0)
+        np.maximum(v, 0.0, out=v)
+        return v, lo.astype(np.intp), d_lo, hi.astype(np.intp), d_hi
 
     def values(self, h: float, rows=None) -> np.ndarray:
         """l_h of the samples ``rows`` (a slice or index array; default all): the first output
