@@ -1,0 +1,513 @@
+"""The distributed certificate: Dask data too large to bring its scores to the client.
+
+Entry layer (as :mod:`otstab.core`). :func:`certify_distributed` certifies a linear model with a
+piecewise-linear margin or residual loss (hinge, absolute, pinball, ...) on a Dask ``X``
+without ever holding an n-vector on the client (``docs/scale.md``):
+
+1. one blockwise pass computes the scores ``X @ W.T + b`` (checking X for NaN/inf and
+   fingerprinting every block, as :func:`otstab.scale.prepare`) and **persists** them on the
+   workers with the encoded labels and the sample probabilities (8 bytes a row each);
+2. the 1-D (KL, theta2 = inf) or 2-D (chi2) dual is solved by
+   :func:`otstab_solvers.dual.solve_dual` on a :class:`otstab_solvers.blockwise.BlockwiseDual`:
+   every evaluation is one pass of per-block sums over the persisted blocks (O(1) numbers
+   back per block), chi2's alpha by blockwise Newton steps on its active set, the kinks of a
+   bracket by blockwise counts; each block rebuilds its rows' reduced form
+   (:func:`otstab.reduction.reduce_problem`) from its scores;
+3. Q* at ``h`` (weights, exact tie splitting in row order, at most one split row) and its
+   audit (cost, risk and mass: :func:`otstab.audit.summarise` and :func:`otstab.audit.accept`)
+   are two more passes of blockwise sums; a random sample of ``AUDIT_SAMPLE`` rows is gathered,
+   moved and re-scored by the model (the sampled check of :mod:`otstab.piecewise`, failing the
+   audit above ``SAMPLED_RTOL``); the influence-function SE is summed in the same pass;
+4. Q* stays lazy: :func:`otstab.scale.qstar` builds it blockwise from X and the persisted
+   blocks; ``res.X_star``, ``res.weights``, ``res.source``, ``res.mass`` gather on first access.
+
+:data:`DISTRIBUTED_MIN_ROWS` is the size from which a Dask input should take this path (the
+in-memory solve on the gathered scores is faster below it, and exact to the same precision).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+from otstab_solvers import blockwise as bw
+from otstab_solvers.dual import solve_dual
+from otstab_solvers.result import OPTIMAL
+from otstab_solvers.weights import phi
+
+from . import audit, scale
+from ._validation import fitted_feature_names
+from .errors import InputTypeError, ValidationError
+from .inference import Inference
+from .losses import PiecewiseLinear, get_loss
+from .models import Problem, check_loss_fits, linear_scorer
+from .params import check_common, check_options
+from .piecewise import AUDIT_SAMPLE, DUAL_OPTIONS, SAMPLED_RTOL
+from .reduction import feature_mask, reduce_problem
+from .results import StabilityResult
+
+__all__ = ["certify_distributed", "DISTRIBUTED_MIN_ROWS", "wants_distributed"]
+
+#: Dask inputs with more rows than this should be certified by :func:`certify_distributed`
+DISTRIBUTED_MIN_ROWS = 20_000_000
+#: ties between pieces at h are resolved as the in-memory dual path does (build_result)
+TIE_RTOL = 1e-10
+
+
+def wants_distributed(X, loss) -> bool:
+    """Whether a Dask ``X`` with this loss is large enough for the distributed path (and the
+    path supports the loss: piecewise-linear margin or residual losses)."""
+    if not scale.is_dask(X) or not isinstance(get_loss(loss), PiecewiseLinear):
+        return False
+    n = X.shape[0]
+    return isinstance(n, (int, np.integer)) and not math.isnan(n) and n > DISTRIBUTED_MIN_ROWS
+
+
+# ---------------------------------------------------------------------------------------------
+# per-block work (runs on the workers)
+
+
+class _Spec:
+    """What every block needs to rebuild its reduced form: the scorer, loss, theta1, mask and
+    the largest |c1| over all blocks (the tie tolerance)."""
+
+    def __init__(self, scorer, loss, theta1, mask):
+        self.scorer, self.loss, self.theta1, self.mask = scorer, loss, theta1, mask
+        self.c1abs = None
+
+    def problem(self, s, y) -> Problem:
+        """A Problem for one block's rows (scores and internal labels; no X)."""
+        return Problem(None, np.empty((s.size, 0)), y, y, self.loss, [], self.scorer,
+                       scores=s)
+
+    def oracle(self, s, y, p):
+        red = reduce_problem(self.problem(s, y), self.theta1, self.mask)
+        c1abs = self.c1abs if self.c1abs is not None else float(np.max(np.abs(red.c1),
+                                                                       initial=0.0))
+        return red, bw.piecewise_block(red.c1, red.c2, c1abs, p)
+
+
+def _on_block(spec, s, y, p, func, args):
+    _, oracle = spec.oracle(s, y, p)
+    oracle.loss0 = oracle.c1.max(axis=1) if oracle.n else np.zeros(0)
+    return func(oracle, *args)
+
+
+def _block_base(oracle):
+    """(sum p l, largest l over rows of positive probability, max |c1|) at the data."""
+    l0 = oracle.loss0
+    live = l0 if oracle.p is None else l0[oracle.p > 0]
+    return (float(np.sum(l0)) if oracle.p is None else float(np.dot(oracle.p, l0)),
+            float(live.max()) if live.size else -math.inf, float(oracle._c1abs))
+
+
+def _weights(lh, theta2, divergence, wpar):
+    """The weights of Q* from l_h: exp((l - T)/theta2) (KL, ``wpar`` = T), the chi2 weights
+    (``wpar`` = alpha), or 1 (theta2 = inf)."""
+    if math.isinf(theta2):
+        return np.ones_like(lh)
+    if divergence == "kl":
+        return np.exp(np.maximum((lh - wpar) / theta2, -700.0))
+    return np.maximum((lh + wpar) / (2.0 * theta2) + 1.0, 0.0)
+
+
+def _block_atoms(spec, s, y, p, h, theta2, divergence, wpar, budget):
+    """The main atoms of one block and its split row: ``(red, w, piece, mass, d_lo, gain,
+    split)``; ``budget`` is the risk (in P0-mass units) this block's tied rows must add by
+    moving to their high piece (None: only the block's totals are wanted); ``split`` is
+    ``(local row, fraction moved)`` or None."""
+    red, oracle = spec.oracle(s, y, p)
+    lh, k_lo, d_lo, k_hi, d_hi = oracle.scan(h, TIE_RTOL)
+    w = _weights(lh, theta2, divergence, wpar)
+    pw = w if p is None else p * w
+    gain = pw * (d_hi - d_lo)
+    cand = np.nonzero(gain > 0)[0]
+    frac = np.zeros(s.size)
+    cg = np.cumsum(gain[cand])
+    if budget is None:
+        return red, w, None, None, float(np.dot(pw, d_lo)), float(cg[-1]) if cg.size else 0.0
+    if budget > 0 and cand.size and h > 0:
+        full = cg <= budget
+        frac[cand[full]] = 1.0
+        nxt = int(np.count_nonzero(full))
+        if nxt < cand.size:
+            before = cg[nxt - 1] if nxt > 0 else 0.0
+            frac[cand[nxt]] = (budget - before) / gain[cand[nxt]]
+    rows = np.nonzero((frac > 0) & (frac < 1))[0]
+    piece = np.where(frac >= 1.0, k_hi, k_lo)
+    mass = np.where((frac > 0) & (frac < 1), 1.0 - frac, 1.0)
+    split = [(int(i), float(frac[i]), int(k_hi[i])) for i in rows]
+    return red, w, piece, mass, lh, split
+
+
+def _block_totals(spec, s, y, p, h, theta2, divergence, wpar):
+    """(sum p w d_lo, total tie gain) of one block (the tie split's first pass)."""
+    out = _block_atoms(spec, s, y, p, h, theta2, divergence, wpar, None)
+    return out[4], out[5]
+
+
+def _atom_sums(spec, red, s, y, p, src, piece, mass, w, h, divergence):
+    """(sum pm w moved2, sum pm phi(w), sum pm w l*, sum pm w, sum pm l*) of some atoms,
+    with ``pm`` the atom's P0-mass (its mass times p, or its mass), and l*, moved2."""
+    shift = red.score_shift(spec.scorer.W, src, piece, h)
+    sc = s[src] if shift is None else s[src] + shift
+    loss_star = spec.problem(s, y).losses_from_scores(sc, y[src])
+    moved2 = red.sq_displacement(src, piece, h)
+    pm = mass if p is None else mass * p[src]
+    pmw = pm * w
+    sums = (float(np.dot(pmw, moved2)), float(np.dot(pm, phi(w, divergence))),
+            float(np.dot(pmw, loss_star)), float(np.sum(pmw)), float(np.dot(pm, loss_star)))
+    return sums, loss_star, moved2
+
+
+def _block_audit(spec, s, y, p, h, theta2, divergence, wpar, budget, picks):
+    """The audit sums of one block's atoms (its split atom included), the moments of the
+    influence function and, for the rows ``picks``, what the sampled check needs."""
+    red, w, piece, mass, lh, split = _block_atoms(spec, s, y, p, h, theta2, divergence, wpar,
+                                                  budget)
+    m = s.size
+    rows = np.arange(m)
+    sums, loss_star, moved2 = _atom_sums(spec, red, s, y, p, rows, piece, mass, w, h,
+                                         divergence)
+    if split:
+        i, f, k = split[0]
+        extra, _, _ = _atom_sums(spec, red, s, y, p, np.array([i]), np.array([k]),
+                                 np.array([f]), w[i:i + 1], h, divergence)
+        sums = tuple(a + b for a, b in zip(sums, extra))
+    l0 = spec.problem(s, y).losses_from_scores(s, y)
+    base = float(np.sum(l0)) if p is None else float(np.dot(p, l0))
+    # the influence function is -theta2 (v - E v), v = w (KL), w^2 (chi2), or -(l_h - E l_h)
+    v = lh if math.isinf(theta2) else (w - 1.0 if divergence == "kl" else w * w - 1.0)
+    q = np.ones(m) if p is None else p
+    moments = (float(np.dot(q, v)), float(np.dot(q * q, v * v)), float(np.dot(q * q, v)),
+               float(np.dot(q, q)), float(np.dot(q, l0 * l0)), float(np.dot(q, w)),
+               float(np.dot(q, w * w)))
+    sample = (picks, piece[picks], loss_star[picks], moved2[picks], s[picks], y[picks])
+    return sums, base, moments, split, sample
+
+
+def _block_frame(spec, s, y, p, h, theta2, divergence, wpar, budget, xblock, fp, k, names,
+                 include_x, start):
+    """Q*'s main atoms of one block as a DataFrame (moved x, weight, mass, source)."""
+    import pandas as pd
+
+    xblock = np.asarray(xblock, dtype=np.float64)
+    if scale.block_fingerprint(xblock) != fp:
+        raise scale.DataChangedError(f"the data of block {k} changed since it was certified")
+    red, w, piece, mass, _, _ = _block_atoms(spec, s, y, p, h, theta2, divergence, wpar,
+                                             budget)
+    rows = np.arange(s.size)
+    delta = red.displacement(rows, piece, h)
+    xs = xblock if delta is None else xblock + delta
+    data = {c: xs[:, j] for j, c in enumerate(names)}
+    if include_x:
+        data.update({f"{c}_0": xblock[:, j] for j, c in enumerate(names)})
+    data.update({"weight": w, "mass": mass, "source": rows + start})
+    return pd.DataFrame(data, index=pd.RangeIndex(start, start + s.size))
+
+
+# ---------------------------------------------------------------------------------------------
+# the client side
+
+
+class _Blocks:
+    """Scores, labels and probabilities persisted on the workers, block by block."""
+
+    def __init__(self, spec, scores, labels, probs, offsets):
+        self.spec, self.offsets = spec, offsets
+        self.s = scores.to_delayed().ravel()
+        self.y = labels.to_delayed().ravel()
+        self.p = [None] * len(self.s) if probs is None else list(probs.to_delayed().ravel())
+        self.collections = (scores, labels, probs)  # keep the persisted data alive
+
+    def run(self, func, *args):
+        import dask
+
+        tasks = [dask.delayed(_on_block)(self.spec, s, y, p, func, args)
+                 for s, y, p in zip(self.s, self.y, self.p)]
+        return list(dask.compute(*tasks))
+
+    def each(self, func, *args, per_block=None):
+        """``func(spec, s, y, p, *args, *per_block[k])`` on every block k."""
+        import dask
+
+        per_block = per_block or [()] * len(self.s)
+        tasks = [dask.delayed(func)(self.spec, s, y, p, *args, *extra)
+                 for s, y, p, extra in zip(self.s, self.y, self.p, per_block)]
+        return list(dask.compute(*tasks))
+
+
+def certify_distributed(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl",
+                        solver="auto", features=None, sample_weight=None,
+                        **solver_options) -> StabilityResult:
+    """:func:`otstab.certify` for a Dask ``X`` with the solve distributed (module docstring).
+
+    Supports linear models (binary classifiers with a margin loss, regressors with a residual
+    loss: hinge, absolute, pinball, epsilon-insensitive, ...), both divergences, finite and
+    infinite prices, ``features`` and ``sample_weight`` (a Dask array or Series aligned with
+    X's rows, or a NumPy array). ``solver``: "auto" or "dual"; options ``tol``, ``max_iter``.
+    The SE (``res.se``) is the influence-function SE, summed blockwise.
+    """
+    t_start = time.perf_counter()
+    r, theta1, theta2, divergence = check_common(r, theta1, theta2, divergence, solver)
+    solver = solver.lower()
+    if solver not in ("auto", "dual"):
+        raise ValidationError(f"the distributed path solves the dual only; solver must be "
+                              f"'auto' or 'dual', got {solver!r}")
+    check_options(solver_options, DUAL_OPTIONS[:2], "the distributed dual")
+    loss_obj = get_loss(loss)
+    if not scale.is_dask(X):
+        raise InputTypeError(f"certify_distributed needs a Dask X, got {type(X).__name__}")
+    scorer = linear_scorer(model) if not hasattr(model, "steps") else None
+    if scorer is None:
+        raise InputTypeError(
+            f"Dask input needs a linear model (otstab.LinearModel or a fitted scikit-learn "
+            f"linear model, not {type(model).__name__})")
+    if not isinstance(loss_obj, PiecewiseLinear):
+        raise InputTypeError(
+            f"the distributed path supports piecewise-linear margin and residual losses "
+            f"(hinge, absolute, pinball, ...), not {loss_obj.name!r}; use otstab.certify, "
+            "which solves on the gathered scores")
+    check_loss_fits(loss_obj, scorer.task, type(model).__name__)
+    Xr, names, scores, labels, probs = scale.prepare_distributed(
+        X, y, sample_weight, scorer, fitted_feature_names(model))
+    mask = feature_mask(len(names), features, names)
+    spec = _Spec(scorer, loss_obj, theta1, mask)
+    blocks = _Blocks(spec, scores, labels, probs, Xr.offsets)
+    n = Xr.shape[0]
+    N = float(n) if probs is None else 1.0
+    parts = blocks.run(_block_base)
+    base = sum(q[0] for q in parts) / N
+    lmax = max(q[1] for q in parts)
+    spec.c1abs = max(q[2] for q in parts)
+    oracle = bw.BlockwiseDual(blocks.run, n, N)
+    oracle.passes = 1
+    ctx = dict(prob_X=Xr, names=names, blocks=blocks, n=n, N=N, r=r, theta1=theta1,
+               theta2=theta2, divergence=divergence, base=base, t_start=t_start,
+               loss=loss_obj.name, oracle=oracle, weighted=probs is not None)
+    red0 = reduce_problem(spec.problem(np.zeros(1), np.ones(1)), theta1, mask)
+    edge = _edge(r, base, lmax, theta2, bool(np.any(red0.c2 > 0)))
+    if edge is not None:
+        return _edge_result(edge, ctx)
+    opts = {k: v for k, v in solver_options.items() if k in ("tol", "max_iter")}
+
+    def run_dual():
+        sol = solve_dual(oracle, r, theta2, divergence, **opts)
+        if sol.status != OPTIMAL:
+            raise audit.Skip(f"dual reported {sol.native_status!r}", sol.status)
+        return _build(sol, ctx), True, 0.0
+
+    res = audit.first_accepted([("dual", run_dual)], solver=solver)
+    res.info["passes_over_scores"] = oracle.passes
+    return res
+
+
+def _edge(r, base, lmax, theta2, can_move):
+    """:func:`otstab.piecewise.edge_kind` from the blockwise base risk and largest loss."""
+    if audit.reached(r, base):
+        return "zero", f"r = {r:g} <= base risk {base:.6g}: no perturbation is needed"
+    if can_move:
+        return None
+    if math.isinf(theta2) or r > lmax * (1 + 1e-12):
+        return "unreachable", (f"no perturbation of the allowed kind can raise the risk to "
+                               f"r = {r:g} (base risk {base:.6g}, largest loss {lmax:.6g}; "
+                               "samples cannot move)")
+    if r >= lmax * (1 - 1e-12):
+        raise InputTypeError("r equals the largest loss with samples unable to move (the "
+                             "limit case h -> inf): certify it in memory with otstab.certify")
+    return None
+
+
+def _edge_result(edge, ctx):
+    kind, message = edge
+    h = 0.0 if kind == "zero" else math.nan
+    value = 0.0 if kind == "zero" else math.inf
+    res = _result(ctx, value=value, h=h, alpha=0.0 if ctx["divergence"] == "chi2" else None,
+                  wpar=None, theta2=math.inf, budgets=None, solver="none", status=kind,
+                  message=message)
+    res.info["edge_case"] = kind
+    audit.mark_edge(res, kind)
+    return res
+
+
+def _build(sol, ctx):
+    """Q* at ``sol.h``, audited blockwise (the candidate for :func:`otstab.audit.accept`)."""
+    oracle, blocks = ctx["oracle"], ctx["blocks"]
+    theta2, divergence, r, N = ctx["theta2"], ctx["divergence"], ctx["r"], ctx["N"]
+    h = float(sol.h)
+    alpha = None
+    if math.isinf(theta2):
+        wpar, term = None, oracle.top(h)[1] / N
+        alpha = None if divergence == "kl" else 0.0
+    elif divergence == "kl":
+        wpar = term = oracle.kl(h, "right", theta2)[0]
+    else:
+        term, _, _, alpha, _ = oracle.chi2(h, "right", theta2)
+        wpar = alpha
+    value = min(max(h * r - term, float(sol.value)), h * r)
+    totals = blocks.each(_block_totals, h, theta2, divergence, wpar)
+    oracle.passes += 1
+    need = N * r - sum(t[0] for t in totals)
+    budgets, before = [], 0.0
+    for _, g in totals:  # tied rows move in row order, as in build_result
+        budgets.append(min(max(need - before, 0.0), g) if need > 0 else 0.0)
+        before += g
+    return _result(ctx, value=value, h=h, alpha=alpha, wpar=wpar, theta2=theta2,
+                   budgets=budgets, sol=sol, solver="dual_blockwise", status="candidate",
+                   message="")
+
+
+def _result(ctx, *, value, h, alpha, wpar, theta2, budgets, sol=None, solver, status,
+            message):
+    """The blockwise audit pass, the sampled model check and the (lazy) result."""
+    blocks, n, N = ctx["blocks"], ctx["n"], ctx["N"]
+    divergence = ctx["divergence"]
+    hh = 0.0 if not math.isfinite(h) else h
+    budgets = budgets or [0.0] * len(blocks.s)
+    offsets = blocks.offsets
+    rng = np.random.default_rng(0)
+    pick = np.sort(rng.choice(n, size=min(AUDIT_SAMPLE, n), replace=False))
+    blk = np.searchsorted(offsets, pick, side="right") - 1
+    per_block = [(budgets[k], pick[blk == k] - offsets[k]) for k in range(len(blocks.s))]
+    parts = blocks.each(_block_audit, hh, theta2, divergence, wpar, per_block=per_block)
+    ctx["oracle"].passes += 1
+    sums = np.sum([q[0] for q in parts], axis=0)
+    base = sum(q[1] for q in parts) / N
+    mom = np.sum([q[2] for q in parts], axis=0)
+    split = [(int(offsets[k]) + i, f, kk) for k, q in enumerate(parts) for (i, f, kk) in q[3]]
+    move, rew, risk, tm, moved_risk = (float(x) / N for x in sums)
+    theta1 = ctx["theta1"]
+    move_cost = 0.0 if math.isinf(theta1) else theta1 * move
+    rew_cost = 0.0 if math.isinf(ctx["theta2"]) else ctx["theta2"] * rew
+    out = audit.summarise(np.array([base]), move_cost, rew_cost, risk, tm, moved_risk, value)
+    err = _sampled_check(ctx, parts, offsets, hh)
+    if err > SAMPLED_RTOL:
+        out["primal_cost"] = out["gap"] = math.inf
+    if status == "unreachable":
+        out["primal_cost"], out["gap"] = math.nan, math.nan
+    out["loss_star"] = out["loss_base"] = None
+    spec = blocks.spec
+    qargs = (hh, theta2, divergence, wpar, budgets, split)
+    res = StabilityResult(
+        value=value, h=h, alpha=alpha, X_star=None, weights=None, source=None, mass=None,
+        solver=solver, status=status, solve_time=sol.solve_time if sol else 0.0,
+        r=ctx["r"], theta1=theta1, theta2=ctx["theta2"], divergence=divergence,
+        loss=ctx["loss"], message=message,
+        dual_gap_bound=sol.gap_bound if sol else 0.0, iterations=sol.iterations if sol else 0,
+        split=bool(split), X=ctx["prob_X"], feature_names=ctx["names"], **out,
+        info={"solver_value": sol.value if sol else value,
+              "native_status": sol.native_status if sol else status,
+              "wall_time": time.perf_counter() - ctx["t_start"], "distributed": True,
+              "audit": {"method": "blockwise", "sample": int(pick.size),
+                        "max_rel_error": err},
+              "qstar": lambda include_x=False: _qstar(res, blocks, spec, qargs, include_x)},
+    )
+    _lazy_atoms(res, n, split)
+    res.inference = _inference(res, mom, n, ctx["weighted"])
+    return res
+
+
+def _sampled_check(ctx, parts, offsets, h) -> float:
+    """Largest relative disagreement, on the sampled rows, between the loss and squared move
+    of the reduced form and those of the moved point re-scored by the model."""
+    spec = ctx["blocks"].spec
+    rows = np.concatenate([q[4][0] + offsets[k] for k, q in enumerate(parts)])
+    if not rows.size:
+        return 0.0
+    piece, loss_star, moved2, s, y = (np.concatenate([q[4][j] for q in parts])
+                                      for j in range(1, 6))
+    Xg = ctx["prob_X"].take(rows)  # fingerprints checked
+    prob = spec.problem(s, y)
+    red = reduce_problem(prob, spec.theta1, spec.mask)
+    delta = red.displacement(np.arange(rows.size), piece, h)
+    Xs = Xg if delta is None else Xg + delta
+    direct = prob.losses(Xs, y)  # the model's own scores at the moved points
+    diff = np.zeros_like(Xg) if delta is None else Xs - Xg
+    d2 = np.einsum("ij,ij->i", diff, diff)
+    return max(float(np.max(np.abs(direct - loss_star) / (1 + np.abs(direct)))),
+               float(np.max(np.abs(d2 - moved2) / (1 + d2))))
+
+
+def _inference(res, mom, n, weighted) -> Inference:
+    """The influence-function SE from blockwise moments (as :func:`otstab.inference.analytic`:
+    IF = -theta2 (v - E v), v = w (KL) or w^2 (chi2); -(l_h - E l_h) when theta2 = inf)."""
+    sv, sqv2, sqv, sq2, sl2, sw, sw2 = (float(x) for x in mom)
+    notes = []
+    if res.status == "unreachable" or not math.isfinite(res.value):
+        return Inference(method="influence", se=math.inf, value=float(res.value), n=n,
+                         reliable=False, note="r is unreachable on this sample (R = inf)")
+    scale_ = 1.0 if math.isinf(res.theta2) else res.theta2
+    if res.status == "zero":
+        se = 0.0
+    elif not weighted:
+        se = scale_ * math.sqrt(max(sqv2 / n - (sv / n) ** 2, 0.0)) / math.sqrt(n)
+    else:  # sqrt(sum p^2 (v - c)^2), c = sum p v
+        c = sv
+        se = scale_ * math.sqrt(max(sqv2 - 2.0 * c * sqv + c * c * sq2, 0.0))
+    if n < 100:
+        notes.append(f"only {n} evaluation rows")
+    return Inference(method="influence", se=se, value=float(res.value), n=n,
+                     reliable=not notes, note="; ".join(notes))
+
+
+def _qstar(res, blocks, spec, qargs, include_x):
+    """Q* as a lazy Dask DataFrame (:func:`otstab.scale.qstar`)."""
+    import dask
+    import dask.dataframe as dd
+    import pandas as pd
+
+    h, theta2, divergence, wpar, budgets, split = qargs
+    X = res.X
+    names = [str(c) for c in res.feature_names]
+    parts = []
+    for k in range(len(blocks.s)):
+        parts.append(dask.delayed(_block_frame)(
+            spec, blocks.s[k], blocks.y[k], blocks.p[k], h, theta2, divergence, wpar,
+            budgets[k], X.array.blocks[k], X.fingerprints[k], k, names, include_x,
+            int(X.offsets[k])))
+    for j, (row, f, piece) in enumerate(split):  # the split atom: its row's high piece
+        k = int(np.searchsorted(X.offsets, row, side="right") - 1)
+        parts.append(dask.delayed(_split_frame)(
+            spec, blocks.s[k], blocks.y[k], blocks.p[k], h, theta2, divergence, wpar,
+            X.array.blocks[k], X.fingerprints[k], k, row - int(X.offsets[k]), f, piece, names,
+            include_x, row, X.shape[0] + j))
+    cols = names + ([f"{c}_0" for c in names] if include_x else []) + ["weight", "mass",
+                                                                        "source"]
+    meta = pd.DataFrame({c: pd.Series(dtype=np.float64) for c in cols[:-1]} | {
+        "source": pd.Series(dtype=np.int64)}, columns=cols)
+    return dd.from_delayed(parts, meta=meta, verify_meta=False)
+
+
+def _split_frame(spec, s, y, p, h, theta2, divergence, wpar, xblock, fp, k, i, f, piece,
+                 names, include_x, row, atom):
+    """Q*'s split atom (row ``row``, local row ``i`` of block ``k``, on its high piece)."""
+    import pandas as pd
+
+    xblock = np.asarray(xblock, dtype=np.float64)
+    if scale.block_fingerprint(xblock) != fp:
+        raise scale.DataChangedError(f"the data of block {k} changed since it was certified")
+    red, w = _block_atoms(spec, s, y, p, h, theta2, divergence, wpar, None)[:2]
+    xrow = xblock[i:i + 1]
+    delta = red.displacement(np.array([i]), np.array([piece]), h)
+    xs = xrow if delta is None else xrow + delta
+    data = {c: xs[:, j] for j, c in enumerate(names)}
+    if include_x:
+        data.update({f"{c}_0": xrow[:, j] for j, c in enumerate(names)})
+    data.update({"weight": w[i:i + 1], "mass": [f], "source": [row]})
+    return pd.DataFrame(data, index=pd.RangeIndex(atom, atom + 1))
+
+
+def _lazy_atoms(res, n, split):
+    """``X_star``, ``weights``, ``source`` and ``mass`` gathered from Q* on first access."""
+    cache = {}
+
+    def frame():
+        if "df" not in cache:
+            cache["df"] = res.info["qstar"]().compute()
+        return cache["df"]
+
+    res.X_star = lambda: frame()[[str(c) for c in res.feature_names]].to_numpy()
+    res.weights = lambda: frame()["weight"].to_numpy()
+    res.source = lambda: frame()["source"].to_numpy()
+    res.mass = lambda: frame()["mass"].to_numpy()
