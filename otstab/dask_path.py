@@ -40,12 +40,13 @@ from . import audit, scale
 from ._validation import fitted_feature_names
 from .errors import InputTypeError, ValidationError
 from .inference import Inference
-from .losses import PiecewiseLinear, get_loss
+from .losses import PiecewiseLinear, ZeroOne, get_loss
 from .models import Problem, check_loss_fits, linear_scorer
 from .params import check_common, check_options
 from .piecewise import AUDIT_SAMPLE, DUAL_OPTIONS, SAMPLED_RTOL
 from .reduction import feature_mask, reduce_problem
 from .results import StabilityResult
+from .zero_one import linear_distances
 
 __all__ = ["certify_distributed", "DISTRIBUTED_MIN_ROWS", "wants_distributed"]
 
@@ -53,12 +54,14 @@ __all__ = ["certify_distributed", "DISTRIBUTED_MIN_ROWS", "wants_distributed"]
 DISTRIBUTED_MIN_ROWS = 20_000_000
 #: ties between pieces at h are resolved as the in-memory dual path does (build_result)
 TIE_RTOL = 1e-10
+#: a 0/1 row with ``|a_i - h| <= ZERO_ONE_TIE max(1, h)`` is tied (as otstab.zero_one)
+ZERO_ONE_TIE = 1e-10
 
 
 def wants_distributed(X, loss) -> bool:
     """Whether a Dask ``X`` with this loss is large enough for the distributed path (and the
-    path supports the loss: piecewise-linear margin or residual losses)."""
-    if not scale.is_dask(X) or not isinstance(get_loss(loss), PiecewiseLinear):
+    path supports the loss: piecewise-linear margin or residual losses, 0/1)."""
+    if not scale.is_dask(X) or not isinstance(get_loss(loss), (PiecewiseLinear, ZeroOne)):
         return False
     n = X.shape[0]
     return isinstance(n, (int, np.integer)) and not math.isnan(n) and n > DISTRIBUTED_MIN_ROWS
@@ -69,11 +72,12 @@ def wants_distributed(X, loss) -> bool:
 
 
 class _Spec:
-    """What every block needs to rebuild its reduced form: the scorer, loss, theta1, mask and
-    the largest |c1| over all blocks (the tie tolerance)."""
+    """What every block needs to rebuild its rows' reduced form: the scorer, loss, theta1,
+    mask and the largest |c1| over all blocks (the tie tolerance of piecewise losses)."""
 
     def __init__(self, scorer, loss, theta1, mask):
         self.scorer, self.loss, self.theta1, self.mask = scorer, loss, theta1, mask
+        self.zero_one = isinstance(loss, ZeroOne)
         self.c1abs = None
 
     def problem(self, s, y) -> Problem:
@@ -82,24 +86,75 @@ class _Spec:
                        scores=s)
 
     def oracle(self, s, y, p):
-        red = reduce_problem(self.problem(s, y), self.theta1, self.mask)
-        c1abs = self.c1abs if self.c1abs is not None else float(np.max(np.abs(red.c1),
-                                                                       initial=0.0))
-        return red, bw.piecewise_block(red.c1, red.c2, c1abs, p)
+        """``(moves, oracle)`` of one block: the moves of its atoms (a
+        :class:`otstab.reduction.Reduced` or :class:`_NearMoves`) and its block oracle, with
+        ``loss0`` (the loss at the data) set."""
+        prob = self.problem(s, y)
+        if self.zero_one:
+            dstar, near = linear_distances(prob, self.mask)
+            loss0 = prob.losses(prob.X)
+            a = dstar * self.theta1 if math.isfinite(self.theta1) else \
+                np.where(dstar > 0, np.inf, 0.0)
+            oracle = bw.distance_block(np.where(loss0 > 0, 0.0, a), p)
+            moves = _NearMoves(near, self.scorer.W[0] if self.mask is None
+                               else self.scorer.W[0] * self.mask)
+        else:
+            moves = reduce_problem(prob, self.theta1, self.mask)
+            c1abs = self.c1abs if self.c1abs is not None else float(
+                np.max(np.abs(moves.c1), initial=0.0))
+            oracle = bw.piecewise_block(moves.c1, moves.c2, c1abs, p)
+            loss0 = moves.loss_values() if s.size else np.zeros(0)
+        oracle.loss0 = loss0
+        return moves, oracle
+
+    def scan(self, oracle, h):
+        """(l_h, k_lo, d_lo, k_hi, d_hi): the pieces of every row at ``h`` with ties on their
+        low and high piece and the loss there (0/1: piece 1 = moved to the nearest
+        misclassified point, tied when ``a_i`` is within 1e-10 max(1, h) of h)."""
+        if not self.zero_one:
+            return oracle.scan(h, TIE_RTOL)
+        a, loss0 = oracle.a, oracle.loss0
+        t = ZERO_ONE_TIE * max(1.0, h)
+        k_lo = (a < h - t).astype(np.intp)
+        k_hi = (a <= h + t).astype(np.intp)
+        return (np.maximum(h - a, 0.0), k_lo, np.where(k_lo > 0, 1.0, loss0), k_hi,
+                np.where(k_hi > 0, 1.0, loss0))
+
+
+class _NearMoves:
+    """The moves of 0/1 atoms (piece 1: to the nearest misclassified point of a binary linear
+    classifier, :class:`otstab.zero_one.NearPoints`; piece 0: none), with the interface of
+    :class:`otstab.reduction.Reduced` that the audit and Q* use."""
+
+    def __init__(self, near, w):
+        self.near, self.w = near, w
+
+    def displacement(self, src, piece, h):
+        return self.near.displacement(src) * (piece > 0)[:, None]
+
+    def score_shift(self, W, src, piece, h):
+        return -(self.near.c[src] * (piece > 0)) * float(self.w @ W[0])
+
+    def sq_displacement(self, src, piece, h):
+        return (self.near.c[src] * (piece > 0)) ** 2 * float(self.w @ self.w)
 
 
 def _on_block(spec, s, y, p, func, args):
-    _, oracle = spec.oracle(s, y, p)
-    oracle.loss0 = oracle.c1.max(axis=1) if oracle.n else np.zeros(0)
-    return func(oracle, *args)
+    return func(spec.oracle(s, y, p)[1], *args)
 
 
 def _block_base(oracle):
-    """(sum p l, largest l over rows of positive probability, max |c1|) at the data."""
+    """(sum p l, largest l over rows of positive probability, max |c1| (piecewise), P0-mass
+    of the rows that are misclassified or can be (0/1), rows of positive probability with a
+    finite a (0/1))."""
     l0 = oracle.loss0
-    live = l0 if oracle.p is None else l0[oracle.p > 0]
-    return (float(np.sum(l0)) if oracle.p is None else float(np.dot(oracle.p, l0)),
-            float(live.max()) if live.size else -math.inf, float(oracle._c1abs))
+    live = np.ones(l0.size, dtype=bool) if oracle.p is None else oracle.p > 0
+    q = np.ones(l0.size) if oracle.p is None else oracle.p
+    a = getattr(oracle, "a", None)
+    fin = np.zeros(l0.size, dtype=bool) if a is None else np.isfinite(a)
+    return (float(np.dot(q, l0)), float(l0[live].max()) if live.any() else -math.inf,
+            float(getattr(oracle, "_c1abs", 0.0)),
+            float(np.dot(q, l0 + (fin & (l0 == 0)))), int(np.count_nonzero(fin & live)))
 
 
 def _weights(lh, theta2, divergence, wpar):
@@ -118,7 +173,7 @@ def _block_atoms(spec, s, y, p, h, theta2, divergence, wpar, budget):
     moving to their high piece (None: only the block's totals are wanted); ``split`` is
     ``(local row, fraction moved)`` or None."""
     red, oracle = spec.oracle(s, y, p)
-    lh, k_lo, d_lo, k_hi, d_hi = oracle.scan(h, TIE_RTOL)
+    lh, k_lo, d_lo, k_hi, d_hi = spec.scan(oracle, h)
     w = _weights(lh, theta2, divergence, wpar)
     pw = w if p is None else p * w
     gain = pw * (d_hi - d_lo)
@@ -128,12 +183,12 @@ def _block_atoms(spec, s, y, p, h, theta2, divergence, wpar, budget):
     if budget is None:
         return red, w, None, None, float(np.dot(pw, d_lo)), float(cg[-1]) if cg.size else 0.0
     if budget > 0 and cand.size and h > 0:
-        full = cg <= budget
+        full = cg <= budget * (1 + 1e-15 if spec.zero_one else 1.0)  # as _move_plan
         frac[cand[full]] = 1.0
         nxt = int(np.count_nonzero(full))
         if nxt < cand.size:
             before = cg[nxt - 1] if nxt > 0 else 0.0
-            frac[cand[nxt]] = (budget - before) / gain[cand[nxt]]
+            frac[cand[nxt]] = min(max((budget - before) / gain[cand[nxt]], 0.0), 1.0)
     rows = np.nonzero((frac > 0) & (frac < 1))[0]
     piece = np.where(frac >= 1.0, k_hi, k_lo)
     mass = np.where((frac > 0) & (frac < 1), 1.0 - frac, 1.0)
@@ -264,11 +319,14 @@ def certify_distributed(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, diverg
         raise InputTypeError(
             f"Dask input needs a linear model (otstab.LinearModel or a fitted scikit-learn "
             f"linear model, not {type(model).__name__})")
-    if not isinstance(loss_obj, PiecewiseLinear):
+    if not isinstance(loss_obj, (PiecewiseLinear, ZeroOne)):
         raise InputTypeError(
             f"the distributed path supports piecewise-linear margin and residual losses "
-            f"(hinge, absolute, pinball, ...), not {loss_obj.name!r}; use otstab.certify, "
-            "which solves on the gathered scores")
+            f"(hinge, absolute, pinball, ...) and the 0/1 loss, not {loss_obj.name!r}; use "
+            "otstab.certify, which solves on the gathered scores")
+    if isinstance(loss_obj, ZeroOne) and r > 1.0:
+        raise ValidationError(
+            f"r is an error rate for loss='zero_one' and must be in [0, 1], got {r}")
     check_loss_fits(loss_obj, scorer.task, type(model).__name__)
     Xr, names, scores, labels, probs = scale.prepare_distributed(
         X, y, sample_weight, scorer, fitted_feature_names(model))
@@ -279,15 +337,13 @@ def certify_distributed(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, diverg
     N = float(n) if probs is None else 1.0
     parts = blocks.run(_block_base)
     base = sum(q[0] for q in parts) / N
-    lmax = max(q[1] for q in parts)
     spec.c1abs = max(q[2] for q in parts)
     oracle = bw.BlockwiseDual(blocks.run, n, N)
     oracle.passes = 1
     ctx = dict(prob_X=Xr, names=names, blocks=blocks, n=n, N=N, r=r, theta1=theta1,
                theta2=theta2, divergence=divergence, base=base, t_start=t_start,
                loss=loss_obj.name, oracle=oracle, weighted=probs is not None)
-    red0 = reduce_problem(spec.problem(np.zeros(1), np.ones(1)), theta1, mask)
-    edge = _edge(r, base, lmax, theta2, bool(np.any(red0.c2 > 0)))
+    edge = _edge(spec, r, base, parts, theta1, theta2, N)
     if edge is not None:
         return _edge_result(edge, ctx)
     opts = {k: v for k, v in solver_options.items() if k in ("tol", "max_iter")}
@@ -303,11 +359,27 @@ def certify_distributed(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, diverg
     return res
 
 
-def _edge(r, base, lmax, theta2, can_move):
-    """:func:`otstab.piecewise.edge_kind` from the blockwise base risk and largest loss."""
+def _edge(spec, r, base, parts, theta1, theta2, N):
+    """The thresholds decided before solving (as :func:`otstab.piecewise.edge_kind` and the 0/1
+    path), from the blockwise base risk (``parts``: :func:`_block_base` of every block)."""
     if audit.reached(r, base):
         return "zero", f"r = {r:g} <= base risk {base:.6g}: no perturbation is needed"
-    if can_move:
+    lmax = max(q[1] for q in parts)
+    if spec.zero_one:
+        if math.isinf(theta2) and r > sum(q[3] for q in parts) / N:
+            return "unreachable", (f"r = {r:g} exceeds the largest error rate reachable by "
+                                   "moving samples alone (theta2 = inf and some samples "
+                                   "cannot be moved)")
+        if base == 0.0 and not sum(q[4] for q in parts):
+            return "unreachable", ("no sample is misclassified and none can be moved "
+                                   "(theta1 = inf, a zero model or masked features)")
+        if r >= 1.0:
+            raise InputTypeError("r = 1 for the 0/1 loss (every sample misclassified) is not "
+                                 "solved by the distributed path: certify it with "
+                                 "otstab.certify")
+        return None
+    red0 = reduce_problem(spec.problem(np.zeros(1), np.ones(1)), theta1, spec.mask)
+    if bool(np.any(red0.c2 > 0)):  # some sample can move at a finite price
         return None
     if math.isinf(theta2) or r > lmax * (1 + 1e-12):
         return "unreachable", (f"no perturbation of the allowed kind can raise the risk to "
@@ -403,7 +475,7 @@ def _result(ctx, *, value, h, alpha, wpar, theta2, budgets, sol=None, solver, st
                         "max_rel_error": err},
               "qstar": lambda include_x=False: _qstar(res, blocks, spec, qargs, include_x)},
     )
-    _lazy_atoms(res, n, split)
+    _lazy_atoms(res, blocks, qargs)
     res.inference = _inference(res, mom, n, ctx["weighted"])
     return res
 
@@ -419,7 +491,7 @@ def _sampled_check(ctx, parts, offsets, h) -> float:
                                       for j in range(1, 6))
     Xg = ctx["prob_X"].take(rows)  # fingerprints checked
     prob = spec.problem(s, y)
-    red = reduce_problem(prob, spec.theta1, spec.mask)
+    red = spec.oracle(s, y, None)[0]
     delta = red.displacement(np.arange(rows.size), piece, h)
     Xs = Xg if delta is None else Xg + delta
     direct = prob.losses(Xs, y)  # the model's own scores at the moved points
@@ -498,16 +570,63 @@ def _split_frame(spec, s, y, p, h, theta2, divergence, wpar, xblock, fp, k, i, f
     return pd.DataFrame(data, index=pd.RangeIndex(atom, atom + 1))
 
 
-def _lazy_atoms(res, n, split):
-    """``X_star``, ``weights``, ``source`` and ``mass`` gathered from Q* on first access."""
+def _block_losses(spec, s, y, p, h, theta2, divergence, wpar, budget):
+    """(loss at the data, loss at the main atoms, loss at the split atoms) of one block."""
+    red, w, piece, mass, _, split = _block_atoms(spec, s, y, p, h, theta2, divergence, wpar,
+                                                 budget)
+    rows = np.arange(s.size)
+    src = np.concatenate([rows, [i for i, _, _ in split]]).astype(np.intp)
+    pieces = np.concatenate([piece, [k for _, _, k in split]]).astype(np.intp)
+    loss_star = _atom_sums(spec, red, s, y, p, src, pieces, np.ones(src.size),
+                           np.ones(src.size), h, divergence)[1]
+    return spec.problem(s, y).losses_from_scores(s, y), loss_star[:s.size], loss_star[s.size:]
+
+
+class Gathered:
+    """A per-row vector of a distributed result, gathered on first use (``np.asarray``,
+    indexing, ``len``)."""
+
+    def __init__(self, build, n):
+        self._build, self._value, self.shape, self.size = build, None, (n,), n
+
+    def _get(self):
+        if self._value is None:
+            self._value = self._build()
+        return self._value
+
+    def __array__(self, dtype=None, copy=None):
+        v = self._get()
+        return v if dtype is None else v.astype(dtype)
+
+    def __getitem__(self, key):
+        return self._get()[key]
+
+    def __len__(self):
+        return self.shape[0]
+
+
+def _lazy_atoms(res, blocks, qargs):
+    """``X_star``, ``weights``, ``source``, ``mass``, ``loss_star`` and ``loss_base`` gathered
+    on first access (Q* from :func:`otstab.scale.qstar`, the losses blockwise)."""
     cache = {}
+    h, theta2, divergence, wpar, budgets, _ = qargs
 
     def frame():
         if "df" not in cache:
             cache["df"] = res.info["qstar"]().compute()
         return cache["df"]
 
+    def losses():
+        if "losses" not in cache:
+            parts = blocks.each(_block_losses, h, theta2, divergence, wpar,
+                                per_block=[(b,) for b in budgets])
+            cache["losses"] = (np.concatenate([q[0] for q in parts]),
+                               np.concatenate([q[1] for q in parts] + [q[2] for q in parts]))
+        return cache["losses"]
+
     res.X_star = lambda: frame()[[str(c) for c in res.feature_names]].to_numpy()
     res.weights = lambda: frame()["weight"].to_numpy()
     res.source = lambda: frame()["source"].to_numpy()
     res.mass = lambda: frame()["mass"].to_numpy()
+    res.loss_star = lambda: losses()[1]
+    res.loss_base = Gathered(lambda: losses()[0], res.n)
