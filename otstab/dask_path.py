@@ -103,7 +103,7 @@ class _Spec:
             c1abs = self.c1abs if self.c1abs is not None else float(
                 np.max(np.abs(moves.c1), initial=0.0))
             oracle = bw.piecewise_block(moves.c1, moves.c2, c1abs, p)
-            loss0 = moves.loss_values() if s.size else np.zeros(0)
+            loss0 = None  # the loss at the data, max_k c1: only the first pass needs it
         oracle.loss0 = loss0
         return moves, oracle
 
@@ -147,7 +147,7 @@ def _block_base(oracle):
     """(sum p l, largest l over rows of positive probability, max |c1| (piecewise), P0-mass
     of the rows that are misclassified or can be (0/1), rows of positive probability with a
     finite a (0/1))."""
-    l0 = oracle.loss0
+    l0 = oracle.loss0 if oracle.loss0 is not None else oracle.c1.max(axis=1, initial=-np.inf)
     live = np.ones(l0.size, dtype=bool) if oracle.p is None else oracle.p > 0
     q = np.ones(l0.size) if oracle.p is None else oracle.p
     a = getattr(oracle, "a", None)
@@ -267,30 +267,35 @@ def _block_frame(spec, s, y, p, h, theta2, divergence, wpar, budget, xblock, fp,
 
 
 class _Blocks:
-    """Scores, labels and probabilities persisted on the workers, block by block."""
+    """Scores, labels and probabilities persisted on the workers, one chunk per block
+    (:func:`otstab.scale.prepare_distributed`)."""
 
-    def __init__(self, spec, scores, labels, probs, offsets):
+    def __init__(self, spec, data, offsets):
         self.spec, self.offsets = spec, offsets
-        self.s = scores.to_delayed().ravel()
-        self.y = labels.to_delayed().ravel()
-        self.p = [None] * len(self.s) if probs is None else list(probs.to_delayed().ravel())
-        self.collections = (scores, labels, probs)  # keep the persisted data alive
+        self.parts = list(data.to_delayed().ravel())
+        self.weighted = data.shape[0] == 3
+        self.data = data  # keeps the persisted blocks alive
+
+    def __len__(self):
+        return len(self.parts)
 
     def run(self, func, *args):
-        import dask
-
-        tasks = [dask.delayed(_on_block)(self.spec, s, y, p, func, args)
-                 for s, y, p in zip(self.s, self.y, self.p)]
-        return list(dask.compute(*tasks))
+        """``func(block oracle, *args)`` on every block (for :class:`BlockwiseDual`)."""
+        return self.each(_on_block, func, args)
 
     def each(self, func, *args, per_block=None):
         """``func(spec, s, y, p, *args, *per_block[k])`` on every block k."""
         import dask
 
-        per_block = per_block or [()] * len(self.s)
-        tasks = [dask.delayed(func)(self.spec, s, y, p, *args, *extra)
-                 for s, y, p, extra in zip(self.s, self.y, self.p, per_block)]
+        per_block = per_block or [()] * len(self.parts)
+        tasks = [dask.delayed(_unpacked)(func, self.spec, part, args, extra)
+                 for part, extra in zip(self.parts, per_block)]
         return list(dask.compute(*tasks))
+
+
+def _unpacked(func, spec, part, args, extra):
+    """``func(spec, s, y, p, *args, *extra)`` on one persisted (2 or 3, m) chunk."""
+    return func(spec, part[0], part[1], part[2] if part.shape[0] == 3 else None, *args, *extra)
 
 
 def certify_distributed(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl",
@@ -328,13 +333,13 @@ def certify_distributed(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, diverg
         raise ValidationError(
             f"r is an error rate for loss='zero_one' and must be in [0, 1], got {r}")
     check_loss_fits(loss_obj, scorer.task, type(model).__name__)
-    Xr, names, scores, labels, probs = scale.prepare_distributed(
-        X, y, sample_weight, scorer, fitted_feature_names(model))
+    Xr, names, data = scale.prepare_distributed(X, y, sample_weight, scorer,
+                                                fitted_feature_names(model))
     mask = feature_mask(len(names), features, names)
     spec = _Spec(scorer, loss_obj, theta1, mask)
-    blocks = _Blocks(spec, scores, labels, probs, Xr.offsets)
+    blocks = _Blocks(spec, data, Xr.offsets)
     n = Xr.shape[0]
-    N = float(n) if probs is None else 1.0
+    N = 1.0 if blocks.weighted else float(n)
     parts = blocks.run(_block_base)
     base = sum(q[0] for q in parts) / N
     spec.c1abs = max(q[2] for q in parts)
@@ -342,7 +347,7 @@ def certify_distributed(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, diverg
     oracle.passes = 1
     ctx = dict(prob_X=Xr, names=names, blocks=blocks, n=n, N=N, r=r, theta1=theta1,
                theta2=theta2, divergence=divergence, base=base, t_start=t_start,
-               loss=loss_obj.name, oracle=oracle, weighted=probs is not None)
+               loss=loss_obj.name, oracle=oracle, weighted=blocks.weighted)
     edge = _edge(spec, r, base, parts, theta1, theta2, N)
     if edge is not None:
         return _edge_result(edge, ctx)
@@ -436,12 +441,12 @@ def _result(ctx, *, value, h, alpha, wpar, theta2, budgets, sol=None, solver, st
     blocks, n, N = ctx["blocks"], ctx["n"], ctx["N"]
     divergence = ctx["divergence"]
     hh = 0.0 if not math.isfinite(h) else h
-    budgets = budgets or [0.0] * len(blocks.s)
+    budgets = budgets or [0.0] * len(blocks)
     offsets = blocks.offsets
     rng = np.random.default_rng(0)
     pick = np.sort(rng.choice(n, size=min(AUDIT_SAMPLE, n), replace=False))
     blk = np.searchsorted(offsets, pick, side="right") - 1
-    per_block = [(budgets[k], pick[blk == k] - offsets[k]) for k in range(len(blocks.s))]
+    per_block = [(budgets[k], pick[blk == k] - offsets[k]) for k in range(len(blocks))]
     parts = blocks.each(_block_audit, hh, theta2, divergence, wpar, per_block=per_block)
     ctx["oracle"].passes += 1
     sums = np.sum([q[0] for q in parts], axis=0)
@@ -533,17 +538,17 @@ def _qstar(res, blocks, spec, qargs, include_x):
     X = res.X
     names = [str(c) for c in res.feature_names]
     parts = []
-    for k in range(len(blocks.s)):
-        parts.append(dask.delayed(_block_frame)(
-            spec, blocks.s[k], blocks.y[k], blocks.p[k], h, theta2, divergence, wpar,
-            budgets[k], X.array.blocks[k], X.fingerprints[k], k, names, include_x,
-            int(X.offsets[k])))
+    for k in range(len(blocks)):
+        parts.append(dask.delayed(_unpacked)(
+            _block_frame, spec, blocks.parts[k],
+            (h, theta2, divergence, wpar, budgets[k], X.array.blocks[k], X.fingerprints[k], k,
+             names, include_x, int(X.offsets[k])), ()))
     for j, (row, f, piece) in enumerate(split):  # the split atom: its row's high piece
         k = int(np.searchsorted(X.offsets, row, side="right") - 1)
-        parts.append(dask.delayed(_split_frame)(
-            spec, blocks.s[k], blocks.y[k], blocks.p[k], h, theta2, divergence, wpar,
-            X.array.blocks[k], X.fingerprints[k], k, row - int(X.offsets[k]), f, piece, names,
-            include_x, row, X.shape[0] + j))
+        parts.append(dask.delayed(_unpacked)(
+            _split_frame, spec, blocks.parts[k],
+            (h, theta2, divergence, wpar, X.array.blocks[k], X.fingerprints[k], k,
+             row - int(X.offsets[k]), f, piece, names, include_x, row, X.shape[0] + j), ()))
     cols = names + ([f"{c}_0" for c in names] if include_x else []) + ["weight", "mass",
                                                                         "source"]
     meta = pd.DataFrame({c: pd.Series(dtype=np.float64) for c in cols[:-1]} | {

@@ -253,13 +253,13 @@ def _encode_block(yb, task, classes):
 
 
 def prepare_distributed(X, y, sample_weight, scorer, names_expected=None):
-    """One blockwise pass for the distributed path: ``(DaskRows, names, scores, labels,
-    probs)``, with the scores ``X @ w + b`` (one-row scorers: binary classifiers and
-    regressors), the internal labels (+-1 or targets) and the sample probabilities (None:
-    uniform, also when every weight is equal) as 1-D Dask arrays chunked like X's rows and
-    **persisted** on the workers (8 bytes a row each). Nothing of length n comes to the
-    client. Raises ValidationError for NaN/inf in X (naming the first row), labels unknown to
-    the model, and bad weights."""
+    """One blockwise pass for the distributed path: ``(DaskRows, names, data)``; ``data`` is a
+    (2, n) or (3, n) Dask array chunked like X's rows and **persisted** on the workers, one
+    chunk per block of X (so that a block's columns live together): the scores ``X @ w + b``
+    (one-row scorers: binary classifiers and regressors), the internal labels (+-1 or targets)
+    and, when the rows are weighted (not all equal), the sample probabilities; 8 bytes a row
+    each. Nothing of length n comes to the client. Raises ValidationError for NaN/inf in X
+    (naming the first row), labels unknown to the model, and bad weights."""
     dask, da = _dask()
     W, b = scorer.W, scorer.b
     if W.shape[0] != 1:
@@ -302,8 +302,10 @@ def prepare_distributed(X, y, sample_weight, scorer, names_expected=None):
         if not total > 0 or not np.isfinite(total):
             raise ValidationError(f"sample_weight must have a positive finite sum, got {total}")
         if lo != hi:
-            probs = (sw / total).persist()
-    return DaskRows(Xd, [m[0] for m in meta]), names, scores, labels, probs
+            probs = sw / total
+    cols = [scores, labels] + ([] if probs is None else [probs])
+    data = da.stack(cols, axis=0).rechunk({0: -1}).persist()
+    return DaskRows(Xd, [m[0] for m in meta]), names, data
 
 
 def as_numpy_labels(y):
