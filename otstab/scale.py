@@ -15,7 +15,10 @@
   result never silently describes data that changed under it (:class:`DataChangedError`);
 * Q* comes back lazily: :func:`qstar` builds it as a Dask DataFrame (moved x, weight, mass and
   source per atom) blockwise from X, :func:`write_qstar` writes it with ``to_parquet``;
-  nothing is gathered on the client unless asked (``res.X_star``, ``res.to_frame()`` gather).
+  nothing is gathered on the client unless asked (``res.X_star``, ``res.to_frame()`` gather);
+* for the distributed path (:mod:`otstab.dask_path`), :func:`prepare_distributed` makes the
+  same pass but persists the scores, labels and sample probabilities on the workers instead of
+  bringing them to the client.
 
 Dask is imported lazily (``pip install otstab[dask]``); this module sits in the models layer
 (it imports only the bottom layer).
