@@ -212,14 +212,17 @@ class BlockwiseDual:
         for _ in range(CHI2_MAX_STEPS):
             q = _add(self.run(block_chi2, h, side, theta2, shift, alpha))
             k, P, S, S2, swd, swd2, sd, sdd = q
-            if k == count:  # same active set as the one alpha was computed from: exact
+            if count is not None and k >= count:
+                # the active set alpha was computed from did not shrink: alpha is exact (a set
+                # larger by rounding adds rows of weight ~0)
                 break
             count = k
             # sum_A p (s + alpha' - alpha + 2 theta2) = 2 theta2 N
             alpha = alpha + (two * N - S - two * P) / P
         else:  # pragma: no cover - the sets shrink at every step
-            raise RuntimeError("chi2 alpha: the active set did not settle")
-        term = (S + S2 / (2.0 * two) - theta2 * (N - P)) / N - alpha - 0.0
+            raise RuntimeError("chi2 alpha: the active set did not settle in "
+                               f"{CHI2_MAX_STEPS} steps")
+        term = (S + S2 / (2.0 * two) - theta2 * (N - P)) / N - alpha
         mu = swd / N
         curv = (swd2 + max(sdd - sd * sd / P, 0.0) / two) / N
         return term + shift, mu, curv, alpha - shift, shift
