@@ -7,8 +7,12 @@
   n-vectors (8 n bytes).
 - ``test_dask_large`` (full only): n = 1e8 rows (``OTSTAB_BENCH_SCALE_N``), d = 20, generated
   blockwise on a ``distributed.LocalCluster`` (2 worker processes) and never held in one
-  process; hinge KL. Records the wall time, the client's peak resident memory and the number
-  of passes over the data (block generations / blocks). The quick subset runs it at n = 2e5.
+  process; hinge KL. Above ``otstab.dask_path.DISTRIBUTED_MIN_ROWS`` (2e7) it runs the
+  distributed path (``certify_distributed``: scores persisted on the workers, the dual's sums
+  as blockwise reductions), below it ``otstab.certify`` (scores gathered, solved in memory).
+  Records the wall time, the client's peak resident memory, the number of passes over X
+  (block generations / blocks) and over the persisted scores. The quick subset runs it at
+  n = 2e5.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import pytest
 from _benchlib import fmt_n, full, measure, quick, record, sizes
 
 import otstab
+from otstab import dask_path
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -121,10 +126,11 @@ def test_dask_large(benchmark, n, tmp_path):
         X, y, nblocks = _dask_data(n, D_DASK, chunk, str(tmp_path))
         model = otstab.LinearModel(np.full(D_DASK, 1.0 / np.sqrt(D_DASK)), 0.0)
         benchmark.group = f"scale dask n={fmt_n(n)} d={D_DASK}"
+        certify = dask_path.certify_distributed if dask_path.wants_distributed(X, "hinge") \
+            else otstab.certify
         t0 = time.perf_counter()
-        res = measure(benchmark, lambda: otstab.certify(model, X, y, loss="hinge", r=0.5,
-                                                        divergence="kl", solver="dual"),
-                      slow=True)
+        res = measure(benchmark, lambda: certify(model, X, y, loss="hinge", r=0.5,
+                                                 divergence="kl", solver="dual"), slow=True)
         wall = time.perf_counter() - t0
         gens = sum(len(open(os.path.join(tmp_path, f)).read().split())
                    for f in os.listdir(tmp_path) if f.startswith("gen."))
@@ -132,6 +138,8 @@ def test_dask_large(benchmark, n, tmp_path):
         assert res.status == "optimal", res.solver_log
         record(benchmark, suite="scale-dask", n=n, d=D_DASK, blocks=nblocks, wall_s=wall,
                client_peak_rss_gib=peak, passes=gens / nblocks, value=res.value,
+               distributed=bool(res.info.get("distributed")),
+               passes_over_scores=res.info.get("passes_over_scores"),
                audit=res.info.get("audit", {}).get("method"),
                data_gib=n * D_DASK * 8 / 2**30)
     finally:

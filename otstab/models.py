@@ -361,11 +361,10 @@ def resolve_model(model, X, y, *, loss, sample_weight=None) -> Problem:
     normalised as ``Problem.sample_weight`` (None when absent or all equal)."""
     loss = get_loss(loss)
     if scale.is_dask(X):
-        if sample_weight is not None:
-            raise ValidationError("sample_weight is not supported with Dask input; compute X "
-                                  "into memory to use sample weights")
-        return _resolve_dask(model, X, y, loss)
-    prob = _resolve_arrays(model, X, y, loss)
+        prob = _resolve_dask(model, X, y, loss)
+        sample_weight = scale.as_numpy_labels(sample_weight)  # a Dask vector: one n-vector
+    else:
+        prob = _resolve_arrays(model, X, y, loss)
     prob.sample_weight = as_sample_weight(sample_weight, prob.n)
     return prob
 

@@ -15,7 +15,10 @@
   result never silently describes data that changed under it (:class:`DataChangedError`);
 * Q* comes back lazily: :func:`qstar` builds it as a Dask DataFrame (moved x, weight, mass and
   source per atom) blockwise from X, :func:`write_qstar` writes it with ``to_parquet``;
-  nothing is gathered on the client unless asked (``res.X_star``, ``res.to_frame()`` gather).
+  nothing is gathered on the client unless asked (``res.X_star``, ``res.to_frame()`` gather);
+* for the distributed path (:mod:`otstab.dask_path`), :func:`prepare_distributed` makes the
+  same pass but persists the scores, labels and sample probabilities on the workers instead of
+  bringing them to the client.
 
 Dask is imported lazily (``pip install otstab[dask]``); this module sits in the models layer
 (it imports only the bottom layer).
@@ -29,8 +32,8 @@ import numpy as np
 
 from .errors import InputTypeError, ValidationError
 
-__all__ = ["is_dask", "DaskRows", "DataChangedError", "prepare", "qstar", "write_qstar",
-           "read_parquet_dir"]
+__all__ = ["is_dask", "DaskRows", "DataChangedError", "prepare", "prepare_distributed",
+           "qstar", "write_qstar", "read_parquet_dir", "block_fingerprint"]
 
 
 class DataChangedError(ValidationError):
@@ -54,7 +57,8 @@ def _dask():
     return dask, da
 
 
-def _fingerprint(block: np.ndarray) -> str:
+def block_fingerprint(block: np.ndarray) -> str:
+    """The blake2b fingerprint of one block of X (float64)."""
     return hashlib.blake2b(np.ascontiguousarray(block).data, digest_size=16).hexdigest()
 
 
@@ -67,7 +71,7 @@ def _score_block(block, W, b, start):
     if not np.all(np.isfinite(S)):
         rows = np.flatnonzero(~np.all(np.isfinite(block), axis=1))
         bad = int(start + rows[0]) if rows.size else -2
-    return S, _fingerprint(block), bad
+    return S, block_fingerprint(block), bad
 
 
 class DaskRows:
@@ -144,7 +148,7 @@ class DaskRows:
 
 def _take_rows(block, local):
     block = np.asarray(block, dtype=np.float64)
-    return block[local], _fingerprint(block)
+    return block[local], block_fingerprint(block)
 
 
 def as_dask_matrix(X, names_expected=None):
@@ -212,8 +216,104 @@ def prepare(X, W, b, names_expected=None):
     return DaskRows(Xd, [p[1] for p in results]), names, np.ascontiguousarray(scores)
 
 
+def _score_part(block, W, b, start):
+    """(scores of one block as a 1-D array, fingerprint, first bad row) for one-row ``W``."""
+    S, fp, bad = _score_block(block, W, b, start)
+    return S[:, 0], fp, bad
+
+
+def _part(t, i):
+    return t[i]
+
+
+def _aligned(v, X, name):
+    """``v`` (a Dask array or Series, or array-like) as a 1-D Dask array chunked like X's
+    rows."""
+    _, da = _dask()
+    n = X.shape[0]
+    if is_dask(v):
+        arr = v.to_dask_array(lengths=True) if hasattr(v, "to_dask_array") else v
+    else:
+        raw = v.to_numpy() if hasattr(v, "to_numpy") else v
+        arr = da.from_array(np.asarray(raw), chunks=-1)
+    if arr.ndim == 2 and 1 in arr.shape:
+        arr = arr.reshape(-1)
+    if arr.ndim != 1:
+        raise ValidationError(f"{name} must be 1-D, got shape {arr.shape}")
+    if arr.shape[0] != n:
+        raise ValidationError(f"{name} has {arr.shape[0]} entries but X has {n} rows")
+    return arr.rechunk((X.chunks[0],))
+
+
+def _encode_block(yb, task, classes):
+    """Internal labels of one block: +-1 for a binary classifier (NaN for a label unknown to
+    the model), the float targets of a regressor (NaN stays NaN)."""
+    yb = np.asarray(yb)
+    if task == "regression":
+        return yb.astype(np.float64)
+    pos, neg = yb == classes[1], yb == classes[0]
+    return np.where(pos, 1.0, np.where(neg, -1.0, np.nan))
+
+
+def prepare_distributed(X, y, sample_weight, scorer, names_expected=None):
+    """One blockwise pass for the distributed path: ``(DaskRows, names, data)``; ``data`` is a
+    (2, n) or (3, n) Dask array chunked like X's rows and **persisted** on the workers, one
+    chunk per block of X (so that a block's columns live together): the scores ``X @ w + b``
+    (one-row scorers: binary classifiers and regressors), the internal labels (+-1 or targets)
+    and, when the rows are weighted (not all equal), the sample probabilities; 8 bytes a row
+    each. Nothing of length n comes to the client. Raises ValidationError for NaN/inf in X
+    (naming the first row), labels unknown to the model, and bad weights."""
+    dask, da = _dask()
+    W, b = scorer.W, scorer.b
+    if W.shape[0] != 1:
+        raise InputTypeError("the distributed path needs a binary classifier or a regressor")
+    Xd, names = as_dask_matrix(X, names_expected)
+    if Xd.shape[1] != W.shape[1]:
+        raise ValidationError(f"X has {Xd.shape[1]} features but the model expects {W.shape[1]}")
+    chunks = Xd.chunks[0]
+    starts = np.concatenate([[0], np.cumsum(chunks)])
+    parts = dask.persist(*[dask.delayed(_score_part)(blk, W, b, int(s))
+                           for blk, s in zip(Xd.to_delayed().ravel(), starts)])
+    meta = dask.compute(*[dask.delayed(_part)(p, slice(1, 3)) for p in parts])
+    bad = [m[1] for m in meta if m[1] != -1]
+    if bad:
+        rows = [x for x in bad if x >= 0]
+        if rows:
+            raise ValidationError(f"X contains NaN or inf (first in row {min(rows)})")
+        raise ValidationError("the model's scores on X are not finite (overflow?)")
+    scores = da.concatenate([da.from_delayed(dask.delayed(_part)(p, 0), (m,), dtype=np.float64)
+                             for p, m in zip(parts, chunks)]).persist()
+    labels = _aligned(y, Xd, "y").map_blocks(_encode_block, scorer.task, scorer.classes,
+                                             dtype=np.float64).persist()
+    n_bad = int(da.isnan(labels).sum().compute())
+    if n_bad:
+        known = "" if scorer.task == "regression" else \
+            f" or labels unknown to the model (its classes are {list(scorer.classes)})"
+        raise ValidationError(f"y contains {n_bad} NaN value(s){known}")
+    probs = None
+    if sample_weight is not None:
+        sw = _aligned(sample_weight, Xd, "sample_weight")
+        if sw.dtype.kind not in "iuf":
+            raise ValidationError(f"sample_weight must hold numbers, got dtype {sw.dtype}")
+        sw = sw.astype(np.float64).persist()
+        lo, hi, total, finite = dask.compute(sw.min(), sw.max(), sw.sum(),
+                                             da.isfinite(sw).all())
+        if not finite:
+            raise ValidationError("sample_weight contains NaN or inf")
+        if lo < 0:
+            raise ValidationError(f"sample_weight must be nonnegative, got {lo}")
+        if not total > 0 or not np.isfinite(total):
+            raise ValidationError(f"sample_weight must have a positive finite sum, got {total}")
+        if lo != hi:
+            probs = sw / total
+    cols = [scores, labels] + ([] if probs is None else [probs])
+    data = da.stack(cols, axis=0).rechunk({0: -1}).persist()
+    return DaskRows(Xd, [m[0] for m in meta]), names, data
+
+
 def as_numpy_labels(y):
-    """``y`` as a NumPy array (a Dask array or Series is computed: one n-vector)."""
+    """``y`` (labels, or sample weights) as a NumPy array (a Dask array or Series is
+    computed: one n-vector)."""
     if is_dask(y):
         y = y.compute()
     return y
@@ -234,6 +334,9 @@ def qstar(res, *, include_x: bool = False):
     import dask.dataframe as dd
     import pandas as pd
 
+    built = res.info.get("qstar")
+    if built is not None:  # a distributed result builds Q* from its persisted blocks
+        return built(include_x)
     X = res.X
     if not isinstance(X, DaskRows):
         raise InputTypeError("qstar needs a result certified on Dask data")
@@ -274,7 +377,7 @@ def qstar(res, *, include_x: bool = False):
 
 def _checked_frame(block, fp, k, frame, atoms):
     block = np.asarray(block, dtype=np.float64)
-    if _fingerprint(block) != fp:
+    if block_fingerprint(block) != fp:
         raise DataChangedError(f"the data of block {k} changed since it was certified")
     return frame(block, atoms)
 

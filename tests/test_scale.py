@@ -18,9 +18,11 @@ da = pytest.importorskip("dask.array")
 dd = pytest.importorskip("dask.dataframe")
 distributed = pytest.importorskip("distributed")
 
+from otstab_solvers import blockwise  # noqa: E402
+from otstab_solvers.dual import PiecewiseOracle, solve_dual  # noqa: E402
 from otstab_solvers.weights import phi  # noqa: E402
 
-from otstab import scale  # noqa: E402
+from otstab import dask_path, scale  # noqa: E402
 
 RTOL = 1e-10
 
@@ -111,13 +113,15 @@ def test_features_and_curve_equal_numpy(client):
                                    rtol=RTOL)
 
 
+@pytest.mark.parametrize("certify", [otstab.certify, dask_path.certify_distributed],
+                         ids=["gathered", "distributed"])
 @pytest.mark.parametrize("loss,r", [("hinge", 0.8), ("zero_one", 0.3)])
-def test_qstar_parquet_audits(client, tmp_path, loss, r):
+def test_qstar_parquet_audits(client, tmp_path, loss, r, certify):
     """Q* read back from Parquet: its risk (the model's own decision function at x*) reaches r
     and its cost (moves from x, weights through phi) equals the value."""
     n = 6000
     Xd, X, model, y = _data(n, 3, seed=11)
-    res = otstab.certify(model, Xd, y, loss=loss, r=r)
+    res = certify(model, Xd, y, loss=loss, r=r)
     q = scale.qstar(res)
     assert isinstance(q, dd.DataFrame)  # lazy
     scale.write_qstar(res, str(tmp_path / "q"))
@@ -235,3 +239,148 @@ def test_cli_reads_a_parquet_directory_with_dask(tmp_path):
         assert code == 0
         values.append(json.loads(out.read_text())["results"]["value"])
     assert values[0] == pytest.approx(values[1], rel=1e-10)
+
+
+# ---------------------------------------------------------------------------------------------
+# the distributed path (otstab.dask_path): scores persisted on the workers, the dual's sums,
+# Q* and the audit as blockwise reductions
+
+
+PRICES = [(1.0, 0.25), (float("inf"), 0.25), (1.0, float("inf"))]
+
+
+@pytest.mark.parametrize("theta1,theta2", PRICES)
+@pytest.mark.parametrize("divergence", ["kl", "chi2"])
+@pytest.mark.parametrize("loss,r", [("hinge", 0.8), ("zero_one", 0.3001)])
+def test_distributed_equals_numpy(client, loss, r, divergence, theta1, theta2):
+    """Same value, h, risk, cost and mass of Q*, and SE, as the NumPy path (which sorts and
+    solves in memory). For the 0/1 loss with theta2 = inf the dual is flat between two kinks
+    when r n is an integer (any h there is optimal), hence r = 0.3001 with n = 3000."""
+    Xd, X, model, y = _data(3000, 4, seed=7 + len(loss))
+    kw = dict(loss=loss, r=r, divergence=divergence, theta1=theta1, theta2=theta2)
+    res_np = otstab.certify(model, X, y, **kw)
+    res_dk = dask_path.certify_distributed(model, Xd, y, **kw)
+    assert res_np.status == "optimal"
+    _same(res_np, res_dk)
+    assert res_dk.info["distributed"] and res_dk.solver == "dual_blockwise"
+    assert _close(res_np.se, res_dk.se, 1e-8)
+    assert res_dk.info["audit"]["sample"] == 3000  # n <= AUDIT_SAMPLE: every row re-scored
+
+
+@pytest.mark.parametrize("loss,r", [("hinge", 0.8), ("zero_one", 0.3)])
+def test_distributed_atoms_equal_numpy(client, loss, r):
+    """Q*'s atoms gathered from the blocks (X_star, weights, source, mass, losses) are the
+    NumPy path's, split atom included (the 0/1 case at r = 0.3 splits one row)."""
+    Xd, X, model, y = _data(3000, 4, seed=3)
+    res_np = otstab.certify(model, X, y, loss=loss, r=r)
+    res_dk = dask_path.certify_distributed(model, Xd, y, loss=loss, r=r)
+    assert res_dk.split == res_np.split
+    np.testing.assert_array_equal(res_dk.source, res_np.source)
+    np.testing.assert_allclose(res_dk.mass, res_np.mass, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(res_dk.weights, res_np.weights, rtol=1e-10)
+    np.testing.assert_allclose(res_dk.X_star, res_np.X_star, rtol=0, atol=1e-12)
+    # from the moved scores here, from the model at the moved points there (n < 200,000)
+    np.testing.assert_allclose(res_dk.loss_star, res_np.loss_star, rtol=1e-10, atol=1e-12)
+    frame_np, frame_dk = res_np.to_frame(), res_dk.to_frame()
+    np.testing.assert_allclose(frame_dk.to_numpy(float), frame_np.to_numpy(float), rtol=1e-9,
+                               atol=1e-12)
+
+
+@pytest.mark.parametrize("divergence", ["kl", "chi2"])
+@pytest.mark.parametrize("loss,r", [("hinge", 0.8), ("zero_one", 0.3)])
+def test_sample_weight_with_dask(client, loss, r, divergence):
+    """sample_weight given as a Dask array (other chunks than X's) on the gathered path and
+    on the distributed path: the NumPy weighted answer."""
+    Xd, X, model, y = _data(3000, 4, seed=5)
+    sw = np.random.default_rng(1).random(3000) * 3
+    kw = dict(loss=loss, r=r, divergence=divergence)
+    res_np = otstab.certify(model, X, y, sample_weight=sw, **kw)
+    sw_d = da.from_array(sw, chunks=1100)
+    _same(res_np, otstab.certify(model, Xd, y, sample_weight=sw_d, **kw))
+    res_dk = dask_path.certify_distributed(model, Xd, y, sample_weight=sw_d, **kw)
+    _same(res_np, res_dk)
+    assert _close(res_np.se, res_dk.se, 1e-8)
+
+
+def test_distributed_regression_and_series(client):
+    """A residual loss of a regressor, labels as a Dask Series."""
+    Xd, X, model, _ = _data(2000, 3, seed=2)
+    reg = otstab.LinearModel(model.coef_, 0.1, task="regression")
+    yr = X @ model.coef_ + np.random.default_rng(0).standard_normal(2000)
+    ys = dd.from_dask_array(da.from_array(yr, chunks=500))
+    for loss, r in [("absolute", 1.5), (otstab.losses.pinball(0.3), 0.9)]:
+        _same(otstab.certify(reg, X, yr, loss=loss, r=r),
+              dask_path.certify_distributed(reg, Xd, ys, loss=loss, r=r))
+
+
+def test_distributed_edge_cases(client):
+    """r below the base risk (zero), and thresholds nothing can reach (unreachable): a zero
+    model cannot move its hinge losses (all 1) above 1; with theta2 = inf only moving counts."""
+    Xd, X, model, y = _data(2000, 3, seed=4)
+    flat = otstab.LinearModel(np.zeros(3), 0.0)
+    cases = [(model, dict(loss="hinge", r=0.01), "zero"),
+             (model, dict(loss="zero_one", r=0.01), "zero"),
+             (flat, dict(loss="hinge", r=1.5), "unreachable"),
+             (flat, dict(loss="zero_one", r=0.8, theta2=float("inf")), "unreachable")]
+    for m, kw, status in cases:
+        res_np = otstab.certify(m, X, y, **kw)
+        res_dk = dask_path.certify_distributed(m, Xd, y, **kw)
+        assert res_dk.status == res_np.status == status
+        assert res_dk.value == res_np.value
+        assert _close(res_dk.risk_base, res_np.risk_base)
+
+
+def test_distributed_bad_input(client):
+    Xd, X, model, y = _data(1000, 3, seed=1)
+    bad = da.where(da.arange(1000)[:, None] == 617, np.nan, Xd)
+    with pytest.raises(ValidationError, match="row 617"):
+        dask_path.certify_distributed(model, bad, y, loss="hinge", r=0.8)
+    with pytest.raises(ValidationError, match="unknown to the model"):
+        dask_path.certify_distributed(model, Xd, np.where(y > 0, 1, 5), loss="hinge", r=0.8)
+    with pytest.raises(ValidationError, match="y has 999 entries"):
+        dask_path.certify_distributed(model, Xd, y[:-1], loss="hinge", r=0.8)
+    with pytest.raises(ValidationError, match="nonnegative"):
+        dask_path.certify_distributed(model, Xd, y, loss="hinge", r=0.8,
+                                      sample_weight=-np.ones(1000))
+    with pytest.raises(ValidationError, match="sample_weight has 10 entries"):
+        dask_path.certify_distributed(model, Xd, y, loss="hinge", r=0.8,
+                                      sample_weight=np.ones(10))
+    with pytest.raises(InputTypeError, match="not 'logistic'"):
+        dask_path.certify_distributed(model, Xd, y, loss="logistic", r=0.8)
+    with pytest.raises(InputTypeError, match="Dask X"):
+        dask_path.certify_distributed(model, X, y, loss="hinge", r=0.8)
+
+
+def test_wants_distributed(monkeypatch):
+    Xd = da.zeros((5000, 2), chunks=(1000, 2))
+    assert not dask_path.wants_distributed(Xd, "hinge")
+    monkeypatch.setattr(dask_path, "DISTRIBUTED_MIN_ROWS", 4000)
+    assert dask_path.wants_distributed(Xd, "hinge") and dask_path.wants_distributed(Xd,
+                                                                                    "zero_one")
+    assert not dask_path.wants_distributed(Xd, "logistic")
+    assert not dask_path.wants_distributed(np.zeros((5000, 2)), "hinge")
+
+
+@pytest.mark.parametrize("divergence,theta2", [("kl", 0.3), ("chi2", 0.3), ("kl", np.inf),
+                                               ("kl", 1e6), ("chi2", 1e-3)])
+def test_blockwise_dual_equals_dense_dual(divergence, theta2):
+    """otstab_solvers.blockwise without Dask (blocks in a list): the dual solved from
+    per-block sums equals solve_dual on the dense oracle of all rows (random three-piece
+    reduced form with one zero piece, uneven blocks, one empty)."""
+    rng = np.random.default_rng(0)
+    n = 2000
+    c1 = np.column_stack([np.zeros(n), rng.standard_normal(n), 0.5 * rng.standard_normal(n)])
+    c2 = np.array([[0.0, 0.3, 0.7]])
+    cuts = [0, 300, 300, 1100, 2000]
+    c1abs = float(np.max(np.abs(c1)))
+    blocks = [blockwise.piecewise_block(c1[a:b], c2, c1abs) for a, b in zip(cuts, cuts[1:])]
+    oracle = blockwise.BlockwiseDual(lambda f, *args: [f(b, *args) for b in blocks], n, n)
+    r = 0.9
+    dense = solve_dual(PiecewiseOracle(c1, c2), r, theta2, divergence)
+    blk = solve_dual(oracle, r, theta2, divergence)
+    assert blk.status == dense.status == "optimal"
+    assert _close(blk.value, dense.value, 1e-12)
+    assert _close(blk.h, dense.h, 1e-9)
+    if divergence == "chi2":
+        assert _close(blk.alpha, dense.alpha, 1e-9)
+    assert oracle.passes > 0

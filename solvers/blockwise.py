@@ -1,0 +1,238 @@
+"""The 1-D / 2-D dual from per-block partial sums: data that lives in blocks elsewhere.
+
+:class:`BlockwiseDual` is a reduction oracle that :func:`otstab_solvers.dual.solve_dual` accepts
+(it evaluates it like a :class:`~otstab_solvers.sorted_oracle.SortedTwoPiece`, through
+``reduce`` and ``kinks_between``), whose every quantity is a sum of per-block partial sums: the
+caller supplies ``run(func, *args)``, which applies ``func(block, *args)`` to every block
+wherever the blocks live (a Dask cluster, a loop over arrays) and returns the list of results.
+A *block* is an oracle for its rows (``evaluate(h, side=, with_pieces=True)`` and
+``crossings``, as :class:`~otstab_solvers.dual.PiecewiseOracle`) with an attribute ``p``: the
+rows' probabilities, or None for uniform rows. Only O(1) numbers per block come back per
+evaluation:
+
+- theta2 = inf: ``sum p l_h``, ``sum p dl``, ``sum p d2l``;
+- KL: per block the largest ``l_h / theta2`` (``M_b``) and the sums of ``p e``, ``p e dl``,
+  ``p e dl^2``, ``p e d2l`` and ``p expm1`` with ``e = exp(l_h / theta2 - M_b)``, combined on
+  the client by rescaling with ``exp(M_b - M)`` (the log-sum-exp of the blocks);
+- chi2: alpha (MATH.md, Remark 5) by Newton's method on the convex, increasing, piecewise-linear
+  ``f(alpha) = sum p (l + alpha + 2 theta2)_+ - 2 theta2 N`` started where every row is
+  active (f >= 0 there): each step recomputes alpha from the active set of the last, the sets
+  shrink, and the step whose active set does not change is exact. Each step is one pass of
+  blockwise sums over the active rows (count, ``sum p``, ``sum p l``, ...); values are shifted
+  by the largest ``l_h`` first, as :func:`otstab_solvers.weights.chi2_solution` does;
+- the kinks strictly inside a bracket: count, smallest and largest crossing of the rows whose
+  piece differs at the two ends (the middle returned is the midpoint of the two).
+
+This module imports neither otstab nor Dask.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .dual import PiecewiseOracle
+from .zero_one import DistanceOracle
+
+__all__ = ["BlockwiseDual", "piecewise_block", "distance_block", "block_l", "CHI2_MAX_STEPS"]
+
+#: bound on chi2's active-set steps per evaluation (each is one pass over the blocks)
+CHI2_MAX_STEPS = 200
+
+
+def piecewise_block(c1, c2, c1abs: float, p=None) -> PiecewiseOracle:
+    """A :class:`PiecewiseOracle` for one block's rows whose tie tolerance uses ``c1abs``, the
+    largest |c1| over all blocks (so that ties are decided as on the whole data)."""
+    oracle = PiecewiseOracle(c1, c2)
+    oracle._c1abs = float(c1abs)
+    oracle.p = p
+    return oracle
+
+
+class _DistanceBlock(DistanceOracle):
+    """:class:`DistanceOracle` (``l_h = (h - a_i)_+``) without its sorted view."""
+
+    def __init__(self, a, p=None):
+        self.a = np.asarray(a, dtype=np.float64)
+        self.n = self.a.size
+        self.prefix = None
+        self.p = p
+
+
+def distance_block(a, p=None) -> DistanceOracle:
+    """The 0/1 block oracle ``l_h = (h - a_i)_+`` for one block's rows (no sort)."""
+    return _DistanceBlock(a, p)
+
+
+def _pw(block, x):
+    """sum_i p_i x_i over a block (plain sum for uniform rows)."""
+    return float(np.sum(x)) if block.p is None else float(np.dot(block.p, x))
+
+
+def _live(block):
+    return None if block.p is None else block.p > 0
+
+
+def block_l(block, h: float, side: str):
+    """(l_h, dl, d2l, piece) of a block at ``h``."""
+    return block.evaluate(h, side=side, with_pieces=True)
+
+
+def block_top(block, h, side):
+    """(largest l_h over the rows of positive probability or -inf, sum p, sum p l_h, sum p dl,
+    sum p d2l, number of such rows)."""
+    lh, d1, d2, _ = block_l(block, h, side)
+    live = _live(block)
+    lv = lh if live is None else lh[live]
+    top = float(lv.max()) if lv.size else -math.inf
+    mass = float(lh.size) if block.p is None else float(np.sum(block.p))
+    return top, mass, _pw(block, lh), _pw(block, d1), _pw(block, d2), int(lv.size)
+
+
+def block_kl(block, h, side, theta2):
+    """KL partial sums of a block (see the module docstring)."""
+    lh, d1, d2, _ = block_l(block, h, side)
+    a = lh / theta2
+    live = _live(block)
+    av = a if live is None else a[live]
+    if not av.size:
+        return -math.inf, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+    m = float(av.max())
+    x = np.clip(a - m, -700.0, 0.0)  # rows of zero probability above the top are capped
+    e = np.exp(x)
+    pe = e if block.p is None else block.p * e
+    mass = float(lh.size) if block.p is None else float(np.sum(block.p))
+    return (m, float(np.sum(pe)), float(np.dot(pe, d1)), float(np.dot(pe, d1 * d1)),
+            float(np.dot(pe, d2)), _pw(block, np.expm1(x)), mass)
+
+
+def block_chi2(block, h, side, theta2, shift, alpha):
+    """chi2 partial sums over the active rows (``l - shift + alpha + 2 theta2 > 0``, rows of
+    positive probability): (count, sum p, sum p s, sum p s^2, sum p w dl, sum p w d2l,
+    sum p dl, sum p dl^2) with ``s = l - shift + alpha`` and ``w = s / (2 theta2) + 1``."""
+    lh, d1, d2, _ = block_l(block, h, side)
+    s = lh - shift + alpha
+    act = s > -2.0 * theta2
+    live = _live(block)
+    if live is not None:
+        act &= live
+    s, d1, d2 = s[act], d1[act], d2[act]
+    p = None if block.p is None else block.p[act]
+    w = s / (2.0 * theta2) + 1.0
+    pw = w if p is None else p * w
+
+    def tot(x):
+        return float(np.sum(x)) if p is None else float(np.dot(p, x))
+
+    return (int(s.size), float(s.size) if p is None else float(np.sum(p)), tot(s), tot(s * s),
+            float(np.dot(pw, d1)), float(np.dot(pw, d2)), tot(d1), tot(d1 * d1))
+
+
+def block_kinks(block, h_lo, side_lo, h_hi, side_hi):
+    """(count, smallest, largest) crossing strictly inside ``(h_lo, h_hi)`` of the rows whose
+    piece differs at the two ends."""
+    k_lo = block.evaluate(h_lo, side=side_lo, with_pieces=True)[3]
+    k_hi = block.evaluate(h_hi, side=side_hi, with_pieces=True)[3]
+    sw = np.nonzero(k_lo != k_hi)[0]
+    if not sw.size:
+        return 0, math.inf, -math.inf
+    hc = block.crossings(k_lo[sw], k_hi[sw], sw)
+    hc = hc[np.isfinite(hc) & (hc > h_lo) & (hc < h_hi)]
+    if not hc.size:
+        return 0, math.inf, -math.inf
+    return int(hc.size), float(hc.min()), float(hc.max())
+
+
+def _add(parts):
+    return [sum(col) for col in zip(*parts)]
+
+
+class BlockwiseDual:
+    """Reduction oracle of the dual over blocks (see the module docstring).
+
+    ``run(func, *args)`` returns ``[func(block, *args) for every block]``; ``n`` the number of
+    rows; ``total`` the P0-mass normaliser: ``n`` for uniform rows, ``1`` when the blocks carry
+    probabilities ``p`` (summing to 1 over all blocks). ``passes`` counts the calls of ``run``.
+    """
+
+    h_max = math.inf
+
+    def __init__(self, run, n: int, total: float):
+        self._run = run
+        self.n = int(n)
+        self.total = float(total)
+        self.passes = 0
+        self.prefix = self  # solve_dual evaluates an oracle's ``prefix`` by ``reduce``
+
+    def run(self, func, *args):
+        self.passes += 1
+        return self._run(func, *args)
+
+    def top(self, h: float, side: str = "right"):
+        """(largest l_h, sum p l_h, sum p dl, sum p d2l) over all blocks."""
+        parts = self.run(block_top, h, side)
+        return (max(q[0] for q in parts), *_add([q[2:5] for q in parts]))
+
+    def reduce(self, h: float, side: str, theta2: float, divergence: str):
+        """``(term, mu, curv, alpha, key)`` as ``SortedTwoPiece.reduce``; ``key`` = (h, side)."""
+        N = self.total
+        if math.isinf(theta2):
+            _, sl, sd, sd2 = self.top(h, side)
+            return sl / N, sd / N, sd2 / N, None, (h, side)
+        if divergence == "kl":
+            return (*self.kl(h, side, theta2), None, (h, side))
+        term, mu, curv, alpha, _ = self.chi2(h, side, theta2)
+        return term, mu, curv, alpha, (h, side)
+
+    def kl(self, h, side, theta2):
+        """(term, mu, curv) of the KL dual at ``h``."""
+        N = self.total
+        parts = [q for q in self.run(block_kl, h, side, theta2) if math.isfinite(q[0])]
+        M = max(q[0] for q in parts)
+        f = [math.exp(q[0] - M) for q in parts]
+        Z, Z1, Z2, Z3 = (sum(fb * q[i] for fb, q in zip(f, parts)) for i in (1, 2, 3, 4))
+        if Z > 0.5 * N:  # every l / theta2 close to the largest: expm1 keeps the accuracy
+            em1 = sum(fb * q[5] + math.expm1(q[0] - M) * q[6] for fb, q in zip(f, parts))
+            log_mean = math.log1p(em1 / N)
+        else:
+            log_mean = math.log(Z / N)
+        mu = Z1 / Z
+        var = max(Z2 / Z - mu * mu, 0.0)  # steers Newton only
+        return theta2 * (M + log_mean), mu, Z3 / Z + var / theta2
+
+    def chi2(self, h, side, theta2):
+        """(term, mu, curv, alpha, shift) of the chi2 dual at ``h`` (alpha exact, see the
+        module docstring)."""
+        N = self.total
+        two = 2.0 * theta2
+        shift, sl, _, _ = self.top(h, side)
+        alpha = -(sl - shift * N) / N  # every row active: sum p (l - shift + alpha) = 0
+        count = None
+        for _ in range(CHI2_MAX_STEPS):
+            q = _add(self.run(block_chi2, h, side, theta2, shift, alpha))
+            k, P, S, S2, swd, swd2, sd, sdd = q
+            if count is not None and k >= count:
+                # the active set alpha was computed from did not shrink: alpha is exact (a set
+                # larger by rounding adds rows of weight ~0)
+                break
+            count = k
+            # sum_A p (s + alpha' - alpha + 2 theta2) = 2 theta2 N
+            alpha = alpha + (two * N - S - two * P) / P
+        else:  # pragma: no cover - the sets shrink at every step
+            raise RuntimeError("chi2 alpha: the active set did not settle in "
+                               f"{CHI2_MAX_STEPS} steps")
+        term = (S + S2 / (2.0 * two) - theta2 * (N - P)) / N - alpha
+        mu = swd / N
+        curv = (swd2 + max(sdd - sd * sd / P, 0.0) / two) / N
+        return term + shift, mu, curv, alpha - shift, shift
+
+    def kinks_between(self, key_lo, key_hi, h_lo: float, h_hi: float):
+        """(count, smallest, largest, middle) of the kinks strictly inside ``(h_lo, h_hi)``."""
+        parts = self.run(block_kinks, key_lo[0], key_lo[1], key_hi[0], key_hi[1])
+        cnt = sum(q[0] for q in parts)
+        if not cnt:
+            return 0, math.nan, math.nan, math.nan
+        lo = min(q[1] for q in parts)
+        hi = max(q[2] for q in parts)
+        return cnt, lo, hi, 0.5 * (lo + hi)
