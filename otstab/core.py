@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import time
 
-from . import inference, pipeline
+from . import dask_path, inference, pipeline
 from .costs import check_feature_costs, scaled_problem, unscale_result
 from .errors import ValidationError
 from .losses import MulticlassHinge, PiecewiseLinear, ZeroOne, get_loss
@@ -93,6 +93,21 @@ def certify(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl", s
     r, theta1, theta2, divergence = check_common(r, theta1, theta2, divergence, solver)
     solver = solver.lower()
     loss_obj = get_loss(loss)
+    if dask_path.wants_distributed(X, loss_obj, model) and feature_costs is None \
+            and se in ("analytic", None) and solver in ("auto", "dual"):
+        # Dask data beyond DISTRIBUTED_MIN_ROWS rows: the scores stay on the workers and the
+        # dual's sums run blockwise (otstab.dask_path; docs/scale.md)
+        try:
+            res = dask_path.certify_distributed(
+                model, X, y, loss=loss_obj, r=r, theta1=theta1, theta2=theta2,
+                divergence=divergence, solver=solver, features=features,
+                sample_weight=sample_weight, **solver_options)
+        except dask_path.NotDistributed:
+            pass  # an edge the distributed path leaves to the gathered scores
+        else:
+            if se is None:
+                res.inference = None
+            return res
     prob = resolve_model(model, X, y, loss=loss_obj, sample_weight=sample_weight)
     if isinstance(loss_obj, ZeroOne) and r > 1.0:
         raise ValidationError(

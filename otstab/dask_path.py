@@ -48,7 +48,7 @@ from .reduction import feature_mask, reduce_problem
 from .results import StabilityResult
 from .zero_one import linear_distances
 
-__all__ = ["certify_distributed", "DISTRIBUTED_MIN_ROWS", "wants_distributed"]
+__all__ = ["certify_distributed", "DISTRIBUTED_MIN_ROWS", "NotDistributed", "wants_distributed"]
 
 #: Dask inputs with more rows than this should be certified by :func:`certify_distributed`
 DISTRIBUTED_MIN_ROWS = 20_000_000
@@ -58,11 +58,22 @@ TIE_RTOL = 1e-10
 ZERO_ONE_TIE = 1e-10
 
 
-def wants_distributed(X, loss) -> bool:
+class NotDistributed(InputTypeError):
+    """An instance the distributed path does not solve (the 0/1 loss at r = 1, the limit case
+    of samples unable to move); :func:`otstab.certify` then solves it on the gathered
+    scores."""
+
+
+def wants_distributed(X, loss, model=None) -> bool:
     """Whether a Dask ``X`` with this loss is large enough for the distributed path (and the
-    path supports the loss: piecewise-linear margin or residual losses, 0/1)."""
+    path supports the loss: piecewise-linear margin or residual losses, 0/1; and the model,
+    when given: a linear binary classifier or regressor, not a Pipeline)."""
     if not scale.is_dask(X) or not isinstance(get_loss(loss), (PiecewiseLinear, ZeroOne)):
         return False
+    if model is not None:
+        scorer = None if hasattr(model, "steps") else linear_scorer(model)
+        if scorer is None or scorer.task == "multiclass":
+            return False
     n = X.shape[0]
     return isinstance(n, (int, np.integer)) and not math.isnan(n) and n > DISTRIBUTED_MIN_ROWS
 
@@ -133,10 +144,10 @@ class _NearMoves:
         return self.near.displacement(src) * (piece > 0)[:, None]
 
     def score_shift(self, W, src, piece, h):
-        return -(self.near.c[src] * (piece > 0)) * float(self.w @ W[0])
+        return -(self.near.steps(src) * (piece > 0)) * float(self.w @ W[0])
 
     def sq_displacement(self, src, piece, h):
-        return (self.near.c[src] * (piece > 0)) ** 2 * float(self.w @ self.w)
+        return (self.near.steps(src) * (piece > 0)) ** 2 * float(self.w @ self.w)
 
 
 def _on_block(spec, s, y, p, func, args):
@@ -153,7 +164,7 @@ def _block_base(oracle):
     a = getattr(oracle, "a", None)
     fin = np.zeros(l0.size, dtype=bool) if a is None else np.isfinite(a)
     return (float(np.dot(q, l0)), float(l0[live].max()) if live.any() else -math.inf,
-            float(getattr(oracle, "_c1abs", 0.0)),
+            float(getattr(oracle, "c1abs", 0.0)),
             float(np.dot(q, l0 + (fin & (l0 == 0)))), int(np.count_nonzero(fin & live)))
 
 
@@ -379,7 +390,7 @@ def _edge(spec, r, base, parts, theta1, theta2, N):
             return "unreachable", ("no sample is misclassified and none can be moved "
                                    "(theta1 = inf, a zero model or masked features)")
         if r >= 1.0:
-            raise InputTypeError("r = 1 for the 0/1 loss (every sample misclassified) is not "
+            raise NotDistributed("r = 1 for the 0/1 loss (every sample misclassified) is not "
                                  "solved by the distributed path: certify it with "
                                  "otstab.certify")
         return None
@@ -391,8 +402,9 @@ def _edge(spec, r, base, parts, theta1, theta2, N):
                                f"r = {r:g} (base risk {base:.6g}, largest loss {lmax:.6g}; "
                                "samples cannot move)")
     if r >= lmax * (1 - 1e-12):
-        raise InputTypeError("r equals the largest loss with samples unable to move (the "
-                             "limit case h -> inf): certify it in memory with otstab.certify")
+        raise NotDistributed("r equals the largest loss with samples unable to move (the "
+                             "limit case h -> inf): certify it with otstab.certify, which "
+                             "solves it on the gathered scores")
     return None
 
 

@@ -125,10 +125,13 @@ class NearPoints:
         #: ``reduced(rows) -> (loss, squared move)`` at the moved points, from the scores
         self.reduced = reduced
 
+    def steps(self, rows) -> np.ndarray:
+        """``c`` of ``rows`` (the signed step along each row's direction)."""
+        return self.c(rows) if callable(self.c) else self.c[rows]
+
     def displacement(self, rows) -> np.ndarray:
         """``x_near - x`` for ``rows``."""
-        c = self.c(rows) if callable(self.c) else self.c[rows]
-        return -c[:, None] * self.direction(rows)
+        return -self.steps(rows)[:, None] * self.direction(rows)
 
     def __getitem__(self, rows) -> np.ndarray:
         return self.X[rows] + self.displacement(rows)

@@ -44,8 +44,7 @@ CHI2_MAX_STEPS = 200
 def piecewise_block(c1, c2, c1abs: float, p=None) -> PiecewiseOracle:
     """A :class:`PiecewiseOracle` for one block's rows whose tie tolerance uses ``c1abs``, the
     largest |c1| over all blocks (so that ties are decided as on the whole data)."""
-    oracle = PiecewiseOracle(c1, c2)
-    oracle._c1abs = float(c1abs)
+    oracle = PiecewiseOracle(c1, c2, c1abs=c1abs)
     oracle.p = p
     return oracle
 

@@ -58,7 +58,7 @@ class PiecewiseOracle:
     prefix = None
     _hinge_piece = None
 
-    def __init__(self, c1, c2):
+    def __init__(self, c1, c2, *, c1abs: float | None = None):
         c1 = np.asarray(c1, dtype=np.float64)
         c2 = np.asarray(c2, dtype=np.float64)
         if c2.ndim == 1:
@@ -71,7 +71,15 @@ class PiecewiseOracle:
         self._c2T = np.ascontiguousarray(c2.T) if self._rowwise else c2[0]
         c2z = (~np.any(c2 != 0, axis=0))
         self._zero = [bool(c2z[k] and not np.any(self._c1T[k])) for k in range(self.K)]
-        self._c1abs = max(float(c1.max()), -float(c1.min())) if c1.size else 0.0
+        # the largest |c1| (the scale of the tie tolerance); ``c1abs``: that of a larger data
+        # set these rows are a block of, so that ties are decided as on all of it
+        self._c1abs = float(c1abs) if c1abs is not None else (
+            max(float(c1.max()), -float(c1.min())) if c1.size else 0.0)
+
+    @property
+    def c1abs(self) -> float:
+        """The largest |c1[i, k]| the tie tolerance is scaled by."""
+        return self._c1abs
 
     def _c2k(self, k):
         return self._c2T[k]

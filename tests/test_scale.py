@@ -384,3 +384,26 @@ def test_blockwise_dual_equals_dense_dual(divergence, theta2):
     if divergence == "chi2":
         assert _close(blk.alpha, dense.alpha, 1e-9)
     assert oracle.passes > 0
+
+
+def test_certify_dispatches_large_dask_input(client, monkeypatch):
+    """``otstab.certify`` itself takes the distributed path above DISTRIBUTED_MIN_ROWS (for the
+    losses, models and options it supports) and the gathered path otherwise; both answer as the
+    NumPy path does. An edge the distributed path leaves alone (0/1 at r = 1) falls back."""
+    Xd, X, model, y = _data(3000, 4, seed=11)
+    monkeypatch.setattr(dask_path, "DISTRIBUTED_MIN_ROWS", 1000)
+    for kw in (dict(loss="hinge", r=0.8), dict(loss="zero_one", r=0.3001, divergence="chi2")):
+        res = otstab.certify(model, Xd, y, **kw)
+        ref = otstab.certify(model, X, y, **kw)
+        assert res.info.get("distributed") is True
+        _same(ref, res)
+        assert _close(ref.se, res.se, 1e-8)
+    # not supported there: the gathered path answers
+    for kw in (dict(loss="logistic", r=0.8), dict(loss="hinge", r=0.8, se="bootstrap"),
+               dict(loss="hinge", r=0.8, feature_costs=[1.0, 2.0, 1.0, 1.0]),
+               dict(loss="zero_one", r=1.0)):
+        res = otstab.certify(model, Xd, y, **kw)
+        assert not res.info.get("distributed")
+        assert res.status in ("optimal", "unreachable")
+    assert otstab.certify(model, Xd, y, loss="hinge", r=0.8, se=None).se != \
+        otstab.certify(model, Xd, y, loss="hinge", r=0.8).se
