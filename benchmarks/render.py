@@ -553,10 +553,13 @@ def figures(benches, fig_dir) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 
 
-def section_dask_large(path=os.path.join(os.path.dirname(__file__), "results",
-                                          "dask_1e8.json")) -> list[str]:
-    """The n = 1e8 Dask run (too long for the full suite: run once by hand, recorded in
-    ``results/dask_1e8.json``)."""
+#: the n = 1e8 Dask run (too long for the full suite: run once by hand and recorded here)
+DASK_LARGE_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                               "dask_1e8.json")
+
+
+def section_dask_large(path=DASK_LARGE_JSON) -> list[str]:
+    """The section of the recorded n = 1e8 Dask run (none when the record is absent)."""
     if not os.path.exists(path):
         return []
     with open(path) as fh:
