@@ -26,7 +26,7 @@ from otstab_solvers.zero_one import solve_zero_one
 from . import audit, bounds
 from ._validation import as_bool_vector, as_float_matrix, as_float_vector
 from .errors import ValidationError
-from .losses import zero_one
+from .losses import ZeroOne, zero_one
 from .models import Problem
 from .nonlinear import LinearDifferentiable
 from .params import check_common, check_options
@@ -40,8 +40,10 @@ PUSH = 1e-9
 EPS = float(np.finfo(float).eps)
 
 
-#: moved rows per block of the 0/1 audit (cache-sized temporaries)
+#: moved rows per block of the 0/1 audit (cache-sized temporaries): materialised points, and
+#: the reduced form's losses and moves
 MOVED_BLOCK = 4096
+REDUCED_BLOCK = 1 << 14
 
 
 def linear_distances(prob: Problem, mask: np.ndarray | None = None):
@@ -54,7 +56,9 @@ def linear_distances(prob: Problem, mask: np.ndarray | None = None):
     X = prob.X
     W = sc.W if mask is None else sc.W * mask[None, :]
     S = prob.scores if prob.scores is not None else sc.scores(X)
-    loss0 = zero_one.values(S, prob.y)
+    # the 0/1 losses at the data: the problem's own (computed once) when its loss is 0/1
+    loss0 = prob.losses(X) if isinstance(prob.loss, ZeroOne) and prob.scores is not None \
+        else zero_one.values(S, prob.y)
     if sc.task == "binary":
         w = W[0]
         nw = float(w @ w)
@@ -62,8 +66,8 @@ def linear_distances(prob: Problem, mask: np.ndarray | None = None):
         if nw == 0.0:
             d = np.where(loss0 > 0, 0.0, np.inf)
             return d, NearPoints(X, np.zeros(X.shape[0]), lambda rows: w[None, :])
-        mp = np.maximum(m, 0.0)
-        d = mp * mp
+        d = np.maximum(m, 0.0)  # d* = max(m, 0)^2 / ||w||^2, in one buffer
+        d *= d
         d /= nw
         d[loss0 > 0] = 0.0
         y, b = prob.y, sc.b[0]
@@ -217,9 +221,9 @@ class _Weights:
 def _phi_sum(w, divergence):
     """sum_i phi(w_i), each term accurate also for weights close to 1 (no ``sum w^2 - 2 sum w
     + n`` style cancellation, which a large theta2 would turn into cost)."""
-    if w.size == 0:
-        return 0.0
-    return float(np.sum(phi(w, divergence)))
+    # over blocks of rows: phi's temporaries stay cache-sized
+    return sum((float(np.sum(phi(w[s:s + REDUCED_BLOCK], divergence)))
+                for s in range(0, w.size, REDUCED_BLOCK)), 0.0)
 
 
 def _move_plan(h, w, loss0, r, n, ac, tol=1e-10):
@@ -424,7 +428,11 @@ def _finish(*, value, h, alpha, status, message, plan, w, a, loss0, r, theta1, t
             and n > audit.AUDIT_DIRECT_MAX:
         # large n: the loss and move of every moved row from the scores (the reduced form),
         # confirmed on a random sample of moved rows materialised and re-scored by the model
-        loss_m, d2 = reduced(rows)
+        loss_m = np.empty(rows.size)
+        d2 = np.empty(rows.size)
+        for s in range(0, rows.size, REDUCED_BLOCK):
+            loss_m[s:s + REDUCED_BLOCK], d2[s:s + REDUCED_BLOCK] = \
+                reduced(rows[s:s + REDUCED_BLOCK])
         rng = np.random.default_rng(0)
         pick = np.sort(rng.choice(rows.size, size=min(audit.AUDIT_SAMPLE, rows.size),
                                   replace=False))
