@@ -72,7 +72,9 @@ def certify(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl", s
         Every path takes it (the specialised dual, the conic backends, the exact smooth and
         0/1 paths, the perturbation search, the first-order path) and both SEs: the analytic
         one is the weighted influence function, the bootstrap resamples rows with their
-        weights. Dask input refuses it. Equal weights are the unweighted problem.
+        weights. With Dask input the weights may be a Dask array or Series aligned with X's
+        rows (gathered on the gathered path, kept on the workers on the distributed one).
+        Equal weights are the unweighted problem.
     se : "analytic" (default), "bootstrap", ``otstab.inference.Bootstrap(n_boot, seed,
         interval, progress)`` or None
         Sampling uncertainty of R (``res.se``, ``res.ci(level)``,
