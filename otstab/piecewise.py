@@ -10,6 +10,7 @@ answer fails the audit.
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 
@@ -17,7 +18,7 @@ import numpy as np
 from otstab_solvers import conic as _conic
 from otstab_solvers.dual import PiecewiseOracle, oracle_for, refine, solve_dual
 from otstab_solvers.result import OPTIMAL, DualSolution
-from otstab_solvers.weights import phi, pmean, weight_map
+from otstab_solvers.weights import kl_weight_map_blocks, phi, pmean, weight_map
 
 from . import audit
 from .errors import SolverNotAvailableError
@@ -182,12 +183,26 @@ def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, thet
     if tie_rtol is None:
         tie_rtol = 1e-10 if sol.solver == "dual" else 1e-7
     oracle = PiecewiseOracle(red.c1, red.c2) if oracle is None else oracle
+    if getattr(oracle, "prefix", None) is not None:
+        # the result keeps the oracle (Q*'s atoms are built on first access) but not its
+        # sorted view, whose arrays only the solver needed
+        oracle = copy.copy(oracle)
+        oracle.prefix = None
     p = prob.p
     blocks = [(s, min(s + AUDIT_BLOCK, n)) for s in range(0, n, AUDIT_BLOCK)]
-    lh = np.empty(n)
-    for s, e in blocks:
-        lh[s:e] = oracle.values(h, slice(s, e))
-    wm = weight_map(lh, theta2, divergence, p)
+    if divergence == "kl" and p is None and math.isfinite(theta2):
+        # l_h over blocks, twice, instead of an n-vector of it
+        lh = None
+        wm = kl_weight_map_blocks(lambda s, e: oracle.values(h, slice(s, e)), n, theta2)
+    else:
+        lh = np.empty(n)
+        for s, e in blocks:
+            lh[s:e] = oracle.values(h, slice(s, e))
+        wm = weight_map(lh, theta2, divergence, p)
+
+    def lh_at(rows):
+        """l_h of ``rows`` (kept, or recomputed: the same arithmetic, the same numbers)."""
+        return oracle.values(h, rows) if lh is None else lh[rows]
     sampled = n > AUDIT_DIRECT_MAX
     # every sample on its low piece (the tied ones moved afterwards): the risk it reaches, the
     # tied samples (those whose high piece gains risk) and, for the sampled audit, the sums
@@ -195,8 +210,8 @@ def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, thet
     low_risk = 0.0
     tied = []
     for s, e in blocks:
-        _, k_lo, d_lo, k_hi, d_hi = oracle.scan(h, tie_rtol, slice(s, e))
-        w = wm(lh[s:e])
+        lh_b, k_lo, d_lo, k_hi, d_hi = oracle.scan(h, tie_rtol, slice(s, e))
+        w = wm(lh_b)
         pw = w if p is None else p[s:e] * w
         low_risk += float(pw @ d_lo)
         gain = pw * (d_hi - d_lo)
@@ -247,7 +262,7 @@ def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, thet
         src = np.concatenate([np.arange(n), srows])
         piece = np.concatenate([piece, t_hi[split]])
         mass = np.concatenate([mass, frac[split]])
-        w = wm(lh)
+        w = wm(lh_at(slice(None)))
         return src, piece, mass, np.concatenate([w, w[srows]])
 
     atoms = _Lazy(build_atoms)
@@ -256,13 +271,12 @@ def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, thet
         # the high one (the sums are linear in the mass; the weight stays the sample's)
         rows = t_rows[moving]
         if rows.size:
-            w = wm(lh[rows])
+            w = wm(lh_at(rows))
             f = frac[moving]
             sums.add(rows, f, w, *_reduced_atoms(prob, red, rows, t_hi[moving], h))
             sums.add(rows, -f, w, *_reduced_atoms(prob, red, rows, t_lo[moving], h))
         res = sums.result(prob, theta1, theta2, value)
-        res["audit"] = _sample_check(prob, red, oracle, h, tie_rtol, t_rows, t_hi, frac, wm,
-                                     lh)
+        res["audit"] = _sample_check(prob, red, oracle, h, tie_rtol, t_rows, t_hi, frac)
         if res["audit"]["max_rel_error"] > SAMPLED_RTOL:  # the reduced form and the model
             res["primal_cost"] = res["gap"] = math.inf   # disagree: never pass this off
         res["loss_star"] = lambda: _reduced_atoms(prob, red, atoms()[0], atoms()[1], h)[0]
@@ -360,7 +374,7 @@ class _Sums:
                                self.moved_risk, value, None, self.p)
 
 
-def _sample_check(prob, red, oracle, h, tie_rtol, t_rows, t_hi, frac, wm, lh) -> dict:
+def _sample_check(prob, red, oracle, h, tie_rtol, t_rows, t_hi, frac) -> dict:
     """The reduced form against the model on a random sample of AUDIT_SAMPLE atoms: each is
     materialised (x* = x + displacement), re-scored by the model and re-measured."""
     n = prob.n

@@ -37,9 +37,17 @@ class _Keys:
     """The sorted keys of a :class:`SortedTwoPiece` (shared by its rescaled copies) and their
     prefix sums, computed on first use (KL evaluations away from ``A = 0`` never need them)."""
 
-    def __init__(self, nu, us, n_fin, umax):
-        self.nu, self.us, self.n_fin, self.umax = nu, us, n_fin, umax
-        self._prefix = None
+    def __init__(self, nu, n_fin, umax):
+        self.nu, self.n_fin, self.umax = nu, n_fin, umax
+        self._prefix = self._us = None
+
+    @property
+    def us(self) -> np.ndarray:
+        """The keys in decreasing order (``-nu``), built on first use (the KL evaluations work
+        on ``nu`` itself)."""
+        if self._us is None:
+            self._us = -self.nu
+        return self._us
 
     def prefix(self):
         if self._prefix is None:
@@ -90,15 +98,18 @@ class SortedTwoPiece:
             nu = -np.asarray(u, dtype=np.float64)  # ascending -u
             if not presorted:
                 nu.sort()
-            us = -nu  # decreasing u
             n_fin = int(np.searchsorted(nu, math.inf, side="left"))  # -inf keys sort last
             # the largest |key| is at one end of the finite, sorted keys
-            umax = max(abs(float(us[0])), abs(float(us[n_fin - 1]))) if n_fin else 0.0
-            _sorted = _Keys(nu, us, n_fin, umax)
+            umax = max(abs(float(nu[0])), abs(float(nu[n_fin - 1]))) if n_fin else 0.0
+            _sorted = _Keys(nu, n_fin, umax)
         self._sorted = _sorted
-        self.nu, self.us, self.n_fin, self.umax = _sorted.nu, _sorted.us, _sorted.n_fin, \
-            _sorted.umax
-        self.n = self.us.size
+        self.nu, self.n_fin, self.umax = _sorted.nu, _sorted.n_fin, _sorted.umax
+        self.n = self.nu.size
+
+    @property
+    def us(self) -> np.ndarray:
+        """The keys in decreasing order (``-nu``; built on first use)."""
+        return self._sorted.us
 
     @property
     def cu(self) -> np.ndarray:
@@ -173,8 +184,8 @@ class SortedTwoPiece:
         exist, else directly (one pass over the q keys, no n-sized arrays)."""
         if self._sorted._prefix is not None:
             return float(self.cu[q]), float(self.cu2[q])
-        head = self.us[:q]
-        return float(np.sum(head)), float(np.dot(head, head))
+        head = self.nu[:q]  # -u
+        return -float(np.sum(head)), float(np.dot(head, head))
 
     def _sums(self, q: int, A, B, dA, dB):
         """Sums over the first q sorted samples of l, l^2, d, d^2 and l d, where l = A u + B
@@ -205,8 +216,8 @@ class SortedTwoPiece:
         n = self.n
         if p == 0:
             return 0.0, 0.0, 0.0
-        u = self.us[:p]
-        top = (A * float(u[0]) + B) / theta2  # largest l / theta2 (u is decreasing)
+        nu = self.nu[:p]  # -u, increasing: the KL passes work on it (no copy of u)
+        top = (-A * float(nu[0]) + B) / theta2  # largest l / theta2 (u is decreasing)
         M = max(top, 0.0)
         if A == 0.0:
             e_val = math.exp(max(B / theta2 - M, -700.0))
@@ -214,7 +225,7 @@ class SortedTwoPiece:
             Z1, Zu, Zu2 = e_val * p, e_val * s1, e_val * s2
             e = None
         else:
-            x = u * A  # the exponents (l - max l) / theta2, in one buffer, in place
+            x = nu * -A  # the exponents (l - max l) / theta2, in one buffer, in place
             x += B
             x /= theta2
             x -= M
@@ -222,7 +233,7 @@ class SortedTwoPiece:
             np.clip(x, -700.0, 0.0, out=x)
             e = np.exp(x)
             Z1 = float(e.sum())
-            Zu = float(np.einsum("i,i->", e, u))
+            Zu = -float(np.einsum("i,i->", e, nu))
         e0 = math.exp(max(-M, -700.0))
         Z = Z1 + (n - p) * e0
         mu = (dA * Zu + dB * Z1) / Z
@@ -242,7 +253,7 @@ class SortedTwoPiece:
         elif e is None:
             var_p = dA * dA * Zu2 + 2.0 * dA * (dB - mu) * Zu + (dB - mu) ** 2 * Z1
         else:
-            dd = np.multiply(u, dA, out=x)  # x is no longer needed
+            dd = np.multiply(nu, -dA, out=x)  # x is no longer needed
             dd += dB - mu
             var_p = float(np.einsum("i,i,i->", e, dd, dd))
         var = (max(var_p, 0.0) + (n - p) * e0 * mu * mu) / Z

@@ -24,6 +24,7 @@ __all__ = [
     "weights_at",
     "WeightMap",
     "weight_map",
+    "kl_weight_map_blocks",
     "logmeanexp",
     "log_mean_shifted",
     "kl_weights",
@@ -246,15 +247,24 @@ def weight_map(lh: np.ndarray, theta2: float, divergence: str, p=None) -> Weight
         e = np.exp(np.maximum(a - m, -700.0))
         term = theta2 * (m + log_mean_shifted(a, m, e, p))
         return WeightMap("kl", theta2, m, float(np.dot(p, e)), None, term, True)
-    n = lh.size
-    m = float(np.max(lh)) / theta2  # == max(lh / theta2): division by theta2 > 0 is monotone
+    return kl_weight_map_blocks(lambda s, e: lh[s:e], lh.size, theta2)
+
+
+def kl_weight_map_blocks(block, n: int, theta2: float) -> WeightMap:
+    """The KL :class:`WeightMap` (uniform P0, finite theta2) of the ``n`` values of l_h given
+    by ``block(s, e)`` (rows s..e), over blocks of :data:`BLOCK` rows: l_h itself need not be
+    held in memory (two passes; a third, of ``expm1``, when every term is close to the
+    largest)."""
+    bounds = [(s, min(s + BLOCK, n)) for s in range(0, n, BLOCK)]
+    # max(lh) / theta2 == max(lh / theta2): division by theta2 > 0 is monotone
+    m = max(float(np.max(block(s, e))) for s, e in bounds) / theta2
     z = 0.0
-    for s in range(0, n, BLOCK):
-        z += float(np.sum(np.exp(np.maximum(lh[s:s + BLOCK] / theta2 - m, -700.0))))
+    for s, e in bounds:
+        z += float(np.sum(np.exp(np.maximum(block(s, e) / theta2 - m, -700.0))))
     if z > 0.5 * n:
         zm1 = 0.0
-        for s in range(0, n, BLOCK):
-            zm1 += float(np.sum(np.expm1(np.maximum(lh[s:s + BLOCK] / theta2 - m, -700.0))))
+        for s, e in bounds:
+            zm1 += float(np.sum(np.expm1(np.maximum(block(s, e) / theta2 - m, -700.0))))
         log_mean = math.log1p(zm1 / n)
     else:
         log_mean = math.log(z / n)
