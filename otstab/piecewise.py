@@ -193,7 +193,8 @@ def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, thet
     if divergence == "kl" and p is None and math.isfinite(theta2):
         # l_h over blocks, twice, instead of an n-vector of it
         lh = None
-        wm = kl_weight_map_blocks(lambda s, e: oracle.values(h, slice(s, e)), n, theta2)
+        wm = kl_weight_map_blocks(lambda s, e: oracle.values(h, slice(s, e)), n, theta2,
+                                  top=oracle.values_max(h))
     else:
         lh = np.empty(n)
         for s, e in blocks:
@@ -336,11 +337,11 @@ class _Lazy:
 def _reduced_atoms(prob, red, rows, piece, h):
     """(loss at x*, ||x* - x||^2) of the atoms ``(rows, piece)`` from the reduced form: the
     loss at the moved scores ``s + (x* - x) W^T`` and the squared move, without forming x*."""
-    shift = red.score_shift(prob.scorer.W, rows, piece, h)
+    shift, moved2 = red.moves(prob.scorer.W, rows, piece, h)
     scores = prob.scores[rows]
     if shift is not None:
         scores = scores + shift
-    return prob.losses_from_scores(scores, prob.y[rows]), red.sq_displacement(rows, piece, h)
+    return prob.losses_from_scores(scores, prob.y[rows]), moved2
 
 
 class _Sums:
@@ -356,6 +357,13 @@ class _Sums:
         return (mass / self.n) if self.p is None else mass * self.p[rows]
 
     def add(self, rows, mass, w, loss_star, moved2):
+        if self.p is None and np.ndim(mass) == 0:  # one P0-mass for every atom: factor it out
+            c = mass / self.n
+            self.risk += c * float(w @ loss_star)
+            self.mass += c * float(np.sum(w))
+            self.move += c * float(w @ moved2)
+            self.moved_risk += c * float(np.sum(loss_star))
+            return
         pm = np.broadcast_to(self._pm(rows, mass), w.shape)
         pmw = pm * w
         self.risk += float(pmw @ loss_star)
@@ -364,8 +372,10 @@ class _Sums:
         self.moved_risk += float(pm @ loss_star)
 
     def add_phi(self, rows, w, divergence):
-        pm = np.broadcast_to(self._pm(rows, 1.0), w.shape)
-        self.phi += float(pm @ phi(w, divergence))
+        if self.p is None:
+            self.phi += float(np.sum(phi(w, divergence))) / self.n
+            return
+        self.phi += float(self.p[rows] @ phi(w, divergence))
 
     def result(self, prob, theta1, theta2, value) -> dict:
         move_cost = 0.0 if math.isinf(theta1) else theta1 * self.move

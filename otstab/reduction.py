@@ -104,6 +104,14 @@ class Reduced:
         vw = self.v @ W.T  # (K_out,)
         return (t * g)[:, None] * vw[None, :] if W.shape[0] > 1 else (t * g) * float(vw[0])
 
+    def moves(self, W: np.ndarray, src, piece, h: float):
+        """``(score_shift(W, ...), sq_displacement(...))`` together (the per-atom coefficient
+        computed once); the same numbers as the two methods."""
+        if math.isinf(self.theta1) or h == 0.0 or self.kind == "multiclass" or W.shape[0] > 1:
+            return self.score_shift(W, src, piece, h), self.sq_displacement(src, piece, h)
+        tg = (h / (2.0 * self.theta1)) * self.coef(src, piece)
+        return tg * float((self.v @ W.T)[0]), tg * tg * float(self.v @ self.v)
+
     def sq_displacement(self, src, piece, h: float) -> np.ndarray:
         """``||x* - x||^2`` per atom, without forming x*."""
         if math.isinf(self.theta1) or h == 0.0:

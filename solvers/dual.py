@@ -73,8 +73,9 @@ class PiecewiseOracle:
         self._zero = [bool(c2z[k] and not np.any(self._c1T[k])) for k in range(self.K)]
         # the largest |c1| (the scale of the tie tolerance); ``c1abs``: that of a larger data
         # set these rows are a block of, so that ties are decided as on all of it
+        self._c1max = self._c1T.max(axis=1) if self.n else np.zeros(self.K)  # per piece
         self._c1abs = float(c1abs) if c1abs is not None else (
-            max(float(c1.max()), -float(c1.min())) if c1.size else 0.0)
+            max(float(self._c1max.max()), -float(self._c1T.min())) if c1.size else 0.0)
 
     @property
     def c1abs(self) -> float:
@@ -168,6 +169,23 @@ class PiecewiseOracle:
         d_hi = np.where(hi, dk, 0.0)
         np.maximum(v, 0.0, out=v)
         return v, lo.astype(np.intp), d_lo, hi.astype(np.intp), d_hi
+
+    def values_max(self, h: float) -> float:
+        """The largest l_h over all samples, in O(K): each piece's value is nondecreasing in
+        c1 at h >= 0 and rounding is monotone, so the largest is reached at the piece's
+        largest c1 with the same arithmetic as :meth:`values` (rowwise c2: computed)."""
+        if self._rowwise or not self.n:
+            return float(np.max(self.values(h))) if self.n else 0.0
+        hh = h * h
+        out = -math.inf
+        for k in range(self.K):
+            if self._zero[k]:
+                v = 0.0
+            else:
+                c2k = self._c2T[k]
+                v = float(self._c1max[k] * h + c2k * hh if c2k != 0.0 else self._c1max[k] * h)
+            out = max(out, v)
+        return out
 
     def values(self, h: float, rows=None) -> np.ndarray:
         """l_h of the samples ``rows`` (a slice or index array; default all): the first output

@@ -250,14 +250,16 @@ def weight_map(lh: np.ndarray, theta2: float, divergence: str, p=None) -> Weight
     return kl_weight_map_blocks(lambda s, e: lh[s:e], lh.size, theta2)
 
 
-def kl_weight_map_blocks(block, n: int, theta2: float) -> WeightMap:
+def kl_weight_map_blocks(block, n: int, theta2: float, top: float | None = None) -> WeightMap:
     """The KL :class:`WeightMap` (uniform P0, finite theta2) of the ``n`` values of l_h given
     by ``block(s, e)`` (rows s..e), over blocks of :data:`BLOCK` rows: l_h itself need not be
-    held in memory (two passes; a third, of ``expm1``, when every term is close to the
-    largest)."""
+    held in memory (two passes, one when ``top``, the largest l_h, is given; one more, of
+    ``expm1``, when every term is close to the largest)."""
     bounds = [(s, min(s + BLOCK, n)) for s in range(0, n, BLOCK)]
+    if top is None:
+        top = max(float(np.max(block(s, e))) for s, e in bounds)
     # max(lh) / theta2 == max(lh / theta2): division by theta2 > 0 is monotone
-    m = max(float(np.max(block(s, e))) for s, e in bounds) / theta2
+    m = float(top) / theta2
     z = 0.0
     for s, e in bounds:
         z += float(np.sum(np.exp(np.maximum(block(s, e) / theta2 - m, -700.0))))

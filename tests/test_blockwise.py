@@ -556,13 +556,13 @@ def test_sampled_audit_refuses_a_corrupted_reduced_form(monkeypatch, solver, sig
     name, div = "hinge", ("kl", 0.5)
     args = config(name, div, 1.0, False)
     model, X, y, sw, r, _ = args
-    honest = Reduced.score_shift
+    honest = Reduced.moves
 
     def corrupted(self, W, src, piece, h):
-        out = honest(self, W, src, piece, h)
-        return None if out is None else out + sign * 1e-3 * self.g_rows[src]
+        shift, moved2 = honest(self, W, src, piece, h)
+        return (None if shift is None else shift + sign * 1e-3 * self.g_rows[src]), moved2
 
-    monkeypatch.setattr(Reduced, "score_shift", corrupted)
+    monkeypatch.setattr(Reduced, "moves", corrupted)
     try:
         res = run(monkeypatch, args, block=7, sample_block=5, direct=False, name=name,
                   theta1=1.0, theta2=div[1], divergence=div[0], solver=solver)
@@ -697,3 +697,30 @@ def test_zero_one_sampled_audit_refuses_a_wrong_reduced_form(monkeypatch):
     monkeypatch.setattr(oa, "SAMPLED_RTOL", math.inf)
     res = otstab.certify(model, X, y, loss="zero_one", r=r, se=None)
     assert res.info["audit"]["max_rel_error"] >= 1.0 / 2.0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_values_max_is_the_largest_value(seed):
+    """PiecewiseOracle.values_max (O(K), from each piece's largest c1) equals the largest of
+    PiecewiseOracle.values over all rows, exactly, for shared and row-wise c2 and h from 0 to
+    large; the weight map built from it is the one built from the full values."""
+    from otstab_solvers.dual import PiecewiseOracle
+    from otstab_solvers.weights import kl_weight_map_blocks, weight_map
+
+    rng = np.random.default_rng(seed)
+    n, K = 997, 3
+    c1 = rng.standard_normal((n, K)) * 10.0 ** rng.uniform(-3, 3)
+    c1[:, 0] = 0.0  # a zero piece, as the hinge's
+    c2 = (np.abs(rng.standard_normal((1, K))) if seed % 2 else
+          np.abs(rng.standard_normal((n, K))))
+    c2[:, 0] = 0.0
+    oracle = PiecewiseOracle(c1, c2)
+    for h in (0.0, 1e-6, 0.37, 5.0, 1e4):
+        lh = oracle.values(h)
+        assert oracle.values_max(h) == float(np.max(lh))
+        if h > 0:
+            a = kl_weight_map_blocks(lambda s, e, lh=lh: lh[s:e], n, 0.3,
+                                     top=oracle.values_max(h))
+            b = weight_map(lh, 0.3, "kl")
+            np.testing.assert_array_equal(a(lh), b(lh))
+            assert a.term == b.term
