@@ -46,7 +46,7 @@ from .params import check_common, check_options
 from .piecewise import AUDIT_SAMPLE, DUAL_OPTIONS, SAMPLED_RTOL
 from .reduction import feature_mask, reduce_problem
 from .results import StabilityResult
-from .zero_one import linear_distances
+from .zero_one import linear_distances, move_prices
 
 __all__ = ["certify_distributed", "DISTRIBUTED_MIN_ROWS", "NotDistributed", "wants_distributed"]
 
@@ -104,11 +104,9 @@ class _Spec:
         if self.zero_one:
             dstar, near = linear_distances(prob, self.mask)
             loss0 = prob.losses(prob.X)
-            a = dstar * self.theta1 if math.isfinite(self.theta1) else \
-                np.where(dstar > 0, np.inf, 0.0)
-            oracle = bw.distance_block(np.where(loss0 > 0, 0.0, a), p)
-            moves = _NearMoves(near, self.scorer.W[0] if self.mask is None
-                               else self.scorer.W[0] * self.mask)
+            # linear_distances gives d* = 0 where misclassified
+            oracle = bw.distance_block(move_prices(dstar, self.theta1), p)
+            moves = _NearMoves(near)
         else:
             moves = reduce_problem(prob, self.theta1, self.mask)
             c1abs = self.c1abs if self.c1abs is not None else float(
@@ -137,17 +135,17 @@ class _NearMoves:
     classifier, :class:`otstab.zero_one.NearPoints`; piece 0: none), with the interface of
     :class:`otstab.reduction.Reduced` that the audit and Q* use."""
 
-    def __init__(self, near, w):
-        self.near, self.w = near, w
+    def __init__(self, near):
+        self.near = near
 
     def displacement(self, src, piece, h):
         return self.near.displacement(src) * (piece > 0)[:, None]
 
     def score_shift(self, W, src, piece, h):
-        return -(self.near.steps(src) * (piece > 0)) * float(self.w @ W[0])
+        return self.near.moves(src)[0] * (piece > 0)
 
     def sq_displacement(self, src, piece, h):
-        return (self.near.steps(src) * (piece > 0)) ** 2 * float(self.w @ self.w)
+        return self.near.moves(src)[1] * (piece > 0)
 
 
 def _on_block(spec, s, y, p, func, args):

@@ -53,7 +53,7 @@ from .params import check_common
 from .reduction import feature_mask, reduce_problem
 from .results import StabilityResult
 from .smooth import linear_smooth_oracle
-from .zero_one import linear_distances
+from .zero_one import linear_distances, move_prices
 
 __all__ = ["worst_case_risk", "WorstCaseRisk", "dro_oracle"]
 
@@ -146,7 +146,7 @@ def dro_oracle(prob, theta1: float, mask=None):
     W = sc.W if mask is None else sc.W * np.asarray(mask)[None, :]
     if isinstance(loss, ZeroOne):
         dstar, _ = linear_distances(prob, mask)
-        a = dstar * theta1 if math.isfinite(theta1) else np.where(dstar > 0, np.inf, 0.0)
+        a = move_prices(dstar, theta1)
         return DistanceOracle(a), np.isfinite(a).astype(float)
     if isinstance(loss, (PiecewiseLinear, MulticlassHinge)):
         red = reduce_problem(prob, theta1, mask)

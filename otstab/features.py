@@ -46,7 +46,12 @@ from .params import check_common
 from .piecewise import edge_kind, limit_weights
 from .reduction import reduce_problem
 from .smooth import certify_smooth
-from .zero_one import certify_zero_one_problem, certify_zero_one_search, linear_distances
+from .zero_one import (
+    certify_zero_one_problem,
+    certify_zero_one_search,
+    linear_distances,
+    move_prices,
+)
 
 __all__ = ["feature_stability"]
 
@@ -475,7 +480,7 @@ def _zero_one_rows(prob, units, r, theta1, theta2, divergence, rw):
             loss_sorted = loss_sorted_all
         else:
             d, _ = linear_distances(prob, mask)
-            a = theta1 * d if math.isfinite(theta1) else np.where(d > 0, np.inf, 0.0)
+            a = move_prices(d, theta1)
             o = np.argsort(a, kind="stable")
             a_sorted, loss_sorted = a[o], loss0[o]
         finite = np.isfinite(a_sorted)

@@ -33,8 +33,8 @@ from .params import check_common, check_options
 from .perturbation import perturbation_search
 from .results import StabilityResult
 
-__all__ = ["linear_distances", "NearPoints", "certify_distances", "certify_zero_one_problem",
-           "certify_zero_one_search", "SEARCH_OPTIONS"]
+__all__ = ["linear_distances", "move_prices", "NearPoints", "certify_distances",
+           "certify_zero_one_problem", "certify_zero_one_search", "SEARCH_OPTIONS"]
 
 PUSH = 1e-9
 EPS = float(np.finfo(float).eps)
@@ -63,9 +63,12 @@ def linear_distances(prob: Problem, mask: np.ndarray | None = None):
         w = W[0]
         nw = float(w @ w)
         m = prob.y * S
+        wv = float(w @ sc.W[0])  # the score's change along the (masked) direction w
+        near = NearPoints(X, None, lambda rows: w[None, :],
+                          lambda rows, c: (-(c * wv), c * c * nw), S, prob.y)
         if nw == 0.0:
-            d = np.where(loss0 > 0, 0.0, np.inf)
-            return d, NearPoints(X, np.zeros(X.shape[0]), lambda rows: w[None, :])
+            near.c = np.zeros(X.shape[0])
+            return np.where(loss0 > 0, 0.0, np.inf), near
         d = np.maximum(m, 0.0)  # d* = max(m, 0)^2 / ||w||^2, in one buffer
         d *= d
         d /= nw
@@ -77,12 +80,8 @@ def linear_distances(prob: Problem, mask: np.ndarray | None = None):
             c = (mr + _push(mr, np.abs(m[rows]), b)) / nw * y[rows]
             return np.where(loss0[rows] > 0, 0.0, c)
 
-        wv = float(w @ sc.W[0])  # the score's change along the (masked) direction w
-
-        def reduced(rows):  # loss and squared move at the moved points, without forming them
-            c = step(rows)
-            return zero_one.values(S[rows] - c * wv, y[rows]), c * c * nw
-        return d, NearPoints(X, step, lambda rows: w[None, :], reduced)
+        near.c = step
+        return d, near
     y = prob.y.astype(np.intp)
     sy = np.take_along_axis(S, y[:, None], axis=1)
     gaps = np.maximum(sy - S, 0.0)  # (n, K): s_y - s_k
@@ -110,11 +109,15 @@ def linear_distances(prob: Problem, mask: np.ndarray | None = None):
                         (g + push) / np.where(nk > 0, nk, 1.0))
     P = W @ sc.W.T  # P[k] = the scores' change along W_k (masked)
 
-    def reduced(rows):  # loss and squared move at the moved points, without forming them
-        c = step[rows]
-        moved_scores = S[rows] - c[:, None] * (P[y[rows]] - P[kbest[rows]])
-        return zero_one.values(moved_scores, y[rows]), c * c * nk[rows]
-    return d, NearPoints(X, step, lambda rows: W[y[rows]] - W[kbest[rows]], reduced)
+    def moves(rows, c):
+        return -(c[:, None] * (P[y[rows]] - P[kbest[rows]])), c * c * nk[rows]
+    return d, NearPoints(X, step, lambda rows: W[y[rows]] - W[kbest[rows]], moves, S, y)
+
+
+def move_prices(dstar, theta1: float) -> np.ndarray:
+    """``a_i = theta1 d*_i``: the price of moving each sample to its nearest misclassified
+    point (``theta1 = inf``: 0 for a misclassified sample, ``inf`` for the others)."""
+    return dstar * theta1 if math.isfinite(theta1) else np.where(dstar > 0, np.inf, 0.0)
 
 
 class NearPoints:
@@ -123,15 +126,26 @@ class NearPoints:
     rows), ``direction(rows)`` the rows' directions (one shared row for binary models). No
     n x d array is formed."""
 
-    def __init__(self, X, c, direction, reduced=None):
+    def __init__(self, X, c, direction, moves=None, scores=None, labels=None):
         self.X, self.c, self.direction = X, c, direction
         self.shape = X.shape
-        #: ``reduced(rows) -> (loss, squared move)`` at the moved points, from the scores
-        self.reduced = reduced
+        #: ``moves(rows, c) -> (change of the model's scores, squared move)`` of the rows with
+        #: steps ``c`` (None: not known from the scores); ``scores``, ``labels`` at the data
+        self.moves_fn, self.scores, self.labels = moves, scores, labels
 
     def steps(self, rows) -> np.ndarray:
         """``c`` of ``rows`` (the signed step along each row's direction)."""
         return self.c(rows) if callable(self.c) else self.c[rows]
+
+    def moves(self, rows):
+        """``(change of the model's scores, squared move)`` of ``rows`` moved to their
+        nearest points, from the scores (without forming the points)."""
+        return self.moves_fn(rows, self.steps(rows))
+
+    def reduced(self, rows):
+        """``(0/1 loss, squared move)`` at the moved points of ``rows``, from the scores."""
+        change, sq = self.moves(rows)
+        return zero_one.values(self.scores[rows] + change, self.labels[rows]), sq
 
     def displacement(self, rows) -> np.ndarray:
         """``x_near - x`` for ``rows``."""
@@ -423,7 +437,7 @@ def _finish(*, value, h, alpha, status, message, plan, w, a, loss0, r, theta1, t
     # the loss at every moved point and the squared distance moved, over blocks of rows (the
     # moved points are not kept: X_star and the displacement rebuild them when asked)
     audit_info = {"method": "direct", "sample": int(rows.size), "max_rel_error": 0.0}
-    reduced = getattr(X_near, "reduced", None)
+    reduced = X_near.reduced if isinstance(X_near, NearPoints) and X_near.moves_fn else None
     if X is not None and X_near is not None and rows.size and reduced is not None \
             and n > audit.AUDIT_DIRECT_MAX:
         # large n: the loss and move of every moved row from the scores (the reduced form),
@@ -566,7 +580,7 @@ def certify_zero_one_problem(prob: Problem, r, theta1, theta2, divergence, mask,
     check_options(solver_options, (), "the exact 0/1 path of a linear classifier")
     dstar, X_near = linear_distances(prob, mask)  # 0 where misclassified
     loss0 = prob.losses(prob.X)
-    a = dstar * theta1 if math.isfinite(theta1) else np.where(dstar > 0, np.inf, 0.0)
+    a = move_prices(dstar, theta1)
     return _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, prob.X, X_near,
                             prob.y, prob.losses, prob.feature_names, prob.index, t_start,
                             dstar, p=prob.p)
@@ -627,7 +641,7 @@ def certify_distances(dstar, r, *, theta1=1.0, theta2=0.25, divergence="kl", sol
     if theta1 == 1.0:
         a = d
     else:
-        a = d * theta1 if math.isfinite(theta1) else np.where(d > 0, np.inf, 0.0)
+        a = move_prices(d, theta1)
 
     def losses_fn(Xs, ys):  # without a model, moved atoms are misclassified by construction
         return None
@@ -678,7 +692,7 @@ def certify_zero_one_search(prob: Problem, *, r, theta1, theta2, divergence, mas
                              **solver_options)
     loss0 = prob.losses(prob.X)
     dstar = np.where(loss0 > 0, 0.0, pr.distances)
-    a = dstar * theta1 if math.isfinite(theta1) else np.where(dstar > 0, np.inf, 0.0)
+    a = move_prices(dstar, theta1)
     X_near = np.where(np.isfinite(pr.points), pr.points, prob.X)
     value_lower, lower_info = 0.0, None
     if not pr.exact:
