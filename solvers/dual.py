@@ -523,7 +523,8 @@ def refine(oracle, h: float, r: float, theta2: float, divergence: str, *, steps:
     """Iterative refinement of an approximate dual solution (e.g. from a conic solver).
 
     Takes up to ``steps`` Newton steps on the exact dual derivative from ``h``, keeping a step
-    only if it raises the dual objective. Interior-point solvers determine ``h`` to about the
+    only if it raises the dual objective (or, where the objective is flat to its rounding,
+    keeps it and shrinks the derivative). Interior-point solvers determine ``h`` to about the
     square root of their tolerance because the dual is flat near its optimum; the risk of Q*
     depends on the derivative, so the refined ``h`` is what makes the primal audit close.
     Returns ``(h, F(h), alpha, n_accepted_steps)``.
@@ -545,7 +546,10 @@ def refine(oracle, h: float, r: float, theta2: float, divergence: str, *, steps:
         if cand >= oracle.h_max:
             break
         F2, g2, curv2, alpha2 = at(cand)
-        if not F2 > F:
+        # near the optimum F is flat to rounding (it changes by ~g^2 / curv): a step that
+        # keeps F within its rounding and shrinks |g| is kept too (the risk of Q* is g)
+        if not (F2 > F or (F2 >= F - 4.0 * np.finfo(float).eps * abs(F)
+                           and abs(g2) < abs(g))):
             break
         h, F, g, curv, alpha = cand, F2, g2, curv2, alpha2
         accepted += 1

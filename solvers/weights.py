@@ -142,11 +142,17 @@ def _chi2_alpha_weighted(lh, theta2, p):
     S = np.cumsum(q * u)
     valid = 2.0 * theta2 > S - u * P
     kk = int(np.nonzero(valid)[0][-1])
-    a = float((2.0 * theta2 * (1.0 - P[kk]) - S[kk]) / P[kk])
+    # 1 - P_k as the mass of the inactive samples (0 when all are active), not as 1 - P_k:
+    # the rounding of the cumulative sum P_k near 1, times 2 theta2, would be alpha's error
+    rest = float(np.sum(q[kk + 1:]))
+    a = float((2.0 * theta2 * rest - S[kk]) / P[kk])
     w = np.maximum((lh + a) / (2.0 * theta2) + 1.0, 0.0)
     p_act = float(np.sum(p[w > 0]))
-    if p_act > 0:
-        a -= 2.0 * theta2 * (float(np.dot(p, w)) - 1.0) / p_act
+    resid = float(np.dot(p, w)) - 1.0
+    # one Newton step on E_p[w] = 1 when the residual is above the rounding of the sum itself
+    # (below it the step would only add that rounding, times 2 theta2)
+    if p_act > 0 and abs(resid) > 8.0 * np.finfo(float).eps:
+        a -= 2.0 * theta2 * resid / p_act
     return a
 
 
