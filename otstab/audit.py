@@ -135,10 +135,12 @@ def audit_sums(loss_base, loss_star, moved2, mass, w, theta1, theta2, divergence
 
 
 def summarise(loss_base, move_cost, rew_cost, risk_star, total_mass, moved_risk, value,
-              loss_star=None, p=None) -> dict:
+              loss_star=None, p=None, *, base: float | None = None) -> dict:
     """The audit fields of a result from its sums (paths that sum compactly call this);
-    ``p``: the sample probabilities (None: uniform) of the base risk."""
-    base = float(np.mean(loss_base)) if p is None else float(np.dot(p, loss_base))
+    ``p``: the sample probabilities (None: uniform) of the base risk. ``base``: the base risk
+    when already known, ``loss_base`` then may be a builder (a result's lazy field)."""
+    if base is None:
+        base = float(np.mean(loss_base)) if p is None else float(np.dot(p, loss_base))
     primal = move_cost + rew_cost
     return {
         "risk_base": base, "risk_star": risk_star, "total_mass": total_mass,

@@ -16,9 +16,9 @@ import time
 
 import numpy as np
 from otstab_solvers import conic as _conic
-from otstab_solvers.dual import PiecewiseOracle, oracle_for, refine, solve_dual
+from otstab_solvers.dual import refine, solve_dual
 from otstab_solvers.result import OPTIMAL, DualSolution
-from otstab_solvers.weights import kl_weight_map_blocks, phi, pmean, weight_map
+from otstab_solvers.weights import kl_weight_map_blocks, phi, pmean, support_max, weight_map
 
 from . import audit
 from .errors import SolverNotAvailableError
@@ -39,21 +39,25 @@ AUDIT_BLOCK = 1 << 14
 #: (AUDIT_SAMPLE; :mod:`otstab.audit`)
 AUDIT_DIRECT_MAX = audit.AUDIT_DIRECT_MAX
 AUDIT_SAMPLE = audit.AUDIT_SAMPLE
-#: atoms per block of the sampled check
+#: atoms per block of the sampled check, at most (fewer for wide data: see SAMPLE_CELLS)
 SAMPLE_BLOCK = 2048
+#: entries (rows x features) of each n x d temporary of the sampled check (128 KB)
+SAMPLE_CELLS = 1 << 14
 SAMPLED_RTOL = audit.SAMPLED_RTOL
 
 
-def edge_kind(losses: np.ndarray, r: float, theta2: float, can_move: bool, p=None):
+def edge_kind(losses: np.ndarray | None, r: float, theta2: float, can_move: bool, p=None, *,
+              stats: tuple[float, float] | None = None):
     """Decide trivial and unreachable thresholds before any solver runs, on every path.
 
-    ``losses``: the per-sample losses of the data; ``can_move``: some sample can move at a
-    finite price; ``p``: the sample probabilities (None: uniform). Returns None (a solver is
-    needed) or ``(kind, message)`` with kind ``"zero"`` (r reached by the data,
+    ``losses``: the per-sample losses of the data, or ``stats``: their ``(P0-mean, largest
+    over the support)`` (:meth:`otstab.models.Problem.loss_stats`); ``can_move``: some sample
+    can move at a finite price; ``p``: the sample probabilities (None: uniform). Returns None
+    (a solver is needed) or ``(kind, message)`` with kind ``"zero"`` (r reached by the data,
     :func:`otstab.audit.reached`), ``"unreachable"`` or ``"limit"`` (r equals the largest loss
     and nothing moves: attained only as h -> inf, :func:`limit_weights`).
     """
-    base = pmean(losses, p)
+    base = pmean(losses, p) if stats is None else stats[0]
     if audit.reached(r, base):
         return "zero", f"r = {r:g} <= base risk {base:.6g}: no perturbation is needed"
     if can_move:
@@ -64,7 +68,7 @@ def edge_kind(losses: np.ndarray, r: float, theta2: float, can_move: bool, p=Non
             f"{base:.6g} (samples cannot move: theta1 = inf, a zero model or masked features; "
             "and theta2 = inf forbids reweighting)"
         )
-    lmax = float(losses.max() if p is None else losses[p > 0].max())
+    lmax = support_max(losses, p) if stats is None else stats[1]
     if r > lmax * (1 + 1e-12):
         return "unreachable", (
             f"r = {r:g} exceeds the largest loss {lmax:.6g}; with samples unable to move "
@@ -78,10 +82,12 @@ def edge_kind(losses: np.ndarray, r: float, theta2: float, can_move: bool, p=Non
     return None
 
 
-def edge_case(red: Reduced, r: float, theta2: float, losses: np.ndarray | None = None, p=None):
+def edge_case(red: Reduced, r: float, theta2: float, losses: np.ndarray | None = None, p=None,
+              *, stats: tuple[float, float] | None = None):
     """:func:`edge_kind` of a piecewise reduced form (samples can move where ``c2 > 0``)."""
-    losses = red.loss_values() if losses is None else losses
-    return edge_kind(losses, r, theta2, bool(np.any(red.c2 > 0)), p)
+    if stats is None and losses is None:
+        losses = red.loss_values()
+    return edge_kind(losses, r, theta2, bool(np.any(red.c2 > 0)), p, stats=stats)
 
 
 def limit_weights(losses: np.ndarray, theta2: float, divergence: str, p=None):
@@ -109,10 +115,13 @@ def solve_reduced(prob: Problem, red: Reduced, r, theta1, theta2, divergence, so
                   *, program=None, **solver_options) -> StabilityResult:
     """Run the solver chain on a reduced form and return the first audited answer."""
     p = prob.p
-    losses = prob.losses(prob.X)
-    edge = edge_case(red, r, theta2, losses, p)
+    # the base risk and largest loss, over blocks (the n-vector of losses is built only when
+    # asked for: an edge case, ``res.loss_base``)
+    stats = prob.loss_stats()
+    edge = edge_case(red, r, theta2, p=p, stats=stats)
     if edge is not None:
-        return edge_result(prob, losses, r, theta1, theta2, divergence, edge, t_start)
+        return edge_result(prob, prob.losses(prob.X), r, theta1, theta2, divergence, edge,
+                           t_start)
     solver_options = dict(solver_options)
     if solver in ("auto", "dual"):
         check_options(solver_options, DUAL_OPTIONS,
@@ -122,11 +131,14 @@ def solve_reduced(prob: Problem, red: Reduced, r, theta1, theta2, divergence, so
     dual_opts = {k: v for k, v in solver_options.items() if k in ("tol", "max_iter")}
     # a named backend gets the caller's settings; the fallbacks of "auto" run on defaults
     conic_opts = {} if solver == "auto" else solver_options
-    oracle = oracle_for(red.c1, red.c2)
+    oracle = red.oracle()
     state = {"program": program}
 
     def run_dual():
         sol = solve_dual(oracle, r, theta2, divergence, p=p, **dual_opts)
+        # the sorted view (an n-vector of keys) served the solve only: freed before Q* is
+        # built (a conic fallback refines h on the plain oracle)
+        oracle.prefix = None
         if sol.status != OPTIMAL:
             raise audit.Skip(f"dual reported {sol.native_status!r}", sol.status)
         return build_result(prob, red, sol, r, theta1, theta2, divergence, t_start,
@@ -182,7 +194,7 @@ def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, thet
     n = red.n
     if tie_rtol is None:
         tie_rtol = 1e-10 if sol.solver == "dual" else 1e-7
-    oracle = PiecewiseOracle(red.c1, red.c2) if oracle is None else oracle
+    oracle = red.oracle(sorted_view=False) if oracle is None else oracle
     if getattr(oracle, "prefix", None) is not None:
         # the result keeps the oracle (Q*'s atoms are built on first access) but not its
         # sorted view, whose arrays only the solver needed
@@ -380,8 +392,11 @@ class _Sums:
     def result(self, prob, theta1, theta2, value) -> dict:
         move_cost = 0.0 if math.isinf(theta1) else theta1 * self.move
         rew_cost = 0.0 if math.isinf(theta2) else theta2 * self.phi
-        return audit.summarise(prob.losses(prob.X), move_cost, rew_cost, self.risk, self.mass,
-                               self.moved_risk, value, None, self.p)
+        # the base risk from the cached losses or over blocks; the losses themselves are
+        # built when ``res.loss_base`` is read
+        base = prob.loss_stats()[0]
+        return audit.summarise(lambda: prob.losses(prob.X), move_cost, rew_cost, self.risk,
+                               self.mass, self.moved_risk, value, None, self.p, base=base)
 
 
 def _sample_check(prob, red, oracle, h, tie_rtol, t_rows, t_hi, frac) -> dict:
@@ -404,8 +419,10 @@ def _sample_check(prob, red, oracle, h, tie_rtol, t_rows, t_hi, frac) -> dict:
     split_hi = t_hi[(frac > 0) & (frac < 1)]
     piece = np.concatenate([piece, split_hi[extra]])
     err = 0.0
-    for s in range(0, rows.size, SAMPLE_BLOCK):  # small blocks: cache-sized temporaries
-        rb, pb = rows[s:s + SAMPLE_BLOCK], piece[s:s + SAMPLE_BLOCK]
+    # small blocks: the gathered rows, their moves and the moved rows stay cache-sized
+    step = max(1, min(SAMPLE_BLOCK, SAMPLE_CELLS // max(prob.d, 1)))
+    for s in range(0, rows.size, step):
+        rb, pb = rows[s:s + step], piece[s:s + step]
         loss_star, moved2 = _reduced_atoms(prob, red, rb, pb, h)
         Xg = prob.X[rb]
         delta = red.displacement(rb, pb, h)

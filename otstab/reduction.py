@@ -19,15 +19,13 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from otstab_solvers.dual import AffineOracle, AffineRows, PiecewiseOracle, oracle_for
 
 from .errors import ValidationError
 from .losses import MulticlassHinge, PiecewiseLinear
 from .models import Problem
 
 __all__ = ["Reduced", "reduce_problem", "feature_mask"]
-
-#: rows per block when the reduced form is built (cache-sized temporaries)
-REDUCE_BLOCK = 1 << 14
 
 
 @dataclass
@@ -36,7 +34,8 @@ class Reduced:
 
     Attributes
     ----------
-    c1 : (n, K) array
+    c1 : (n, K) array (a property: built on first access when ``rows`` computes it)
+    c1_dense : (n, K) array, or None while ``rows`` computes the pieces on demand
     c2 : (1, K) or (n, K) array, nonnegative
     theta1 : float
     kind : "margin", "residual" or "multiclass"
@@ -45,9 +44,12 @@ class Reduced:
     g_rows : (n,) per-sample factor of ``g`` (the labels +-1 of a margin loss; None: 1)
     Wm : (K, d) masked class weights (multiclass); a_ik = Wm[k] - Wm[y_i]
     labels : (n,) internal class indices (multiclass)
+    rows : :class:`otstab_solvers.dual.AffineRows` (margin / residual): ``c1[i, k] = a_k u_i +
+        b_k`` from the scores and labels, computed per block where needed (the specialised
+        dual and the certificate builder never hold the (n, K) array)
     """
 
-    c1: np.ndarray
+    c1_dense: np.ndarray | None
     c2: np.ndarray
     theta1: float
     kind: str
@@ -56,18 +58,45 @@ class Reduced:
     Wm: np.ndarray | None = None
     labels: np.ndarray | None = None
     g_rows: np.ndarray | None = None
+    rows: AffineRows | None = None
+
+    @property
+    def c1(self) -> np.ndarray:
+        """The (n, K) pieces at the samples (built block by block on first access)."""
+        if self.c1_dense is None:
+            self.c1_dense = self.rows.materialize().T
+        return self.c1_dense
 
     @property
     def n(self) -> int:
-        return self.c1.shape[0]
+        return self.rows.n if self.c1_dense is None else self.c1_dense.shape[0]
 
     @property
     def K(self) -> int:
-        return self.c1.shape[1]
+        return self.rows.K if self.c1_dense is None else self.c1_dense.shape[1]
 
     def loss_values(self) -> np.ndarray:
         """The loss at the data, ``max_k c1[i, k]``."""
-        return self.c1.max(axis=1)
+        if self.c1_dense is not None:
+            return self.c1_dense.max(axis=1)
+        out = np.empty(self.n)
+        for i, j in self.rows.blocks():
+            rows = slice(i, j)
+            out[i:j] = self.rows.piece(0, rows)
+            for k in range(1, self.K):
+                np.maximum(out[i:j], self.rows.piece(k, rows), out=out[i:j])
+        return out
+
+    def oracle(self, *, sorted_view: bool = True) -> PiecewiseOracle:
+        """The dual's oracle for this form: :func:`otstab_solvers.dual.oracle_for` (with the
+        sorted view of the hinge shape), or the plain piecewise oracle
+        (``sorted_view=False``); pieces computed per block when ``rows`` gives them."""
+        if sorted_view:
+            return oracle_for(self.c1_dense, self.c2, rows=self.rows if self.c1_dense is None
+                              else None)
+        if self.c1_dense is None:
+            return AffineOracle(self.rows, self.c2)
+        return PiecewiseOracle(self.c1_dense, self.c2)
 
     def directions(self, src: np.ndarray, piece: np.ndarray) -> np.ndarray:
         """``a_(src, piece)`` restricted to the mask, one row per atom."""
@@ -174,19 +203,13 @@ def reduce_problem(prob: Problem, theta1: float, mask: np.ndarray | None = None)
         a = loss.a
         margin = loss.on == "margin"
         g, g_rows = (a[None, :], prob.y) if margin else (-a[None, :], None)
-        # c1 is built in (K, n) layout (c1 is its transpose, a view): the oracles scan one
-        # contiguous piece at a time; u (the margin or residual) is formed per block of rows
-        n = s.shape[0]
-        c1T = np.empty((a.size, n))
-        for i in range(0, n, REDUCE_BLOCK):
-            j = min(i + REDUCE_BLOCK, n)
-            u = prob.y[i:j] * s[i:j] if margin else prob.y[i:j] - s[i:j]
-            for k in range(a.size):
-                np.multiply(u, a[k], out=c1T[k, i:j])
-                c1T[k, i:j] += loss.b[k]
+        # c1 is not stored: c1[i, k] = a_k u_i + b_k with u the margin y s or the residual
+        # y - s, computed per block of rows where needed (AffineRows); the (K, n) array is
+        # built only for the paths that need all of it (conic programs, weighted duals)
+        rows = AffineRows(s, prob.y, loss.on, a, loss.b)
         v = W[0]
         c2 = (a * a * float(v @ v) * inv4)[None, :]
-        return Reduced(c1T.T, c2, theta1, loss.on, v=v, g=g, g_rows=g_rows)
+        return Reduced(None, c2, theta1, loss.on, v=v, g=g, g_rows=g_rows, rows=rows)
     if isinstance(loss, MulticlassHinge):
         if sc.task == "binary":
             Wm = np.vstack([np.zeros_like(W[0]), W[0]])

@@ -287,7 +287,7 @@ def _lazy_property(name: str) -> property:
 #: per-atom arrays that may be built on first access: at large n the audit runs blockwise or on
 #: the moved atoms only, and X_star (m x d) or the other atom arrays are materialised only
 #: when asked for
-LAZY_FIELDS = ("X_star", "weights", "source", "mass", "loss_star")
+LAZY_FIELDS = ("X_star", "weights", "source", "mass", "loss_star", "loss_base")
 for _name in LAZY_FIELDS:
     setattr(StabilityResult, _name, _lazy_property(_name))
 StabilityResult.inference = _lazy_property("inference")

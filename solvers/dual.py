@@ -38,7 +38,8 @@ from .weights import (
     support_max,
 )
 
-__all__ = ["PiecewiseOracle", "oracle_for", "solve_dual", "dual_objective", "refine"]
+__all__ = ["PiecewiseOracle", "AffineRows", "AffineOracle", "oracle_for", "solve_dual",
+           "dual_objective", "refine"]
 
 
 class PiecewiseOracle:
@@ -88,8 +89,10 @@ class PiecewiseOracle:
     def with_c2(self, c2) -> PiecewiseOracle:
         """The same ``c1`` with another ``c2`` (shares the transposed ``c1``; used for
         per-feature scores, where only ``c2`` changes)."""
+        c1T = self._c1T  # (an AffineOracle builds its whole array here)
         new = object.__new__(PiecewiseOracle)
         new.__dict__.update(self.__dict__)
+        new._c1T, new.c1 = c1T, c1T.T
         c2 = np.asarray(c2, dtype=np.float64)
         if c2.ndim == 1:
             c2 = c2[None, :]
@@ -114,14 +117,14 @@ class PiecewiseOracle:
         sel = slice(None) if rows is None else rows
         if self.K == 2 and self._zero[0] and not self._zero[1]:
             return self._scan_after_zero(h, tol, sel)
-        n = self._c1T[0][sel].shape[0] if self.K else 0
+        n = self._piece(0, sel).shape[0] if self.K else 0
         hh = h * h
         vmax = d_lo = d_hi = None
         k_lo = np.zeros(n, dtype=np.intp)
         k_hi = np.zeros(n, dtype=np.intp)
         scale = None
         for k in range(self.K):
-            c1k = self._c1T[k][sel]
+            c1k = None if self._zero[k] else self._piece(k, sel)
             c2k = self._c2T[k][sel] if self._rowwise else self._c2T[k]
             if self._zero[k]:
                 v = np.zeros(n)
@@ -156,7 +159,7 @@ class PiecewiseOracle:
         shape): the same numbers with masks instead of masked copies. Against the zero piece
         (value and derivative 0) piece 1 wins where it is above, and a tie goes to it on the
         side its derivative lies (low side: negative, high side: positive)."""
-        c1k = self._c1T[1][sel]
+        c1k = self._piece(1, sel)
         c2k = self._c2T[1][sel] if self._rowwise else self._c2T[1]
         dk = c1k + (2.0 * h) * c2k
         v = c1k * h + c2k * (h * h) if self._rowwise or c2k != 0.0 else c1k * h
@@ -197,14 +200,24 @@ class PiecewiseOracle:
             if self._zero[k]:
                 v = 0.0
             else:
-                c1k = self._c1T[k][sel]
+                c1k = self._piece(k, sel)
                 c2k = self._c2T[k][sel] if self._rowwise else self._c2T[k]
                 v = c1k * h + c2k * hh if self._rowwise or c2k != 0.0 else c1k * h
             if vmax is None:
-                vmax = np.zeros(self._c1T[k][sel].shape[0]) + v
+                vmax = np.zeros(self._rows_in(sel)) + v
             else:
                 np.maximum(vmax, v, out=vmax)
         return vmax
+
+    def _piece(self, k: int, sel) -> np.ndarray:
+        """``c1[sel, k]`` (a view or a gathered copy; read-only use)."""
+        return self._c1T[k][sel]
+
+    def _rows_in(self, sel) -> int:
+        """How many samples ``sel`` (a slice or an index array) selects."""
+        if isinstance(sel, slice):
+            return len(range(*sel.indices(self.n)))
+        return int(np.shape(sel)[0])
 
     def _bound(self, h):
         """An upper bound on max_i |l_h(z_i)|, for the tie threshold."""
@@ -265,22 +278,140 @@ class PiecewiseOracle:
         return hc
 
 
-def oracle_for(c1, c2) -> PiecewiseOracle:
+class AffineRows:
+    """The pieces ``c1[i, k] = a_k u_i + b_k`` of a loss that depends on each sample through
+    one number ``u_i``, computed from per-sample arrays on demand instead of stored: the margin
+    ``u = y s`` (``kind="margin"``) or the residual ``u = y - s`` (``kind="residual"``) of the
+    scores ``s`` and labels/targets ``y``. ``piece(k, rows)`` gives the same numbers as the
+    stored column would (the same arithmetic).
+    """
+
+    BLOCK = 1 << 14
+
+    def __init__(self, s, y, kind: str, a, b):
+        if kind not in ("margin", "residual"):
+            raise ValueError(f"kind must be 'margin' or 'residual', got {kind!r}")
+        self.s, self.y, self.kind = s, y, kind
+        self.a = np.asarray(a, dtype=np.float64)
+        self.b = np.asarray(b, dtype=np.float64)
+        self.n, self.K = int(np.shape(s)[0]), int(self.a.size)
+        self._range = None
+
+    def u(self, rows) -> np.ndarray:
+        return self.y[rows] * self.s[rows] if self.kind == "margin" else \
+            self.y[rows] - self.s[rows]
+
+    def piece(self, k: int, rows) -> np.ndarray:
+        out = np.multiply(self.u(rows), self.a[k])
+        out += self.b[k]
+        return out
+
+    def blocks(self):
+        return ((i, min(i + self.BLOCK, self.n)) for i in range(0, self.n, self.BLOCK))
+
+    def u_range(self):
+        """(smallest, largest) u, over blocks (inf, -inf for no rows)."""
+        if self._range is None:
+            lo, hi = math.inf, -math.inf
+            for i, j in self.blocks():
+                u = self.u(slice(i, j))
+                lo, hi = min(lo, float(u.min())), max(hi, float(u.max()))
+            self._range = (lo, hi)
+        return self._range
+
+    def piece_max(self, k: int) -> float:
+        """The largest ``c1[:, k]``: at the largest or smallest u (``a_k u + b_k`` rounds
+        monotonically in u), with the same arithmetic as :meth:`piece`."""
+        lo, hi = self.u_range()
+        u = hi if self.a[k] >= 0 else lo
+        return float(u * self.a[k] + self.b[k])
+
+    def piece_min(self, k: int) -> float:
+        lo, hi = self.u_range()
+        u = lo if self.a[k] >= 0 else hi
+        return float(u * self.a[k] + self.b[k])
+
+    def materialize(self) -> np.ndarray:
+        """The (K, n) array of every piece (built block by block)."""
+        out = np.empty((self.K, self.n))
+        for i, j in self.blocks():
+            u = self.u(slice(i, j))
+            for k in range(self.K):
+                np.multiply(u, self.a[k], out=out[k, i:j])
+                out[k, i:j] += self.b[k]
+        return out
+
+
+class AffineOracle(PiecewiseOracle):
+    """:class:`PiecewiseOracle` of ``c1 = a_k u_i + b_k`` (:class:`AffineRows`) with one shared
+    ``c2`` row: the pieces are computed per block of rows where they are needed (no (K, n)
+    array); the whole array is built, once, only by the methods that scan all samples at
+    once (``evaluate``, ``crossings``, ``with_c2``; e.g. the dense weighted dual)."""
+
+    def __init__(self, rows: AffineRows, c2):
+        c2 = np.asarray(c2, dtype=np.float64)
+        if c2.ndim == 1:
+            c2 = c2[None, :]
+        if c2.shape != (1, rows.K):
+            raise ValueError(f"c2 must have shape (1, {rows.K}), got {c2.shape}")
+        self.rows = rows
+        self.n, self.K = rows.n, rows.K
+        self.c2 = c2
+        self._rowwise = False
+        self._c2T = c2[0]
+        self._zero = [bool(c2[0, k] == 0 and rows.a[k] == 0 and rows.b[k] == 0)
+                      for k in range(self.K)]
+        self._dense = None
+        if self.n:
+            self._c1max = np.array([rows.piece_max(k) for k in range(self.K)])
+            c1min = min(rows.piece_min(k) for k in range(self.K))
+            self._c1abs = max(float(self._c1max.max()), -c1min)
+        else:
+            self._c1max, self._c1abs = np.zeros(self.K), 0.0
+
+    @property
+    def _c1T(self) -> np.ndarray:
+        if self._dense is None:
+            self._dense = self.rows.materialize()
+        return self._dense
+
+    @property
+    def c1(self) -> np.ndarray:
+        return self._c1T.T
+
+    def _piece(self, k: int, sel) -> np.ndarray:
+        if self._dense is not None:
+            return self._dense[k][sel]
+        return self.rows.piece(k, sel)
+
+
+def oracle_for(c1, c2, *, rows: AffineRows | None = None) -> PiecewiseOracle:
     """The oracle ``solve_dual`` should use for the reduced form ``(c1, c2)``.
 
-    A :class:`PiecewiseOracle`; when the form has the hinge shape (two pieces, one identically
-    zero, one shared ``c2 >= 0``: ``l_h = max(0, u_i h + c h^2)``), it also carries a sorted
-    prefix-sum view (``prefix``) so that each dual evaluation costs O(log n) (chi2,
+    A :class:`PiecewiseOracle` (``rows`` given instead of ``c1``: an :class:`AffineOracle`,
+    whose pieces are computed per block); when the form has the hinge shape (two pieces, one
+    identically zero, one shared ``c2 >= 0``: ``l_h = max(0, u_i h + c h^2)``), it also carries
+    a sorted prefix-sum view (``prefix``) so that each dual evaluation costs O(log n) (chi2,
     theta2 = inf) or one exp pass over the active samples (KL), after one sort.
     """
-    oracle = PiecewiseOracle(c1, c2)
+    oracle = PiecewiseOracle(c1, c2) if rows is None else AffineOracle(rows, c2)
     if oracle.K == 2 and not oracle._rowwise:
         for k1 in (0, 1):
             if oracle._zero[1 - k1] and oracle.c2[0, k1] >= 0 and not oracle._zero[k1]:
-                u = oracle._c1T[k1]
-                if np.all(np.isfinite(u)):
-                    oracle.prefix = SortedTwoPiece(u, "hinge", float(oracle.c2[0, k1]),
-                                                   tie=oracle.TIE)
+                if rows is None:
+                    u = oracle._c1T[k1]
+                    ok = bool(np.all(np.isfinite(u)))
+                    view = SortedTwoPiece(u, "hinge", float(oracle.c2[0, k1]),
+                                          tie=oracle.TIE) if ok else None
+                else:  # the negated keys written block by block, sorted in place
+                    nu = np.empty(oracle.n)
+                    for i, j in rows.blocks():
+                        np.negative(rows.piece(k1, slice(i, j)), out=nu[i:j])
+                    ok = math.isfinite(oracle._c1abs)
+                    view = SortedTwoPiece.from_negated(nu, "hinge", float(oracle.c2[0, k1]),
+                                                       tie=oracle.TIE) if ok else None
+                if view is not None:
+                    oracle.prefix = view
                     oracle._hinge_piece = k1
                 break
     return oracle

@@ -30,16 +30,28 @@ import math
 
 import numpy as np
 
-__all__ = ["SortedTwoPiece"]
+__all__ = ["SortedTwoPiece", "KL_BLOCK"]
+
+#: keys per block of a KL evaluation (two buffers of 128 KB, kept in cache)
+KL_BLOCK = 1 << 14
 
 
 class _Keys:
     """The sorted keys of a :class:`SortedTwoPiece` (shared by its rescaled copies) and their
     prefix sums, computed on first use (KL evaluations away from ``A = 0`` never need them)."""
 
+    @classmethod
+    def of_sorted(cls, nu) -> _Keys:
+        """The keys of an ascending ``nu`` (``-inf`` keys, i.e. ``+inf`` in nu, sort last)."""
+        n_fin = int(np.searchsorted(nu, math.inf, side="left"))
+        # the largest |key| is at one end of the finite, sorted keys
+        umax = max(abs(float(nu[0])), abs(float(nu[n_fin - 1]))) if n_fin else 0.0
+        return cls(nu, n_fin, umax)
+
     def __init__(self, nu, n_fin, umax):
         self.nu, self.n_fin, self.umax = nu, n_fin, umax
         self._prefix = self._us = None
+        self.buffers = None  # the KL evaluations' scratch (SortedTwoPiece._kl_buffers)
 
     @property
     def us(self) -> np.ndarray:
@@ -98,13 +110,18 @@ class SortedTwoPiece:
             nu = -np.asarray(u, dtype=np.float64)  # ascending -u
             if not presorted:
                 nu.sort()
-            n_fin = int(np.searchsorted(nu, math.inf, side="left"))  # -inf keys sort last
-            # the largest |key| is at one end of the finite, sorted keys
-            umax = max(abs(float(nu[0])), abs(float(nu[n_fin - 1]))) if n_fin else 0.0
-            _sorted = _Keys(nu, n_fin, umax)
+            _sorted = _Keys.of_sorted(nu)
         self._sorted = _sorted
         self.nu, self.n_fin, self.umax = _sorted.nu, _sorted.n_fin, _sorted.umax
         self.n = self.nu.size
+
+    @classmethod
+    def from_negated(cls, nu: np.ndarray, kind: str, c: float = 0.0, *, scale: float = 1.0,
+                     tie: float = 1e-12) -> SortedTwoPiece:
+        """The view of the keys ``u = -nu``, given negated in a float64 array that the view
+        takes over and sorts in place (no copy: one n-vector in all)."""
+        nu.sort()
+        return cls(nu, kind, c, scale=scale, tie=tie, _sorted=_Keys.of_sorted(nu))
 
     @property
     def us(self) -> np.ndarray:
@@ -213,29 +230,40 @@ class SortedTwoPiece:
         return (*self._chi2(p, A, B, dA, dB, d2, theta2), p)
 
     def _kl(self, p, A, B, dA, dB, d2, theta2):
+        """KL's ``(term, mu, curv)`` from one pass over the active prefix in blocks of
+        :data:`KL_BLOCK` keys (two cache-sized buffers, no n-sized temporary): per block the
+        exponents ``(l - max l) / theta2``, their exps and the sums ``Z1 = sum e``,
+        ``sum e (nu - c)`` and ``sum e (nu - c)^2`` about the prefix's middle key ``c`` (the
+        curvature, which only steers Newton, from these); a second pass sums ``expm1`` only
+        when every weight is close to one (``Z > n / 2``)."""
         n = self.n
         if p == 0:
             return 0.0, 0.0, 0.0
-        nu = self.nu[:p]  # -u, increasing: the KL passes work on it (no copy of u)
-        top = (-A * float(nu[0]) + B) / theta2  # largest l / theta2 (u is decreasing)
+        nu_all = self.nu  # -u, increasing: the passes work on it (no copy of u)
+        top = (-A * float(nu_all[0]) + B) / theta2  # largest l / theta2 (u is decreasing)
         M = max(top, 0.0)
+        c = float(nu_all[(p - 1) // 2])
         if A == 0.0:
             e_val = math.exp(max(B / theta2 - M, -700.0))
-            s1, s2 = self._head_sums(p)
-            Z1, Zu, Zu2 = e_val * p, e_val * s1, e_val * s2
-            e = None
+            s1, s2 = self._head_sums(p)  # sums of u and u^2
+            Z1 = e_val * p
+            S1 = e_val * (-s1 - p * c)  # sum e (nu - c)
+            S2 = e_val * (s2 + 2.0 * c * s1 + p * c * c)
         else:
-            x = nu * -A  # the exponents (l - max l) / theta2, in one buffer, in place
-            x += B
-            x /= theta2
-            x -= M
-            # x <= 0 up to rounding (M is the largest l / theta2); clamp both ends
-            np.clip(x, -700.0, 0.0, out=x)
-            e = np.exp(x)
-            Z1 = float(e.sum())
-            Zu = -float(np.einsum("i,i->", e, nu))
+            x, e = self._kl_buffers()
+            Z1 = S1 = S2 = 0.0
+            for s in range(0, p, KL_BLOCK):
+                nb = nu_all[s:min(s + KL_BLOCK, p)]
+                xb, eb = self._exponents(nb, A, B, theta2, M, x), e[:nb.size]
+                np.exp(xb, out=eb)
+                Z1 += float(eb.sum())
+                dev = np.subtract(nb, c, out=xb)
+                S1 += float(eb @ dev)
+                np.multiply(eb, dev, out=eb)
+                S2 += float(eb @ dev)
         e0 = math.exp(max(-M, -700.0))
         Z = Z1 + (n - p) * e0
+        Zu = -(S1 + c * Z1)  # sum e u
         mu = (dA * Zu + dB * Z1) / Z
         if Z > 0.5 * n:
             # every l / theta2 is close to the largest: log(Z / n) would keep only the rounding
@@ -243,23 +271,40 @@ class SortedTwoPiece:
             if A == 0.0:
                 zm1 = p * math.expm1(max(B / theta2 - M, -700.0))
             else:
-                zm1 = float(np.sum(np.expm1(x, out=x)))
+                zm1 = 0.0
+                for s in range(0, p, KL_BLOCK):
+                    nb = nu_all[s:min(s + KL_BLOCK, p)]
+                    xb = self._exponents(nb, A, B, theta2, M, x)
+                    zm1 += float(np.sum(np.expm1(xb, out=xb)))
             log_mean = math.log1p((zm1 + (n - p) * math.expm1(-M)) / n)
         else:
             log_mean = math.log(Z / n)
-        # variance of dl/dh under the weights, centred (the curvature only steers Newton)
-        if dA == 0.0:
-            var_p = (dB - mu) ** 2 * Z1
-        elif e is None:
-            var_p = dA * dA * Zu2 + 2.0 * dA * (dB - mu) * Zu + (dB - mu) ** 2 * Z1
-        else:
-            dd = np.multiply(nu, -dA, out=x)  # x is no longer needed
-            dd += dB - mu
-            var_p = float(np.einsum("i,i,i->", e, dd, dd))
+        # the spread of dl/dh = dA u + dB = dA (c - nu) + (dB - dA c) about mu under the
+        # weights: the prefix's (about c), then the stay samples' (dl/dh = 0)
+        t0 = dB - dA * c - mu  # dl/dh - mu at nu = c
+        var_p = dA * dA * S2 - 2.0 * dA * t0 * S1 + t0 * t0 * Z1
         var = (max(var_p, 0.0) + (n - p) * e0 * mu * mu) / Z
         term = theta2 * (M + log_mean)
         curv = d2 * Z1 / Z + var / theta2
         return term, mu, curv
+
+    def _kl_buffers(self):
+        """Two scratch buffers of :data:`KL_BLOCK` floats, kept between evaluations."""
+        buf = self._sorted.buffers
+        if buf is None:
+            buf = self._sorted.buffers = (np.empty(KL_BLOCK), np.empty(KL_BLOCK))
+        return buf
+
+    @staticmethod
+    def _exponents(nb, A, B, theta2, M, buf):
+        """``(l - max l) / theta2`` of the keys ``nb`` (``l = A u + B``, ``u = -nb``), clamped
+        to [-700, 0] (rounding can put the largest a hair above 0), in ``buf``."""
+        x = np.multiply(nb, -A, out=buf[:nb.size])
+        x += B
+        x /= theta2
+        x -= M
+        np.clip(x, -700.0, 0.0, out=x)
+        return x
 
     def _v(self, k: int, p: int, A, B, theta2):
         """The k-th largest (1-based) of l / (2 theta2)."""
