@@ -41,8 +41,8 @@ AUDIT_DIRECT_MAX = audit.AUDIT_DIRECT_MAX
 AUDIT_SAMPLE = audit.AUDIT_SAMPLE
 #: atoms per block of the sampled check, at most (fewer for wide data: see SAMPLE_CELLS)
 SAMPLE_BLOCK = 2048
-#: entries (rows x features) of each n x d temporary of the sampled check (128 KB)
-SAMPLE_CELLS = 1 << 14
+#: entries (rows x features) of each n x d temporary of the sampled check (512 KB)
+SAMPLE_CELLS = 1 << 16
 SAMPLED_RTOL = audit.SAMPLED_RTOL
 
 
@@ -227,10 +227,11 @@ def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, thet
         w = wm(lh_b)
         pw = w if p is None else p[s:e] * w
         low_risk += float(pw @ d_lo)
-        gain = pw * (d_hi - d_lo)
-        at = np.flatnonzero(gain > 0)
-        if at.size:
-            tied.append((at + s, gain[at], k_lo[at], k_hi[at]))
+        if d_hi is not d_lo:  # (the scan returns one array for both sides when nothing ties)
+            gain = pw * (d_hi - d_lo)
+            at = np.flatnonzero(gain > 0)
+            if at.size:
+                tied.append((at + s, gain[at], k_lo[at], k_hi[at]))
         if sampled:
             rows = slice(s, e)
             sums.add(rows, 1.0, w, *_reduced_atoms(prob, red, rows, k_lo, h))

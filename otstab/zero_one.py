@@ -44,6 +44,8 @@ EPS = float(np.finfo(float).eps)
 #: the reduced form's losses and moves
 MOVED_BLOCK = 4096
 REDUCED_BLOCK = 1 << 14
+#: entries (rows x features) of each n x d temporary of the sampled check (512 KB)
+SAMPLE_CELLS = 1 << 16
 
 
 def linear_distances(prob: Problem, mask: np.ndarray | None = None):
@@ -62,22 +64,23 @@ def linear_distances(prob: Problem, mask: np.ndarray | None = None):
     if sc.task == "binary":
         w = W[0]
         nw = float(w @ w)
-        m = prob.y * S
         wv = float(w @ sc.W[0])  # the score's change along the (masked) direction w
         near = NearPoints(X, None, lambda rows: w[None, :],
                           lambda rows, c: (-(c * wv), c * c * nw), S, prob.y)
         if nw == 0.0:
             near.c = np.zeros(X.shape[0])
             return np.where(loss0 > 0, 0.0, np.inf), near
-        d = np.maximum(m, 0.0)  # d* = max(m, 0)^2 / ||w||^2, in one buffer
+        y, b = prob.y, sc.b[0]
+        d = np.multiply(y, S)  # the margins m; d* = max(m, 0)^2 / ||w||^2, in one buffer
+        np.maximum(d, 0.0, out=d)
         d *= d
         d /= nw
         d[loss0 > 0] = 0.0
-        y, b = prob.y, sc.b[0]
 
-        def step(rows):  # built for the rows Q* moves only
-            mr = np.maximum(m[rows], 0.0)
-            c = (mr + _push(mr, np.abs(m[rows]), b)) / nw * y[rows]
+        def step(rows):  # built for the rows Q* moves only (margins recomputed: not kept)
+            mrows = y[rows] * S[rows]
+            mr = np.maximum(mrows, 0.0)
+            c = (mr + _push(mr, np.abs(mrows), b)) / nw * y[rows]
             return np.where(loss0[rows] > 0, 0.0, c)
 
         near.c = step
@@ -116,7 +119,10 @@ def linear_distances(prob: Problem, mask: np.ndarray | None = None):
 
 def move_prices(dstar, theta1: float) -> np.ndarray:
     """``a_i = theta1 d*_i``: the price of moving each sample to its nearest misclassified
-    point (``theta1 = inf``: 0 for a misclassified sample, ``inf`` for the others)."""
+    point (``theta1 = inf``: 0 for a misclassified sample, ``inf`` for the others). With
+    ``theta1 = 1`` the prices are ``dstar`` itself (no copy; neither is written to)."""
+    if theta1 == 1.0:
+        return dstar
     return dstar * theta1 if math.isfinite(theta1) else np.where(dstar > 0, np.inf, 0.0)
 
 
@@ -450,10 +456,16 @@ def _finish(*, value, h, alpha, status, message, plan, w, a, loss0, r, theta1, t
         rng = np.random.default_rng(0)
         pick = np.sort(rng.choice(rows.size, size=min(audit.AUDIT_SAMPLE, rows.size),
                                   replace=False))
-        Xr, Xm = moved_points(pick)
-        diff = Xm - Xr  # the move as Q* holds it
-        err = audit.sampled_error(np.asarray(losses_fn(Xm, y[rows[pick]]), dtype=np.float64),
-                                  loss_m[pick], np.einsum("ij,ij->i", diff, diff), d2[pick])
+        err = 0.0
+        # in blocks: the gathered rows, the moved rows and the moves stay cache-sized
+        step = max(1, SAMPLE_CELLS // max(X.shape[1], 1))
+        for s in range(0, pick.size, step):
+            pb = pick[s:s + step]
+            Xr, Xm = moved_points(pb)
+            diff = Xm - Xr  # the move as Q* holds it
+            err = max(err, audit.sampled_error(
+                np.asarray(losses_fn(Xm, y[rows[pb]]), dtype=np.float64), loss_m[pb],
+                np.einsum("ij,ij->i", diff, diff), d2[pb]))
         audit_info = {"method": "sampled", "sample": int(pick.size), "max_rel_error": err}
     elif X is not None and X_near is not None and rows.size:
         loss_m = np.empty(rows.size)

@@ -166,6 +166,11 @@ class PiecewiseOracle:
         scale = tol * (1.0 + self._bound(h))
         above = v > scale
         tie = np.abs(v) <= scale
+        if not tie.any():  # the usual case: both sides are the same arrays
+            d = np.where(above, dk, 0.0)
+            k = above.astype(np.intp)
+            np.maximum(v, 0.0, out=v)
+            return v, k, d, k, d
         lo = above | (tie & (dk < 0.0))
         hi = above | (tie & (dk > 0.0))
         d_lo = np.where(lo, dk, 0.0)
@@ -302,9 +307,32 @@ class AffineRows:
             self.y[rows] - self.s[rows]
 
     def piece(self, k: int, rows) -> np.ndarray:
-        out = np.multiply(self.u(rows), self.a[k])
-        out += self.b[k]
+        a, b = float(self.a[k]), float(self.b[k])
+        u = self.u(rows)
+        # a u + b; with a = -1, 0 or 1 in one operation: fl(b - u) = fl((-u) + b) and
+        # fl(u + b) are the same numbers (the product by +-1 is exact)
+        if a == -1.0:
+            return np.subtract(b, u, out=u)
+        if a == 1.0:
+            u += b
+            return u
+        out = np.multiply(u, a, out=u)
+        out += b
         return out
+
+    def negated_piece(self, k: int, rows, out: np.ndarray) -> np.ndarray:
+        """``-(a_k u + b_k)`` of ``rows`` written into ``out`` (the same numbers as
+        ``-piece(k, rows)``: rounding to nearest is symmetric, so with a = -1 it is
+        fl(u - b))."""
+        a, b = float(self.a[k]), float(self.b[k])
+        if a == -1.0:
+            if self.kind == "margin":
+                np.multiply(self.y[rows], self.s[rows], out=out)
+            else:
+                np.subtract(self.y[rows], self.s[rows], out=out)
+            out -= b
+            return out
+        return np.negative(self.piece(k, rows), out=out)
 
     def blocks(self):
         return ((i, min(i + self.BLOCK, self.n)) for i in range(0, self.n, self.BLOCK))
@@ -406,7 +434,7 @@ def oracle_for(c1, c2, *, rows: AffineRows | None = None) -> PiecewiseOracle:
                 else:  # the negated keys written block by block, sorted in place
                     nu = np.empty(oracle.n)
                     for i, j in rows.blocks():
-                        np.negative(rows.piece(k1, slice(i, j)), out=nu[i:j])
+                        rows.negated_piece(k1, slice(i, j), nu[i:j])
                     ok = math.isfinite(oracle._c1abs)
                     view = SortedTwoPiece.from_negated(nu, "hinge", float(oracle.c2[0, k1]),
                                                        tie=oracle.TIE) if ok else None

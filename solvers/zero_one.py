@@ -68,20 +68,31 @@ def zero_one_objective(a, h, r, theta2, divergence):
 
 class _PrefixSums:
     """``S(j) = sum_{i<j} x_i`` at any j in O(block) after one blocked pass (no full cumsum:
-    a bisection needs only O(log n) of them)."""
+    a bisection needs only O(log n) of them). ``x`` is an array, or ``(values, size)`` with
+    ``values(i, j)`` computing ``x[i:j]`` (no n-vector of x is made)."""
 
     BLOCK = 4096
+    #: blocks computed at a time from ``values`` (temporaries of 512 KB)
+    CHUNK = 16
 
     def __init__(self, x):
-        self.x = x
-        nb = x.size // self.BLOCK
+        if isinstance(x, tuple):
+            self._values, size = x
+        else:
+            self._values, size = (lambda i, j: x[i:j]), x.size
+        nb = size // self.BLOCK
         self.cum = np.zeros(nb + 1)
         if nb:
-            np.cumsum(x[:nb * self.BLOCK].reshape(nb, self.BLOCK).sum(axis=1), out=self.cum[1:])
+            sums = np.empty(nb)
+            for b0 in range(0, nb, self.CHUNK):
+                b1 = min(b0 + self.CHUNK, nb)
+                xb = self._values(b0 * self.BLOCK, b1 * self.BLOCK)
+                sums[b0:b1] = xb.reshape(b1 - b0, self.BLOCK).sum(axis=1)
+            np.cumsum(sums, out=self.cum[1:])
 
     def __call__(self, j: int) -> float:
         b = min(j // self.BLOCK, self.cum.size - 1)
-        return float(self.cum[b]) + float(self.x[b * self.BLOCK:j].sum())
+        return float(self.cum[b]) + float(self._values(b * self.BLOCK, j).sum())
 
 
 def solve_zero_one(a, r: float, theta2: float, divergence: str, *,
@@ -156,12 +167,16 @@ def solve_zero_one(a, r: float, theta2: float, divergence: str, *,
             # e_i = exp(-(a_(i) - a_(0))/theta2) in one buffer, in place; the bisection needs
             # the prefix sums S_j = sum_{i<j} e_i at O(log n) points only: from block sums
             b0 = -float(s[0]) / theta2
-            e = np.subtract(s[0], s[:n_fin])
-            e *= 1.0 / theta2
-            if (float(s[0]) - float(s[n_fin - 1])) / theta2 < -700.0:
-                np.maximum(e, -700.0, out=e)
-            np.exp(e, out=e)
-            prefix = _PrefixSums(e)
+            clamp = (float(s[0]) - float(s[n_fin - 1])) / theta2 < -700.0
+
+            def e_block(i, j):  # e_i of sorted positions i..j, computed where summed
+                e = np.subtract(s[0], s[i:min(j, n_fin)])
+                e *= 1.0 / theta2
+                if clamp:
+                    np.maximum(e, -700.0, out=e)
+                return np.exp(e, out=e)
+
+            prefix = _PrefixSums((e_block, n_fin))
 
             def cand(j):  # j = 1..n_fin samples moved
                 return theta2 * (math.log(r * (n - j) / (1.0 - r)) - b0 - math.log(prefix(j))) \
