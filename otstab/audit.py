@@ -52,7 +52,7 @@ from otstab_solvers.weights import phi
 from .errors import SolverError
 
 __all__ = ["AUDIT_RTOL", "RISK_RTOL", "MASS_TOL", "CANCEL_RTOL", "REACHED_RTOL", "AUDIT_DIRECT_MAX",
-           "AUDIT_SAMPLE", "SAMPLED_RTOL", "sampled_error", "audit_sums",
+           "AUDIT_SAMPLE", "SAMPLED_RTOL", "sampled_error", "sample_positions", "audit_sums",
            "audit_points", "problems", "resolution_problem", "accept", "first_accepted",
            "reached", "tolerance"]
 
@@ -169,6 +169,23 @@ def audit_points(prob, X_star, src, mass, w, theta1, theta2, divergence, value) 
     moved2 = np.einsum("ij,ij->i", diff, diff)
     return audit_sums(prob.losses(prob.X), loss_star, moved2, mass, w, theta1, theta2,
                       divergence, value, prob.p, src)
+
+
+def sample_positions(m: int, k: int, seed: int = 0) -> np.ndarray:
+    """``min(k, m)`` distinct positions in ``range(m)``, ascending, drawn at random (fixed
+    seed: the same atoms on every run) without an array of size ``m`` when k is small
+    against m (``Generator.choice`` without replacement may permute all m)."""
+    if k >= m:
+        return np.arange(m)
+    rng = np.random.default_rng(seed)
+    if 4 * k > m:
+        return np.sort(rng.choice(m, size=k, replace=False))
+    pos = np.unique(rng.integers(0, m, size=k + k // 8 + 16))
+    while pos.size < k:  # (rare: the first draw had too many repeats)
+        pos = np.union1d(pos, rng.integers(0, m, size=k))
+    if pos.size > k:
+        pos = np.sort(rng.choice(pos, size=k, replace=False))
+    return pos
 
 
 def sampled_error(direct_loss, loss, direct_d2, d2) -> float:

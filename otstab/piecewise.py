@@ -406,8 +406,7 @@ def _sample_check(prob, red, oracle, h, tie_rtol, t_rows, t_hi, frac) -> dict:
     n = prob.n
     split_rows = t_rows[(frac > 0) & (frac < 1)]
     m = n + split_rows.size
-    rng = np.random.default_rng(0)
-    pick = np.sort(rng.choice(m, size=min(AUDIT_SAMPLE, m), replace=False))
+    pick = audit.sample_positions(m, AUDIT_SAMPLE)
     main = pick[pick < n]
     rows = np.concatenate([main, split_rows[pick[pick >= n] - n]])
     piece = oracle.scan(h, tie_rtol, main)[1]

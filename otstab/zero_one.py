@@ -58,15 +58,15 @@ def linear_distances(prob: Problem, mask: np.ndarray | None = None):
     X = prob.X
     W = sc.W if mask is None else sc.W * mask[None, :]
     S = prob.scores if prob.scores is not None else sc.scores(X)
-    # the 0/1 losses at the data: the problem's own (computed once) when its loss is 0/1
-    loss0 = prob.losses(X) if isinstance(prob.loss, ZeroOne) and prob.scores is not None \
-        else zero_one.values(S, prob.y)
+    # which samples are misclassified now (a boolean per row, over blocks of the scores)
+    loss0 = misclassified(prob, S)
     if sc.task == "binary":
         w = W[0]
         nw = float(w @ w)
         wv = float(w @ sc.W[0])  # the score's change along the (masked) direction w
         near = NearPoints(X, None, lambda rows: w[None, :],
                           lambda rows, c: (-(c * wv), c * c * nw), S, prob.y)
+        near.misclassified = loss0
         if nw == 0.0:
             near.c = np.zeros(X.shape[0])
             return np.where(loss0 > 0, 0.0, np.inf), near
@@ -114,7 +114,25 @@ def linear_distances(prob: Problem, mask: np.ndarray | None = None):
 
     def moves(rows, c):
         return -(c[:, None] * (P[y[rows]] - P[kbest[rows]])), c * c * nk[rows]
-    return d, NearPoints(X, step, lambda rows: W[y[rows]] - W[kbest[rows]], moves, S, y)
+    near = NearPoints(X, step, lambda rows: W[y[rows]] - W[kbest[rows]], moves, S, y)
+    near.misclassified = loss0
+    return d, near
+
+
+def misclassified(prob: Problem, S=None) -> np.ndarray:
+    """A boolean per sample: misclassified by the model now (its 0/1 loss is 1). From the
+    problem's cached losses when its loss is 0/1 and they exist, else over blocks of the
+    scores ``S`` (no n-vector of float losses is made)."""
+    cached = prob.extra.get("base_losses") if isinstance(prob.loss, ZeroOne) else None
+    if cached is not None:
+        return cached > 0
+    S = prob.scores if S is None else S
+    n = S.shape[0]
+    out = np.empty(n, dtype=bool)
+    for s in range(0, n, REDUCED_BLOCK):
+        e = min(s + REDUCED_BLOCK, n)
+        out[s:e] = zero_one.values(S[s:e], prob.y[s:e]) > 0
+    return out
 
 
 def move_prices(dstar, theta1: float) -> np.ndarray:
@@ -138,6 +156,8 @@ class NearPoints:
         #: ``moves(rows, c) -> (change of the model's scores, squared move)`` of the rows with
         #: steps ``c`` (None: not known from the scores); ``scores``, ``labels`` at the data
         self.moves_fn, self.scores, self.labels = moves, scores, labels
+        #: which rows are misclassified now (booleans; set by :func:`linear_distances`)
+        self.misclassified = None
 
     def steps(self, rows) -> np.ndarray:
         """``c`` of ``rows`` (the signed step along each row's direction)."""
@@ -159,6 +179,16 @@ class NearPoints:
 
     def __getitem__(self, rows) -> np.ndarray:
         return self.X[rows] + self.displacement(rows)
+
+
+class _Kept:
+    """An array already computed, called like a builder."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __call__(self):
+        return self.value
 
 
 def _push(gap, score_scale, intercept_scale):
@@ -208,9 +238,10 @@ class _Weights:
                 val = float(np.dot(self._qw, x))
             elif self.dense is not None:
                 val = float(np.dot(self.dense, x))
-            else:
-                val = self.base * float(np.sum(x)) + float(
-                    np.dot(self.vals - self.base, x[self.idx]))
+            else:  # the rows outside idx at the shared weight, those in idx at theirs
+                xi = x[self.idx]
+                val = self.base * (float(np.sum(x)) - float(np.sum(xi))) + float(
+                    np.dot(self.vals, xi))
             self._dots[key] = (x, val)  # keeps x alive, so its id is not reused
         return self._dots[key][1]
 
@@ -259,7 +290,8 @@ def _move_plan(h, w, loss0, r, n, ac, tol=1e-10):
     moved = np.flatnonzero(ac < h - t)
     tied = np.flatnonzero(ac >= h - t)
     l0m = loss0[cand[moved]]
-    risk = w.dot(loss0) + float(np.dot(w.at(moved), 1.0 - l0m))
+    # the moved rows add their weight where they were classified correctly (loss 0 -> 1)
+    risk = w.dot(loss0) + float(np.sum(w.at(moved), where=~(l0m > 0)))
     need = n * r - risk
     split = None
     if need > 0 and tied.size:
@@ -440,22 +472,44 @@ def _finish(*, value, h, alpha, status, message, plan, w, a, loss0, r, theta1, t
         return Xr, (Xr + X_near.displacement(rs) if isinstance(X_near, NearPoints)
                     else np.asarray(X_near[rs], dtype=np.float64))
 
-    # the loss at every moved point and the squared distance moved, over blocks of rows (the
-    # moved points are not kept: X_star and the displacement rebuild them when asked)
+    # the loss at every moved point and the squared distance moved, over blocks of rows,
+    # summed as they come (the moved points are not kept: X_star and the displacement
+    # rebuild them when asked; above AUDIT_DIRECT_MAX rows neither are the per-row losses)
+    f = split[1] if split is not None else 0.0  # the split atom (the last row) has mass f
+    q = w.q
+    acc = {"wd2": 0.0, "wdl": 0.0, "qdl": 0.0}
+
+    def accumulate(s, e, lm, dd):
+        """Add the moved atoms s..e (losses ``lm``, squared moves ``dd``) to the sums; the
+        split atom's share 1 - f that stays is taken back."""
+        wr = w_rows[s:e]
+        dlb = lm - loss0[rows[s:e]]  # the change of loss of each moved atom
+        acc["wd2"] += float(np.dot(wr, dd))
+        acc["wdl"] += float(np.dot(wr, dlb))
+        acc["qdl"] += float(np.sum(dlb)) if q is None else float(np.dot(q[rows[s:e]], dlb))
+        if split is not None and e == rows.size:
+            keep = 1.0 - f
+            qs = 1.0 if q is None else float(q[rows[-1]])
+            acc["wd2"] -= keep * float(wr[-1]) * float(dd[-1])
+            acc["wdl"] -= keep * float(wr[-1]) * float(dlb[-1])
+            acc["qdl"] -= keep * qs * float(dlb[-1])
+
     audit_info = {"method": "direct", "sample": int(rows.size), "max_rel_error": 0.0}
     reduced = X_near.reduced if isinstance(X_near, NearPoints) and X_near.moves_fn else None
     if X is not None and X_near is not None and rows.size and reduced is not None \
             and n > audit.AUDIT_DIRECT_MAX:
         # large n: the loss and move of every moved row from the scores (the reduced form),
         # confirmed on a random sample of moved rows materialised and re-scored by the model
-        loss_m = np.empty(rows.size)
-        d2 = np.empty(rows.size)
         for s in range(0, rows.size, REDUCED_BLOCK):
-            loss_m[s:s + REDUCED_BLOCK], d2[s:s + REDUCED_BLOCK] = \
-                reduced(rows[s:s + REDUCED_BLOCK])
-        rng = np.random.default_rng(0)
-        pick = np.sort(rng.choice(rows.size, size=min(audit.AUDIT_SAMPLE, rows.size),
-                                  replace=False))
+            accumulate(s, min(s + REDUCED_BLOCK, rows.size), *reduced(rows[s:s + REDUCED_BLOCK]))
+
+        def loss_m():  # the loss at the moved points, for ``loss_star`` (built when asked)
+            out = np.empty(rows.size)
+            for s in range(0, rows.size, REDUCED_BLOCK):
+                out[s:s + REDUCED_BLOCK] = reduced(rows[s:s + REDUCED_BLOCK])[0]
+            return out
+
+        pick = audit.sample_positions(rows.size, audit.AUDIT_SAMPLE)
         err = 0.0
         # in blocks: the gathered rows, the moved rows and the moves stay cache-sized
         step = max(1, SAMPLE_CELLS // max(X.shape[1], 1))
@@ -463,41 +517,39 @@ def _finish(*, value, h, alpha, status, message, plan, w, a, loss0, r, theta1, t
             pb = pick[s:s + step]
             Xr, Xm = moved_points(pb)
             diff = Xm - Xr  # the move as Q* holds it
+            lm, dd = reduced(rows[pb])
             err = max(err, audit.sampled_error(
-                np.asarray(losses_fn(Xm, y[rows[pb]]), dtype=np.float64), loss_m[pb],
-                np.einsum("ij,ij->i", diff, diff), d2[pb]))
+                np.asarray(losses_fn(Xm, y[rows[pb]]), dtype=np.float64), lm,
+                np.einsum("ij,ij->i", diff, diff), dd))
         audit_info = {"method": "sampled", "sample": int(pick.size), "max_rel_error": err}
     elif X is not None and X_near is not None and rows.size:
-        loss_m = np.empty(rows.size)
+        # (at most AUDIT_DIRECT_MAX rows: the per-row arrays are kept and summed whole, so
+        # that the sums do not depend on the block size)
+        lm_all = np.empty(rows.size)
         d2 = np.empty(rows.size)
         step = MOVED_BLOCK if isinstance(X, np.ndarray) else rows.size  # Dask: one gather
         for s in range(0, rows.size, step):
-            Xr, Xm = moved_points(slice(s, s + step))
-            loss_m[s:s + step] = losses_fn(Xm, y[rows[s:s + step]])
+            e = min(s + step, rows.size)
+            Xr, Xm = moved_points(slice(s, e))
+            lm_all[s:e] = losses_fn(Xm, y[rows[s:e]])
             diff = Xm - Xr  # the move as Q* holds it
-            d2[s:s + step] = np.einsum("ij,ij->i", diff, diff)
+            d2[s:e] = np.einsum("ij,ij->i", diff, diff)
+        accumulate(0, rows.size, lm_all, d2)
+        loss_m = _Kept(lm_all)
     else:
-        loss_m = np.ones(rows.size)
+        lm_all = np.ones(rows.size)
         d2 = dstar[rows]
-        d2 = np.where(np.isfinite(d2), d2, 0.0)
-    # mass of the moved atoms: 1 for whole rows, the fraction f for the split atom (whose
-    # row keeps 1 - f unmoved)
-    m_rows = np.ones(rows.size)
-    f = 0.0
-    if split is not None:
-        f = split[1]
-        m_rows[-1] = f
-    l0_rows = loss0[rows]
+        accumulate(0, rows.size, lm_all, np.where(np.isfinite(d2), d2, 0.0))
+        loss_m = _Kept(lm_all)
     total = w.total()  # sum over atoms of mass * w: a split row's two atoms add up to its w
-    move_cost = 0.0 if math.isinf(theta1) else theta1 * float(
-        np.einsum("i,i,i->", m_rows, w_rows, d2)) / n
+    move_cost = 0.0 if math.isinf(theta1) else theta1 * acc["wd2"] / n
     rew_cost = 0.0 if math.isinf(theta2) else theta2 * w.phi_total(divergence) / n
     primal = move_cost + rew_cost
     # risk: every atom at loss0, corrected on the moved atoms
-    risk_star = (w.dot(loss0) + float(np.einsum("i,i,i->", m_rows, w_rows, loss_m - l0_rows))) / n
+    risk_star = (w.dot(loss0) + acc["wdl"]) / n
     base = float(np.mean(loss0)) if base is None else base
-    qm = m_rows if w.q is None else m_rows * w.q[rows]
-    moved_risk = base + float(np.dot(qm, loss_m - l0_rows)) / n
+    mdl = acc["qdl"]  # sum over the moved atoms of P0-mass * (change of loss)
+    moved_risk = base + mdl / n
     if audit_info["max_rel_error"] > audit.SAMPLED_RTOL:  # the reduced form and the model
         primal = math.inf                                  # disagree: never pass this off
     gap = audit.relative_gap(primal, value)
@@ -525,11 +577,12 @@ def _finish(*, value, h, alpha, status, message, plan, w, a, loss0, r, theta1, t
 
     def loss_star():
         out = np.empty(n_atoms)
-        out[:n] = loss0
+        out[:n] = loss0  # (float or boolean losses)
         k = moved.size
-        out[moved] = loss_m[:k]
+        lm = loss_m()
+        out[moved] = lm[:k]
         if split is not None:
-            out[n] = loss_m[k]
+            out[n] = lm[k]
         return out
 
     def x_star():
@@ -571,7 +624,8 @@ def _finish(*, value, h, alpha, status, message, plan, w, a, loss0, r, theta1, t
         theta2=theta2, divergence=divergence, loss="zero_one", message=message,
         solver_log=log, dual_gap_bound=(sol.gap_bound if sol is not None else 0.0),
         iterations=(sol.iterations if sol is not None else 0), split=split is not None,
-        loss_star=loss_star, loss_base=loss0,
+        loss_star=loss_star,
+        loss_base=loss0 if loss0.dtype == np.float64 else (lambda: loss0.astype(np.float64)),
         X=X if X is not None else np.empty((n, 0)), feature_names=names, index=index,
         info={"dstar": dstar, "wall_time": time.perf_counter() - t_start, "audit": audit_info,
               **({"displacement": displacement} if X is not None and X_near is not None
@@ -591,7 +645,7 @@ def certify_zero_one_problem(prob: Problem, r, theta1, theta2, divergence, mask,
         )
     check_options(solver_options, (), "the exact 0/1 path of a linear classifier")
     dstar, X_near = linear_distances(prob, mask)  # 0 where misclassified
-    loss0 = prob.losses(prob.X)
+    loss0 = X_near.misclassified  # booleans (the float losses are built if asked for)
     a = move_prices(dstar, theta1)
     return _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, prob.X, X_near,
                             prob.y, prob.losses, prob.feature_names, prob.index, t_start,

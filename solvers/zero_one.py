@@ -212,7 +212,12 @@ def solve_zero_one(a, r: float, theta2: float, divergence: str, *,
                     # every exponent is small (theta2 large against the distances): the mean
                     # of exp is close to 1 and its log would keep only rounding (times
                     # theta2); sum expm1 over the moved samples instead (O(j_in))
-                    m1 = float(np.sum(np.expm1((h - s[:j_in]) / theta2)))
+                    m1 = 0.0
+                    for i in range(0, j_in, _PrefixSums.BLOCK * _PrefixSums.CHUNK):
+                        x = np.subtract(h, s[i:min(i + _PrefixSums.BLOCK * _PrefixSums.CHUNK,
+                                                   j_in)])
+                        x /= theta2
+                        m1 += float(np.sum(np.expm1(x, out=x)))
                     value = h * r - theta2 * math.log1p(m1 / n)
                 else:
                     value = h * r - theta2 * (float(log_tot) - math.log(n))
