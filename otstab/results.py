@@ -21,7 +21,7 @@ from ._results import ResultMixin, jsonable
 from .errors import ValidationError
 from .pipeline import RawView, raw_view
 
-__all__ = ["StabilityResult"]
+__all__ = ["StabilityResult", "LazyInfo", "Later"]
 
 
 @dataclass
@@ -224,7 +224,8 @@ class StabilityResult(ResultMixin):
             key = "_lazy_" + name
             if callable(state.get(key)):
                 state[key] = getattr(self, name)
-        info = dict(state.get("info") or {})
+        raw = state.get("info") or {}
+        info = {k: raw[k] for k in raw}  # (a LazyInfo builds its Later values here)
         for key, value in list(info.items()):
             if key == "moved2" and callable(value):
                 info[key] = value()
@@ -265,6 +266,37 @@ class StabilityResult(ResultMixin):
         if arrays:
             out["feature_names"] = list(self.feature_names)
         return jsonable(out)
+
+
+class Later:
+    """A value of a result's ``info`` given as its builder (``Later(fn)``): built on first
+    read through :class:`LazyInfo` (e.g. a 0/1 certificate's ``info["dstar"]``, an
+    n-vector the certificate itself never needs)."""
+
+    __slots__ = ("build",)
+
+    def __init__(self, build):
+        self.build = build
+
+    def __call__(self):
+        return self.build()
+
+
+class LazyInfo(dict):
+    """``info`` whose :class:`Later` values are built on first read (``[]``, ``get``)."""
+
+    def __getitem__(self, key):
+        value = super().__getitem__(key)
+        if isinstance(value, Later):
+            value = value()
+            self[key] = value
+        return value
+
+    def get(self, key, default=None):
+        return self[key] if key in self else default
+
+    def __reduce__(self):  # pickled with its values built
+        return (LazyInfo, ({k: self[k] for k in self},))
 
 
 def _lazy_property(name: str) -> property:

@@ -31,7 +31,7 @@ from .models import Problem
 from .nonlinear import LinearDifferentiable
 from .params import check_common, check_options
 from .perturbation import perturbation_search
-from .results import StabilityResult
+from .results import Later, LazyInfo, StabilityResult
 
 __all__ = ["linear_distances", "move_prices", "NearPoints", "certify_distances",
            "certify_zero_one_problem", "certify_zero_one_search", "SEARCH_OPTIONS"]
@@ -61,30 +61,8 @@ def linear_distances(prob: Problem, mask: np.ndarray | None = None):
     # which samples are misclassified now (a boolean per row, over blocks of the scores)
     loss0 = misclassified(prob, S)
     if sc.task == "binary":
-        w = W[0]
-        nw = float(w @ w)
-        wv = float(w @ sc.W[0])  # the score's change along the (masked) direction w
-        near = NearPoints(X, None, lambda rows: w[None, :],
-                          lambda rows, c: (-(c * wv), c * c * nw), S, prob.y)
-        near.misclassified = loss0
-        if nw == 0.0:
-            near.c = np.zeros(X.shape[0])
-            return np.where(loss0 > 0, 0.0, np.inf), near
-        y, b = prob.y, sc.b[0]
-        d = np.multiply(y, S)  # the margins m; d* = max(m, 0)^2 / ||w||^2, in one buffer
-        np.maximum(d, 0.0, out=d)
-        d *= d
-        d /= nw
-        d[loss0 > 0] = 0.0
-
-        def step(rows):  # built for the rows Q* moves only (margins recomputed: not kept)
-            mrows = y[rows] * S[rows]
-            mr = np.maximum(mrows, 0.0)
-            c = (mr + _push(mr, np.abs(mrows), b)) / nw * y[rows]
-            return np.where(loss0[rows] > 0, 0.0, c)
-
-        near.c = step
-        return d, near
+        prices, near = _binary_near(prob, W, S, loss0, 1.0)
+        return prices.dstar(), near
     y = prob.y.astype(np.intp)
     sy = np.take_along_axis(S, y[:, None], axis=1)
     gaps = np.maximum(sy - S, 0.0)  # (n, K): s_y - s_k
@@ -117,6 +95,121 @@ def linear_distances(prob: Problem, mask: np.ndarray | None = None):
     near = NearPoints(X, step, lambda rows: W[y[rows]] - W[kbest[rows]], moves, S, y)
     near.misclassified = loss0
     return d, near
+
+
+def linear_prices(prob: Problem, mask: np.ndarray | None, theta1: float):
+    """``(prices, X_near)`` of a binary linear classifier: the move prices ``a_i = theta1
+    d*_i`` as a :class:`RowPrices` (computed per block of rows, never stored) and the
+    nearest misclassified points (:class:`NearPoints`, with ``misclassified`` set)."""
+    sc = prob.scorer
+    if sc.task != "binary":
+        raise ValueError("linear_prices needs a binary linear classifier")
+    W = sc.W if mask is None else sc.W * mask[None, :]
+    S = prob.scores if prob.scores is not None else sc.scores(prob.X)
+    return _binary_near(prob, W, S, misclassified(prob, S), theta1)
+
+
+def _binary_near(prob, W, S, wrong, theta1):
+    """:func:`linear_prices` given the (masked) weights, the scores and the misclassified
+    rows: the nearest misclassified point of row i is ``x_i - c_i w`` with
+    ``c_i = (max(m_i, 0) + push) / ||w||^2 * y_i`` (m the margin), at squared distance
+    ``d*_i = max(m_i, 0)^2 / ||w||^2`` (0 where misclassified)."""
+    sc, X = prob.scorer, prob.X
+    w = W[0]
+    nw = float(w @ w)
+    wv = float(w @ sc.W[0])  # the score's change along the (masked) direction w
+    near = NearPoints(X, None, lambda rows: w[None, :],
+                      lambda rows, c: (-(c * wv), c * c * nw), S, prob.y)
+    near.misclassified = wrong
+    prices = RowPrices(S, prob.y, wrong, nw, theta1)
+    if nw == 0.0:
+        near.c = np.zeros(X.shape[0])
+        return prices, near
+    y, b = prob.y, sc.b[0]
+
+    def step(rows):  # built for the rows Q* moves only (margins recomputed: not kept)
+        mrows = y[rows] * S[rows]
+        mr = np.maximum(mrows, 0.0)
+        c = (mr + _push(mr, np.abs(mrows), b)) / nw * y[rows]
+        return np.where(wrong[rows], 0.0, c)
+
+    near.c = step
+    return prices, near
+
+
+class RowPrices:
+    """The move prices ``a_i = theta1 d*_i`` of a binary linear classifier, computed from the
+    scores where they are needed (``d*_i = max(m_i, 0)^2 / ||w||^2`` with the margin
+    ``m_i = y_i s_i``; 0 where misclassified; ``inf`` for every correct row when ``w = 0``),
+    so that a 0/1 certificate holds no n-vector of distances or prices: the closed form gets
+    one sorted copy (:meth:`sorted`), Q* the rows below ``h`` (:meth:`near`). Every number is
+    the one an n-vector of ``d*`` would hold (the same operations, row by row)."""
+
+    BLOCK = 1 << 14
+
+    def __init__(self, S, y, wrong, nw: float, theta1: float):
+        self.S, self.y, self.wrong, self.nw, self.theta1 = S, y, wrong, float(nw), theta1
+        self.size = int(S.shape[0])
+
+    def _dstar(self, rows) -> np.ndarray:
+        if self.nw == 0.0:
+            return np.where(self.wrong[rows], 0.0, np.inf)
+        d = np.multiply(self.y[rows], self.S[rows])  # the margins; d* in one buffer
+        np.maximum(d, 0.0, out=d)
+        d *= d
+        d /= self.nw
+        d[self.wrong[rows]] = 0.0
+        return d
+
+    def __getitem__(self, rows) -> np.ndarray:
+        return move_prices(self._dstar(rows), self.theta1)
+
+    def _blocks(self):
+        return ((i, min(i + self.BLOCK, self.size)) for i in range(0, self.size, self.BLOCK))
+
+    def dstar(self) -> np.ndarray:
+        """All ``d*_i`` (an n-vector, built when asked for: ``res.info["dstar"]``)."""
+        out = np.empty(self.size)
+        for i, j in self._blocks():
+            out[i:j] = self._dstar(slice(i, j))
+        return out
+
+    def array(self) -> np.ndarray:
+        """All prices (an n-vector; the rare dense paths)."""
+        out = np.empty(self.size)
+        for i, j in self._blocks():
+            out[i:j] = self[i:j]
+        return out
+
+    def sorted(self) -> np.ndarray:
+        """The prices in ascending order (one n-vector, sorted in place)."""
+        out = self.array()
+        out.sort()
+        return out
+
+    def near(self, h: float, tol: float = 1e-10):
+        """:func:`_near`: the rows with ``a_i <= h`` (up to the tie tolerance) and their
+        prices, over blocks."""
+        thr = h + tol * max(1.0, h)
+        cand, vals = [], []
+        for i, j in self._blocks():
+            ab = self[i:j]
+            k = np.flatnonzero(ab <= thr)
+            cand.append(k + i)
+            vals.append(ab[k])
+        if not cand:
+            return np.empty(0, dtype=np.intp), np.empty(0)
+        return np.concatenate(cand), np.concatenate(vals)
+
+    def finite(self):
+        """(any, all, count among the correctly classified rows) of finite prices."""
+        any_, all_, movable = False, True, 0
+        for i, j in self._blocks():
+            fin = np.isfinite(self[i:j])
+            any_ = any_ or bool(fin.any())
+            all_ = all_ and bool(fin.all())
+            movable += int(np.count_nonzero(fin & ~self.wrong[i:j]))
+        return any_, all_, movable
 
 
 def misclassified(prob: Problem, S=None) -> np.ndarray:
@@ -289,9 +382,12 @@ def _move_plan(h, w, loss0, r, n, ac, tol=1e-10):
     cand = w.idx
     moved = np.flatnonzero(ac < h - t)
     tied = np.flatnonzero(ac >= h - t)
-    l0m = loss0[cand[moved]]
-    # the moved rows add their weight where they were classified correctly (loss 0 -> 1)
-    risk = w.dot(loss0) + float(np.sum(w.at(moved), where=~(l0m > 0)))
+    # the moved rows add their weight where they were classified correctly (loss 0 -> 1);
+    # over blocks of them (cache-sized gathers)
+    risk = w.dot(loss0)
+    for s in range(0, moved.size, REDUCED_BLOCK):
+        mb = moved[s:s + REDUCED_BLOCK]
+        risk += float(np.sum(w.at(mb), where=~(loss0[cand[mb]] > 0)))
     need = n * r - risk
     split = None
     if need > 0 and tied.size:
@@ -299,7 +395,9 @@ def _move_plan(h, w, loss0, r, n, ac, tol=1e-10):
         cg = np.cumsum(gain)
         full = cg <= need * (1 + 1e-15)
         k = int(np.count_nonzero(full))
-        moved = np.sort(np.concatenate([moved, tied[full]]))
+        if full.any():
+            moved = np.concatenate([moved, tied[full]])
+            moved.sort()
         if k < tied.size and gain[k] > 0:
             before = cg[k - 1] if k > 0 else 0.0
             split = (int(tied[k]), min(max((need - before) / gain[k], 0.0), 1.0))
@@ -340,6 +438,8 @@ def _weights(a, h, sol, theta2, divergence, n, cand, ac, q=None):
             return w, alpha
         # the dual's alpha belongs to a slightly different h: recompute it exactly below
     shift = 0.0
+    if isinstance(a, RowPrices):  # the dense weights need every price
+        a = a.array()
     if math.isfinite(h) and a.size and h >= float(a.max()):
         # every sample moves (r = 1): l_h = h - a, and the weights depend on l_h only up to a
         # constant (KL) or through l_h + alpha (chi2): use -a, without the rounding of h - a
@@ -360,9 +460,13 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
     ``value_lower`` the certified lower bound passed to the audit. ``p``: the sample
     probabilities (None: uniform)."""
     n = a.size
+    rp = a if isinstance(a, RowPrices) else None  # prices computed per block (uniform P0)
+    if rp is not None and p is not None:
+        raise ValueError("RowPrices serve uniform samples only; pass the price array with p")
     base = pmean(loss0, p) if base is None else base
     q = None if p is None else p * n
     live = slice(None) if p is None else p > 0  # the samples P0 charges
+    fin = rp.finite() if rp is not None else None
     method = "dual" if solver == "dual" else "closed_form"
     no_moves = (np.empty(0, dtype=np.intp), None)
     common = dict(a=a, loss0=loss0, r=r, theta1=theta1, theta2=theta2, divergence=divergence,
@@ -378,16 +482,21 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
         return res
     unreachable = None
     if math.isinf(theta2):
-        movable = np.isfinite(a) & (loss0 == 0)
-        top = (float(np.sum(loss0)) + int(np.count_nonzero(movable))) / n if p is None \
-            else pmean(loss0 + movable, p)
+        if rp is not None:
+            top = (float(np.sum(loss0)) + fin[2]) / n
+        else:
+            movable = np.isfinite(a) & (loss0 == 0)
+            top = (float(np.sum(loss0)) + int(np.count_nonzero(movable))) / n if p is None \
+                else pmean(loss0 + movable, p)
         if r > top:
             unreachable = (f"r = {r:g} exceeds the largest error rate reachable by moving "
                            "samples alone (theta2 = inf and some samples cannot be moved)")
-    if unreachable is None and base == 0.0 and not np.isfinite(a[live]).any():
+    if unreachable is None and base == 0.0 and not (
+            fin[0] if rp is not None else np.isfinite(a[live]).any()):
         unreachable = ("no sample is misclassified and none can be moved "
                        "(theta1 = inf, a zero model or masked features)")
-    if unreachable is None and r >= 1.0 and not bool(np.all(np.isfinite(a[live]))):
+    if unreachable is None and r >= 1.0 and not (
+            fin[1] if rp is not None else bool(np.all(np.isfinite(a[live])))):
         if base > 0 and math.isfinite(theta2):
             res = _limit_result(**common, p=p)
             audit.mark_edge(res, "limit")
@@ -404,12 +513,16 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
 
     def attempt(how):
         def thunk():
-            sol = solve_zero_one(a, r, theta2, divergence, method=how, p=p)
+            # (RowPrices: one sorted copy for the solve, freed before Q* is built)
+            sol = solve_zero_one(a, r, theta2, divergence, method=how, p=p) if rp is None \
+                else solve_zero_one(rp.sorted(), r, theta2, divergence, method=how,
+                                    presorted=True)
             if sol.status != OPTIMAL:
                 raise audit.Skip(f"0/1 {how} reported {sol.native_status!r}", sol.status)
-            cand, ac = _near(a, sol.h)
+            cand, ac = _near(a, sol.h) if rp is None else rp.near(sol.h)
             w, alpha = _weights(a, sol.h, sol, theta2, divergence, n, cand, ac, q)
             plan = _move_plan(sol.h, w, loss0, r, n, ac)
+            del cand, ac  # (the weights keep the rows; their prices are not needed again)
             res = _finish(value=float(sol.value), h=sol.h, alpha=alpha, status="candidate",
                           message="", plan=plan, w=w, solver_name=sol.solver, sol=sol, log=[],
                           **common)
@@ -461,10 +574,22 @@ def _finish(*, value, h, alpha, status, message, plan, w, a, loss0, r, theta1, t
     """
     n = a.size
     moved_pos, split = plan
-    pos = moved_pos if split is None else np.append(moved_pos, split[0])
-    rows = w.idx[pos]  # the moved rows (the split row last)
-    moved = rows[:moved_pos.size]
-    w_rows = w.at(pos)
+    k_whole = moved_pos.size
+    # the moved rows (the split row last), gathered without an array of their positions
+    rows = np.empty(k_whole + (split is not None), dtype=np.intp)
+    np.take(w.idx, moved_pos, out=rows[:k_whole], mode="clip")  # (valid positions; "clip"
+    # writes into ``out`` directly, "raise" would buffer a copy)
+    if split is not None:
+        rows[-1] = w.idx[split[0]]
+    moved = rows[:k_whole]
+
+    def w_rows(s, e):
+        """The weights of the moved atoms s..e (gathered per block)."""
+        pos = moved_pos[s:min(e, k_whole)]
+        if split is not None and e > k_whole:
+            pos = np.append(pos, split[0])
+        return w.at(pos)
+
     def moved_points(sel):
         """(x, x*) of the moved rows ``rows[sel]``."""
         rs = rows[sel]
@@ -482,7 +607,7 @@ def _finish(*, value, h, alpha, status, message, plan, w, a, loss0, r, theta1, t
     def accumulate(s, e, lm, dd):
         """Add the moved atoms s..e (losses ``lm``, squared moves ``dd``) to the sums; the
         split atom's share 1 - f that stays is taken back."""
-        wr = w_rows[s:e]
+        wr = w_rows(s, e)
         dlb = lm - loss0[rows[s:e]]  # the change of loss of each moved atom
         acc["wd2"] += float(np.dot(wr, dd))
         acc["wdl"] += float(np.dot(wr, dlb))
@@ -538,7 +663,8 @@ def _finish(*, value, h, alpha, status, message, plan, w, a, loss0, r, theta1, t
         loss_m = _Kept(lm_all)
     else:
         lm_all = np.ones(rows.size)
-        d2 = dstar[rows]
+        d2 = (dstar() if isinstance(dstar, Later) else dstar)[rows] if rows.size else \
+            np.zeros(0)
         accumulate(0, rows.size, lm_all, np.where(np.isfinite(d2), d2, 0.0))
         loss_m = _Kept(lm_all)
     total = w.total()  # sum over atoms of mass * w: a split row's two atoms add up to its w
@@ -627,11 +753,12 @@ def _finish(*, value, h, alpha, status, message, plan, w, a, loss0, r, theta1, t
         loss_star=loss_star,
         loss_base=loss0 if loss0.dtype == np.float64 else (lambda: loss0.astype(np.float64)),
         X=X if X is not None else np.empty((n, 0)), feature_names=names, index=index,
-        info={"dstar": dstar, "wall_time": time.perf_counter() - t_start, "audit": audit_info,
-              **({"displacement": displacement} if X is not None and X_near is not None
-                 else {}),
-              **({"value_rounding": sol.info["value_rounding"]}
-                 if sol is not None and "value_rounding" in sol.info else {})},
+        info=LazyInfo({
+            "dstar": dstar, "wall_time": time.perf_counter() - t_start, "audit": audit_info,
+            **({"displacement": displacement} if X is not None and X_near is not None
+               else {}),
+            **({"value_rounding": sol.info["value_rounding"]}
+               if sol is not None and "value_rounding" in sol.info else {})}),
     )
 
 
@@ -644,6 +771,13 @@ def certify_zero_one_problem(prob: Problem, r, theta1, theta2, divergence, mask,
             "or 'dual'): the 0/1 loss has no conic program, its dual is solved exactly"
         )
     check_options(solver_options, (), "the exact 0/1 path of a linear classifier")
+    if prob.scorer.task == "binary" and prob.p is None:
+        # the prices per block of rows: the closed form sorts one copy, Q* takes the rows
+        # below h; d* itself is built only if ``res.info["dstar"]`` is read
+        a, X_near = linear_prices(prob, mask, theta1)
+        return _solve_and_build(a, X_near.misclassified, r, theta1, theta2, divergence,
+                                solver, prob.X, X_near, prob.y, prob.losses,
+                                prob.feature_names, prob.index, t_start, Later(a.dstar))
     dstar, X_near = linear_distances(prob, mask)  # 0 where misclassified
     loss0 = X_near.misclassified  # booleans (the float losses are built if asked for)
     a = move_prices(dstar, theta1)
