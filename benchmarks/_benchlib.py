@@ -26,6 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+#: BLAS threads of a process that sets none (recorded by conftest.py before it pins the
+#: benchmarks to OTSTAB_BENCH_BLAS_THREADS): what "default threads" means in the benchmarks
+DEFAULT_BLAS_THREADS = None
 MODE = "full" if os.environ.get("OTSTAB_BENCH", "").strip().lower() == "full" else "quick"
 FULL = MODE == "full"
 FULL_REASON = "full-suite size: set OTSTAB_BENCH=full to run it"

@@ -36,8 +36,11 @@ def pytest_configure(config):
 def _limit_blas():
     """Pin every BLAS loaded so far to BLAS_THREADS (called again after the heavy imports)."""
     try:
-        from threadpoolctl import threadpool_limits
+        from threadpoolctl import threadpool_info, threadpool_limits
 
+        if bl.DEFAULT_BLAS_THREADS is None:  # what a user's process gets (before pinning)
+            counts = [d["num_threads"] for d in threadpool_info() if d["user_api"] == "blas"]
+            bl.DEFAULT_BLAS_THREADS = max(counts) if counts else None
         _SESSION["limiter"] = threadpool_limits(limits=BLAS_THREADS, user_api="blas")
     except ImportError:  # pragma: no cover - threadpoolctl comes with scikit-learn
         for var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS"):

@@ -578,6 +578,73 @@ def section_dask_large(path=DASK_LARGE_JSON) -> list[str]:
     ]
 
 
+#: the single-machine scale run (issue 17): ``test_end_to_end`` and ``test_peak_memory`` at
+#: n = 1e6 (OTSTAB_BENCH=full; recorded by hand, see SCALE_CMD)
+SCALE_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                          "scale_1e6.json")
+SCALE_CMD = ("OTSTAB_BENCH=full python -m pytest benchmarks/test_bench_scale.py "
+             "-k 'end_to_end or peak_memory' --benchmark-json=benchmarks/results/scale_1e6.json")
+#: issue 17's single-machine targets: certificate / baseline, and peak extra memory
+SCALE_TARGET_RATIO = 3.0
+SCALE_TARGET_PEAK = 2.0
+
+
+def section_scale(path=SCALE_JSON) -> list[str]:
+    """A whole certificate against one pass over the data, and its peak memory (none when the
+    record is absent)."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as fh:
+        data = json.load(fh)
+    rows = {}
+    peaks = {}
+    for b in data.get("benchmarks", []):
+        info = b.get("extra_info", {})
+        if info.get("suite") == "scale":
+            key = (info["part"], info["threads"], int(info["n"]))
+            rows[key] = (b["stats"]["min"], b["stats"]["median"], info)
+        elif info.get("suite") == "scale-memory":
+            peaks[(info["part"], int(info["n"]))] = info["peak_extra_n_vectors"]
+    if not rows:
+        return []
+    m = (data.get("otstab") or {}).get("machine", {})
+    out = ["## One machine: a certificate against one pass over the data", "",
+           f"`benchmarks/test_bench_scale.py` (`{SCALE_CMD}`), finished "
+           f"{data.get('datetime', '?')} on {m.get('cpu_model', '?')} "
+           f"({m.get('nproc', '?')} logical cores); X is {D_SCALE} columns, read-only (kept "
+           "by reference). Each certificate is divided by its baseline measured in the same "
+           "run with the same BLAS threads: one `X @ coef` for hinge KL, `X @ coef` plus "
+           "`np.sort` for 0/1. Minima over rounds; the median ratio beside it. Peak memory: "
+           "tracemalloc's peak during one certificate beyond X, in n-vectors (8 n bytes).", "",
+           "| certificate | n | BLAS threads | time (ms) | baseline (ms) | ratio | median ratio "
+           f"| target <= {SCALE_TARGET_RATIO:g}x | peak memory | target <= "
+           f"{SCALE_TARGET_PEAK:g} |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    names = {"hinge": ("hinge KL", "matmul"), "zero_one": ("0/1 KL", "sort")}
+    for (part, threads, n), (tmin, tmed, info) in sorted(rows.items()):
+        if part not in names:
+            continue
+        base = rows.get((names[part][1], threads, n))
+        if base is None:
+            continue
+        ratio, med = tmin / base[0], tmed / base[1]
+        label = (f"{info.get('blas_threads', '?')} (default)" if threads == "default"
+                 else str(threads))
+        peak = peaks.get((part, n), info.get("peak_extra_n_vectors"))
+        out.append(
+            f"| {names[part][0]} | {n:,} | {label} | {tmin * 1e3:.1f} | "
+            f"{base[0] * 1e3:.1f} | **{ratio:.2f}x** | {med:.2f}x | "
+            f"{'met' if ratio <= SCALE_TARGET_RATIO else 'not met'} | "
+            + (f"{peak:.2f} | {'met' if peak <= SCALE_TARGET_PEAK else 'not met'} |"
+               if peak is not None else "- | - |"))
+    out += ["", "What the figures mean and what remains is in [scale.md](scale.md).", ""]
+    return out
+
+
+#: columns of X in the scale run
+D_SCALE = 50
+
+
 def section_elsewhere() -> list[str]:
     """Pointers to measurements that need their own set-up (kept with their method)."""
     return [
@@ -626,6 +693,7 @@ def render(json_path, out_path, fig_dir) -> str:
     lines += section_zero_one(benches, figures_rel)
     lines += section_first_order(benches)
     lines += section_skipped(meta)
+    lines += section_scale()
     lines += section_dask_large()
     lines += section_elsewhere()
     text = "\n".join(lines).rstrip() + "\n"

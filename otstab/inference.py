@@ -344,7 +344,7 @@ def _subset(prob: Problem, idx: np.ndarray) -> Problem:
     """The problem on the rows ``idx`` (already validated arrays, no copy of the model); a
     sample weight travels with its row (renormalised over the rows drawn)."""
     # the cached losses at the data belong to the original rows: never carry them over
-    extra = {k: v for k, v in prob.extra.items() if k != "base_losses"}
+    extra = {k: v for k, v in prob.extra.items() if k not in ("base_losses", "loss_stats")}
     return dataclasses.replace(
         prob, X=prob.X[idx], y=prob.y[idx], y_original=np.asarray(prob.y_original)[idx],
         index=None, scores=None if prob.scores is None else prob.scores[idx],

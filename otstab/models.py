@@ -193,10 +193,16 @@ class Problem:
         their largest value over the samples of positive probability. For a linear model whose
         losses are not cached, over blocks of the scores (no n-vector of losses is made)."""
         p = self.p
+        key = (self.scores, self.y, p, self.X)  # (a subset or a reweighting is a new problem)
+        known = self.extra.get("loss_stats")
+        if known is not None and all(a is b for a, b in zip(known[0], key)):
+            return known[1]
         cached = self.extra.get("base_losses")
         if cached is not None or self.scorer is None or self.scores is None:
             losses = self.losses(self.X)
-            return pmean(losses, p), support_max(losses, p)
+            out = pmean(losses, p), support_max(losses, p)
+            self.extra["loss_stats"] = (key, out)
+            return out
         total, top = 0.0, -math.inf
         for s in range(0, self.n, LOSS_BLOCK):
             e = min(s + LOSS_BLOCK, self.n)
@@ -210,7 +216,9 @@ class Problem:
                 live = lb[pb > 0]
                 if live.size:
                     top = max(top, float(live.max()))
-        return (total / self.n if p is None else total), top
+        out = (total / self.n if p is None else total), top
+        self.extra["loss_stats"] = (key, out)
+        return out
 
     def _losses(self, X: np.ndarray, y: np.ndarray) -> np.ndarray:
         if self.scorer is not None:

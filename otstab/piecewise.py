@@ -440,7 +440,9 @@ def _audit_blocks(prob, moved_block, src, mass, w, theta1, theta2, divergence, v
     loss_star = np.empty(m)
     moved2 = np.empty(m)
     n = prob.n
-    bounds = list(range(0, n, AUDIT_BLOCK)) + [n] + ([m] if m > n else [])
+    # blocks of at most SAMPLE_CELLS entries of the n x d temporaries (x, x*, x* - x)
+    step = max(1, min(AUDIT_BLOCK, SAMPLE_CELLS // max(prob.d, 1)))
+    bounds = list(range(0, n, step)) + [n] + ([m] if m > n else [])
     for s, e in zip(bounds[:-1], bounds[1:]):
         Xg, Xs, delta = moved_block(s, e)
         loss_star[s:e] = prob.losses(Xs, prob.y[src[s:e]])

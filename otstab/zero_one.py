@@ -652,7 +652,9 @@ def _finish(*, value, h, alpha, status, message, plan, w, a, loss0, r, theta1, t
         # that the sums do not depend on the block size)
         lm_all = np.empty(rows.size)
         d2 = np.empty(rows.size)
-        step = MOVED_BLOCK if isinstance(X, np.ndarray) else rows.size  # Dask: one gather
+        # blocks of at most SAMPLE_CELLS entries of each n x d temporary; Dask: one gather
+        step = max(1, min(MOVED_BLOCK, SAMPLE_CELLS // max(X.shape[1], 1))) \
+            if isinstance(X, np.ndarray) else rows.size
         for s in range(0, rows.size, step):
             e = min(s + step, rows.size)
             Xr, Xm = moved_points(slice(s, e))
