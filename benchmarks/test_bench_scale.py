@@ -23,9 +23,9 @@ import resource
 import time
 import tracemalloc
 
+import _benchlib as bl
 import numpy as np
 import pytest
-import _benchlib as bl
 from _benchlib import fmt_n, full, measure, quick, record, sizes
 
 import otstab
