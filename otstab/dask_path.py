@@ -142,10 +142,17 @@ class _NearMoves:
         return self.near.displacement(src) * (piece > 0)[:, None]
 
     def score_shift(self, W, src, piece, h):
-        return self.near.moves(src)[0] * (piece > 0)
+        return self.moves(W, src, piece, h)[0]
 
     def sq_displacement(self, src, piece, h):
-        return self.near.moves(src)[1] * (piece > 0)
+        return self.moves(W=None, src=src, piece=piece, h=h)[1]
+
+    def moves(self, W, src, piece, h):
+        """``(score_shift, sq_displacement)`` from one evaluation of the nearest points'
+        moves (as :meth:`otstab.reduction.Reduced.moves`)."""
+        shift, sq = self.near.moves(src)
+        on = piece > 0
+        return shift * on, sq * on
 
 
 def _on_block(spec, s, y, p, func, args):
@@ -214,10 +221,9 @@ def _block_totals(spec, s, y, p, h, theta2, divergence, wpar):
 def _atom_sums(spec, red, s, y, p, src, piece, mass, w, h, divergence):
     """(sum pm w moved2, sum pm phi(w), sum pm w l*, sum pm w, sum pm l*) of some atoms,
     with ``pm`` the atom's P0-mass (its mass times p, or its mass), and l*, moved2."""
-    shift = red.score_shift(spec.scorer.W, src, piece, h)
+    shift, moved2 = red.moves(spec.scorer.W, src, piece, h)  # (one evaluation of both)
     sc = s[src] if shift is None else s[src] + shift
     loss_star = spec.problem(s, y).losses_from_scores(sc, y[src])
-    moved2 = red.sq_displacement(src, piece, h)
     pm = mass if p is None else mass * p[src]
     pmw = pm * w
     sums = (float(np.dot(pmw, moved2)), float(np.dot(pm, phi(w, divergence))),
