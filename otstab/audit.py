@@ -180,11 +180,15 @@ def sample_positions(m: int, k: int, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     if 4 * k > m:
         return np.sort(rng.choice(m, size=k, replace=False))
-    pos = np.unique(rng.integers(0, m, size=k + k // 8 + 16))
+    def distinct(x):  # sorted distinct values (a sort and a mask: no hashing)
+        x = np.sort(x)
+        return x[np.concatenate(([True], x[1:] != x[:-1]))] if x.size else x
+
+    pos = distinct(rng.integers(0, m, size=k + k // 8 + 16))
     while pos.size < k:  # (rare: the first draw had too many repeats)
-        pos = np.union1d(pos, rng.integers(0, m, size=k))
-    if pos.size > k:
-        pos = np.sort(rng.choice(pos, size=k, replace=False))
+        pos = distinct(np.concatenate([pos, rng.integers(0, m, size=k)]))
+    if pos.size > k:  # drop the excess at random (the rest stays sorted)
+        pos = np.delete(pos, rng.choice(pos.size, size=pos.size - k, replace=False))
     return pos
 
 
