@@ -25,7 +25,7 @@ from .errors import SolverNotAvailableError
 from .models import Problem
 from .params import check_options
 from .reduction import Reduced
-from .results import StabilityResult
+from .results import Lazy, StabilityResult
 
 __all__ = ["solve_reduced", "build_result", "DUAL_OPTIONS", "AUDIT_DIRECT_MAX", "AUDIT_SAMPLE"]
 
@@ -279,7 +279,7 @@ def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, thet
         w = wm(lh_at(slice(None)))
         return src, piece, mass, np.concatenate([w, w[srows]])
 
-    atoms = _Lazy(build_atoms)
+    atoms = Lazy(build_atoms)
     if sampled:
         # the tied samples that move: a share frac of their mass goes from the low piece to
         # the high one (the sums are linear in the mass; the weight stays the sample's)
@@ -329,22 +329,6 @@ def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, thet
               **sol.info},
         **res,
     )
-
-
-class _Lazy:
-    """A value built on first call and kept; pickled as the value (so that closures over it,
-    e.g. Q*'s displacement shipped to Dask workers, carry the arrays, not their builder)."""
-
-    def __init__(self, build):
-        self._build, self._value = build, None
-
-    def __call__(self):
-        if self._build is not None:
-            self._value, self._build = self._build(), None
-        return self._value
-
-    def __getstate__(self):
-        return {"_build": None, "_value": self()}
 
 
 def _reduced_atoms(prob, red, rows, piece, h):

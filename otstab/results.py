@@ -21,7 +21,7 @@ from ._results import ResultMixin, jsonable
 from .errors import ValidationError
 from .pipeline import RawView, raw_view
 
-__all__ = ["StabilityResult", "LazyInfo", "Later"]
+__all__ = ["StabilityResult", "Lazy", "LazyInfo", "Later"]
 
 
 @dataclass
@@ -266,6 +266,29 @@ class StabilityResult(ResultMixin):
         if arrays:
             out["feature_names"] = list(self.feature_names)
         return jsonable(out)
+
+
+class Lazy:
+    """A value built on first call and kept; pickled as the value (so that closures over it,
+    e.g. Q*'s displacement shipped to Dask workers, carry the arrays, not their builder).
+    ``Lazy.of(value)``: one already built."""
+
+    def __init__(self, build):
+        self._build, self._value = build, None
+
+    @classmethod
+    def of(cls, value) -> Lazy:
+        out = cls(None)
+        out._value = value
+        return out
+
+    def __call__(self):
+        if self._build is not None:
+            self._value, self._build = self._build(), None
+        return self._value
+
+    def __getstate__(self):
+        return {"_build": None, "_value": self()}
 
 
 class Later:

@@ -31,7 +31,7 @@ from .models import Problem
 from .nonlinear import LinearDifferentiable
 from .params import check_common, check_options
 from .perturbation import perturbation_search
-from .results import Later, LazyInfo, StabilityResult
+from .results import Later, Lazy, LazyInfo, StabilityResult
 
 __all__ = ["linear_distances", "move_prices", "NearPoints", "certify_distances",
            "certify_zero_one_problem", "certify_zero_one_search", "SEARCH_OPTIONS"]
@@ -274,16 +274,6 @@ class NearPoints:
         return self.X[rows] + self.displacement(rows)
 
 
-class _Kept:
-    """An array already computed, called like a builder."""
-
-    def __init__(self, value):
-        self.value = value
-
-    def __call__(self):
-        return self.value
-
-
 def _push(gap, score_scale, intercept_scale):
     """How far past the decision boundary (in score units) a moved point is put so that the
     model's own rule misclassifies it: a relative PUSH of the gap, plus a few hundred ulps of
@@ -466,7 +456,7 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
     base = pmean(loss0, p) if base is None else base
     q = None if p is None else p * n
     live = slice(None) if p is None else p > 0  # the samples P0 charges
-    fin = rp.finite() if rp is not None else None
+    fin = Lazy(rp.finite) if rp is not None else None  # (one pass, only if an edge asks)
     method = "dual" if solver == "dual" else "closed_form"
     no_moves = (np.empty(0, dtype=np.intp), None)
     common = dict(a=a, loss0=loss0, r=r, theta1=theta1, theta2=theta2, divergence=divergence,
@@ -483,7 +473,7 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
     unreachable = None
     if math.isinf(theta2):
         if rp is not None:
-            top = (float(np.sum(loss0)) + fin[2]) / n
+            top = (float(np.sum(loss0)) + fin()[2]) / n
         else:
             movable = np.isfinite(a) & (loss0 == 0)
             top = (float(np.sum(loss0)) + int(np.count_nonzero(movable))) / n if p is None \
@@ -492,11 +482,11 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
             unreachable = (f"r = {r:g} exceeds the largest error rate reachable by moving "
                            "samples alone (theta2 = inf and some samples cannot be moved)")
     if unreachable is None and base == 0.0 and not (
-            fin[0] if rp is not None else np.isfinite(a[live]).any()):
+            fin()[0] if rp is not None else np.isfinite(a[live]).any()):
         unreachable = ("no sample is misclassified and none can be moved "
                        "(theta1 = inf, a zero model or masked features)")
     if unreachable is None and r >= 1.0 and not (
-            fin[1] if rp is not None else bool(np.all(np.isfinite(a[live])))):
+            fin()[1] if rp is not None else bool(np.all(np.isfinite(a[live])))):
         if base > 0 and math.isfinite(theta2):
             res = _limit_result(**common, p=p)
             audit.mark_edge(res, "limit")
@@ -662,13 +652,13 @@ def _finish(*, value, h, alpha, status, message, plan, w, a, loss0, r, theta1, t
             diff = Xm - Xr  # the move as Q* holds it
             d2[s:e] = np.einsum("ij,ij->i", diff, diff)
         accumulate(0, rows.size, lm_all, d2)
-        loss_m = _Kept(lm_all)
+        loss_m = Lazy.of(lm_all)
     else:
         lm_all = np.ones(rows.size)
         d2 = (dstar() if isinstance(dstar, Later) else dstar)[rows] if rows.size else \
             np.zeros(0)
         accumulate(0, rows.size, lm_all, np.where(np.isfinite(d2), d2, 0.0))
-        loss_m = _Kept(lm_all)
+        loss_m = Lazy.of(lm_all)
     total = w.total()  # sum over atoms of mass * w: a split row's two atoms add up to its w
     move_cost = 0.0 if math.isinf(theta1) else theta1 * acc["wd2"] / n
     rew_cost = 0.0 if math.isinf(theta2) else theta2 * w.phi_total(divergence) / n
