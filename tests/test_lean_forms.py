@@ -265,3 +265,32 @@ def test_result_with_lazy_info_pickles():
     back = pickle.loads(pickle.dumps(res))
     np.testing.assert_array_equal(back.info["dstar"], res.info["dstar"])
     assert back.value == res.value
+
+
+# --- property: any affine pieces, any h ------------------------------------------------------
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_slopes = st.sampled_from([-1.0, 0.0, 1.0]) | st.floats(-1e3, 1e3, allow_nan=False)
+_offsets = st.sampled_from([0.0, 1.0, -0.5]) | st.floats(-1e3, 1e3, allow_nan=False)
+
+
+@given(kind=st.sampled_from(["margin", "residual"]),
+       pieces=st.lists(st.tuples(_slopes, _offsets), min_size=1, max_size=4),
+       scale=st.floats(1e-6, 1e6), h=st.floats(0.0, 1e6), c=st.floats(0.0, 1e3),
+       seed=st.integers(0, 2**16))
+def test_affine_oracle_equals_stored_pieces_property(kind, pieces, scale, h, c, seed):
+    # the per-block pieces give the stored array's numbers for any slopes, offsets, score
+    # scales and h: values, the largest value, and the scan with its ties
+    a, b = (np.array(v, dtype=float) for v in zip(*pieces))
+    rows = _rows(kind, a, b, n=97, seed=seed, block=16)
+    rows.s = rows.s * scale
+    c2 = (a * a * c)[None, :]
+    lean, dense = AffineOracle(rows, c2), PiecewiseOracle(rows.materialize().T, c2)
+    assert lean._zero == dense._zero and lean.c1abs == dense.c1abs
+    assert lean.values_max(h) == dense.values_max(h)
+    for sel in (slice(None), slice(5, 60), np.array([3, 3, 96, 0])):
+        np.testing.assert_array_equal(lean.values(h, sel), dense.values(h, sel))
+        for x, z in zip(lean.scan(h, 1e-10, sel), dense.scan(h, 1e-10, sel)):
+            np.testing.assert_array_equal(x, z)
