@@ -117,7 +117,7 @@ class PiecewiseOracle:
         sel = slice(None) if rows is None else rows
         if self.K == 2 and self._zero[0] and not self._zero[1]:
             return self._scan_after_zero(h, tol, sel)
-        n = self._piece(0, sel).shape[0] if self.K else 0
+        n = self._rows_in(sel) if self.K else 0
         hh = h * h
         vmax = d_lo = d_hi = None
         k_lo = np.zeros(n, dtype=np.intp)
@@ -219,10 +219,11 @@ class PiecewiseOracle:
         return self._c1T[k][sel]
 
     def _rows_in(self, sel) -> int:
-        """How many samples ``sel`` (a slice or an index array) selects."""
+        """How many samples ``sel`` (a slice, an index array or a boolean mask) selects."""
         if isinstance(sel, slice):
             return len(range(*sel.indices(self.n)))
-        return int(np.shape(sel)[0])
+        sel = np.asarray(sel)
+        return int(np.count_nonzero(sel)) if sel.dtype == bool else int(sel.shape[0])
 
     def _bound(self, h):
         """An upper bound on max_i |l_h(z_i)|, for the tie threshold."""

@@ -294,3 +294,14 @@ def test_affine_oracle_equals_stored_pieces_property(kind, pieces, scale, h, c, 
         np.testing.assert_array_equal(lean.values(h, sel), dense.values(h, sel))
         for x, z in zip(lean.scan(h, 1e-10, sel), dense.scan(h, 1e-10, sel)):
             np.testing.assert_array_equal(x, z)
+
+
+def test_affine_oracle_rows_as_a_boolean_mask():
+    rows = _rows("margin", [0.0, -1.0], [0.0, 1.0], n=50, seed=9)
+    c2 = np.array([[0.0, 0.3]])
+    lean, dense = AffineOracle(rows, c2), PiecewiseOracle(rows.materialize().T, c2)
+    mask = np.zeros(50, dtype=bool)
+    mask[[1, 4, 30]] = True
+    for h in (0.0, 0.8):
+        np.testing.assert_array_equal(lean.values(h, mask), dense.values(h, mask))
+        assert lean.values(h, mask).shape == (3,)
