@@ -220,13 +220,19 @@ def test_smooth_transform_over_estimate_by_sampling(loss, k):
             assert np.all(val <= lh_up + 1e-12)
 
 
-def test_smooth_identity_mlp_lower_bound_below_exact_linear():
+def _identity_mlp_and_its_linear_model():
+    """An identity MLP and the linear model it computes (its layers multiplied out), with the
+    labels as the linear model's -1/+1: ``(model, X, y, lin, ylin)``."""
     model, X, y = _mlp("identity", 2, 0)
     W, b = model.coefs_[0], model.intercepts_[0]
     for Wl, bl in zip(model.coefs_[1:], model.intercepts_[1:]):
         W, b = W @ Wl, b @ Wl + bl
     lin = otstab.LinearModel(W[:, 0], float(b[0]))
-    ylin = np.where(y == model.classes_[1], 1, -1)
+    return model, X, y, lin, np.where(y == model.classes_[1], 1, -1)
+
+
+def test_smooth_identity_mlp_lower_bound_below_exact_linear():
+    model, X, y, lin, ylin = _identity_mlp_and_its_linear_model()
     for r, theta2 in ((0.5, 0.5), (0.6, math.inf)):
         exact = otstab.certify(lin, X, ylin, r=r, loss="logistic", theta1=1.0, theta2=theta2)
         res = otstab.certify(model, X, y, r=r, loss="logistic", theta1=1.0, theta2=theta2)
@@ -257,12 +263,7 @@ def test_weighted_mlp_lower_bound_equals_replicated_rows(divergence):
 def test_weighted_identity_mlp_lower_bound_below_the_exact_weighted_value():
     # an identity MLP is a linear model: the exact weighted R of the specialised dual (with p)
     # bounds the certified weighted lower bound from above
-    model, X, y = _mlp("identity", 2, 0)
-    W, b = model.coefs_[0], model.intercepts_[0]
-    for Wl, bl in zip(model.coefs_[1:], model.intercepts_[1:]):
-        W, b = W @ Wl, b @ Wl + bl
-    lin = otstab.LinearModel(W[:, 0], float(b[0]))
-    ylin = np.where(y == model.classes_[1], 1, -1)
+    model, X, y, lin, ylin = _identity_mlp_and_its_linear_model()
     sw = np.random.default_rng(8).uniform(0.2, 3.0, size=len(y))
     kw = dict(r=0.5, loss="logistic", theta1=1.0, theta2=0.5, sample_weight=sw)
     exact = otstab.certify(lin, X, ylin, **kw)
