@@ -52,7 +52,8 @@ from otstab_solvers.weights import phi
 from .errors import SolverError
 
 __all__ = ["AUDIT_RTOL", "RISK_RTOL", "MASS_TOL", "CANCEL_RTOL", "REACHED_RTOL", "AUDIT_DIRECT_MAX",
-           "AUDIT_SAMPLE", "SAMPLED_RTOL", "sampled_error", "sample_positions", "audit_sums",
+           "AUDIT_SAMPLE", "AUDIT_CELLS", "SAMPLED_RTOL", "sampled_error", "rows_per_block",
+           "sample_positions", "audit_sums",
            "audit_points", "problems", "resolution_problem", "accept", "first_accepted",
            "reached", "tolerance"]
 
@@ -74,6 +75,8 @@ OPTIMAL, BOUNDS, ZERO, UNREACHABLE = "optimal", "bounds", "zero", "unreachable"
 #: materialised and re-scored by the model (:func:`sampled_check`)
 AUDIT_DIRECT_MAX = 200_000
 AUDIT_SAMPLE = 20_000
+#: entries (rows x features) of each n x d temporary of an audit over blocks of rows (512 KB)
+AUDIT_CELLS = 1 << 16
 #: largest relative disagreement between the reduced form and the model on the sampled atoms
 SAMPLED_RTOL = 1e-8
 
@@ -169,6 +172,12 @@ def audit_points(prob, X_star, src, mass, w, theta1, theta2, divergence, value) 
     moved2 = np.einsum("ij,ij->i", diff, diff)
     return audit_sums(prob.losses(prob.X), loss_star, moved2, mass, w, theta1, theta2,
                       divergence, value, prob.p, src)
+
+
+def rows_per_block(d: int, max_rows: int) -> int:
+    """Rows per block of an audit over ``d`` features: at most ``max_rows``, and at most
+    :data:`AUDIT_CELLS` entries in each n x d temporary (gathered, moved, re-scored rows)."""
+    return max(1, min(max_rows, AUDIT_CELLS // max(d, 1)))
 
 
 def sample_positions(m: int, k: int, seed: int = 0) -> np.ndarray:

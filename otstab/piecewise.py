@@ -39,10 +39,9 @@ AUDIT_BLOCK = 1 << 14
 #: (AUDIT_SAMPLE; :mod:`otstab.audit`)
 AUDIT_DIRECT_MAX = audit.AUDIT_DIRECT_MAX
 AUDIT_SAMPLE = audit.AUDIT_SAMPLE
-#: atoms per block of the sampled check, at most (fewer for wide data: see SAMPLE_CELLS)
+#: atoms per block of the sampled check, at most (fewer for wide data:
+#: :func:`otstab.audit.rows_per_block`)
 SAMPLE_BLOCK = 2048
-#: entries (rows x features) of each n x d temporary of the sampled check (512 KB)
-SAMPLE_CELLS = 1 << 16
 SAMPLED_RTOL = audit.SAMPLED_RTOL
 
 
@@ -404,7 +403,7 @@ def _sample_check(prob, red, oracle, h, tie_rtol, t_rows, t_hi, frac) -> dict:
     piece = np.concatenate([piece, split_hi[extra]])
     err = 0.0
     # small blocks: the gathered rows, their moves and the moved rows stay cache-sized
-    step = max(1, min(SAMPLE_BLOCK, SAMPLE_CELLS // max(prob.d, 1)))
+    step = audit.rows_per_block(prob.d, SAMPLE_BLOCK)
     for s in range(0, rows.size, step):
         rb, pb = rows[s:s + step], piece[s:s + step]
         loss_star, moved2 = _reduced_atoms(prob, red, rb, pb, h)
@@ -424,8 +423,8 @@ def _audit_blocks(prob, moved_block, src, mass, w, theta1, theta2, divergence, v
     loss_star = np.empty(m)
     moved2 = np.empty(m)
     n = prob.n
-    # blocks of at most SAMPLE_CELLS entries of the n x d temporaries (x, x*, x* - x)
-    step = max(1, min(AUDIT_BLOCK, SAMPLE_CELLS // max(prob.d, 1)))
+    # cache-sized blocks of the n x d temporaries (x, x*, x* - x)
+    step = audit.rows_per_block(prob.d, AUDIT_BLOCK)
     bounds = list(range(0, n, step)) + [n] + ([m] if m > n else [])
     for s, e in zip(bounds[:-1], bounds[1:]):
         Xg, Xs, delta = moved_block(s, e)

@@ -44,8 +44,6 @@ EPS = float(np.finfo(float).eps)
 #: the reduced form's losses and moves
 MOVED_BLOCK = 4096
 REDUCED_BLOCK = 1 << 14
-#: entries (rows x features) of each n x d temporary of the sampled check (512 KB)
-SAMPLE_CELLS = 1 << 16
 
 
 def linear_distances(prob: Problem, mask: np.ndarray | None = None):
@@ -190,13 +188,11 @@ class RowPrices:
     def near(self, h: float, tol: float = 1e-10):
         """:func:`_near`: the rows with ``a_i <= h`` (up to the tie tolerance) and their
         prices, over blocks."""
-        thr = h + tol * max(1.0, h)
         cand, vals = [], []
         for i, j in self._blocks():
-            ab = self[i:j]
-            k = np.flatnonzero(ab <= thr)
+            k, ak = _near(self[i:j], h, tol)
             cand.append(k + i)
-            vals.append(ab[k])
+            vals.append(ak)
         if not cand:
             return np.empty(0, dtype=np.intp), np.empty(0)
         return np.concatenate(cand), np.concatenate(vals)
@@ -455,8 +451,9 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
         raise ValueError("RowPrices serve uniform samples only; pass the price array with p")
     base = pmean(loss0, p) if base is None else base
     q = None if p is None else p * n
-    live = slice(None) if p is None else p > 0  # the samples P0 charges
-    fin = Lazy(rp.finite) if rp is not None else None  # (one pass, only if an edge asks)
+    # (any, all finite prices among the charged samples, the largest error rate reachable by
+    # moving alone): one pass, only if an edge case below asks
+    reach = Lazy(lambda: _reach(a, loss0, p))
     method = "dual" if solver == "dual" else "closed_form"
     no_moves = (np.empty(0, dtype=np.intp), None)
     common = dict(a=a, loss0=loss0, r=r, theta1=theta1, theta2=theta2, divergence=divergence,
@@ -471,22 +468,13 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
         audit.mark_edge(res, "zero")
         return res
     unreachable = None
-    if math.isinf(theta2):
-        if rp is not None:
-            top = (float(np.sum(loss0)) + fin()[2]) / n
-        else:
-            movable = np.isfinite(a) & (loss0 == 0)
-            top = (float(np.sum(loss0)) + int(np.count_nonzero(movable))) / n if p is None \
-                else pmean(loss0 + movable, p)
-        if r > top:
-            unreachable = (f"r = {r:g} exceeds the largest error rate reachable by moving "
-                           "samples alone (theta2 = inf and some samples cannot be moved)")
-    if unreachable is None and base == 0.0 and not (
-            fin()[0] if rp is not None else np.isfinite(a[live]).any()):
+    if math.isinf(theta2) and r > reach()[2]:
+        unreachable = (f"r = {r:g} exceeds the largest error rate reachable by moving "
+                       "samples alone (theta2 = inf and some samples cannot be moved)")
+    if unreachable is None and base == 0.0 and not reach()[0]:
         unreachable = ("no sample is misclassified and none can be moved "
                        "(theta1 = inf, a zero model or masked features)")
-    if unreachable is None and r >= 1.0 and not (
-            fin()[1] if rp is not None else bool(np.all(np.isfinite(a[live])))):
+    if unreachable is None and r >= 1.0 and not reach()[1]:
         if base > 0 and math.isfinite(theta2):
             res = _limit_result(**common, p=p)
             audit.mark_edge(res, "limit")
@@ -523,6 +511,23 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
     if solver == "auto" and method == "closed_form" and p is None:
         attempts.append(("dual", attempt("dual")))  # the kink-exact dual on the distances
     return audit.first_accepted(attempts, solver=solver)
+
+
+def _reach(a, loss0, p=None):
+    """``(any, all, top)``: whether any and whether every sample of positive probability has a
+    finite price, and the largest error rate reachable by moving alone (the misclassified
+    samples plus the correct ones that can move). ``a``: prices, or :class:`RowPrices`
+    (uniform samples; its rows per block)."""
+    n = a.size
+    if isinstance(a, RowPrices):
+        any_, all_, movable = a.finite()
+        return any_, all_, (float(np.sum(loss0)) + movable) / n
+    fin = np.isfinite(a)
+    live = fin if p is None else fin[p > 0]
+    movable = fin & (loss0 == 0)
+    top = (float(np.sum(loss0)) + int(np.count_nonzero(movable))) / n if p is None \
+        else pmean(loss0 + movable, p)
+    return bool(live.any()), bool(live.all()), top
 
 
 def _limit_result(*, a, loss0, r, theta1, theta2, divergence, X, X_near, y, losses_fn, names,
@@ -627,7 +632,7 @@ def _finish(*, value, h, alpha, status, message, plan, w, a, loss0, r, theta1, t
         pick = audit.sample_positions(rows.size, audit.AUDIT_SAMPLE)
         err = 0.0
         # in blocks: the gathered rows, the moved rows and the moves stay cache-sized
-        step = max(1, SAMPLE_CELLS // max(X.shape[1], 1))
+        step = audit.rows_per_block(X.shape[1], pick.size)
         for s in range(0, pick.size, step):
             pb = pick[s:s + step]
             Xr, Xm = moved_points(pb)
@@ -642,9 +647,9 @@ def _finish(*, value, h, alpha, status, message, plan, w, a, loss0, r, theta1, t
         # that the sums do not depend on the block size)
         lm_all = np.empty(rows.size)
         d2 = np.empty(rows.size)
-        # blocks of at most SAMPLE_CELLS entries of each n x d temporary; Dask: one gather
-        step = max(1, min(MOVED_BLOCK, SAMPLE_CELLS // max(X.shape[1], 1))) \
-            if isinstance(X, np.ndarray) else rows.size
+        # cache-sized blocks of each n x d temporary; Dask: one gather
+        step = audit.rows_per_block(X.shape[1], MOVED_BLOCK) if isinstance(X, np.ndarray) \
+            else rows.size
         for s in range(0, rows.size, step):
             e = min(s + step, rows.size)
             Xr, Xm = moved_points(slice(s, e))
