@@ -348,16 +348,11 @@ class AffineRows:
             self._range = (lo, hi)
         return self._range
 
-    def piece_max(self, k: int) -> float:
-        """The largest ``c1[:, k]``: at the largest or smallest u (``a_k u + b_k`` rounds
-        monotonically in u), with the same arithmetic as :meth:`piece`."""
+    def piece_extreme(self, k: int, largest: bool = True) -> float:
+        """The largest (or smallest) ``c1[:, k]``: at the largest or smallest u (``a_k u + b_k``
+        rounds monotonically in u), with the same arithmetic as :meth:`piece`."""
         lo, hi = self.u_range()
-        u = hi if self.a[k] >= 0 else lo
-        return float(u * self.a[k] + self.b[k])
-
-    def piece_min(self, k: int) -> float:
-        lo, hi = self.u_range()
-        u = lo if self.a[k] >= 0 else hi
+        u = hi if (self.a[k] >= 0) == largest else lo
         return float(u * self.a[k] + self.b[k])
 
     def materialize(self) -> np.ndarray:
@@ -392,8 +387,8 @@ class AffineOracle(PiecewiseOracle):
                       for k in range(self.K)]
         self._dense = None
         if self.n:
-            self._c1max = np.array([rows.piece_max(k) for k in range(self.K)])
-            c1min = min(rows.piece_min(k) for k in range(self.K))
+            self._c1max = np.array([rows.piece_extreme(k) for k in range(self.K)])
+            c1min = min(rows.piece_extreme(k, largest=False) for k in range(self.K))
             self._c1abs = max(float(self._c1max.max()), -c1min)
         else:
             self._c1max, self._c1abs = np.zeros(self.K), 0.0
