@@ -21,7 +21,7 @@ from ._results import ResultMixin, jsonable
 from .errors import ValidationError
 from .pipeline import RawView, raw_view
 
-__all__ = ["StabilityResult", "Lazy", "LazyInfo", "Later"]
+__all__ = ["StabilityResult", "Lazy", "LazyInfo"]
 
 
 @dataclass
@@ -225,7 +225,7 @@ class StabilityResult(ResultMixin):
             if callable(state.get(key)):
                 state[key] = getattr(self, name)
         raw = state.get("info") or {}
-        info = {k: raw[k] for k in raw}  # (a LazyInfo builds its Later values here)
+        info = {k: raw[k] for k in raw}  # (a LazyInfo builds its Lazy values here)
         for key, value in list(info.items()):
             if key == "moved2" and callable(value):
                 info[key] = value()
@@ -291,26 +291,13 @@ class Lazy:
         return {"_build": None, "_value": self()}
 
 
-class Later:
-    """A value of a result's ``info`` given as its builder (``Later(fn)``): built on first
-    read through :class:`LazyInfo` (e.g. a 0/1 certificate's ``info["dstar"]``, an
-    n-vector the certificate itself never needs)."""
-
-    __slots__ = ("build",)
-
-    def __init__(self, build):
-        self.build = build
-
-    def __call__(self):
-        return self.build()
-
-
 class LazyInfo(dict):
-    """``info`` whose :class:`Later` values are built on first read (``[]``, ``get``)."""
+    """``info`` whose :class:`Lazy` values are built on first read (``[]``, ``get``): e.g. a
+    0/1 certificate's ``info["dstar"]``, an n-vector the certificate itself never needs."""
 
     def __getitem__(self, key):
         value = super().__getitem__(key)
-        if isinstance(value, Later):
+        if isinstance(value, Lazy):
             value = value()
             self[key] = value
         return value

@@ -31,7 +31,7 @@ from .models import Problem
 from .nonlinear import LinearDifferentiable
 from .params import check_common, check_options
 from .perturbation import perturbation_search
-from .results import Later, Lazy, LazyInfo, StabilityResult
+from .results import Lazy, LazyInfo, StabilityResult
 
 __all__ = ["linear_distances", "move_prices", "NearPoints", "certify_distances",
            "certify_zero_one_problem", "certify_zero_one_search", "SEARCH_OPTIONS"]
@@ -660,7 +660,7 @@ def _finish(*, value, h, alpha, status, message, plan, w, a, loss0, r, theta1, t
         loss_m = Lazy.of(lm_all)
     else:
         lm_all = np.ones(rows.size)
-        d2 = (dstar() if isinstance(dstar, Later) else dstar)[rows] if rows.size else \
+        d2 = (dstar() if isinstance(dstar, Lazy) else dstar)[rows] if rows.size else \
             np.zeros(0)
         accumulate(0, rows.size, lm_all, np.where(np.isfinite(d2), d2, 0.0))
         loss_m = Lazy.of(lm_all)
@@ -774,7 +774,7 @@ def certify_zero_one_problem(prob: Problem, r, theta1, theta2, divergence, mask,
         a, X_near = linear_prices(prob, mask, theta1)
         return _solve_and_build(a, X_near.misclassified, r, theta1, theta2, divergence,
                                 solver, prob.X, X_near, prob.y, prob.losses,
-                                prob.feature_names, prob.index, t_start, Later(a.dstar))
+                                prob.feature_names, prob.index, t_start, Lazy(a.dstar))
     dstar, X_near = linear_distances(prob, mask)  # 0 where misclassified
     loss0 = X_near.misclassified  # booleans (the float losses are built if asked for)
     a = move_prices(dstar, theta1)

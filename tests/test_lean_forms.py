@@ -25,7 +25,7 @@ import otstab
 from otstab import audit, core, reduction
 from otstab import zero_one as zo
 from otstab.models import resolve_model
-from otstab.results import Later, LazyInfo
+from otstab.results import Lazy, LazyInfo
 
 INF = math.inf
 
@@ -218,7 +218,7 @@ def test_linear_prices_needs_a_binary_model():
 def test_zero_one_certificate_holds_no_distance_vector_until_asked():
     model, X, y = _binary(n=600, seed=4)
     res = otstab.certify(model, X, y, loss="zero_one", r=0.4)
-    assert isinstance(dict.__getitem__(res.info, "dstar"), Later)
+    assert isinstance(dict.__getitem__(res.info, "dstar"), Lazy)
     d = res.info["dstar"]  # built on first read, then kept
     assert dict.__getitem__(res.info, "dstar") is d
     m = y * model.decision_function(X)
@@ -248,12 +248,12 @@ def test_lazy_info_builds_once_and_pickles_built():
         calls.append(1)
         return np.arange(3.0)
 
-    info = LazyInfo({"x": Later(build), "y": 2})
+    info = LazyInfo({"x": Lazy(build), "y": 2})
     assert "x" in info and info.get("missing") is None and info["y"] == 2
     np.testing.assert_array_equal(info.get("x"), np.arange(3.0))
     np.testing.assert_array_equal(info["x"], np.arange(3.0))
     assert calls == [1]
-    info2 = LazyInfo({"x": Later(build)})
+    info2 = LazyInfo({"x": Lazy(build)})
     back = pickle.loads(pickle.dumps(info2))
     assert isinstance(back, LazyInfo)
     np.testing.assert_array_equal(dict.__getitem__(back, "x"), np.arange(3.0))
