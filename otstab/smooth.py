@@ -7,6 +7,16 @@
   of the dual) Q* mixes the two maximisers of the switching samples so that its risk is exactly
   r, as the piecewise-linear path splits tied samples. Multinomial cross-entropy above the
   documented threshold ``h_concave`` is not exact (``status = 'bounds'``).
+
+  A binary classifier (logistic / two-class cross-entropy) or a regressor (squared) depends on
+  each sample through one number, its margin ``y s`` or residual ``y - s``: that path
+  (:func:`_certify_rows`) works on the model's scores, never copies X, sums the dual over
+  blocks of :data:`ROWS_BLOCK` rows (:class:`otstab_solvers.blockwise.BlockwiseDual`) and
+  builds Q* as the step of each sample along ``w_M``; X_star and the other per-atom arrays
+  are built on first access. Its audit sums the loss at the moved scores and the squared moves
+  and checks them against the model on materialised atoms: every atom up to
+  :data:`otstab.audit.AUDIT_DIRECT_MAX` rows (the sums then from the model), above it
+  :data:`otstab.audit.AUDIT_SAMPLE` random ones.
 * A differentiable nonlinear model (MLP, PyTorch module, callable) or ``solver="first_order"``:
   :func:`otstab_solvers.first_order.solve_first_order`, a local search (the paper's
   Algorithms 1 and 2): its audited Q* gives an upper bound on R (``status = 'bounds'``).
@@ -20,11 +30,12 @@ import math
 import time
 
 import numpy as np
+from otstab_solvers.blockwise import BlockwiseDual, RowsBlock, in_memory
 from otstab_solvers.dual import solve_dual
 from otstab_solvers.first_order import solve_first_order
 from otstab_solvers.result import OPTIMAL
 from otstab_solvers.smooth import CrossEntropyOracle, LogisticOracle, SquaredOracle
-from otstab_solvers.weights import weights_at
+from otstab_solvers.weights import kl_weight_map_blocks, phi, weight_map, weights_at
 
 from . import audit, bounds
 from .errors import IncompatibleLossError, ValidationError
@@ -41,6 +52,9 @@ FIRST_ORDER_OPTIONS = ("outer", "inner_steps", "inner_lr", "inner_tol", "max_out
                        "inner_method", "h_cap", "seed", "verbose", "callback")
 #: relative step in h used to read the two maximisers at a switching point
 SWITCH_STEP = 1e-9
+#: rows per block of the margin / residual path (its dual sums and Q*'s audit): the logistic
+#: d-transform's vectorised Newton keeps some 40 temporaries of a block (8192 rows: 2.6 MB)
+ROWS_BLOCK = 1 << 13
 
 
 def linear_smooth_oracle(W, b, task: str, X, y, *, loss: str, theta1: float, mask=None):
@@ -165,6 +179,10 @@ def _zero_direction(oracle) -> bool:
 def _certify_linear_exact(prob, loss, r, theta1, theta2, divergence, mask, t_start,
                           **solver_options):
     sc = prob.scorer
+    rows = _row_oracle(prob, loss, theta1, mask)
+    if rows is not None:
+        return _certify_rows(prob, loss, *rows, r, theta1, theta2, divergence, t_start,
+                             **solver_options)
     oracle = linear_smooth_oracle(sc.W, sc.b, sc.task, prob.X, prob.y, loss=loss,
                                   theta1=theta1, mask=mask)
     base = prob.losses(prob.X)
@@ -255,3 +273,325 @@ def _argmax_above(oracle, h):
         return oracle.argmax(h * (1 + SWITCH_STEP))
     except ValueError:
         return None
+
+
+# ---------------------------------------------------------------------------------------------
+# binary classifiers and regressors: the margin / residual path
+
+
+def _row_oracle(prob, loss, theta1, mask):
+    """``(oracle, direction, signs)`` for a binary classifier with the logistic loss (or the
+    two-class cross-entropy) or a regressor with the squared loss: the exact d-transform on the
+    margins ``y s`` or residuals ``y - s`` of the model's scores (one n-vector, X not read),
+    the moving direction ``w_M`` (the coefficients on the feature mask) and the sign of each
+    sample's step along it (its label; None: +1 for residuals). None otherwise."""
+    sc = prob.scorer
+    scores = prob.scores
+    if scores is None or np.ndim(scores) != 1 or sc.W.shape[0] != 1:
+        return None
+    direction = sc.W[0] if mask is None else np.where(mask, sc.W[0], 0.0)
+    a = float(direction @ direction)
+    if sc.task == "binary" and loss in ("logistic", "cross_entropy"):
+        return LogisticOracle(prob.y * scores, a, theta1, cache=False, copy=False), \
+            direction, prob.y
+    if sc.task == "regression" and loss == "squared":
+        return SquaredOracle(prob.y - scores, a, theta1, copy=False), direction, None
+    return None
+
+
+def _certify_rows(prob, loss, oracle, direction, signs, r, theta1, theta2, divergence, t_start,
+                  **solver_options):
+    """The margin / residual path (module docstring): the dual over blocks of rows, Q* from
+    the steps of the samples along ``direction``."""
+    n, p = prob.n, prob.p
+    a = float(direction @ direction)
+    can_move = math.isfinite(theta1) and a > 0
+    edge = edge_kind(None, r, theta2, can_move, p, stats=prob.loss_stats())
+    if edge is not None:
+        return edge_result(prob, prob.losses(prob.X), r, theta1, theta2, divergence, edge,
+                           t_start, loss=loss)
+    # chi2 sums one h over several passes (its active-set steps): the blocks keep it
+    keep = divergence == "chi2" and math.isfinite(theta2)
+    blocks = [RowsBlock(oracle, s, min(s + ROWS_BLOCK, n),
+                        None if p is None else p[s:s + ROWS_BLOCK], keep=keep)
+              for s in range(0, n, ROWS_BLOCK)]
+    dual = BlockwiseDual(in_memory(blocks), n, n if p is None else 1.0, kinks=False,
+                         h_max=oracle.h_max)
+
+    def attempt():
+        sol = solve_dual(dual, r, theta2, divergence, **solver_options)
+        blocks.clear()  # (the kept evaluations of chi2)
+        if sol.status != OPTIMAL:
+            raise audit.Skip(f"dual reported {sol.native_status!r}", sol.status)
+        sol.info["passes"] = dual.passes
+        return _build_rows(prob, oracle, direction, signs, sol, loss, r, theta1, theta2,
+                           divergence, t_start), True, 0.0
+
+    return audit.first_accepted([("dual", attempt)], solver="dual")
+
+
+class _Steps:
+    """The moves of Q*'s atoms on the margin / residual path, as arrays only (picklable
+    without the problem: :func:`otstab.scale.qstar` ships :meth:`displacement` to Dask
+    workers).
+
+    Sample ``i`` has the step ``step[i]`` at h (its maximiser moves it by ``-k w_M``, its score
+    by ``-sign_i step_i``, with ``k = sign_i step_i / ||w_M||^2``); at a switching point the
+    switching samples take their maximiser just below or above h instead (``main``: their
+    rows and steps), and one of them may be split (``extra``: its row, its second step and the
+    share of its mass moved there, one more atom). Atoms ``0..n-1`` are the samples,
+    ``n..m-1`` the split ones.
+    """
+
+    def __init__(self, direction, signs, step, *, main=None, extra=None):
+        self.direction, self.signs, self.step = direction, signs, step
+        self.a = float(direction @ direction)
+        empty = (np.zeros(0, dtype=np.intp), np.zeros(0))
+        self.main_rows, self.main_step = main if main is not None else empty
+        self.extra_rows, self.extra_step, self.extra_frac = \
+            extra if extra is not None else (*empty, np.zeros(0))
+        self.n = step.size
+        self.m = self.n + self.extra_rows.size
+
+    def rows_steps(self, idx):
+        """(source row, step) of the atoms ``idx`` (positions in 0..m-1)."""
+        idx = np.asarray(idx)
+        main = idx < self.n
+        src = np.where(main, idx, 0)
+        st = np.empty(idx.size)
+        st[main] = self.step[idx[main]]
+        if self.main_rows.size:
+            pos = np.minimum(np.searchsorted(self.main_rows, idx), self.main_rows.size - 1)
+            hit = main & (self.main_rows[pos] == idx)
+            st[hit] = self.main_step[pos[hit]]
+        extra = idx[~main] - self.n
+        src[~main] = self.extra_rows[extra]
+        st[~main] = self.extra_step[extra]
+        return src, st
+
+    def coef(self, src, st):
+        """The coefficient k of each atom's move ``x* - x = -k w_M``."""
+        if self.a == 0.0:
+            return np.zeros(st.size)
+        k = st / self.a
+        return k if self.signs is None else k * self.signs[src]
+
+    def displacement(self, idx):
+        """``x* - x`` of the atoms ``idx`` (one row each)."""
+        src, st = self.rows_steps(idx)
+        return np.multiply.outer(-self.coef(src, st), self.direction)
+
+    def source(self):
+        return np.concatenate([np.arange(self.n), self.extra_rows])
+
+    def mass(self, idx=None):
+        """Each atom's share of its sample's mass (of the atoms ``idx``; default all)."""
+        idx = np.arange(self.m) if idx is None else np.asarray(idx)
+        mass = np.ones(idx.size)
+        for k, row in enumerate(self.extra_rows):
+            mass[idx == row] = 1.0 - self.extra_frac[k]
+            mass[idx == self.n + k] = self.extra_frac[k]
+        return mass
+
+    def blocks(self, size=None):
+        size = size or ROWS_BLOCK
+        return ((s, min(s + size, self.m)) for s in range(0, self.m, size))
+
+
+class _RowAtoms:
+    """Q*'s atoms on the margin / residual path (:class:`_Steps`) with the problem: their
+    losses and moves from the reduced form, their points, and each sample's ``l_h`` at h
+    (from its step at h: the weight of every atom of a sample)."""
+
+    def __init__(self, prob, steps: _Steps, h, theta1):
+        self.prob, self.steps, self.h, self.theta1 = prob, steps, h, theta1
+        self.n, self.m = steps.n, steps.m
+
+    def reduced(self, src, st):
+        """(loss at x*, ||x* - x||^2) of atoms from the reduced form: the loss at the moved
+        score ``s - sign step`` (``w . (x - k w_M) = s - k a``) and ``step^2 / a``."""
+        signs, a = self.steps.signs, self.steps.a
+        sh = st if signs is None else st * signs[src]
+        loss = self.prob.losses_from_scores(self.prob.scores[src] - sh, self.prob.y[src])
+        return loss, (np.zeros(st.size) if a == 0.0 else st * st / a)
+
+    def l_h(self, src):
+        """``l_h`` of the samples ``src`` at h: ``h l(x*) - theta1 ||x* - x||^2`` at their
+        maximiser at h."""
+        loss, d2 = self.reduced(src, self.steps.step[src])
+        return self.h * loss - (0.0 if math.isinf(self.theta1) else self.theta1 * d2)
+
+    def points(self, idx):
+        """(source rows, x, x*) of the atoms ``idx`` (x* in float64)."""
+        src, st = self.steps.rows_steps(idx)
+        Xg = np.asarray(self.prob.X[src], dtype=np.float64)
+        return src, Xg, Xg + np.multiply.outer(-self.steps.coef(src, st), self.steps.direction)
+
+    def x_star(self):
+        X = self.prob.X
+        out = np.empty((self.m, X.shape[1]))
+        for s, e in self.steps.blocks(audit.rows_per_block(X.shape[1], ROWS_BLOCK)):
+            out[s:e] = self.points(np.arange(s, e))[2]
+        return out
+
+    def loss_star(self):
+        out = np.empty(self.m)
+        for s, e in self.steps.blocks():
+            out[s:e] = self.reduced(*self.steps.rows_steps(np.arange(s, e)))[0]
+        return out
+
+    def moved2(self):
+        return self.reduced(*self.steps.rows_steps(np.arange(self.m)))[1]
+
+
+def _build_rows(prob, oracle, direction, signs, sol, loss, r, theta1, theta2, divergence,
+                t_start):
+    """Q* at the dual's h on the margin / residual path, audited (see :func:`_build`, whose
+    switching-point split it follows: only the switching samples take their maximiser just
+    below or above h). One n-vector is kept: each sample's step at h."""
+    n, p, h = prob.n, prob.p, float(sol.h)
+    step = np.empty(n)
+    for s in range(0, n, ROWS_BLOCK):
+        step[s:s + ROWS_BLOCK] = oracle.transform_rows(h, slice(s, s + ROWS_BLOCK))[3]
+    atoms = _RowAtoms(prob, _Steps(direction, signs, step), h, theta1)
+    bounds = list(atoms.steps.blocks())
+
+    def lh_block(s, e):
+        return atoms.l_h(np.arange(s, e))
+
+    if divergence == "kl" and p is None and math.isfinite(theta2):
+        wm = kl_weight_map_blocks(lh_block, n, theta2)  # (no n-vector of l_h)
+    else:
+        lh = np.empty(n)
+        for s, e in bounds:
+            lh[s:e] = lh_block(s, e)
+        wm = weight_map(lh, theta2, divergence, p)
+        del lh
+
+    def qw(s, e):  # n P0-mass times weight of the samples s..e
+        w = wm(lh_block(s, e))
+        return w if p is None else p[s:e] * n * w
+
+    risk = sum(float(qw(s, e) @ atoms.reduced(np.arange(s, e), step[s:e])[0])
+               for s, e in bounds) / n
+    split_note = ""
+    if h > 0 and oracle.switching and abs(risk - r) > 1e-12 * r:
+        switch = _switch(oracle, atoms, qw, bounds, h, r)
+        if switch is not None:
+            main, extra, split_note = switch
+            atoms = _RowAtoms(prob, _Steps(direction, signs, step, main=main, extra=extra), h,
+                              theta1)
+    res = _audit_rows(prob, atoms, wm, theta1, theta2, divergence, float(sol.value))
+    audit_info = res.pop("audit")
+    weights = lambda: wm(atoms.l_h(atoms.steps.source()))  # noqa: E731
+    return StabilityResult(
+        value=float(sol.value), h=h, alpha=wm.alpha if divergence == "chi2" else None,
+        X_star=atoms.x_star, weights=weights, source=atoms.steps.source,
+        mass=atoms.steps.mass,
+        solver="dual", status=sol.status, solve_time=sol.solve_time, r=r, theta1=theta1,
+        theta2=theta2, divergence=divergence, loss=loss, message=split_note,
+        dual_gap_bound=sol.gap_bound, iterations=sol.iterations, split=atoms.m > n,
+        X=prob.X, feature_names=prob.feature_names, index=prob.index,
+        info={"oracle": type(oracle).__name__, "native_status": sol.native_status,
+              "wall_time": time.perf_counter() - t_start, "audit": audit_info,
+              "moved2": atoms.moved2, "displacement": atoms.steps.displacement, **sol.info},
+        **res)
+
+
+def _switch(oracle, atoms, qw, bounds, h, r):
+    """At a switching point of the d-transform: the samples whose maximiser just above h has
+    a larger loss than the one just below move there one by one (in row order, at most one
+    split) until the risk of Q* is r. Returns ``(main, extra, note)`` for :class:`_RowAtoms`
+    (None: no such samples, or too little gain)."""
+    n = atoms.n
+    h_lo, h_hi = h * (1 - SWITCH_STEP), h * (1 + SWITCH_STEP)
+    if not h_hi < oracle.h_max:
+        return None
+    low = 0.0
+    cand = []
+    for s, e in bounds:
+        rows = np.arange(s, e)
+        t_lo = oracle.transform_rows(h_lo, slice(s, e))[3]
+        t_hi = oracle.transform_rows(h_hi, slice(s, e))[3]
+        l_lo = atoms.reduced(rows, t_lo)[0]
+        gain = qw(s, e) * (atoms.reduced(rows, t_hi)[0] - l_lo)
+        # a switch jumps between two local maxima; a step that only moves with h (by some
+        # 1e-9 of itself here) is not one
+        sw = np.flatnonzero((gain > 0) & (np.abs(t_hi - t_lo) > 1e-6 * (1.0 + np.abs(t_hi))))
+        # the switching samples count at their low maximiser, the others at h
+        l_at = atoms.reduced(rows, atoms.steps.step[s:e])[0]
+        l_at[sw] = l_lo[sw]
+        low += float(qw(s, e) @ l_at)
+        if sw.size:
+            cand.append((sw + s, gain[sw], t_lo[sw], t_hi[sw]))
+    need = n * r - low
+    if not cand or need <= 0:
+        return None
+    rows, gain, t_lo, t_hi = (np.concatenate(c) for c in zip(*cand))
+    if float(gain.sum()) < need * (1 - 1e-12):
+        return None
+    cg = np.cumsum(gain)
+    full = cg <= need
+    k = int(np.count_nonzero(full))
+    main = (rows, np.where(full, t_hi, t_lo))
+    extra = None
+    if k < rows.size:
+        frac = (need - (cg[k - 1] if k else 0.0)) / gain[k]
+        if frac > 0:
+            extra = (rows[k:k + 1], t_hi[k:k + 1], np.array([min(frac, 1.0)]))
+    moved = k + (0 if extra is None else 1)
+    note = (f"switching point of the d-transform at h = {h:.6g}: {moved} sample(s) moved to "
+            "their second maximiser (one split) so that the risk of Q* is r")
+    return main, extra, note
+
+
+def _audit_rows(prob, atoms, wm, theta1, theta2, divergence, value) -> dict:
+    """The audit of Q* on the margin / residual path, over blocks of atoms: up to
+    AUDIT_DIRECT_MAX rows every atom is materialised and re-scored by the model (the sums from
+    the model); above it the sums come from the reduced form and AUDIT_SAMPLE random atoms are
+    checked against the model. A disagreement above SAMPLED_RTOL fails the audit."""
+    n, p, m = prob.n, prob.p, atoms.m
+    direct = n <= audit.AUDIT_DIRECT_MAX
+    risk = tot = move = moved_risk = ph = err = 0.0
+    cells = audit.rows_per_block(prob.d, ROWS_BLOCK)
+    for s, e in atoms.steps.blocks(cells if direct else ROWS_BLOCK):
+        idx = np.arange(s, e)
+        src, st = atoms.steps.rows_steps(idx)
+        loss_r, d2_r = atoms.reduced(src, st)
+        if direct:
+            _, Xg, Xs = atoms.points(idx)
+            loss_s = prob.losses(Xs, prob.y[src])
+            diff = Xs - Xg  # the move as Q* holds it (x* - x in floating point)
+            d2_s = np.einsum("ij,ij->i", diff, diff)
+            err = max(err, audit.sampled_error(loss_s, loss_r, d2_s, d2_r))
+        else:
+            loss_s, d2_s = loss_r, d2_r
+        mass = atoms.steps.mass(idx)
+        pm = mass / n if p is None else mass * p[src]
+        w = wm(atoms.l_h(src))
+        pmw = pm * w
+        risk += float(pmw @ loss_s)
+        tot += float(np.sum(pmw))
+        move += float(pmw @ d2_s)
+        moved_risk += float(pm @ loss_s)
+        ph += float(pm @ phi(w, divergence))
+    info = {"method": "direct", "sample": int(m), "max_rel_error": err}
+    if not direct:
+        pick = audit.sample_positions(m, audit.AUDIT_SAMPLE)
+        for s in range(0, pick.size, cells):
+            idx = pick[s:s + cells]
+            src, Xg, Xs = atoms.points(idx)
+            loss_r, d2_r = atoms.reduced(*atoms.steps.rows_steps(idx))
+            diff = Xs - Xg
+            err = max(err, audit.sampled_error(prob.losses(Xs, prob.y[src]), loss_r,
+                                               np.einsum("ij,ij->i", diff, diff), d2_r))
+        info = {"method": "sampled", "sample": int(pick.size), "max_rel_error": err}
+    move_cost = 0.0 if math.isinf(theta1) else theta1 * move
+    rew_cost = 0.0 if math.isinf(theta2) else theta2 * ph
+    out = audit.summarise(lambda: prob.losses(prob.X), move_cost, rew_cost, risk, tot,
+                          moved_risk, value, None, p, base=prob.loss_stats()[0])
+    out["loss_star"] = atoms.loss_star
+    if err > audit.SAMPLED_RTOL:  # the reduced form and the model disagree: never pass
+        out["primal_cost"] = out["gap"] = math.inf  # this off
+    out["audit"] = info
+    return out

@@ -21,7 +21,13 @@ evaluation:
   blockwise sums over the active rows (count, ``sum p``, ``sum p l``, ...); values are shifted
   by the largest ``l_h`` first, as :func:`otstab_solvers.weights.chi2_solution` does;
 - the kinks strictly inside a bracket: count, smallest and largest crossing of the rows whose
-  piece differs at the two ends (the middle returned is the midpoint of the two).
+  piece differs at the two ends (the middle returned is the midpoint of the two); an l_h
+  without pieces (the smooth d-transforms, ``kinks=False``) has none, and no pass is made.
+
+:class:`RowsBlock` makes a block of rows ``s..e`` of an oracle held in memory that evaluates
+any subset of its rows (``transform_rows``: the smooth d-transforms of
+:mod:`otstab_solvers.smooth`), so that an in-memory dual is summed over cache-sized blocks
+instead of n-vectors of ``l_h`` and its derivatives.
 
 This module imports neither otstab nor Dask.
 """
@@ -35,7 +41,8 @@ import numpy as np
 from .dual import PiecewiseOracle
 from .zero_one import DistanceOracle
 
-__all__ = ["BlockwiseDual", "piecewise_block", "distance_block", "block_l", "CHI2_MAX_STEPS"]
+__all__ = ["BlockwiseDual", "RowsBlock", "piecewise_block", "distance_block", "block_l",
+           "in_memory", "CHI2_MAX_STEPS"]
 
 #: bound on chi2's active-set steps per evaluation (each is one pass over the blocks)
 CHI2_MAX_STEPS = 200
@@ -62,6 +69,36 @@ class _DistanceBlock(DistanceOracle):
 def distance_block(a, p=None) -> DistanceOracle:
     """The 0/1 block oracle ``l_h = (h - a_i)_+`` for one block's rows (no sort)."""
     return _DistanceBlock(a, p)
+
+
+class RowsBlock:
+    """Rows ``s..e`` of an oracle with ``transform_rows(h, rows) -> (l_h, dl, d2l, ...)`` as a
+    block of :class:`BlockwiseDual` (``p``: the rows' probabilities, None for uniform rows).
+
+    A smooth ``l_h`` has no pieces (the piece returned is None). ``keep``: the last evaluation
+    is kept, for chi2, which sums the same ``h`` over several passes (its active-set steps);
+    KL and theta2 = inf read each ``h`` once and keep nothing.
+    """
+
+    def __init__(self, oracle, s: int, e: int, p=None, *, keep: bool = False):
+        self.oracle, self.rows, self.p, self.keep = oracle, slice(s, e), p, keep
+        self._last = None
+
+    def evaluate(self, h: float, side: str = "right", with_pieces: bool = True):
+        if self._last is not None and self._last[0] == h:
+            return self._last[1]
+        lh, d1, d2 = self.oracle.transform_rows(h, self.rows)[:3]
+        out = (lh, d1, np.zeros_like(lh) if d2 is None else d2, None)
+        if self.keep:
+            self._last = (h, out)
+        return out
+
+
+def in_memory(blocks):
+    """The ``run`` of :class:`BlockwiseDual` for blocks held in this process: a loop."""
+    def run(func, *args):
+        return [func(b, *args) for b in blocks]
+    return run
 
 
 def _pw(block, x):
@@ -155,12 +192,13 @@ class BlockwiseDual:
     probabilities ``p`` (summing to 1 over all blocks). ``passes`` counts the calls of ``run``.
     """
 
-    h_max = math.inf
-
-    def __init__(self, run, n: int, total: float):
+    def __init__(self, run, n: int, total: float, *, kinks: bool = True,
+                 h_max: float = math.inf):
         self._run = run
         self.n = int(n)
         self.total = float(total)
+        self.kinks = bool(kinks)  # False: l_h has no pieces (smooth), so no kinks
+        self.h_max = float(h_max)  # l_h finite for 0 <= h < h_max
         self.passes = 0
         self.prefix = self  # solve_dual evaluates an oracle's ``prefix`` by ``reduce``
 
@@ -228,6 +266,8 @@ class BlockwiseDual:
 
     def kinks_between(self, key_lo, key_hi, h_lo: float, h_hi: float):
         """(count, smallest, largest, middle) of the kinks strictly inside ``(h_lo, h_hi)``."""
+        if not self.kinks:
+            return 0, math.nan, math.nan, math.nan
         parts = self.run(block_kinks, key_lo[0], key_lo[1], key_hi[0], key_hi[1])
         cnt = sum(q[0] for q in parts)
         if not cnt:

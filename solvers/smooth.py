@@ -65,8 +65,9 @@ def _softplus(u: np.ndarray) -> np.ndarray:
     return np.logaddexp(0.0, u)
 
 
-def _as_vector(v, name: str) -> np.ndarray:
-    arr = np.array(v, dtype=np.float64, copy=True).reshape(-1)
+def _as_vector(v, name: str, copy: bool = True) -> np.ndarray:
+    """A finite float64 vector (a copy unless ``copy=False``, which keeps a float64 array)."""
+    arr = np.array(v, dtype=np.float64, copy=True if copy else None).reshape(-1)
     if arr.size == 0:
         raise ValueError(f"{name} is empty")
     if not np.all(np.isfinite(arr)):
@@ -75,10 +76,16 @@ def _as_vector(v, name: str) -> np.ndarray:
 
 
 def _per_sample(v, n: int, name: str, *, allow_inf: bool = False) -> np.ndarray:
-    """A scalar or an (n,) array of nonnegative values broadcast to shape (n,)."""
+    """A scalar or an (n,) array of nonnegative values broadcast to shape (n,) (a scalar as a
+    read-only broadcast view: no n-vector is made for one value shared by every sample)."""
     arr = np.array(v, dtype=np.float64, copy=True)
     if arr.ndim == 0:
-        arr = np.full(n, float(arr))
+        val = float(arr)
+        if math.isnan(val) or (not allow_inf and not math.isfinite(val)):
+            raise ValueError(f"{name} contains NaN" + ("" if allow_inf else " or inf"))
+        if val < 0:
+            raise ValueError(f"{name} must be >= 0")
+        return np.broadcast_to(arr, (n,))
     arr = arr.reshape(-1)
     if arr.shape != (n,):
         raise ValueError(f"{name} must be a scalar or have shape ({n},), got {arr.shape}")
@@ -274,25 +281,37 @@ class LogisticOracle:
         Labels in ``{-1, +1}`` (needed by :meth:`argmax`).
     direction : array of shape (d,), optional
         ``w_M``: ``w`` with the non-masked coordinates set to zero (needed by :meth:`argmax`).
+    cache : bool
+        Keep the last evaluation (four n-vectors); False for an oracle read in blocks
+        (:meth:`transform_rows`).
+    copy : bool
+        False keeps a float64 ``margins`` array as given (the caller gives it up).
 
     Notes
     -----
     The maximiser moves sample ``i`` to ``x_i - t_i y_i w_M / ||w_M||**2``, which lowers the
     margin by ``t_i`` at cost ``theta1 t_i**2 / ||w_M||**2`` (:func:`logistic_steps`).
-    ``h_max`` is ``inf``: the loss grows linearly, the cost quadratically.
+    ``h_max`` is ``inf``: the loss grows linearly, the cost quadratically. ``switching``: l_h
+    may have switching points (two maximisers of the same value, where the nonconcave inner
+    problem jumps from one local maximum to the other).
     """
 
-    def __init__(self, margins, direction_norm2, theta1, *, X=None, signs=None, direction=None):
-        self.margins = _as_vector(margins, "margins")
+    switching = True
+
+    def __init__(self, margins, direction_norm2, theta1, *, X=None, signs=None, direction=None,
+                 cache: bool = True, copy: bool = True):
+        self.margins = _as_vector(margins, "margins", copy)
         self.n = self.margins.size
         self.direction_norm2 = _per_sample(direction_norm2, self.n, "direction_norm2")
         self.theta1 = _check_theta1(theta1)
+        a = self.direction_norm2
+        if a.strides == (0,):  # one ||w_M||^2 for every sample: c is one number too
+            a = a[:1]
         with np.errstate(divide="ignore"):
-            self.c = np.where(
-                (self.direction_norm2 > 0) & math.isfinite(self.theta1),
-                self.theta1 / np.where(self.direction_norm2 > 0, self.direction_norm2, 1.0),
-                np.inf,
-            )
+            c = np.where((a > 0) & math.isfinite(self.theta1),
+                         self.theta1 / np.where(a > 0, a, 1.0), np.inf)
+        self.c = np.broadcast_to(c, (self.n,)) if c.size != self.n else c
+        self.cache = bool(cache)  # keep the last evaluation (False: an oracle read in blocks)
         self.h_max = math.inf
         self._X = None if X is None else np.array(X, dtype=np.float64, copy=True)
         self._signs = None if signs is None else _as_vector(signs, "signs")
@@ -325,8 +344,15 @@ class LogisticOracle:
         if self._cache is not None and self._cache[0] == h:
             return self._cache[1]
         out = logistic_dtransform(self.margins, self.c, h)
-        self._cache = (h, out)
+        if self.cache:
+            self._cache = (h, out)
         return out
+
+    def transform_rows(self, h: float, rows):
+        """``(l_h, dl_h/dh, d2l_h/dh2, step)`` of the samples ``rows`` (a slice or indices),
+        nothing kept: ``step`` is the margin decrease ``t`` of each maximiser, so that the
+        maximiser is ``x - (y t / ||w_M||^2) w_M`` and its squared move ``t^2 / ||w_M||^2``."""
+        return logistic_dtransform(self.margins[rows], self.c[rows], h)
 
     def evaluate(self, h: float):
         """``(l_h, dl_h/dh, d2l_h/dh2)`` at ``h``, each of shape (n,)."""
@@ -373,6 +399,8 @@ class SquaredOracle:
         Features (for :meth:`argmax`).
     direction : array of shape (d,), optional
         ``beta_M`` (for :meth:`argmax`).
+    copy : bool
+        False keeps a float64 ``residuals`` array as given (the caller gives it up).
 
     Notes
     -----
@@ -382,20 +410,26 @@ class SquaredOracle:
     unbounded d-transform for ``h > h_max``). The derivative is the squared residual at the
     maximiser, ``e**2 theta1**2 / (theta1 - h a)**2``, the second derivative
     ``2 a e**2 theta1**2 / (theta1 - h a)**3``. The maximiser is
-    ``x_i - h e_i beta_M / (theta1 - h a)``.
+    ``x_i - h e_i beta_M / (theta1 - h a)``. The maximiser is unique: no switching points
+    (``switching``).
     """
 
-    def __init__(self, residuals, direction_norm2, theta1, *, X=None, direction=None):
-        self.residuals = _as_vector(residuals, "residuals")
+    switching = False
+
+    def __init__(self, residuals, direction_norm2, theta1, *, X=None, direction=None,
+                 copy: bool = True):
+        self.residuals = _as_vector(residuals, "residuals", copy)
         self.n = self.residuals.size
         self.direction_norm2 = _per_sample(direction_norm2, self.n, "direction_norm2")
         self.theta1 = _check_theta1(theta1)
         a = self.direction_norm2
         if math.isinf(self.theta1):
-            self.a_eff = np.zeros(self.n)
+            self.a_eff = np.broadcast_to(0.0, (self.n,))
+        elif a.strides == (0,):  # one ||beta_M||^2 for every sample
+            self.a_eff = np.broadcast_to(a[:1] / self.theta1, (self.n,))
         else:
             self.a_eff = a / self.theta1  # h_max_i = 1 / a_eff_i
-        amax = float(np.max(self.a_eff))
+        amax = float(np.max(self.a_eff)) if self.n else 0.0
         self.h_max = math.inf if amax == 0 else 1.0 / amax
         self._X = None if X is None else np.array(X, dtype=np.float64, copy=True)
         self._direction = None if direction is None else _as_vector(direction, "direction")
@@ -416,15 +450,25 @@ class SquaredOracle:
 
     def evaluate(self, h: float):
         """``(l_h, dl_h/dh, d2l_h/dh2)``; ``inf`` where ``h >= 1 / a_eff_i``."""
+        return self.transform_rows(h, slice(None))[:3]
+
+    def transform_rows(self, h: float, rows):
+        """``(l_h, dl_h/dh, d2l_h/dh2, step)`` of the samples ``rows`` (a slice or indices):
+        ``step`` is the residual increase ``s = h a e / (theta1 - h a)`` of each maximiser, so
+        that the maximiser is ``x - (s / ||beta_M||^2) beta_M`` and its squared move
+        ``s^2 / ||beta_M||^2`` (``inf`` where ``h >= 1 / a_eff_i``)."""
         h = _check_h(h)
-        e2 = self.residuals ** 2
-        q = 1.0 - h * self.a_eff  # (theta1 - h a) / theta1
+        e = self.residuals[rows]
+        a_eff = self.a_eff[rows]
+        e2 = e ** 2
+        q = 1.0 - h * a_eff  # (theta1 - h a) / theta1
         ok = q > 0
         qs = np.where(ok, q, 1.0)
         lh = np.where(ok, h * e2 / qs, np.inf)
         d1 = np.where(ok, e2 / (qs * qs), np.inf)
-        d2 = np.where(ok, 2.0 * self.a_eff * e2 / (qs * qs * qs), np.inf)
-        return lh, d1, d2
+        d2 = np.where(ok, 2.0 * a_eff * e2 / (qs * qs * qs), np.inf)
+        step = np.where(ok, h * a_eff * e / qs, np.inf)
+        return lh, d1, d2, step
 
     def argmax(self, h: float) -> np.ndarray:
         """Moved features ``x_i - h e_i beta_M / (theta1 - h a)``; needs ``h < h_max``."""

@@ -77,6 +77,26 @@ def test_equals_numpy(client, n, divergence, loss, r):
     assert _close(res_np.se, res_dk.se, 1e-8)  # the analytic confidence interval
 
 
+@pytest.mark.parametrize("loss", ["logistic", "squared"])
+def test_smooth_losses_do_not_gather_x(client, monkeypatch, loss):
+    """Logistic and squared certificates of a binary classifier / regressor on Dask data work
+    on the gathered scores: X itself is never gathered (only the audited rows)."""
+    Xd, X, model, y = _data(240_000, 3, seed=13)
+    if loss == "squared":
+        model = otstab.LinearModel(model.coef_, 0.0, task="regression")
+        y = X @ model.coef_ + 0.3 * np.random.default_rng(1).standard_normal(X.shape[0])
+    r = 0.75 if loss == "logistic" else float(np.mean((y - model.predict(X)) ** 2)) * 1.5
+    res_np = otstab.certify(model, X, y, loss=loss, r=r)
+
+    def refuse(self, dtype=None, copy=None):
+        raise AssertionError("X was gathered")
+
+    monkeypatch.setattr(scale.DaskRows, "__array__", refuse)
+    res_dk = otstab.certify(model, Xd, y, loss=loss, r=r)
+    _same(res_np, res_dk)
+    assert res_dk.info["audit"]["method"] == "sampled"
+
+
 @pytest.mark.parametrize("loss,r", [("multiclass_hinge", 1.3), ("zero_one", 0.6)])
 def test_multiclass_equals_numpy(client, loss, r):
     Xd, X, model, y = _data(5000, 3, seed=3, K=3)
@@ -113,9 +133,11 @@ def test_features_and_curve_equal_numpy(client):
                                    rtol=RTOL)
 
 
-@pytest.mark.parametrize("certify", [otstab.certify, dask_path.certify_distributed],
-                         ids=["gathered", "distributed"])
-@pytest.mark.parametrize("loss,r", [("hinge", 0.8), ("zero_one", 0.3)])
+@pytest.mark.parametrize("certify,loss,r", [
+    (otstab.certify, "hinge", 0.8), (otstab.certify, "zero_one", 0.3),
+    (otstab.certify, "logistic", 0.75),
+    (dask_path.certify_distributed, "hinge", 0.8),
+    (dask_path.certify_distributed, "zero_one", 0.3)])
 def test_qstar_parquet_audits(client, tmp_path, loss, r, certify):
     """Q* read back from Parquet: its risk (the model's own decision function at x*) reaches r
     and its cost (moves from x, weights through phi) equals the value."""
@@ -131,8 +153,9 @@ def test_qstar_parquet_audits(client, tmp_path, loss, r, certify):
     src, w, mass = df["source"].to_numpy(), df["weight"].to_numpy(), df["mass"].to_numpy()
     score = model.decision_function(Xs)
     ys = y[src]
-    loss_star = np.maximum(1 - ys * score, 0) if loss == "hinge" else (
-        np.where(score > 0, 1, -1) != ys).astype(float)
+    loss_star = {"hinge": lambda: np.maximum(1 - ys * score, 0),
+                 "logistic": lambda: np.logaddexp(0.0, -ys * score),
+                 "zero_one": lambda: (np.where(score > 0, 1, -1) != ys).astype(float)}[loss]()
     moved2 = np.sum((Xs - X[src]) ** 2, axis=1)
     risk = np.sum(mass * w * loss_star) / n
     cost = (res.theta1 * np.sum(mass * w * moved2) + res.theta2 * np.sum(mass * phi(w, "kl"))) / n
