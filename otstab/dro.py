@@ -52,7 +52,7 @@ from .nonlinear import SMOOTH_LOSSES, loss_name
 from .params import check_common
 from .reduction import feature_mask, reduce_problem
 from .results import StabilityResult
-from .smooth import linear_smooth_oracle
+from .smooth import linear_smooth_oracle, margin_oracle
 from .zero_one import linear_distances, move_prices
 
 __all__ = ["worst_case_risk", "WorstCaseRisk", "dro_oracle"]
@@ -155,8 +155,11 @@ def dro_oracle(prob, theta1: float, mask=None):
     name = loss_name(loss)
     if name not in SMOOTH_LOSSES:
         raise IncompatibleLossError(f"loss {name!r} has no exact path for worst_case_risk")
-    oracle = linear_smooth_oracle(sc.W, sc.b, sc.task, prob.X, prob.y, loss=name,
-                                  theta1=theta1, mask=mask)
+    # a binary classifier or regressor: the d-transform on its margins or residuals (X is not
+    # copied); multiclass cross-entropy: the oracle on the n x K scores
+    rows = margin_oracle(prob, name, theta1, mask)
+    oracle = rows[0] if rows is not None else linear_smooth_oracle(
+        sc.W, sc.b, sc.task, prob.X, prob.y, loss=name, theta1=theta1, mask=mask)
     if sc.task == "multiclass":
         moves = bool(np.any(W != W[:1]))
     else:

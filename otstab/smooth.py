@@ -44,7 +44,7 @@ from .params import check_options
 from .piecewise import edge_kind, edge_result
 from .results import StabilityResult
 
-__all__ = ["certify_smooth", "linear_smooth_oracle", "FIRST_ORDER_OPTIONS"]
+__all__ = ["certify_smooth", "linear_smooth_oracle", "margin_oracle", "FIRST_ORDER_OPTIONS"]
 
 #: ``**solver_options`` accepted by the first-order path (passed to ``solve_first_order``)
 FIRST_ORDER_OPTIONS = ("outer", "inner_steps", "inner_lr", "inner_tol", "max_outer", "tol",
@@ -179,7 +179,7 @@ def _zero_direction(oracle) -> bool:
 def _certify_linear_exact(prob, loss, r, theta1, theta2, divergence, mask, t_start,
                           **solver_options):
     sc = prob.scorer
-    rows = _row_oracle(prob, loss, theta1, mask)
+    rows = margin_oracle(prob, loss, theta1, mask)
     if rows is not None:
         return _certify_rows(prob, loss, *rows, r, theta1, theta2, divergence, t_start,
                              **solver_options)
@@ -279,7 +279,7 @@ def _argmax_above(oracle, h):
 # binary classifiers and regressors: the margin / residual path
 
 
-def _row_oracle(prob, loss, theta1, mask):
+def margin_oracle(prob, loss, theta1, mask):
     """``(oracle, direction, signs)`` for a binary classifier with the logistic loss (or the
     two-class cross-entropy) or a regressor with the squared loss: the exact d-transform on the
     margins ``y s`` or residuals ``y - s`` of the model's scores (one n-vector, X not read),

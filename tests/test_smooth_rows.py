@@ -56,7 +56,7 @@ CASES = {  # loss: (instance, r)
 def _dense(monkeypatch, *args, **kw):
     """The same certificate through the dense path (no margin / residual oracle)."""
     with monkeypatch.context() as m:
-        m.setattr(smooth, "_row_oracle", lambda *a, **k: None)
+        m.setattr(smooth, "margin_oracle", lambda *a, **k: None)
         return otstab.certify(*args, **kw)
 
 
