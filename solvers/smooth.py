@@ -113,35 +113,45 @@ def _check_h(h) -> float:
     return h
 
 
-def _bracketed_newton(fun, lo: np.ndarray, hi: np.ndarray, *, max_iter: int = 200):
+def _bracketed_newton(fun, lo: np.ndarray, hi: np.ndarray, *, max_iter: int = 200,
+                      start: np.ndarray | None = None):
     """Roots of decreasing functions on brackets [lo, hi] with fun(lo) >= 0 >= fun(hi).
 
-    ``fun(t)`` returns ``(f, f')``; vectorised over the bracket arrays. Newton steps that leave
-    the current bracket are replaced by bisection, so convergence is guaranteed.
+    ``fun(t, idx)`` returns ``(f, f')`` at the points ``t`` of the problems ``idx``; vectorised
+    over the bracket arrays. Newton steps that leave the current bracket are replaced by
+    bisection, so convergence is guaranteed. ``start``: the first iterate (used where it lies
+    strictly inside the bracket; else the midpoint). The unfinished problems are kept in
+    compact arrays (no gather and scatter of the whole vector per step).
     """
-    lo = lo.copy()
-    hi = hi.copy()
     t = 0.5 * (lo + hi)
-    active = np.ones(lo.shape, dtype=bool)
+    if start is not None:
+        inside = (start > lo) & (start < hi)
+        t[inside] = start[inside]
+    ix = np.arange(t.size)
+    ti, li, hi_ = t.copy(), np.array(lo, dtype=np.float64), np.array(hi, dtype=np.float64)
     for _ in range(max_iter):
-        idx = np.nonzero(active)[0]
-        if idx.size == 0:
+        if ix.size == 0:
             break
-        ti = t[idx]
-        f, fp = fun(ti, idx)
+        f, fp = fun(ti, ix)
         pos = f > 0
-        lo[idx] = np.where(pos, ti, lo[idx])
-        hi[idx] = np.where(pos, hi[idx], ti)
+        li = np.where(pos, ti, li)
+        hi_ = np.where(pos, hi_, ti)
         with np.errstate(divide="ignore", invalid="ignore"):
             newton = ti - f / fp
-        li, hi_ = lo[idx], hi[idx]
         ok = np.isfinite(newton) & (newton > li) & (newton < hi_)
         tn = np.where(ok, newton, 0.5 * (li + hi_))
-        width = hi_ - li
         scale = 1.0 + np.abs(tn)
-        done = (f == 0) | (width <= 4e-16 * scale) | (np.abs(tn - ti) <= 1e-15 * scale)
-        t[idx] = np.where(f == 0, ti, tn)
-        active[idx[done]] = False
+        root = f == 0
+        done = root | (hi_ - li <= 4e-16 * scale) | (np.abs(tn - ti) <= 1e-15 * scale)
+        tn = np.where(root, ti, tn)
+        if done.any():
+            t[ix[done]] = tn[done]
+            keep = ~done
+            ix, ti, li, hi_ = ix[keep], tn[keep], li[keep], hi_[keep]
+        else:
+            ti = tn
+    if ix.size:  # max_iter reached: the last iterates
+        t[ix] = ti
     return t
 
 
@@ -189,17 +199,22 @@ def logistic_steps(margins, c, h: float) -> np.ndarray:
     if not np.any(mov):
         return t
     mm = m[mov]
-    cc = c[mov]
+    # one c for every sample (a broadcast scalar): kept as a number, not gathered per step
+    cc = c[mov] if c.strides != (0,) else np.broadcast_to(c[:1], (mm.size,))
     T = h / (2.0 * cc)
 
     def g(tt, mm_, cc_):
         return h * _softplus(tt - mm_) - cc_ * tt * tt
 
     def make_fun(mm_, cc_):
+        uniform = cc_.strides == (0,)
+        c0 = float(cc_[0]) if uniform and cc_.size else 0.0
+
         def fun(tt, idx):
             s = expit(tt - mm_[idx])
-            f = h * s - 2.0 * cc_[idx] * tt
-            fp = h * s * (1.0 - s) - 2.0 * cc_[idx]
+            c2 = 2.0 * (c0 if uniform else cc_[idx])
+            f = h * s - c2 * tt
+            fp = h * s * (1.0 - s) - c2
             return f, fp
         return fun
 
@@ -213,8 +228,12 @@ def logistic_steps(margins, c, h: float) -> np.ndarray:
     # piece C (the far one; the only one when concave): [max(t2, 0), T] clipped
     lo_c = np.where(nonconcave, np.clip(t2, 0.0, T), 0.0)
     hi_c = T.copy()
-    f_lo_c = fun(lo_c, np.arange(mm.size))[0]
+    f_lo_c, fp_lo_c = fun(lo_c, np.arange(mm.size))
     valid_c = f_lo_c >= 0
+    # first iterate on piece C: one Newton step from its left end (phi is decreasing there, so
+    # the step goes right; where it leaves the bracket the midpoint is used)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        start_c = lo_c - f_lo_c / fp_lo_c
     # piece A (the near one): [0, min(t1, T)], only if t1 > 0
     hi_a = np.clip(t1, 0.0, T)
     f_hi_a = fun(hi_a, np.arange(mm.size))[0]
@@ -226,12 +245,14 @@ def logistic_steps(margins, c, h: float) -> np.ndarray:
         valid_c[none] = True
     best_t = np.zeros(mm.size)
     best_g = np.full(mm.size, -np.inf)
-    for valid, lo, hi in ((valid_c, lo_c, hi_c), (valid_a, np.zeros(mm.size), hi_a)):
+    for valid, lo, hi, start in ((valid_c, lo_c, hi_c, start_c),
+                                 (valid_a, np.zeros(mm.size), hi_a, None)):
         idx = np.nonzero(valid)[0]
         if idx.size == 0:
             continue
         sub = make_fun(mm[idx], cc[idx])
-        root = _bracketed_newton(sub, lo[idx], hi[idx])
+        root = _bracketed_newton(sub, lo[idx], hi[idx],
+                                 start=None if start is None else start[idx])
         val = g(root, mm[idx], cc[idx])
         better = val > best_g[idx]
         best_t[idx[better]] = root[better]
