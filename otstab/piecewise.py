@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 from otstab_solvers import conic as _conic
+from otstab_solvers.blockwise import BlockwiseDual, affine_blocks, in_memory
 from otstab_solvers.dual import refine, solve_dual
 from otstab_solvers.result import OPTIMAL, DualSolution
 from otstab_solvers.weights import kl_weight_map_blocks, phi, pmean, support_max, weight_map
@@ -130,11 +131,17 @@ def solve_reduced(prob: Problem, red: Reduced, r, theta1, theta2, divergence, so
     dual_opts = {k: v for k, v in solver_options.items() if k in ("tol", "max_iter")}
     # a named backend gets the caller's settings; the fallbacks of "auto" run on defaults
     conic_opts = {} if solver == "auto" else solver_options
-    oracle = red.oracle()
+    # weighted samples: the dual's sums over blocks of rows (the pieces computed per block: no
+    # (K, n) array, no n-vectors of l_h); the sorted view serves uniform samples only
+    weighted_rows = p is not None and red.c1_dense is None
+    oracle = red.oracle(sorted_view=not weighted_rows)
+    dual = BlockwiseDual(in_memory(affine_blocks(red.rows, red.c2, oracle.c1abs, p)),
+                         red.n, 1.0) if weighted_rows else oracle
     state = {"program": program}
 
     def run_dual():
-        sol = solve_dual(oracle, r, theta2, divergence, p=p, **dual_opts)
+        sol = solve_dual(dual, r, theta2, divergence, p=None if weighted_rows else p,
+                         **dual_opts)
         # the sorted view (an n-vector of keys) served the solve only: freed before Q* is
         # built (a conic fallback refines h on the plain oracle)
         oracle.prefix = None
@@ -201,11 +208,12 @@ def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, thet
         oracle.prefix = None
     p = prob.p
     blocks = [(s, min(s + AUDIT_BLOCK, n)) for s in range(0, n, AUDIT_BLOCK)]
-    if divergence == "kl" and p is None and math.isfinite(theta2):
-        # l_h over blocks, twice, instead of an n-vector of it
+    if divergence == "kl":
+        # l_h over blocks, twice, instead of an n-vector of it (the largest over the support
+        # in O(K) for uniform samples)
         lh = None
         wm = kl_weight_map_blocks(lambda s, e: oracle.values(h, slice(s, e)), n, theta2,
-                                  top=oracle.values_max(h))
+                                  top=oracle.values_max(h) if p is None else None, p=p)
     else:
         lh = np.empty(n)
         for s, e in blocks:

@@ -459,8 +459,8 @@ def _build_rows(prob, oracle, direction, signs, sol, loss, r, theta1, theta2, di
     def lh_block(s, e):
         return atoms.l_h(np.arange(s, e))
 
-    if divergence == "kl" and p is None and math.isfinite(theta2):
-        wm = kl_weight_map_blocks(lh_block, n, theta2)  # (no n-vector of l_h)
+    if divergence == "kl":
+        wm = kl_weight_map_blocks(lh_block, n, theta2, p=p)  # (no n-vector of l_h)
     else:
         lh = np.empty(n)
         for s, e in bounds:

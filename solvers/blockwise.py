@@ -38,11 +38,11 @@ import math
 
 import numpy as np
 
-from .dual import PiecewiseOracle
+from .dual import AffineOracle, AffineRows, PiecewiseOracle
 from .zero_one import DistanceOracle
 
-__all__ = ["BlockwiseDual", "RowsBlock", "piecewise_block", "distance_block", "block_l",
-           "in_memory", "CHI2_MAX_STEPS"]
+__all__ = ["BlockwiseDual", "RowsBlock", "piecewise_block", "affine_blocks", "distance_block",
+           "block_l", "in_memory", "CHI2_MAX_STEPS"]
 
 #: bound on chi2's active-set steps per evaluation (each is one pass over the blocks)
 CHI2_MAX_STEPS = 200
@@ -54,6 +54,21 @@ def piecewise_block(c1, c2, c1abs: float, p=None) -> PiecewiseOracle:
     oracle = PiecewiseOracle(c1, c2, c1abs=c1abs)
     oracle.p = p
     return oracle
+
+
+def affine_blocks(rows: AffineRows, c2, c1abs: float, p=None, size: int = 1 << 15):
+    """In-memory blocks of rows of an :class:`AffineRows` reduced form (``c1 = a_k u + b_k``):
+    :class:`AffineOracle` s over views of the scores and labels (no copy), whose pieces are
+    computed at each evaluation, with the tie tolerance ``c1abs`` of all rows; ``p``: the
+    sample probabilities (a view per block)."""
+    out = []
+    for s in range(0, rows.n, size):
+        e = min(s + size, rows.n)
+        block = AffineOracle(AffineRows(rows.s[s:e], rows.y[s:e], rows.kind, rows.a, rows.b),
+                             c2, c1abs=c1abs)
+        block.p = None if p is None else p[s:e]
+        out.append(block)
+    return out
 
 
 class _DistanceBlock(DistanceOracle):

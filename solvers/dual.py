@@ -247,7 +247,7 @@ class PiecewiseOracle:
             if self._zero[k]:
                 v = dk = 0.0
             else:
-                c1k = self._c1T[k]
+                c1k = self._piece(k, slice(None))  # (an AffineOracle computes it here)
                 c2k = self._c2k(k)
                 dk = c1k + (2.0 * h) * c2k
                 v = c1k * h + c2k * hh if self._rowwise or c2k != 0.0 else c1k * h
@@ -372,7 +372,7 @@ class AffineOracle(PiecewiseOracle):
     array); the whole array is built, once, only by the methods that scan all samples at
     once (``evaluate``, ``crossings``, ``with_c2``; e.g. the dense weighted dual)."""
 
-    def __init__(self, rows: AffineRows, c2):
+    def __init__(self, rows: AffineRows, c2, *, c1abs: float | None = None):
         c2 = np.asarray(c2, dtype=np.float64)
         if c2.ndim == 1:
             c2 = c2[None, :]
@@ -392,6 +392,20 @@ class AffineOracle(PiecewiseOracle):
             self._c1abs = max(float(self._c1max.max()), -c1min)
         else:
             self._c1max, self._c1abs = np.zeros(self.K), 0.0
+        if c1abs is not None:  # the rows are a block of a larger form: its tie tolerance
+            self._c1abs = float(c1abs)
+
+    def crossings(self, ka: np.ndarray, kb: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        """:meth:`PiecewiseOracle.crossings` from the rows' ``u`` (no (K, n) array; each
+        piece with the arithmetic of :meth:`AffineRows.materialize`)."""
+        if self._dense is not None:
+            return super().crossings(ka, kb, idx)
+        u = self.rows.u(idx)
+        a, b = self.rows.a, self.rows.b
+        dc1 = (u * a[kb] + b[kb]) - (u * a[ka] + b[ka])
+        dc2 = self._c2T[ka] - self._c2T[kb]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(dc2 != 0.0, dc1 / dc2, np.nan)
 
     @property
     def _c1T(self) -> np.ndarray:

@@ -231,9 +231,10 @@ class WeightMap:
 def weight_map(lh: np.ndarray, theta2: float, divergence: str, p=None) -> WeightMap:
     """The :class:`WeightMap` of ``l_h`` values ``lh`` (``p``: sample probabilities).
 
-    KL without ``p`` sums over blocks of rows, so that no temporary of the size of ``lh`` is
-    made (one pass; a second one, of ``expm1``, when every term is close to the largest and
-    ``log`` of the mean would keep only its rounding, see :func:`log_mean_shifted`).
+    KL sums over blocks of rows (:func:`kl_weight_map_blocks`), so that no temporary of the
+    size of ``lh`` is made (a second pass, of ``expm1``, when every term is close to the
+    largest and ``log`` of the mean would keep only its rounding, see
+    :func:`log_mean_shifted`).
     """
     lh = np.asarray(lh, dtype=np.float64)
     if divergence not in ("kl", "chi2"):
@@ -247,36 +248,49 @@ def weight_map(lh: np.ndarray, theta2: float, divergence: str, p=None) -> Weight
         a = chi2_alpha(ls, theta2, p)
         return WeightMap("chi2", theta2, m, a, a - m, chi2_term_at(ls, theta2, a, p) + m,
                          p is not None)
-    if p is not None:
-        a = _on_support(lh / theta2, p)
-        m = support_max(a, p)
-        e = np.exp(np.maximum(a - m, -700.0))
-        term = theta2 * (m + log_mean_shifted(a, m, e, p))
-        return WeightMap("kl", theta2, m, float(np.dot(p, e)), None, term, True)
-    return kl_weight_map_blocks(lambda s, e: lh[s:e], lh.size, theta2)
+    return kl_weight_map_blocks(lambda s, e: lh[s:e], lh.size, theta2, p=p)
 
 
-def kl_weight_map_blocks(block, n: int, theta2: float, top: float | None = None) -> WeightMap:
-    """The KL :class:`WeightMap` (uniform P0, finite theta2) of the ``n`` values of l_h given
-    by ``block(s, e)`` (rows s..e), over blocks of :data:`BLOCK` rows: l_h itself need not be
-    held in memory (two passes, one when ``top``, the largest l_h, is given; one more, of
-    ``expm1``, when every term is close to the largest)."""
+def kl_weight_map_blocks(block, n: int, theta2: float, top: float | None = None,
+                         p=None) -> WeightMap:
+    """The KL :class:`WeightMap` (or, for theta2 = inf, the unit weights') of the ``n`` values
+    of l_h given by ``block(s, e)`` (rows s..e), over blocks of :data:`BLOCK` rows: l_h itself
+    need not be held in memory (two passes, one when ``top``, the largest l_h over the rows of
+    positive probability, is given; one more, of ``expm1``, when every term is close to the
+    largest). ``p``: the sample probabilities (None: uniform); the same numbers as
+    :func:`weight_map` up to the order of the sums."""
     bounds = [(s, min(s + BLOCK, n)) for s in range(0, n, BLOCK)]
+    N = float(n) if p is None else 1.0
+
+    def psum(x, s, e):
+        return float(np.sum(x)) if p is None else float(np.dot(p[s:e], x))
+
+    if math.isinf(theta2):
+        return WeightMap("kl", theta2, 0.0, 1.0, None,
+                         sum(psum(block(s, e), s, e) for s, e in bounds) / N, p is not None)
     if top is None:
-        top = max(float(np.max(block(s, e))) for s, e in bounds)
+        top = -math.inf
+        for s, e in bounds:
+            v = block(s, e)
+            if p is not None:
+                v = v[p[s:e] > 0]
+            if v.size:
+                top = max(top, float(np.max(v)))
     # max(lh) / theta2 == max(lh / theta2): division by theta2 > 0 is monotone
     m = float(top) / theta2
-    z = 0.0
-    for s, e in bounds:
-        z += float(np.sum(np.exp(np.maximum(block(s, e) / theta2 - m, -700.0))))
-    if z > 0.5 * n:
-        zm1 = 0.0
-        for s, e in bounds:
-            zm1 += float(np.sum(np.expm1(np.maximum(block(s, e) / theta2 - m, -700.0))))
-        log_mean = math.log1p(zm1 / n)
+
+    def shifted(s, e):  # l_h / theta2 - m, clamped (rows of zero probability above: at 0)
+        x = np.maximum(block(s, e) / theta2 - m, -700.0)
+        return x if p is None else np.minimum(x, 0.0, out=x)
+
+    z = sum(psum(np.exp(shifted(s, e)), s, e) for s, e in bounds)
+    if z > 0.5 * N:
+        zm1 = sum(psum(np.expm1(shifted(s, e)), s, e) for s, e in bounds)
+        log_mean = math.log1p(zm1 / N)
     else:
-        log_mean = math.log(z / n)
-    return WeightMap("kl", theta2, m, n / z, None, theta2 * (m + log_mean))
+        log_mean = math.log(z / N)
+    return WeightMap("kl", theta2, m, n / z if p is None else z, None,
+                     theta2 * (m + log_mean), p is not None)
 
 
 def chi2_dual_term(lh: np.ndarray, theta2: float, alpha: float | None = None,
