@@ -436,7 +436,7 @@ def _build(sol, ctx):
     elif divergence == "kl":
         wpar = term = oracle.kl(h, "right", theta2)[0]
     else:
-        term, _, _, alpha, _ = oracle.chi2(h, "right", theta2)
+        term, _, _, alpha = oracle.chi2(h, "right", theta2)[:4]
         wpar = alpha
     value = min(max(h * r - term, float(sol.value)), h * r)
     totals = blocks.each(_block_totals, h, theta2, divergence, wpar)

@@ -16,10 +16,10 @@ import time
 
 import numpy as np
 from otstab_solvers import conic as _conic
-from otstab_solvers.blockwise import BlockwiseDual, affine_blocks, in_memory
+from otstab_solvers.blockwise import BlockwiseDual, affine_blocks, in_memory, weight_map_blocks
 from otstab_solvers.dual import refine, solve_dual
 from otstab_solvers.result import OPTIMAL, DualSolution
-from otstab_solvers.weights import kl_weight_map_blocks, phi, pmean, support_max, weight_map
+from otstab_solvers.weights import phi, pmean, support_max
 
 from . import audit
 from .errors import SolverNotAvailableError
@@ -208,21 +208,14 @@ def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, thet
         oracle.prefix = None
     p = prob.p
     blocks = [(s, min(s + AUDIT_BLOCK, n)) for s in range(0, n, AUDIT_BLOCK)]
-    if divergence == "kl":
-        # l_h over blocks, twice, instead of an n-vector of it (the largest over the support
-        # in O(K) for uniform samples)
-        lh = None
-        wm = kl_weight_map_blocks(lambda s, e: oracle.values(h, slice(s, e)), n, theta2,
-                                  top=oracle.values_max(h) if p is None else None, p=p)
-    else:
-        lh = np.empty(n)
-        for s, e in blocks:
-            lh[s:e] = oracle.values(h, slice(s, e))
-        wm = weight_map(lh, theta2, divergence, p)
+    # l_h over blocks, a few passes, instead of an n-vector of it (the largest over the support
+    # in O(K) for uniform samples)
+    wm = weight_map_blocks(lambda s, e: oracle.values(h, slice(s, e)), n, theta2, divergence,
+                           p=p, top=oracle.values_max(h) if p is None else None)
 
     def lh_at(rows):
-        """l_h of ``rows`` (kept, or recomputed: the same arithmetic, the same numbers)."""
-        return oracle.values(h, rows) if lh is None else lh[rows]
+        """l_h of ``rows`` (recomputed: the same arithmetic, the same numbers)."""
+        return oracle.values(h, rows)
     sampled = n > AUDIT_DIRECT_MAX
     # every sample on its low piece (the tied ones moved afterwards): the risk it reaches, the
     # tied samples (those whose high piece gains risk) and, for the sampled audit, the sums

@@ -30,12 +30,12 @@ import math
 import time
 
 import numpy as np
-from otstab_solvers.blockwise import BlockwiseDual, RowsBlock, in_memory
+from otstab_solvers.blockwise import BlockwiseDual, RowsBlock, in_memory, weight_map_blocks
 from otstab_solvers.dual import solve_dual
 from otstab_solvers.first_order import solve_first_order
 from otstab_solvers.result import OPTIMAL
 from otstab_solvers.smooth import CrossEntropyOracle, LogisticOracle, SquaredOracle
-from otstab_solvers.weights import kl_weight_map_blocks, phi, weight_map, weights_at
+from otstab_solvers.weights import phi, weights_at
 
 from . import audit, bounds
 from .errors import IncompatibleLossError, ValidationError
@@ -459,14 +459,7 @@ def _build_rows(prob, oracle, direction, signs, sol, loss, r, theta1, theta2, di
     def lh_block(s, e):
         return atoms.l_h(np.arange(s, e))
 
-    if divergence == "kl":
-        wm = kl_weight_map_blocks(lh_block, n, theta2, p=p)  # (no n-vector of l_h)
-    else:
-        lh = np.empty(n)
-        for s, e in bounds:
-            lh[s:e] = lh_block(s, e)
-        wm = weight_map(lh, theta2, divergence, p)
-        del lh
+    wm = weight_map_blocks(lh_block, n, theta2, divergence, p=p)  # (no n-vector of l_h)
 
     def qw(s, e):  # n P0-mass times weight of the samples s..e
         w = wm(lh_block(s, e))

@@ -39,10 +39,12 @@ import math
 import numpy as np
 
 from .dual import AffineOracle, AffineRows, PiecewiseOracle
+from .weights import BLOCK as WEIGHT_BLOCK
+from .weights import WeightMap, kl_weight_map_blocks
 from .zero_one import DistanceOracle
 
 __all__ = ["BlockwiseDual", "RowsBlock", "piecewise_block", "affine_blocks", "distance_block",
-           "block_l", "in_memory", "CHI2_MAX_STEPS"]
+           "block_l", "in_memory", "weight_map_blocks", "CHI2_MAX_STEPS"]
 
 #: bound on chi2's active-set steps per evaluation (each is one pass over the blocks)
 CHI2_MAX_STEPS = 200
@@ -114,6 +116,42 @@ def in_memory(blocks):
     def run(func, *args):
         return [func(b, *args) for b in blocks]
     return run
+
+
+class _ValuesBlock:
+    """Rows ``s..e`` of values ``l_h`` given by ``values(s, e)`` as a block of
+    :class:`BlockwiseDual` (derivatives 0: for the weights at one h, not for a solve)."""
+
+    def __init__(self, values, s, e, p=None):
+        self.values, self.s, self.e, self.p = values, s, e, p
+
+    def evaluate(self, h, side="right", with_pieces=True):
+        lh = np.asarray(self.values(self.s, self.e), dtype=np.float64)
+        zero = np.zeros(lh.size)
+        return lh, zero, zero, None
+
+
+def weight_map_blocks(values, n: int, theta2: float, divergence: str, p=None,
+                      top: float | None = None) -> WeightMap:
+    """The :class:`~otstab_solvers.weights.WeightMap` of the ``n`` values of ``l_h`` given by
+    ``values(s, e)`` (rows s..e), over blocks of rows: ``l_h`` itself is never held in memory.
+    KL and theta2 = inf: :func:`~otstab_solvers.weights.kl_weight_map_blocks` (``top``: the
+    largest value over the support, when known); chi2: alpha exact by the active-set steps of
+    :meth:`BlockwiseDual.chi2` (one pass each). The same weights as
+    :func:`~otstab_solvers.weights.weight_map` of the whole vector, up to the order of sums."""
+    if divergence not in ("kl", "chi2"):
+        raise ValueError(f"divergence must be 'kl' or 'chi2', got {divergence!r}")
+    if divergence == "kl" or math.isinf(theta2):
+        wm = kl_weight_map_blocks(values, n, theta2, top=top, p=p)
+        if divergence == "chi2":  # theta2 = inf: unit weights, alpha 0
+            wm = WeightMap("chi2", theta2, 0.0, 1.0, 0.0, wm.term, p is not None)
+        return wm
+    size = WEIGHT_BLOCK
+    blocks = [_ValuesBlock(values, s, min(s + size, n), None if p is None else p[s:s + size])
+              for s in range(0, n, size)]
+    dual = BlockwiseDual(in_memory(blocks), n, float(n) if p is None else 1.0, kinks=False)
+    term, _, _, alpha, shift, alpha_s = dual.chi2(0.0, "right", theta2)
+    return WeightMap("chi2", theta2, shift, alpha_s, alpha, term, p is not None)
 
 
 def _pw(block, x):
@@ -234,7 +272,7 @@ class BlockwiseDual:
             return sl / N, sd / N, sd2 / N, None, (h, side)
         if divergence == "kl":
             return (*self.kl(h, side, theta2), None, (h, side))
-        term, mu, curv, alpha, _ = self.chi2(h, side, theta2)
+        term, mu, curv, alpha = self.chi2(h, side, theta2)[:4]
         return term, mu, curv, alpha, (h, side)
 
     def kl(self, h, side, theta2):
@@ -254,8 +292,10 @@ class BlockwiseDual:
         return theta2 * (M + log_mean), mu, Z3 / Z + var / theta2
 
     def chi2(self, h, side, theta2):
-        """(term, mu, curv, alpha, shift) of the chi2 dual at ``h`` (alpha exact, see the
-        module docstring)."""
+        """(term, mu, curv, alpha, shift, alpha of the shifted values) of the chi2 dual at
+        ``h`` (alpha exact, see the module docstring; the values are shifted by ``shift``,
+        the largest ``l_h``, and the weights are ``((l_h - shift) + alpha_s) / (2 theta2) + 1``
+        where positive)."""
         N = self.total
         two = 2.0 * theta2
         shift, sl, _, _ = self.top(h, side)
@@ -270,14 +310,14 @@ class BlockwiseDual:
                 break
             count = k
             # sum_A p (s + alpha' - alpha + 2 theta2) = 2 theta2 N
-            alpha = alpha + (two * N - S - two * P) / P
+            alpha = alpha + (two * (N - P) - S) / P  # (N - P first: no 2 theta2 N to cancel)
         else:  # pragma: no cover - the sets shrink at every step
             raise RuntimeError("chi2 alpha: the active set did not settle in "
                                f"{CHI2_MAX_STEPS} steps")
         term = (S + S2 / (2.0 * two) - theta2 * (N - P)) / N - alpha
         mu = swd / N
         curv = (swd2 + max(sdd - sd * sd / P, 0.0) / two) / N
-        return term + shift, mu, curv, alpha - shift, shift
+        return term + shift, mu, curv, alpha - shift, shift, alpha
 
     def kinks_between(self, key_lo, key_hi, h_lo: float, h_hi: float):
         """(count, smallest, largest, middle) of the kinks strictly inside ``(h_lo, h_hi)``."""

@@ -50,25 +50,30 @@ class _Keys:
 
     def __init__(self, nu, n_fin, umax):
         self.nu, self.n_fin, self.umax = nu, n_fin, umax
-        self._prefix = self._us = None
+        self._prefix = None
         self.buffers = None  # the KL evaluations' scratch (SortedTwoPiece._kl_buffers)
 
-    @property
-    def us(self) -> np.ndarray:
-        """The keys in decreasing order (``-nu``), built on first use (the KL evaluations work
-        on ``nu`` itself)."""
-        if self._us is None:
-            self._us = -self.nu
-        return self._us
+    def u(self, k: int) -> float:
+        """The k-th largest key (0-based): ``-nu[k]`` (negation is exact)."""
+        return -float(self.nu[k])
+
+    def head(self, q: int) -> np.ndarray:
+        """The q largest keys in decreasing order (a new array ``-nu[:q]``)."""
+        return np.negative(self.nu[:q])
 
     def prefix(self):
+        """Prefix sums of the keys and of their squares (``cu[q]``: the sum of the first q),
+        computed from ``nu`` in the output arrays (no n-sized temporary): the sums of
+        ``-nu`` are the negated sums of ``nu``, exactly, and ``u^2 = nu^2``."""
         if self._prefix is None:
-            n_fin = self.n_fin
-            uf = self.us[:n_fin]
-            cu = np.zeros(self.us.size + 1)
-            cu2 = np.zeros(self.us.size + 1)
-            np.cumsum(uf, out=cu[1:n_fin + 1])
-            np.cumsum(uf * uf, out=cu2[1:n_fin + 1])
+            n_fin, n = self.n_fin, self.nu.size
+            nf = self.nu[:n_fin]
+            cu = np.zeros(n + 1)
+            cu2 = np.zeros(n + 1)
+            np.cumsum(nf, out=cu[1:n_fin + 1])
+            np.negative(cu, out=cu)
+            np.square(nf, out=cu2[1:n_fin + 1])
+            np.cumsum(cu2[1:n_fin + 1], out=cu2[1:n_fin + 1])
             self._prefix = (cu, cu2)
         return self._prefix
 
@@ -125,8 +130,9 @@ class SortedTwoPiece:
 
     @property
     def us(self) -> np.ndarray:
-        """The keys in decreasing order (``-nu``; built on first use)."""
-        return self._sorted.us
+        """The keys in decreasing order (a new array ``-nu``: scalar reads use
+        ``self._sorted.u(k)``, prefixes ``self._sorted.head(q)``)."""
+        return self._sorted.head(self.n)
 
     @property
     def cu(self) -> np.ndarray:
@@ -308,7 +314,7 @@ class SortedTwoPiece:
 
     def _v(self, k: int, p: int, A, B, theta2):
         """The k-th largest (1-based) of l / (2 theta2)."""
-        return (A * float(self.us[k - 1]) + B) / (2.0 * theta2) if k <= p else 0.0
+        return (A * self._sorted.u(k - 1) + B) / (2.0 * theta2) if k <= p else 0.0
 
     def _chi2(self, p, A, B, dA, dB, d2, theta2):
         n = self.n
@@ -323,7 +329,7 @@ class SortedTwoPiece:
         def valid(k):
             # l_k + alpha_k + 2 theta2 > 0  <=>  2 theta2 n > sum_{top k} l - k l_k (exact at k=1)
             q = min(k, p)
-            lk = A * float(self.us[k - 1]) + B if k <= p else 0.0
+            lk = A * self._sorted.u(k - 1) + B if k <= p else 0.0
             return two * n > (A * float(self.cu[q]) + q * B) - k * lk
 
         # the weights are positive on the top-kk values; validity is monotone in k
@@ -359,7 +365,7 @@ class SortedTwoPiece:
         at ``h``, where ``q`` is at least the number on the "move" piece."""
         p = self.count(h, "right")
         A, B, dA, dB, d2 = self.coefficients(h)
-        u = self.us[:q]
+        u = self._sorted.head(q)
         lh = np.maximum(u * A + B, 0.0) if q else np.zeros(0)
         if math.isinf(theta2):
             return np.ones(q)
@@ -379,7 +385,7 @@ class SortedTwoPiece:
         if p_r == 0:
             return 0.0, 0.0, 0.0, 0.0
         _, _, dA, dB, _ = self.coefficients(h)
-        d = self.us[:p_r] * dA + dB  # loss at the moved point of the moving samples
+        d = self._sorted.head(p_r) * dA + dB  # loss at the moved point of the moving samples
         w = self.weights_prefix(h, p_r, theta2, divergence)
         wd = w * d
         lo, tie_w = float(wd[:p_l].sum()), float(wd[p_l:].sum())

@@ -305,3 +305,105 @@ def test_affine_oracle_rows_as_a_boolean_mask():
     for h in (0.0, 0.8):
         np.testing.assert_array_equal(lean.values(h, mask), dense.values(h, mask))
         assert lean.values(h, mask).shape == (3,)
+
+
+# ---------------------------------------------------------------------------------------------
+# blockwise weights, the weighted dual over blocks, crossings and prefix sums without n-vectors
+
+
+@pytest.mark.parametrize("theta2", [0.05, 0.7, 1e6, INF])
+@pytest.mark.parametrize("divergence", ["kl", "chi2"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_weight_map_blocks_equals_the_dense_map(divergence, theta2, weighted):
+    """``blockwise.weight_map_blocks`` (l_h given per block, never stored; chi2's alpha by
+    active-set passes) gives the weights, term and alpha of ``weights.weight_map`` on the whole
+    vector, to the rounding of the sums' order."""
+    from otstab_solvers.blockwise import weight_map_blocks
+    from otstab_solvers.weights import BLOCK, weight_map
+
+    rng = np.random.default_rng(17 + weighted)
+    n = 2 * BLOCK + 123  # two full blocks and a partial one
+    lh = np.maximum(rng.normal(size=n) * 2.0 + 0.5, 0.0)
+    lh[rng.random(n) < 0.3] = 0.0  # many rows at 0, as on the stay piece
+    p = None
+    if weighted:
+        p = rng.uniform(0.0, 2.0, n)
+        p[rng.random(n) < 0.1] = 0.0  # zero-probability rows, some above the support's top
+        lh[np.flatnonzero(p == 0)[:5]] = 50.0
+        p /= p.sum()
+    dense = weight_map(lh, theta2, divergence, p)
+    blocks = weight_map_blocks(lambda s, e: lh[s:e], n, theta2, divergence, p=p)
+    # (a chi2 weight near 0 is the difference of two numbers of size 1: absolute rounding)
+    np.testing.assert_allclose(blocks(lh), dense(lh), rtol=1e-12,
+                               atol=1e-13 * float(dense(lh).max()))
+    assert blocks.term == pytest.approx(dense.term, rel=1e-12, abs=1e-300)
+    if dense.alpha is None:
+        assert blocks.alpha is None
+    else:
+        # (the dense alpha rounds 2 theta2 n against itself: some 1e-9 of alpha at theta2 = 1e6;
+        # where every sample is active alpha is minus the mean of l_h, to which the blocks'
+        # alpha is accurate to rounding)
+        assert blocks.alpha == pytest.approx(dense.alpha, rel=1e-8, abs=1e-12 * (1 + lh.max()))
+        if math.isfinite(theta2) and float(np.min(dense(lh))) > 0:
+            exact = -(math.fsum(lh) / n if p is None else math.fsum(p * lh))
+            assert blocks.alpha == pytest.approx(exact, rel=1e-14)
+    w = blocks(lh)
+    mass = float(np.mean(w)) if p is None else float(p @ w)
+    assert mass == pytest.approx(1.0, abs=1e-12)
+
+
+@pytest.mark.parametrize("kind, a, b", PIECES)
+def test_affine_crossings_without_the_stored_pieces(kind, a, b):
+    rows = _rows(kind, a, b)
+    c2 = (np.asarray(a) ** 2 * 0.37 + np.arange(len(a)) * 0.1)[None, :]
+    lean, dense = AffineOracle(rows, c2), PiecewiseOracle(rows.materialize().T, c2)
+    rng = np.random.default_rng(1)
+    idx = rng.integers(0, rows.n, 300)
+    ka, kb = rng.integers(0, len(a), 300), rng.integers(0, len(a), 300)
+    np.testing.assert_array_equal(lean.crossings(ka, kb, idx), dense.crossings(ka, kb, idx))
+    assert lean._dense is None  # no (K, n) array was built
+
+
+@pytest.mark.parametrize("divergence, theta2", [("kl", 0.3), ("chi2", 0.3), ("kl", INF)])
+@pytest.mark.parametrize("kind, a, b", PIECES[:4])
+def test_weighted_dual_over_blocks_equals_the_dense_dual(kind, a, b, divergence, theta2):
+    """The weighted dual summed over in-memory blocks (``affine_blocks``) reaches the value of
+    the dense weighted dual."""
+    from otstab_solvers.blockwise import BlockwiseDual, affine_blocks, in_memory
+    from otstab_solvers.dual import solve_dual
+
+    rows = _rows(kind, a, b, n=3000, block=1 << 14)
+    c2 = (np.asarray(a) ** 2 * 0.37)[None, :]
+    p = np.random.default_rng(4).uniform(0.1, 2.0, rows.n)
+    p /= p.sum()
+    dense = AffineOracle(rows, c2)
+    lh0 = dense.values(0.0)  # r between the base and the largest reachable risk
+    d1 = dense.evaluate(0.0)[1]
+    r = float(p @ np.maximum(d1, 0.0)) * 0.5 + 0.6
+    ref = solve_dual(dense, r, theta2, divergence, p=p)
+    blocks = BlockwiseDual(in_memory(affine_blocks(rows, c2, dense.c1abs, p, size=700)),
+                           rows.n, 1.0)
+    sol = solve_dual(blocks, r, theta2, divergence)
+    assert ref.status == sol.status == "optimal", (ref.native_status, sol.native_status)
+    assert sol.value == pytest.approx(ref.value, rel=1e-10, abs=1e-14)
+    assert sol.h == pytest.approx(ref.h, rel=1e-7)
+    assert lh0.size == rows.n
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_sorted_prefix_sums_from_the_negated_keys(seed):
+    """The prefix sums of the sorted keys, computed from ``nu = -u`` in place, equal those of
+    ``u`` bit for bit (negation is exact), with infinite keys left out."""
+    from otstab_solvers.sorted_oracle import SortedTwoPiece
+
+    rng = np.random.default_rng(seed)
+    u = rng.normal(size=1000) * 10.0 ** rng.uniform(-3, 3)
+    u[rng.random(1000) < 0.05] = -INF
+    view = SortedTwoPiece(u, "hinge", 0.5)
+    us = np.sort(u)[::-1]
+    fin = us[np.isfinite(us)]
+    cu = np.concatenate([[0.0], np.cumsum(fin), np.zeros(u.size - fin.size)])
+    cu2 = np.concatenate([[0.0], np.cumsum(fin * fin), np.zeros(u.size - fin.size)])
+    np.testing.assert_array_equal(view.cu, cu)
+    np.testing.assert_array_equal(view.cu2, cu2)
+    np.testing.assert_array_equal(view.us, us)
