@@ -6,8 +6,9 @@
   d = 50. The peak extra memory of each certificate (tracemalloc, beyond X) is recorded in
   n-vectors (8 n bytes).
 - ``test_peak_memory`` guards the peak extra memory of hinge KL, 0/1 KL, logistic KL, hinge
-  chi2 and weighted hinge KL (quick: n = 3e5); ``test_peak_memory_other_paths`` (full)
-  records it for the other chi2, theta2 = inf and sample-weight certificates.
+  chi2, weighted hinge KL and weighted 0/1 KL (quick: n = 3e5);
+  ``test_peak_memory_other_paths`` (full) records it for the other chi2, theta2 = inf and
+  sample-weight certificates.
 - ``test_dask_large`` (full only): n = 1e8 rows (``OTSTAB_BENCH_SCALE_N``), d = 20, generated
   blockwise on a ``distributed.LocalCluster`` (2 worker processes) and never held in one
   process; hinge KL. Above ``otstab.dask_path.DISTRIBUTED_MIN_ROWS`` (2e7) it runs the
@@ -103,7 +104,9 @@ PEAK_BOUND = {"hinge": (2.25, 250_000), "zero_one": (2.8, 250_000),
               "logistic": (3.6, 400_000),
               # chi2: the sorted keys and their two prefix sums; weighted: the probabilities
               # (normalised, one n-vector) and the dual's per-block pieces
-              "hinge chi2": (4.25, 250_000), "hinge weighted": (3.25, 250_000)}
+              "hinge chi2": (4.25, 250_000), "hinge weighted": (3.25, 250_000),
+              # weighted 0/1: the distances, the prices, q = n p and the probabilities
+              "zero_one weighted": (6.75, 250_000)}
 #: the certificates of the memory record (issue 17's target: the linear paths)
 PEAK_CASES = {
     "hinge": dict(loss="hinge", r=0.6, solver="dual"),

@@ -19,8 +19,10 @@ import math
 import time
 
 import numpy as np
+from otstab_solvers.blockwise import BlockwiseDual, distance_block, in_memory, weight_map_blocks
+from otstab_solvers.dual import solve_dual
 from otstab_solvers.result import OPTIMAL
-from otstab_solvers.weights import chi2_solution, kl_weights, phi, pmean, weights_at
+from otstab_solvers.weights import chi2_solution, kl_weights, phi, pmean
 from otstab_solvers.zero_one import solve_zero_one
 
 from . import audit, bounds
@@ -298,7 +300,10 @@ class _Weights:
     def __init__(self, n, *, base=None, idx=None, vals=None, dense=None, q=None):
         self.n, self.base, self.idx, self.vals, self.dense = n, base, idx, vals, dense
         self.q = q
-        self._qw = None if q is None else q * dense
+        self._qw = None if q is None or dense is None else q * dense
+        # compact with sample weights: q of the rows idx, and the q-mass of the other rows
+        self._qi = None if q is None or dense is not None else q[idx]
+        self._q_rest = None if self._qi is None else float(np.sum(q)) - float(np.sum(self._qi))
         self._dots = {}
 
     def at(self, pos):
@@ -307,20 +312,25 @@ class _Weights:
             return self._qw[self.idx[pos]]
         if self.dense is not None:
             return self.dense[self.idx[pos]]
-        return self.vals[pos]
+        return self.vals[pos] if self._qi is None else self.vals[pos] * self._qi[pos]
 
     def dot(self, x):
-        """sum_i w_i x_i (remembered per array: the plan and the audit both need it)."""
+        """sum_i w_i x_i (sum_i q_i w_i x_i with sample weights; remembered per array: the
+        plan and the audit both need it)."""
         key = id(x)
         if key not in self._dots:
             if self._qw is not None:
                 val = float(np.dot(self._qw, x))
             elif self.dense is not None:
                 val = float(np.dot(self.dense, x))
-            else:  # the rows outside idx at the shared weight, those in idx at theirs
+            elif self._qi is None:  # the rows outside idx at the shared weight, idx at theirs
                 xi = x[self.idx]
                 val = self.base * (float(np.sum(x)) - float(np.sum(xi))) + float(
                     np.dot(self.vals, xi))
+            else:
+                xi = x[self.idx]
+                val = self.base * (float(np.dot(self.q, x)) - float(np.dot(self._qi, xi))) \
+                    + float(np.dot(self.vals * self._qi, xi))
             self._dots[key] = (x, val)  # keeps x alive, so its id is not reused
         return self._dots[key][1]
 
@@ -329,16 +339,20 @@ class _Weights:
             return float(np.sum(self._qw))
         if self.dense is not None:
             return float(np.sum(self.dense))
+        if self._qi is not None:
+            return self.base * self._q_rest + float(np.dot(self._qi, self.vals))
         return self.base * (self.n - self.idx.size) + float(np.sum(self.vals))
 
     def phi_total(self, divergence):
         """sum_i phi(w_i) (sum_i q_i phi(w_i) with sample weights)."""
-        if self.q is not None:
+        if self._qw is not None:
             return float(np.dot(self.q, phi(self.dense, divergence)))
         if self.dense is not None:
             return _phi_sum(self.dense, divergence)
-        return (_phi_sum(np.array([self.base]), divergence) * (self.n - self.idx.size)
-                + _phi_sum(self.vals, divergence))
+        phi_base = _phi_sum(np.array([self.base]), divergence)
+        if self._qi is not None:
+            return phi_base * self._q_rest + float(np.dot(self._qi, phi(self.vals, divergence)))
+        return phi_base * (self.n - self.idx.size) + _phi_sum(self.vals, divergence)
 
     def array(self):
         if self.dense is not None:
@@ -404,8 +418,14 @@ def _weights(a, h, sol, theta2, divergence, n, cand, ac, q=None):
     the dual's exact alpha); otherwise the weights are computed densely. ``q``: n times the
     sample probabilities (None: uniform); the weights are then computed densely with them."""
     if q is not None:
-        w, alpha = weights_at(np.maximum(h - a, 0.0), theta2, divergence, q / n)
-        return _Weights(n, idx=cand, dense=w, q=q), alpha
+        # the weight map over blocks of rows (no n-vector of l_h): the rows with l_h = 0 share
+        # its weight at 0, the rows ``cand`` get their own
+        p = q / n
+        wm = weight_map_blocks(lambda s, e: np.maximum(h - a[s:e], 0.0), n, theta2,
+                               divergence, p=p)
+        del p
+        vals = wm(np.maximum(h - ac, 0.0))
+        return _Weights(n, base=float(wm(np.zeros(1))[0]), idx=cand, vals=vals, q=q), wm.alpha
     if math.isinf(theta2):
         return _Weights(n, base=1.0, idx=cand, vals=np.ones(cand.size)), \
             (None if divergence == "kl" else 0.0)
@@ -492,9 +512,13 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
     def attempt(how):
         def thunk():
             # (RowPrices: one sorted copy for the solve, freed before Q* is built)
-            sol = solve_zero_one(a, r, theta2, divergence, method=how, p=p) if rp is None \
-                else solve_zero_one(rp.sorted(), r, theta2, divergence, method=how,
-                                    presorted=True)
+            if p is not None and r < 1.0:
+                sol = _weighted_dual(a, p, r, theta2, divergence)
+            elif rp is None:
+                sol = solve_zero_one(a, r, theta2, divergence, method=how, p=p)
+            else:
+                sol = solve_zero_one(rp.sorted(), r, theta2, divergence, method=how,
+                                     presorted=True)
             if sol.status != OPTIMAL:
                 raise audit.Skip(f"0/1 {how} reported {sol.native_status!r}", sol.status)
             cand, ac = _near(a, sol.h) if rp is None else rp.near(sol.h)
@@ -511,6 +535,18 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
     if solver == "auto" and method == "closed_form" and p is None:
         attempts.append(("dual", attempt("dual")))  # the kink-exact dual on the distances
     return audit.first_accepted(attempts, solver=solver)
+
+
+def _weighted_dual(a, p, r, theta2, divergence):
+    """The 0/1 dual with sample probabilities ``p``, summed over blocks of rows
+    (:class:`~otstab_solvers.blockwise.BlockwiseDual` of ``l_h = (h - a_i)_+``): no sorted copy
+    of the prices, no n-vector of ``l_h``; kink-exact like the dense dual it replaces."""
+    n = a.size
+    blocks = [distance_block(a[s:s + REDUCED_BLOCK], p[s:s + REDUCED_BLOCK])
+              for s in range(0, n, REDUCED_BLOCK)]
+    sol = solve_dual(BlockwiseDual(in_memory(blocks), n, 1.0), r, theta2, divergence)
+    sol.solver = "zero_one_dual"
+    return sol
 
 
 def _reach(a, loss0, p=None):
