@@ -67,12 +67,15 @@ def linear_distances(prob: Problem, mask: np.ndarray | None = None):
     sy = np.take_along_axis(S, y[:, None], axis=1)
     gaps = np.maximum(sy - S, 0.0)  # (n, K): s_y - s_k
     n, K = S.shape
-    G = np.einsum("kd,kd->k", W, W)
+    # ||w_j - w_k||^2 of every pair of classes (K x K, from the differences: no cancellation
+    # of ||w_j||^2 + ||w_k||^2 - 2 w_j.w_k for close classes); a row's is looked up, never
+    # formed as an n x d array of differences
+    D = W[:, None, :] - W[None, :, :]
+    NK = np.einsum("jkd,jkd->jk", D, D)
     d = np.full(n, np.inf)
     kbest = np.zeros(n, dtype=np.intp)
-    WWt = W @ W.T
     for k in range(K):
-        nk = G[y] + G[k] - 2.0 * WWt[y, k]  # ||w_y - w_k||^2
+        nk = NK[y, k]  # ||w_y - w_k||^2
         with np.errstate(divide="ignore", invalid="ignore"):
             dk = np.where(nk > 0, gaps[:, k] ** 2 / np.where(nk > 0, nk, 1.0), np.inf)
         dk = np.where(y == k, np.inf, dk)
@@ -80,8 +83,7 @@ def linear_distances(prob: Problem, mask: np.ndarray | None = None):
         d = np.where(better, dk, d)
         kbest = np.where(better, k, kbest)
     d = np.where(loss0 > 0, 0.0, d)
-    Delta = W[y] - W[kbest]
-    nk = np.einsum("nd,nd->n", Delta, Delta)
+    nk = NK[y, kbest]
     g = gaps[np.arange(n), kbest]
     push = _push(g, np.abs(sy[:, 0]) + np.abs(S[np.arange(n), kbest]),
                  np.abs(sc.b[y]) + np.abs(sc.b[kbest]))
