@@ -79,7 +79,7 @@ class DaskRows:
 
     Indexing (a slice or an integer array of rows) gathers those rows to the client and checks
     the fingerprints of the blocks read; ``np.asarray`` gathers everything (only paths that
-    need X in memory do this: multiclass cross-entropy, the bootstrap). ``X @ w`` is a
+    need X in memory do this: the bootstrap). ``X @ w`` is a
     blockwise pass.
     """
 

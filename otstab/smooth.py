@@ -8,12 +8,14 @@
   r, as the piecewise-linear path splits tied samples. Multinomial cross-entropy above the
   documented threshold ``h_concave`` is not exact (``status = 'bounds'``).
 
-  A binary classifier (logistic / two-class cross-entropy) or a regressor (squared) depends on
-  each sample through one number, its margin ``y s`` or residual ``y - s``: that path
-  (:func:`_certify_rows`) works on the model's scores, never copies X, sums the dual over
-  blocks of :data:`ROWS_BLOCK` rows (:class:`otstab_solvers.blockwise.BlockwiseDual`) and
-  builds Q* as the step of each sample along ``w_M``; X_star and the other per-atom arrays
-  are built on first access. Its audit sums the loss at the moved scores and the squared moves
+  The loss of a linear model depends on each sample through its scores (binary: the margin
+  ``y s``; regression: the residual ``y - s``; multiclass: the K class scores): the path
+  (:func:`margin_oracle`, :func:`_certify_rows`) works on the model's scores, never copies X,
+  sums the dual over blocks of :data:`ROWS_BLOCK` rows
+  (:class:`otstab_solvers.blockwise.BlockwiseDual`) and builds Q* from each sample's step
+  (:class:`ScoreMoves`: one number along ``w_M``, or the q reduced coordinates of the
+  multinomial cross-entropy); X_star and the other per-atom arrays are built on first
+  access. Its audit sums the loss at the moved scores and the squared moves
   and checks them against the model on materialised atoms: every atom up to
   :data:`otstab.audit.AUDIT_DIRECT_MAX` rows (the sums then from the model), above it
   :data:`otstab.audit.AUDIT_SAMPLE` random ones.
@@ -28,6 +30,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 from otstab_solvers.blockwise import BlockwiseDual, RowsBlock, in_memory, weight_map_blocks
@@ -44,7 +48,8 @@ from .params import check_options
 from .piecewise import edge_kind, edge_result
 from .results import StabilityResult
 
-__all__ = ["certify_smooth", "linear_smooth_oracle", "margin_oracle", "FIRST_ORDER_OPTIONS"]
+__all__ = ["certify_smooth", "linear_smooth_oracle", "margin_oracle", "ScoreMoves",
+           "FIRST_ORDER_OPTIONS"]
 
 #: ``**solver_options`` accepted by the first-order path (passed to ``solve_first_order``)
 FIRST_ORDER_OPTIONS = ("outer", "inner_steps", "inner_lr", "inner_tol", "max_outer", "tol",
@@ -279,33 +284,70 @@ def _argmax_above(oracle, h):
 # binary classifiers and regressors: the margin / residual path
 
 
+@dataclass
+class ScoreMoves:
+    """How the maximisers of a score oracle move the samples. ``steps(out, rows)`` turns the
+    fourth output of the oracle's ``transform_rows`` for ``rows`` into the steps ``Z``
+    (rows x q): the maximiser of sample i is ``x_i + D Z_i`` (``D``: d x q, zero off the
+    feature mask), its scores ``s_i + M Z_i`` (``M = W D``: the model's score change per unit
+    step, one row per score), its squared move ``Z_i' G Z_i`` (``G = D' D``)."""
+
+    D: np.ndarray
+    M: np.ndarray
+    steps: Callable
+
+    def __post_init__(self):
+        self.G = self.D.T @ self.D
+
+
 def margin_oracle(prob, loss, theta1, mask):
-    """``(oracle, direction, signs)`` for a binary classifier with the logistic loss (or the
-    two-class cross-entropy) or a regressor with the squared loss: the exact d-transform on the
-    margins ``y s`` or residuals ``y - s`` of the model's scores (one n-vector, X not read),
-    the moving direction ``w_M`` (the coefficients on the feature mask) and the sign of each
-    sample's step along it (its label; None: +1 for residuals). None otherwise."""
+    """``(oracle, moves)`` for a linear model whose smooth loss depends on each sample through
+    its scores: a binary classifier with the logistic loss (or the two-class cross-entropy) and
+    a regressor with the squared loss (the exact d-transform on the margins ``y s`` or
+    residuals ``y - s``: one n-vector), or a multiclass classifier with the cross-entropy (on
+    the n x K scores, q = rank of the centred masked weights <= K - 1 reduced coordinates).
+    ``moves``: a :class:`ScoreMoves`. X is not read. None for other models."""
     sc = prob.scorer
     scores = prob.scores
-    if scores is None or np.ndim(scores) != 1 or sc.W.shape[0] != 1:
+    if scores is None:
+        return None
+    if sc.task == "multiclass" and loss == "cross_entropy" and np.ndim(scores) == 2:
+        mv = np.ones(sc.W.shape[1], dtype=bool) if mask is None else np.asarray(mask, bool)
+        oracle = CrossEntropyOracle(scores, prob.y, sc.W[:, mv], theta1, copy=False,
+                                    cache=False)
+        D = np.zeros((sc.W.shape[1], oracle.q))
+        D[mv] = oracle.V  # the move V C on the masked features
+        return oracle, ScoreMoves(D, sc.W @ D, lambda out, rows: out[3])
+    if np.ndim(scores) != 1 or sc.W.shape[0] != 1:
         return None
     direction = sc.W[0] if mask is None else np.where(mask, sc.W[0], 0.0)
     a = float(direction @ direction)
+    D = direction[:, None]
+    M = np.array([[float(sc.W[0] @ direction)]])  # = a: w . w_M
     if sc.task == "binary" and loss in ("logistic", "cross_entropy"):
+        y = prob.y
+
+        def steps(out, rows):  # the margin y s falls by t: x* = x - (y t / a) w_M
+            t = out[3]
+            return (-(y[rows] * t) / a if a > 0 else np.zeros(t.size))[:, None]
+
         return LogisticOracle(prob.y * scores, a, theta1, cache=False, copy=False), \
-            direction, prob.y
+            ScoreMoves(D, M, steps)
     if sc.task == "regression" and loss == "squared":
-        return SquaredOracle(prob.y - scores, a, theta1, copy=False), direction, None
+        def steps_r(out, rows):  # the residual y - s grows by s': x* = x - (s' / a) beta_M
+            return (-out[3] / a if a > 0 else np.zeros(out[3].size))[:, None]
+
+        return SquaredOracle(prob.y - scores, a, theta1, copy=False), \
+            ScoreMoves(D, M, steps_r)
     return None
 
 
-def _certify_rows(prob, loss, oracle, direction, signs, r, theta1, theta2, divergence, t_start,
+def _certify_rows(prob, loss, oracle, moves, r, theta1, theta2, divergence, t_start,
                   **solver_options):
-    """The margin / residual path (module docstring): the dual over blocks of rows, Q* from
-    the steps of the samples along ``direction``."""
+    """The score path (module docstring): the dual over blocks of rows, Q* from the steps of
+    the samples."""
     n, p = prob.n, prob.p
-    a = float(direction @ direction)
-    can_move = math.isfinite(theta1) and a > 0
+    can_move = math.isfinite(theta1) and bool(np.any(moves.M != 0))
     edge = edge_kind(None, r, theta2, can_move, p, stats=prob.loss_stats())
     if edge is not None:
         return edge_result(prob, prob.losses(prob.X), r, theta1, theta2, divergence, edge,
@@ -324,33 +366,32 @@ def _certify_rows(prob, loss, oracle, direction, signs, r, theta1, theta2, diver
         if sol.status != OPTIMAL:
             raise audit.Skip(f"dual reported {sol.native_status!r}", sol.status)
         sol.info["passes"] = dual.passes
-        return _build_rows(prob, oracle, direction, signs, sol, loss, r, theta1, theta2,
-                           divergence, t_start), True, 0.0
+        cand = _build_rows(prob, oracle, moves, sol, loss, r, theta1, theta2, divergence,
+                           t_start)
+        return cand, bool(getattr(oracle, "exact_at", lambda _h: True)(cand.h)), 0.0
 
     return audit.first_accepted([("dual", attempt)], solver="dual")
 
 
 class _Steps:
-    """The moves of Q*'s atoms on the margin / residual path, as arrays only (picklable
-    without the problem: :func:`otstab.scale.qstar` ships :meth:`displacement` to Dask
-    workers).
+    """The moves of Q*'s atoms on the score path, as arrays only (picklable without the
+    problem: :func:`otstab.scale.qstar` ships :meth:`displacement` to Dask workers).
 
-    Sample ``i`` has the step ``step[i]`` at h (its maximiser moves it by ``-k w_M``, its score
-    by ``-sign_i step_i``, with ``k = sign_i step_i / ||w_M||^2``); at a switching point the
-    switching samples take their maximiser just below or above h instead (``main``: their
-    rows and steps), and one of them may be split (``extra``: its row, its second step and the
-    share of its mass moved there, one more atom). Atoms ``0..n-1`` are the samples,
-    ``n..m-1`` the split ones.
+    Sample ``i`` has the step ``Z[i]`` (q numbers) at h: its maximiser is ``x_i + D Z_i``. At a
+    switching point the switching samples take their maximiser just below or above h instead
+    (``main``: their rows and steps), and one of them may be split (``extra``: its row, its
+    second step and the share of its mass moved there, one more atom). Atoms ``0..n-1`` are
+    the samples, ``n..m-1`` the split ones.
     """
 
-    def __init__(self, direction, signs, step, *, main=None, extra=None):
-        self.direction, self.signs, self.step = direction, signs, step
-        self.a = float(direction @ direction)
-        empty = (np.zeros(0, dtype=np.intp), np.zeros(0))
+    def __init__(self, D, Z, *, main=None, extra=None):
+        self.D, self.Z = D, Z
+        q = Z.shape[1]
+        empty = (np.zeros(0, dtype=np.intp), np.zeros((0, q)))
         self.main_rows, self.main_step = main if main is not None else empty
         self.extra_rows, self.extra_step, self.extra_frac = \
             extra if extra is not None else (*empty, np.zeros(0))
-        self.n = step.size
+        self.n = Z.shape[0]
         self.m = self.n + self.extra_rows.size
 
     def rows_steps(self, idx):
@@ -358,8 +399,8 @@ class _Steps:
         idx = np.asarray(idx)
         main = idx < self.n
         src = np.where(main, idx, 0)
-        st = np.empty(idx.size)
-        st[main] = self.step[idx[main]]
+        st = np.empty((idx.size, self.Z.shape[1]))
+        st[main] = self.Z[idx[main]]
         if self.main_rows.size:
             pos = np.minimum(np.searchsorted(self.main_rows, idx), self.main_rows.size - 1)
             hit = main & (self.main_rows[pos] == idx)
@@ -369,17 +410,9 @@ class _Steps:
         st[~main] = self.extra_step[extra]
         return src, st
 
-    def coef(self, src, st):
-        """The coefficient k of each atom's move ``x* - x = -k w_M``."""
-        if self.a == 0.0:
-            return np.zeros(st.size)
-        k = st / self.a
-        return k if self.signs is None else k * self.signs[src]
-
     def displacement(self, idx):
         """``x* - x`` of the atoms ``idx`` (one row each)."""
-        src, st = self.rows_steps(idx)
-        return np.multiply.outer(-self.coef(src, st), self.direction)
+        return self.rows_steps(idx)[1] @ self.D.T
 
     def source(self):
         return np.concatenate([np.arange(self.n), self.extra_rows])
@@ -399,33 +432,34 @@ class _Steps:
 
 
 class _RowAtoms:
-    """Q*'s atoms on the margin / residual path (:class:`_Steps`) with the problem: their
-    losses and moves from the reduced form, their points, and each sample's ``l_h`` at h
-    (from its step at h: the weight of every atom of a sample)."""
+    """Q*'s atoms on the score path (:class:`_Steps`) with the problem: their losses and moves
+    from the reduced form, their points, and each sample's ``l_h`` at h (from its step at h:
+    the weight of every atom of a sample)."""
 
-    def __init__(self, prob, steps: _Steps, h, theta1):
-        self.prob, self.steps, self.h, self.theta1 = prob, steps, h, theta1
+    def __init__(self, prob, moves: ScoreMoves, steps: _Steps, h, theta1):
+        self.prob, self.moves, self.steps, self.h, self.theta1 = prob, moves, steps, h, theta1
         self.n, self.m = steps.n, steps.m
 
     def reduced(self, src, st):
         """(loss at x*, ||x* - x||^2) of atoms from the reduced form: the loss at the moved
-        score ``s - sign step`` (``w . (x - k w_M) = s - k a``) and ``step^2 / a``."""
-        signs, a = self.steps.signs, self.steps.a
-        sh = st if signs is None else st * signs[src]
-        loss = self.prob.losses_from_scores(self.prob.scores[src] - sh, self.prob.y[src])
-        return loss, (np.zeros(st.size) if a == 0.0 else st * st / a)
+        scores ``s + M Z`` and ``Z' G Z``."""
+        shift = st @ self.moves.M.T
+        S = self.prob.scores[src]
+        moved = S + (shift[:, 0] if S.ndim == 1 else shift)
+        loss = self.prob.losses_from_scores(moved, self.prob.y[src])
+        return loss, np.einsum("iq,iq->i", st @ self.moves.G, st)
 
     def l_h(self, src):
         """``l_h`` of the samples ``src`` at h: ``h l(x*) - theta1 ||x* - x||^2`` at their
         maximiser at h."""
-        loss, d2 = self.reduced(src, self.steps.step[src])
+        loss, d2 = self.reduced(src, self.steps.Z[src])
         return self.h * loss - (0.0 if math.isinf(self.theta1) else self.theta1 * d2)
 
     def points(self, idx):
         """(source rows, x, x*) of the atoms ``idx`` (x* in float64)."""
         src, st = self.steps.rows_steps(idx)
         Xg = np.asarray(self.prob.X[src], dtype=np.float64)
-        return src, Xg, Xg + np.multiply.outer(-self.steps.coef(src, st), self.steps.direction)
+        return src, Xg, Xg + st @ self.steps.D.T
 
     def x_star(self):
         X = self.prob.X
@@ -444,16 +478,19 @@ class _RowAtoms:
         return self.reduced(*self.steps.rows_steps(np.arange(self.m)))[1]
 
 
-def _build_rows(prob, oracle, direction, signs, sol, loss, r, theta1, theta2, divergence,
-                t_start):
-    """Q* at the dual's h on the margin / residual path, audited (see :func:`_build`, whose
+def _build_rows(prob, oracle, moves, sol, loss, r, theta1, theta2, divergence, t_start):
+    """Q* at the dual's h on the score path, audited (see :func:`_build`, whose
     switching-point split it follows: only the switching samples take their maximiser just
-    below or above h). One n-vector is kept: each sample's step at h."""
+    below or above h). Each sample's step at h is kept (q n-vectors)."""
     n, p, h = prob.n, prob.p, float(sol.h)
-    step = np.empty(n)
+    Z = None
     for s in range(0, n, ROWS_BLOCK):
-        step[s:s + ROWS_BLOCK] = oracle.transform_rows(h, slice(s, s + ROWS_BLOCK))[3]
-    atoms = _RowAtoms(prob, _Steps(direction, signs, step), h, theta1)
+        rows = np.arange(s, min(s + ROWS_BLOCK, n))
+        zb = moves.steps(oracle.transform_rows(h, rows), rows)
+        if Z is None:
+            Z = np.empty((n, zb.shape[1]))
+        Z[s:s + rows.size] = zb
+    atoms = _RowAtoms(prob, moves, _Steps(moves.D, Z), h, theta1)
     bounds = list(atoms.steps.blocks())
 
     def lh_block(s, e):
@@ -465,15 +502,20 @@ def _build_rows(prob, oracle, direction, signs, sol, loss, r, theta1, theta2, di
         w = wm(lh_block(s, e))
         return w if p is None else p[s:e] * n * w
 
-    risk = sum(float(qw(s, e) @ atoms.reduced(np.arange(s, e), step[s:e])[0])
+    risk = sum(float(qw(s, e) @ atoms.reduced(np.arange(s, e), Z[s:e])[0])
                for s, e in bounds) / n
-    split_note = ""
+    note = ""
     if h > 0 and oracle.switching and abs(risk - r) > 1e-12 * r:
         switch = _switch(oracle, atoms, qw, bounds, h, r)
         if switch is not None:
-            main, extra, split_note = switch
-            atoms = _RowAtoms(prob, _Steps(direction, signs, step, main=main, extra=extra), h,
+            main, extra, note = switch
+            atoms = _RowAtoms(prob, moves, _Steps(moves.D, Z, main=main, extra=extra), h,
                               theta1)
+    if not getattr(oracle, "exact_at", lambda _h: True)(h):
+        note = (f"multinomial cross-entropy above h_concave = {oracle.h_concave:.4g}: l_h is "
+                "the best of several local maxima, so the dual value is not certified; the "
+                "cost of the returned Q* (value_upper) is an upper bound on R, see "
+                "docs/nonlinear.md")
     res = _audit_rows(prob, atoms, wm, theta1, theta2, divergence, float(sol.value))
     audit_info = res.pop("audit")
     weights = lambda: wm(atoms.l_h(atoms.steps.source()))  # noqa: E731
@@ -482,7 +524,7 @@ def _build_rows(prob, oracle, direction, signs, sol, loss, r, theta1, theta2, di
         X_star=atoms.x_star, weights=weights, source=atoms.steps.source,
         mass=atoms.steps.mass,
         solver="dual", status=sol.status, solve_time=sol.solve_time, r=r, theta1=theta1,
-        theta2=theta2, divergence=divergence, loss=loss, message=split_note,
+        theta2=theta2, divergence=divergence, loss=loss, message=note,
         dual_gap_bound=sol.gap_bound, iterations=sol.iterations, split=atoms.m > n,
         X=prob.X, feature_names=prob.feature_names, index=prob.index,
         info={"oracle": type(oracle).__name__, "native_status": sol.native_status,
@@ -494,44 +536,46 @@ def _build_rows(prob, oracle, direction, signs, sol, loss, r, theta1, theta2, di
 def _switch(oracle, atoms, qw, bounds, h, r):
     """At a switching point of the d-transform: the samples whose maximiser just above h has
     a larger loss than the one just below move there one by one (in row order, at most one
-    split) until the risk of Q* is r. Returns ``(main, extra, note)`` for :class:`_RowAtoms`
+    split) until the risk of Q* is r. Returns ``(main, extra, note)`` for :class:`_Steps`
     (None: no such samples, or too little gain)."""
     n = atoms.n
     h_lo, h_hi = h * (1 - SWITCH_STEP), h * (1 + SWITCH_STEP)
     if not h_hi < oracle.h_max:
         return None
+    steps = atoms.moves.steps
     low = 0.0
     cand = []
     for s, e in bounds:
         rows = np.arange(s, e)
-        t_lo = oracle.transform_rows(h_lo, slice(s, e))[3]
-        t_hi = oracle.transform_rows(h_hi, slice(s, e))[3]
-        l_lo = atoms.reduced(rows, t_lo)[0]
-        gain = qw(s, e) * (atoms.reduced(rows, t_hi)[0] - l_lo)
+        z_lo = steps(oracle.transform_rows(h_lo, rows), rows)
+        z_hi = steps(oracle.transform_rows(h_hi, rows), rows)
+        l_lo = atoms.reduced(rows, z_lo)[0]
+        gain = qw(s, e) * (atoms.reduced(rows, z_hi)[0] - l_lo)
         # a switch jumps between two local maxima; a step that only moves with h (by some
         # 1e-9 of itself here) is not one
-        sw = np.flatnonzero((gain > 0) & (np.abs(t_hi - t_lo) > 1e-6 * (1.0 + np.abs(t_hi))))
+        jump = np.linalg.norm(z_hi - z_lo, axis=1) > 1e-6 * (1.0 + np.linalg.norm(z_hi, axis=1))
+        sw = np.flatnonzero((gain > 0) & jump)
         # the switching samples count at their low maximiser, the others at h
-        l_at = atoms.reduced(rows, atoms.steps.step[s:e])[0]
+        l_at = atoms.reduced(rows, atoms.steps.Z[s:e])[0]
         l_at[sw] = l_lo[sw]
         low += float(qw(s, e) @ l_at)
         if sw.size:
-            cand.append((sw + s, gain[sw], t_lo[sw], t_hi[sw]))
+            cand.append((sw + s, gain[sw], z_lo[sw], z_hi[sw]))
     need = n * r - low
     if not cand or need <= 0:
         return None
-    rows, gain, t_lo, t_hi = (np.concatenate(c) for c in zip(*cand))
+    rows, gain, z_lo, z_hi = (np.concatenate(c) for c in zip(*cand))
     if float(gain.sum()) < need * (1 - 1e-12):
         return None
     cg = np.cumsum(gain)
     full = cg <= need
     k = int(np.count_nonzero(full))
-    main = (rows, np.where(full, t_hi, t_lo))
+    main = (rows, np.where(full[:, None], z_hi, z_lo))
     extra = None
     if k < rows.size:
         frac = (need - (cg[k - 1] if k else 0.0)) / gain[k]
         if frac > 0:
-            extra = (rows[k:k + 1], t_hi[k:k + 1], np.array([min(frac, 1.0)]))
+            extra = (rows[k:k + 1], z_hi[k:k + 1], np.array([min(frac, 1.0)]))
     moved = k + (0 if extra is None else 1)
     note = (f"switching point of the d-transform at h = {h:.6g}: {moved} sample(s) moved to "
             "their second maximiser (one split) so that the risk of Q* is r")

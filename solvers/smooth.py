@@ -579,9 +579,12 @@ class CrossEntropyOracle:
       lower bound on the true ``l_h``; ``exact_at(h)`` says where the guarantee holds.
     """
 
+    #: above ``h_concave`` the inner problem may jump between local maxima (switching points)
+    switching = True
+
     def __init__(self, scores, labels, W_masked, theta1, *, X=None, mask=None, tol=1e-12,
-                 max_iter=100):
-        S = np.array(scores, dtype=np.float64, copy=True)
+                 max_iter=100, copy: bool = True, cache: bool = True):
+        S = np.array(scores, dtype=np.float64, copy=True if copy else None)
         if S.ndim != 2 or S.shape[1] < 2:
             raise ValueError(f"scores must have shape (n, K) with K >= 2, got {S.shape}")
         if not np.all(np.isfinite(S)):
@@ -638,6 +641,7 @@ class CrossEntropyOracle:
                 raise ValueError(f"X has {self._X.shape[0]} rows but scores has {self.n}")
             self._mask = mv
         self._cache: tuple | None = None
+        self.cache = bool(cache)  # keep the last evaluation (False: read in blocks of rows)
         self._logistic = None
         if self.K == 2 and self.q > 0 and math.isfinite(self.theta1):
             # margin of the true class against the other one
@@ -648,10 +652,11 @@ class CrossEntropyOracle:
             # moving the margin s_y - s_other by -t costs theta1 t^2 / ||w_1 - w_0||^2
             self._logistic = logistic_dtransform, margins, self.theta1 / float(diff @ diff)
 
-    def loss(self) -> np.ndarray:
-        """Cross-entropy of the unmoved samples."""
-        rows = np.arange(self.n)
-        return _logsumexp_rows(self.scores) - self.scores[rows, self.labels]
+    def loss(self, rows=None) -> np.ndarray:
+        """Cross-entropy of the unmoved samples (of ``rows``, an index array; default all)."""
+        rows = np.arange(self.n) if rows is None else rows
+        S = self.scores[rows]
+        return _logsumexp_rows(S) - S[np.arange(rows.size), self.labels[rows]]
 
     def exact_at(self, h: float) -> bool:
         """Whether the returned ``l_h`` is guaranteed to be the global maximum at ``h``."""
@@ -727,31 +732,42 @@ class CrossEntropyOracle:
         h = _check_h(h)
         if self._cache is not None and self._cache[0] == h:
             return self._cache[1]
-        rows = np.arange(self.n)
+        out = self._solve_rows(h, np.arange(self.n))
+        if self.cache:
+            self._cache = (h, out)
+        return out
+
+    def transform_rows(self, h: float, rows):
+        """``(l_h, dl_h/dh, d2l_h/dh2, C)`` of the samples ``rows`` (a slice or indices),
+        nothing kept: ``C`` (m, q) holds each maximiser's reduced coordinates, its move being
+        ``V C`` on the masked features (:meth:`moves`)."""
+        rows = np.arange(self.n)[rows] if isinstance(rows, slice) else np.asarray(rows)
+        return self._solve_rows(_check_h(h), rows)
+
+    def _solve_rows(self, h: float, rows: np.ndarray):
+        m = rows.size
         if self._logistic is not None:
             fn, margins, c = self._logistic
-            lh, d1, d2, t = fn(margins, c, h)
+            lh, d1, d2, t = fn(margins[rows], c, h)
             # c-space solution: the move lowers s_y - s_other by t; in c-coordinates the
             # direction is A^T (e_other - e_y) normalised, length t / ||A^T (e_o - e_y)||
-            E = np.zeros((self.n, self.K))
-            E[rows, 1 - self.labels] = 1.0
-            E[rows, self.labels] -= 1.0
+            lab = self.labels[rows]
+            ar = np.arange(m)
+            E = np.zeros((m, self.K))
+            E[ar, 1 - lab] = 1.0
+            E[ar, lab] -= 1.0
             G = E @ self.A
             gn2 = np.sum(G * G, axis=1)
             C = G * (t / gn2)[:, None]
-            out = (lh, d1, d2, C)
-            self._cache = (h, out)
-            return out
-        ce0 = self.loss()
+            return lh, d1, d2, C
+        ce0 = self.loss(rows)
         if h == 0.0 or self.q == 0 or math.isinf(self.theta1):
-            C = np.zeros((self.n, self.q))
-            out = (h * ce0, ce0, np.zeros(self.n), C)
-            self._cache = (h, out)
-            return out
-        starts = [np.zeros((self.n, self.q))]
+            C = np.zeros((m, self.q))
+            return h * ce0, ce0, np.zeros(m), C
+        starts = [np.zeros((m, self.q))]
         if h > self.h_concave:
             for k in range(self.K):
-                E = -np.eye(self.K)[self.labels]
+                E = -np.eye(self.K)[self.labels[rows]]
                 E[:, k] += 1.0
                 G = E @ self.A                                  # raises s_k - s_y
                 gn = np.sqrt(np.sum(G * G, axis=1))
@@ -777,10 +793,8 @@ class CrossEntropyOracle:
             sol = np.linalg.solve(-H, g_ce[:, :, None])[:, :, 0]
             d2 = np.sum(g_ce * sol, axis=1)
         except np.linalg.LinAlgError:
-            d2 = np.full(self.n, np.nan)
-        out = (f, ce, d2, best_C)
-        self._cache = (h, out)
-        return out
+            d2 = np.full(m, np.nan)
+        return f, ce, d2, best_C
 
     def evaluate(self, h: float):
         """``(l_h, dl_h/dh, d2l_h/dh2)`` at ``h``, each of shape (n,)."""

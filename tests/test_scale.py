@@ -77,15 +77,16 @@ def test_equals_numpy(client, n, divergence, loss, r):
     assert _close(res_np.se, res_dk.se, 1e-8)  # the analytic confidence interval
 
 
-@pytest.mark.parametrize("loss", ["logistic", "squared"])
+@pytest.mark.parametrize("loss", ["logistic", "squared", "cross_entropy"])
 def test_smooth_losses_do_not_gather_x(client, monkeypatch, loss):
-    """Logistic and squared certificates of a binary classifier / regressor on Dask data work
-    on the gathered scores: X itself is never gathered (only the audited rows)."""
-    Xd, X, model, y = _data(240_000, 3, seed=13)
+    """Logistic, squared and (multiclass) cross-entropy certificates on Dask data work on the
+    gathered scores: X itself is never gathered (only the audited rows)."""
+    Xd, X, model, y = _data(240_000, 3, seed=13, K=3 if loss == "cross_entropy" else 2)
     if loss == "squared":
         model = otstab.LinearModel(model.coef_, 0.0, task="regression")
         y = X @ model.coef_ + 0.3 * np.random.default_rng(1).standard_normal(X.shape[0])
-    r = 0.75 if loss == "logistic" else float(np.mean((y - model.predict(X)) ** 2)) * 1.5
+    r = {"logistic": 0.75, "cross_entropy": 1.2}.get(loss) or \
+        float(np.mean((y - model.predict(X)) ** 2)) * 1.5
     res_np = otstab.certify(model, X, y, loss=loss, r=r)
 
     def refuse(self, dtype=None, copy=None):

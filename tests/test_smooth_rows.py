@@ -46,11 +46,24 @@ def _regression(n=400, d=4, seed=0):
     return otstab.LinearModel(coef, 0.1, task="regression"), X, y
 
 
+def _multiclass(n=400, d=4, seed=0, K=3):
+    rng = np.random.default_rng(seed + 1)
+    W = rng.standard_normal((K, d))
+    X = rng.standard_normal((n, d))
+    y = np.argmax(X @ W.T + rng.gumbel(size=(n, K)), axis=1)
+    return otstab.LinearModel(W, np.zeros(K)), X, y
+
+
 CASES = {  # loss: (instance, r)
     "logistic": (_binary, 0.8),
     "cross_entropy": (_binary, 0.8),
     "squared": (_regression, 0.45),
+    "multiclass cross_entropy": (_multiclass, 1.1),
 }
+
+
+def _loss(name):
+    return name.split()[-1]
 
 
 def _dense(monkeypatch, *args, **kw):
@@ -96,7 +109,7 @@ def _model_audit(model, X, y, res, loss):
 def test_rows_path_equals_dense_path(monkeypatch, loss, divergence, theta2, extra):
     make, r = CASES[loss]
     model, X, y = make()
-    kw = dict(loss=loss, r=r, divergence=divergence, theta2=theta2, theta1=0.7, se=None)
+    kw = dict(loss=_loss(loss), r=r, divergence=divergence, theta2=theta2, theta1=0.7, se=None)
     if extra == "weights":
         kw["sample_weight"] = np.random.default_rng(3).uniform(0.2, 3.0, X.shape[0])
     elif extra == "features":
@@ -104,12 +117,13 @@ def test_rows_path_equals_dense_path(monkeypatch, loss, divergence, theta2, extr
     elif extra == "costs":
         kw["feature_costs"] = np.array([1.0, 4.0, 0.5, math.inf])
     res = otstab.certify(model, X, y, **kw)
-    assert res.info["oracle"] in ("LogisticOracle", "SquaredOracle")
+    assert res.info["oracle"] in ("LogisticOracle", "SquaredOracle", "CrossEntropyOracle")
+    assert "passes" in res.info  # (the blockwise dual, not the dense one)
     assert res.info["audit"]["method"] == "direct"
     assert res.info["audit"]["max_rel_error"] <= 1e-12
     _same(res, _dense(monkeypatch, model, X, y, **kw))
-    if extra in ("none", "features"):  # the model's own scores at Q*
-        risk, cost = _model_audit(model, X, y, res, loss)
+    if extra in ("none", "features") and loss != "multiclass cross_entropy":
+        risk, cost = _model_audit(model, X, y, res, loss)  # the model's own scores at Q*
         assert risk >= r * (1 - 1e-8)
         assert cost == pytest.approx(res.value, rel=1e-7)
 
@@ -190,7 +204,7 @@ def test_sampled_audit_equals_direct(monkeypatch, loss, extra):
     re-scored by the model: the same certificate as the direct audit, to rounding."""
     make, r = CASES[loss]
     model, X, y = make(n=600, seed=2)
-    kw = dict(loss=loss, r=r, se=None)
+    kw = dict(loss=_loss(loss), r=r, se=None)
     if extra == "weights":
         kw["sample_weight"] = np.random.default_rng(5).uniform(0.2, 3.0, X.shape[0])
     direct = otstab.certify(model, X, y, **kw)
@@ -212,8 +226,13 @@ def test_sampled_audit_refuses_a_wrong_reduced_form(monkeypatch):
     the step) are not passed off: the model check fails the audit."""
     model, X, y = _binary(n=500, seed=6)
     monkeypatch.setattr(oa, "AUDIT_DIRECT_MAX", 0)
-    honest = smooth._Steps.coef
-    monkeypatch.setattr(smooth._Steps, "coef", lambda self, src, st: 0.5 * honest(self, src, st))
+    honest = smooth._RowAtoms.points
+
+    def halfway(self, idx):
+        src, Xg, Xs = honest(self, idx)
+        return src, Xg, Xg + 0.5 * (Xs - Xg)
+
+    monkeypatch.setattr(smooth._RowAtoms, "points", halfway)
     with pytest.raises(SolverError, match="audit"):
         otstab.certify(model, X, y, loss="logistic", r=0.8, se=None)
     monkeypatch.setattr(oa, "SAMPLED_RTOL", math.inf)  # what stopped it was the model check
@@ -262,10 +281,23 @@ def test_edges_and_multiclass_keep_their_paths():
                             theta2=0.5, se=None)
     assert frozen.status == "optimal"  # reweighting only: every step 0
     np.testing.assert_array_equal(frozen.X_star, X)
-    rng = np.random.default_rng(1)
-    W = rng.standard_normal((3, 4))
-    Xm = rng.standard_normal((200, 4))
-    ym = np.argmax(Xm @ W.T + rng.gumbel(size=(200, 3)), axis=1)
-    res = otstab.certify(otstab.LinearModel(W, np.zeros(3)), Xm, ym, loss="cross_entropy",
-                         r=1.2, se=None)
-    assert res.info["oracle"] == "CrossEntropyOracle"
+
+
+def test_multiclass_above_h_concave_is_a_bound(monkeypatch):
+    """Multinomial cross-entropy above h_concave: l_h is the best of several local maxima, so
+    the answer is the upper bound its audited Q* gives (status 'bounds'), on this path as on
+    the dense one, with the model's own scores at Q* reaching r."""
+    model, X, y = _multiclass(n=300, d=3, seed=3, K=4)
+    kw = dict(loss="cross_entropy", r=2.5, theta1=0.05, theta2=0.5, se=None)
+    res = otstab.certify(model, X, y, **kw)
+    assert res.status == "bounds" and "h_concave" in res.message
+    assert res.value_upper == pytest.approx(res.primal_cost)
+    ref = _dense(monkeypatch, model, X, y, **kw)
+    assert ref.status == "bounds"
+    assert res.value == pytest.approx(ref.value, rel=1e-9)
+    S = model.decision_function(np.asarray(res.X_star))
+    ys = y[np.asarray(res.source)]
+    top = S.max(1)
+    ce = np.log(np.sum(np.exp(S - top[:, None]), 1)) + top - S[np.arange(ys.size), ys]
+    risk = float(np.sum(np.asarray(res.mass) * np.asarray(res.weights) * ce)) / X.shape[0]
+    assert risk >= 2.5 * (1 - 1e-8)
