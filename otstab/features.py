@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -188,6 +189,28 @@ def _ignored(prob, cols) -> bool:
     return not np.any(Wc)
 
 
+@dataclass(frozen=True)
+class _Scored:
+    """What a feature's certificate leaves for its row (the certificate itself, which holds
+    its Q*, is not kept: fifty features would keep fifty of them): the row, whether it is
+    exact, its two sides, and (0/1 loss of a nonlinear model) whether a correctly classified
+    sample can move."""
+
+    row: tuple
+    exact: bool
+    value_lower: float
+    value_upper: float
+    movable: bool | None = None
+
+    @classmethod
+    def of(cls, res, loss0=None) -> _Scored:
+        movable = None
+        if loss0 is not None:
+            movable = bool(np.any(np.isfinite(res.info["dstar"]) & (loss0 == 0)))
+        return cls(_result_row(res), bool(res.exact), res.value_lower, res.value_upper,
+                   movable)
+
+
 def _result_row(res):
     """(score, h, share_moving, share_reweighting) of a certify result."""
     if not math.isfinite(res.value):
@@ -269,19 +292,19 @@ def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergen
         # audited, or refused like certify refuses)
         base_losses = prob.losses(prob.X)
         rw = _reweighting_only(base_losses, r, theta2, divergence, prob.p)
-        results = [None if frz else certify(
+        results = [None if frz else _Scored.of(certify(
             model, X, y, loss=loss_obj, r=r, theta1=theta1, theta2=theta2,
             divergence=divergence, solver=solver, features=cols,
-            sample_weight=sample_weight, feature_costs=feature_costs)
+            sample_weight=sample_weight, feature_costs=feature_costs))
             for (_label, cols), frz in zip(units, frozen)]  # None: immutable, rw's score
-        rows = [rw if res is None else _result_row(res) for res in results]
+        rows = [rw if res is None else res.row for res in results]
         # the rows are certify's: no post-processing for linear models
         linear_exact = prob.scorer is not None
     elif not linear_exact:
         base_losses = prob.losses(prob.X)
         rw = _reweighting_only(base_losses, r, theta2, divergence)
         results = _nonlinear_results(prob, units, r, theta1, theta2, divergence, solver)
-        rows = [_result_row(res) for res in results]
+        rows = [res.row for res in results]
     elif isinstance(loss_obj, ZeroOne):
         base_losses = prob.losses(prob.X)
         rw = _reweighting_only(base_losses, r, theta2, divergence)
@@ -411,12 +434,14 @@ def _nonlinear_results(prob, units, r, theta1, theta2, divergence, solver):
     """One certify per feature (exact 1-D duals for smooth losses of linear models, the
     first-order path otherwise) with the feature mask; no one-pass shortcut applies here."""
     out = []
+    zero_one = isinstance(prob.loss, ZeroOne)
+    loss0 = prob.losses(prob.X) if zero_one and prob.scorer is None else None
     for _label, cols in units:
         mask = np.zeros(prob.d, dtype=bool)
         mask[cols] = True
-        path = certify_zero_one_search if isinstance(prob.loss, ZeroOne) else certify_smooth
-        out.append(path(prob, r=r, theta1=theta1, theta2=theta2, divergence=divergence,
-                        mask=mask, solver=solver))
+        path = certify_zero_one_search if zero_one else certify_smooth
+        out.append(_Scored.of(path(prob, r=r, theta1=theta1, theta2=theta2,
+                                   divergence=divergence, mask=mask, solver=solver), loss0))
     return out
 
 
@@ -426,9 +451,7 @@ def _nonlinear_ignored(prob, units, loss_obj, results):
     move of those columns that changes a correct prediction (0/1 loss: every ``d*`` of a
     correctly classified sample is ``inf``)."""
     if isinstance(loss_obj, ZeroOne):
-        loss0 = prob.losses(prob.X)
-        return [res is None or not np.any(np.isfinite(res.info["dstar"]) & (loss0 == 0))
-                for res in results]
+        return [res is None or not res.movable for res in results]
     _, grad = prob.nonlinear.loss_and_grad(prob.X, prob.y)
     return [res is None or not np.any(grad[:, cols])
             for (_label, cols), res in zip(units, results)]
