@@ -220,11 +220,19 @@ def reduce_problem(prob: Problem, theta1: float, mask: np.ndarray | None = None)
             S = scores
             labels = prob.y.astype(np.intp)
         K = Wm.shape[0]
-        sy = np.take_along_axis(S, labels[:, None], axis=1)
-        c1 = 1.0 + S - sy
-        np.put_along_axis(c1, labels[:, None], 0.0, axis=1)
+        n = S.shape[0]
+        sy = S[np.arange(n), labels]
         diff = Wm[None, :, :] - Wm[:, None, :]  # diff[y, k] = W_k - W_y
-        G = np.einsum("ykd,ykd->yk", diff, diff)
-        c2 = G[labels] * inv4 if K > 0 else None
-        return Reduced(c1, c2, theta1, "multiclass", Wm=Wm, labels=labels)
+        G = np.einsum("ykd,ykd->yk", diff, diff) * inv4
+        # c1 and c2 built one class at a time in the (K, n) layout the oracle scans (c1, c2
+        # are views of them: no (n, K) temporaries, no transposed copies)
+        c1T = np.empty((K, n))
+        c2T = np.empty((K, n))
+        for k in range(K):
+            np.add(1.0, S[:, k], out=c1T[k])  # (1 + s_k) - s_y, as before
+            c1T[k] -= sy
+            c1T[k][labels == k] = 0.0
+            np.take(G[:, k], labels, out=c2T[k])
+        return Reduced(c1T.T, c2T.T if K > 0 else None, theta1, "multiclass", Wm=Wm,
+                       labels=labels)
     raise ValidationError(f"loss {loss.name!r} has no piecewise-linear reduced form")
