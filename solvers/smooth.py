@@ -529,14 +529,37 @@ def _mask_vector(mask, d: int) -> np.ndarray:
     return out
 
 
+# Row reductions over a few columns (K classes, q coordinates): NumPy's reductions along a
+# short last axis cost some 10-30x more than a loop over the columns (or one dot product)
+
+
+def _row_max(S: np.ndarray) -> np.ndarray:
+    out = S[:, 0].copy()
+    for k in range(1, S.shape[1]):
+        np.maximum(out, S[:, k], out=out)
+    return out
+
+
+def _row_sum(S: np.ndarray) -> np.ndarray:
+    out = S[:, 0].copy()
+    for k in range(1, S.shape[1]):
+        out += S[:, k]
+    return out
+
+
+def _row_dot(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """sum_j A[i, j] B[i, j] per row."""
+    return np.einsum("ij,ij->i", A, B)
+
+
 def _logsumexp_rows(S: np.ndarray) -> np.ndarray:
-    mx = np.max(S, axis=1, keepdims=True)
-    return (mx + np.log(np.sum(np.exp(S - mx), axis=1, keepdims=True)))[:, 0]
+    mx = _row_max(S)
+    return mx + np.log(_row_sum(np.exp(S - mx[:, None])))
 
 
 def _softmax_rows(S: np.ndarray) -> np.ndarray:
-    E = np.exp(S - np.max(S, axis=1, keepdims=True))
-    return E / np.sum(E, axis=1, keepdims=True)
+    E = np.exp(S - _row_max(S)[:, None])
+    return E / _row_sum(E)[:, None]
 
 
 class CrossEntropyOracle:
@@ -625,6 +648,8 @@ class CrossEntropyOracle:
         self.A = U[:, keep] * sv[keep]          # (K, q)
         self.V = Vt[keep].T                     # (d_M, q)
         self.q = int(self.A.shape[1])
+        # a_k a_k^T of each row a_k of A, flattened (K, q * q)
+        self._outer = np.einsum("kq,kr->kqr", self.A, self.A).reshape(self.K, -1)
         smax = float(sv[keep][0]) if self.q else 0.0
         if self.q == 0 or math.isinf(self.theta1):
             self.h_concave = math.inf
@@ -675,11 +700,12 @@ class CrossEntropyOracle:
         pe = p.copy()
         pe[ar, y] -= 1.0
         g_ce = pe @ self.A                                   # (m, q)
-        f = h * ce - self.theta1 * np.sum(C * C, axis=1)
+        f = h * ce - self.theta1 * _row_dot(C, C)
         grad = h * g_ce - 2.0 * self.theta1 * C
-        # A^T (diag p - p p^T) A
-        Ap = p[:, :, None] * self.A[None, :, :]              # (m, K, q)
-        M = np.einsum("kq,mkr->mqr", self.A, Ap)
+        # A^T (diag p - p p^T) A: sum_k p_k a_k a_k^T as one product with the K outer
+        # products a_k a_k^T (a GEMM, not an einsum over (m, K, q))
+        q = self.q
+        M = (p @ self._outer).reshape(rows.size, q, q)
         pa = p @ self.A                                      # (m, q)
         M -= pa[:, :, None] * pa[:, None, :]
         H = h * M - 2.0 * self.theta1 * np.eye(self.q)[None]
@@ -695,19 +721,30 @@ class CrossEntropyOracle:
             if active.size == 0:
                 break
             ga = grad[active]
-            conv = np.sqrt(np.sum(ga * ga, axis=1)) <= self.tol * gscale * (
-                1.0 + np.sqrt(np.sum(C[active] ** 2, axis=1)))
+            Ca = C[active]
+            conv = np.sqrt(_row_dot(ga, ga)) <= self.tol * gscale * (
+                1.0 + np.sqrt(_row_dot(Ca, Ca)))
             active = active[~conv]
             if active.size == 0:
                 break
             Ha = H[active]
             ga = grad[active]
-            # shift the Hessian to be negative definite
-            evals, evecs = np.linalg.eigh(Ha)
-            lam_max = evals[:, -1]
-            mu = np.where(lam_max >= -1e-3 * self.theta1, lam_max + self.theta1, 0.0)
-            proj = np.einsum("mqr,mq->mr", evecs, ga)
-            step = -np.einsum("mqr,mr->mq", evecs, proj / (evals - mu[:, None]))
+            step = None
+            if h < self.h_concave * (1.0 - 5e-4):
+                # H <= 2 theta1 (h / h_concave - 1) I < -1e-3 theta1 I: the shift below would be
+                # 0, so the step is the plain Newton step (a batched solve, several times faster
+                # than the eigendecomposition)
+                try:
+                    step = np.linalg.solve(Ha, -ga[:, :, None])[:, :, 0]
+                except np.linalg.LinAlgError:
+                    step = None
+            if step is None:
+                # shift the Hessian to be negative definite
+                evals, evecs = np.linalg.eigh(Ha)
+                lam_max = evals[:, -1]
+                mu = np.where(lam_max >= -1e-3 * self.theta1, lam_max + self.theta1, 0.0)
+                proj = np.einsum("mqr,mq->mr", evecs, ga)
+                step = -np.einsum("mqr,mr->mq", evecs, proj / (evals - mu[:, None]))
             # backtracking on the objective
             t = np.ones(active.size)
             fa = f[active]
@@ -723,8 +760,9 @@ class CrossEntropyOracle:
             f[active] = np.where(ok, fn, fa)
             grad[active] = np.where(ok[:, None], gn, grad[active])
             H[active] = np.where(ok[:, None, None], Hn, H[active])
-            small = ~ok | (t * np.sqrt(np.sum(step * step, axis=1))
-                           <= 1e-15 * (1.0 + np.sqrt(np.sum(C[active] ** 2, axis=1))))
+            Ca = C[active]
+            small = ~ok | (t * np.sqrt(_row_dot(step, step))
+                           <= 1e-15 * (1.0 + np.sqrt(_row_dot(Ca, Ca))))
             active = active[~small]
         return C
 
@@ -757,7 +795,7 @@ class CrossEntropyOracle:
             E[ar, 1 - lab] = 1.0
             E[ar, lab] -= 1.0
             G = E @ self.A
-            gn2 = np.sum(G * G, axis=1)
+            gn2 = _row_dot(G, G)
             C = G * (t / gn2)[:, None]
             return lh, d1, d2, C
         ce0 = self.loss(rows)
@@ -770,7 +808,7 @@ class CrossEntropyOracle:
                 E = -np.eye(self.K)[self.labels[rows]]
                 E[:, k] += 1.0
                 G = E @ self.A                                  # raises s_k - s_y
-                gn = np.sqrt(np.sum(G * G, axis=1))
+                gn = np.sqrt(_row_dot(G, G))
                 with np.errstate(divide="ignore", invalid="ignore"):
                     U = np.where(gn[:, None] > 0, G / np.where(gn > 0, gn, 1.0)[:, None], 0.0)
                 # far stationary point of h * softplus(s_k - s_y + gn tau) - theta1 tau^2
@@ -791,7 +829,7 @@ class CrossEntropyOracle:
         # d2 = g^T (-H)^{-1} g  with g = A^T (p - e_y)
         try:
             sol = np.linalg.solve(-H, g_ce[:, :, None])[:, :, 0]
-            d2 = np.sum(g_ce * sol, axis=1)
+            d2 = _row_dot(g_ce, sol)
         except np.linalg.LinAlgError:
             d2 = np.full(m, np.nan)
         return f, ce, d2, best_C
