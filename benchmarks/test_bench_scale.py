@@ -6,7 +6,8 @@
   d = 50. The peak extra memory of each certificate (tracemalloc, beyond X) is recorded in
   n-vectors (8 n bytes).
 - ``test_peak_memory`` guards the peak extra memory of hinge KL, 0/1 KL, logistic KL, hinge
-  chi2, weighted hinge KL and weighted 0/1 KL (quick: n = 3e5);
+  chi2, weighted hinge KL, weighted 0/1 KL and the multiclass hinge, 0/1 and cross-entropy
+  (K = 4) certificates (quick: n = 3e5);
   ``test_peak_memory_other_paths`` (full) records it for the other chi2, theta2 = inf and
   sample-weight certificates.
 - ``test_dask_large`` (full only): n = 1e8 rows (``OTSTAB_BENCH_SCALE_N``), d = 20, generated
@@ -106,7 +107,11 @@ PEAK_BOUND = {"hinge": (2.25, 250_000), "zero_one": (2.8, 250_000),
               # (normalised, one n-vector) and the dual's per-block pieces
               "hinge chi2": (4.25, 250_000), "hinge weighted": (3.25, 250_000),
               # weighted 0/1: the distances, the prices, q = n p and the probabilities
-              "zero_one weighted": (6.75, 250_000)}
+              "zero_one weighted": (6.75, 250_000),
+              # K = 4 classes: the n x K scores and the pieces (hinge: c1 and c2, K each),
+              # the distances' per-class passes (0/1), the n x 3 steps of Q* (cross-entropy)
+              "multiclass hinge": (25.5, 250_000), "multiclass zero_one": (21.5, 250_000),
+              "multiclass cross_entropy": (12.5, 250_000)}
 #: the certificates of the memory record (issue 17's target: the linear paths)
 PEAK_CASES = {
     "hinge": dict(loss="hinge", r=0.6, solver="dual"),
@@ -119,7 +124,12 @@ PEAK_CASES = {
     "zero_one weighted": dict(loss="zero_one", r=0.3, sample_weight="w"),
     "logistic chi2": dict(loss="logistic", r=0.6, divergence="chi2"),
     "logistic weighted": dict(loss="logistic", r=0.6, sample_weight="w"),
+    "multiclass hinge": dict(loss="multiclass_hinge", r=1.3),
+    "multiclass zero_one": dict(loss="zero_one", r=0.6),
+    "multiclass cross_entropy": dict(loss="cross_entropy", r=1.5),
 }
+#: classes of the multiclass cases
+K_MULTI = 4
 
 
 def _peak_case(part, n):
@@ -127,6 +137,11 @@ def _peak_case(part, n):
     kw = dict(PEAK_CASES[part])
     if kw.get("sample_weight") == "w":
         kw["sample_weight"] = np.random.default_rng(1).uniform(0.5, 1.5, n)
+    if part.startswith("multiclass"):
+        rng = np.random.default_rng(2)
+        W = rng.standard_normal((K_MULTI, X.shape[1])) / np.sqrt(X.shape[1])
+        y = np.argmax(X @ W.T + rng.gumbel(size=(n, K_MULTI)), axis=1)
+        return otstab.LinearModel(W, np.zeros(K_MULTI)), X, y, kw
     return otstab.LinearModel(coef, 0.1), X, y, kw
 
 
