@@ -183,6 +183,11 @@ def _zero_direction(oracle) -> bool:
 
 def _certify_linear_exact(prob, loss, r, theta1, theta2, divergence, mask, t_start,
                           **solver_options):
+    """The exact path of a smooth loss of a linear model: the score path
+    (:func:`margin_oracle`, :func:`_certify_rows`) whenever the model's scores are at hand,
+    which they always are for a resolved linear model; otherwise the dense oracle on X
+    (:func:`linear_smooth_oracle`, :func:`_build`), the form the score path is tested
+    against (tests/test_smooth_rows.py)."""
     sc = prob.scorer
     rows = margin_oracle(prob, loss, theta1, mask)
     if rows is not None:
