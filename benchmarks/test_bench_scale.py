@@ -100,9 +100,9 @@ def test_end_to_end(benchmark, part, threads, n):
 #: more at small n (issue 17's target is 2; the excess is the int8 labels and the block
 #: temporaries for hinge, and the compact Q* of the moved rows for 0/1: see docs/scale.md)
 PEAK_BOUND = {"hinge": (2.25, 250_000), "zero_one": (2.8, 250_000),
-              # logistic: the margins and the steps of Q* (an n-vector each) beside the scores;
-              # the vectorised Newton's temporaries of a block of 8192 rows
-              "logistic": (3.6, 400_000),
+              # logistic: the steps of Q* (an n-vector) beside the scores; the vectorised
+              # Newton's temporaries of a block of 8192 rows
+              "logistic": (2.6, 400_000),
               # chi2: the sorted keys and their two prefix sums; weighted: the probabilities
               # (normalised, one n-vector) and the dual's per-block pieces
               "hinge chi2": (4.25, 250_000), "hinge weighted": (3.25, 250_000),

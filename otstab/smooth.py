@@ -336,8 +336,7 @@ def margin_oracle(prob, loss, theta1, mask):
             t = out[3]
             return (-(y[rows] * t) / a if a > 0 else np.zeros(t.size))[:, None]
 
-        return LogisticOracle(prob.y * scores, a, theta1, cache=False, copy=False), \
-            ScoreMoves(D, M, steps)
+        return LogisticOracle.of_scores(scores, prob.y, a, theta1), ScoreMoves(D, M, steps)
     if sc.task == "regression" and loss == "squared":
         def steps_r(out, rows):  # the residual y - s grows by s': x* = x - (s' / a) beta_M
             return (-out[3] / a if a > 0 else np.zeros(out[3].size))[:, None]

@@ -321,8 +321,9 @@ class LogisticOracle:
 
     def __init__(self, margins, direction_norm2, theta1, *, X=None, signs=None, direction=None,
                  cache: bool = True, copy: bool = True):
-        self.margins = _as_vector(margins, "margins", copy)
-        self.n = self.margins.size
+        self._margins = _as_vector(margins, "margins", copy)
+        self._scores = None
+        self.n = self._margins.size
         self.direction_norm2 = _per_sample(direction_norm2, self.n, "direction_norm2")
         self.theta1 = _check_theta1(theta1)
         a = self.direction_norm2
@@ -342,6 +343,39 @@ class LogisticOracle:
         if self._signs is not None and self._signs.size != self.n:
             raise ValueError(f"signs has {self._signs.size} entries but margins has {self.n}")
         self._cache: tuple | None = None
+
+    @classmethod
+    def of_scores(cls, scores, signs, direction_norm2, theta1, *,
+                  cache: bool = False) -> LogisticOracle:
+        """The oracle of the margins ``m = y s`` of finite ``scores`` and labels ``signs`` in
+        {-1, +1} (int8 is enough), computed for the rows each evaluation reads: neither array
+        is copied and no n-vector of margins is kept (:attr:`margins` builds one)."""
+        scores = np.asarray(scores)
+        if scores.ndim != 1 or np.shape(signs) != scores.shape:
+            raise ValueError(f"scores and signs must be vectors of one length, got "
+                             f"{scores.shape} and {np.shape(signs)}")
+        self = cls(np.zeros(1), 0.0, theta1, cache=cache)  # (validates theta1)
+        self._margins, self._scores, self._signs_s = None, scores, signs
+        self.n = scores.size
+        self.direction_norm2 = _per_sample(direction_norm2, self.n, "direction_norm2")
+        a = self.direction_norm2[:1]
+        with np.errstate(divide="ignore"):
+            c = np.where((a > 0) & math.isfinite(self.theta1),
+                         self.theta1 / np.where(a > 0, a, 1.0), np.inf)
+        self.c = np.broadcast_to(c, (self.n,))
+        return self
+
+    @property
+    def margins(self) -> np.ndarray:
+        """The margins ``y s`` (built on each read when the oracle was made from scores)."""
+        if self._margins is not None:
+            return self._margins
+        return self._signs_s * self._scores
+
+    def _margins_of(self, rows) -> np.ndarray:
+        if self._margins is not None:
+            return self._margins[rows]
+        return self._signs_s[rows] * self._scores[rows]
 
     @classmethod
     def from_linear(cls, X, y_signs, coef, intercept, theta1, mask=None) -> LogisticOracle:
@@ -373,7 +407,7 @@ class LogisticOracle:
         """``(l_h, dl_h/dh, d2l_h/dh2, step)`` of the samples ``rows`` (a slice or indices),
         nothing kept: ``step`` is the margin decrease ``t`` of each maximiser, so that the
         maximiser is ``x - (y t / ||w_M||^2) w_M`` and its squared move ``t^2 / ||w_M||^2``."""
-        return logistic_dtransform(self.margins[rows], self.c[rows], h)
+        return logistic_dtransform(self._margins_of(rows), self.c[rows], h)
 
     def evaluate(self, h: float):
         """``(l_h, dl_h/dh, d2l_h/dh2)`` at ``h``, each of shape (n,)."""

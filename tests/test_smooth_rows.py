@@ -301,3 +301,25 @@ def test_multiclass_above_h_concave_is_a_bound(monkeypatch):
     ce = np.log(np.sum(np.exp(S - top[:, None]), 1)) + top - S[np.arange(ys.size), ys]
     risk = float(np.sum(np.asarray(res.mass) * np.asarray(res.weights) * ce)) / X.shape[0]
     assert risk >= 2.5 * (1 - 1e-8)
+
+
+def test_logistic_oracle_of_scores_equals_the_margins_oracle():
+    """``LogisticOracle.of_scores`` (margins computed per block from the scores and int8
+    labels, never stored) gives the numbers of the oracle on the stored margins."""
+    from otstab_solvers.smooth import LogisticOracle
+
+    rng = np.random.default_rng(9)
+    s = rng.normal(size=1000) * 3.0
+    y = np.where(rng.random(1000) < 0.5, -1, 1).astype(np.int8)
+    lean = LogisticOracle.of_scores(s, y, 0.8, 0.3)
+    dense = LogisticOracle(y * s, 0.8, 0.3)
+    np.testing.assert_array_equal(lean.margins, dense.margins)
+    for h in (0.0, 0.1, 1.7, 40.0):  # concave and nonconcave (h > 8 c = 3)
+        for rows in (slice(None), slice(17, 530), np.array([3, 3, 999, 0])):
+            for a, b in zip(lean.transform_rows(h, rows), dense.transform_rows(h, rows)):
+                np.testing.assert_array_equal(a, b)
+        for a, b in zip(lean.evaluate(h), dense.evaluate(h)):
+            np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(lean.loss(), dense.loss())
+    with pytest.raises(ValueError, match="one length"):
+        LogisticOracle.of_scores(s, y[:10], 0.8, 0.3)
