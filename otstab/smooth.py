@@ -286,7 +286,7 @@ def _argmax_above(oracle, h):
 
 
 # ---------------------------------------------------------------------------------------------
-# binary classifiers and regressors: the margin / residual path
+# the score path: linear models, whose smooth loss depends on each sample through its scores
 
 
 @dataclass
@@ -327,23 +327,21 @@ def margin_oracle(prob, loss, theta1, mask):
         return None
     direction = sc.W[0] if mask is None else np.where(mask, sc.W[0], 0.0)
     a = float(direction @ direction)
-    D = direction[:, None]
-    M = np.array([[float(sc.W[0] @ direction)]])  # = a: w . w_M
     if sc.task == "binary" and loss in ("logistic", "cross_entropy"):
-        y = prob.y
+        # the margin y s falls by the oracle's step t
+        oracle, signs = LogisticOracle.of_scores(scores, prob.y, a, theta1), prob.y
+    elif sc.task == "regression" and loss == "squared":
+        # the residual y - s grows by the oracle's step
+        oracle, signs = SquaredOracle(prob.y - scores, a, theta1, copy=False), None
+    else:
+        return None
 
-        def steps(out, rows):  # the margin y s falls by t: x* = x - (y t / a) w_M
-            t = out[3]
-            return (-(y[rows] * t) / a if a > 0 else np.zeros(t.size))[:, None]
+    def steps(out, rows):  # the score falls by sign * step: x* = x - (sign step / a) w_M
+        st = out[3] if signs is None else signs[rows] * out[3]
+        return (-st / a if a > 0 else np.zeros(st.size))[:, None]
 
-        return LogisticOracle.of_scores(scores, prob.y, a, theta1), ScoreMoves(D, M, steps)
-    if sc.task == "regression" and loss == "squared":
-        def steps_r(out, rows):  # the residual y - s grows by s': x* = x - (s' / a) beta_M
-            return (-out[3] / a if a > 0 else np.zeros(out[3].size))[:, None]
-
-        return SquaredOracle(prob.y - scores, a, theta1, copy=False), \
-            ScoreMoves(D, M, steps_r)
-    return None
+    M = np.array([[float(sc.W[0] @ direction)]])  # = a: w . w_M
+    return oracle, ScoreMoves(direction[:, None], M, steps)
 
 
 def _certify_rows(prob, loss, oracle, moves, r, theta1, theta2, divergence, t_start,
@@ -370,9 +368,10 @@ def _certify_rows(prob, loss, oracle, moves, r, theta1, theta2, divergence, t_st
         if sol.status != OPTIMAL:
             raise audit.Skip(f"dual reported {sol.native_status!r}", sol.status)
         sol.info["passes"] = dual.passes
+        exact = bool(getattr(oracle, "exact_at", lambda _h: True)(sol.h))
         cand = _build_rows(prob, oracle, moves, sol, loss, r, theta1, theta2, divergence,
-                           t_start)
-        return cand, bool(getattr(oracle, "exact_at", lambda _h: True)(cand.h)), 0.0
+                           t_start, exact)
+        return cand, exact, 0.0
 
     return audit.first_accepted([("dual", attempt)], solver="dual")
 
@@ -459,17 +458,16 @@ class _RowAtoms:
         loss, d2 = self.reduced(src, self.steps.Z[src])
         return self.h * loss - (0.0 if math.isinf(self.theta1) else self.theta1 * d2)
 
-    def points(self, idx):
-        """(source rows, x, x*) of the atoms ``idx`` (x* in float64)."""
-        src, st = self.steps.rows_steps(idx)
+    def points(self, src, st):
+        """(x, x*) of atoms with source rows ``src`` and steps ``st`` (x* in float64)."""
         Xg = np.asarray(self.prob.X[src], dtype=np.float64)
-        return src, Xg, Xg + st @ self.steps.D.T
+        return Xg, Xg + st @ self.steps.D.T
 
     def x_star(self):
         X = self.prob.X
         out = np.empty((self.m, X.shape[1]))
         for s, e in self.steps.blocks(audit.rows_per_block(X.shape[1], ROWS_BLOCK)):
-            out[s:e] = self.points(np.arange(s, e))[2]
+            out[s:e] = self.points(*self.steps.rows_steps(np.arange(s, e)))[1]
         return out
 
     def loss_star(self):
@@ -482,10 +480,13 @@ class _RowAtoms:
         return self.reduced(*self.steps.rows_steps(np.arange(self.m)))[1]
 
 
-def _build_rows(prob, oracle, moves, sol, loss, r, theta1, theta2, divergence, t_start):
+def _build_rows(prob, oracle, moves, sol, loss, r, theta1, theta2, divergence, t_start,
+                exact=True):
     """Q* at the dual's h on the score path, audited (see :func:`_build`, whose
     switching-point split it follows: only the switching samples take their maximiser just
-    below or above h). Each sample's step at h is kept (q n-vectors)."""
+    below or above h). Each sample's step at h is kept (q n-vectors). ``exact``: False when
+    the oracle's ``l_h`` is not certified at h (multinomial cross-entropy above
+    ``h_concave``), which the result's message says."""
     n, p, h = prob.n, prob.p, float(sol.h)
     Z = None
     for s in range(0, n, ROWS_BLOCK):
@@ -515,7 +516,7 @@ def _build_rows(prob, oracle, moves, sol, loss, r, theta1, theta2, divergence, t
             main, extra, note = switch
             atoms = _RowAtoms(prob, moves, _Steps(moves.D, Z, main=main, extra=extra), h,
                               theta1)
-    if not getattr(oracle, "exact_at", lambda _h: True)(h):
+    if not exact:
         note = (f"multinomial cross-entropy above h_concave = {oracle.h_concave:.4g}: l_h is "
                 "the best of several local maxima, so the dual value is not certified; the "
                 "cost of the returned Q* (value_upper) is an upper bound on R, see "
@@ -554,7 +555,8 @@ def _switch(oracle, atoms, qw, bounds, h, r):
         z_lo = steps(oracle.transform_rows(h_lo, rows), rows)
         z_hi = steps(oracle.transform_rows(h_hi, rows), rows)
         l_lo = atoms.reduced(rows, z_lo)[0]
-        gain = qw(s, e) * (atoms.reduced(rows, z_hi)[0] - l_lo)
+        wq = qw(s, e)
+        gain = wq * (atoms.reduced(rows, z_hi)[0] - l_lo)
         # a switch jumps between two local maxima; a step that only moves with h (by some
         # 1e-9 of itself here) is not one
         jump = np.linalg.norm(z_hi - z_lo, axis=1) > 1e-6 * (1.0 + np.linalg.norm(z_hi, axis=1))
@@ -562,7 +564,7 @@ def _switch(oracle, atoms, qw, bounds, h, r):
         # the switching samples count at their low maximiser, the others at h
         l_at = atoms.reduced(rows, atoms.steps.Z[s:e])[0]
         l_at[sw] = l_lo[sw]
-        low += float(qw(s, e) @ l_at)
+        low += float(wq @ l_at)
         if sw.size:
             cand.append((sw + s, gain[sw], z_lo[sw], z_hi[sw]))
     need = n * r - low
@@ -587,7 +589,7 @@ def _switch(oracle, atoms, qw, bounds, h, r):
 
 
 def _audit_rows(prob, atoms, wm, theta1, theta2, divergence, value) -> dict:
-    """The audit of Q* on the margin / residual path, over blocks of atoms: up to
+    """The audit of Q* on the score path, over blocks of atoms: up to
     AUDIT_DIRECT_MAX rows every atom is materialised and re-scored by the model (the sums from
     the model); above it the sums come from the reduced form and AUDIT_SAMPLE random atoms are
     checked against the model. A disagreement above SAMPLED_RTOL fails the audit."""
@@ -600,7 +602,7 @@ def _audit_rows(prob, atoms, wm, theta1, theta2, divergence, value) -> dict:
         src, st = atoms.steps.rows_steps(idx)
         loss_r, d2_r = atoms.reduced(src, st)
         if direct:
-            _, Xg, Xs = atoms.points(idx)
+            Xg, Xs = atoms.points(src, st)
             loss_s = prob.losses(Xs, prob.y[src])
             diff = Xs - Xg  # the move as Q* holds it (x* - x in floating point)
             d2_s = np.einsum("ij,ij->i", diff, diff)
@@ -620,9 +622,9 @@ def _audit_rows(prob, atoms, wm, theta1, theta2, divergence, value) -> dict:
     if not direct:
         pick = audit.sample_positions(m, audit.AUDIT_SAMPLE)
         for s in range(0, pick.size, cells):
-            idx = pick[s:s + cells]
-            src, Xg, Xs = atoms.points(idx)
-            loss_r, d2_r = atoms.reduced(*atoms.steps.rows_steps(idx))
+            src, st = atoms.steps.rows_steps(pick[s:s + cells])
+            Xg, Xs = atoms.points(src, st)
+            loss_r, d2_r = atoms.reduced(src, st)
             diff = Xs - Xg
             err = max(err, audit.sampled_error(prob.losses(Xs, prob.y[src]), loss_r,
                                                np.einsum("ij,ij->i", diff, diff), d2_r))

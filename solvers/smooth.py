@@ -305,8 +305,6 @@ class LogisticOracle:
     cache : bool
         Keep the last evaluation (four n-vectors); False for an oracle read in blocks
         (:meth:`transform_rows`).
-    copy : bool
-        False keeps a float64 ``margins`` array as given (the caller gives it up).
 
     Notes
     -----
@@ -320,21 +318,10 @@ class LogisticOracle:
     switching = True
 
     def __init__(self, margins, direction_norm2, theta1, *, X=None, signs=None, direction=None,
-                 cache: bool = True, copy: bool = True):
-        self._margins = _as_vector(margins, "margins", copy)
-        self._scores = None
-        self.n = self._margins.size
-        self.direction_norm2 = _per_sample(direction_norm2, self.n, "direction_norm2")
-        self.theta1 = _check_theta1(theta1)
-        a = self.direction_norm2
-        if a.strides == (0,):  # one ||w_M||^2 for every sample: c is one number too
-            a = a[:1]
-        with np.errstate(divide="ignore"):
-            c = np.where((a > 0) & math.isfinite(self.theta1),
-                         self.theta1 / np.where(a > 0, a, 1.0), np.inf)
-        self.c = np.broadcast_to(c, (self.n,)) if c.size != self.n else c
-        self.cache = bool(cache)  # keep the last evaluation (False: an oracle read in blocks)
-        self.h_max = math.inf
+                 cache: bool = True):
+        self._margins = _as_vector(margins, "margins")
+        self._scores = self._score_signs = None
+        self._setup(self._margins.size, direction_norm2, theta1, cache)
         self._X = None if X is None else np.array(X, dtype=np.float64, copy=True)
         self._signs = None if signs is None else _as_vector(signs, "signs")
         self._direction = None if direction is None else _as_vector(direction, "direction")
@@ -342,6 +329,23 @@ class LogisticOracle:
             raise ValueError(f"X has {self._X.shape[0]} rows but margins has {self.n}")
         if self._signs is not None and self._signs.size != self.n:
             raise ValueError(f"signs has {self._signs.size} entries but margins has {self.n}")
+
+    def _setup(self, n, direction_norm2, theta1, cache):
+        """What both constructors set: the prices ``c = theta1 / ||w_M||^2`` (one number when
+        every sample shares ``||w_M||^2``), nothing cached, no features."""
+        self.n = n
+        self.direction_norm2 = _per_sample(direction_norm2, n, "direction_norm2")
+        self.theta1 = _check_theta1(theta1)
+        a = self.direction_norm2
+        if a.strides == (0,):  # one ||w_M||^2 for every sample: c is one number too
+            a = a[:1]
+        with np.errstate(divide="ignore"):
+            c = np.where((a > 0) & math.isfinite(self.theta1),
+                         self.theta1 / np.where(a > 0, a, 1.0), np.inf)
+        self.c = np.broadcast_to(c, (n,)) if c.size != n else c
+        self.cache = bool(cache)  # keep the last evaluation (False: an oracle read in blocks)
+        self.h_max = math.inf
+        self._X = self._signs = self._direction = None
         self._cache: tuple | None = None
 
     @classmethod
@@ -354,28 +358,20 @@ class LogisticOracle:
         if scores.ndim != 1 or np.shape(signs) != scores.shape:
             raise ValueError(f"scores and signs must be vectors of one length, got "
                              f"{scores.shape} and {np.shape(signs)}")
-        self = cls(np.zeros(1), 0.0, theta1, cache=cache)  # (validates theta1)
-        self._margins, self._scores, self._signs_s = None, scores, signs
-        self.n = scores.size
-        self.direction_norm2 = _per_sample(direction_norm2, self.n, "direction_norm2")
-        a = self.direction_norm2[:1]
-        with np.errstate(divide="ignore"):
-            c = np.where((a > 0) & math.isfinite(self.theta1),
-                         self.theta1 / np.where(a > 0, a, 1.0), np.inf)
-        self.c = np.broadcast_to(c, (self.n,))
+        self = object.__new__(cls)
+        self._margins, self._scores, self._score_signs = None, scores, signs
+        self._setup(scores.size, direction_norm2, theta1, cache)
         return self
 
     @property
     def margins(self) -> np.ndarray:
         """The margins ``y s`` (built on each read when the oracle was made from scores)."""
-        if self._margins is not None:
-            return self._margins
-        return self._signs_s * self._scores
+        return self._margins_of(slice(None))
 
     def _margins_of(self, rows) -> np.ndarray:
         if self._margins is not None:
             return self._margins[rows]
-        return self._signs_s[rows] * self._scores[rows]
+        return self._score_signs[rows] * self._scores[rows]
 
     @classmethod
     def from_linear(cls, X, y_signs, coef, intercept, theta1, mask=None) -> LogisticOracle:
@@ -813,7 +809,8 @@ class CrossEntropyOracle:
         """``(l_h, dl_h/dh, d2l_h/dh2, C)`` of the samples ``rows`` (a slice or indices),
         nothing kept: ``C`` (m, q) holds each maximiser's reduced coordinates, its move being
         ``V C`` on the masked features (:meth:`moves`)."""
-        rows = np.arange(self.n)[rows] if isinstance(rows, slice) else np.asarray(rows)
+        rows = np.arange(*rows.indices(self.n)) if isinstance(rows, slice) else \
+            np.asarray(rows)
         return self._solve_rows(_check_h(h), rows)
 
     def _solve_rows(self, h: float, rows: np.ndarray):

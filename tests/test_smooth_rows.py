@@ -228,9 +228,9 @@ def test_sampled_audit_refuses_a_wrong_reduced_form(monkeypatch):
     monkeypatch.setattr(oa, "AUDIT_DIRECT_MAX", 0)
     honest = smooth._RowAtoms.points
 
-    def halfway(self, idx):
-        src, Xg, Xs = honest(self, idx)
-        return src, Xg, Xg + 0.5 * (Xs - Xg)
+    def halfway(self, src, st):
+        Xg, Xs = honest(self, src, st)
+        return Xg, Xg + 0.5 * (Xs - Xg)
 
     monkeypatch.setattr(smooth._RowAtoms, "points", halfway)
     with pytest.raises(SolverError, match="audit"):
