@@ -167,9 +167,7 @@ def relative_gap(primal: float, value: float) -> float:
 
 def audit_points(prob, X_star, src, mass, w, theta1, theta2, divergence, value) -> dict:
     """The audit of Q* given as points: the loss is recomputed with the model at every atom."""
-    loss_star = prob.losses(X_star, prob.y[src])
-    diff = X_star - prob.X[src]
-    moved2 = np.einsum("ij,ij->i", diff, diff)
+    loss_star, moved2 = rescored(prob.losses, prob.y[src], prob.X[src], X_star)
     return audit_sums(prob.losses(prob.X), loss_star, moved2, mass, w, theta1, theta2,
                       divergence, value, prob.p, src)
 
@@ -199,6 +197,14 @@ def sample_positions(m: int, k: int, seed: int = 0) -> np.ndarray:
     if pos.size > k:  # drop the excess at random (the rest stays sorted)
         pos = np.delete(pos, rng.choice(pos.size, size=pos.size - k, replace=False))
     return pos
+
+
+def rescored(losses, y, Xg, Xs):
+    """The model's own loss at moved points ``Xs`` (``losses(Xs, y)``) and each point's squared
+    move from ``Xg`` as Q* holds it: ``x* - x`` in floating point, not the exact displacement
+    (a move below the resolution of x is not one a user can reproduce)."""
+    diff = Xs - Xg
+    return np.asarray(losses(Xs, y), dtype=np.float64), np.einsum("ij,ij->i", diff, diff)
 
 
 def sampled_error(direct_loss, loss, direct_d2, d2) -> float:

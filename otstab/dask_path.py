@@ -515,11 +515,8 @@ def _sampled_check(ctx, parts, offsets, h) -> float:
     red = spec.oracle(s, y, None)[0]
     delta = red.displacement(np.arange(rows.size), piece, h)
     Xs = Xg if delta is None else Xg + delta
-    direct = prob.losses(Xs, y)  # the model's own scores at the moved points
-    diff = np.zeros_like(Xg) if delta is None else Xs - Xg
-    d2 = np.einsum("ij,ij->i", diff, diff)
-    return max(float(np.max(np.abs(direct - loss_star) / (1 + np.abs(direct)))),
-               float(np.max(np.abs(d2 - moved2) / (1 + d2))))
+    direct, d2 = audit.rescored(prob.losses, y, Xg, Xs)  # the model's own scores at x*
+    return audit.sampled_error(direct, loss_star, d2, moved2)
 
 
 def _inference(res, mom, n, weighted) -> Inference:

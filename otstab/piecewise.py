@@ -411,9 +411,7 @@ def _sample_check(prob, red, oracle, h, tie_rtol, t_rows, t_hi, frac) -> dict:
         Xg = prob.X[rb]
         delta = red.displacement(rb, pb, h)
         Xs = Xg if delta is None else Xg + delta
-        direct_loss = prob.losses(Xs, prob.y[rb])
-        diff = None if delta is None else Xs - Xg  # the move as Q* holds it
-        direct_d2 = np.zeros(rb.size) if diff is None else np.einsum("ij,ij->i", diff, diff)
+        direct_loss, direct_d2 = audit.rescored(prob.losses, prob.y[rb], Xg, Xs)
         err = max(err, audit.sampled_error(direct_loss, loss_star, direct_d2, moved2))
     return {"method": "sampled", "sample": int(rows.size), "max_rel_error": err}
 
@@ -428,12 +426,8 @@ def _audit_blocks(prob, moved_block, src, mass, w, theta1, theta2, divergence, v
     step = audit.rows_per_block(prob.d, AUDIT_BLOCK)
     bounds = list(range(0, n, step)) + [n] + ([m] if m > n else [])
     for s, e in zip(bounds[:-1], bounds[1:]):
-        Xg, Xs, delta = moved_block(s, e)
-        loss_star[s:e] = prob.losses(Xs, prob.y[src[s:e]])
-        # the move as Q* holds it (x* - x in floating point, not the exact displacement): a
-        # move below the resolution of x is not a move the user can reproduce
-        diff = None if delta is None else Xs - Xg
-        moved2[s:e] = 0.0 if diff is None else np.einsum("ij,ij->i", diff, diff)
+        Xg, Xs, _ = moved_block(s, e)
+        loss_star[s:e], moved2[s:e] = audit.rescored(prob.losses, prob.y[src[s:e]], Xg, Xs)
     out = audit.audit_sums(prob.losses(prob.X), loss_star, moved2, mass, w, theta1, theta2,
                            divergence, value, prob.p, src)
     out["audit"] = {"method": "direct", "sample": int(m), "max_rel_error": 0.0}

@@ -597,18 +597,22 @@ def _audit_rows(prob, atoms, wm, theta1, theta2, divergence, value) -> dict:
     direct = n <= audit.AUDIT_DIRECT_MAX
     risk = tot = move = moved_risk = ph = err = 0.0
     cells = audit.rows_per_block(prob.d, ROWS_BLOCK)
+
+    def model_check(src, st):
+        """The model's loss and the move at the atoms' points, and their largest relative
+        disagreement with the reduced form."""
+        loss_r, d2_r = atoms.reduced(src, st)
+        loss_s, d2_s = audit.rescored(prob.losses, prob.y[src], *atoms.points(src, st))
+        return loss_s, d2_s, audit.sampled_error(loss_s, loss_r, d2_s, d2_r)
+
     for s, e in atoms.steps.blocks(cells if direct else ROWS_BLOCK):
         idx = np.arange(s, e)
         src, st = atoms.steps.rows_steps(idx)
-        loss_r, d2_r = atoms.reduced(src, st)
-        if direct:
-            Xg, Xs = atoms.points(src, st)
-            loss_s = prob.losses(Xs, prob.y[src])
-            diff = Xs - Xg  # the move as Q* holds it (x* - x in floating point)
-            d2_s = np.einsum("ij,ij->i", diff, diff)
-            err = max(err, audit.sampled_error(loss_s, loss_r, d2_s, d2_r))
+        if direct:  # the sums from the model
+            loss_s, d2_s, block_err = model_check(src, st)
+            err = max(err, block_err)
         else:
-            loss_s, d2_s = loss_r, d2_r
+            loss_s, d2_s = atoms.reduced(src, st)
         mass = atoms.steps.mass(idx)
         pm = mass / n if p is None else mass * p[src]
         w = wm(atoms.l_h(src))
@@ -622,12 +626,7 @@ def _audit_rows(prob, atoms, wm, theta1, theta2, divergence, value) -> dict:
     if not direct:
         pick = audit.sample_positions(m, audit.AUDIT_SAMPLE)
         for s in range(0, pick.size, cells):
-            src, st = atoms.steps.rows_steps(pick[s:s + cells])
-            Xg, Xs = atoms.points(src, st)
-            loss_r, d2_r = atoms.reduced(src, st)
-            diff = Xs - Xg
-            err = max(err, audit.sampled_error(prob.losses(Xs, prob.y[src]), loss_r,
-                                               np.einsum("ij,ij->i", diff, diff), d2_r))
+            err = max(err, model_check(*atoms.steps.rows_steps(pick[s:s + cells]))[2])
         info = {"method": "sampled", "sample": int(pick.size), "max_rel_error": err}
     move_cost = 0.0 if math.isinf(theta1) else theta1 * move
     rew_cost = 0.0 if math.isinf(theta2) else theta2 * ph

@@ -674,11 +674,9 @@ def _finish(*, value, h, alpha, status, message, plan, w, a, loss0, r, theta1, t
         for s in range(0, pick.size, step):
             pb = pick[s:s + step]
             Xr, Xm = moved_points(pb)
-            diff = Xm - Xr  # the move as Q* holds it
+            direct_l, direct_d2 = audit.rescored(losses_fn, y[rows[pb]], Xr, Xm)
             lm, dd = reduced(rows[pb])
-            err = max(err, audit.sampled_error(
-                np.asarray(losses_fn(Xm, y[rows[pb]]), dtype=np.float64), lm,
-                np.einsum("ij,ij->i", diff, diff), dd))
+            err = max(err, audit.sampled_error(direct_l, lm, direct_d2, dd))
         audit_info = {"method": "sampled", "sample": int(pick.size), "max_rel_error": err}
     elif X is not None and X_near is not None and rows.size:
         # (at most AUDIT_DIRECT_MAX rows: the per-row arrays are kept and summed whole, so
@@ -691,9 +689,7 @@ def _finish(*, value, h, alpha, status, message, plan, w, a, loss0, r, theta1, t
         for s in range(0, rows.size, step):
             e = min(s + step, rows.size)
             Xr, Xm = moved_points(slice(s, e))
-            lm_all[s:e] = losses_fn(Xm, y[rows[s:e]])
-            diff = Xm - Xr  # the move as Q* holds it
-            d2[s:e] = np.einsum("ij,ij->i", diff, diff)
+            lm_all[s:e], d2[s:e] = audit.rescored(losses_fn, y[rows[s:e]], Xr, Xm)
         accumulate(0, rows.size, lm_all, d2)
         loss_m = Lazy.of(lm_all)
     else:
