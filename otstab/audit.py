@@ -199,6 +199,23 @@ def sample_positions(m: int, k: int, seed: int = 0) -> np.ndarray:
     return pos
 
 
+def shares_in_order(gain, need: float) -> np.ndarray:
+    """The share of each candidate's mass moved so that their (positive) gains, taken in order,
+    add up to ``need``: 1 while the running sum stays within it, the fraction that completes it
+    for the next candidate, 0 after; at most one share lies strictly between 0 and 1, and
+    every share is 0 when ``need <= 0``. (How Q* splits tied or switching samples so that its
+    risk is exactly r.)"""
+    frac = np.zeros(np.size(gain))
+    if need > 0 and frac.size:
+        cg = np.cumsum(gain)
+        full = cg <= need
+        frac[full] = 1.0
+        k = int(np.count_nonzero(full))
+        if k < frac.size:
+            frac[k] = (need - (cg[k - 1] if k else 0.0)) / gain[k]
+    return frac
+
+
 def rescored(losses, y, Xg, Xs):
     """The model's own loss at moved points ``Xs`` (``losses(Xs, y)``) and each point's squared
     move from ``Xg`` as Q* holds it: ``x* - x`` in floating point, not the exact displacement

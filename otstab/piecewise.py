@@ -240,15 +240,7 @@ def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, thet
         (np.zeros(0, dtype=np.intp), np.zeros(0), np.zeros(0, dtype=np.intp),
          np.zeros(0, dtype=np.intp))
     need = n * r - low_risk if p is None else r - low_risk
-    frac = np.zeros(t_rows.size)
-    if need > 0 and t_rows.size and h > 0:
-        cg = np.cumsum(t_gain)
-        full = cg <= need
-        frac[full] = 1.0
-        nxt = int(np.count_nonzero(full))
-        if nxt < t_rows.size:
-            before = cg[nxt - 1] if nxt > 0 else 0.0
-            frac[nxt] = (need - before) / t_gain[nxt]
+    frac = audit.shares_in_order(t_gain, need) if h > 0 else np.zeros(t_rows.size)
     moving = frac > 0
     split = (frac > 0) & (frac < 1)
     value = h * r - wm.term

@@ -238,12 +238,7 @@ def _build(prob, oracle, sol, loss, r, theta1, theta2, divergence, t_start):
             cand = np.flatnonzero(gain > 0)
             if need > 0 and cand.size and float(gain[cand].sum()) >= need * (1 - 1e-12):
                 frac = np.zeros(n)
-                cg = np.cumsum(gain[cand])
-                full = cg <= need
-                frac[cand[full]] = 1.0
-                k = int(np.count_nonzero(full))
-                if k < cand.size:
-                    frac[cand[k]] = (need - (cg[k - 1] if k else 0.0)) / gain[cand[k]]
+                frac[cand] = audit.shares_in_order(gain[cand], need)
                 part = np.flatnonzero((frac > 0) & (frac < 1))
                 X_star = np.where((frac >= 1)[:, None], X_hi, X_lo)
                 loss_star = np.where(frac >= 1, l_hi, l_lo)
@@ -573,16 +568,11 @@ def _switch(oracle, atoms, qw, bounds, h, r):
     rows, gain, z_lo, z_hi = (np.concatenate(c) for c in zip(*cand))
     if float(gain.sum()) < need * (1 - 1e-12):
         return None
-    cg = np.cumsum(gain)
-    full = cg <= need
-    k = int(np.count_nonzero(full))
-    main = (rows, np.where(full[:, None], z_hi, z_lo))
-    extra = None
-    if k < rows.size:
-        frac = (need - (cg[k - 1] if k else 0.0)) / gain[k]
-        if frac > 0:
-            extra = (rows[k:k + 1], z_hi[k:k + 1], np.array([min(frac, 1.0)]))
-    moved = k + (0 if extra is None else 1)
+    frac = audit.shares_in_order(gain, need)
+    main = (rows, np.where((frac >= 1.0)[:, None], z_hi, z_lo))
+    part = np.flatnonzero((frac > 0) & (frac < 1))
+    extra = (rows[part], z_hi[part], frac[part]) if part.size else None
+    moved = int(np.count_nonzero(frac > 0))
     note = (f"switching point of the d-transform at h = {h:.6g}: {moved} sample(s) moved to "
             "their second maximiser (one split) so that the risk of Q* is r")
     return main, extra, note

@@ -407,3 +407,21 @@ def test_sorted_prefix_sums_from_the_negated_keys(seed):
     np.testing.assert_array_equal(view.cu, cu)
     np.testing.assert_array_equal(view.cu2, cu2)
     np.testing.assert_array_equal(view.us, us)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_shares_in_order(seed):
+    """``audit.shares_in_order``: whole shares first (in order), one partial share that makes
+    the moved gain exactly ``need``, nothing after; nothing for ``need <= 0``; everything when
+    the gains do not reach ``need``."""
+    rng = np.random.default_rng(seed)
+    gain = rng.uniform(0.1, 2.0, 40)
+    for need in (-1.0, 0.0, 0.05, float(gain[:7].sum()), 0.37 * gain.sum(), 2 * gain.sum()):
+        frac = audit.shares_in_order(gain, need)
+        assert np.all((frac >= 0) & (frac <= 1))
+        k = int(np.count_nonzero(frac >= 1))
+        assert np.all(frac[:k] == 1) and np.all(frac[k + 1:] == 0)
+        assert np.count_nonzero((frac > 0) & (frac < 1)) <= 1
+        assert float(frac @ gain) == pytest.approx(min(max(need, 0.0), gain.sum()), rel=1e-12,
+                                                   abs=1e-15)
+    np.testing.assert_array_equal(audit.shares_in_order(np.zeros(0), 1.0), np.zeros(0))
