@@ -22,6 +22,7 @@ from .piecewise import solve_reduced
 from .reduction import feature_mask, reduce_problem
 from .results import StabilityResult
 from .smooth import certify_smooth
+from .threads import one_blas_thread
 from .zero_one import certify_distances, certify_zero_one_problem, certify_zero_one_search
 
 __all__ = ["certify", "certify_distances", "check_common", "SOLVERS", "DIVERGENCES"]
@@ -154,7 +155,19 @@ def _raw_view_builder(model, X, names):
 
 def _solve(prob, loss_obj, r, theta1, theta2, divergence, solver, mask, t_start,
            **solver_options) -> StabilityResult:
-    """The solving path of ``prob`` (0/1, smooth or piecewise-linear)."""
+    """The solving path of ``prob`` (0/1, smooth or piecewise-linear). A linear model's paths
+    work on its scores, in blocks of a few thousand numbers: BLAS runs them on one thread
+    (:mod:`otstab.threads`); the first-order path and nonlinear models keep BLAS's threads."""
+    if prob.scorer is None or solver == "first_order":
+        return _dispatch(prob, loss_obj, r, theta1, theta2, divergence, solver, mask, t_start,
+                         **solver_options)
+    with one_blas_thread():
+        return _dispatch(prob, loss_obj, r, theta1, theta2, divergence, solver, mask, t_start,
+                         **solver_options)
+
+
+def _dispatch(prob, loss_obj, r, theta1, theta2, divergence, solver, mask, t_start,
+              **solver_options) -> StabilityResult:
     if isinstance(loss_obj, ZeroOne):
         if prob.scorer is not None and solver != "first_order":
             return certify_zero_one_problem(prob, r, theta1, theta2, divergence, mask, solver,

@@ -438,3 +438,45 @@ def test_sampled_audit_agrees_with_direct_audit(monkeypatch):
     e = otstab.certify(bmodel, bX, by, loss="hinge", r=1.2, divergence="chi2")
     assert d.primal_cost == pytest.approx(e.primal_cost, rel=1e-9)
     np.testing.assert_allclose(d.X_star, e.X_star)
+
+
+# --- BLAS threads (otstab.threads) --------------------------------------------------------------
+
+def _blas_threads():
+    from threadpoolctl import threadpool_info
+
+    return [d["num_threads"] for d in threadpool_info() if d["user_api"] == "blas"]
+
+
+@pytest.mark.parametrize("loss", ["hinge", "zero_one", "logistic"])
+def test_linear_paths_run_on_one_blas_thread_and_restore_the_setting(monkeypatch, loss):
+    """After the scores, a linear model's certificate runs with BLAS on one thread (its BLAS
+    calls are on blocks of a few thousand numbers; docs/scale.md) and gives the caller's
+    setting back, also when the path raises."""
+    from threadpoolctl import threadpool_limits
+
+    import otstab.core as core
+
+    model, X, y = binary_instance(200)
+    seen = []
+    honest = core._dispatch
+
+    def spy(*args, **kwargs):
+        seen.append(_blas_threads())
+        return honest(*args, **kwargs)
+
+    monkeypatch.setattr(core, "_dispatch", spy)
+    with threadpool_limits(2, user_api="blas"):
+        before = _blas_threads()
+        res = otstab.certify(model, X, y, loss=loss, r=0.6 if loss != "zero_one" else 0.3)
+        assert res.status == "optimal"
+        assert _blas_threads() == before
+        assert seen and all(n == 1 for n in seen[-1])
+
+        def boom(*args, **kwargs):
+            raise RuntimeError("boom")
+
+        monkeypatch.setattr(core, "_dispatch", boom)
+        with pytest.raises(RuntimeError, match="boom"):
+            otstab.certify(model, X, y, loss=loss, r=0.6 if loss != "zero_one" else 0.3)
+        assert _blas_threads() == before
