@@ -180,23 +180,18 @@ def rows_per_block(d: int, max_rows: int) -> int:
 
 def sample_positions(m: int, k: int, seed: int = 0) -> np.ndarray:
     """``min(k, m)`` distinct positions in ``range(m)``, ascending, drawn at random (fixed
-    seed: the same atoms on every run) without an array of size ``m`` when k is small
-    against m (``Generator.choice`` without replacement may permute all m)."""
+    seed: the same atoms on every run): a stratified sample, one position drawn uniformly in
+    each of ``k`` consecutive strata of ``m // k`` or ``m // k + 1`` positions, so every
+    position is drawn with probability about ``k / m``, the sample spreads over all the rows,
+    and no array of size ``m`` nor a sort is needed."""
     if k >= m:
         return np.arange(m)
+    if k <= 0:
+        return np.zeros(0, dtype=np.intp)
     rng = np.random.default_rng(seed)
-    if 4 * k > m:
-        return np.sort(rng.choice(m, size=k, replace=False))
-    def distinct(x):  # sorted distinct values (a sort and a mask: no hashing)
-        x = np.sort(x)
-        return x[np.concatenate(([True], x[1:] != x[:-1]))] if x.size else x
-
-    pos = distinct(rng.integers(0, m, size=k + k // 8 + 16))
-    while pos.size < k:  # (rare: the first draw had too many repeats)
-        pos = distinct(np.concatenate([pos, rng.integers(0, m, size=k)]))
-    if pos.size > k:  # drop the excess at random (the rest stays sorted)
-        pos = np.delete(pos, rng.choice(pos.size, size=pos.size - k, replace=False))
-    return pos
+    edges = (np.arange(k + 1, dtype=np.int64) * m) // k  # strata [edges[i], edges[i + 1])
+    width = np.diff(edges)  # >= 1 as m > k
+    return (edges[:-1] + (rng.random(k) * width).astype(np.int64)).astype(np.intp)
 
 
 def shares_in_order(gain, need: float) -> np.ndarray:

@@ -117,13 +117,10 @@ class PiecewiseLinear(Loss):
 
     def of_u(self, u: np.ndarray) -> np.ndarray:
         u = np.asarray(u, dtype=float)
-        out = np.multiply(u, self.a[0], out=np.empty_like(u))  # in place from here on
-        out += self.b[0]
+        out = _affine(u, self.slopes[0], self.intercepts[0], np.empty_like(u))
         piece = np.empty_like(u) if len(self.slopes) > 1 else None
         for ak, bk in zip(self.slopes[1:], self.intercepts[1:]):
-            np.multiply(u, ak, out=piece)
-            piece += bk
-            np.maximum(out, piece, out=out)
+            np.maximum(out, _affine(u, ak, bk, piece), out=out)
         return out
 
     def values(self, scores, y):
@@ -240,3 +237,19 @@ def get_loss(loss) -> Loss:
         )
     raise InputTypeError(
         f"loss must be a string or an otstab.losses.Loss, got {type(loss).__name__}")
+
+
+def _affine(u: np.ndarray, a: float, b: float, out: np.ndarray) -> np.ndarray:
+    """``a u + b`` in ``out``, in one pass for the slopes 0 and +-1 of most losses (the same
+    numbers: the products by 0 and +-1 are exact, and ``-0.0 + b`` rounds as ``0.0 + b``)."""
+    a, b = float(a), float(b)
+    if a == 0.0:
+        out.fill(b)
+    elif a == 1.0:
+        np.add(u, b, out=out)
+    elif a == -1.0:
+        np.subtract(b, u, out=out)
+    else:
+        np.multiply(u, a, out=out)
+        out += b
+    return out
