@@ -17,7 +17,7 @@ import time
 import numpy as np
 from otstab_solvers import conic as _conic
 from otstab_solvers.blockwise import BlockwiseDual, affine_blocks, in_memory, weight_map_blocks
-from otstab_solvers.dual import refine, solve_dual
+from otstab_solvers.dual import negated_keys, refine, solve_dual, solve_two_piece
 from otstab_solvers.result import OPTIMAL, DualSolution
 from otstab_solvers.weights import phi, pmean, support_max
 
@@ -134,15 +134,20 @@ def solve_reduced(prob: Problem, red: Reduced, r, theta1, theta2, divergence, so
     # weighted samples: the dual's sums over blocks of rows (the pieces computed per block: no
     # (K, n) array, no n-vectors of l_h); the sorted view serves uniform samples only
     weighted_rows = p is not None and red.c1_dense is None
-    oracle = red.oracle(sorted_view=not weighted_rows)
+    # a hinge-shaped form with uniform samples: solve_two_piece sorts the keys it needs (a
+    # window of them for KL and theta2 = inf); the dense weighted dual sorts all of them
+    oracle = red.oracle(sorted_view=p is not None and not weighted_rows)
     dual = BlockwiseDual(in_memory(affine_blocks(red.rows, red.c2, oracle.c1abs, p)),
                          red.n, 1.0) if weighted_rows else oracle
     state = {"program": program}
 
     def run_dual():
-        sol = solve_dual(dual, r, theta2, divergence, p=None if weighted_rows else p,
-                         **dual_opts)
-        # the sorted view (an n-vector of keys) served the solve only: freed before Q* is
+        if p is None and oracle._hinge_piece is not None:
+            sol = solve_two_piece(oracle, r, theta2, divergence, **dual_opts)
+        else:
+            sol = solve_dual(dual, r, theta2, divergence, p=None if weighted_rows else p,
+                             **dual_opts)
+        # a sorted view (an n-vector of keys) served the solve only: freed before Q* is
         # built (a conic fallback refines h on the plain oracle)
         oracle.prefix = None
         if sol.status != OPTIMAL:
@@ -198,9 +203,16 @@ def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, thet
     """
     h = float(sol.h)
     n = red.n
+    oracle = red.oracle(sorted_view=False) if oracle is None else oracle
+    # the sorted view the dual came from (solve_two_piece; an n-vector of keys): the keyed
+    # builder takes it over and frees it once its sums are taken; no result keeps it
+    if sol.info.get("view") is not None and n > AUDIT_DIRECT_MAX and prob.p is None and \
+            h > 0 and (divergence == "kl" or math.isinf(theta2)):
+        return _build_keyed(prob, red, sol, sol.info.pop("view"), oracle, r, theta1, theta2,
+                            divergence, t_start)
+    sol.info.pop("view", None)
     if tie_rtol is None:
         tie_rtol = 1e-10 if sol.solver == "dual" else 1e-7
-    oracle = red.oracle(sorted_view=False) if oracle is None else oracle
     if getattr(oracle, "prefix", None) is not None:
         # the result keeps the oracle (Q*'s atoms are built on first access) but not its
         # sorted view, whose arrays only the solver needed
@@ -282,7 +294,9 @@ def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, thet
             sums.add(rows, f, w, *_reduced_atoms(prob, red, rows, t_hi[moving], h))
             sums.add(rows, -f, w, *_reduced_atoms(prob, red, rows, t_lo[moving], h))
         res = sums.result(prob, theta1, theta2, value)
-        res["audit"] = _sample_check(prob, red, oracle, h, tie_rtol, t_rows, t_hi, frac)
+        res["audit"] = _sample_check(prob, red, h, *_scanned_atoms(prob, red, oracle, h,
+                                                                    tie_rtol, t_rows, t_hi,
+                                                                    frac))
         if res["audit"]["max_rel_error"] > SAMPLED_RTOL:  # the reduced form and the model
             res["primal_cost"] = res["gap"] = math.inf   # disagree: never pass this off
         res["loss_star"] = lambda: _reduced_atoms(prob, red, atoms()[0], atoms()[1], h)[0]
@@ -302,15 +316,24 @@ def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, thet
         res = _audit_blocks(prob, moved_block, src, mass, w_atoms, theta1, theta2,
                             divergence, value)
         moved2 = res.pop("moved2")  # per atom: for the influence function (otstab.inference)
+    return _candidate(prob, red, sol, atoms, res, moved2, h, value, wm.alpha,
+                      bool(split.any()), r, theta1, theta2, divergence, t_start)
+
+
+def _candidate(prob, red, sol, atoms, res, moved2, h, value, alpha, split, r, theta1, theta2,
+               divergence, t_start) -> StabilityResult:
+    """The candidate result of a builder: ``atoms`` (lazy) gives Q*'s ``(source, piece,
+    mass, weight)``, ``res`` the audit's fields, ``moved2`` each atom's squared move."""
     audit_info = res.pop("audit")
+    X = prob.X
     return StabilityResult(
-        value=value, h=h, alpha=wm.alpha,
+        value=value, h=h, alpha=alpha,
         X_star=lambda: red.move(X, atoms()[0], atoms()[1], h), weights=lambda: atoms()[3],
         source=lambda: atoms()[0], mass=lambda: atoms()[2],
         solver=sol.solver, status="candidate", solve_time=sol.solve_time,
         r=r, theta1=theta1, theta2=theta2, divergence=divergence, loss=prob.loss.name,
         dual_gap_bound=sol.gap_bound, iterations=sol.iterations,
-        compile_time=sol.compile_time, split=bool(split.any()),
+        compile_time=sol.compile_time, split=split,
         X=prob.X, feature_names=prob.feature_names, index=prob.index,
         info={"solver_value": sol.value, "native_status": sol.native_status,
               "solver_alpha": sol.alpha, "wall_time": time.perf_counter() - t_start,
@@ -321,6 +344,121 @@ def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, thet
               **sol.info},
         **res,
     )
+
+
+def _build_keyed(prob, red, sol, view, oracle, r, theta1, theta2, divergence,
+                 t_start) -> StabilityResult:
+    """:func:`build_result` from the sorted view the dual came from (a hinge-shaped form,
+    uniform samples, KL or theta2 = inf, above ``AUDIT_DIRECT_MAX`` rows).
+
+    The view gives Q* as a rule on each sample's key (:class:`~otstab_solvers.sorted_oracle.
+    KeyRule`: which samples move, their weights and losses at the moved points) and the
+    audit's sums in one pass over the samples that move; the samples that stay share one
+    weight and a zero loss. Only tied samples are looked up in the rows (one pass, when there
+    are any): they are split in row order as :func:`build_result` splits them, so that the
+    risk of Q* is r. The sampled check materialises random atoms by the same rule and
+    compares the rule's loss and squared move with the model's."""
+    h = float(sol.h)
+    n = red.n
+    value = min(float(sol.value), h * r)  # (F(h) <= h r: the losses are nonnegative)
+    rule, sums = view.moving_sums(h, theta2, phi_atol=_PHI_RTOL * abs(value) * n / theta2)
+    del view
+    k_move = oracle._hinge_piece
+    k_stay = 1 - k_move
+    # the tied samples, in row order, by the rule's thresholds (the view's counts)
+    t_rows, t_nu = _tied_rows(oracle, rule, n) if sums["p_r"] > sums["p_l"] else \
+        (np.zeros(0, dtype=np.intp), np.zeros(0))
+    if t_rows.size != sums["p_r"] - sums["p_l"]:
+        raise audit.Skip(f"the rows hold {t_rows.size} tied samples where the sorted view "
+                         f"counts {sums['p_r'] - sums['p_l']}")
+    t_w, t_d = rule.weights(t_nu), rule.loss_moved(t_nu)
+    frac = audit.shares_in_order(t_w * t_d, n * r - sums["wd"])
+    up, split = frac >= 1.0, (frac > 0) & (frac < 1)
+    d2 = float(red.sq_displacement(np.zeros(1, dtype=np.intp), np.array([k_move]), h)[0])
+    w0, n_stay = rule.stay_weight(), n - sums["p_r"]
+    sums_ = _Sums(n, None)
+    sums_.risk = (sums["wd"] + float(frac @ (t_w * t_d))) / n
+    sums_.mass = (sums["w"] + float(t_w.sum()) + n_stay * w0) / n
+    sums_.move = d2 * (sums["w"] + float(frac @ t_w)) / n
+    sums_.moved_risk = (sums["d"] + float(frac @ t_d)) / n
+    sums_.phi = 0.0 if math.isinf(theta2) else (
+        sums["phi"] + float(np.sum(phi(t_w, "kl"))) + n_stay * float(phi(np.array([w0]),
+                                                                        "kl")[0])) / n
+    res = sums_.result(prob, theta1, theta2, value)
+    t_up, t_split = t_rows[up], t_rows[split]
+
+    def pieces_weights(rows):
+        """The piece and weight of the samples ``rows`` (main atoms) by the rule."""
+        nu = negated_keys(oracle, rows, np.empty(_count(rows, n)))
+        piece = np.where(rule.moving(nu), k_move, k_stay)
+        if t_up.size:
+            src = np.arange(n)[rows] if isinstance(rows, slice) else rows
+            piece[np.isin(src, t_up)] = k_move
+        return piece, rule.weights(nu)
+
+    def build_atoms():
+        """(source, piece, mass, weight) of every atom: each sample on its piece, plus one
+        extra atom per split sample (its moving share)."""
+        piece = np.empty(n, dtype=np.intp)
+        w = np.empty(n)
+        for s, e in _blocks(n):
+            piece[s:e], w[s:e] = pieces_weights(slice(s, e))
+        mass = np.ones(n)
+        mass[t_split] = 1.0 - frac[split]
+        return (np.concatenate([np.arange(n), t_split]),
+                np.concatenate([piece, np.full(t_split.size, k_move)]),
+                np.concatenate([mass, frac[split]]), np.concatenate([w, w[t_split]]))
+
+    atoms = Lazy(build_atoms)
+
+    def sampled_atoms():
+        """Random atoms, as :func:`_sample_check` takes them: rows, pieces and the rule's
+        (loss at x*, squared move) of each."""
+        m = n + t_split.size
+        pick = audit.sample_positions(m, AUDIT_SAMPLE)
+        main, extra = pick[pick < n], pick[pick >= n] - n
+        rows = np.concatenate([main, t_split[extra]])
+        piece = np.concatenate([pieces_weights(main)[0], np.full(extra.size, k_move)])
+        nu = negated_keys(oracle, rows, np.empty(rows.size))
+        moves = piece == k_move
+        return rows, piece, np.where(moves, rule.loss_moved(nu), 0.0), np.where(moves, d2, 0.0)
+
+    res["audit"] = _sample_check(prob, red, h, *sampled_atoms())
+    if res["audit"]["max_rel_error"] > SAMPLED_RTOL:  # the rule and the model disagree
+        res["primal_cost"] = res["gap"] = math.inf
+    res["loss_star"] = lambda: _reduced_atoms(prob, red, atoms()[0], atoms()[1], h)[0]
+    moved2 = lambda: red.sq_displacement(atoms()[0], atoms()[1], h)  # noqa: E731
+    return _candidate(prob, red, sol, atoms, res, moved2, h, value,
+                      None if divergence == "kl" else 0.0, bool(split.any()), r, theta1,
+                      theta2, divergence, t_start)
+
+
+#: relative share of the value that the cancellation of the keyed builder's sum of phi may
+#: reach before it is summed per sample (1e-3 of the audit's tolerance)
+_PHI_RTOL = 1e-3 * audit.AUDIT_RTOL
+
+
+def _blocks(n):
+    return [(s, min(s + AUDIT_BLOCK, n)) for s in range(0, n, AUDIT_BLOCK)]
+
+
+def _count(rows, n) -> int:
+    return len(range(*rows.indices(n))) if isinstance(rows, slice) else int(np.size(rows))
+
+
+def _tied_rows(oracle, rule, n):
+    """The rows whose keys the rule counts as tied, ascending, and their keys."""
+    rows, keys = [], []
+    buf = np.empty(AUDIT_BLOCK)
+    for s, e in _blocks(n):
+        nu = negated_keys(oracle, slice(s, e), buf[:e - s])
+        at = np.flatnonzero(rule.tied(nu))
+        if at.size:
+            rows.append(at + s)
+            keys.append(nu[at])
+    if not rows:
+        return np.zeros(0, dtype=np.intp), np.zeros(0)
+    return np.concatenate(rows), np.concatenate(keys)
 
 
 def _reduced_atoms(prob, red, rows, piece, h):
@@ -376,9 +514,10 @@ class _Sums:
                                self.mass, self.moved_risk, value, None, self.p, base=base)
 
 
-def _sample_check(prob, red, oracle, h, tie_rtol, t_rows, t_hi, frac) -> dict:
-    """The reduced form against the model on a random sample of AUDIT_SAMPLE atoms: each is
-    materialised (x* = x + displacement), re-scored by the model and re-measured."""
+def _scanned_atoms(prob, red, oracle, h, tie_rtol, t_rows, t_hi, frac):
+    """Random atoms of the Q* :func:`build_result` builds (the rows and pieces of the scan,
+    the moving tied samples on their high piece), with the reduced form's loss at x* and
+    squared move of each (:func:`_reduced_atoms`)."""
     n = prob.n
     split_rows = t_rows[(frac > 0) & (frac < 1)]
     m = n + split_rows.size
@@ -394,17 +533,25 @@ def _sample_check(prob, red, oracle, h, tie_rtol, t_rows, t_hi, frac) -> dict:
     extra = pick[pick >= n] - n
     split_hi = t_hi[(frac > 0) & (frac < 1)]
     piece = np.concatenate([piece, split_hi[extra]])
+    return (rows, piece, *_reduced_atoms(prob, red, rows, piece, h))
+
+
+def _sample_check(prob, red, h, rows, piece, loss_star, moved2) -> dict:
+    """The reduced form against the model on random atoms (``rows``, ``piece``; at most
+    AUDIT_SAMPLE): each is materialised (x* = x + displacement), re-scored by the model and
+    re-measured, and compared with the loss at x* and the squared move the audit's sums
+    used (``loss_star``, ``moved2``)."""
     err = 0.0
     # small blocks: the gathered rows, their moves and the moved rows stay cache-sized
     step = audit.rows_per_block(prob.d, SAMPLE_BLOCK)
     for s in range(0, rows.size, step):
         rb, pb = rows[s:s + step], piece[s:s + step]
-        loss_star, moved2 = _reduced_atoms(prob, red, rb, pb, h)
         Xg = prob.X[rb]
         delta = red.displacement(rb, pb, h)
         Xs = Xg if delta is None else Xg + delta
         direct_loss, direct_d2 = audit.rescored(prob.losses, prob.y[rb], Xg, Xs)
-        err = max(err, audit.sampled_error(direct_loss, loss_star, direct_d2, moved2))
+        err = max(err, audit.sampled_error(direct_loss, loss_star[s:s + step], direct_d2,
+                                           moved2[s:s + step]))
     return {"method": "sampled", "sample": int(rows.size), "max_rel_error": err}
 
 

@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from otstab_solvers.dual import AffineOracle, AffineRows, PiecewiseOracle, oracle_for
+from otstab_solvers.dual import AffineRows, PiecewiseOracle, oracle_for
 
 from .errors import ValidationError
 from .losses import MulticlassHinge, PiecewiseLinear
@@ -88,15 +88,12 @@ class Reduced:
         return out
 
     def oracle(self, *, sorted_view: bool = True) -> PiecewiseOracle:
-        """The dual's oracle for this form: :func:`otstab_solvers.dual.oracle_for` (with the
-        sorted view of the hinge shape), or the plain piecewise oracle
-        (``sorted_view=False``); pieces computed per block when ``rows`` gives them."""
-        if sorted_view:
-            return oracle_for(self.c1_dense, self.c2, rows=self.rows if self.c1_dense is None
-                              else None)
-        if self.c1_dense is None:
-            return AffineOracle(self.rows, self.c2)
-        return PiecewiseOracle(self.c1_dense, self.c2)
+        """The dual's oracle for this form (:func:`otstab_solvers.dual.oracle_for`; pieces
+        computed per block when ``rows`` gives them). A hinge-shaped form is recognised either
+        way; ``sorted_view=True`` also sorts its keys now (the view ``prefix``), False leaves
+        the sorting to :func:`otstab_solvers.dual.solve_two_piece`."""
+        return oracle_for(self.c1_dense, self.c2, sorted_view=sorted_view,
+                          rows=self.rows if self.c1_dense is None else None)
 
     def directions(self, src: np.ndarray, piece: np.ndarray) -> np.ndarray:
         """``a_(src, piece)`` restricted to the mask, one row per atom."""

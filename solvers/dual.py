@@ -17,7 +17,10 @@ bracket is cut there. So optima at a kink (common for hinge and 0/1 losses) are 
 not by slow bisection.
 
 Every function evaluation is O(nK): the pieces are scanned one at a time over contiguous 1-D
-columns, so no n x K temporary is made.
+columns, so no n x K temporary is made. The hinge shape (two pieces, one of them zero) is
+evaluated from sorted keys instead (:mod:`otstab_solvers.sorted_oracle`); for KL and
+theta2 = inf :func:`solve_two_piece` sorts only the keys whose kinks lie in a bracket found on a
+subsample, not all n.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import time
 import numpy as np
 
 from .result import FAILED, OPTIMAL, DualSolution
-from .sorted_oracle import SortedTwoPiece
+from .sorted_oracle import SortedTwoPiece, window_thresholds
 from .weights import (
     chi2_dual_term,
     chi2_solution,
@@ -39,7 +42,15 @@ from .weights import (
 )
 
 __all__ = ["PiecewiseOracle", "AffineRows", "AffineOracle", "oracle_for", "solve_dual",
-           "dual_objective", "refine"]
+           "solve_two_piece", "negated_keys", "dual_objective", "refine", "WINDOW_MIN_N",
+           "WINDOW_SUBSAMPLE"]
+
+#: below this many samples :func:`solve_two_piece` sorts every key (a sort is cheap there)
+WINDOW_MIN_N = 1 << 17
+#: keys of the subsample on which :func:`solve_two_piece` locates the bracket of its window
+WINDOW_SUBSAMPLE = 1 << 14
+#: relative half-widths of the windows tried around the subsample's h, in turn
+WINDOW_WIDTHS = (0.03, 0.15, 0.6)
 
 
 class PiecewiseOracle:
@@ -423,7 +434,8 @@ class AffineOracle(PiecewiseOracle):
         return self.rows.piece(k, sel)
 
 
-def oracle_for(c1, c2, *, rows: AffineRows | None = None) -> PiecewiseOracle:
+def oracle_for(c1, c2, *, rows: AffineRows | None = None,
+               sorted_view: bool = True) -> PiecewiseOracle:
     """The oracle ``solve_dual`` should use for the reduced form ``(c1, c2)``.
 
     A :class:`PiecewiseOracle` (``rows`` given instead of ``c1``: an :class:`AffineOracle`,
@@ -431,28 +443,116 @@ def oracle_for(c1, c2, *, rows: AffineRows | None = None) -> PiecewiseOracle:
     identically zero, one shared ``c2 >= 0``: ``l_h = max(0, u_i h + c h^2)``), it also carries
     a sorted prefix-sum view (``prefix``) so that each dual evaluation costs O(log n) (chi2,
     theta2 = inf) or one exp pass over the active samples (KL), after one sort.
+    ``sorted_view=False``: the shape is only recorded (``_hinge_piece``); the view is built
+    by :func:`solve_two_piece`, which sorts fewer keys where it can, or :func:`sorted_view`.
     """
     oracle = PiecewiseOracle(c1, c2) if rows is None else AffineOracle(rows, c2)
     if oracle.K == 2 and not oracle._rowwise:
         for k1 in (0, 1):
             if oracle._zero[1 - k1] and oracle.c2[0, k1] >= 0 and not oracle._zero[k1]:
-                if rows is None:
-                    u = oracle._c1T[k1]
-                    ok = bool(np.all(np.isfinite(u)))
-                    view = SortedTwoPiece(u, "hinge", float(oracle.c2[0, k1]),
-                                          tie=oracle.TIE) if ok else None
-                else:  # the negated keys written block by block, sorted in place
-                    nu = np.empty(oracle.n)
-                    for i, j in rows.blocks():
-                        rows.negated_piece(k1, slice(i, j), nu[i:j])
-                    ok = math.isfinite(oracle._c1abs)
-                    view = SortedTwoPiece.from_negated(nu, "hinge", float(oracle.c2[0, k1]),
-                                                       tie=oracle.TIE) if ok else None
-                if view is not None:
-                    oracle.prefix = view
+                if math.isfinite(oracle._c1abs):
                     oracle._hinge_piece = k1
+                    if sorted_view:
+                        oracle.prefix = sorted_view_of(oracle)
                 break
     return oracle
+
+
+def negated_keys(oracle: PiecewiseOracle, rows, out: np.ndarray) -> np.ndarray:
+    """``-u`` of the samples ``rows`` (a slice or index array) of a hinge-shaped oracle,
+    written into ``out`` (the negated moving piece: the same numbers as ``-c1[rows, k1]``,
+    and as the keys of its sorted views)."""
+    k1 = oracle._hinge_piece
+    if isinstance(oracle, AffineOracle) and oracle._dense is None:
+        return oracle.rows.negated_piece(k1, rows, out)
+    return np.negative(oracle._c1T[k1][rows], out=out)
+
+
+def sorted_view_of(oracle: PiecewiseOracle) -> SortedTwoPiece:
+    """The fully sorted view of a hinge-shaped oracle: the negated keys written block by block
+    into one array and sorted in place."""
+    c = float(oracle.c2[0, oracle._hinge_piece])
+    nu = np.empty(oracle.n)
+    for i in range(0, oracle.n, AffineRows.BLOCK):
+        j = min(i + AffineRows.BLOCK, oracle.n)
+        negated_keys(oracle, slice(i, j), nu[i:j])
+    return SortedTwoPiece.from_negated(nu, "hinge", c, tie=oracle.TIE)
+
+
+def _umax(oracle: PiecewiseOracle) -> float:
+    """The largest ``|u|`` of a hinge-shaped oracle's keys (the full view's tie scale)."""
+    k1 = oracle._hinge_piece
+    if isinstance(oracle, AffineOracle) and oracle._dense is None:
+        lo, hi = oracle.rows.piece_extreme(k1, False), oracle.rows.piece_extreme(k1, True)
+    else:
+        col = oracle._c1T[k1]
+        lo, hi = float(col.min()), float(col.max())
+    return max(abs(lo), abs(hi))
+
+
+def solve_two_piece(oracle: PiecewiseOracle, r: float, theta2: float, divergence: str, *,
+                    tol: float = 1e-13, max_iter: int = 200,
+                    min_n: int | None = None) -> DualSolution:
+    """:func:`solve_dual` of a hinge-shaped oracle (:func:`oracle_for` with
+    ``sorted_view=False``), sorting only the keys it needs.
+
+    For KL and theta2 = inf with at least ``min_n`` samples (default :data:`WINDOW_MIN_N`):
+    the dual is solved on a strided subsample of :data:`WINDOW_SUBSAMPLE` keys, and the full
+    dual on a window (:meth:`SortedTwoPiece.window`) around that ``h``: only the keys whose
+    kinks lie in the bracket are sorted. The bracket is accepted only when the full data's
+    derivative changes sign across it (``g(h_lo) > 0 > g(h_hi)``, each on its inner side);
+    otherwise a wider one is tried (:data:`WINDOW_WIDTHS`), and in the end every key is sorted
+    (:func:`sorted_view_of`). The answer is that of the fully sorted view up to the order
+    of summation (KL) and is exact in the same sense. chi2 and small data sort every key.
+    ``sol.info["window"]`` records what was done; ``sol.info["view"]`` is the view the answer
+    came from (valid at ``sol.h``; a caller that keeps the solution should drop it).
+    """
+    n = oracle.n
+    min_n = WINDOW_MIN_N if min_n is None else min_n
+    k1 = oracle._hinge_piece
+    if k1 is None:
+        raise ValueError("solve_two_piece needs a hinge-shaped oracle (oracle_for)")
+    c = float(oracle.c2[0, k1])
+    tries = []
+    if (divergence == "kl" or math.isinf(theta2)) and n >= max(min_n, 1) and c > 0.0:
+        t0 = time.perf_counter()
+        stride = max(1, n // WINDOW_SUBSAMPLE)
+        m = len(range(0, n, stride))
+        sub = SortedTwoPiece.from_negated(negated_keys(oracle, slice(0, n, stride),
+                                                       np.empty(m)), "hinge", c, tie=oracle.TIE)
+        sub_sol = solve_dual(sub, r, theta2, divergence, tol=1e-10)
+        h_sub = sub_sol.h if sub_sol.status == OPTIMAL else math.nan
+        umax = _umax(oracle)
+        sub_keys = sub.nu  # (sorted: the window's sizes are estimated from them)
+        del sub
+        for width in WINDOW_WIDTHS if math.isfinite(h_sub) and h_sub > 0 else ():
+            h_lo, h_hi = h_sub * (1.0 - width), h_sub * (1.0 + width)
+            # the array's size from the subsample's share of kept keys, with room for twice
+            # its sampling error (a counting pass first in the rare case that is too little)
+            k_sub = int(np.searchsorted(sub_keys, window_thresholds(c, h_lo, h_hi, umax,
+                                                                    oracle.TIE)[1], "right"))
+            size = int((k_sub + 2.0 * math.sqrt(k_sub) + 4) * n / m) + 1024
+            view = SortedTwoPiece.window(lambda i, j, out: negated_keys(oracle, slice(i, j),
+                                                                         out),
+                                         n, c, h_lo, h_hi, umax, size=min(size, n),
+                                         tie=oracle.TIE)
+            sol = solve_dual(view, r, theta2, divergence, tol=tol, max_iter=max_iter,
+                             bracket=(h_lo, h_hi), h_init=h_sub)
+            tries.append({"width": width, "sorted": view.n_fin - view.sorted_from,
+                          "kept": view.n_fin, "status": sol.native_status})
+            if sol.status == OPTIMAL:
+                sol.solve_time = time.perf_counter() - t0
+                sol.info["window"] = {"h_subsample": h_sub, "tries": tries}
+                sol.info["view"] = view
+                return sol
+    t0 = time.perf_counter()
+    view = sorted_view_of(oracle)
+    sol = solve_dual(view, r, theta2, divergence, tol=tol, max_iter=max_iter)
+    sol.solve_time = time.perf_counter() - t0
+    if tries:
+        sol.info["window"] = {"tries": tries, "fallback": "sorted every key"}
+    sol.info["view"] = view
+    return sol
 
 
 def _exp_shifted(a, m):
@@ -521,7 +621,8 @@ def dual_objective(lh, h, r, theta2, divergence, p=None):
 
 
 def solve_dual(oracle, r: float, theta2: float, divergence: str, *, tol: float = 1e-13,
-               max_iter: int = 200, h_init: float | None = None, p=None) -> DualSolution:
+               max_iter: int = 200, h_init: float | None = None, p=None,
+               bracket: tuple[float, float] | None = None) -> DualSolution:
     """Maximise the concave dual over ``h >= 0`` given an oracle for ``l_h``.
 
     The oracle has ``n``, ``h_max`` and ``evaluate(h) -> (l_h, dl_h/dh, d2l_h/dh2 or None)``;
@@ -529,7 +630,11 @@ def solve_dual(oracle, r: float, theta2: float, divergence: str, *, tol: float =
     handling. Stops when the concavity bound on ``F* - F(best)`` from the bracket (F* lies below
     the tangent at either end) is below ``tol * max(1, |F|)``; that bound is ``gap_bound``.
     ``p``: probabilities of the samples (None: uniform); the sorted prefix-sum view is then
-    not used (the oracle is evaluated densely).
+    not used (the oracle is evaluated densely). ``bracket = (h_lo, h_hi)``: the oracle is
+    evaluated inside it only (a window, :func:`solve_two_piece`), from ``h_init`` (a guess
+    inside it; default its ends) by Newton steps until ``g`` changes sign; when the root is
+    not inside (``g`` > 0 on the right of ``h_lo``, < 0 on the left of ``h_hi``) the status is
+    FAILED with ``native_status`` "root below the bracket" or "root above the bracket".
     """
     t0 = time.perf_counter()
     n = oracle.n
@@ -561,12 +666,6 @@ def solve_dual(oracle, r: float, theta2: float, divergence: str, *, tol: float =
         term, mu, curv, alpha = _reduce(lh, d1, d2, theta2, divergence, n, probs)
         return {"h": h, "F": h * r - term, "g": r - mu, "curv": curv, "alpha": alpha, "k": k}
 
-    def bound(lo, hi):
-        w = hi["h"] - lo["h"]
-        ub = min(lo["F"] + max(lo["g"], 0.0) * w, hi["F"] + max(-hi["g"], 0.0) * w)
-        best = lo if lo["F"] >= hi["F"] else hi
-        return best, max(ub - best["F"], 0.0)
-
     def finish(p, status, gap=0.0, note=""):
         return DualSolution(
             h=p["h"], alpha=p["alpha"], value=p["F"], status=status, solver="dual",
@@ -574,6 +673,15 @@ def solve_dual(oracle, r: float, theta2: float, divergence: str, *, tol: float =
             solve_time=time.perf_counter() - t0,
         )
 
+    if bracket is not None:
+        ends = _bracket_within(at, bracket, h_init)
+        if isinstance(ends, str):
+            return finish({"h": math.nan, "F": math.nan, "alpha": None}, FAILED, math.nan,
+                          ends)
+        lo, hi = ends
+        if hi is None:  # g = 0 at lo: a maximiser
+            return finish(lo, OPTIMAL)
+        return _solve_bracketed(at, oracle, fast, kinks, lo, hi, r, tol, max_iter, finish)
     p0 = at(0.0, "right")
     if p0["g"] <= 0.0:
         p0["F"] = 0.0
@@ -602,6 +710,64 @@ def solve_dual(oracle, r: float, theta2: float, divergence: str, *, tol: float =
         h = max(2.0 * h, h + 1.5 * step if math.isfinite(step) else 4.0 * h)
     if hi is None:
         return finish(lo, FAILED, math.nan, "could not bracket the root (threshold unreachable?)")
+
+    return _solve_bracketed(at, oracle, fast, kinks, lo, hi, r, tol, max_iter, finish)
+
+
+#: a Newton step towards the root from a guess inside a window is lengthened by this factor,
+#: so that it usually lands past the root (the bracket the search needs) close to it
+OVERSHOOT = 2e-3
+
+
+def _bracket_within(at, bracket, h_init):
+    """``(lo, hi)``: points of the window ``bracket`` with ``g(lo) > 0 > g(hi)`` (``hi`` None:
+    ``g(lo) = 0``), found by Newton steps from ``h_init`` (lengthened by :data:`OVERSHOOT`,
+    twice as much each time they fall short; the ends of the window at the last), or the
+    reason the root is not inside."""
+    h_lo, h_hi = bracket
+    lo = hi = None
+    if h_init is not None and h_lo < h_init < h_hi:
+        p = at(h_init, "right")
+        if not math.isfinite(p["F"]):
+            return "non-finite dual objective in the bracket"
+        factor = 1.0 + OVERSHOOT
+        for _ in range(6):
+            if p["g"] == 0.0:
+                return p, None
+            if p["g"] > 0.0:
+                lo = p
+            else:
+                hi = p
+            if lo is not None and hi is not None:
+                return lo, hi
+            step = p["g"] / p["curv"] if p["curv"] > 0 else math.nan
+            h = p["h"] + factor * step if math.isfinite(step) else math.nan
+            if not h_lo < h < h_hi:
+                break
+            p = at(h, "right")
+            factor = 1.0 + 2.0 * (factor - 1.0)
+    if lo is None:
+        lo = at(h_lo, "right")
+        if lo["g"] <= 0.0:
+            return "root below the bracket"
+    if hi is None:
+        hi = at(h_hi, "left")
+        if hi["g"] >= 0.0:
+            return "root above the bracket"
+    if not math.isfinite(lo["F"]) or not math.isfinite(hi["F"]):
+        return "non-finite dual objective in the bracket"
+    return lo, hi
+
+
+def _solve_bracketed(at, oracle, fast, kinks, lo, hi, r, tol, max_iter, finish):
+    """The safeguarded Newton search of :func:`solve_dual` inside ``[lo, hi]`` (points with
+    ``g(lo) > 0 > g(hi)``), kinks located exactly."""
+
+    def bound(lo, hi):
+        w = hi["h"] - lo["h"]
+        ub = min(lo["F"] + max(lo["g"], 0.0) * w, hi["F"] + max(-hi["g"], 0.0) * w)
+        best = lo if lo["F"] >= hi["F"] else hi
+        return best, max(ub - best["F"], 0.0)
 
     widths = [hi["h"] - lo["h"]]
     poor = False  # the last Newton step reduced |g| by less than half

@@ -20,6 +20,13 @@ are a contiguous range. So:
 - KL evaluations are one exp pass over the active prefix only;
 - the kinks between two points are read off the sorted keys in O(1).
 
+A *window* (:meth:`SortedTwoPiece.window`) serves the KL and theta2 = inf evaluations at the
+``h`` of one bracket ``[h_lo, h_hi]`` only, without sorting every key: the samples that move at
+every ``h`` of the bracket (``A``) are kept unsorted in front, those that switch piece inside it
+(``B``) sorted after them, and those that move at none (``C``) are only counted. Every count,
+sum and kink inside the bracket is then the one of the fully sorted view; one sort of ``B``
+replaces the sort of all n keys (:func:`otstab_solvers.dual.solve_two_piece`).
+
 :func:`otstab_solvers.dual.solve_dual` evaluates a :class:`SortedTwoPiece` directly, and uses
 an oracle's ``prefix`` attribute (one of these) when it has one.
 """
@@ -27,10 +34,13 @@ an oracle's ``prefix`` attribute (one of these) when it has one.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["SortedTwoPiece", "KL_BLOCK"]
+from .weights import phi
+
+__all__ = ["SortedTwoPiece", "KeyRule", "KL_BLOCK", "window_thresholds"]
 
 #: keys per block of a KL evaluation (two buffers of 128 KB, kept in cache)
 KL_BLOCK = 1 << 14
@@ -48,8 +58,11 @@ class _Keys:
         umax = max(abs(float(nu[0])), abs(float(nu[n_fin - 1]))) if n_fin else 0.0
         return cls(nu, n_fin, umax)
 
-    def __init__(self, nu, n_fin, umax):
+    def __init__(self, nu, n_fin, umax, front_max=None, sorted_from=0):
         self.nu, self.n_fin, self.umax = nu, n_fin, umax
+        # a window's unsorted front: its length and its largest key (0 and None: every key
+        # sorted)
+        self.sorted_from, self.front_max = sorted_from, front_max
         self._prefix = None
         self.buffers = None  # the KL evaluations' scratch (SortedTwoPiece._kl_buffers)
 
@@ -64,18 +77,32 @@ class _Keys:
     def prefix(self):
         """Prefix sums of the keys and of their squares (``cu[q]``: the sum of the first q),
         computed from ``nu`` in the output arrays (no n-sized temporary): the sums of
-        ``-nu`` are the negated sums of ``nu``, exactly, and ``u^2 = nu^2``."""
+        ``-nu`` are the negated sums of ``nu``, exactly, and ``u^2 = nu^2``. A window's are
+        those of its sorted part, after the sums of its front (:meth:`at`)."""
         if self._prefix is None:
-            n_fin, n = self.n_fin, self.nu.size
-            nf = self.nu[:n_fin]
-            cu = np.zeros(n + 1)
-            cu2 = np.zeros(n + 1)
-            np.cumsum(nf, out=cu[1:n_fin + 1])
+            lo, n_fin = self.sorted_from, self.n_fin
+            nf = self.nu[lo:n_fin]
+            cu = np.zeros(n_fin - lo + 1 if lo else self.nu.size + 1)
+            cu2 = np.zeros(cu.size)
+            np.cumsum(nf, out=cu[1:nf.size + 1])
             np.negative(cu, out=cu)
-            np.square(nf, out=cu2[1:n_fin + 1])
-            np.cumsum(cu2[1:n_fin + 1], out=cu2[1:n_fin + 1])
+            np.square(nf, out=cu2[1:nf.size + 1])
+            np.cumsum(cu2[1:nf.size + 1], out=cu2[1:nf.size + 1])
+            front = self.nu[:lo]
+            self._front = (-float(np.sum(front)), float(np.dot(front, front)))
             self._prefix = (cu, cu2)
         return self._prefix
+
+    def at(self, q: int) -> tuple[float, float]:
+        """``(sum u, sum u^2)`` over the first ``q`` keys (of a window: ``q`` at least its
+        front, which every count inside its bracket is)."""
+        cu, cu2 = self.prefix()
+        lo = self.sorted_from
+        if not lo:
+            return float(cu[q]), float(cu2[q])
+        if q < lo:
+            raise ValueError(f"the sums of the first {q} keys of a window that sorts from {lo}")
+        return self._front[0] + float(cu[q - lo]), self._front[1] + float(cu2[q - lo])
 
 
 class SortedTwoPiece:
@@ -97,7 +124,14 @@ class SortedTwoPiece:
     tie : float
         Relative tolerance under which a sample counts as tied between its pieces (as
         :class:`otstab_solvers.dual.PiecewiseOracle`; for distances, relative to ``max(1, h)``).
+
+    A window (:meth:`window`) also has ``domain = (h_lo, h_hi)``, the total ``n`` (beyond the
+    keys it holds) and ``sorted_from`` (its unsorted front ``A``); the full view has
+    ``domain = None`` and ``sorted_from = 0``.
     """
+
+    domain = None
+    sorted_from = 0
 
     h_max = math.inf
 
@@ -121,6 +155,77 @@ class SortedTwoPiece:
         self.n = self.nu.size
 
     @classmethod
+    def window(cls, fill, n: int, c: float, h_lo: float, h_hi: float, umax: float, *,
+               size: int | None = None, block: int = KL_BLOCK,
+               tie: float = 1e-12) -> SortedTwoPiece:
+        """The hinge view ``l_h = max(0, u h + c h^2)`` for ``h`` in ``[h_lo, h_hi]`` only
+        (``0 < h_lo < h_hi``, ``c > 0``), built without sorting all n keys.
+
+        ``fill(i, j, out)`` writes the negated keys ``-u`` of samples ``i..j`` into ``out``;
+        ``umax`` is the largest ``|u|`` over all samples (the scale of the tie tolerance, as in
+        the full view). One pass over blocks of samples writes ``A`` (always moving in the
+        bracket; unsorted, its smallest key first) and ``B`` (sorted afterwards) into one
+        array; the ``C`` samples, moving nowhere in the bracket, are only counted (like
+        ``-inf`` keys of the full view). ``size``: an estimate of ``|A| + |B|`` (from a
+        subsample) the array is allocated with; without it, or when it proves too small, a
+        counting pass comes first. Evaluations outside the bracket raise ``ValueError``.
+        """
+        if not (0.0 < h_lo < h_hi < math.inf) or not c > 0.0:
+            raise ValueError(f"a window needs 0 < h_lo < h_hi < inf and c > 0, got "
+                             f"[{h_lo}, {h_hi}], c = {c}")
+        a_thr, c_thr = window_thresholds(c, h_lo, h_hi, umax, tie)
+        m = min(block, n)
+        buf, ina, le = np.empty(m), np.empty(m, dtype=bool), np.empty(m, dtype=bool)
+        spans = [(i, min(i + block, n)) for i in range(0, n, block)]
+
+        def count():
+            total = 0
+            for i, j in spans:
+                total += int(np.count_nonzero(fill(i, j, buf[:j - i]) <= c_thr))
+            return total
+
+        def write(size):
+            """(keys, |A|) in an array of ``size`` keys, or None when they do not fit."""
+            nu = np.empty(size)
+            ia, b_parts = 0, []
+            for i, j in spans:
+                nb = fill(i, j, buf[:j - i])
+                a, b = ina[:j - i], le[:j - i]
+                np.less(nb, a_thr, out=a)
+                k = int(np.count_nonzero(a))
+                if ia + k > size:
+                    return None
+                if k:
+                    np.compress(a, nb, out=nu[ia:ia + k])
+                    ia += k
+                np.less_equal(nb, c_thr, out=b)
+                if int(np.count_nonzero(b)) > k:  # B = (nu <= c_thr) and not A (A is in it)
+                    np.not_equal(b, a, out=b)
+                    b_parts.append(nb[b])
+            n_b = sum(part.size for part in b_parts)
+            if ia + n_b > size:
+                return None
+            if n_b:
+                nu[ia:ia + n_b] = np.concatenate(b_parts)
+            nu.resize(ia + n_b, refcheck=False)  # the estimate's spare room given back
+            return nu, ia
+
+        got = write(size) if size is not None and size >= 0 else None
+        if got is None:
+            got = write(count())
+        nu, n_a = got
+        nu[n_a:].sort()
+        front_max = None
+        if n_a:
+            front_max = float(nu[:n_a].max())
+            k = int(np.argmin(nu[:n_a]))  # the largest key first: the KL pass reads its
+            nu[0], nu[k] = nu[k], nu[0]    # largest l_h there
+        view = cls(nu, "hinge", c, tie=tie,
+                   _sorted=_Keys(nu, nu.size, float(umax), front_max, n_a))
+        view.n, view.sorted_from, view.domain = int(n), n_a, (float(h_lo), float(h_hi))
+        return view
+
+    @classmethod
     def from_negated(cls, nu: np.ndarray, kind: str, c: float = 0.0, *, scale: float = 1.0,
                      tie: float = 1e-12) -> SortedTwoPiece:
         """The view of the keys ``u = -nu``, given negated in a float64 array that the view
@@ -138,22 +243,31 @@ class SortedTwoPiece:
     def cu(self) -> np.ndarray:
         """Prefix sums of the sorted keys (``cu[q]``: the sum of the first q; built on first
         use, shared with the oracles made by :meth:`with_c` / :meth:`with_scale`)."""
+        self._whole("cu")
         return self._sorted.prefix()[0]
 
     @property
     def cu2(self) -> np.ndarray:
         """Prefix sums of the squared sorted keys."""
+        self._whole("cu2")
         return self._sorted.prefix()[1]
 
     def with_c(self, c: float) -> SortedTwoPiece:
         """The same sorted keys with another hinge coefficient ``c`` (no new sort)."""
+        self._whole("with_c")
         return SortedTwoPiece(None, self.kind, c, scale=self.scale, tie=self.tie,
                               _sorted=self._sorted)
 
     def with_scale(self, scale: float) -> SortedTwoPiece:
         """The same sorted keys with another distance scale ``s`` (no new sort)."""
+        self._whole("with_scale")
         return SortedTwoPiece(None, self.kind, self.c, scale=scale, tie=self.tie,
                               _sorted=self._sorted)
+
+    def _whole(self, what: str) -> None:
+        """Refuse an operation that needs every key sorted on a window."""
+        if self.domain is not None:
+            raise ValueError(f"{what} needs the fully sorted view, not a window")
 
     # -- the pieces ---------------------------------------------------------------------------
     def coefficients(self, h: float):
@@ -166,18 +280,31 @@ class SortedTwoPiece:
     def count(self, h: float, side: str = "right") -> int:
         """How many samples are on the "move" piece at ``h`` (ties: right = move, left = stay)."""
         A, B, dA, dB, _ = self.coefficients(h)
-        nu = self.nu[:self.n_fin]
+        lo = self.sorted_from
+        if self.domain is not None and not self.domain[0] <= h <= self.domain[1]:
+            raise ValueError(f"h = {h!r} is outside this window's bracket {self.domain}")
+        nu = self.nu[lo:self.n_fin]
         if A == 0.0:  # every l is B = 0: the piece with the larger (right) derivative wins
             if dA == 0.0:
                 return self.n_fin if (dB > 0) == (side == "right") else 0
-            return int(np.searchsorted(nu, dB / dA, side="left")) if side == "right" else 0
+            return lo + int(np.searchsorted(nu, dB / dA, side="left")) if side == "right" \
+                else 0
+        left, right = self.thresholds(h)
+        if side == "right":
+            return lo + int(np.searchsorted(nu, right, side="right"))
+        return lo + int(np.searchsorted(nu, left, side="left"))
+
+    def thresholds(self, h: float) -> tuple[float, float]:
+        """``(left, right)`` at ``h > 0``: a sample is on the "move" piece on both sides of
+        ``h`` when its negated key ``nu < left``, on the right side when ``nu <= right``
+        (tied between ``left`` and ``right``): ``A u + B`` above ``tol``, or at least
+        ``-tol``, the tie tolerance of :class:`otstab_solvers.dual.PiecewiseOracle`."""
+        A, B = self.coefficients(h)[:2]
         if self.kind == "hinge":
             tol = self.tie * (1.0 + h * self.umax + self.c * h * h)
         else:  # a kink h = s * nu_i need not give back nu_i exactly when divided by s
             tol = self.tie * max(1.0, h)
-        if side == "right":  # A u + B >= -tol  <=>  -u <= (B + tol) / A
-            return int(np.searchsorted(nu, (B + tol) / A, side="right"))
-        return int(np.searchsorted(nu, (B - tol) / A, side="left"))
+        return (B - tol) / A, (B + tol) / A
 
     def kink(self, i: int) -> float:
         """The h at which sample ``i`` (in sorted order) switches piece."""
@@ -206,14 +333,14 @@ class SortedTwoPiece:
         """(sum, sum of squares) of the first q sorted keys: from the prefix sums when they
         exist, else directly (one pass over the q keys, no n-sized arrays)."""
         if self._sorted._prefix is not None:
-            return float(self.cu[q]), float(self.cu2[q])
+            return self._sorted.at(q)
         head = self.nu[:q]  # -u
         return -float(np.sum(head)), float(np.dot(head, head))
 
     def _sums(self, q: int, A, B, dA, dB):
         """Sums over the first q sorted samples of l, l^2, d, d^2 and l d, where l = A u + B
         and d = A' u + B'."""
-        s1, s2 = float(self.cu[q]), float(self.cu2[q])
+        s1, s2 = self._sorted.at(q)
         sl = A * s1 + q * B
         sl2 = A * A * s2 + 2.0 * A * B * s1 + q * B * B
         sd = dA * s1 + q * dB
@@ -233,6 +360,7 @@ class SortedTwoPiece:
             return sl / n, sd / n, d2 * p / n, None, p
         if divergence == "kl":
             return (*self._kl(p, A, B, dA, dB, d2, theta2), None, p)
+        self._whole("chi2")  # (its alpha reads the keys in sorted order)
         return (*self._chi2(p, A, B, dA, dB, d2, theta2), p)
 
     def _kl(self, p, A, B, dA, dB, d2, theta2):
@@ -257,10 +385,11 @@ class SortedTwoPiece:
             S2 = e_val * (s2 + 2.0 * c * s1 + p * c * c)
         else:
             x, e = self._kl_buffers()
+            k1, k0, clamp = self._exponent_map(p, A, B, theta2, M)
             Z1 = S1 = S2 = 0.0
             for s in range(0, p, KL_BLOCK):
                 nb = nu_all[s:min(s + KL_BLOCK, p)]
-                xb, eb = self._exponents(nb, A, B, theta2, M, x), e[:nb.size]
+                xb, eb = self._exponents(nb, k1, k0, clamp, x), e[:nb.size]
                 np.exp(xb, out=eb)
                 Z1 += float(eb.sum())
                 dev = np.subtract(nb, c, out=xb)
@@ -280,7 +409,7 @@ class SortedTwoPiece:
                 zm1 = 0.0
                 for s in range(0, p, KL_BLOCK):
                     nb = nu_all[s:min(s + KL_BLOCK, p)]
-                    xb = self._exponents(nb, A, B, theta2, M, x)
+                    xb = self._exponents(nb, k1, k0, clamp, x)
                     zm1 += float(np.sum(np.expm1(xb, out=xb)))
             log_mean = math.log1p((zm1 + (n - p) * math.expm1(-M)) / n)
         else:
@@ -301,15 +430,27 @@ class SortedTwoPiece:
             buf = self._sorted.buffers = (np.empty(KL_BLOCK), np.empty(KL_BLOCK))
         return buf
 
+    def _exponent_map(self, p, A, B, theta2, M):
+        """``(k1, k0, clamp)``: the exponents ``(l - max l) / theta2`` of the first ``p`` keys
+        are ``k1 nu + k0`` (``l = A u + B``, ``u = -nu``), and ``clamp`` says whether the
+        smallest of them falls below -700, where they are clamped (terms below 1e-304 are far
+        under the rounding of any sum they enter; subnormal exponentials are 10-100x slower).
+        The largest is 0 up to rounding, which ``exp`` takes as it is."""
+        k1, k0 = -A / theta2, B / theta2 - M
+        lo = self.sorted_from
+        nu_max = float(self.nu[p - 1]) if p > lo else self._sorted.front_max
+        if nu_max is None:  # p = 0 (no key: no exponent to clamp)
+            return k1, k0, False
+        return k1, k0, k1 * nu_max + k0 < -700.0
+
     @staticmethod
-    def _exponents(nb, A, B, theta2, M, buf):
-        """``(l - max l) / theta2`` of the keys ``nb`` (``l = A u + B``, ``u = -nb``), clamped
-        to [-700, 0] (rounding can put the largest a hair above 0), in ``buf``."""
-        x = np.multiply(nb, -A, out=buf[:nb.size])
-        x += B
-        x /= theta2
-        x -= M
-        np.clip(x, -700.0, 0.0, out=x)
+    def _exponents(nb, k1, k0, clamp, buf):
+        """The exponents ``k1 nb + k0`` of the keys ``nb`` in ``buf`` (clamped at -700 when
+        ``clamp``; :meth:`_exponent_map`)."""
+        x = np.multiply(nb, k1, out=buf[:nb.size])
+        x += k0
+        if clamp:
+            np.maximum(x, -700.0, out=x)
         return x
 
     def _v(self, k: int, p: int, A, B, theta2):
@@ -363,6 +504,7 @@ class SortedTwoPiece:
     def weights_prefix(self, h: float, q: int, theta2: float, divergence: str) -> np.ndarray:
         """The weights ``w_i`` (mean one over all n samples) of the first ``q`` sorted samples
         at ``h``, where ``q`` is at least the number on the "move" piece."""
+        self._whole("weights_prefix")
         p = self.count(h, "right")
         A, B, dA, dB, d2 = self.coefficients(h)
         u = self._sorted.head(q)
@@ -380,6 +522,7 @@ class SortedTwoPiece:
         """``(lo, hi, moved_lo, moved_hi)``: the risk of the most sensitive distribution at
         ``h`` (weighted mean loss of the moved points) with every tied sample staying (lo) or
         moving (hi), and the same means without the weights (moving alone)."""
+        self._whole("risk_parts")
         n = self.n
         p_l, p_r = self.count(h, "left"), self.count(h, "right")
         if p_r == 0:
@@ -391,3 +534,138 @@ class SortedTwoPiece:
         lo, tie_w = float(wd[:p_l].sum()), float(wd[p_l:].sum())
         mlo, tie_m = float(d[:p_l].sum()), float(d[p_l:].sum())
         return lo / n, (lo + tie_w) / n, mlo / n, (mlo + tie_m) / n
+
+
+    def moving_sums(self, h: float, theta2: float, *, phi_atol: float = 0.0):
+        """The most sensitive distribution at ``h`` (KL, or theta2 = inf) as a rule on the keys
+        and its sums, from one pass over the samples that move (no pass over the others).
+
+        Returns ``(rule, sums)``: ``rule`` a :class:`KeyRule` (which samples move or are tied
+        at ``h``, their weights and losses at the moved points, from their keys), ``sums`` a
+        dict of ``p_l``, ``p_r`` (samples moving on both sides / on the right side: the tied
+        ones are the sorted positions ``p_l..p_r``) and, over the ``p_l`` samples that move,
+        ``w`` (sum of weights), ``wd`` (of weight times loss at the moved point), ``d`` (of
+        that loss) and ``phi`` (of ``phi_KL(weight)``). The weights have mean one over all n
+        samples with the tied ones moving (the right side), as the dual's term at ``h``.
+        ``sum phi`` is summed from the pass's sums when their cancellation is below
+        ``phi_atol`` (absolute, on the sum), else per sample by
+        :func:`otstab_solvers.weights.phi` in a second pass.
+        """
+        if self.kind != "hinge":
+            raise ValueError("moving_sums serves the hinge kind")
+        n = self.n
+        p_l, p_r = self.count(h, "left"), self.count(h, "right")
+        A, B, dA, dB, _ = self.coefficients(h)
+        left, right = self.thresholds(h)
+        nu = self.nu
+        if math.isinf(theta2):
+            rule = KeyRule(left, right, 0.0, 0.0, 0.0, 1.0, dA, dB, unit=True)
+            d_sum = dA * self._head_sums(p_l)[0] + dB * p_l if p_l else 0.0  # (sum of u)
+            return rule, {"p_l": p_l, "p_r": p_r, "w": float(p_l), "wd": d_sum, "d": d_sum,
+                          "phi": 0.0}
+        M = max((-A * float(nu[0]) + B) / theta2, 0.0) if p_r else 0.0
+        # every exponent at least that of l_h = 0 (x0): a tied sample's l_h (within the tie
+        # tolerance of 0) counts as 0, as the scan of the pieces takes it; this also clamps
+        # the exponents at -700
+        k1, k0, x0 = -A / theta2, B / theta2 - M, max(-M, -700.0)
+        x, e = self._kl_buffers()
+        Z = E1 = Enu = Ex = Snu = 0.0
+        for s in range(0, p_r, KL_BLOCK):
+            stop = min(s + KL_BLOCK, p_r)
+            nb = nu[s:stop]
+            xb, eb = _floored(nb, k1, k0, x0, x), e[:nb.size]
+            np.exp(xb, out=eb)
+            Z += float(eb.sum())
+            if s < p_l:  # the samples that move on both sides (the tied ones come last)
+                q = min(stop, p_l) - s
+                E1 += float(eb[:q].sum())
+                Enu += float(eb[:q] @ nb[:q])
+                Ex += float(eb[:q] @ xb[:q])
+                Snu += float(nb[:q].sum())
+        Z += (n - p_r) * math.exp(x0)
+        scale = n / Z
+        rule = KeyRule(left, right, k1, k0, x0, scale, dA, dB)
+        # sum phi(w) = sum (w log w - w + 1), log w = x + log(scale): from the sums, unless
+        # their cancellation (weights near one: large theta2) could exceed phi_atol
+        L = math.log(scale)
+        phi_sum = scale * (Ex + (L - 1.0) * E1) + p_l
+        bound = 8.0 * np.finfo(float).eps * (scale * (-Ex + abs(L) * E1 + E1) + p_l)
+        if bound > phi_atol:
+            phi_sum = 0.0
+            for s in range(0, p_l, KL_BLOCK):
+                nb = nu[s:min(s + KL_BLOCK, p_l)]
+                xb, eb = _floored(nb, k1, k0, x0, x), e[:nb.size]
+                np.exp(xb, out=eb)
+                eb *= scale
+                phi_sum += float(np.sum(phi(eb, "kl")))
+        return rule, {"p_l": p_l, "p_r": p_r, "w": scale * E1,
+                      "wd": scale * (dB * E1 - dA * Enu), "d": dB * p_l - dA * Snu,
+                      "phi": phi_sum}
+
+
+@dataclass(frozen=True)
+class KeyRule:
+    """The most sensitive distribution at one ``h`` of a hinge-shaped form as a rule on each
+    sample's negated key ``nu = -u`` (:meth:`SortedTwoPiece.moving_sums`), so that its atoms
+    can be built from the keys of any rows, in any order, with the numbers of the sums.
+
+    A sample moves when ``nu < left``, is tied (moves or not, as the split decides) when
+    ``left <= nu <= right`` and stays otherwise. Its weight is ``scale exp(x)`` with the
+    exponent ``x = max(k1 nu + k0, x0)``, ``x0`` that of ``l_h = 0`` (all one when ``unit``:
+    theta2 = inf); its loss at the moved point ``dA u + dB`` (0 where it stays: the zero
+    piece).
+    """
+
+    left: float
+    right: float
+    k1: float
+    k0: float
+    x0: float
+    scale: float
+    dA: float
+    dB: float
+    unit: bool = False
+
+    def moving(self, nu: np.ndarray) -> np.ndarray:
+        return nu < self.left
+
+    def tied(self, nu: np.ndarray) -> np.ndarray:
+        return (nu >= self.left) & (nu <= self.right)
+
+    def weights(self, nu: np.ndarray) -> np.ndarray:
+        """The weights of samples with keys ``nu``."""
+        if self.unit:
+            return np.ones(np.shape(nu))
+        x = _floored(nu, self.k1, self.k0, self.x0, np.empty(np.shape(nu)))
+        np.exp(x, out=x)
+        x *= self.scale
+        return x
+
+    def stay_weight(self) -> float:
+        return 1.0 if self.unit else self.scale * math.exp(self.x0)
+
+    def loss_moved(self, nu: np.ndarray) -> np.ndarray:
+        """``dA u + dB`` (``u = -nu``): the loss at the moved point of a moving sample."""
+        return self.dB - self.dA * nu
+
+
+def _floored(nu, k1, k0, x0, buf):
+    """``max(k1 nu + k0, x0)`` in ``buf``."""
+    x = np.multiply(nu, k1, out=buf[:np.size(nu)])
+    x += k0
+    np.maximum(x, x0, out=x)
+    return x
+
+
+def window_thresholds(c: float, h_lo: float, h_hi: float, umax: float, tie: float):
+    """``(a_thr, c_thr)`` of a window over ``[h_lo, h_hi]``: a negated key ``nu < a_thr``
+    moves at every ``h`` of the bracket on both sides, ``nu > c_thr`` at none.
+
+    A sample counts as moving at ``h`` (right side) when ``nu <= c h + tol / h`` and (left
+    side) when ``nu < c h - tol / h``, with ``tol = tie (1 + h umax + c h^2)``
+    (:meth:`SortedTwoPiece.count`); the thresholds leave four times the largest ``tol / h``
+    of the bracket, plus rounding of ``c h``, on either side, so a key near an end of the
+    bracket is in the sorted part ``B``."""
+    tol = tie * (1.0 + h_hi * umax + c * h_hi * h_hi)
+    eps = 4.0 * tol / h_lo + 1e-14 * (umax + c * h_hi)
+    return c * h_lo - eps, c * h_hi + eps

@@ -16,6 +16,7 @@ import math
 import warnings
 
 import numpy as np
+import otstab_solvers.dual as sd
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -25,6 +26,7 @@ from sklearn.linear_model import LinearRegression, LogisticRegression, QuantileR
 from sklearn.svm import LinearSVC
 
 import otstab
+import otstab.piecewise as pw
 from otstab.losses import pinball
 
 TAU = 0.3  # the pinball level
@@ -311,6 +313,29 @@ def test_every_answer_is_explicit_and_optimal_ones_pass_the_audit(case, n, d, se
                  well_conditioned(thetas, base, lmax, err))
     if res is not None:
         check_result(model, X, y, case, res, base, err, lmax)
+
+
+@settings(max_examples=60)
+@given(n=sizes, d=dims, seed=seeds, thetas=price_pairs, divergence=divergences, u=positions)
+@example(n=3, d=1, seed=0, thetas=(1e-6, 1e12), divergence="kl", u=1.0)
+@example(n=3, d=1, seed=0, thetas=(1e-3, 1e12), divergence="kl", u=1.0)
+@example(n=10, d=2, seed=1, thetas=(1e12, 1e-6), divergence="kl", u=0.5)
+@example(n=10, d=2, seed=1, thetas=(1.0, math.inf), divergence="chi2", u=0.5)
+def test_hinge_through_the_large_data_forms_passes_the_audit(n, d, seed, thetas, divergence,
+                                                              u):
+    """The hinge certificate through the forms that large data takes (above 2^17 rows the
+    dual on a window of sorted keys, ``solve_two_piece``; above 200,000 rows Q* summed from
+    the keys and the sampled check, ``piecewise._build_keyed``), forced here at any size and
+    audited from the model's own decision_function across prices."""
+    model, X, y = make_case("hinge", n, d, seed)
+    r, base, err, lmax = threshold(model, "hinge", X, y, u)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(sd, "WINDOW_MIN_N", 0)
+        m.setattr(pw, "AUDIT_DIRECT_MAX", 0)
+        res = answer(model, X, y, "hinge", r, thetas, divergence,
+                     well_conditioned(thetas, base, lmax, err))
+    if res is not None:
+        check_result(model, X, y, "hinge", res, base, err, lmax)
 
 
 @over_losses

@@ -23,8 +23,10 @@ import math
 import pickle
 
 import numpy as np
+import otstab_solvers.dual as sd
 import otstab_solvers.weights as ws
 import pytest
+from otstab_solvers.sorted_oracle import KeyRule
 from scipy.optimize import brentq
 from scipy.special import logsumexp, softmax
 
@@ -263,11 +265,13 @@ def check_against_model(name, model, X, y, sw, res, r, losses=None):
 # --- 1. blockwise and sampled audit vs the direct one ----------------------------------------
 
 def run(monkeypatch, args, *, block=None, sample_block=None, sample=None, direct=True,
-        **kw):
+        window=False, **kw):
     model, X, y, sw, r, _ = args
     with monkeypatch.context() as m:
         if not direct:
             m.setattr(pw, "AUDIT_DIRECT_MAX", 0)
+        if window:  # the hinge dual on a window of sorted keys (otherwise above 2^17 rows)
+            m.setattr(sd, "WINDOW_MIN_N", 0)
         if block is not None:
             m.setattr(pw, "AUDIT_BLOCK", block)
             m.setattr(ws, "BLOCK", block)
@@ -303,13 +307,20 @@ def _id(c):
     return f"{name}-{dv}-t2={t2:g}-t1={t1:g}-{'sw' if wt else 'unif'}"
 
 
-@pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
+#: the hinge cases again with the dual on a window of sorted keys (solve_two_piece): the
+#: keyed builder then sums Q* from the window's keys
+WINDOWED = [c + (True,) for c in CASES if c[0] == "hinge"]
+
+
+@pytest.mark.parametrize("case", [c + (False,) for c in CASES] + WINDOWED,
+                         ids=[_id(c[:4]) for c in CASES] + [_id(c[:4]) + "-window"
+                                                            for c in WINDOWED])
 def test_blockwise_sampled_audit_matches_direct(monkeypatch, case):
-    name, div, theta1, weighted = case
+    name, div, theta1, weighted, window = case
     args = config(name, div, theta1, weighted)
     model, X, y, sw, r, hj = args
     X0, y0 = X.copy(), y.copy()
-    kw = dict(name=name, theta1=theta1, theta2=div[1], divergence=div[0])
+    kw = dict(name=name, theta1=theta1, theta2=div[1], divergence=div[0], window=window)
     direct = run(monkeypatch, args, **kw)
     assert direct.info["audit"]["method"] == "direct"
     if hj is not None:  # the forced kink was found and the copies of the row share the risk
@@ -321,6 +332,9 @@ def test_blockwise_sampled_audit_matches_direct(monkeypatch, case):
                   direct=False, **kw)
         audit_info = res.info["audit"]
         assert audit_info["method"] == "sampled"
+        if window and sw is None and math.isfinite(theta1) and (div[0] == "kl" or
+                                                                math.isinf(div[1])):
+            assert res.info["window"]["tries"][-1]["status"] == "optimal"
         assert audit_info["sample"] == min(sample or X.shape[0] + 1, res.n_atoms)
         assert audit_info["max_rel_error"] <= 1e-12
         assert res.status == direct.status
@@ -552,17 +566,22 @@ def test_sampled_audit_refuses_a_corrupted_reduced_form(monkeypatch, solver, sig
     """The moved scores of the reduced form shifted by 1e-3 y (y the +-1 label, so every margin
     moves by sign 1e-3): margin_up lowers the risk the sums report (the audit's own risk check
     refuses that), margin_down raises it above r, and then only the sampled check against the
-    model stands between the corrupted sums and an answer."""
+    model stands between the corrupted sums and an answer. The hinge's builder from the sorted
+    keys (``piecewise._build_keyed``) sums the loss at the moved points from the keys
+    (``KeyRule.loss_moved``): that is corrupted the same way."""
     name, div = "hinge", ("kl", 0.5)
     args = config(name, div, 1.0, False)
     model, X, y, sw, r, _ = args
     honest = Reduced.moves
+    honest_keyed = KeyRule.loss_moved
 
     def corrupted(self, W, src, piece, h):
         shift, moved2 = honest(self, W, src, piece, h)
         return (None if shift is None else shift + sign * 1e-3 * self.g_rows[src]), moved2
 
     monkeypatch.setattr(Reduced, "moves", corrupted)
+    monkeypatch.setattr(KeyRule, "loss_moved",
+                        lambda self, nu: honest_keyed(self, nu) - sign * 1e-3)
     try:
         res = run(monkeypatch, args, block=7, sample_block=5, direct=False, name=name,
                   theta1=1.0, theta2=div[1], divergence=div[0], solver=solver)

@@ -1,0 +1,237 @@
+"""The windowed sorted view of the hinge shape, the dual solved on it, and Q* built from keys.
+
+``SortedTwoPiece.window`` sorts only the keys whose kinks lie in a bracket of h; inside that
+bracket every count, sum and kink must be those of the fully sorted view (checked here at the
+bracket's ends, at random points and at the kinks, on both sides). ``solve_two_piece`` must give
+the answer of ``solve_dual`` on the fully sorted view, also when its first windows miss the root
+(it widens them, then sorts every key). ``SortedTwoPiece.moving_sums`` and ``KeyRule`` (the
+keyed certificate builder's sums and atoms) are checked against sums written out here from the
+dense ``l_h``. Whole certificates through the keyed builder are checked in
+``tests/test_blockwise.py`` (against the direct audit) and ``tests/test_audit_properties.py``
+(against the model's own scores).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from otstab_solvers import dual as sd
+from otstab_solvers.dual import (
+    PiecewiseOracle,
+    negated_keys,
+    oracle_for,
+    solve_dual,
+    solve_two_piece,
+)
+from otstab_solvers.sorted_oracle import SortedTwoPiece, window_thresholds
+from otstab_solvers.weights import phi
+
+INF = math.inf
+
+
+def hinge_form(u, c):
+    return np.column_stack([np.zeros(u.size), u]), np.array([[0.0, c]])
+
+
+def keys(rng, n, kind):
+    if kind == "gauss":
+        return rng.standard_normal(n)
+    if kind == "ties":  # many exactly tied keys (rounded margins)
+        return np.round(rng.standard_normal(n), 1)
+    return np.abs(rng.standard_normal(n)) + 0.1  # "positive": every sample inside the margin
+
+
+def views(u, c, h_lo, h_hi, size=None):
+    """The full view and a window over [h_lo, h_hi] of the keys u (through oracle_for, whose
+    negated keys are those the certificate path writes)."""
+    oracle = oracle_for(*hinge_form(u, c), sorted_view=False)
+    full = sd.sorted_view_of(oracle)
+    win = SortedTwoPiece.window(lambda i, j, out: negated_keys(oracle, slice(i, j), out), u.size,
+                                c, h_lo, h_hi, sd._umax(oracle), size=size, block=64)
+    return oracle, full, win
+
+
+def same(a, b, rel=1e-12):
+    return a == pytest.approx(b, rel=rel, abs=1e-15)
+
+
+@pytest.mark.parametrize("kind", ["gauss", "ties", "positive"])
+@pytest.mark.parametrize("c", [0.05, 1.0, 30.0])
+@pytest.mark.parametrize("size", [None, 0, 10**6])  # counted / too small / ample
+def test_window_matches_the_full_view_inside_its_bracket(kind, c, size):
+    rng = np.random.default_rng(len(kind) + int(10 * c))
+    n = 1000
+    u = keys(rng, n, kind)
+    for h_lo, h_hi in ((0.05, 0.4), (0.5, 0.52), (1.0, 3.0)):
+        oracle, full, win = views(u, c, h_lo, h_hi, size)
+        assert win.n == n and win.domain == (h_lo, h_hi)
+        a_thr, c_thr = window_thresholds(c, h_lo, h_hi, win.umax, win.tie)
+        nu = -u
+        assert win.sorted_from == np.count_nonzero(nu < a_thr)
+        assert win.n_fin == np.count_nonzero(nu <= c_thr)
+        np.testing.assert_array_equal(np.sort(win.nu), np.sort(nu[nu <= c_thr]))
+        assert np.all(np.diff(win.nu[win.sorted_from:]) >= 0)
+        if win.sorted_from:
+            assert win.nu[0] == win.nu[:win.sorted_from].min()
+        # the kinks inside the bracket, and points around them
+        kinks = nu[(nu > c * h_lo) & (nu < c * h_hi)] / c
+        hs = [h_lo, h_hi, *rng.uniform(h_lo, h_hi, 5), *kinks[:5]]
+        for h in hs:
+            for side in ("right", "left"):
+                assert win.count(h, side) == full.count(h, side), (h, side)
+                assert win.thresholds(h) == full.thresholds(h)
+                for theta2 in (0.05, 1.0, INF):
+                    t1, m1, c1, _, k1 = full.reduce(h, side, theta2, "kl")
+                    t2, m2, c2, _, k2 = win.reduce(h, side, theta2, "kl")
+                    assert k1 == k2
+                    assert same(t2, t1) and same(m2, m1) and same(c2, c1, 1e-9)
+        for lo, hi in zip(sorted(hs)[:-1], sorted(hs)[1:]):
+            if lo < hi:
+                p_lo, p_hi = win.count(lo, "right"), win.count(hi, "left")
+                q_lo, q_hi = full.count(lo, "right"), full.count(hi, "left")
+                assert win.kinks_between(p_lo, p_hi, lo, hi) == \
+                    full.kinks_between(q_lo, q_hi, lo, hi)
+
+
+def test_window_refuses_what_needs_every_key():
+    u = np.random.default_rng(0).standard_normal(200)
+    _, _, win = views(u, 0.5, 0.2, 0.3)
+    for h in (0.0, 0.19, 0.31, 5.0):
+        with pytest.raises(ValueError, match="outside this window"):
+            win.reduce(h, "right", 1.0, "kl")
+    with pytest.raises(ValueError, match="fully sorted view"):
+        win.reduce(0.25, "right", 1.0, "chi2")
+    for call in (lambda: win.with_c(1.0), lambda: win.risk_parts(0.25, 1.0, "kl"),
+                 lambda: win.weights_prefix(0.25, 10, 1.0, "kl")):
+        with pytest.raises(ValueError, match="fully sorted view"):
+            call()
+    with pytest.raises(ValueError, match="0 < h_lo < h_hi"):
+        SortedTwoPiece.window(lambda i, j, out: out, 10, 0.5, 0.0, 1.0, 1.0)
+    with pytest.raises(ValueError, match="c > 0"):
+        SortedTwoPiece.window(lambda i, j, out: out, 10, 0.0, 0.1, 1.0, 1.0)
+
+
+@pytest.mark.parametrize("kind", ["gauss", "ties", "positive"])
+@pytest.mark.parametrize("theta2, div", [(0.05, "kl"), (0.25, "kl"), (4.0, "kl"),
+                                         (INF, "kl"), (INF, "chi2"), (0.25, "chi2")])
+@pytest.mark.parametrize("c", [0.05, 0.7])
+def test_solve_two_piece_matches_the_fully_sorted_solve(kind, theta2, div, c):
+    rng = np.random.default_rng(7 + len(kind))
+    n = 3000
+    u = keys(rng, n, kind)
+    r = 1.4 * float(np.mean(np.maximum(u, 0.0))) + 0.05
+    oracle = oracle_for(*hinge_form(u, c), sorted_view=False)
+    sol = solve_two_piece(oracle, r, theta2, div, min_n=0)
+    ref = solve_dual(oracle_for(*hinge_form(u, c)), r, theta2, div)
+    dense = solve_dual(PiecewiseOracle(*hinge_form(u, c)), r, theta2, div)
+    assert sol.status == ref.status == "optimal"
+    assert same(sol.value, ref.value, 1e-11) and same(sol.value, dense.value, 1e-10)
+    assert same(sol.h, ref.h, 1e-9)
+    window = sol.info.get("window")
+    if div == "kl" or math.isinf(theta2):  # windowed (chi2 sorts every key)
+        assert window["tries"] and window["tries"][-1]["status"] == "optimal"
+        assert window["tries"][-1]["sorted"] < n
+        assert sol.info["view"].domain is not None
+    else:
+        assert window is None and sol.info["view"].domain is None
+
+
+def test_windows_that_miss_the_root_widen_then_sort_every_key(monkeypatch):
+    rng = np.random.default_rng(3)
+    u = rng.standard_normal(2000)
+    c, r, theta2 = 0.4, 0.9, 0.3
+    oracle = oracle_for(*hinge_form(u, c), sorted_view=False)
+    ref = solve_dual(oracle_for(*hinge_form(u, c)), r, theta2, "kl")
+    # a subsample h off by a factor 1.5: the first windows miss the root, a wider one has it
+    honest = sd.solve_dual
+
+    def off(oracle_, r_, theta2_, div_, **kw):
+        sol = honest(oracle_, r_, theta2_, div_, **kw)
+        if oracle_.domain is None and oracle_.n < 2000:  # the subsample's solve
+            sol.h *= 1.5
+        return sol
+
+    monkeypatch.setattr(sd, "solve_dual", off)
+    monkeypatch.setattr(sd, "WINDOW_SUBSAMPLE", 500)
+    sol = solve_two_piece(oracle, r, theta2, "kl", min_n=0)
+    tries = sol.info["window"]["tries"]
+    assert [t["status"] for t in tries[:-1]] == ["root below the bracket"] * (len(tries) - 1)
+    assert tries[-1]["status"] == "optimal" and len(tries) > 1
+    assert same(sol.value, ref.value, 1e-11) and same(sol.h, ref.h, 1e-9)
+    # no window has the root: every key is sorted
+    monkeypatch.setattr(sd, "WINDOW_WIDTHS", (0.01,))
+    sol = solve_two_piece(oracle, r, theta2, "kl", min_n=0)
+    assert sol.info["window"]["fallback"] == "sorted every key"
+    assert sol.info["view"].domain is None
+    assert same(sol.value, ref.value, 1e-12) and same(sol.h, ref.h, 1e-12)
+
+
+def test_small_data_and_a_zero_c_sort_every_key():
+    u = np.random.default_rng(1).standard_normal(500)
+    for c, min_n in ((0.5, None), (0.0, 0)):
+        oracle = oracle_for(*hinge_form(u, c), sorted_view=False)
+        sol = solve_two_piece(oracle, 0.9, 0.3, "kl", min_n=min_n)
+        assert sol.status == "optimal" and "window" not in sol.info
+        assert sol.info["view"].domain is None
+    with pytest.raises(ValueError, match="hinge-shaped"):
+        solve_two_piece(PiecewiseOracle(np.ones((3, 2)), np.ones((1, 2))), 1.0, 1.0, "kl")
+
+
+def dense_sums(u, c, h, theta2, side_moves):
+    """The sums moving_sums returns, written out from the dense l_h: the weights of every
+    sample (tied ones on the moving formula, floored at l_h = 0), and over the samples that
+    move on both sides the weights, weight times loss at the moved point, that loss, phi."""
+    v = u * h + c * h * h
+    lh = np.maximum(v, 0.0)
+    if math.isinf(theta2):
+        w = np.ones(u.size)
+    else:
+        a = lh / theta2
+        w = np.exp(a - a.max()) / np.mean(np.exp(a - a.max()))
+    d = u + 2.0 * c * h
+    m = side_moves
+    return w, {"w": w[m].sum(), "wd": (w * d)[m].sum(), "d": d[m].sum(),
+               "phi": 0.0 if math.isinf(theta2) else phi(w[m], "kl").sum()}
+
+
+@pytest.mark.parametrize("theta2", [0.05, 1.0, 1e6, INF])
+@pytest.mark.parametrize("windowed", [False, True])
+@pytest.mark.parametrize("kind", ["gauss", "ties"])
+def test_moving_sums_and_key_rule_match_dense_sums(theta2, windowed, kind):
+    rng = np.random.default_rng(11)
+    n, c = 800, 0.6
+    u = keys(rng, n, kind)
+    for h in (0.1, 0.5, 0.8):
+        oracle, full, win = views(u, c, h * 0.9, h * 1.1)
+        view = win if windowed else full
+        for atol in (0.0, 1e300):  # phi per sample, or from the pass's sums
+            rule, sums = view.moving_sums(h, theta2, phi_atol=atol)
+            nu = -u
+            assert sums["p_l"] == np.count_nonzero(rule.moving(nu)) == full.count(h, "left")
+            assert sums["p_r"] - sums["p_l"] == np.count_nonzero(rule.tied(nu))
+            w, ref = dense_sums(u, c, h, theta2, rule.moving(nu))
+            np.testing.assert_allclose(rule.weights(nu), w, rtol=1e-12)
+            assert rule.stay_weight() == pytest.approx(w[u * h + c * h * h < -1e-9].max()
+                                                       if np.any(u * h + c * h * h < -1e-9)
+                                                       else rule.stay_weight(), rel=1e-12)
+            np.testing.assert_allclose(rule.loss_moved(nu), u + 2 * c * h, rtol=1e-13,
+                                       atol=1e-15)
+            for key in ("w", "wd", "d"):
+                assert same(sums[key], ref[key], 1e-11), key
+            # aggregated phi is refused where its cancellation could matter (large theta2)
+            assert sums["phi"] == pytest.approx(ref["phi"], rel=1e-9 if atol == 0 else 1e-6,
+                                                abs=1e-300 if atol == 0 else 1e-9 * n)
+
+
+def test_moving_sums_sums_phi_per_sample_when_weights_are_near_one():
+    """At theta2 = 1e12 every weight is 1 + O(1e-12): phi ~ 1e-25 per sample, and the pass's
+    sums (of size n) would cancel to rounding; given a tight phi_atol the sum is per sample."""
+    u = np.random.default_rng(2).standard_normal(500)
+    oracle, full, _ = views(u, 0.5, 0.1, 0.2)
+    rule, sums = full.moving_sums(0.6, 1e12, phi_atol=1e-30)
+    w = rule.weights(-u)
+    m = rule.moving(-u)
+    assert sums["phi"] == pytest.approx(phi(w[m], "kl").sum(), rel=1e-9)
+    assert 0 < sums["phi"] < 1e-18
