@@ -678,10 +678,11 @@ def solve_dual(oracle, r: float, theta2: float, divergence: str, *, tol: float =
         if isinstance(ends, str):
             return finish({"h": math.nan, "F": math.nan, "alpha": None}, FAILED, math.nan,
                           ends)
-        lo, hi = ends
-        if hi is None:  # g = 0 at lo: a maximiser
-            return finish(lo, OPTIMAL)
-        return _solve_bracketed(at, oracle, fast, kinks, lo, hi, r, tol, max_iter, finish)
+        if ends[1] is None:  # g = 0 at lo: a maximiser
+            return finish(ends[0], OPTIMAL)
+        pair = list(ends)
+        del ends  # (the search owns its points: a dense oracle's hold n-vectors of pieces)
+        return _solve_bracketed(at, oracle, fast, kinks, pair, r, tol, max_iter, finish)
     p0 = at(0.0, "right")
     if p0["g"] <= 0.0:
         p0["F"] = 0.0
@@ -710,8 +711,9 @@ def solve_dual(oracle, r: float, theta2: float, divergence: str, *, tol: float =
         h = max(2.0 * h, h + 1.5 * step if math.isfinite(step) else 4.0 * h)
     if hi is None:
         return finish(lo, FAILED, math.nan, "could not bracket the root (threshold unreachable?)")
-
-    return _solve_bracketed(at, oracle, fast, kinks, lo, hi, r, tol, max_iter, finish)
+    pair = [lo, hi]
+    del lo, hi, p, p0  # (the search owns its points: a dense oracle's hold n-vectors of pieces)
+    return _solve_bracketed(at, oracle, fast, kinks, pair, r, tol, max_iter, finish)
 
 
 #: a Newton step towards the root from a guess inside a window is lengthened by this factor,
@@ -759,9 +761,12 @@ def _bracket_within(at, bracket, h_init):
     return lo, hi
 
 
-def _solve_bracketed(at, oracle, fast, kinks, lo, hi, r, tol, max_iter, finish):
-    """The safeguarded Newton search of :func:`solve_dual` inside ``[lo, hi]`` (points with
-    ``g(lo) > 0 > g(hi)``), kinks located exactly."""
+def _solve_bracketed(at, oracle, fast, kinks, pair, r, tol, max_iter, finish):
+    """The safeguarded Newton search of :func:`solve_dual` inside ``pair = [lo, hi]`` (points
+    with ``g(lo) > 0 > g(hi)``; taken over: the list is emptied, so that a point the search
+    leaves behind is freed), kinks located exactly."""
+    lo, hi = pair
+    pair.clear()
 
     def bound(lo, hi):
         w = hi["h"] - lo["h"]
