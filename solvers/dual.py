@@ -501,7 +501,8 @@ def solve_two_piece(oracle: PiecewiseOracle, r: float, theta2: float, divergence
     dual on a window (:meth:`SortedTwoPiece.window`) around that ``h``: only the keys whose
     kinks lie in the bracket are sorted. The bracket is accepted only when the full data's
     derivative changes sign across it (``g(h_lo) > 0 > g(h_hi)``, each on its inner side);
-    otherwise a wider one is tried (:data:`WINDOW_WIDTHS`), and in the end every key is sorted
+    otherwise a wider one is tried (:data:`WINDOW_WIDTHS`) around the Newton estimate of the
+    root from the end that missed it, and in the end every key is sorted
     (:func:`sorted_view_of`). The answer is that of the fully sorted view up to the order
     of summation (KL) and is exact in the same sense. chi2 and small data sort every key.
     ``sol.info["window"]`` records what was done; ``sol.info["view"]`` is the view the answer
@@ -525,8 +526,9 @@ def solve_two_piece(oracle: PiecewiseOracle, r: float, theta2: float, divergence
         umax = _umax(oracle)
         sub_keys = sub.nu  # (sorted: the window's sizes are estimated from them)
         del sub
+        center = h_sub
         for width in WINDOW_WIDTHS if math.isfinite(h_sub) and h_sub > 0 else ():
-            h_lo, h_hi = h_sub * (1.0 - width), h_sub * (1.0 + width)
+            h_lo, h_hi = center * (1.0 - width), center * (1.0 + width)
             # the array's size from the subsample's share of kept keys, with room for twice
             # its sampling error (a counting pass first in the rare case that is too little)
             k_sub = int(np.searchsorted(sub_keys, window_thresholds(c, h_lo, h_hi, umax,
@@ -537,9 +539,12 @@ def solve_two_piece(oracle: PiecewiseOracle, r: float, theta2: float, divergence
                                          n, c, h_lo, h_hi, umax, size=min(size, n),
                                          tie=oracle.TIE)
             sol = solve_dual(view, r, theta2, divergence, tol=tol, max_iter=max_iter,
-                             bracket=(h_lo, h_hi), h_init=h_sub)
-            tries.append({"width": width, "sorted": view.n_fin - view.sorted_from,
+                             bracket=(h_lo, h_hi), h_init=center)
+            tries.append({"width": width, "h": center, "sorted": view.n_fin - view.sorted_from,
                           "kept": view.n_fin, "status": sol.native_status})
+            h_next = sol.info.get("h_newton", math.nan)
+            if math.isfinite(h_next) and h_next > 0:  # a missed root: seen from outside
+                center = h_next
             if sol.status == OPTIMAL:
                 sol.solve_time = time.perf_counter() - t0
                 sol.info["window"] = {"h_subsample": h_sub, "tries": tries}
@@ -634,7 +639,8 @@ def solve_dual(oracle, r: float, theta2: float, divergence: str, *, tol: float =
     evaluated inside it only (a window, :func:`solve_two_piece`), from ``h_init`` (a guess
     inside it; default its ends) by Newton steps until ``g`` changes sign; when the root is
     not inside (``g`` > 0 on the right of ``h_lo``, < 0 on the left of ``h_hi``) the status is
-    FAILED with ``native_status`` "root below the bracket" or "root above the bracket".
+    FAILED with ``native_status`` "root below the bracket" or "root above the bracket", and
+    ``info["h_newton"]`` the Newton estimate of the root from that end.
     """
     t0 = time.perf_counter()
     n = oracle.n
@@ -675,9 +681,11 @@ def solve_dual(oracle, r: float, theta2: float, divergence: str, *, tol: float =
 
     if bracket is not None:
         ends = _bracket_within(at, bracket, h_init)
-        if isinstance(ends, str):
-            return finish({"h": math.nan, "F": math.nan, "alpha": None}, FAILED, math.nan,
-                          ends)
+        if isinstance(ends[0], str):
+            sol = finish({"h": math.nan, "F": math.nan, "alpha": None}, FAILED, math.nan,
+                         ends[0])
+            sol.info["h_newton"] = ends[1]  # where the root is, seen from outside
+            return sol
         if ends[1] is None:  # g = 0 at lo: a maximiser
             return finish(ends[0], OPTIMAL)
         pair = list(ends)
@@ -725,13 +733,14 @@ def _bracket_within(at, bracket, h_init):
     """``(lo, hi)``: points of the window ``bracket`` with ``g(lo) > 0 > g(hi)`` (``hi`` None:
     ``g(lo) = 0``), found by Newton steps from ``h_init`` (lengthened by :data:`OVERSHOOT`,
     twice as much each time they fall short; the ends of the window at the last), or the
-    reason the root is not inside."""
+    reason the root is not inside and the Newton estimate of the root from the end that shows
+    it (a string and a float)."""
     h_lo, h_hi = bracket
     lo = hi = None
     if h_init is not None and h_lo < h_init < h_hi:
         p = at(h_init, "right")
         if not math.isfinite(p["F"]):
-            return "non-finite dual objective in the bracket"
+            return "non-finite dual objective in the bracket", math.nan
         factor = 1.0 + OVERSHOOT
         for _ in range(6):
             if p["g"] == 0.0:
@@ -751,14 +760,19 @@ def _bracket_within(at, bracket, h_init):
     if lo is None:
         lo = at(h_lo, "right")
         if lo["g"] <= 0.0:
-            return "root below the bracket"
+            return "root below the bracket", _newton(lo)
     if hi is None:
         hi = at(h_hi, "left")
         if hi["g"] >= 0.0:
-            return "root above the bracket"
+            return "root above the bracket", _newton(hi)
     if not math.isfinite(lo["F"]) or not math.isfinite(hi["F"]):
-        return "non-finite dual objective in the bracket"
+        return "non-finite dual objective in the bracket", math.nan
     return lo, hi
+
+
+def _newton(p) -> float:
+    """The Newton estimate of the root from the point ``p`` (nan without curvature)."""
+    return p["h"] + p["g"] / p["curv"] if p["curv"] > 0 else math.nan
 
 
 def _solve_bracketed(at, oracle, fast, kinks, pair, r, tol, max_iter, finish):

@@ -159,6 +159,8 @@ def test_windows_that_miss_the_root_widen_then_sort_every_key(monkeypatch):
     tries = sol.info["window"]["tries"]
     assert [t["status"] for t in tries[:-1]] == ["root below the bracket"] * (len(tries) - 1)
     assert tries[-1]["status"] == "optimal" and len(tries) > 1
+    # the next window is centred on the Newton estimate from the end that missed the root
+    assert abs(tries[1]["h"] - ref.h) < 0.25 * abs(tries[0]["h"] - ref.h)
     assert same(sol.value, ref.value, 1e-11) and same(sol.h, ref.h, 1e-9)
     # no window has the root: every key is sorted
     monkeypatch.setattr(sd, "WINDOW_WIDTHS", (0.01,))
@@ -235,3 +237,21 @@ def test_moving_sums_sums_phi_per_sample_when_weights_are_near_one():
     m = rule.moving(-u)
     assert sums["phi"] == pytest.approx(phi(w[m], "kl").sum(), rel=1e-9)
     assert 0 < sums["phi"] < 1e-18
+
+
+def test_a_threshold_just_above_the_base_risk_finds_its_window(monkeypatch):
+    """r = base (1 + 1e-6): the subsample's base risk differs from the data's by far more than
+    r - base, so its h is far off (here by orders of magnitude); the windows are re-centred on
+    the Newton estimate from the end that missed the root, and one holds it (no full sort)."""
+    rng = np.random.default_rng(4)
+    u = rng.standard_normal(6000)
+    c = 0.5
+    base = float(np.mean(np.maximum(u, 0.0)))
+    oracle = oracle_for(*hinge_form(u, c), sorted_view=False)
+    monkeypatch.setattr(sd, "WINDOW_SUBSAMPLE", 300)
+    for r in (base * (1 + 1e-6), base * (1 + 1e-3)):
+        ref = solve_dual(oracle_for(*hinge_form(u, c)), r, 0.25, "kl")
+        sol = solve_two_piece(oracle, r, 0.25, "kl", min_n=0)
+        assert sol.status == ref.status == "optimal"
+        assert "fallback" not in sol.info["window"], sol.info["window"]
+        assert same(sol.h, ref.h, 1e-6) and same(sol.value, ref.value, 1e-6)
