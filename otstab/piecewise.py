@@ -143,7 +143,7 @@ def solve_reduced(prob: Problem, red: Reduced, r, theta1, theta2, divergence, so
 
     def run_dual():
         if p is None and oracle._hinge_piece is not None:
-            sol = solve_two_piece(oracle, r, theta2, divergence, **dual_opts)
+            sol = solve_two_piece(oracle, r, theta2, divergence, base=stats[0], **dual_opts)
         else:
             sol = solve_dual(dual, r, theta2, divergence, p=None if weighted_rows else p,
                              **dual_opts)

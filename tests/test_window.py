@@ -255,3 +255,22 @@ def test_a_threshold_just_above_the_base_risk_finds_its_window(monkeypatch):
         assert sol.status == ref.status == "optimal"
         assert "fallback" not in sol.info["window"], sol.info["window"]
         assert same(sol.h, ref.h, 1e-6) and same(sol.value, ref.value, 1e-6)
+
+
+def test_the_base_risk_moves_the_subsample_threshold(monkeypatch):
+    """With the data's base risk given, the subsample is solved at r moved by the difference of
+    the two base risks: its h lands much closer to the data's where r is near the base risk."""
+    rng = np.random.default_rng(8)
+    u = rng.standard_normal(20000)
+    c = 0.5
+    base = float(np.mean(np.maximum(u, 0.0)))
+    oracle = oracle_for(*hinge_form(u, c), sorted_view=False)
+    monkeypatch.setattr(sd, "WINDOW_SUBSAMPLE", 1000)
+    for factor in (1.01, 1.2):
+        r = base * factor
+        ref = solve_dual(oracle_for(*hinge_form(u, c)), r, 0.25, "kl")
+        plain = solve_two_piece(oracle, r, 0.25, "kl", min_n=0)
+        moved = solve_two_piece(oracle, r, 0.25, "kl", min_n=0, base=base)
+        err = [abs(s.info["window"]["h_subsample"] / ref.h - 1) for s in (plain, moved)]
+        assert err[1] < 0.5 * err[0], err
+        assert same(moved.h, ref.h, 1e-9) and same(moved.value, ref.value, 1e-11)
