@@ -46,6 +46,12 @@ EPS = float(np.finfo(float).eps)
 #: the reduced form's losses and moves
 MOVED_BLOCK = 4096
 REDUCED_BLOCK = 1 << 14
+#: rows of the strided subsample that places the price quantile of RowPrices.smallest
+SUBSAMPLE = 1 << 14
+#: a move plan keeps no array of positions when at most this many candidate rows (or this
+#: share of them) are tied at h: they are put last (_move_plan)
+TIED_LAST_MIN = 64
+TIED_LAST_SHARE = 0.01
 
 
 def linear_distances(prob: Problem, mask: np.ndarray | None = None):
@@ -189,17 +195,45 @@ class RowPrices:
         out.sort()
         return out
 
+    def smallest(self, share: float) -> np.ndarray:
+        """Every price up to about the ``share`` quantile (with a margin), ascending: the
+        quantile's price is read off a strided subsample of :data:`SUBSAMPLE` rows, then a
+        counting pass and a writing pass keep the prices at most that one, and only those are
+        sorted. All prices when the margin reaches the largest."""
+        stride = max(1, self.size // SUBSAMPLE)
+        sub = self[0:self.size:stride]
+        sub.sort()
+        m = sub.size
+        k = int(math.ceil((share + 0.01) * m + 4.0 * math.sqrt(m))) + 1
+        if k >= m or not math.isfinite(float(sub[k])):
+            return self.sorted()
+        tau = float(sub[k])
+        count = sum(int(np.count_nonzero(self[i:j] <= tau)) for i, j in self._blocks())
+        out = np.empty(count)
+        at = 0
+        for i, j in self._blocks():
+            ai = self[i:j]
+            part = ai[ai <= tau]
+            out[at:at + part.size] = part
+            at += part.size
+        out.sort()
+        return out
+
     def near(self, h: float, tol: float = 1e-10):
         """:func:`_near`: the rows with ``a_i <= h`` (up to the tie tolerance) and their
-        prices, over blocks."""
-        cand, vals = [], []
+        prices, over blocks: a counting pass, then one that writes them into arrays of that
+        size (row indices as int32 below 2^31 rows), so that no copy of them is made."""
+        thr = h + tol * max(1.0, h)
+        count = sum(int(np.count_nonzero(self[i:j] <= thr)) for i, j in self._blocks())
+        cand = np.empty(count, dtype=row_index_dtype(self.size))
+        vals = np.empty(count)
+        at = 0
         for i, j in self._blocks():
             k, ak = _near(self[i:j], h, tol)
-            cand.append(k + i)
-            vals.append(ak)
-        if not cand:
-            return np.empty(0, dtype=np.intp), np.empty(0)
-        return np.concatenate(cand), np.concatenate(vals)
+            np.add(k, i, out=cand[at:at + k.size], casting="unsafe")
+            vals[at:at + k.size] = ak
+            at += k.size
+        return cand, vals
 
     def finite(self):
         """(any, all, count among the correctly classified rows) of finite prices."""
@@ -283,6 +317,12 @@ def _push(gap, score_scale, intercept_scale):
     return PUSH * gap + 256.0 * EPS * (1.0 + score_scale + np.abs(intercept_scale))
 
 
+def row_index_dtype(n: int):
+    """The integer type of arrays of row indices among ``n`` rows: int32 below 2^31 rows
+    (half the memory of intp), else intp."""
+    return np.int32 if n < 2**31 else np.intp
+
+
 def _near(a, h, tol=1e-10):
     """Rows with ``a_i <= h`` (up to the tie tolerance), the only rows Q* can move, and
     their ``a``."""
@@ -327,8 +367,10 @@ class _Weights:
                 val = float(np.dot(self.dense, x))
             elif self._qi is None:  # the rows outside idx at the shared weight, idx at theirs
                 xi = x[self.idx]
-                val = self.base * (float(np.sum(x)) - float(np.sum(xi))) + float(
-                    np.dot(self.vals, xi))
+                # (a boolean x as a mask: no float copy of it)
+                vx = float(np.sum(self.vals, where=xi)) if xi.dtype == bool else \
+                    float(np.dot(self.vals, xi))
+                val = self.base * (float(np.sum(x)) - float(np.sum(xi))) + vx
             else:
                 xi = x[self.idx]
                 val = self.base * (float(np.dot(self.q, x)) - float(np.dot(self._qi, xi))) \
@@ -379,16 +421,29 @@ def _move_plan(h, w, loss0, r, n, ac, tol=1e-10):
     ``moved`` are the rows moved whole (``a_i < h``, plus tied rows ``a_i = h`` moved one by
     one until the risk reaches r); ``split`` is ``None`` or ``(position, fraction moved)`` for
     the one tied row whose mass is split. Works on the rows with ``a_i <= h`` only.
+
+    Compact weights (uniform samples) with few tied rows: the tied rows are first put last in
+    ``w.idx`` (and ``w.vals``), keeping their order, so that the moved rows are the first
+    ``moved`` positions (an int, no array of positions) and a split row the next one.
     """
     t = tol * max(1.0, h)
     cand = w.idx
-    moved = np.flatnonzero(ac < h - t)
-    tied = np.flatnonzero(ac >= h - t)
+    below = ac < h - t
+    n_below = int(np.count_nonzero(below))
+    tied = np.flatnonzero(~below)
+    compact = w.dense is None and w.q is None and \
+        tied.size <= max(TIED_LAST_MIN, TIED_LAST_SHARE * cand.size)
+    if compact and tied.size:
+        _tied_last(w, below, tied, n_below)
+        tied = np.arange(n_below, cand.size)
+    moved = n_below if compact else np.flatnonzero(below)
+    del below
     # the moved rows add their weight where they were classified correctly (loss 0 -> 1);
     # over blocks of them (cache-sized gathers)
     risk = w.dot(loss0)
-    for s in range(0, moved.size, REDUCED_BLOCK):
-        mb = moved[s:s + REDUCED_BLOCK]
+    for s in range(0, n_below, REDUCED_BLOCK):
+        mb = slice(s, min(s + REDUCED_BLOCK, n_below)) if compact else \
+            moved[s:s + REDUCED_BLOCK]
         risk += float(np.sum(w.at(mb), where=~(loss0[cand[mb]] > 0)))
     need = n * r - risk
     split = None
@@ -396,14 +451,29 @@ def _move_plan(h, w, loss0, r, n, ac, tol=1e-10):
         gain = w.at(tied) * (1.0 - loss0[cand[tied]])
         cg = np.cumsum(gain)
         full = cg <= need * (1 + 1e-15)
-        k = int(np.count_nonzero(full))
+        k = int(np.count_nonzero(full))  # (a prefix of the tied rows: the gains are >= 0)
         if full.any():
-            moved = np.concatenate([moved, tied[full]])
-            moved.sort()
+            if compact:  # the first k tied rows follow the moved ones
+                moved = n_below + k
+            else:
+                moved = np.concatenate([moved, tied[full]])
+                moved.sort()
         if k < tied.size and gain[k] > 0:
             before = cg[k - 1] if k > 0 else 0.0
             split = (int(tied[k]), min(max((need - before) / gain[k], 0.0), 1.0))
     return moved, split
+
+
+def _tied_last(w, below, tied, n_below):
+    """Put the tied positions ``tied`` (ascending) at the end of ``w.idx`` and ``w.vals``, in
+    their order, and the positions below ``h`` they displace into their places: only the
+    positions involved move (at most twice the tied ones). (``below``, like the prices, keeps
+    the old order: the plan reads neither again.)"""
+    size = w.idx.size
+    at = np.union1d(tied, np.arange(n_below, size))  # the holes below n_below, then the end
+    order = np.concatenate([at[below[at]], at[~below[at]]])
+    for arr in (w.idx, w.vals):
+        arr[at] = arr[order]
 
 
 def _unit(n, q):
@@ -434,7 +504,12 @@ def _weights(a, h, sol, theta2, divergence, n, cand, ac, q=None):
     info = sol.info if sol is not None else {}
     if divergence == "kl" and info.get("unit_weight", 0.0) > 1e-250 and math.isfinite(h):
         uw = float(info["unit_weight"])
-        vals = uw * np.exp(np.maximum(h - ac, 0.0) / theta2)
+        # uw exp(max(h - a, 0) / theta2), in one buffer (the same numbers)
+        vals = np.subtract(h, ac)
+        np.maximum(vals, 0.0, out=vals)
+        vals /= theta2
+        np.exp(vals, out=vals)
+        vals *= uw
         return _Weights(n, base=uw, idx=cand, vals=vals), None
     if divergence == "chi2" and sol is not None and sol.alpha is not None \
             and math.isfinite(h) and sol.solver == "zero_one_dual":
@@ -518,6 +593,15 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
                 sol = _weighted_dual(a, p, r, theta2, divergence)
             elif rp is None:
                 sol = solve_zero_one(a, r, theta2, divergence, method=how, p=p)
+            elif how == "closed_form" and r < 1.0 and (divergence == "kl" or
+                                                       math.isinf(theta2)):
+                # Q* moves at most r n samples, the cheapest: their prices are all the closed
+                # form needs (sorted, with a margin; all of them when the margin is short)
+                sol = solve_zero_one(rp.smallest(r), r, theta2, divergence, method=how,
+                                     presorted=True, n=n)
+                if sol.native_status == "needs more prices":
+                    sol = solve_zero_one(rp.sorted(), r, theta2, divergence, method=how,
+                                         presorted=True)
             else:
                 sol = solve_zero_one(rp.sorted(), r, theta2, divergence, method=how,
                                      presorted=True)
@@ -607,17 +691,25 @@ def _finish(*, value, h, alpha, status, message, plan, w, a, loss0, r, theta1, t
     """
     n = a.size
     moved_pos, split = plan
-    k_whole = moved_pos.size
-    # the moved rows (the split row last), gathered without an array of their positions
-    rows = np.empty(k_whole + (split is not None), dtype=np.intp)
-    np.take(w.idx, moved_pos, out=rows[:k_whole], mode="clip")  # (valid positions; "clip"
-    # writes into ``out`` directly, "raise" would buffer a copy)
-    if split is not None:
-        rows[-1] = w.idx[split[0]]
+    if isinstance(moved_pos, int):  # the first positions of w.idx (a split row next)
+        k_whole = moved_pos
+        if split is not None and split[0] != k_whole:
+            raise ValueError("a compact plan's split row follows its moved rows")
+        rows = w.idx[:k_whole + (split is not None)]
+    else:
+        k_whole = moved_pos.size
+        # the moved rows (the split row last), gathered without an array of their positions
+        rows = np.empty(k_whole + (split is not None), dtype=w.idx.dtype)
+        np.take(w.idx, moved_pos, out=rows[:k_whole], mode="clip")  # (valid positions;
+        # "clip" writes into ``out`` directly, "raise" would buffer a copy)
+        if split is not None:
+            rows[-1] = w.idx[split[0]]
     moved = rows[:k_whole]
 
     def w_rows(s, e):
         """The weights of the moved atoms s..e (gathered per block)."""
+        if isinstance(moved_pos, int):  # (the split row, if any, is position k_whole)
+            return w.at(slice(s, min(e, rows.size)))
         pos = moved_pos[s:min(e, k_whole)]
         if split is not None and e > k_whole:
             pos = np.append(pos, split[0])

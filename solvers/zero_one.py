@@ -97,7 +97,7 @@ class _PrefixSums:
 
 def solve_zero_one(a, r: float, theta2: float, divergence: str, *,
                    method: str = "closed_form", presorted: bool = False,
-                   p=None) -> DualSolution:
+                   p=None, n: int | None = None) -> DualSolution:
     """Solve the 0/1 dual exactly. ``method``: "closed_form" (KL and theta2 = inf) or "dual".
 
     ``a`` must be nonnegative (``inf`` allowed). The caller decides reachability first
@@ -105,6 +105,10 @@ def solve_zero_one(a, r: float, theta2: float, divergence: str, *,
     is already ascending (feature scores reuse one sort: d*_ij = m_i^2 / beta_j^2).
     ``p``: probabilities of the samples (None: uniform); the dual then depends on the samples
     of positive probability only and is solved by the kink-exact dual on them.
+    ``n``: the number of samples when ``a`` holds only the smallest of their prices (ascending,
+    every price up to ``a[-1]``; the closed form of KL and theta2 = inf with ``r < 1``, which
+    moves at most ``r n`` samples, the cheapest). When the answer would need a price beyond
+    those held, the status is FAILED with ``native_status`` "needs more prices".
     """
     t0 = time.perf_counter()
     a = np.asarray(a, dtype=np.float64)
@@ -112,7 +116,14 @@ def solve_zero_one(a, r: float, theta2: float, divergence: str, *,
         live = np.asarray(p) > 0
         a, p = a[live], np.asarray(p, dtype=np.float64)[live]
         method = "dual"
-    n = a.size
+    partial = n is not None and n > a.size
+    if partial and not (presorted and method == "closed_form" and r < 1.0 and p is None
+                        and (divergence == "kl" or math.isinf(theta2))):
+        raise ValueError("the smallest prices alone serve the KL or theta2 = inf closed form "
+                         "with r < 1, sorted and uniform")
+    n = a.size if n is None else int(n)
+    more = DualSolution(math.nan, None, math.nan, FAILED, "zero_one_closed_form",
+                        "needs more prices")
     if r >= 1.0 and np.all(np.isfinite(a)) and float(np.mean(a == 0)) < 1.0:
         # F'(h) = 1 - E_w[1{h > a_i}] >= 0, and = 0 once every sample moves: h* = max a. For
         # h >= max a, l_h = h - a and the divergence terms shift with h (T(l + c) = T(l) + c),
@@ -145,6 +156,8 @@ def solve_zero_one(a, r: float, theta2: float, divergence: str, *,
         J = int(math.ceil(r * n - 1e-12 * n))
         J = max(J, 1)
         if J > n_fin:
+            if partial:
+                return more
             return DualSolution(math.nan, None, math.inf, FAILED, "zero_one_closed_form",
                                 "unreachable", solve_time=time.perf_counter() - t0)
         h = float(s[J - 1])
@@ -161,7 +174,9 @@ def solve_zero_one(a, r: float, theta2: float, divergence: str, *,
             # first segment whose candidate does not exceed its right end: found by bisection
             # over j (the condition is monotone), so beyond the sort the work is one exp and
             # one cumsum pass
-            if n_fin == 0:
+            if n_fin == 0 or (partial and n_fin < 2):
+                if partial:
+                    return more
                 return DualSolution(math.nan, None, math.inf, FAILED, "zero_one_closed_form",
                                     "unreachable", solve_time=time.perf_counter() - t0)
             # e_i = exp(-(a_(i) - a_(0))/theta2) in one buffer, in place; the bisection needs
@@ -185,8 +200,12 @@ def solve_zero_one(a, r: float, theta2: float, divergence: str, *,
             def right_end(j):
                 return float(s[j]) if j < n_fin else math.inf
 
-            lo_j, hi_j = max(j0, 1), n_fin  # search the first j with cand(j) <= right_end(j)
-            if not cand(hi_j) <= right_end(hi_j):
+            # search the first j with cand(j) <= right_end(j); with only the smallest prices
+            # held, the last segment whose right end is known (a[-1])
+            lo_j, hi_j = max(j0, 1), (n_fin - 1 if partial else n_fin)
+            if lo_j > hi_j or not cand(hi_j) <= right_end(hi_j):
+                if partial:
+                    return more
                 return DualSolution(math.nan, None, math.inf, FAILED, "zero_one_closed_form",
                                     "no segment holds the root",
                                     solve_time=time.perf_counter() - t0)
@@ -231,6 +250,9 @@ def solve_zero_one(a, r: float, theta2: float, divergence: str, *,
                                     iterations=1, gap_bound=0.0,
                                     solve_time=time.perf_counter() - t0, info=info)
     alpha = None if divergence == "kl" else 0.0
-    value = float(zero_one_objective(a, h, r, theta2, divergence))
+    if partial:  # (theta2 = inf) the samples not held have l_h = 0
+        value = h * r - float(np.sum(np.maximum(h - s, 0.0))) / n
+    else:
+        value = float(zero_one_objective(a, h, r, theta2, divergence))
     return DualSolution(h, alpha, value, OPTIMAL, "zero_one_closed_form", "closed form",
                         iterations=1, gap_bound=0.0, solve_time=time.perf_counter() - t0)

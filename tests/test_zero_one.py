@@ -235,3 +235,106 @@ def test_predict_only_model_below_base_error_is_zero():
     assert base > 0
     res = otstab.certify(model, X, y, loss="zero_one", r=base / 2)
     assert res.status == "zero" and res.value == 0.0 and res.risk_base == pytest.approx(base)
+
+
+# --- the smallest prices only, and move plans without position arrays --------------------------
+
+@pytest.mark.parametrize("div, t2", [("kl", 0.05), ("kl", 0.25), ("kl", 4.0), ("kl", INF),
+                                     ("chi2", INF)])
+@pytest.mark.parametrize("ties", [False, True])
+def test_closed_form_on_the_smallest_prices_matches_the_full_sort(div, t2, ties):
+    """solve_zero_one(..., n=) with every price up to some value held gives the full closed
+    form's answer whenever it answers, and says "needs more prices" otherwise."""
+    from otstab_solvers.zero_one import solve_zero_one
+
+    rng = np.random.default_rng(3)
+    n = 2000
+    a = np.abs(rng.normal(size=n))
+    if ties:
+        a = np.round(a, 1)
+    a[rng.random(n) < 0.1] = 0.0  # already misclassified
+    a[rng.random(n) < 0.05] = INF  # cannot be moved
+    s = np.sort(a)
+    for r in (0.15, 0.3, 0.6, 0.9):
+        full = solve_zero_one(s, r, t2, div, presorted=True)
+        answered = 0
+        for keep in (0.1, 0.2, 0.35, 0.7, 0.95):
+            tau = s[int(keep * n)]
+            held = s[s <= tau]
+            sol = solve_zero_one(held, r, t2, div, presorted=True, n=n)
+            if sol.native_status == "needs more prices":
+                assert sol.status == "failed"
+                continue
+            answered += 1
+            assert sol.status == full.status == "optimal"
+            assert sol.h == full.h
+            assert sol.value == pytest.approx(full.value, rel=1e-12, abs=1e-15)
+            for key in ("n_moved", "n_tied", "moved_weight", "unit_weight"):
+                if key in full.info:
+                    assert sol.info[key] == pytest.approx(full.info[key], rel=1e-12), key
+        assert answered  # (the largest share held answers every r here)
+    with pytest.raises(ValueError, match="smallest prices"):
+        solve_zero_one(s[:100], 0.3, 0.25, "chi2", presorted=True, n=n)
+
+
+def test_row_prices_smallest_are_every_price_up_to_a_quantile():
+    from otstab.models import resolve_model
+    from otstab.zero_one import linear_prices
+
+    model, X, y = _binary(n=5000, seed=4)
+    prob = resolve_model(model, X, y, loss="zero_one")
+    rp, _ = linear_prices(prob, None, 1.0)
+    everything = rp.sorted()
+    for share in (0.05, 0.3, 0.8, 1.0):
+        held = rp.smallest(share)
+        assert np.all(np.diff(held) >= 0)
+        np.testing.assert_array_equal(held, everything[:held.size])
+        assert held.size == everything.size or everything[held.size] > held[-1]
+        assert held.size >= min(share, 1.0) * everything.size
+
+
+@pytest.mark.parametrize("ties", [0, 5, 400])  # tied rows at h: none, few, many (no plan)
+@pytest.mark.parametrize("t2", [0.25, INF])
+def test_compact_move_plans_give_the_same_certificate(monkeypatch, ties, t2):
+    """Tied rows put last in Q*'s candidate rows (moved rows as a prefix, no array of their
+    positions) against the plan with position arrays: the same certificate."""
+    import otstab.zero_one as zo
+
+    rng = np.random.default_rng(9)
+    n = 3000
+    X = rng.normal(size=(n, 2))
+    w = np.array([1.0, 0.0])
+    y = np.where(X[:, 0] + 0.5 * rng.normal(size=n) > 0, 1, -1)
+    if ties:  # copies of one correctly classified row: a block of equal prices
+        j = int(np.flatnonzero((y > 0) & (X[:, 0] > 0.3))[0])
+        X[rng.choice(n, ties, replace=False)] = X[j]
+        y = np.where(np.all(X == X[j], axis=1), y[j], y)
+    model = otstab.LinearModel(w, 0.0)
+    base = float(np.mean(model.predict(X) != y))
+
+    def run():
+        out = []
+        for r in np.linspace(base + 0.01, min(base + 0.4, 0.95), 25):
+            with monkeypatch.context() as m:
+                m.setattr(otstab.audit, "AUDIT_DIRECT_MAX", 0)
+                out.append(otstab.certify(model, X, y, loss="zero_one", r=float(r),
+                                          theta2=t2, se=None))
+        return out
+
+    compact = run()
+    with monkeypatch.context() as m:
+        m.setattr(zo, "TIED_LAST_MIN", -1)
+        m.setattr(zo, "TIED_LAST_SHARE", -1.0)
+        arrays = run()
+    assert any(c.split for c in compact) or not ties
+    for c, a in zip(compact, arrays):
+        assert c.status == a.status == "optimal"
+        assert (c.value, c.h, c.split) == (a.value, a.h, a.split)
+        for f in ("risk_star", "primal_cost", "total_mass"):
+            assert getattr(c, f) == pytest.approx(getattr(a, f), rel=1e-12), f
+        np.testing.assert_array_equal(c.source, a.source)
+        # (the split row's share divides the risk still needed, a sum over the moved rows
+        # taken in another order: equal to its rounding, n eps r / gain)
+        np.testing.assert_allclose(c.mass, a.mass, rtol=1e-9, atol=0)
+        np.testing.assert_array_equal(c.weights, a.weights)
+        np.testing.assert_array_equal(c.X_star, a.X_star)
