@@ -27,20 +27,9 @@ from otstab_solvers.dual import (
 )
 from otstab_solvers.sorted_oracle import SortedTwoPiece, window_thresholds
 from otstab_solvers.weights import phi
+from test_sorted_oracle import hinge_form, keys
 
 INF = math.inf
-
-
-def hinge_form(u, c):
-    return np.column_stack([np.zeros(u.size), u]), np.array([[0.0, c]])
-
-
-def keys(rng, n, kind):
-    if kind == "gauss":
-        return rng.standard_normal(n)
-    if kind == "ties":  # many exactly tied keys (rounded margins)
-        return np.round(rng.standard_normal(n), 1)
-    return np.abs(rng.standard_normal(n)) + 0.1  # "positive": every sample inside the margin
 
 
 def views(u, c, h_lo, h_hi, size=None):
@@ -239,16 +228,20 @@ def test_moving_sums_sums_phi_per_sample_when_weights_are_near_one():
     assert 0 < sums["phi"] < 1e-18
 
 
+def near_base(monkeypatch, seed, n, subsample, c=0.5):
+    """(keys, c, base risk, hinge-shaped oracle) of n Gaussian keys, the windows' subsample set
+    to ``subsample`` keys."""
+    u = np.random.default_rng(seed).standard_normal(n)
+    monkeypatch.setattr(sd, "WINDOW_SUBSAMPLE", subsample)
+    return u, c, float(np.mean(np.maximum(u, 0.0))), oracle_for(*hinge_form(u, c),
+                                                                 sorted_view=False)
+
+
 def test_a_threshold_just_above_the_base_risk_finds_its_window(monkeypatch):
     """r = base (1 + 1e-6): the subsample's base risk differs from the data's by far more than
     r - base, so its h is far off (here by orders of magnitude); the windows are re-centred on
     the Newton estimate from the end that missed the root, and one holds it (no full sort)."""
-    rng = np.random.default_rng(4)
-    u = rng.standard_normal(6000)
-    c = 0.5
-    base = float(np.mean(np.maximum(u, 0.0)))
-    oracle = oracle_for(*hinge_form(u, c), sorted_view=False)
-    monkeypatch.setattr(sd, "WINDOW_SUBSAMPLE", 300)
+    u, c, base, oracle = near_base(monkeypatch, 4, 6000, 300)
     for r in (base * (1 + 1e-6), base * (1 + 1e-3)):
         ref = solve_dual(oracle_for(*hinge_form(u, c)), r, 0.25, "kl")
         sol = solve_two_piece(oracle, r, 0.25, "kl", min_n=0)
@@ -260,12 +253,7 @@ def test_a_threshold_just_above_the_base_risk_finds_its_window(monkeypatch):
 def test_the_base_risk_moves_the_subsample_threshold(monkeypatch):
     """With the data's base risk given, the subsample is solved at r moved by the difference of
     the two base risks: its h lands much closer to the data's where r is near the base risk."""
-    rng = np.random.default_rng(8)
-    u = rng.standard_normal(20000)
-    c = 0.5
-    base = float(np.mean(np.maximum(u, 0.0)))
-    oracle = oracle_for(*hinge_form(u, c), sorted_view=False)
-    monkeypatch.setattr(sd, "WINDOW_SUBSAMPLE", 1000)
+    u, c, base, oracle = near_base(monkeypatch, 8, 20000, 1000)
     for factor in (1.01, 1.2):
         r = base * factor
         ref = solve_dual(oracle_for(*hinge_form(u, c)), r, 0.25, "kl")
