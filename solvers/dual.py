@@ -42,8 +42,8 @@ from .weights import (
 )
 
 __all__ = ["PiecewiseOracle", "AffineRows", "AffineOracle", "oracle_for", "solve_dual",
-           "solve_two_piece", "negated_keys", "dual_objective", "refine", "WINDOW_MIN_N",
-           "WINDOW_SUBSAMPLE"]
+           "solve_two_piece", "negated_keys", "sorted_view_of", "keys_umax", "dual_objective",
+           "refine", "WINDOW_MIN_N", "WINDOW_SUBSAMPLE"]
 
 #: below this many samples :func:`solve_two_piece` sorts every key (a sort is cheap there)
 WINDOW_MIN_N = 1 << 17
@@ -444,7 +444,7 @@ def oracle_for(c1, c2, *, rows: AffineRows | None = None,
     a sorted prefix-sum view (``prefix``) so that each dual evaluation costs O(log n) (chi2,
     theta2 = inf) or one exp pass over the active samples (KL), after one sort.
     ``sorted_view=False``: the shape is only recorded (``_hinge_piece``); the view is built
-    by :func:`solve_two_piece`, which sorts fewer keys where it can, or :func:`sorted_view`.
+    by :func:`solve_two_piece`, which sorts fewer keys where it can, or :func:`sorted_view_of`.
     """
     oracle = PiecewiseOracle(c1, c2) if rows is None else AffineOracle(rows, c2)
     if oracle.K == 2 and not oracle._rowwise:
@@ -479,7 +479,7 @@ def sorted_view_of(oracle: PiecewiseOracle) -> SortedTwoPiece:
     return SortedTwoPiece.from_negated(nu, "hinge", c, tie=oracle.TIE)
 
 
-def _umax(oracle: PiecewiseOracle) -> float:
+def keys_umax(oracle: PiecewiseOracle) -> float:
     """The largest ``|u|`` of a hinge-shaped oracle's keys (the full view's tie scale)."""
     k1 = oracle._hinge_piece
     if isinstance(oracle, AffineOracle) and oracle._dense is None:
@@ -534,7 +534,7 @@ def solve_two_piece(oracle: PiecewiseOracle, r: float, theta2: float, divergence
         sub_sol = solve_dual(sub, r_sub, theta2, divergence, tol=1e-10) if r_sub > 0 else \
             DualSolution(math.nan, None, math.nan, FAILED, "dual")
         h_sub = sub_sol.h if sub_sol.status == OPTIMAL else math.nan
-        umax = _umax(oracle)
+        umax = keys_umax(oracle)
         sub_keys = sub.nu  # (sorted: the window's sizes are estimated from them)
         del sub
         center = h_sub

@@ -38,7 +38,7 @@ def views(u, c, h_lo, h_hi, size=None):
     oracle = oracle_for(*hinge_form(u, c), sorted_view=False)
     full = sd.sorted_view_of(oracle)
     win = SortedTwoPiece.window(lambda i, j, out: negated_keys(oracle, slice(i, j), out), u.size,
-                                c, h_lo, h_hi, sd._umax(oracle), size=size, block=64)
+                                c, h_lo, h_hi, sd.keys_umax(oracle), size=size, block=64)
     return oracle, full, win
 
 
