@@ -203,6 +203,8 @@ class RowPrices:
         stride = max(1, self.size // SUBSAMPLE)
         sub = self[0:self.size:stride]
         sub.sort()
+        if stride == 1:  # (the subsample is every row: all prices, sorted)
+            return sub
         m = sub.size
         k = int(math.ceil((share + 0.01) * m + 4.0 * math.sqrt(m))) + 1
         if k >= m or not math.isfinite(float(sub[k])):

@@ -277,7 +277,8 @@ def test_closed_form_on_the_smallest_prices_matches_the_full_sort(div, t2, ties)
         solve_zero_one(s[:100], 0.3, 0.25, "chi2", presorted=True, n=n)
 
 
-def test_row_prices_smallest_are_every_price_up_to_a_quantile():
+def test_row_prices_smallest_are_every_price_up_to_a_quantile(monkeypatch):
+    import otstab.zero_one as zo
     from otstab.models import resolve_model
     from otstab.zero_one import linear_prices
 
@@ -285,12 +286,18 @@ def test_row_prices_smallest_are_every_price_up_to_a_quantile():
     prob = resolve_model(model, X, y, loss="zero_one")
     rp, _ = linear_prices(prob, None, 1.0)
     everything = rp.sorted()
-    for share in (0.05, 0.3, 0.8, 1.0):
-        held = rp.smallest(share)
-        assert np.all(np.diff(held) >= 0)
-        np.testing.assert_array_equal(held, everything[:held.size])
-        assert held.size == everything.size or everything[held.size] > held[-1]
-        assert held.size >= min(share, 1.0) * everything.size
+    for sub in (500, 5000):  # a strided subsample; every row (then all prices)
+        monkeypatch.setattr(zo, "SUBSAMPLE", sub)
+        for share in (0.05, 0.3, 0.8, 1.0):
+            held = rp.smallest(share)
+            assert np.all(np.diff(held) >= 0)
+            np.testing.assert_array_equal(held, everything[:held.size])
+            assert held.size == everything.size or everything[held.size] > held[-1]
+            assert held.size >= min(share, 1.0) * everything.size
+            if sub == 500 and share <= 0.3:
+                assert held.size < 0.5 * everything.size  # (the subsample placed it)
+            if sub == 5000:
+                assert held.size == everything.size
 
 
 @pytest.mark.parametrize("ties", [0, 5, 400])  # tied rows at h: none, few, many (no plan)
