@@ -762,8 +762,7 @@ def _bracket_within(at, bracket, h_init):
                 hi = p
             if lo is not None and hi is not None:
                 return lo, hi
-            step = p["g"] / p["curv"] if p["curv"] > 0 else math.nan
-            h = p["h"] + factor * step if math.isfinite(step) else math.nan
+            h = _newton(p, factor)
             if not h_lo < h < h_hi:
                 break
             p = at(h, "right")
@@ -781,9 +780,10 @@ def _bracket_within(at, bracket, h_init):
     return lo, hi
 
 
-def _newton(p) -> float:
-    """The Newton estimate of the root from the point ``p`` (nan without curvature)."""
-    return p["h"] + p["g"] / p["curv"] if p["curv"] > 0 else math.nan
+def _newton(p, factor: float = 1.0) -> float:
+    """The Newton estimate of the root from the point ``p``, its step lengthened by
+    ``factor`` (nan without curvature)."""
+    return p["h"] + factor * (p["g"] / p["curv"]) if p["curv"] > 0 else math.nan
 
 
 def _solve_bracketed(at, oracle, fast, kinks, pair, r, tol, max_iter, finish):

@@ -385,11 +385,11 @@ class SortedTwoPiece:
             S2 = e_val * (s2 + 2.0 * c * s1 + p * c * c)
         else:
             x, e = self._kl_buffers()
-            k1, k0, clamp = self._exponent_map(p, A, B, theta2, M)
+            k1, k0, floor = self._exponent_map(p, A, B, theta2, M)
             Z1 = S1 = S2 = 0.0
             for s in range(0, p, KL_BLOCK):
                 nb = nu_all[s:min(s + KL_BLOCK, p)]
-                xb, eb = self._exponents(nb, k1, k0, clamp, x), e[:nb.size]
+                xb, eb = _exponents(nb, k1, k0, floor, x), e[:nb.size]
                 np.exp(xb, out=eb)
                 Z1 += float(eb.sum())
                 dev = np.subtract(nb, c, out=xb)
@@ -409,7 +409,7 @@ class SortedTwoPiece:
                 zm1 = 0.0
                 for s in range(0, p, KL_BLOCK):
                     nb = nu_all[s:min(s + KL_BLOCK, p)]
-                    xb = self._exponents(nb, k1, k0, clamp, x)
+                    xb = _exponents(nb, k1, k0, floor, x)
                     zm1 += float(np.sum(np.expm1(xb, out=xb)))
             log_mean = math.log1p((zm1 + (n - p) * math.expm1(-M)) / n)
         else:
@@ -431,27 +431,17 @@ class SortedTwoPiece:
         return buf
 
     def _exponent_map(self, p, A, B, theta2, M):
-        """``(k1, k0, clamp)``: the exponents ``(l - max l) / theta2`` of the first ``p`` keys
-        are ``k1 nu + k0`` (``l = A u + B``, ``u = -nu``), and ``clamp`` says whether the
-        smallest of them falls below -700, where they are clamped (terms below 1e-304 are far
-        under the rounding of any sum they enter; subnormal exponentials are 10-100x slower).
+        """``(k1, k0, floor)``: the exponents ``(l - max l) / theta2`` of the first ``p`` keys
+        are ``k1 nu + k0`` (``l = A u + B``, ``u = -nu``); ``floor`` is -700 when the smallest
+        of them falls below it, where they are clamped (terms below 1e-304 are far under the
+        rounding of any sum they enter; subnormal exponentials are 10-100x slower), else None.
         The largest is 0 up to rounding, which ``exp`` takes as it is."""
         k1, k0 = -A / theta2, B / theta2 - M
         lo = self.sorted_from
         nu_max = float(self.nu[p - 1]) if p > lo else self._sorted.front_max
         if nu_max is None:  # p = 0 (no key: no exponent to clamp)
-            return k1, k0, False
-        return k1, k0, k1 * nu_max + k0 < -700.0
-
-    @staticmethod
-    def _exponents(nb, k1, k0, clamp, buf):
-        """The exponents ``k1 nb + k0`` of the keys ``nb`` in ``buf`` (clamped at -700 when
-        ``clamp``; :meth:`_exponent_map`)."""
-        x = np.multiply(nb, k1, out=buf[:nb.size])
-        x += k0
-        if clamp:
-            np.maximum(x, -700.0, out=x)
-        return x
+            return k1, k0, None
+        return k1, k0, (-700.0 if k1 * nu_max + k0 < -700.0 else None)
 
     def _v(self, k: int, p: int, A, B, theta2):
         """The k-th largest (1-based) of l / (2 theta2)."""
@@ -535,7 +525,6 @@ class SortedTwoPiece:
         mlo, tie_m = float(d[:p_l].sum()), float(d[p_l:].sum())
         return lo / n, (lo + tie_w) / n, mlo / n, (mlo + tie_m) / n
 
-
     def moving_sums(self, h: float, theta2: float, *, phi_atol: float = 0.0):
         """The most sensitive distribution at ``h`` (KL, or theta2 = inf) as a rule on the keys
         and its sums, from one pass over the samples that move (no pass over the others).
@@ -573,7 +562,7 @@ class SortedTwoPiece:
         for s in range(0, p_r, KL_BLOCK):
             stop = min(s + KL_BLOCK, p_r)
             nb = nu[s:stop]
-            xb, eb = _floored(nb, k1, k0, x0, x), e[:nb.size]
+            xb, eb = _exponents(nb, k1, k0, x0, x), e[:nb.size]
             np.exp(xb, out=eb)
             Z += float(eb.sum())
             if s < p_l:  # the samples that move on both sides (the tied ones come last)
@@ -594,7 +583,7 @@ class SortedTwoPiece:
             phi_sum = 0.0
             for s in range(0, p_l, KL_BLOCK):
                 nb = nu[s:min(s + KL_BLOCK, p_l)]
-                xb, eb = _floored(nb, k1, k0, x0, x), e[:nb.size]
+                xb, eb = _exponents(nb, k1, k0, x0, x), e[:nb.size]
                 np.exp(xb, out=eb)
                 eb *= scale
                 phi_sum += float(np.sum(phi(eb, "kl")))
@@ -636,7 +625,7 @@ class KeyRule:
         """The weights of samples with keys ``nu``."""
         if self.unit:
             return np.ones(np.shape(nu))
-        x = _floored(nu, self.k1, self.k0, self.x0, np.empty(np.shape(nu)))
+        x = _exponents(nu, self.k1, self.k0, self.x0, np.empty(np.shape(nu)))
         np.exp(x, out=x)
         x *= self.scale
         return x
@@ -649,11 +638,13 @@ class KeyRule:
         return self.dB - self.dA * nu
 
 
-def _floored(nu, k1, k0, x0, buf):
-    """``max(k1 nu + k0, x0)`` in ``buf``."""
+def _exponents(nu, k1, k0, floor, buf):
+    """The exponents ``k1 nu + k0`` of the keys ``nu`` in ``buf``, at least ``floor`` (None:
+    no floor)."""
     x = np.multiply(nu, k1, out=buf[:np.size(nu)])
     x += k0
-    np.maximum(x, x0, out=x)
+    if floor is not None:
+        np.maximum(x, floor, out=x)
     return x
 
 
