@@ -67,7 +67,7 @@ def _softplus(u: np.ndarray) -> np.ndarray:
 
 def _as_vector(v, name: str, copy: bool = True) -> np.ndarray:
     """A finite float64 vector (a copy unless ``copy=False``, which keeps a float64 array)."""
-    arr = np.array(v, dtype=np.float64, copy=True if copy else None).reshape(-1)
+    arr = (np.array(v, dtype=np.float64) if copy else np.asarray(v, dtype=np.float64)).reshape(-1)
     if arr.size == 0:
         raise ValueError(f"{name} is empty")
     if not np.all(np.isfinite(arr)):
@@ -637,7 +637,7 @@ class CrossEntropyOracle:
 
     def __init__(self, scores, labels, W_masked, theta1, *, X=None, mask=None, tol=1e-12,
                  max_iter=100, copy: bool = True, cache: bool = True):
-        S = np.array(scores, dtype=np.float64, copy=True if copy else None)
+        S = np.array(scores, dtype=np.float64) if copy else np.asarray(scores, dtype=np.float64)
         if S.ndim != 2 or S.shape[1] < 2:
             raise ValueError(f"scores must have shape (n, K) with K >= 2, got {S.shape}")
         if not np.all(np.isfinite(S)):
