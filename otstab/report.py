@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import base64
 import html
+import importlib
 import io
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +32,61 @@ from .certificate import loss_from_spec, validate_certificate
 from .errors import ValidationError
 
 __all__ = ["render_html", "write_report", "figure_png", "write_pdf", "find_chromium",
-           "model_card", "model_card_markdown", "raw_moves"]
+           "model_card", "model_card_markdown", "raw_moves", "public_name"]
+
+# packages whose public modules may be imported to shorten a class path (others are used
+# only when the user's program has already imported them)
+_IMPORTABLE = ("sklearn", "otstab", "xgboost", "lightgbm")
+
+
+def _resolve(module: str, attrs: list[str]):
+    mod = sys.modules.get(module)
+    if mod is None:
+        if module.split(".")[0] not in _IMPORTABLE and module.split(".")[0] not in sys.modules:
+            return None
+        try:
+            mod = importlib.import_module(module)
+        except Exception:  # noqa: BLE001 - any import failure: keep the path as written
+            return None
+    obj = mod
+    for a in attrs:
+        obj = getattr(obj, a, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def public_name(qualified) -> str:
+    """The public import path of a class path such as a certificate's ``model.class``.
+
+    ``"sklearn.linear_model._logistic.LogisticRegression"`` becomes
+    ``"sklearn.linear_model.LogisticRegression"``: private module components (a leading
+    underscore) are dropped when the public parent module exports the same object. A path
+    that cannot be checked (the package is not installed) is returned unchanged.
+    """
+    if not isinstance(qualified, str) or "." not in qualified:
+        return qualified
+    parts = qualified.split(".")
+    if not any(p.startswith("_") and not p.startswith("__") for p in parts[:-1]):
+        return qualified
+    for k in range(len(parts) - 1, 0, -1):     # where the module path ends
+        modparts, attrs = parts[:k], parts[k:]
+        if any(a.startswith("_") for a in attrs):
+            continue
+        public = [p for p in modparts if not p.startswith("_")]
+        if public == modparts:
+            continue
+        original = _resolve(".".join(modparts), attrs)
+        if original is None:
+            continue
+        for j in range(1, len(public) + 1):    # the shortest public parent that exports it
+            cand = public[:j]
+            if modparts[:len(cand)] != cand:
+                break
+            if _resolve(".".join(cand), attrs) is original:
+                return ".".join(cand + attrs)
+        return qualified
+    return qualified
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;
@@ -227,7 +283,7 @@ def _space_text(cert: dict) -> str:
     """Where the cost is measured: the final estimator's input columns, in words."""
     model = cert["inputs"]["model"]
     d = cert["inputs"]["data"]["n_features"]
-    est = html.escape(str(model.get("estimator") or model.get("class")))
+    est = html.escape(str(public_name(model.get("estimator") or model.get("class"))))
     if model.get("pipeline"):
         steps = " &rarr; ".join(html.escape(str(s["name"])) for s in model["pipeline"][:-1])
         return (f"the model's preprocessed feature space: the input columns of the final "
@@ -636,8 +692,8 @@ def render_html(cert: dict, *, result=None, features=None, grid=None, curve=None
         ("label counts", ", ".join(f"{k}: {v}" for k, v in
                                    (data.get("label_counts") or {}).items()) or "-"),
         (f"data SHA-256 ({data['hash_method']})", data["sha256"]),
-        ("model", model["class"]),
-        ("final estimator", model["estimator"]),
+        ("model", public_name(model["class"])),
+        ("final estimator", public_name(model["estimator"])),
         (f"model SHA-256 ({model['hash_method']})", model["sha256"]),
     ]
     if model.get("pipeline"):
@@ -781,9 +837,10 @@ def model_card(cert: dict, *, verify_command=None) -> dict:
     fs = (res.get("feature_stability") or {}).get("table") or []
     card = {
         "schema": "otstab-model-card/1",
-        "title": f"OT stability of {model.get('estimator') or model.get('class')}",
+        "title": f"OT stability of {public_name(model.get('estimator') or model.get('class'))}",
         "created": cert["created"],
-        "model": {"class": model["class"], "estimator": model.get("estimator"),
+        "model": {"class": public_name(model["class"]),
+                  "estimator": public_name(model.get("estimator")),
                   "sha256": model["sha256"], "file": model.get("file"),
                   "pipeline": [s["name"] for s in model.get("pipeline") or []] or None},
         "data": {"rows": data["n_samples"], "columns": data["n_features"],

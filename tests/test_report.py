@@ -242,3 +242,25 @@ def test_report_prints_without_cuts(audited, tmp_path):
                              text=True, timeout=60).stdout
         assert "What this means" in txt and "PASS" in txt
         assert "german credit evaluation.csv" in " ".join(txt.split())
+
+
+def test_model_card_and_report_show_public_class_paths(page):
+    text, cert, res = page
+    # the certificate keeps the full path (verify compares it); what people read is public
+    assert cert["inputs"]["model"]["class"] == \
+        "sklearn.linear_model._logistic.LogisticRegression"
+    card = report.model_card(cert)
+    assert card["model"]["class"] == "sklearn.linear_model.LogisticRegression"
+    assert card["title"] == "OT stability of sklearn.linear_model.LogisticRegression"
+    readable = text.split("<h2>Certificate JSON</h2>")[0]    # the JSON is the record
+    assert "sklearn.linear_model.LogisticRegression" in readable
+    assert "._logistic." not in readable
+    import sklearn.linear_model as lm
+
+    assert lm.LogisticRegression.__module__ == "sklearn.linear_model._logistic"
+    assert report.public_name("sklearn.ensemble._forest.RandomForestClassifier") == \
+        "sklearn.ensemble.RandomForestClassifier"
+    # kept as written: not private, not importable, or not exported by the public parent
+    for name in ("sklearn.pipeline.Pipeline", "nosuchpkg._mod.Thing",
+                 "sklearn.utils._param_validation.Interval"):
+        assert report.public_name(name) == name
