@@ -119,3 +119,60 @@ def test_marker_parser(tmp_path):
 if __name__ == "__main__":  # pragma: no cover
     os.environ.setdefault("MPLBACKEND", "Agg")
     raise SystemExit(pytest.main([__file__, "-q"]))
+
+
+# ------------------------------------------------------------------ docs/examples/dro_adult.py
+
+def _load_example(name):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"example_{name}",
+                                                  ROOT / "docs" / "examples" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _figures_state():
+    return {p.name: (p.stat().st_mtime_ns, p.stat().st_size)
+            for p in (ROOT / "docs" / "figures").glob("*")}
+
+
+@pytest.mark.parametrize("argv, where", [(["--quick"], "temporary"), (["--quick", "--out"], "out"),
+                                         ([], "docs")])
+def test_dro_example_writes_figures_where_asked(argv, where, tmp_path, monkeypatch):
+    """--quick never writes into docs/figures (the tracked figures of the full run)."""
+    mod = _load_example("dro_adult")
+    written = []
+    monkeypatch.setattr(mod, "fit_models", lambda *a, **k: {})
+    monkeypatch.setattr(mod, "section42", lambda *a, **k: None)
+    monkeypatch.setattr(mod, "dro_example", lambda *a, **k: None)
+    monkeypatch.setattr(mod, "figure3", lambda *a: written.append(a[-1]))
+    if argv[-1:] == ["--out"]:
+        argv = [*argv, str(tmp_path / "figs")]
+    out = mod.main(argv)
+    assert [p.name for p in written] == ["adult_compare_fig3.png", "german_compare_fig3.png"]
+    assert all(p.parent == out for p in written)
+    docs_figures = (ROOT / "docs" / "figures").resolve()
+    if where == "docs":
+        assert out.resolve() == docs_figures
+    else:
+        assert out.resolve() != docs_figures and out.is_dir()
+        if where == "out":
+            assert out == tmp_path / "figs"
+
+
+@pytest.mark.slow
+def test_dro_example_quick_run_leaves_docs_figures_alone(tmp_path):
+    """The whole --quick run (about 3 minutes) writes its figures to --out only."""
+    import subprocess
+    import sys
+
+    before = _figures_state()
+    done = subprocess.run([sys.executable, str(ROOT / "docs" / "examples" / "dro_adult.py"),
+                           "--quick", "--out", str(tmp_path)], capture_output=True, text=True,
+                          timeout=1200, env={**os.environ, "MPLBACKEND": "Agg"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == ["adult_compare_fig3.png",
+                                                               "german_compare_fig3.png"]
+    assert _figures_state() == before
