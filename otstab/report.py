@@ -109,11 +109,16 @@ pre{white-space:pre-wrap;overflow-wrap:anywhere}
 .pass{background:#1b7e4a}.fail{background:#b3261e}
 .policy{border-left:4px solid #555;padding:.5em 1em;background:#fafafa}
 dl.explain dt{font-weight:bold;margin-top:.5em}dl.explain dd{margin-left:1.2em}
-@page{size:A4;margin:14mm 12mm}
+.print-only{display:none}
+@page{size:A4;margin:14mm 12mm 16mm;
+@bottom-right{content:"page " counter(page) " of " counter(pages);font-size:8pt;color:#555}}
 @media print{
 body{max-width:none;margin:0;padding:0;font-size:10.5pt}
-h1,h2,h3{break-after:avoid;page-break-after:avoid}
+h1,h2,h3,dt,p.lead{break-after:avoid;page-break-after:avoid;break-inside:avoid}
+h2::after,h3::after,dt::after,p.lead::after{content:"";display:block;height:45mm;
+margin-bottom:-45mm}
 h2+*,h2+p+*{break-before:avoid;page-break-before:avoid}
+.json{display:none}.print-only{display:block}
 table,figure,pre.command,.verdict,.policy,dl.explain dd{break-inside:avoid;page-break-inside:avoid}
 pre{overflow:visible;white-space:pre-wrap;overflow-wrap:anywhere;font-size:7.5pt}
 details>summary{display:none}
@@ -400,17 +405,31 @@ def _short(v) -> str:
     return f"{v:,.4g}" if abs(v) < 1e4 else f"{v:,.0f}"
 
 
-def _raw_plot(ax, frame, a, b, wm, y=None):
-    """Q* on two raw columns: crosses = data, discs = Q* (area ~ weight), arrows = moves."""
+#: a categorical axis of the raw Q* plot shows at most this many levels (the most frequent;
+#: the others are drawn together as "(other)") so that its labels stay legible
+RAW_PLOT_LEVELS = 12
+
+
+def _raw_plot(ax, frame, a, b, wm, y=None, drawn=None):
+    """Q* on two raw columns: crosses = data, discs = Q* (area ~ weight), arrows = the moves
+    that change a shown value (at most 300). ``drawn``, a list, receives the number of arrows."""
     def coord(name):
         v0, v1 = frame[name], frame[f"{name}*"]
         if pd.api.types.is_numeric_dtype(v0) and pd.api.types.is_numeric_dtype(v1):
             return v0.to_numpy(float), v1.to_numpy(float), None
-        levels = sorted(set(map(str, v0)) | set(map(str, v1)))
+        s0, s1 = v0.astype(str).to_numpy(), v1.astype(str).to_numpy()
+        counts = pd.Series(np.concatenate([s0, s1])).value_counts(sort=True)
+        if len(counts) > RAW_PLOT_LEVELS:
+            kept = set(counts.index[:RAW_PLOT_LEVELS - 1])
+            s0 = np.where(np.isin(s0, list(kept)), s0, "(other)")
+            s1 = np.where(np.isin(s1, list(kept)), s1, "(other)")
+            levels = sorted(kept) + ["(other)"]
+        else:
+            levels = sorted(counts.index)
         pos = {lv: k for k, lv in enumerate(levels)}
         jit = np.random.default_rng(0).uniform(-0.25, 0.25, len(v0))  # fixed seed
-        return (np.array([pos[str(t)] for t in v0]) + jit,
-                np.array([pos[str(t)] for t in v1]) + jit, levels)
+        return (np.array([pos[t] for t in s0]) + jit,
+                np.array([pos[t] for t in s1]) + jit, levels)
     x0, x1, lx = coord(a)
     y0, y1, ly = coord(b)
     ax.scatter(x0, y0, s=8, marker="x", color="#999999", alpha=0.5, linewidths=0.7,
@@ -419,9 +438,13 @@ def _raw_plot(ax, frame, a, b, wm, y=None):
     moved = (x0 != x1) | (y0 != y1)
     ax.scatter(x1, y1, s=size, color="#d95f02", alpha=0.55, edgecolors="none",
                label="Q* (area = weight)")
-    for k in np.flatnonzero(moved)[:300]:
+    arrows = np.flatnonzero(moved)
+    arrows = arrows[np.argsort(-wm[arrows], kind="stable")][:300]
+    for k in arrows:
         ax.annotate("", (x1[k], y1[k]), (x0[k], y0[k]),
                     arrowprops=dict(arrowstyle="->", color="#1b9e77", lw=0.6, alpha=0.7))
+    if drawn is not None:
+        drawn.append(len(arrows))
     for axis, levels in ((ax.xaxis, lx), (ax.yaxis, ly)):
         if levels is not None:
             axis.set_ticks(range(len(levels)))
@@ -429,12 +452,22 @@ def _raw_plot(ax, frame, a, b, wm, y=None):
                                 fontsize=7)
     if lx is not None:
         for t in ax.get_xticklabels():
-            t.set_rotation(30)
+            t.set_rotation(35)
             t.set_ha("right")
+            t.set_rotation_mode("anchor")
     ax.set_xlabel(f"{a} (raw units)")
     ax.set_ylabel(f"{b} (raw units)")
     ax.legend(loc="best", fontsize=8)
     return ax
+
+
+def _arrow_caption(n_arrows: int) -> str:
+    if n_arrows:
+        return (f"arrows: the {n_arrows:,} largest-weight moves that change a shown value"
+                if n_arrows >= 300 else f"arrows: the {n_arrows:,} moves that change a "
+                "shown value")
+    return ("no arrows: no sample's shown value changes (the moves are too small to change "
+            "a category or are in other columns)")
 
 
 def _raw_section(result, top=8) -> list[str]:
@@ -456,18 +489,25 @@ def _raw_section(result, top=8) -> list[str]:
         parts.append(_table([(k, float(v)) for k, v in shown.items()],
                             header=["raw column", "share of moving cost"]))
     if changes:
-        parts.append("<p>The most moved samples (weighted squared move):</p>")
+        parts.append('<p class="lead">The most moved samples (weighted squared move):</p>')
         parts.append("<table><tr><th>sample</th><th>weight</th><th>change</th></tr>" + "".join(
             f"<tr><td>{html.escape(i)}</td><td class=\"num\">{w}</td><td>{c}</td></tr>"
             for i, w, c in changes) + "</table>")
     top2 = list(shares.index[:2])  # the two raw columns with the largest share (or first)
     if len(top2) == 2:
         wm = np.asarray(result.weights, dtype=float) * np.asarray(result.mass, dtype=float)
-        png = figure_png(lambda ax: _raw_plot(ax, frame, top2[0], top2[1], wm),
+        drawn: list[int] = []
+        png = figure_png(lambda ax: _raw_plot(ax, frame, top2[0], top2[1], wm, drawn=drawn),
                          figsize=(7.0, 5.0))
+        many = [c for c in top2 if not pd.api.types.is_numeric_dtype(frame[c])
+                and frame[c].astype(str).nunique() > RAW_PLOT_LEVELS]
+        other = (f" Of {' and '.join(many)}, the {RAW_PLOT_LEVELS - 1} most frequent "
+                 "categories are shown; the others are drawn together as (other)."
+                 if many else "")
+        arrows = _arrow_caption(drawn[0]) if drawn else "arrows: moves"
         parts.append(_figure(png, f"Q* on the two raw columns that carry most of the moving "
                                   f"cost: {top2[0]} and {top2[1]}. Crosses: evaluation data; "
-                                  "discs: Q* (area proportional to weight); arrows: moves.",
+                                  f"discs: Q* (area proportional to weight); {arrows}.{other}",
                              "Q* on raw columns"))
     return parts
 
@@ -709,8 +749,15 @@ def render_html(cert: dict, *, result=None, features=None, grid=None, curve=None
     if verify_command:
         parts.append("<h2>Reproduce</h2>")
         parts.append(f'<pre class="command" id="command">{html.escape(verify_command)}</pre>')
-    parts.append("<h2>Certificate JSON</h2><details open><summary>hide / show</summary><pre>"
-                 + html.escape(json.dumps(cert, indent=2)) + "</pre></details>")
+    blob = json.dumps(cert, indent=2)
+    parts.append(
+        "<h2>Certificate JSON</h2>"
+        '<p class="print-only small">The certificate JSON ('
+        f"{blob.count(chr(10)) + 1:,} lines) is not printed: it is in this report's HTML file "
+        "(open it in a browser) and in the certificate file that <code>otstab verify</code> "
+        "reads.</p>"
+        '<div class="json"><details open><summary>hide / show</summary><pre>'
+        + html.escape(blob) + "</pre></details></div>")
     parts.append("</body></html>")
     return "\n".join(p for p in parts if p)
 

@@ -235,13 +235,27 @@ def test_report_prints_without_cuts(audited, tmp_path):
     data = pdf.read_bytes()
     assert data.startswith(b"%PDF")
     pages = len(re.findall(rb"/Type\s*/Page[^s]", data))
-    assert 2 <= pages <= 20
+    assert 2 <= pages <= 12   # the certificate JSON is not printed (it was 8 more pages)
     pdftotext = shutil.which("pdftotext")
     if pdftotext:  # the printed text, when poppler is installed
         txt = subprocess.run([pdftotext, "-layout", str(pdf), "-"], capture_output=True,
                              text=True, timeout=60).stdout
         assert "What this means" in txt and "PASS" in txt
         assert "german credit evaluation.csv" in " ".join(txt.split())
+        assert '"format": "otstab-certificate"' not in txt and "is not printed" in txt
+        printed = [p for p in txt.split("\f") if p.strip()]
+        assert len(printed) == pages
+        for k, one in enumerate(printed, 1):
+            assert f"page {k} of {pages}" in one       # page numbers in the margin box
+        # no heading (or lead-in line) ends a page: each is followed by its content
+        text = page.read_text()
+        heads = [html.unescape(re.sub(r"<[^>]+>", "", h)).strip() for h in re.findall(
+            r"<(?:h2|h3|dt)[^>]*>(.*?)</(?:h2|h3|dt)>", text)]
+        heads.append("The most moved samples (weighted squared move):")
+        for one in printed:
+            body = [ln.strip() for ln in one.splitlines() if ln.strip()
+                    and not re.fullmatch(r"page \d+ of \d+", ln.strip())]
+            assert body[-1] not in heads, body[-3:]
 
 
 def test_model_card_and_report_show_public_class_paths(page):
@@ -264,3 +278,48 @@ def test_model_card_and_report_show_public_class_paths(page):
     for name in ("sklearn.pipeline.Pipeline", "nosuchpkg._mod.Thing",
                  "sklearn.utils._param_validation.Interval"):
         assert report.public_name(name) == name
+
+
+def test_print_css_and_json_note(page):
+    """In print, the certificate JSON gives way to a note, pages are numbered and headings
+    keep their content (the printed result is checked in test_report_prints_without_cuts)."""
+    text, cert, res = page
+    css = text[text.index("<style>"):text.index("</style>")]
+    printed = css[css.index("@media print"):]
+    assert ".json{display:none}" in printed and ".print-only{display:block}" in printed
+    assert "counter(page)" in css and "counter(pages)" in css
+    assert "break-after:avoid" in printed and "break-inside:avoid" in printed
+    note = re.search(r'<p class="print-only small">(.*?)</p>', text).group(1)
+    n_lines = json.dumps(cert, indent=2).count("\n") + 1
+    assert f"{n_lines:,} lines" in note and "not printed" in note
+
+
+def test_raw_qstar_plot_keeps_categories_legible_and_caption_true():
+    """A categorical column with many levels shows the most frequent ones and "(other)";
+    the caption's arrows are the arrows drawn."""
+    from matplotlib.figure import Figure
+
+    rng = np.random.default_rng(0)
+    n = 400
+    countries = [f"country-{k:02d}" for k in range(40)]
+    c0 = rng.choice(countries, n, p=np.r_[[0.5], np.full(39, 0.5 / 39)])
+    c1 = c0.copy()
+    c1[:25] = "country-01"                     # 25 samples change category
+    num = rng.normal(size=n)
+    frame = pd.DataFrame({"country": c0, "country*": c1, "hours": num, "hours*": num})
+    wm = np.full(n, 1.0 / n)
+    ax = Figure().add_subplot()
+    drawn = []
+    _report._raw_plot(ax, frame, "country", "hours", wm, drawn=drawn)
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    assert len(labels) == _report.RAW_PLOT_LEVELS and labels[-1] == "(other)"
+    assert "country-00" in labels and "country-01" in labels
+    moved_shown = int(np.sum([(a != b) and (a in labels or b in labels)
+                              for a, b in zip(c0[:25], c1[:25])]))
+    assert drawn == [moved_shown] and 0 < moved_shown <= 25
+    assert f"the {moved_shown} moves" in _report._arrow_caption(drawn[0])
+    # nothing changes category: the caption says no arrows
+    same = frame.assign(**{"country*": c0})
+    drawn = []
+    _report._raw_plot(Figure().add_subplot(), same, "country", "hours", wm, drawn=drawn)
+    assert drawn == [0] and _report._arrow_caption(0).startswith("no arrows")
