@@ -461,7 +461,16 @@ def _raw_plot(ax, frame, a, b, wm, y=None, drawn=None):
     return ax
 
 
-def _arrow_caption(n_arrows: int) -> str:
+def _count_arrows(ax) -> int:
+    """How many arrows :func:`otstab.plot.sensitive_distribution` drew on ``ax``."""
+    from matplotlib.quiver import Quiver
+
+    return int(sum(np.size(c.U) for c in ax.collections if isinstance(c, Quiver)))
+
+
+def _arrow_caption(n_arrows: int, moved: bool = True) -> str:
+    if not moved:
+        return "no sample moves (reweighting only), so no arrows are drawn"
     if n_arrows:
         return (f"arrows: the {n_arrows:,} largest-weight moves that change a shown value"
                 if n_arrows >= 300 else f"arrows: the {n_arrows:,} moves that change a "
@@ -504,7 +513,8 @@ def _raw_section(result, top=8) -> list[str]:
         other = (f" Of {' and '.join(many)}, the {RAW_PLOT_LEVELS - 1} most frequent "
                  "categories are shown; the others are drawn together as (other)."
                  if many else "")
-        arrows = _arrow_caption(drawn[0]) if drawn else "arrows: moves"
+        moved = bool(np.nansum(shares.to_numpy(float)) > 0)
+        arrows = _arrow_caption(drawn[0], moved) if drawn else "arrows: moves"
         parts.append(_figure(png, f"Q* on the two raw columns that carry most of the moving "
                                   f"cost: {top2[0]} and {top2[1]}. Crosses: evaluation data; "
                                   f"discs: Q* (area proportional to weight); {arrows}.{other}",
@@ -700,14 +710,25 @@ def render_html(cert: dict, *, result=None, features=None, grid=None, curve=None
         if raw:  # Q* on the raw columns that moved most, in the data's units
             parts += raw
         else:
+            drawn: list[int] = []
+
+            def draw_qstar(ax):
+                _plot.sensitive_distribution(result, ax=ax, y=y)
+                drawn.append(_count_arrows(ax))
+
+            png = figure_png(draw_qstar, figsize=(7.0, 5.0))
+            if not drawn:
+                arrows = ""
+            elif drawn[0]:
+                arrows = (f"; arrows: moves x &rarr; x* (the {drawn[0]:,} largest weighted "
+                          "moves)" if drawn[0] >= 300 else "; arrows: moves x &rarr; x*")
+            else:
+                arrows = "; no sample moves (reweighting only), so no arrows are drawn"
             parts.append("<h2>Most sensitive distribution Q*</h2>")
             parts.append(
                 f"<p>{result.n_atoms} atoms over {result.n} samples. Crosses: evaluation data; "
-                "discs: Q*, area proportional to weight; arrows: moves x &rarr; x* (the "
-                "largest ones). For more than two features the two most moved coordinates are "
-                "shown.</p>")
-            png = figure_png(lambda ax: _plot.sensitive_distribution(result, ax=ax, y=y),
-                             figsize=(7.0, 5.0))
+                f"discs: Q*, area proportional to weight{arrows}. For more than two features "
+                "the two most moved coordinates are shown.</p>")
             parts.append(_figure(png, "Most sensitive distribution Q*.", "most sensitive "
                                  "distribution"))
         tr = trace if trace is not None else (result.info or {}).get("trace")

@@ -323,3 +323,25 @@ def test_raw_qstar_plot_keeps_categories_legible_and_caption_true():
     drawn = []
     _report._raw_plot(Figure().add_subplot(), same, "country", "hours", wm, drawn=drawn)
     assert drawn == [0] and _report._arrow_caption(0).startswith("no arrows")
+
+
+@pytest.mark.parametrize("theta1, arrows", [(1.0, True), (np.inf, False)])
+@pytest.mark.parametrize("raw", [True, False])
+def test_qstar_caption_matches_the_arrows(theta1, arrows, raw, monkeypatch):
+    """Both Q* figures (on raw columns, and the fallback when the preprocessing cannot be
+    mapped back) speak of arrows only when arrows are drawn."""
+    X, y = make_toy(60, random_state=2)
+    model = LogisticRegression().fit(X, y)
+    res = otstab.certify(model, X, y, loss="zero_one", r=0.3, theta1=theta1, theta2=0.25)
+    if not raw:
+        monkeypatch.setattr(report, "raw_moves", lambda *a, **k: None)
+    text = report.render_html(C.make_certificate(res, model, X, y), result=res)
+    start = text.index('<h2 id="raw-qstar">' if raw else "<h2>Most sensitive distribution Q*")
+    section = text[start:text.index("</figure>", start)]
+    assert ("arrows: " in section) is arrows
+    assert ("no sample moves (reweighting only)" in section) is not arrows
+    from matplotlib.figure import Figure
+
+    ax = Figure().add_subplot()
+    otstab.plot.sensitive_distribution(res, ax=ax)
+    assert (report._count_arrows(ax) > 0) is arrows
