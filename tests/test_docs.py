@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import warnings
 from pathlib import Path
 
@@ -89,7 +90,7 @@ def test_code_blocks_run(path, tmp_path, monkeypatch):
                     f"{path.relative_to(ROOT)}: the block at line {line} raised "
                     f"{type(exc).__name__}: {exc}") from exc
         ran += 1
-    plt = __import__("sys").modules.get("matplotlib.pyplot")
+    plt = sys.modules.get("matplotlib.pyplot")
     if plt is not None:
         plt.close("all")
     assert ran or all(r for _, r, _ in blocks(path))
@@ -166,7 +167,6 @@ def test_dro_example_writes_figures_where_asked(argv, where, tmp_path, monkeypat
 def test_dro_example_quick_run_leaves_docs_figures_alone(tmp_path):
     """The whole --quick run (about 3 minutes) writes its figures to --out only."""
     import subprocess
-    import sys
 
     before = _figures_state()
     done = subprocess.run([sys.executable, str(ROOT / "docs" / "examples" / "dro_adult.py"),
