@@ -107,6 +107,13 @@ def test_markers_are_used_sparingly():
                 assert len(reason) >= 8, f"{f.name}:{line}: say why the block does not run"
     assert total >= 20
     assert skipped <= total // 4, (skipped, total)
+    # a marker applies to the block right below it: one anywhere else is a mistake
+    for f in FILES:
+        lines = f.read_text(encoding="utf-8").splitlines()
+        for k, line in enumerate(lines):
+            if "no-run" in line:
+                assert NO_RUN.match(line.strip()) and k + 1 < len(lines) and \
+                    FENCE.match(lines[k + 1]), f"{f.name}:{k + 1}: misplaced no-run marker"
 
 
 def test_marker_parser(tmp_path):
