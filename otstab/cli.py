@@ -25,6 +25,7 @@ stored in the file, so ``certify`` and ``verify`` load a pickle or joblib file o
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 import re
 import sys
@@ -435,8 +436,11 @@ def load_data(path, target):
     if target not in df.columns:
         cols = ", ".join(map(str, list(df.columns)[:8]))
         more = ", ..." if df.shape[1] > 8 else ""
-        raise BadInput("--target", f"column {target!r} is not in {str(path)!r} (columns: "
-                                   f"{cols}{more})")
+        close = difflib.get_close_matches(str(target), [str(c) for c in df.columns], n=3,
+                                          cutoff=0.6)
+        hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+        raise BadInput("--target", f"column {target!r} is not in {str(path)!r}{hint} "
+                                   f"(columns: {cols}{more})")
     if df.shape[1] < 2:
         raise BadInput("--data", f"{str(path)!r} has no feature columns besides {target!r}")
     y = df[target]

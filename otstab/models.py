@@ -294,8 +294,9 @@ def _raise_one_vs_one(model, K: int):
         f"model {name} with {K} classes is one-vs-one: its coef_ holds the {K * (K - 1) // 2} "
         "pairwise hyperplanes, not one row per class, so its scores are not linear per class. "
         "Use LinearSVC or LogisticRegression (one row per class), or certify the 0/1 loss "
-        f"through the model's own predictions: certify(otstab.nonlinear.PredictOnlyModel("
-        f"model), X, y, loss='zero_one', ...)"
+        "through the model's predictions alone, as for any classifier without linear scores "
+        "(a certified interval, docs/bounds.md): "
+        "certify(otstab.nonlinear.adapt(model), X, y, loss='zero_one', ...)"
     )
 
 

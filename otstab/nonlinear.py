@@ -148,17 +148,30 @@ class DifferentiableModel:
               "squared": ("regression",), "zero_one": ("binary", "multiclass")}
         if name not in ok:
             raise IncompatibleLossError(
-                f"loss {name!r} is not available for {type(self).__name__}: nonlinear models "
+                f"loss {name!r} is not available for {self._user_name()}: nonlinear models "
                 "support 'logistic', 'cross_entropy' (classifiers), 'squared' (regressors) and "
                 "'zero_one' (classifiers)")
         if self.task not in ok[name]:
             raise IncompatibleLossError(f"loss {name!r} does not fit a {self.task} model")
         if name != "zero_one" and not self.differentiable:
             raise IncompatibleLossError(
-                f"loss {name!r} needs a differentiable model; {type(self).__name__} supports "
+                f"loss {name!r} needs a differentiable model (gradients of its outputs); "
+                f"{self._user_name()} is used through its predictions only, which supports "
                 "only loss='zero_one'")
         self.loss_name = name
         return self
+
+    def _user_name(self) -> str:
+        """The model as the user knows it, for messages: the class the user passed (a
+        scikit-learn estimator, a PyTorch module), not the adapter that wraps it."""
+        inner = getattr(self, "model", None)
+        if inner is None:
+            inner = getattr(self, "module", None)
+        if inner is not None:
+            return f"a {type(inner).__name__}"
+        if getattr(self, "fn", None) is not None:
+            return "the wrapped function"
+        return "this model"
 
     def _smooth_loss(self) -> str:
         if self.loss_name is None:

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import base64
 import html
+import importlib
 import io
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +32,61 @@ from .certificate import loss_from_spec, validate_certificate
 from .errors import ValidationError
 
 __all__ = ["render_html", "write_report", "figure_png", "write_pdf", "find_chromium",
-           "model_card", "model_card_markdown", "raw_moves"]
+           "model_card", "model_card_markdown", "raw_moves", "public_name"]
+
+# packages whose public modules may be imported to shorten a class path (others are used
+# only when the user's program has already imported them)
+_IMPORTABLE = ("sklearn", "otstab", "xgboost", "lightgbm")
+
+
+def _resolve(module: str, attrs: list[str]):
+    mod = sys.modules.get(module)
+    if mod is None:
+        if module.split(".")[0] not in _IMPORTABLE and module.split(".")[0] not in sys.modules:
+            return None
+        try:
+            mod = importlib.import_module(module)
+        except Exception:  # noqa: BLE001 - any import failure: keep the path as written
+            return None
+    obj = mod
+    for a in attrs:
+        obj = getattr(obj, a, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def public_name(qualified) -> str:
+    """The public import path of a class path such as a certificate's ``model.class``.
+
+    ``"sklearn.linear_model._logistic.LogisticRegression"`` becomes
+    ``"sklearn.linear_model.LogisticRegression"``: private module components (a leading
+    underscore) are dropped when the public parent module exports the same object. A path
+    that cannot be checked (the package is not installed) is returned unchanged.
+    """
+    if not isinstance(qualified, str) or "." not in qualified:
+        return qualified
+    parts = qualified.split(".")
+    if not any(p.startswith("_") and not p.startswith("__") for p in parts[:-1]):
+        return qualified
+    for k in range(len(parts) - 1, 0, -1):     # where the module path ends
+        modparts, attrs = parts[:k], parts[k:]
+        if any(a.startswith("_") for a in attrs):
+            continue
+        public = [p for p in modparts if not p.startswith("_")]
+        if public == modparts:
+            continue
+        original = _resolve(".".join(modparts), attrs)
+        if original is None:
+            continue
+        for j in range(1, len(public) + 1):    # the shortest public parent that exports it
+            cand = public[:j]
+            if modparts[:len(cand)] != cand:
+                break
+            if _resolve(".".join(cand), attrs) is original:
+                return ".".join(cand + attrs)
+        return qualified
+    return qualified
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;
@@ -53,11 +109,16 @@ pre{white-space:pre-wrap;overflow-wrap:anywhere}
 .pass{background:#1b7e4a}.fail{background:#b3261e}
 .policy{border-left:4px solid #555;padding:.5em 1em;background:#fafafa}
 dl.explain dt{font-weight:bold;margin-top:.5em}dl.explain dd{margin-left:1.2em}
-@page{size:A4;margin:14mm 12mm}
+.print-only{display:none}
+@page{size:A4;margin:14mm 12mm 16mm;
+@bottom-right{content:"page " counter(page) " of " counter(pages);font-size:8pt;color:#555}}
 @media print{
 body{max-width:none;margin:0;padding:0;font-size:10.5pt}
-h1,h2,h3{break-after:avoid;page-break-after:avoid}
+h1,h2,h3,dt,p.lead{break-after:avoid;page-break-after:avoid;break-inside:avoid}
+h2::after,h3::after,dt::after,p.lead::after{content:"";display:block;height:45mm;
+margin-bottom:-45mm}
 h2+*,h2+p+*{break-before:avoid;page-break-before:avoid}
+.json{display:none}.print-only{display:block}
 table,figure,pre.command,.verdict,.policy,dl.explain dd{break-inside:avoid;page-break-inside:avoid}
 pre{overflow:visible;white-space:pre-wrap;overflow-wrap:anywhere;font-size:7.5pt}
 details>summary{display:none}
@@ -227,7 +288,7 @@ def _space_text(cert: dict) -> str:
     """Where the cost is measured: the final estimator's input columns, in words."""
     model = cert["inputs"]["model"]
     d = cert["inputs"]["data"]["n_features"]
-    est = html.escape(str(model.get("estimator") or model.get("class")))
+    est = html.escape(str(public_name(model.get("estimator") or model.get("class"))))
     if model.get("pipeline"):
         steps = " &rarr; ".join(html.escape(str(s["name"])) for s in model["pipeline"][:-1])
         return (f"the model's preprocessed feature space: the input columns of the final "
@@ -344,17 +405,31 @@ def _short(v) -> str:
     return f"{v:,.4g}" if abs(v) < 1e4 else f"{v:,.0f}"
 
 
-def _raw_plot(ax, frame, a, b, wm, y=None):
-    """Q* on two raw columns: crosses = data, discs = Q* (area ~ weight), arrows = moves."""
+#: a categorical axis of the raw Q* plot shows at most this many levels (the most frequent;
+#: the others are drawn together as "(other)") so that its labels stay legible
+RAW_PLOT_LEVELS = 12
+
+
+def _raw_plot(ax, frame, a, b, wm, y=None, drawn=None):
+    """Q* on two raw columns: crosses = data, discs = Q* (area ~ weight), arrows = the moves
+    that change a shown value (at most 300). ``drawn``, a list, receives the number of arrows."""
     def coord(name):
         v0, v1 = frame[name], frame[f"{name}*"]
         if pd.api.types.is_numeric_dtype(v0) and pd.api.types.is_numeric_dtype(v1):
             return v0.to_numpy(float), v1.to_numpy(float), None
-        levels = sorted(set(map(str, v0)) | set(map(str, v1)))
+        s0, s1 = v0.astype(str).to_numpy(), v1.astype(str).to_numpy()
+        counts = pd.Series(np.concatenate([s0, s1])).value_counts(sort=True)
+        if len(counts) > RAW_PLOT_LEVELS:
+            kept = set(counts.index[:RAW_PLOT_LEVELS - 1])
+            s0 = np.where(np.isin(s0, list(kept)), s0, "(other)")
+            s1 = np.where(np.isin(s1, list(kept)), s1, "(other)")
+            levels = sorted(kept) + ["(other)"]
+        else:
+            levels = sorted(counts.index)
         pos = {lv: k for k, lv in enumerate(levels)}
         jit = np.random.default_rng(0).uniform(-0.25, 0.25, len(v0))  # fixed seed
-        return (np.array([pos[str(t)] for t in v0]) + jit,
-                np.array([pos[str(t)] for t in v1]) + jit, levels)
+        return (np.array([pos[t] for t in s0]) + jit,
+                np.array([pos[t] for t in s1]) + jit, levels)
     x0, x1, lx = coord(a)
     y0, y1, ly = coord(b)
     ax.scatter(x0, y0, s=8, marker="x", color="#999999", alpha=0.5, linewidths=0.7,
@@ -363,9 +438,13 @@ def _raw_plot(ax, frame, a, b, wm, y=None):
     moved = (x0 != x1) | (y0 != y1)
     ax.scatter(x1, y1, s=size, color="#d95f02", alpha=0.55, edgecolors="none",
                label="Q* (area = weight)")
-    for k in np.flatnonzero(moved)[:300]:
+    arrows = np.flatnonzero(moved)
+    arrows = arrows[np.argsort(-wm[arrows], kind="stable")][:300]
+    for k in arrows:
         ax.annotate("", (x1[k], y1[k]), (x0[k], y0[k]),
                     arrowprops=dict(arrowstyle="->", color="#1b9e77", lw=0.6, alpha=0.7))
+    if drawn is not None:
+        drawn.append(len(arrows))
     for axis, levels in ((ax.xaxis, lx), (ax.yaxis, ly)):
         if levels is not None:
             axis.set_ticks(range(len(levels)))
@@ -373,12 +452,31 @@ def _raw_plot(ax, frame, a, b, wm, y=None):
                                 fontsize=7)
     if lx is not None:
         for t in ax.get_xticklabels():
-            t.set_rotation(30)
+            t.set_rotation(35)
             t.set_ha("right")
+            t.set_rotation_mode("anchor")
     ax.set_xlabel(f"{a} (raw units)")
     ax.set_ylabel(f"{b} (raw units)")
     ax.legend(loc="best", fontsize=8)
     return ax
+
+
+def _count_arrows(ax) -> int:
+    """How many arrows :func:`otstab.plot.sensitive_distribution` drew on ``ax``."""
+    from matplotlib.quiver import Quiver
+
+    return int(sum(np.size(c.U) for c in ax.collections if isinstance(c, Quiver)))
+
+
+def _arrow_caption(n_arrows: int, moved: bool = True) -> str:
+    if not moved:
+        return "no sample moves (reweighting only), so no arrows are drawn"
+    if n_arrows:
+        return (f"arrows: the {n_arrows:,} largest-weight moves that change a shown value"
+                if n_arrows >= 300 else f"arrows: the {n_arrows:,} moves that change a "
+                "shown value")
+    return ("no arrows: no sample's shown value changes (the moves are too small to change "
+            "a category or are in other columns)")
 
 
 def _raw_section(result, top=8) -> list[str]:
@@ -400,18 +498,26 @@ def _raw_section(result, top=8) -> list[str]:
         parts.append(_table([(k, float(v)) for k, v in shown.items()],
                             header=["raw column", "share of moving cost"]))
     if changes:
-        parts.append("<p>The most moved samples (weighted squared move):</p>")
+        parts.append('<p class="lead">The most moved samples (weighted squared move):</p>')
         parts.append("<table><tr><th>sample</th><th>weight</th><th>change</th></tr>" + "".join(
             f"<tr><td>{html.escape(i)}</td><td class=\"num\">{w}</td><td>{c}</td></tr>"
             for i, w, c in changes) + "</table>")
     top2 = list(shares.index[:2])  # the two raw columns with the largest share (or first)
     if len(top2) == 2:
         wm = np.asarray(result.weights, dtype=float) * np.asarray(result.mass, dtype=float)
-        png = figure_png(lambda ax: _raw_plot(ax, frame, top2[0], top2[1], wm),
+        drawn: list[int] = []
+        png = figure_png(lambda ax: _raw_plot(ax, frame, top2[0], top2[1], wm, drawn=drawn),
                          figsize=(7.0, 5.0))
+        many = [c for c in top2 if not pd.api.types.is_numeric_dtype(frame[c])
+                and frame[c].astype(str).nunique() > RAW_PLOT_LEVELS]
+        other = (f" Of {' and '.join(many)}, the {RAW_PLOT_LEVELS - 1} most frequent "
+                 "categories are shown; the others are drawn together as (other)."
+                 if many else "")
+        moved = bool(np.nansum(shares.to_numpy(float)) > 0)
+        arrows = _arrow_caption(drawn[0], moved) if drawn else "arrows: moves"
         parts.append(_figure(png, f"Q* on the two raw columns that carry most of the moving "
                                   f"cost: {top2[0]} and {top2[1]}. Crosses: evaluation data; "
-                                  "discs: Q* (area proportional to weight); arrows: moves.",
+                                  f"discs: Q* (area proportional to weight); {arrows}.{other}",
                              "Q* on raw columns"))
     return parts
 
@@ -604,14 +710,25 @@ def render_html(cert: dict, *, result=None, features=None, grid=None, curve=None
         if raw:  # Q* on the raw columns that moved most, in the data's units
             parts += raw
         else:
+            drawn: list[int] = []
+
+            def draw_qstar(ax):
+                _plot.sensitive_distribution(result, ax=ax, y=y)
+                drawn.append(_count_arrows(ax))
+
+            png = figure_png(draw_qstar, figsize=(7.0, 5.0))
+            if not drawn:
+                arrows = ""
+            elif drawn[0]:
+                arrows = (f"; arrows: moves x &rarr; x* (the {drawn[0]:,} largest weighted "
+                          "moves)" if drawn[0] >= 300 else "; arrows: moves x &rarr; x*")
+            else:
+                arrows = "; no sample moves (reweighting only), so no arrows are drawn"
             parts.append("<h2>Most sensitive distribution Q*</h2>")
             parts.append(
                 f"<p>{result.n_atoms} atoms over {result.n} samples. Crosses: evaluation data; "
-                "discs: Q*, area proportional to weight; arrows: moves x &rarr; x* (the "
-                "largest ones). For more than two features the two most moved coordinates are "
-                "shown.</p>")
-            png = figure_png(lambda ax: _plot.sensitive_distribution(result, ax=ax, y=y),
-                             figsize=(7.0, 5.0))
+                f"discs: Q*, area proportional to weight{arrows}. For more than two features "
+                "the two most moved coordinates are shown.</p>")
             parts.append(_figure(png, "Most sensitive distribution Q*.", "most sensitive "
                                  "distribution"))
         tr = trace if trace is not None else (result.info or {}).get("trace")
@@ -636,8 +753,8 @@ def render_html(cert: dict, *, result=None, features=None, grid=None, curve=None
         ("label counts", ", ".join(f"{k}: {v}" for k, v in
                                    (data.get("label_counts") or {}).items()) or "-"),
         (f"data SHA-256 ({data['hash_method']})", data["sha256"]),
-        ("model", model["class"]),
-        ("final estimator", model["estimator"]),
+        ("model", public_name(model["class"])),
+        ("final estimator", public_name(model["estimator"])),
         (f"model SHA-256 ({model['hash_method']})", model["sha256"]),
     ]
     if model.get("pipeline"):
@@ -653,8 +770,15 @@ def render_html(cert: dict, *, result=None, features=None, grid=None, curve=None
     if verify_command:
         parts.append("<h2>Reproduce</h2>")
         parts.append(f'<pre class="command" id="command">{html.escape(verify_command)}</pre>')
-    parts.append("<h2>Certificate JSON</h2><details open><summary>hide / show</summary><pre>"
-                 + html.escape(json.dumps(cert, indent=2)) + "</pre></details>")
+    blob = json.dumps(cert, indent=2)
+    parts.append(
+        "<h2>Certificate JSON</h2>"
+        '<p class="print-only small">The certificate JSON ('
+        f"{blob.count(chr(10)) + 1:,} lines) is not printed: it is in this report's HTML file "
+        "(open it in a browser) and in the certificate file that <code>otstab verify</code> "
+        "reads.</p>"
+        '<div class="json"><details open><summary>hide / show</summary><pre>'
+        + html.escape(blob) + "</pre></details></div>")
     parts.append("</body></html>")
     return "\n".join(p for p in parts if p)
 
@@ -781,9 +905,10 @@ def model_card(cert: dict, *, verify_command=None) -> dict:
     fs = (res.get("feature_stability") or {}).get("table") or []
     card = {
         "schema": "otstab-model-card/1",
-        "title": f"OT stability of {model.get('estimator') or model.get('class')}",
+        "title": f"OT stability of {public_name(model.get('estimator') or model.get('class'))}",
         "created": cert["created"],
-        "model": {"class": model["class"], "estimator": model.get("estimator"),
+        "model": {"class": public_name(model["class"]),
+                  "estimator": public_name(model.get("estimator")),
                   "sha256": model["sha256"], "file": model.get("file"),
                   "pipeline": [s["name"] for s in model.get("pipeline") or []] or None},
         "data": {"rows": data["n_samples"], "columns": data["n_features"],

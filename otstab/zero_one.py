@@ -1043,7 +1043,9 @@ def certify_zero_one_search(prob: Problem, *, r, theta1, theta2, divergence, mas
         how = (f"the lower end is proved by {lower_info['method']} lower bounds on the "
                "distances" if lower_info is not None else
                "no certified lower bound is available for this model (value_lower = 0)")
-        note = (f"distances to misclassification found by a {pr.method} search are upper "
+        how_found = ("search" if pr.method == "search"
+                     else f"{pr.method.replace('_', '-')} search")
+        note = (f"distances to misclassification found by a {how_found} are upper "
                 f"bounds, so the value is an upper bound on R (value_upper); {how}")
         res.message = f"{res.message}; {note}" if res.message else note
     return res

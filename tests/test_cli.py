@@ -186,7 +186,13 @@ def test_missing_target_column(demo):
                            out / "eval.csv", "--target", "salary", "--r", "0.3"])
     assert code == 2
     _one_line(stderr, "--target")
-    assert "'salary'" in stderr
+    assert "'salary'" in stderr and "did you mean" not in stderr
+    # a misspelt column gets the close names, as features= does
+    code, _, stderr = run(["certify", "--trust-model", "--model", out / "model.joblib", "--data",
+                           out / "eval.csv", "--target", "incomee", "--r", "0.3"])
+    assert code == 2
+    _one_line(stderr, "--target")
+    assert "did you mean 'income'?" in stderr
 
 
 def test_non_numeric_features(demo, tmp_path):

@@ -192,12 +192,12 @@ def test_one_vs_one_svm_is_refused(cls, k):
     model = (cls(kernel="linear", nu=0.2) if cls is NuSVC else cls(kernel="linear")).fit(X, y)
     # the trap: K(K-1)/2 pairwise rows, which is K rows when K = 3
     assert model.coef_.shape[0] == k * (k - 1) // 2
-    with pytest.raises(InputTypeError, match="one-vs-one.*LinearSVC.*PredictOnlyModel"):
+    with pytest.raises(InputTypeError, match="one-vs-one.*LinearSVC.*predictions.*adapt"):
         otstab.certify(model, X, y, loss="zero_one", **KW)
     # the suggested route certifies the model's own predictions
     # (r above the base risk: with nothing to move, otstab asks predict on 0 rows, which
     # scikit-learn's SVC refuses -- a separate bug in the 0/1 audit of Q*)
-    res = otstab.certify(otstab.nonlinear.PredictOnlyModel(model), X, y, loss="zero_one",
+    res = otstab.certify(otstab.nonlinear.adapt(model), X, y, loss="zero_one",
                          r=0.95, theta1=1.0, theta2=0.5)
     assert res.risk_base == pytest.approx(1.0 - model.score(X, y), abs=1e-12)
 
@@ -327,3 +327,31 @@ def test_perturbation_distances_match_columns_by_name():
     a = otstab.perturbation.min_perturbation_distances(model, df, y)
     b = otstab.perturbation.min_perturbation_distances(model, df[COLS[::-1]], y)
     np.testing.assert_array_equal(a, b)
+
+
+def test_messages_name_the_users_model_not_the_adapter():
+    """A classifier used through its predictions is named by its own class in messages."""
+    from sklearn.tree import DecisionTreeClassifier
+
+    df, y = _data(k=2)
+    X = df.to_numpy()
+    tree = DecisionTreeClassifier(max_depth=2, random_state=0).fit(X, y)
+    with pytest.raises(otstab.errors.IncompatibleLossError) as info:
+        otstab.certify(tree, X, y, loss="logistic", r=0.9)
+    msg = str(info.value)
+    assert "DecisionTreeClassifier" in msg and "zero_one" in msg
+    assert "PredictOnlyModel" not in msg
+
+
+def test_bounds_message_reads_once():
+    """The note of a predict-only model's bounds names its search once ("a search", not
+    "a search search")."""
+    from sklearn.svm import SVC
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(60, 3))
+    y = (X[:, 0] + 0.3 * X[:, 1] ** 2 > 0).astype(int)
+    res = otstab.certify(SVC(kernel="rbf").fit(X, y), X, y, loss="zero_one", r=0.6)
+    assert res.status == "bounds"
+    assert "found by a search are upper bounds" in res.message
+    assert "search search" not in res.message

@@ -235,10 +235,113 @@ def test_report_prints_without_cuts(audited, tmp_path):
     data = pdf.read_bytes()
     assert data.startswith(b"%PDF")
     pages = len(re.findall(rb"/Type\s*/Page[^s]", data))
-    assert 2 <= pages <= 20
+    assert 2 <= pages <= 12   # the certificate JSON is not printed (it was 8 more pages)
     pdftotext = shutil.which("pdftotext")
     if pdftotext:  # the printed text, when poppler is installed
         txt = subprocess.run([pdftotext, "-layout", str(pdf), "-"], capture_output=True,
                              text=True, timeout=60).stdout
         assert "What this means" in txt and "PASS" in txt
         assert "german credit evaluation.csv" in " ".join(txt.split())
+        assert '"format": "otstab-certificate"' not in txt and "is not printed" in txt
+        printed = [p for p in txt.split("\f") if p.strip()]
+        assert len(printed) == pages
+        for k, one in enumerate(printed, 1):
+            assert f"page {k} of {pages}" in one       # page numbers in the margin box
+        # no heading (or lead-in line) ends a page: each is followed by its content
+        text = page.read_text()
+        heads = [html.unescape(re.sub(r"<[^>]+>", "", h)).strip() for h in re.findall(
+            r"<(?:h2|h3|dt)[^>]*>(.*?)</(?:h2|h3|dt)>", text)]
+        heads.append("The most moved samples (weighted squared move):")
+        for one in printed:
+            body = [ln.strip() for ln in one.splitlines() if ln.strip()
+                    and not re.fullmatch(r"page \d+ of \d+", ln.strip())]
+            assert body[-1] not in heads, body[-3:]
+
+
+def test_model_card_and_report_show_public_class_paths(page):
+    text, cert, res = page
+    # the certificate keeps the full path (verify compares it); what people read is public
+    assert cert["inputs"]["model"]["class"] == \
+        "sklearn.linear_model._logistic.LogisticRegression"
+    card = report.model_card(cert)
+    assert card["model"]["class"] == "sklearn.linear_model.LogisticRegression"
+    assert card["title"] == "OT stability of sklearn.linear_model.LogisticRegression"
+    readable = text.split("<h2>Certificate JSON</h2>")[0]    # the JSON is the record
+    assert "sklearn.linear_model.LogisticRegression" in readable
+    assert "._logistic." not in readable
+    import sklearn.linear_model as lm
+
+    assert lm.LogisticRegression.__module__ == "sklearn.linear_model._logistic"
+    assert report.public_name("sklearn.ensemble._forest.RandomForestClassifier") == \
+        "sklearn.ensemble.RandomForestClassifier"
+    # kept as written: not private, not importable, or not exported by the public parent
+    for name in ("sklearn.pipeline.Pipeline", "nosuchpkg._mod.Thing",
+                 "sklearn.utils._param_validation.Interval"):
+        assert report.public_name(name) == name
+
+
+def test_print_css_and_json_note(page):
+    """In print, the certificate JSON gives way to a note, pages are numbered and headings
+    keep their content (the printed result is checked in test_report_prints_without_cuts)."""
+    text, cert, res = page
+    css = text[text.index("<style>"):text.index("</style>")]
+    printed = css[css.index("@media print"):]
+    assert ".json{display:none}" in printed and ".print-only{display:block}" in printed
+    assert "counter(page)" in css and "counter(pages)" in css
+    assert "break-after:avoid" in printed and "break-inside:avoid" in printed
+    note = re.search(r'<p class="print-only small">(.*?)</p>', text).group(1)
+    n_lines = json.dumps(cert, indent=2).count("\n") + 1
+    assert f"{n_lines:,} lines" in note and "not printed" in note
+
+
+def test_raw_qstar_plot_keeps_categories_legible_and_caption_true():
+    """A categorical column with many levels shows the most frequent ones and "(other)";
+    the caption's arrows are the arrows drawn."""
+    from matplotlib.figure import Figure
+
+    rng = np.random.default_rng(0)
+    n = 400
+    countries = [f"country-{k:02d}" for k in range(40)]
+    c0 = rng.choice(countries, n, p=np.r_[[0.5], np.full(39, 0.5 / 39)])
+    c1 = c0.copy()
+    c1[:25] = "country-01"                     # 25 samples change category
+    num = rng.normal(size=n)
+    frame = pd.DataFrame({"country": c0, "country*": c1, "hours": num, "hours*": num})
+    wm = np.full(n, 1.0 / n)
+    ax = Figure().add_subplot()
+    drawn = []
+    _report._raw_plot(ax, frame, "country", "hours", wm, drawn=drawn)
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    assert len(labels) == _report.RAW_PLOT_LEVELS and labels[-1] == "(other)"
+    assert "country-00" in labels and "country-01" in labels
+    moved_shown = int(np.sum([(a != b) and (a in labels or b in labels)
+                              for a, b in zip(c0[:25], c1[:25])]))
+    assert drawn == [moved_shown] and 0 < moved_shown <= 25
+    assert f"the {moved_shown} moves" in _report._arrow_caption(drawn[0])
+    # nothing changes category: the caption says no arrows
+    same = frame.assign(**{"country*": c0})
+    drawn = []
+    _report._raw_plot(Figure().add_subplot(), same, "country", "hours", wm, drawn=drawn)
+    assert drawn == [0] and _report._arrow_caption(0).startswith("no arrows")
+
+
+@pytest.mark.parametrize("theta1, arrows", [(1.0, True), (np.inf, False)])
+@pytest.mark.parametrize("raw", [True, False])
+def test_qstar_caption_matches_the_arrows(theta1, arrows, raw, monkeypatch):
+    """Both Q* figures (on raw columns, and the fallback when the preprocessing cannot be
+    mapped back) speak of arrows only when arrows are drawn."""
+    X, y = make_toy(60, random_state=2)
+    model = LogisticRegression().fit(X, y)
+    res = otstab.certify(model, X, y, loss="zero_one", r=0.3, theta1=theta1, theta2=0.25)
+    if not raw:
+        monkeypatch.setattr(report, "raw_moves", lambda *a, **k: None)
+    text = report.render_html(C.make_certificate(res, model, X, y), result=res)
+    start = text.index('<h2 id="raw-qstar">' if raw else "<h2>Most sensitive distribution Q*")
+    section = text[start:text.index("</figure>", start)]
+    assert ("arrows: " in section) is arrows
+    assert ("no sample moves (reweighting only)" in section) is not arrows
+    from matplotlib.figure import Figure
+
+    ax = Figure().add_subplot()
+    otstab.plot.sensitive_distribution(res, ax=ax)
+    assert (report._count_arrows(ax) > 0) is arrows
