@@ -3,6 +3,7 @@ linear models under it. The knapsack is checked against an enumeration of every 
 certificates against brute force over every combination of levels scored by the pipeline's
 own decision_function, and the 0/1 dual of otstab.certify_distances on those distances."""
 
+import itertools
 import json
 import math
 import warnings
@@ -10,6 +11,7 @@ import warnings
 import numpy as np
 import pandas as pd
 import pytest
+from otstab_solvers.knapsack import solve_one
 from sklearn.compose import ColumnTransformer
 from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import Pipeline
@@ -173,3 +175,253 @@ def test_cost_of_rows_follows_the_definition(german):
     assert np.isinf(rc.cost(X0, X3)[0])
     obs = DataCost(bounds="observed").resolve(pipe, X)
     assert obs.variable("age").lo == X["age"].min() and obs.variable("age").hi == X["age"].max()
+
+
+def test_cost_argument_is_checked():
+    with pytest.raises(ValidationError, match="cost must be"):
+        otstab.certify(otstab.LinearModel([1.0]), [[1.0]], [1], loss="zero_one", r=0.5,
+                       cost="raw")
+
+
+# ------------------------------------------------------------------------------------------
+# the knapsack against an enumeration of every option
+
+
+def _water(R, conts):
+    """Least cost of gain >= R from continuous (Q, U) pieces, by bisection on the multiplier
+    (independent of the solver's breakpoint walk)."""
+    if R <= 0:
+        return 0.0
+    if sum(U for _, U in conts) < R:
+        return math.inf
+    lo, hi = 0.0, 1.0
+    while sum(min(hi / (2 * Q), U) for Q, U in conts) < R:
+        hi *= 2
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if sum(min(mid / (2 * Q), U) for Q, U in conts) < R:
+            lo = mid
+        else:
+            hi = mid
+    return sum(Q * min(hi / (2 * Q), U) ** 2 for Q, U in conts)
+
+
+def _enumerate(need, fin, ints, conts):
+    best = math.inf
+    kr = [range(int(min(K, math.ceil(need / a) + 1)) + 1) for a, q, K in ints]
+    for ch in itertools.product(*[range(-1, len(o)) for o in fin]):
+        g = sum(fin[v][j][0] for v, j in enumerate(ch) if j >= 0)
+        c = sum(fin[v][j][1] for v, j in enumerate(ch) if j >= 0)
+        for ks in itertools.product(*kr):
+            gg = g + sum(a * k for (a, _, _), k in zip(ints, ks))
+            cc = c + sum(q * k * k for (_, q, _), k in zip(ints, ks))
+            best = min(best, cc + _water(need - gg, conts))
+    return best
+
+
+@pytest.mark.parametrize("seed, count", [
+    (1, 15), pytest.param(2, 300, marks=pytest.mark.slow)])
+def test_knapsack_equals_enumeration(seed, count):
+    rng = np.random.default_rng(seed)
+    worst = 0.0
+    for _ in range(count):
+        fin = [[(float(rng.normal()), float(rng.choice([1.0, rng.uniform(0.2, 2), math.inf],
+                                                        p=[.5, .4, .1])))
+                for _ in range(rng.integers(2, 5))] for _ in range(rng.integers(0, 4))]
+        ints = [(float(rng.uniform(0.05, 1)), float(rng.uniform(0.01, 1)),
+                 float(rng.choice([math.inf, rng.integers(0, 6)])))
+                for _ in range(rng.integers(0, 3))]
+        conts = [(float(rng.uniform(0.1, 3)), float(rng.choice([math.inf, rng.uniform(0, 1.5)])))
+                 for _ in range(rng.integers(0, 3))]
+        need = float(rng.uniform(0.01, 3))
+        cost, choices, steps, gains = solve_one(need, fin, ints, conts)
+        ref = _enumerate(need, fin, ints, conts)
+        if math.isinf(ref):
+            assert math.isinf(cost)
+            continue
+        worst = max(worst, abs(cost - ref) / ref)
+        # the returned move reaches the need at the returned cost
+        g = sum(fin[v][j][0] for v, j in enumerate(choices) if j >= 0) + \
+            sum(a * k for (a, _, _), k in zip(ints, steps)) + sum(gains)
+        c = sum(fin[v][j][1] for v, j in enumerate(choices) if j >= 0) + \
+            sum(q * k * k for (_, q, _), k in zip(ints, steps)) + \
+            sum(Q * x * x for (Q, _), x in zip(conts, gains))
+        assert g >= need * (1 - 1e-12) and c == pytest.approx(cost, rel=1e-12)
+        assert all(float(k).is_integer() for k in steps)
+    assert worst <= 1e-9
+
+
+# ------------------------------------------------------------------------------------------
+# certificates against brute force over every combination of levels
+
+
+SMALL_COST = dict(bounds={"u": (-4.0, 4.0), "k": (0, 8)}, decrease_only=["v"],
+                  switch={"shape": 0.7, "colour": {"red": {"green": 0.5, "blue": 2.0},
+                                                   "green": {"red": 1.5, "blue": 1.0},
+                                                   "blue": {"red": 0.8}}},
+                  price={"size": 0.6})
+
+
+def _brute_distances(pipe, X, y, need, rc):
+    """d*_i by enumerating every (colour, shape, size, k) scored by decision_function, the
+    continuous u, v moved in closed form (bisection) within their bounds and directions."""
+    sign = np.where(np.asarray(y) == pipe.classes_[1], 1.0, -1.0)
+    s0 = pipe.decision_function(X)
+    cols = {v.name: v for v in rc.variables}
+    combos = list(itertools.product(cols["colour"].levels, cols["shape"].levels,
+                                    cols["size"].levels, range(0, 9)))
+    rows = np.flatnonzero(need > 0)
+    m = len(combos)
+    X0 = X.iloc[np.repeat(rows, m)].reset_index(drop=True)
+    F = X0.copy()
+    for k, nm in enumerate(("colour", "shape", "size", "k")):
+        F[nm] = [c[k] for c in combos] * rows.size
+    src = np.repeat(rows, m)
+    gain = -sign[src] * (pipe.decision_function(F) - s0[src])
+    c = rc.cost(X0, F)
+    slopes = {}
+    for nm in ("u", "v"):
+        step = X.copy()
+        step[nm] = step[nm] + 1.0
+        slopes[nm] = pipe.decision_function(step) - s0
+    out = np.zeros(len(X))
+    for pos, i in enumerate(rows):
+        conts = []
+        for nm in ("u", "v"):
+            a = float(slopes[nm][i])
+            t = np.sign(-sign[i] * a)
+            v = cols[nm]
+            x = float(X[nm].iloc[i])
+            room = (max(v.hi, x) - x) if t > 0 else (x - min(v.lo, x))
+            if v.direction and t != v.direction:
+                room = 0.0
+            conts.append((v.price / (v.scale * a) ** 2, abs(a) * room))
+        sl = slice(pos * m, (pos + 1) * m)
+        out[i] = float(np.min(c[sl] + _water_many(need[i] - gain[sl], conts)))
+    return out
+
+
+def _water_many(R, conts):
+    """:func:`_water` for an array of needs (vectorised bisection on the multiplier)."""
+    R = np.asarray(R, dtype=np.float64)
+    total = sum(U for _, U in conts)
+    lo, hi = np.zeros_like(R), np.ones_like(R)
+    for _ in range(2000):
+        short = sum(np.minimum(hi / (2 * Q), U) for Q, U in conts) < R
+        if not (short & (R <= total)).any():
+            break
+        hi = np.where(short, 2 * hi, hi)
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        short = sum(np.minimum(mid / (2 * Q), U) for Q, U in conts) < R
+        lo, hi = np.where(short, mid, lo), np.where(short, hi, mid)
+    cost = sum(Q * np.minimum(hi / (2 * Q), U) ** 2 for Q, U in conts)
+    return np.where(R <= 0, 0.0, np.where(R > total, math.inf, cost))
+
+
+@pytest.mark.parametrize("divergence, theta2", [("kl", 0.25), ("chi2", 0.5), ("kl", math.inf)])
+def test_small_pipeline_equals_brute_force(divergence, theta2):
+    pipe, X, y = _small()
+    cost = DataCost(**SMALL_COST)
+    rc = cost.resolve(pipe, X)
+    r = 0.55
+    res = otstab.certify(pipe, X, y, loss="zero_one", r=r, theta1=1.0, theta2=theta2,
+                         divergence=divergence, cost=cost)
+    assert res.status == "optimal"
+    need = res.info["need"]
+    wrong = pipe.predict(X) != np.asarray(y)
+    # the need is the margin plus a relative 1e-9 push (and a few hundred ulps)
+    margin = np.abs(pipe.decision_function(X))
+    assert np.all(need[~wrong] >= margin[~wrong])
+    assert np.all(need[~wrong] <= margin[~wrong] * (1 + 2e-9) + 1e-12)
+    ref = _brute_distances(pipe, X, y, need, rc)
+    d = np.asarray(res.info["dstar"])
+    np.testing.assert_allclose(d, ref, rtol=1e-9, atol=0)
+    base = otstab.certify_distances(ref, r, theta1=1.0, theta2=theta2, divergence=divergence,
+                                    misclassified=wrong)
+    assert res.value == pytest.approx(base.value, rel=1e-9)
+    # Q*: every moved atom is a valid raw row, misclassified by the pipeline, at cost d*
+    f = res.to_frame(raw=True)
+    mv = f[f["loss*"] > f["loss"]]
+    assert len(mv) > 0
+    np.testing.assert_allclose(mv["cost"].to_numpy(), ref[mv["source"].to_numpy()], rtol=1e-9)
+    rows = mv[[f"{c}*" for c in X.columns]].copy()
+    rows.columns = list(X.columns)
+    assert np.all(pipe.predict(rows.astype({"u": float, "v": float, "k": int}))
+                  != np.asarray(y)[mv["source"]])
+    assert set(rows["colour"]) <= {"red", "green", "blue"} and set(rows["size"]) <= {"S", "M", "L"}
+    assert np.all(rows["k"].astype(float) % 1 == 0) and rows["k"].between(0, 8).all()
+    assert np.all(rows["v"].astype(float) <= mv["v"].astype(float))
+    # the audit: cost and risk of Q* from the rows alone
+    w, m = f["weight"].to_numpy(), f["mass"].to_numpy()
+    n = len(X)
+    moved_cost = float(np.sum(m * w * f["cost"])) / n
+    phi = 0.0 if math.isinf(theta2) else theta2 * float(
+        np.sum(m * (w * np.log(w) - w + 1 if divergence == "kl" else (w - 1) ** 2))) / n
+    assert moved_cost + phi == pytest.approx(res.value, rel=1e-6)
+    assert float(np.sum(m * w * f["loss*"])) / n >= r * (1 - 1e-8)
+
+
+def test_theta1_inf_and_reached_threshold():
+    pipe, X, y = _small(seed=2)
+    res = otstab.certify(pipe, X, y, loss="zero_one", r=0.0, cost="auto")
+    assert res.status == "zero" and res.value == 0.0
+    res = otstab.certify(pipe, X, y, loss="zero_one", r=0.6, theta1=math.inf, cost="auto")
+    enc = otstab.certify(pipe, X, y, loss="zero_one", r=0.6, theta1=math.inf)
+    assert res.value == pytest.approx(enc.value, rel=1e-12)  # reweighting alone: same answer
+
+
+def test_features_and_unsupported_combinations():
+    pipe, X, y = _small()
+    res = otstab.certify(pipe, X, y, loss="zero_one", r=0.55, cost="auto", features=["u"])
+    f = res.to_frame(raw=True)
+    for c in X.columns:
+        if c != "u":
+            assert (f[c].astype(str) == f[f"{c}*"].astype(str)).all()
+    with pytest.raises(ValidationError, match="loss='zero_one'"):
+        otstab.certify(pipe, X, y, loss="hinge", r=0.5, cost="auto")
+    with pytest.raises(ValidationError, match="price"):
+        otstab.certify(pipe, X, y, loss="zero_one", r=0.5, cost="auto",
+                       feature_costs={"u": 2.0})
+    with pytest.raises(ValidationError, match="did you mean 'u'"):
+        otstab.certify(pipe, X, y, loss="zero_one", r=0.5, cost=DataCost(immutable=["uu"]))
+
+
+def test_german_q_star_is_a_valid_data_set(german):
+    pipe, X, y, num, cat = german
+    cost = DataCost(immutable=["age", "personal_status_sex"], bounds={"amount": (250, None)},
+                    increase_only=["duration"])
+    r = 0.4
+    res = otstab.certify(pipe, X, y, loss="zero_one", r=r, cost=cost)
+    assert res.status == "optimal"
+    assert sorted(res.info["cost"]["immutable"]) == ["age", "personal_status_sex"]
+    f = res.to_frame(raw=True)
+    mv = f[f["loss*"] > f["loss"]]
+    assert len(mv) > 20
+    rows = mv[[f"{c}*" for c in X.columns]].copy()
+    rows.columns = list(X.columns)
+    rows = rows.astype({c: X[c].dtype for c in num})
+    enc = pipe.named_steps["pre"].named_transformers_["cat"]
+    for j, c in enumerate(cat):
+        assert set(rows[c]) <= set(enc.categories_[j])
+    for c in num:
+        assert np.all(rows[c].to_numpy() == np.round(rows[c].to_numpy()))
+    for c in ("age", "personal_status_sex"):
+        assert (rows[c].to_numpy() == mv[c].to_numpy()).all()
+    assert np.all(rows["amount"] >= np.minimum(250, mv["amount"]))
+    assert np.all(rows["duration"] >= mv["duration"])
+    # re-scored by the pipeline itself: every moved row is misclassified, Q* reaches r
+    pred = pipe.predict(rows)
+    assert np.all(pred != np.asarray(y)[mv["source"]])
+    loss_star = f["loss"].to_numpy().copy()
+    loss_star[mv.index] = (pred != np.asarray(y)[mv["source"]]).astype(float)
+    w, m = f["weight"].to_numpy(), f["mass"].to_numpy()
+    assert float(np.sum(m * w * loss_star)) / len(X) >= r * (1 - 1e-8)
+    # the encoded atoms are the pipeline's encoding of the raw rows: one-hot stays 0/1
+    Z = np.asarray(res.X_star)
+    onehot = [j for j, nm in enumerate(res.feature_names) if nm.startswith("cat__")]
+    assert set(np.unique(Z[:, onehot])) <= {0.0, 1.0}
+    # cost="encoded" is the paper's cost, unchanged
+    a = otstab.certify(pipe, X, y, loss="zero_one", r=r, cost="encoded")
+    b = otstab.certify(pipe, X, y, loss="zero_one", r=r)
+    assert a.value == b.value
