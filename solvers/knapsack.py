@@ -32,7 +32,7 @@ import math
 
 import numpy as np
 
-__all__ = ["Relaxation", "solve_one", "solve_batch", "REL_TOL"]
+__all__ = ["Relaxation", "Prepared", "solve_one", "solve_batch", "REL_TOL"]
 
 #: a subtree is cut when its bound is within this relative distance of the incumbent
 REL_TOL = 1e-13
@@ -158,115 +158,132 @@ def solve_one(need, finite, integer, continuous):
         variable (-1: stays), the steps ``k`` of each integer variable, the gain of each
         continuous variable.
     """
-    nf, ni = len(finite), len(integer)
-    if need <= 0.0:
-        return 0.0, [-1] * nf, [0] * ni, [0.0] * len(continuous)
-    pareto = [_pareto([(g, c, j) for j, (g, c) in enumerate(opts)]) for opts in finite]
-    # branching order: finite variables by their best gain per cost (the greedy knapsack
-    # order: the first dive finds a good incumbent), then integer variables by the cost of one
-    # step, coarse first (their relaxation is the loosest; the fine ones, last, are nearly
-    # continuous and their windows of steps stay narrow)
-    forder = sorted(range(nf), key=lambda v: -max((g / c if c > 0 else INF)
-                                                  for g, c, _ in pareto[v]) if pareto[v] else 0.0)
-    iorder = sorted(range(ni), key=lambda v: -integer[v][1])
-    fin = [pareto[v] for v in forder]
-    hulls = [_lower_hull(p) for p in fin]
-    ints = [integer[v] for v in iorder]
-    iquads = [(q / (a * a), a * K) if a > 0.0 and K > 0 else (1.0, 0.0) for a, q, K in ints]
-    conts = [(Q, U) for Q, U in continuous]
-    nd = nf + ni
-    # phi[i]: relaxation of the variables i.. (finite first, then integer, then continuous);
-    # phi[nd] (continuous only) is exact
-    phi = []
-    for i in range(nd + 1):
-        hs = hulls[i:] if i < nf else []
-        qs = iquads[max(i - nf, 0):] + conts
-        phi.append(Relaxation(hs, qs))
-    best = [INF, None, None]  # cost, discrete choices, multiplier of the continuous part
-    chosen = [None] * nd
+    return Prepared(finite, integer, continuous).solve(need)
 
-    def record(cost, lam):
-        if cost < best[0]:
-            best[0], best[1], best[2] = cost, list(chosen), lam
 
-    def dfs(i, R, acc):
-        if R <= 0.0:
-            for j in range(i, nd):
-                chosen[j] = -1 if j < nf else 0
-            record(acc, 0.0)
-            return
-        if i == nd:
-            c, lam = phi[nd].value(R)
-            if c < INF:
-                record(acc + c, lam)
-            return
-        if _cut(acc + phi[i].value(R)[0], best[0]):
-            return
-        nxt = phi[i + 1]
-        if i < nf:
-            cands = [(acc + nxt.value(R)[0], -1, 0.0, 0.0)]
-            for g, c, j in fin[i]:
-                cands.append((acc + c + nxt.value(R - g)[0], j, g, c))
-            cands.sort(key=lambda t: t[0])
-            for bound, j, g, c in cands:
-                if _cut(bound, best[0]):
-                    break
-                chosen[i] = j
-                dfs(i + 1, R - g, acc + c)
-            return
-        a, q, K = ints[i - nf]
-        if not (a > 0.0 and K > 0):
-            chosen[i] = 0
-            dfs(i + 1, R, acc)
-            return
-        lam = phi[i].value(R)[1]
-        kr = min(lam * a / (2.0 * q), K)
-        top = min(K, math.ceil(R / a))
-        k0 = min(math.floor(kr), top)
-        if i == nd - 1:
-            # the last integer variable: q k^2 + phi[nd](R - a k) is the exact cost (only
-            # continuous variables follow) and convex in k, minimised over the reals at kr:
-            # the integer minimum is at floor(kr) or ceil(kr)
-            for k in (k0, k0 + 1):
-                if 0 <= k <= top:
-                    chosen[i] = k
-                    dfs(i + 1, R - a * k, acc + q * k * k)
-            return
+class Prepared:
+    """The options of one sample made ready for any need (:func:`solve_one`): Pareto
+    options, branching order and the relaxations of every suffix of the order, built once
+    and shared by the samples with the same options (:func:`solve_batch`)."""
 
-        def bound(k):
-            return acc + q * k * k + nxt.value(R - a * k)[0]
+    def __init__(self, finite, integer, continuous):
+        nf, ni = len(finite), len(integer)
+        self.nf, self.ni = nf, ni
+        pareto = [_pareto([(g, c, j) for j, (g, c) in enumerate(opts)]) for opts in finite]
+        # branching order: finite variables by their best gain per cost (the greedy knapsack
+        # order: the first dive finds a good incumbent), then integer variables by the cost
+        # of one step, coarse first (their relaxation is the loosest; the fine ones, last,
+        # are nearly continuous and their windows of steps stay narrow)
+        self.forder = sorted(range(nf), key=lambda v: -max(
+            (g / c if c > 0 else INF) for g, c, _ in pareto[v]) if pareto[v] else 0.0)
+        self.iorder = sorted(range(ni), key=lambda v: -integer[v][1])
+        self.fin = [pareto[v] for v in self.forder]
+        hulls = [_lower_hull(p) for p in self.fin]
+        self.ints = [tuple(integer[v]) for v in self.iorder]
+        iquads = [(q / (a * a), a * K) if a > 0.0 and K > 0 else (1.0, 0.0)
+                  for a, q, K in self.ints]
+        self.conts = [(Q, U) for Q, U in continuous]
+        nd = nf + ni
+        # phi[i]: relaxation of the variables i.. (finite first, then integer, then
+        # continuous); phi[nd] (continuous only) is exact
+        self.phi = []
+        for i in range(nd + 1):
+            hs = hulls[i:] if i < nf else []
+            qs = iquads[max(i - nf, 0):] + self.conts
+            self.phi.append(Relaxation(hs, qs))
 
-        down, up = k0, k0 + 1
-        bd = bound(down) if down >= 0 else INF
-        bu = bound(up) if up <= top else INF
-        while True:
-            if bd <= bu:
-                if _cut(bd, best[0]):
-                    break
-                k = down
-                down -= 1
-                bd = bound(down) if down >= 0 else INF
-            else:
-                if _cut(bu, best[0]):
-                    break
-                k = up
-                up += 1
-                bu = bound(up) if up <= top else INF
-            chosen[i] = k
-            dfs(i + 1, R - a * k, acc + q * k * k)
+    def solve(self, need):
+        """:func:`solve_one` for this sample's options and ``need``."""
+        nf, ni, fin, ints, phi = self.nf, self.ni, self.fin, self.ints, self.phi
+        conts = self.conts
+        if need <= 0.0:
+            return 0.0, [-1] * nf, [0] * ni, [0.0] * len(conts)
+        nd = nf + ni
+        best = [INF, None, None]  # cost, discrete choices, multiplier of the continuous part
+        chosen = [None] * nd
 
-    dfs(0, float(need), 0.0)
-    cost, ch, lam = best
-    if ch is None:
-        return INF, [-1] * nf, [0] * ni, [0.0] * len(conts)
-    choices = [-1] * nf
-    for pos, v in enumerate(forder):
-        choices[v] = ch[pos]
-    steps = [0] * ni
-    for pos, v in enumerate(iorder):
-        steps[v] = ch[nf + pos]
-    gains = [min(lam / (2.0 * Q), U) if U > 0.0 else 0.0 for Q, U in conts]
-    return cost, choices, steps, gains
+        def record(cost, lam):
+            if cost < best[0]:
+                best[0], best[1], best[2] = cost, list(chosen), lam
+
+        def dfs(i, R, acc):
+            if R <= 0.0:
+                for j in range(i, nd):
+                    chosen[j] = -1 if j < nf else 0
+                record(acc, 0.0)
+                return
+            if i == nd:
+                c, lam = phi[nd].value(R)
+                if c < INF:
+                    record(acc + c, lam)
+                return
+            if _cut(acc + phi[i].value(R)[0], best[0]):
+                return
+            nxt = phi[i + 1]
+            if i < nf:
+                cands = [(acc + nxt.value(R)[0], -1, 0.0, 0.0)]
+                for g, c, j in fin[i]:
+                    cands.append((acc + c + nxt.value(R - g)[0], j, g, c))
+                cands.sort(key=lambda t: t[0])
+                for bound, j, g, c in cands:
+                    if _cut(bound, best[0]):
+                        break
+                    chosen[i] = j
+                    dfs(i + 1, R - g, acc + c)
+                return
+            a, q, K = ints[i - nf]
+            if not (a > 0.0 and K > 0):
+                chosen[i] = 0
+                dfs(i + 1, R, acc)
+                return
+            lam = phi[i].value(R)[1]
+            kr = min(lam * a / (2.0 * q), K)
+            top = min(K, math.ceil(R / a))
+            k0 = min(math.floor(kr), top)
+            if i == nd - 1:
+                # the last integer variable: q k^2 + phi[nd](R - a k) is the exact cost (only
+                # continuous variables follow) and convex in k, minimised over the reals at kr:
+                # the integer minimum is at floor(kr) or ceil(kr)
+                for k in (k0, k0 + 1):
+                    if 0 <= k <= top:
+                        chosen[i] = k
+                        dfs(i + 1, R - a * k, acc + q * k * k)
+                return
+
+            def bound(k):
+                return acc + q * k * k + nxt.value(R - a * k)[0]
+
+            down, up = k0, k0 + 1
+            bd = bound(down) if down >= 0 else INF
+            bu = bound(up) if up <= top else INF
+            while True:
+                if bd <= bu:
+                    if _cut(bd, best[0]):
+                        break
+                    k = down
+                    down -= 1
+                    bd = bound(down) if down >= 0 else INF
+                else:
+                    if _cut(bu, best[0]):
+                        break
+                    k = up
+                    up += 1
+                    bu = bound(up) if up <= top else INF
+                chosen[i] = k
+                dfs(i + 1, R - a * k, acc + q * k * k)
+
+        dfs(0, float(need), 0.0)
+        cost, ch, lam = best
+        if ch is None:
+            return INF, [-1] * nf, [0] * ni, [0.0] * len(conts)
+        choices = [-1] * nf
+        for pos, v in enumerate(self.forder):
+            choices[v] = ch[pos]
+        steps = [0] * ni
+        for pos, v in enumerate(self.iorder):
+            steps[v] = ch[nf + pos]
+        gains = [min(lam / (2.0 * Q), U) if U > 0.0 else 0.0 for Q, U in conts]
+        return cost, choices, steps, gains
 
 
 def solve_batch(need, finite=(), integer=(), continuous=()):
@@ -275,7 +292,8 @@ def solve_batch(need, finite=(), integer=(), continuous=()):
     ``need`` (n,); ``finite``: list of ``(G, C)`` arrays (n, L) of the options' gains and
     costs; ``integer``: list of ``(alpha, q, K)`` arrays (n,); ``continuous``: list of
     ``(Q, U)`` arrays (n,). Returns ``(cost (n,), choices (n, nf) int, steps (n, ni) float,
-    gains (n, nc))``.
+    gains (n, nc))``. Samples with the same options (all but the need) share one
+    :class:`Prepared` (few categorical variables and no bounds: a handful for any n).
     """
     need = np.asarray(need, dtype=np.float64)
     n = need.size
@@ -284,15 +302,24 @@ def solve_batch(need, finite=(), integer=(), continuous=()):
     choices = np.full((n, nf), -1, dtype=np.intp)
     steps = np.zeros((n, ni))
     gains = np.zeros((n, nc))
-    F = [(np.asarray(G, dtype=np.float64), np.asarray(C, dtype=np.float64))
-         for G, C in finite]
-    Ia = [tuple(np.asarray(v, dtype=np.float64) for v in t) for t in integer]
-    Cq = [tuple(np.asarray(v, dtype=np.float64) for v in t) for t in continuous]
-    for i in np.flatnonzero(need > 0.0):
-        fin = [list(zip(G[i].tolist(), C[i].tolist())) for G, C in F]
-        ints = [(float(a[i]), float(q[i]), float(K[i])) for a, q, K in Ia]
-        conts = [(float(Q[i]), float(U[i])) for Q, U in Cq]
-        c, ch, ks, gs = solve_one(float(need[i]), fin, ints, conts)
+    todo = np.flatnonzero(need > 0.0)
+    F = [(np.asarray(G, dtype=np.float64)[todo].tolist(),
+          np.asarray(C, dtype=np.float64)[todo].tolist()) for G, C in finite]
+    Ia = [[np.broadcast_to(np.asarray(v, dtype=np.float64), (n,))[todo].tolist() for v in t]
+          for t in integer]
+    Cq = [[np.broadcast_to(np.asarray(v, dtype=np.float64), (n,))[todo].tolist() for v in t]
+          for t in continuous]
+    cache: dict = {}
+    needs = need[todo].tolist()
+    for pos, i in enumerate(todo.tolist()):
+        fin = tuple(tuple(zip(G[pos], C[pos])) for G, C in F)
+        ints = tuple((a[pos], q[pos], K[pos]) for a, q, K in Ia)
+        conts = tuple((Q[pos], U[pos]) for Q, U in Cq)
+        key = (fin, ints, conts)
+        prep = cache.get(key)
+        if prep is None:
+            prep = cache[key] = Prepared(fin, ints, conts)
+        c, ch, ks, gs = prep.solve(needs[pos])
         cost[i] = c
         choices[i] = ch
         steps[i] = ks
