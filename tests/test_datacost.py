@@ -6,6 +6,7 @@ own decision_function, and the 0/1 dual of otstab.certify_distances on those dis
 import itertools
 import json
 import math
+import pickle
 import warnings
 
 import numpy as np
@@ -425,3 +426,44 @@ def test_german_q_star_is_a_valid_data_set(german):
     a = otstab.certify(pipe, X, y, loss="zero_one", r=r, cost="encoded")
     b = otstab.certify(pipe, X, y, loss="zero_one", r=r)
     assert a.value == b.value
+
+
+@pytest.mark.parametrize("divergence, theta2", [("kl", 0.25), ("chi2", 1.0), ("kl", math.inf)])
+def test_continuous_data_keeps_the_encoded_numbers(divergence, theta2):
+    """On continuous data a StandardScaler's DataCost is the encoded cost: same value (up to
+    the push past the boundary, which the DataCost distances include: relative 2e-9)."""
+    rng = np.random.default_rng(3)
+    X = pd.DataFrame(rng.normal(size=(200, 3)) * [1.0, 3.0, 0.5], columns=["a", "b", "c"])
+    y = (X["a"] - X["b"] / 3 + rng.normal(0, 1, 200) > 0).astype(int)
+    pipe = Pipeline([("sc", StandardScaler()), ("clf", LogisticRegression())]).fit(X, y)
+    kw = dict(loss="zero_one", r=0.45, theta2=theta2, divergence=divergence)
+    a = otstab.certify(pipe, X, y, cost="auto", **kw)
+    b = otstab.certify(pipe, X, y, cost="encoded", **kw)
+    assert a.status == b.status == "optimal"
+    assert a.value == pytest.approx(b.value, rel=5e-9)
+    # a model without preprocessing: unit scales are the Euclidean cost
+    lm = otstab.LinearModel([0.7, -0.4, 1.1], 0.2)
+    Xa = X.to_numpy()
+    ya = np.where(y == 1, 1, -1)
+    unit = DataCost(scale={"x0": 1.0, "x1": 1.0, "x2": 1.0})
+    a = otstab.certify(lm, Xa, ya, cost=unit, **kw)
+    b = otstab.certify(lm, Xa, ya, **kw)
+    assert a.value == pytest.approx(b.value, rel=5e-9)
+
+
+def test_sample_weights_and_pickle():
+    pipe, X, y = _small(seed=4, n=40)
+    wts = np.random.default_rng(0).uniform(0.5, 2.0, len(X))
+    res = otstab.certify(pipe, X, y, loss="zero_one", r=0.55, cost="auto", sample_weight=wts)
+    assert res.status == "optimal"
+    wrong = pipe.predict(X) != np.asarray(y)
+    # the weighted value from the same distances through the weighted 0/1 dual
+    from otstab.zero_one import _solve_and_build
+
+    d = np.asarray(res.info["dstar"])
+    base = _solve_and_build(d, wrong, 0.55, 1.0, 0.25, "kl", "auto", None, None, None,
+                            lambda a, b: None, [], None, 0.0, d, p=wts / wts.sum())
+    assert res.value == pytest.approx(base.value, rel=1e-12)
+    back = pickle.loads(pickle.dumps(res))
+    f0, f1 = res.to_frame(raw=True), back.to_frame(raw=True)
+    pd.testing.assert_frame_equal(f0, f1)
