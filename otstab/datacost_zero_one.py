@@ -19,7 +19,9 @@ per sample by :mod:`otstab_solvers.knapsack`. The options of each variable, in g
 
 The need is the margin plus the 0/1 path's push past the boundary (a relative 1e-9 of the
 margin plus a few hundred ulps of the score's terms), so the moved row is misclassified by the
-model's own rule; ``d*_i`` is the exact least cost of that need. The distances go to the exact
+model's own rule; ``d*_i`` is the exact least cost of that need. A multiclass classifier solves
+one such knapsack per other class k (the gain being the change of ``s_k - s_y``, the need
+``s_y - s_k`` plus the push) and keeps the cheapest. The distances go to the exact
 0/1 dual of :mod:`otstab.zero_one`; Q* moves each chosen sample to its cheapest flipping *raw
 row* (levels among the allowed ones, integers integral, inside the bounds, immutables
 unchanged), and the audit re-scores these raw rows with ``model.predict`` and re-prices them
@@ -68,10 +70,11 @@ def _predict(model, frame: pd.DataFrame) -> np.ndarray:
 
 
 def linear_parts(model, prob, rc: ResolvedCost, frame: pd.DataFrame) -> dict:
-    """Each variable's part of the linear score: ``{name: ("slope", a_v)}`` for numeric and
-    integer variables, ``{name: ("levels", f_levels (L,), f_current (n,))}`` for categorical
-    and ordinal ones (contributions up to a constant shared by all rows)."""
-    w = prob.scorer.W[0]
+    """Each variable's part of the linear scores (one column per row of the model's ``W``:
+    K classes, or 1 for a binary classifier): ``{name: ("slope", a_v (K,))}`` for numeric and
+    integer variables, ``{name: ("levels", f_levels (L, K), f_current (n, K))}`` for
+    categorical and ordinal ones (contributions up to a constant shared by all rows)."""
+    W = prob.scorer.W
     piped = bool(getattr(model, "steps", None)) and len(model.steps) > 1
     out = {}
     for v in rc.variables:
@@ -84,9 +87,9 @@ def linear_parts(model, prob, rc: ResolvedCost, frame: pd.DataFrame) -> dict:
                         f"cost=DataCost: the pipeline maps {v.name!r} nonlinearly, so its score "
                         "is not linear in the raw variable; declare it categorical (kinds=) or "
                         "use cost='encoded'")
-                out[v.name] = ("slope", float(sum(w[j] * s for j, s in sl.items())))
+                out[v.name] = ("slope", sum(W[:, j] * s for j, s in sl.items()))
             else:
-                out[v.name] = ("slope", float(w[cols[0]]))
+                out[v.name] = ("slope", W[:, cols[0]].copy())
             continue
         probe = frame.iloc[[0] * len(v.levels)].reset_index(drop=True)
         probe[v.name] = pd.Series(list(v.levels), dtype=object)
@@ -95,7 +98,7 @@ def linear_parts(model, prob, rc: ResolvedCost, frame: pd.DataFrame) -> dict:
         except Exception as exc:  # noqa: BLE001 - the user's preprocessing refused a level
             raise ValidationError(f"cost=DataCost: the pipeline could not encode the levels of "
                                   f"{v.name!r} ({exc})") from exc
-        out[v.name] = ("levels", Zp[:, cols] @ w[cols], prob.X[:, cols] @ w[cols])
+        out[v.name] = ("levels", Zp[:, cols] @ W[:, cols].T, prob.X[:, cols] @ W[:, cols].T)
     return out
 
 
@@ -112,12 +115,13 @@ def _key(x):
         if not isinstance(x, (int, float)) else ("num", float(x))
 
 
-def flip_problem(rc: ResolvedCost, parts: dict, frame: pd.DataFrame, y: np.ndarray,
+def flip_problem(rc: ResolvedCost, parts: dict, frame: pd.DataFrame, coef: np.ndarray,
                  rows: np.ndarray):
-    """The knapsack of the samples ``rows`` (internal labels ``y`` in {-1, +1}): the
-    options of every movable variable in gain units. Returns ``(finite, integer, continuous,
-    layout)``; ``layout`` says which variable each list entry belongs to."""
-    yr = y[rows].astype(np.float64)
+    """The knapsack of the samples ``rows``: the options of every movable variable in gain
+    units, the gain being the change of ``coef_i . scores`` (``coef`` (rows, K): ``-y_i`` for a
+    binary classifier, ``e_k - e_{y_i}`` for class k of a multiclass one). Returns
+    ``(finite, integer, continuous, layout)``; ``layout`` says which variable each list
+    entry belongs to."""
     finite, integer, continuous, layout = [], [], [], []
     for v in rc.variables:
         if v.immutable or not math.isfinite(v.price):
@@ -125,7 +129,7 @@ def flip_problem(rc: ResolvedCost, parts: dict, frame: pd.DataFrame, y: np.ndarr
         part = parts[v.name]
         if part[0] == "levels":
             fl, fc = part[1], part[2][rows]
-            G = -yr[:, None] * (fl[None, :] - fc[:, None])
+            G = coef @ fl.T - np.einsum("ik,ik->i", coef, fc)[:, None]
             cur = _level_index(frame[v.name].to_numpy()[rows], v.levels)
             L = len(v.levels)
             if v.kind == "categorical":
@@ -146,39 +150,48 @@ def flip_problem(rc: ResolvedCost, parts: dict, frame: pd.DataFrame, y: np.ndarr
             finite.append((G, C))
             layout.append(("finite", v))
             continue
-        a = part[1]
-        if a == 0.0:
+        a = coef @ part[1]  # the gain per unit of the variable, per row
+        if not np.any(a != 0.0):
             continue
         x = frame[v.name].to_numpy(dtype=np.float64)[rows]
-        t = np.sign(-yr * a)
+        t = np.sign(a)
         room = np.where(t > 0, np.maximum(v.hi, x) - x, x - np.minimum(v.lo, x))
         if v.direction:
             room = np.where(t == v.direction, room, 0.0)
-        alpha = abs(a)
+        alpha = np.abs(a)
+        room = np.where(alpha > 0, room, 0.0)
         if v.kind == "integer":
             K = np.floor(room)
-            integer.append((np.full(rows.size, alpha),
-                            np.full(rows.size, v.price / v.scale ** 2), K))
+            integer.append((alpha, np.full(rows.size, v.price / v.scale ** 2), K))
             layout.append(("integer", v, t, x))
         else:
-            continuous.append((np.full(rows.size, v.price / (v.scale * alpha) ** 2),
-                               alpha * room))
+            with np.errstate(divide="ignore"):
+                Q = np.where(alpha > 0, v.price / (v.scale * np.where(alpha > 0, alpha, 1.0))
+                             ** 2, 1.0)
+            continuous.append((Q, alpha * room))
             layout.append(("continuous", v, t, x, room, alpha))
     return finite, integer, continuous, layout
 
 
-def _needs(prob, rows):
-    """Margin plus push of the correctly classified ``rows`` (see the module doc)."""
+def _needs(prob, rows, k=None):
+    """Margin plus push of the correctly classified ``rows`` (see the module doc): binary,
+    or against class ``k`` of a multiclass classifier (``s_y - s_k``)."""
     sc = prob.scorer
-    s = prob.scores[rows]
-    m = prob.y[rows] * s
-    terms = np.abs(prob.X[rows]) @ np.abs(sc.W[0]) + abs(float(sc.b[0]))
+    if k is None:
+        m = prob.y[rows] * prob.scores[rows]
+        terms = np.abs(prob.X[rows]) @ np.abs(sc.W[0]) + abs(float(sc.b[0]))
+    else:
+        y = prob.y[rows].astype(np.intp)
+        S = prob.scores[rows]
+        m = S[np.arange(rows.size), y] - S[:, k]
+        A = np.abs(prob.X[rows])
+        terms = np.einsum("ij,ij->i", A, np.abs(sc.W[y])) + A @ np.abs(sc.W[k]) + \
+            np.abs(sc.b[y]) + abs(float(sc.b[k]))
     return m + PUSH * m + 512.0 * EPS * (1.0 + m + terms)
 
 
-def _moved_rows(frame, rows, layout, choices, steps, gains, ok):
-    """The cheapest flipping raw row of each sample ``rows[ok]`` (other rows unchanged)."""
-    out = frame.copy()
+def _moved_rows(out, rows, layout, choices, steps, gains, ok):
+    """Write the cheapest flipping raw row of each sample ``rows[ok]`` into ``out``."""
     sel = rows[ok]
     fi = ii = ci = 0
     for entry in layout:
@@ -202,10 +215,10 @@ def _moved_rows(frame, rows, layout, choices, steps, gains, ok):
             ii += 1
         else:
             t, x, room = entry[2][ok], entry[3][ok], entry[4][ok]
-            alpha = entry[5]
+            alpha = entry[5][ok]
             g = gains[ok, ci]
             ci += 1
-            move = np.minimum(g / alpha, room)
+            move = np.minimum(g / np.where(alpha > 0, alpha, 1.0), room)
             # a move to the bound lands on it exactly (no rounding past it)
             full = (move > 0) & (move >= room) & np.isfinite(room)
             vals[sel] = np.where(full, np.where(t > 0, np.maximum(v.hi, x),
@@ -215,6 +228,42 @@ def _moved_rows(frame, rows, layout, choices, steps, gains, ok):
         else:
             out[v.name] = vals
     return out
+
+
+def _distances(prob, rc, parts, frame, rows, need):
+    """``(d*, moved raw rows)`` of the correctly classified ``rows`` (``need`` filled in):
+    binary, or the cheapest over the other classes of a multiclass classifier."""
+    out = frame.copy()
+    if prob.scorer.task == "binary":
+        need[rows] = _needs(prob, rows)
+        coef = -prob.y[rows].astype(np.float64)[:, None]
+        fin, ints, conts, layout = flip_problem(rc, parts, frame, coef, rows)
+        c, choices, steps, gains = solve_batch(need[rows], fin, ints, conts)
+        _moved_rows(out, rows, layout, choices, steps, gains, np.isfinite(c))
+        return c, out
+    y = prob.y[rows].astype(np.intp)
+    K = prob.scorer.W.shape[0]
+    best = np.full(rows.size, math.inf)
+    which = np.full(rows.size, -1)
+    solved = {}
+    for k in range(K):
+        sel = np.flatnonzero(y != k)
+        if not sel.size:
+            continue
+        rk = rows[sel]
+        coef = -np.eye(K)[y[sel]]
+        coef[:, k] += 1.0
+        nk = _needs(prob, rk, k)
+        fin, ints, conts, layout = flip_problem(rc, parts, frame, coef, rk)
+        c, choices, steps, gains = solve_batch(nk, fin, ints, conts)
+        better = c < best[sel]
+        best[sel[better]] = c[better]
+        which[sel[better]] = k
+        need[rk[better]] = nk[better]
+        solved[k] = (sel, rk, layout, choices, steps, gains)
+    for k, (sel, rk, layout, choices, steps, gains) in solved.items():
+        _moved_rows(out, rk, layout, choices, steps, gains, which[sel] == k)
+    return best, out
 
 
 def certify_datacost(model, X, y, *, loss, r, theta1, theta2, divergence, solver, features,
@@ -241,10 +290,10 @@ def certify_datacost(model, X, y, *, loss, r, theta1, theta2, divergence, solver
         raise ValidationError("se='bootstrap' is not available with cost=DataCost yet; use "
                               "se='analytic' or None")
     prob = resolve_model(model, X, y, loss=loss, sample_weight=sample_weight)
-    if prob.scorer is None or prob.scorer.task != "binary":
+    if prob.scorer is None or prob.scorer.task not in ("binary", "multiclass"):
         raise ValidationError(
-            "cost=DataCost is exact for binary linear classifiers (a Pipeline ending in one) in "
-            "this version; use cost='encoded' for other models")
+            "cost=DataCost is exact for linear classifiers (a Pipeline ending in one) in this "
+            "version; use cost='encoded' for other models")
     frame = _raw_frame(model, X, prob)
     if features is not None:
         keep = set(_feature_names(features))
@@ -265,12 +314,7 @@ def certify_datacost(model, X, y, *, loss, r, theta1, theta2, divergence, solver
     dstar = np.zeros(n)
     Xs = frame
     if rows.size and math.isfinite(theta1):
-        need[rows] = _needs(prob, rows)
-        finite, integer, continuous, layout = flip_problem(rc, parts, frame, prob.y, rows)
-        c, choices, steps, gains = solve_batch(need[rows], finite, integer, continuous)
-        dstar[rows] = c
-        ok = np.isfinite(c)
-        Xs = _moved_rows(frame, rows, layout, choices, steps, gains, ok)
+        dstar[rows], Xs = _distances(prob, rc, parts, frame, rows, need)
     elif rows.size:  # theta1 = inf: nothing moves
         dstar[rows] = math.inf
     loss0 = wrong

@@ -467,3 +467,68 @@ def test_sample_weights_and_pickle():
     back = pickle.loads(pickle.dumps(res))
     f0, f1 = res.to_frame(raw=True), back.to_frame(raw=True)
     pd.testing.assert_frame_equal(f0, f1)
+
+
+def test_multiclass_equals_brute_force():
+    """A 3-class logistic regression: d*_i = the cheapest move to any other class, against
+    every combination of levels scored by decision_function (the brute force at the exact
+    margins: the solver's pushed needs put d* at most a relative 1e-8 above it)."""
+    pipe2, X, _ = _small(seed=5, n=24)
+    rng = np.random.default_rng(5)
+    y = np.where(X["u"] > 1, 2, np.where(X["colour"] == "red", 1, 0))
+    y = np.where(rng.random(len(X)) < 0.2, rng.integers(0, 3, len(X)), y)
+    pipe = Pipeline([("pre", pipe2.named_steps["pre"]),
+                     ("clf", LogisticRegression(C=10.0))]).fit(X, y)
+    cost = DataCost(**SMALL_COST)
+    rc = cost.resolve(pipe, X)
+    res = otstab.certify(pipe, X, y, loss="zero_one", r=0.7, cost=cost)
+    assert res.status == "optimal"
+    S0 = pipe.decision_function(X)
+    cols = {v.name: v for v in rc.variables}
+    combos = list(itertools.product(cols["colour"].levels, cols["shape"].levels,
+                                    cols["size"].levels, range(0, 9)))
+    m = len(combos)
+    wrong = pipe.predict(X) != y
+    rows = np.flatnonzero(~wrong)
+    X0 = X.iloc[np.repeat(rows, m)].reset_index(drop=True)
+    F = X0.copy()
+    for k, nm in enumerate(("colour", "shape", "size", "k")):
+        F[nm] = [c[k] for c in combos] * rows.size
+    S = pipe.decision_function(F)
+    c = rc.cost(X0, F)
+    slopes = {}
+    for nm in ("u", "v"):
+        step = X.copy()
+        step[nm] = step[nm] + 1.0
+        slopes[nm] = pipe.decision_function(step) - S0
+    ref = np.zeros(len(X))
+    for pos, i in enumerate(rows):
+        sl = slice(pos * m, (pos + 1) * m)
+        best = math.inf
+        for k in range(3):
+            if k == y[i]:
+                continue
+            margin = S0[i, y[i]] - S0[i, k]
+            gain = (S[sl, k] - S[sl, y[i]]) - (S0[i, k] - S0[i, y[i]])
+            conts = []
+            for nm in ("u", "v"):
+                a = float(slopes[nm][i, k] - slopes[nm][i, y[i]])
+                t = np.sign(a)
+                v = cols[nm]
+                x = float(X[nm].iloc[i])
+                room = (max(v.hi, x) - x) if t > 0 else (x - min(v.lo, x))
+                if v.direction and t != v.direction:
+                    room = 0.0
+                conts.append((v.price / (v.scale * a) ** 2, abs(a) * room))
+            best = min(best, float(np.min(c[sl] + _water_many(margin - gain, conts))))
+        ref[i] = best
+    d = np.asarray(res.info["dstar"])
+    assert np.all(d >= ref * (1 - 1e-12)) and np.all(d <= ref * (1 + 1e-8))
+    base = otstab.certify_distances(ref, 0.7, misclassified=wrong)
+    assert res.value == pytest.approx(base.value, rel=1e-8)
+    f = res.to_frame(raw=True)
+    mv = f[f["loss*"] > f["loss"]]
+    rows_ = mv[[f"{c}*" for c in X.columns]].copy()
+    rows_.columns = list(X.columns)
+    assert np.all(pipe.predict(rows_.astype({"u": float, "v": float, "k": int}))
+                  != y[mv["source"]])
