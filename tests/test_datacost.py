@@ -532,3 +532,39 @@ def test_multiclass_equals_brute_force():
     rows_.columns = list(X.columns)
     assert np.all(pipe.predict(rows_.astype({"u": float, "v": float, "k": int}))
                   != y[mv["source"]])
+
+
+@pytest.mark.slow
+def test_adult_q_star_is_a_valid_data_set():
+    from otstab.datasets import load_adult
+
+    df = load_adult(raw=True).sample(3000, random_state=0)
+    X, y = df.drop(columns="income").reset_index(drop=True), df["income"].to_numpy()
+    num = [c for c in X.columns if X[c].dtype.kind in "if"]
+    cat = [c for c in X.columns if c not in num]
+    pre = ColumnTransformer([("num", StandardScaler(), num),
+                             ("cat", OneHotEncoder(handle_unknown="ignore"), cat)])
+    pipe = Pipeline([("pre", pre), ("clf", LogisticRegression(max_iter=3000))]).fit(X, y)
+    fixed = ["sex", "race", "age"]
+    res = otstab.certify(pipe, X, y, loss="zero_one", r=0.35,
+                         cost=DataCost(immutable=fixed, bounds="observed"))
+    assert res.status == "optimal"
+    f = res.to_frame(raw=True)
+    mv = f[f["loss*"] > f["loss"]]
+    rows = mv[[f"{c}*" for c in X.columns]].copy()
+    rows.columns = list(X.columns)
+    rows = rows.astype({c: X[c].dtype for c in num})
+    enc = pipe.named_steps["pre"].named_transformers_["cat"]
+    for j, c in enumerate(cat):
+        assert set(rows[c]) <= set(enc.categories_[j])
+    for c in num:
+        v = rows[c].to_numpy()
+        assert np.all(v == np.round(v)) and v.min() >= X[c].min() and v.max() <= X[c].max()
+    for c in fixed:
+        assert (rows[c].to_numpy() == mv[c].to_numpy()).all()
+    pred = pipe.predict(rows)
+    assert np.all(pred != y[mv["source"]])
+    loss_star = f["loss"].to_numpy().copy()
+    loss_star[mv.index] = 1.0
+    w, m = f["weight"].to_numpy(), f["mass"].to_numpy()
+    assert float(np.sum(m * w * loss_star)) / len(X) >= 0.35 * (1 - 1e-8)
