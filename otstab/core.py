@@ -80,8 +80,8 @@ def certify(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl", s
         The transport cost. ``"encoded"``: the squared distance in the final estimator's
         input space (the paper's cost). ``"auto"`` or a ``DataCost``: a cost on the data's own
         variables, with Q* made of valid raw rows (:mod:`otstab.datacost`); exact for the 0/1
-        loss of linear classifiers and Pipelines ending in one
-        (:mod:`otstab.datacost_zero_one`).
+        loss of linear classifiers and the hinge loss of binary ones (and Pipelines ending
+        in them: :mod:`otstab.datacost_zero_one`, :mod:`otstab.datacost_hinge`).
     se : "analytic" (default), "bootstrap", ``otstab.inference.Bootstrap(n_boot, seed,
         interval, progress)`` or None
         Sampling uncertainty of R (``res.se``, ``res.ci(level)``,

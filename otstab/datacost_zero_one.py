@@ -41,7 +41,7 @@ from otstab_solvers.knapsack import solve_batch
 from . import audit, inference, pipeline
 from .datacost import DataCost, ResolvedCost
 from .errors import SolverError, ValidationError
-from .losses import ZeroOne, zero_one
+from .losses import PiecewiseLinear, ZeroOne, zero_one
 from .models import resolve_model
 from .params import check_options
 from .results import Lazy
@@ -271,10 +271,11 @@ def certify_datacost(model, X, y, *, loss, r, theta1, theta2, divergence, solver
                      **solver_options):
     """``certify(..., cost=DataCost)`` (called by :func:`otstab.certify`; see the module
     doc)."""
-    if not isinstance(loss, ZeroOne):
+    hinge = isinstance(loss, PiecewiseLinear) and loss.name == "hinge"
+    if not (isinstance(loss, ZeroOne) or hinge):
         raise ValidationError(
-            f"cost=DataCost is exact for loss='zero_one' of linear models in this version; "
-            f"loss={loss.name!r} needs cost='encoded'")
+            f"cost=DataCost is exact for loss='zero_one' and loss='hinge' of linear models in "
+            f"this version; loss={loss.name!r} needs cost='encoded'")
     if feature_costs is not None:
         raise ValidationError("feature_costs prices the encoded cost; with cost=DataCost use "
                               "DataCost(price={...})")
@@ -282,7 +283,7 @@ def certify_datacost(model, X, y, *, loss, r, theta1, theta2, divergence, solver
         raise ValidationError(f"solver={solver!r} does not apply to loss='zero_one' (use "
                               "'auto', 'closed_form' or 'dual')")
     check_options(solver_options, (), "the exact 0/1 path under a DataCost")
-    if r > 1.0:
+    if r > 1.0 and not hinge:
         raise ValidationError(f"r is an error rate for loss='zero_one' and must be in [0, 1], "
                               f"got {r}")
     spec = inference.resolve_se(se)
@@ -307,6 +308,17 @@ def certify_datacost(model, X, y, *, loss, r, theta1, theta2, divergence, solver
         cost = DataCost.from_dict(d)
     rc = cost.resolve(model, frame, prob.feature_names)
     parts = linear_parts(model, prob, rc, frame)
+    if hinge:
+        if prob.scorer.task != "binary":
+            raise ValidationError("loss='hinge' needs a binary classifier")
+        from .datacost_hinge import certify_datacost_hinge  # noqa: PLC0415
+
+        res = certify_datacost_hinge(model, prob, rc, parts, frame, r=r, theta1=theta1,
+                                     theta2=theta2, divergence=divergence, t_start=t_start)
+        res.info["cost"] = rc.to_dict()
+        res.info["cost_description"] = rc.describe()
+        res.inference = (lambda: inference.analytic(res)) if spec == "analytic" else None
+        return res
     wrong = zero_one.values(prob.scores, prob.y) > 0
     n = prob.n
     rows = np.flatnonzero(~wrong)
@@ -401,12 +413,16 @@ class DataCostView(pipeline.RawView):
     """``res.to_frame(raw=True)`` of a DataCost certificate: every atom's raw row before and
     after (moved atoms: the cheapest flipping row), its cost under the DataCost."""
 
-    def __init__(self, rc: ResolvedCost, X_raw: pd.DataFrame, X_moved: pd.DataFrame, moved):
+    def __init__(self, rc: ResolvedCost, X_raw: pd.DataFrame, X_moved: pd.DataFrame, moved,
+                 atoms: pd.DataFrame | None = None):
         super().__init__(rc.map, X_raw)
         self.cost, self.X_moved, self.moved = rc, X_moved, np.asarray(moved, dtype=bool)
+        self.atoms = atoms  # the raw row of every atom, when given whole (hinge)
 
     def star_rows(self, src) -> pd.DataFrame:
         """The raw rows of Q*'s atoms (sources ``src``)."""
+        if self.atoms is not None:
+            return self.atoms.reset_index(drop=True)
         src = np.asarray(src)
         out = self.X_raw.iloc[src].reset_index(drop=True)
         if self.moved.any():

@@ -379,8 +379,8 @@ def test_features_and_unsupported_combinations():
     for c in X.columns:
         if c != "u":
             assert (f[c].astype(str) == f[f"{c}*"].astype(str)).all()
-    with pytest.raises(ValidationError, match="loss='zero_one'"):
-        otstab.certify(pipe, X, y, loss="hinge", r=0.5, cost="auto")
+    with pytest.raises(ValidationError, match="loss='zero_one' and loss='hinge'"):
+        otstab.certify(pipe, X, y, loss="logistic", r=0.5, cost="auto")
     with pytest.raises(ValidationError, match="price"):
         otstab.certify(pipe, X, y, loss="zero_one", r=0.5, cost="auto",
                        feature_costs={"u": 2.0})
@@ -441,6 +441,12 @@ def test_continuous_data_keeps_the_encoded_numbers(divergence, theta2):
     b = otstab.certify(pipe, X, y, cost="encoded", **kw)
     assert a.status == b.status == "optimal"
     assert a.value == pytest.approx(b.value, rel=5e-9)
+    # hinge: the same d-transform as the encoded cost's (no push is involved: 1e-9)
+    kh = dict(kw, loss="hinge", r=1.1)
+    a = otstab.certify(pipe, X, y, cost="auto", **kh)
+    b = otstab.certify(pipe, X, y, cost="encoded", **kh)
+    assert a.status == b.status == "optimal"
+    assert a.value == pytest.approx(b.value, rel=1e-9)
     # a model without preprocessing: unit scales are the Euclidean cost
     lm = otstab.LinearModel([0.7, -0.4, 1.1], 0.2)
     Xa = X.to_numpy()
@@ -568,3 +574,85 @@ def test_adult_q_star_is_a_valid_data_set():
     loss_star[mv.index] = 1.0
     w, m = f["weight"].to_numpy(), f["mass"].to_numpy()
     assert float(np.sum(m * w * loss_star)) / len(X) >= 0.35 * (1 - 1e-8)
+
+
+# ------------------------------------------------------------------------------------------
+# hinge: the separable d-transform against enumeration, the dual by a bounded scalar search
+
+
+def _brute_hinge_value(pipe, X, y, rc, r, theta1, theta2, divergence, h_hint):
+    from scipy.optimize import minimize_scalar
+
+    sign = np.where(np.asarray(y) == pipe.classes_[1], 1.0, -1.0)
+    s0 = pipe.decision_function(X)
+    mp = 1.0 - sign * s0
+    cols = {v.name: v for v in rc.variables}
+    combos = list(itertools.product(cols["colour"].levels, cols["shape"].levels,
+                                    cols["size"].levels, range(0, 9)))
+    m, n = len(combos), len(X)
+    X0 = X.iloc[np.repeat(np.arange(n), m)].reset_index(drop=True)
+    F = X0.copy()
+    for k, nm in enumerate(("colour", "shape", "size", "k")):
+        F[nm] = [c[k] for c in combos] * n
+    src = np.repeat(np.arange(n), m)
+    gain = (-sign[src] * (pipe.decision_function(F) - s0[src])).reshape(n, m)
+    cost = rc.cost(X0, F).reshape(n, m)
+    conts = []
+    for nm in ("u", "v"):
+        step = X.copy()
+        step[nm] = step[nm] + 1.0
+        a = -sign * (pipe.decision_function(step) - s0)  # gain per unit, per row
+        v = cols[nm]
+        x = X[nm].to_numpy()
+        room = np.where(a > 0, np.maximum(v.hi, x) - x, x - np.minimum(v.lo, x))
+        if v.direction:
+            room = np.where(np.sign(a) == v.direction, room, 0.0)
+        conts.append((v.price / (v.scale * a) ** 2, np.abs(a) * room))
+
+    def lh(h):
+        best = np.max(h * (mp[:, None] + gain) - theta1 * cost, axis=1)
+        for Q, U in conts:  # max over g in [0, U] of h g - theta1 Q g^2 (a concave parabola)
+            g = np.clip(h / (2 * theta1 * Q), 0, U)
+            best = best + h * g - theta1 * Q * g * g
+        return np.maximum(best, 0.0)
+
+    def term(h):
+        val = lh(h)
+        if math.isinf(theta2):
+            return float(np.mean(val))
+        if divergence == "kl":
+            top = val.max()
+            return top + theta2 * math.log(float(np.mean(np.exp((val - top) / theta2))))
+        inner = minimize_scalar(
+            lambda al: -(al + theta2 - theta2 * float(np.mean(
+                np.maximum((val + al) / (2 * theta2) + 1, 0) ** 2))),
+            bounds=(-val.max() - 4 * theta2, 4 * theta2), method="bounded",
+            options={"xatol": 1e-13})
+        return inner.fun  # T(h) = -max over alpha
+
+    out = minimize_scalar(lambda h: -(h * r - term(h)), bounds=(0.0, 3 * h_hint),
+                          method="bounded", options={"xatol": 1e-12})
+    return -out.fun
+
+
+@pytest.mark.parametrize("divergence, theta2", [("kl", 0.25), ("chi2", 0.5), ("kl", math.inf)])
+def test_hinge_small_pipeline_equals_brute_force(divergence, theta2):
+    pipe, X, y = _small()
+    cost = DataCost(**SMALL_COST)
+    rc = cost.resolve(pipe, X)
+    r = 1.2
+    res = otstab.certify(pipe, X, y, loss="hinge", r=r, theta2=theta2, divergence=divergence,
+                         cost=cost)
+    assert res.status == "optimal"
+    ref = _brute_hinge_value(pipe, X, y, rc, r, 1.0, theta2, divergence, res.h)
+    assert res.value == pytest.approx(ref, rel=1e-9)
+    f = res.to_frame(raw=True)
+    rows = f[[f"{c}*" for c in X.columns]].copy()
+    rows.columns = list(X.columns)
+    rows = rows.astype({"u": float, "v": float, "k": int})
+    assert set(rows["colour"]) <= {"red", "green", "blue"}
+    assert rows["k"].between(0, 8).all()
+    sgn = np.where(np.asarray(y)[f["source"]] == 1, 1.0, -1.0)
+    loss = np.maximum(1 - sgn * pipe.decision_function(rows), 0)
+    w, m = f["weight"].to_numpy(), f["mass"].to_numpy()
+    assert float(np.sum(m * w * loss)) / len(X) >= r * (1 - 1e-8)
