@@ -47,7 +47,7 @@ _SUBMODULES = {"losses", "errors", "datasets", "plot", "models", "results", "cer
                "report", "cli", "nonlinear", "perturbation", "zero_one", "train",
                "worst_case", "groups", "subsets", "features", "sweeps", "inference", "dro",
                "comparison", "pipeline", "core", "audit", "params", "piecewise", "smooth",
-               "reduction", "datacost", "datacost_zero_one"}
+               "reduction", "datacost", "datacost_zero_one", "datacost_hinge"}
 
 __all__ = sorted(set(_LAZY) | _SUBMODULES | {"__version__"})
 
