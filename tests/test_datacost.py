@@ -607,6 +607,8 @@ def _brute_hinge_value(pipe, X, y, rc, r, theta1, theta2, divergence, h_hint):
         room = np.where(a > 0, np.maximum(v.hi, x) - x, x - np.minimum(v.lo, x))
         if v.direction:
             room = np.where(np.sign(a) == v.direction, room, 0.0)
+        if v.immutable:
+            room = np.zeros_like(room)
         conts.append((v.price / (v.scale * a) ** 2, np.abs(a) * room))
 
     def lh(h):
@@ -635,10 +637,14 @@ def _brute_hinge_value(pipe, X, y, rc, r, theta1, theta2, divergence, h_hint):
     return -out.fun
 
 
-@pytest.mark.parametrize("divergence, theta2", [("kl", 0.25), ("chi2", 0.5), ("kl", math.inf)])
-def test_hinge_small_pipeline_equals_brute_force(divergence, theta2):
+@pytest.mark.parametrize("divergence, theta2, discrete", [
+    ("kl", 0.25, False), ("chi2", 0.5, False), ("kl", math.inf, False),
+    ("chi2", 0.5, True), ("kl", math.inf, True)])
+def test_hinge_small_pipeline_equals_brute_force(divergence, theta2, discrete):
+    """(discrete: the continuous variables immutable, so l_h is piecewise linear and the
+    optimum sits at a kink, where Q* splits samples between two maximisers)"""
     pipe, X, y = _small()
-    cost = DataCost(**SMALL_COST)
+    cost = DataCost(**SMALL_COST, immutable=["u", "v"] if discrete else None)
     rc = cost.resolve(pipe, X)
     r = 1.2
     res = otstab.certify(pipe, X, y, loss="hinge", r=r, theta2=theta2, divergence=divergence,
@@ -646,6 +652,8 @@ def test_hinge_small_pipeline_equals_brute_force(divergence, theta2):
     assert res.status == "optimal"
     ref = _brute_hinge_value(pipe, X, y, rc, r, 1.0, theta2, divergence, res.h)
     assert res.value == pytest.approx(ref, rel=1e-9)
+    if discrete:
+        assert res.split  # the optimum is at a kink: one sample's mass is shared
     f = res.to_frame(raw=True)
     rows = f[[f"{c}*" for c in X.columns]].copy()
     rows.columns = list(X.columns)
