@@ -241,7 +241,10 @@ class DataCost:
             return ("DataCost (all inferred): numeric moves cost ((new - old) / scale)^2 with "
                     "the pipeline's scaler or the standard deviation as scale, integers stay "
                     "integers, a change of category costs 1")
-        return "DataCost: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in self.named().items())
+        parts = [f"{k}: {', '.join(v)}" for k, v in self.named().items()]
+        if self.bounds == "observed":
+            parts.append("every numeric variable within its observed range")
+        return "DataCost: " + "; ".join(parts)
 
     def resolve(self, model, X, encoded_names=None) -> ResolvedCost:
         """The cost on ``model``'s raw variables for the evaluation data ``X`` (a DataFrame):

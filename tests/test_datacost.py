@@ -145,6 +145,7 @@ def test_to_dict_round_trips_through_json(german):
     assert "age: integer, immutable" in text and "increase only" in text
     assert "within [0, inf]" in text and "a level-to-level matrix" in text
     assert "purpose" in spec.describe()
+    assert "observed range" in DataCost(bounds="observed").describe()
 
 
 def test_cost_of_rows_follows_the_definition(german):
