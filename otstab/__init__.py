@@ -23,6 +23,7 @@ _LAZY = {
     "StabilityResult": "otstab.results",
     "LinearModel": "otstab.models",
     "Bootstrap": "otstab.inference",
+    "DataCost": "otstab.datacost",
     # related evaluations
     "worst_subpopulation": "otstab.worst_case",
     "conditional_shift": "otstab.worst_case",
@@ -46,7 +47,7 @@ _SUBMODULES = {"losses", "errors", "datasets", "plot", "models", "results", "cer
                "report", "cli", "nonlinear", "perturbation", "zero_one", "train",
                "worst_case", "groups", "subsets", "features", "sweeps", "inference", "dro",
                "comparison", "pipeline", "core", "audit", "params", "piecewise", "smooth",
-               "reduction"}
+               "reduction", "datacost", "datacost_zero_one", "datacost_hinge"}
 
 __all__ = sorted(set(_LAZY) | _SUBMODULES | {"__version__"})
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import time
 
-from . import dask_path, inference, pipeline
+from . import dask_path, datacost, inference, pipeline
 from .costs import check_feature_costs, scaled_problem, unscale_result
 from .errors import ValidationError
 from .losses import MulticlassHinge, PiecewiseLinear, ZeroOne, get_loss
@@ -29,7 +29,7 @@ __all__ = ["certify", "certify_distances", "check_common", "SOLVERS", "DIVERGENC
 
 
 def certify(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl", solver="auto",
-            features=None, se="analytic", feature_costs=None, sample_weight=None,
+            features=None, se="analytic", feature_costs=None, sample_weight=None, cost=None,
             **solver_options) -> StabilityResult:
     """Compute the OT stability criterion R(beta, r) and the most sensitive distribution.
 
@@ -76,6 +76,12 @@ def certify(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl", s
         weights. With Dask input the weights may be a Dask array or Series aligned with X's
         rows (gathered on the gathered path, kept on the workers on the distributed one).
         Equal weights are the unweighted problem.
+    cost : None or "encoded" (default), "auto", otstab.DataCost or its ``to_dict()``
+        The transport cost. ``"encoded"``: the squared distance in the final estimator's
+        input space (the paper's cost). ``"auto"`` or a ``DataCost``: a cost on the data's own
+        variables, with Q* made of valid raw rows (:mod:`otstab.datacost`); exact for the 0/1
+        loss of linear classifiers and the hinge loss of binary ones (and Pipelines ending
+        in them: :mod:`otstab.datacost_zero_one`, :mod:`otstab.datacost_hinge`).
     se : "analytic" (default), "bootstrap", ``otstab.inference.Bootstrap(n_boot, seed,
         interval, progress)`` or None
         Sampling uncertainty of R (``res.se``, ``res.ci(level)``,
@@ -96,6 +102,13 @@ def certify(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl", s
     r, theta1, theta2, divergence = check_common(r, theta1, theta2, divergence, solver)
     solver = solver.lower()
     loss_obj = get_loss(loss)
+    data_cost = datacost.as_cost(cost)
+    if data_cost is not None:  # a cost on the raw variables (otstab.datacost_zero_one)
+        from .datacost_zero_one import certify_datacost  # noqa: PLC0415
+        return certify_datacost(model, X, y, loss=loss_obj, r=r, theta1=theta1, theta2=theta2,
+                                divergence=divergence, solver=solver, features=features, se=se,
+                                feature_costs=feature_costs, sample_weight=sample_weight,
+                                t_start=t_start, cost=data_cost, **solver_options)
     if dask_path.wants_distributed(X, loss_obj, model) and feature_costs is None \
             and se in ("analytic", None) and solver in ("auto", "dual"):
         # Dask data beyond DISTRIBUTED_MIN_ROWS rows: the scores stay on the workers and the
