@@ -1,0 +1,129 @@
+"""Edge cases of issue 27 (items 4-8): exact fits of the squared loss, chi2 at large r,
+malformed certificates, the bootstrap at tiny n, backend chatter and the ``level`` argument.
+
+Every value is compared with an independent computation: a closed form derived below, or the
+dual written out in 50-digit decimal arithmetic (no otstab code)."""
+
+from __future__ import annotations
+
+import math
+from decimal import Decimal, getcontext
+
+import numpy as np
+import pytest
+
+import otstab
+
+# ---------------------------------------------------------------------------------------------
+# item 4: the squared loss of a regressor that fits the data (nearly) exactly
+
+
+def _dec_dual(resid, a, theta1, r, theta2, divergence, iters=130):
+    """sup over 0 <= h < h_max of the dual of the squared loss, in 50-digit decimals.
+
+    l_h(e) = max_s h (e + s)^2 - theta1 s^2 / a = h e^2 / (1 - h a / theta1) (a = ||beta||^2),
+    the dual h r - T(l_h) (T: mean, KL log-mean-exp, chi2 with its alpha from the sorted
+    values), concave in h: a golden-section search on [0, h_max), h_max = theta1 / a (130
+    steps: a bracket of 1e-27 h_max), written with no otstab code."""
+    getcontext().prec = 50
+    e2 = [Decimal(float(v)) ** 2 for v in resid]
+    n = Decimal(len(e2))
+    r, a, t1 = Decimal(r), Decimal(a), Decimal(theta1)
+    h_max = t1 / a
+
+    def T(lh):
+        if math.isinf(theta2):
+            return sum(lh) / n
+        t2 = Decimal(theta2)
+        if divergence == "kl":
+            m = max(lh)
+            return m + t2 * (sum(((v - m) / t2).exp() for v in lh) / n).ln()
+        # alpha: mean_i ((l_i + alpha) / (2 t2) + 1)_+ = 1 over the k largest l (active set)
+        srt = sorted(lh, reverse=True)
+        for k in range(1, len(srt) + 1):
+            alpha = (2 * t2 * (n - k) - sum(srt[:k])) / k
+            if k == len(srt) or srt[k] + alpha + 2 * t2 <= 0:
+                break
+        w = [max((v + alpha) / (2 * t2) + 1, Decimal(0)) for v in lh]
+        return -alpha - t2 + t2 * sum(x * x for x in w) / n
+
+    def F(h):
+        q = 1 - h / h_max
+        return h * r - T([h * v / q for v in e2])
+
+    g = (Decimal(5).sqrt() - 1) / 2
+    lo, hi = Decimal(0), h_max
+    m1, m2 = hi - g * (hi - lo), lo + g * (hi - lo)
+    f1, f2 = F(m1), F(m2)
+    for _ in range(iters):
+        if f1 < f2:
+            lo, m1, f1 = m1, m2, f2
+            m2 = lo + g * (hi - lo)
+            f2 = F(m2)
+        else:
+            hi, m2, f2 = m2, m1, f1
+            m1 = hi - g * (hi - lo)
+            f1 = F(m1)
+    return float(max(f1, f2, F(lo)))
+
+
+def _exact_fit(eps):
+    X = np.random.default_rng(1).normal(size=(5, 4))
+    w = np.array([1.0, -1.0, 0.5, 2.0])
+    m = otstab.LinearModel(w, 0.3, task="regression")
+    return m, X, m.predict(X) + eps, w
+
+
+def _model_audit(m, X, y, res):
+    """Risk and cost of res's Q* from the model's own predictions at X_star."""
+    Xs, src = np.asarray(res.X_star), np.asarray(res.source)
+    w, mass = np.asarray(res.weights), np.asarray(res.mass)
+    n = X.shape[0]
+    risk = float(np.sum(mass * w * (y[src] - m.predict(Xs)) ** 2)) / n
+    cost = res.theta1 * float(np.sum(mass * w * np.sum((Xs - X[src]) ** 2, axis=1))) / n
+    if math.isfinite(res.theta2):
+        phi = (w * np.log(w) - w + 1) if res.divergence == "kl" else (w - 1) ** 2
+        cost += res.theta2 * float(np.sum(mass * phi)) / n
+    return risk, cost
+
+
+@pytest.mark.parametrize("theta2,divergence", [(math.inf, "kl"), (1.0, "kl"), (1.0, "chi2"),
+                                               (1e-3, "kl"), (1e-3, "chi2")])
+def test_squared_loss_of_an_exact_fit_is_the_w2_ball(theta2, divergence):
+    """Every residual 0: l_h = 0 for h <= h_max = theta1 / ||w||^2 (at h_max any move s is a
+    maximiser of (h - theta1 / ||w||^2) s^2 = 0) and +inf beyond, so the dual's supremum is
+    h_max r; moving every residual by sqrt(r) (weights 1) reaches r at that cost. So
+    R = theta1 r / ||w||^2 = 0.01 / 6.25 = 0.0016 for every divergence and theta2."""
+    m, X, y, w = _exact_fit(0.0)
+    res = otstab.certify(m, X, y, loss="squared", r=0.01, theta1=1.0, theta2=theta2,
+                         divergence=divergence)
+    assert res.status == "optimal"
+    assert res.value == pytest.approx(0.01 / float(w @ w), rel=1e-12)
+    assert res.value == pytest.approx(_dec_dual(y - m.predict(X), w @ w, 1.0, 0.01, theta2,
+                                                divergence), rel=1e-9)
+    risk, cost = _model_audit(m, X, y, res)
+    assert risk >= 0.01 * (1 - 1e-9)
+    assert cost == pytest.approx(res.value, rel=1e-9)
+
+
+@pytest.mark.parametrize("eps", [1e-8, 1e-12, 1e-16])
+@pytest.mark.parametrize("theta2,divergence", [(math.inf, "kl"), (1.0, "kl"), (1.0, "chi2")])
+def test_squared_loss_of_a_near_exact_fit(eps, theta2, divergence):
+    """Residuals of 1e-8 .. 1e-16 (the optimum at 1 - h a / theta1 ~ |e| / sqrt(r), which h
+    itself cannot resolve below ~1e-8): against the 50-digit dual, and for theta2 = inf the
+    closed form theta1 (sqrt(r) - sqrt(E))^2 / ||w||^2 (E the mean squared residual: the
+    stationarity r = E / (1 - h a / theta1)^2 of h r - h E / (1 - h a / theta1))."""
+    m, X, y0, w = _exact_fit(0.0)
+    y = y0 + eps * np.array([1.0, -2.0, 0.5, 3.0, 0.0])
+    e = y - m.predict(X)
+    res = otstab.certify(m, X, y, loss="squared", r=0.01, theta1=1.0, theta2=theta2,
+                         divergence=divergence)
+    assert res.status == "optimal"
+    ref = _dec_dual(e, float(w @ w), 1.0, 0.01, theta2, divergence)
+    assert res.value == pytest.approx(ref, rel=1e-9)
+    if math.isinf(theta2):
+        E = float(np.mean(e ** 2))
+        assert res.value == pytest.approx((0.1 - math.sqrt(E)) ** 2 / float(w @ w), rel=1e-12)
+    risk, cost = _model_audit(m, X, y, res)
+    assert risk >= 0.01 * (1 - 1e-8)
+    assert cost == pytest.approx(res.value, rel=1e-7)
