@@ -127,3 +127,41 @@ def test_squared_loss_of_a_near_exact_fit(eps, theta2, divergence):
     risk, cost = _model_audit(m, X, y, res)
     assert risk >= 0.01 * (1 - 1e-8)
     assert cost == pytest.approx(res.value, rel=1e-7)
+
+
+# ---------------------------------------------------------------------------------------------
+# item 7: the sampling error of one or two rows
+
+
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("se", ["bootstrap", "analytic"])
+def test_one_or_two_rows_have_no_sampling_error_estimate(n, se):
+    """Every bootstrap resample of one row is that row (two rows: three distinct resamples),
+    and sd(IF) of one row is 0: a zero-width interval would be a false promise. se = inf,
+    interval (0, inf), lower bound 0, reliable False with the reason."""
+    X = np.arange(1.0, n + 1)[:, None]
+    y = np.where(np.arange(n) % 2 == 0, 1, -1)
+    m = otstab.LinearModel([0.3], 0.2)
+    base = float(np.mean(np.maximum(0, 1 - y * m.decision_function(X))))
+    res = otstab.certify(m, X, y, loss="hinge", r=base + 0.5, theta1=1.0, theta2=1.0, se=se)
+    assert res.status == "optimal" and res.value > 0
+    inf_ = res.inference
+    assert not inf_.reliable
+    assert f"only {n} evaluation row" in inf_.note and "se = inf" in inf_.note
+    assert math.isinf(res.se)
+    assert res.ci(0.9) == (0.0, math.inf)
+    assert res.lower_confidence_bound(0.9) == 0.0
+    assert inf_.to_dict()["ci_high"] == math.inf
+
+
+def test_bootstrap_flags_few_rows_like_the_analytic_se():
+    """Three rows: the bootstrap interval is kept, but flagged as the analytic one is."""
+    X = np.arange(1.0, 4.0)[:, None]
+    y = np.array([1, -1, 1])
+    m = otstab.LinearModel([0.3], 0.2)
+    base = float(np.mean(np.maximum(0, 1 - y * m.decision_function(X))))
+    res = otstab.certify(m, X, y, loss="hinge", r=base + 0.5, theta1=1.0, theta2=1.0,
+                         se="bootstrap")
+    assert not res.inference.reliable and "only 3 evaluation rows" in res.inference.note
+    lo, hi = res.ci(0.9)
+    assert lo < hi and math.isfinite(hi)
