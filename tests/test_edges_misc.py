@@ -165,3 +165,69 @@ def test_bootstrap_flags_few_rows_like_the_analytic_se():
     assert not res.inference.reliable and "only 3 evaluation rows" in res.inference.note
     lo, hi = res.ci(0.9)
     assert lo < hi and math.isfinite(hi)
+
+
+# ---------------------------------------------------------------------------------------------
+# item 6: malformed certificates are bad input (exit 2, one short line)
+
+
+def _verify_cli(tmp_path, cert_path, env=None, monkeypatch=None):
+    import contextlib
+    import io
+
+    from otstab.cli import main
+
+    if env and monkeypatch is not None:
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["verify", str(cert_path), "--model", str(tmp_path / "m.joblib"),
+                     "--data", str(tmp_path / "d.csv"), "--target", "y"])
+    return code, err.getvalue()
+
+
+_HEAD = '{"format": "otstab-certificate", "version": 2, '
+
+
+_MALFORMED = {
+    "digits": (_HEAD + '"x": ' + "9" * 5000 + "}").encode(),
+    "nested": ("[" * 100_000 + "]" * 100_000).encode(),
+    "nested_objects": ('{"a": ' * 100_000 + "1" + "}" * 100_000).encode(),
+    "nested_100": (_HEAD + '"x": ' + "[" * 100 + "]" * 100 + "}").encode(),
+    "latin1": (_HEAD + '"note": "caf\u00e9"}').encode("latin-1"),
+    "long_format": ('{"format": "' + "A" * 1_000_000 + '", "version": 2}').encode(),
+    "long_key": (_HEAD + '"' + "k" * 1_000_000 + '": 1}').encode(),
+    "long_version": ('{"format": "otstab-certificate", "version": ['
+                     + ", ".join(["123456789"] * 200_000) + "]}").encode(),
+}
+
+
+@pytest.mark.parametrize("name", list(_MALFORMED))
+def test_malformed_certificate_is_one_short_line_exit_2(tmp_path, name):
+    p = tmp_path / "c.json"
+    p.write_bytes(_MALFORMED[name])
+    code, err = _verify_cli(tmp_path, p)
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "argument CERT" in lines[0] and "Traceback" not in err
+    assert len(lines[0]) < 1000, lines[0][:300]
+
+
+def test_certificate_size_limit_is_documented_and_overridable(tmp_path, monkeypatch):
+    from otstab.certificate import MAX_CERTIFICATE_BYTES, read_certificate
+    from otstab.errors import ValidationError
+
+    assert MAX_CERTIFICATE_BYTES == 64 << 20
+    p = tmp_path / "c.json"
+    p.write_bytes(('{"format": "' + "A" * 5000 + '", "version": 2}').encode())
+    with pytest.raises(ValidationError, match="larger than 1000 bytes"):
+        read_certificate(p, max_bytes=1000)
+    code, err = _verify_cli(tmp_path, p, env={"OTSTAB_CERT_MAX_BYTES": "1000"},
+                            monkeypatch=monkeypatch)
+    assert code == 2 and "larger than 1000 bytes" in err and "AAAA" not in err
+    # under the limit the file is read, and the offending field quoted in 200 characters
+    monkeypatch.delenv("OTSTAB_CERT_MAX_BYTES")
+    with pytest.raises(ValidationError) as exc:
+        read_certificate(p)
+    assert "format is 'AAAA" in str(exc.value) and len(str(exc.value)) < 400
