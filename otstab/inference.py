@@ -33,6 +33,7 @@ import dataclasses
 import math
 import sys
 from dataclasses import dataclass
+from numbers import Real
 from statistics import NormalDist
 
 import numpy as np
@@ -71,14 +72,16 @@ def _z(level: float, two_sided: bool = True) -> float:
     return NormalDist().inv_cdf(p)
 
 
-def check_level(level) -> float:
-    """A confidence level in (0, 1)."""
-    try:
-        lv = float(level)
-    except (TypeError, ValueError):
-        raise ValidationError(f"level must be a number in (0, 1), got {level!r}") from None
+def check_level(level, name: str = "level") -> float:
+    """A confidence level in (0, 1): a real number (not a string such as "0.9", not a bool)."""
+    if isinstance(level, (bool, np.bool_)) or not isinstance(level, (Real, np.floating,
+                                                                     np.integer)):
+        shown = repr(level) if len(repr(level)) <= 60 else repr(level)[:60] + "..."
+        raise ValidationError(f"{name} must be a number in (0, 1) such as 0.95, got "
+                              f"{type(level).__name__} {shown}")
+    lv = float(level)
     if not 0.0 < lv < 1.0:
-        raise ValidationError(f"level must be in (0, 1), got {level!r}")
+        raise ValidationError(f"{name} must be in (0, 1), got {level!r}")
     return lv
 
 

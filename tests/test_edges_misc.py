@@ -231,3 +231,89 @@ def test_certificate_size_limit_is_documented_and_overridable(tmp_path, monkeypa
     with pytest.raises(ValidationError) as exc:
         read_certificate(p)
     assert "format is 'AAAA" in str(exc.value) and len(str(exc.value)) < 400
+
+
+# ---------------------------------------------------------------------------------------------
+# item 8: a backend's chatter is kept, not shown; levels are numbers
+
+
+def _hinge_instance():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(30, 2))
+    y = np.sign(X[:, 0] + 0.3 * rng.normal(size=30))
+    m = otstab.LinearModel([1.0, 0.5], 0.1)
+    base = float(np.mean(np.maximum(0, 1 - y * m.decision_function(X))))
+    return m, X, y, base
+
+
+def test_backend_output_and_warnings_are_recorded_not_shown(capfd, monkeypatch):
+    """SCS prints "ERROR: could not determine problem status." from C (file descriptor 1,
+    through the C library's buffered stdout) and cvxpy warns "Solution may be inaccurate":
+    simulated here around a real Clarabel solve, both end up in the result, not the terminal."""
+    import ctypes
+    import warnings
+
+    import cvxpy as cp
+
+    solve = cp.Problem.solve
+
+    def chatty(self, *a, **k):
+        out = solve(self, *a, **k)
+        ctypes.CDLL(None).printf(b"ERROR: could not determine problem status.\n")
+        warnings.warn("Solution may be inaccurate.", UserWarning, stacklevel=1)
+        return out
+
+    monkeypatch.setattr(cp.Problem, "solve", chatty)
+    m, X, y, base = _hinge_instance()
+    with warnings.catch_warnings(record=True) as leaked:
+        warnings.simplefilter("always")
+        res = otstab.certify(m, X, y, loss="hinge", r=2 * base, theta1=1.0, theta2=1.0,
+                             solver="clarabel", se=None)
+    assert res.status == "optimal"
+    assert not [w for w in leaked if "inaccurate" in str(w.message)]
+    out, err = capfd.readouterr()
+    assert "could not determine" not in out + err
+    assert "could not determine problem status" in res.info["backend_output"]
+    assert any("Solution may be inaccurate" in w for w in res.info["backend_warnings"])
+
+
+def test_failed_backend_says_why_in_the_solver_log(capfd):
+    """A real SCS run stopped at 2 iterations: its cvxpy warning is in the error (the log of
+    the tries), not on stderr."""
+    import warnings
+
+    m, X, y, base = _hinge_instance()
+    with warnings.catch_warnings(record=True) as leaked:
+        warnings.simplefilter("always")
+        with pytest.raises(otstab.errors.SolverError, match="Solution may be inaccurate"):
+            otstab.certify(m, X, y, loss="hinge", r=2 * base, theta1=1.0, theta2=1.0,
+                           solver="scs", max_iters=2, se=None)
+    assert not [w for w in leaked if "inaccurate" in str(w.message)]
+    out, err = capfd.readouterr()
+    assert "inaccurate" not in out + err
+
+
+@pytest.mark.parametrize("bad", ["0.9", b"0.9", True, None, [0.9]])
+def test_level_must_be_a_number(bad):
+    from otstab.certificate import make_certificate
+    from otstab.report import policy_gate
+
+    m, X, y, base = _hinge_instance()
+    res = otstab.certify(m, X, y, loss="hinge", r=2 * base, theta1=1.0, theta2=1.0)
+    calls = [lambda: res.ci(bad), lambda: res.lower_confidence_bound(bad),
+             lambda: res.inference.ci(bad), lambda: res.inference.lower_confidence_bound(bad),
+             lambda: res.inference.to_dict(bad), lambda: make_certificate(res, m, X, y,
+                                                                          level=bad)]
+    for call in calls:
+        with pytest.raises(otstab.errors.ValidationError, match="level must be a number"):
+            call()
+    if bad is not None:  # (confidence=None means "no interval")
+        with pytest.raises(otstab.errors.ValidationError, match="confidence must be a number"):
+            otstab.stability_curve(m, X, y, loss="hinge", r=[2 * base], theta1=1.0,
+                                   theta2=1.0, confidence=bad)
+        with pytest.raises(otstab.errors.ValidationError, match="level must be a number"):
+            policy_gate(res, fail_under=0.1, confidence=bad)
+    # numbers of every kind still work
+    for good in (0.9, np.float32(0.9), np.float64(0.9)):
+        lo, hi = res.ci(good)
+        assert 0 <= lo <= res.value <= hi
