@@ -317,3 +317,69 @@ def test_level_must_be_a_number(bad):
     for good in (0.9, np.float32(0.9), np.float64(0.9)):
         lo, hi = res.ci(good)
         assert 0 <= lo <= res.value <= hi
+
+
+# ---------------------------------------------------------------------------------------------
+# item 5: chi2 at a large threshold
+
+
+def _dec_chi2_term(lh, theta2):
+    """chi2's subtracted term in decimals: alpha from the sorted values (active set)."""
+    n = Decimal(len(lh))
+    srt = sorted(lh, reverse=True)
+    for k in range(1, len(srt) + 1):
+        alpha = (2 * theta2 * (n - k) - sum(srt[:k])) / k
+        if k == len(srt) or srt[k] + alpha + 2 * theta2 <= 0:
+            break
+    w = [max((v + alpha) / (2 * theta2) + 1, Decimal(0)) for v in lh]
+    return -alpha - theta2 + theta2 * sum(x * x for x in w) / n
+
+
+@pytest.mark.parametrize("dup", [False, True])
+@pytest.mark.parametrize("r", [1e4, 1e6, 1e7, 1e8])
+def test_chi2_hinge_at_a_large_threshold(r, dup):
+    """l_h = u h + c h^2 with c h^2 ~ 1e13..1e16 against 2 theta2 = 0.5: chi2's sums must not
+    cancel c h^2 (they lost 4 digits of the derivative at r = 1e7 and the audit refused).
+    Checked against the dual at otstab's h in 60-digit decimals (a lower bound on R), the
+    cost of Q* re-scored by the model (an upper bound), the weighted path (sample weights of
+    one: another code path) and, with one active sample, the closed form
+    theta1 (r - u_max)^2 / ||beta||^2 + theta2 (n - 1) (all mass on the sample of largest
+    loss, moved by (r - u_max) / ||beta||). ``dup``: the top sample three more times, one of
+    them moved by 1e-7, so that four samples are active."""
+    getcontext().prec = 60
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(100, 2))
+    y = np.sign(X[:, 0] + 0.3 * rng.normal(size=100))
+    beta = np.array([1.0, 0.5])
+    m = otstab.LinearModel(beta, 0.1)
+    if dup:
+        i = int(np.argmax(1 - y * m.decision_function(X)))
+        X = np.vstack([X, X[i], X[i], X[i] - 1e-7 * y[i] * np.array([1.0, 0.0])])
+        y = np.concatenate([y, [y[i]] * 3])
+    u = 1 - y * m.decision_function(X)
+    n, b2 = u.size, float(beta @ beta)
+    kw = dict(loss="hinge", r=r, theta1=1.0, theta2=0.25, divergence="chi2", se=None)
+    res = otstab.certify(m, X, y, **kw)
+    assert res.status == "optimal"
+    c, h = Decimal(b2) / 4, Decimal(res.h)
+    lh = [max(Decimal(0), Decimal(float(v)) * h + c * h * h) for v in u]
+    lower = float(h * Decimal(r) - _dec_chi2_term(lh, Decimal(0.25)))
+    assert res.value == pytest.approx(lower, rel=1e-9)
+    risk, cost = _hinge_audit(m, X, y, res)
+    assert risk >= r * (1 - 1e-8)
+    assert cost == pytest.approx(res.value, rel=1e-7)
+    assert otstab.certify(m, X, y, sample_weight=np.ones(n), **kw).value == \
+        pytest.approx(res.value, rel=1e-9)
+    if not dup:
+        assert res.value == pytest.approx((r - u.max()) ** 2 / b2 + 0.25 * (n - 1), rel=1e-12)
+
+
+def _hinge_audit(m, X, y, res):
+    """Risk and cost of res's Q* from the model's decision function at X_star."""
+    Xs, src = np.asarray(res.X_star), np.asarray(res.source)
+    w, mass = np.asarray(res.weights), np.asarray(res.mass)
+    n = X.shape[0]
+    risk = float(np.sum(mass * w * np.maximum(0, 1 - y[src] * m.decision_function(Xs)))) / n
+    cost = res.theta1 * float(np.sum(mass * w * np.sum((Xs - X[src]) ** 2, axis=1))) / n
+    cost += res.theta2 * float(np.sum(mass * (w - 1) ** 2)) / n
+    return risk, cost
