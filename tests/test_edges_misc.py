@@ -335,9 +335,10 @@ def _dec_chi2_term(lh, theta2):
     return -alpha - theta2 + theta2 * sum(x * x for x in w) / n
 
 
+@pytest.mark.parametrize("theta2", [0.25, 1e-6])
 @pytest.mark.parametrize("dup", [False, True])
 @pytest.mark.parametrize("r", [1e4, 1e6, 1e7, 1e8])
-def test_chi2_hinge_at_a_large_threshold(r, dup):
+def test_chi2_hinge_at_a_large_threshold(r, dup, theta2):
     """l_h = u h + c h^2 with c h^2 ~ 1e13..1e16 against 2 theta2 = 0.5: chi2's sums must not
     cancel c h^2 (they lost 4 digits of the derivative at r = 1e7 and the audit refused).
     Checked against the dual at otstab's h in 60-digit decimals (a lower bound on R), the
@@ -345,7 +346,9 @@ def test_chi2_hinge_at_a_large_threshold(r, dup):
     one: another code path) and, with one active sample, the closed form
     theta1 (r - u_max)^2 / ||beta||^2 + theta2 (n - 1) (all mass on the sample of largest
     loss, moved by (r - u_max) / ||beta||). ``dup``: the top sample three more times, one of
-    them moved by 1e-7, so that four samples are active."""
+    them moved by 1e-7, so that four samples are active (theta2 = 0.25). theta2 = 1e-6: the
+    weights' alpha (2 theta2 (n - 1) = 2e-4) was computed as a correction of a first alpha of
+    some 1e4 and kept its rounding (a mass of 1 - 3e-8)."""
     getcontext().prec = 60
     rng = np.random.default_rng(0)
     X = rng.normal(size=(100, 2))
@@ -358,12 +361,12 @@ def test_chi2_hinge_at_a_large_threshold(r, dup):
         y = np.concatenate([y, [y[i]] * 3])
     u = 1 - y * m.decision_function(X)
     n, b2 = u.size, float(beta @ beta)
-    kw = dict(loss="hinge", r=r, theta1=1.0, theta2=0.25, divergence="chi2", se=None)
+    kw = dict(loss="hinge", r=r, theta1=1.0, theta2=theta2, divergence="chi2", se=None)
     res = otstab.certify(m, X, y, **kw)
     assert res.status == "optimal"
     c, h = Decimal(b2) / 4, Decimal(res.h)
     lh = [max(Decimal(0), Decimal(float(v)) * h + c * h * h) for v in u]
-    lower = float(h * Decimal(r) - _dec_chi2_term(lh, Decimal(0.25)))
+    lower = float(h * Decimal(r) - _dec_chi2_term(lh, Decimal(theta2)))
     assert res.value == pytest.approx(lower, rel=1e-9)
     risk, cost = _hinge_audit(m, X, y, res)
     assert risk >= r * (1 - 1e-8)
@@ -371,7 +374,8 @@ def test_chi2_hinge_at_a_large_threshold(r, dup):
     assert otstab.certify(m, X, y, sample_weight=np.ones(n), **kw).value == \
         pytest.approx(res.value, rel=1e-9)
     if not dup:
-        assert res.value == pytest.approx((r - u.max()) ** 2 / b2 + 0.25 * (n - 1), rel=1e-12)
+        assert res.value == pytest.approx((r - u.max()) ** 2 / b2 + theta2 * (n - 1),
+                                          rel=1e-12)
 
 
 def _hinge_audit(m, X, y, res):
@@ -383,3 +387,29 @@ def _hinge_audit(m, X, y, res):
     cost = res.theta1 * float(np.sum(mass * w * np.sum((Xs - X[src]) ** 2, axis=1))) / n
     cost += res.theta2 * float(np.sum(mass * (w - 1) ** 2)) / n
     return risk, cost
+
+
+@pytest.mark.parametrize("theta2", [0.25, 1e-6])
+@pytest.mark.parametrize("r", [1e6, 1e8])
+def test_chi2_absolute_loss_at_a_large_threshold(r, theta2):
+    """The dense reduced form (absolute loss of a regressor, l_h = |e| h + ||beta||^2 h^2 / 4
+    at theta1 = 1): all mass on the largest residual, moved by (r - max|e|) / ||beta||, so
+    R = (r - max|e|)^2 / ||beta||^2 + theta2 (n - 1) (the dual at otstab's h in decimals
+    agrees: a lower bound equal to this feasible cost)."""
+    getcontext().prec = 60
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(100, 2))
+    beta = np.array([1.0, 0.5])
+    m = otstab.LinearModel(beta, 0.1, task="regression")
+    y = m.predict(X) + rng.normal(size=100)
+    e = np.abs(y - m.predict(X))
+    b2 = float(beta @ beta)
+    res = otstab.certify(m, X, y, loss="absolute", r=r, theta1=1.0, theta2=theta2,
+                         divergence="chi2", se=None)
+    assert res.status == "optimal"
+    closed = (r - e.max()) ** 2 / b2 + theta2 * (e.size - 1)
+    assert res.value == pytest.approx(closed, rel=1e-12)
+    h = Decimal(res.h)
+    lh = [Decimal(float(v)) * h + Decimal(b2) / 4 * h * h for v in e]
+    assert res.value == pytest.approx(float(h * Decimal(r) - _dec_chi2_term(
+        lh, Decimal(theta2))), rel=1e-9)
