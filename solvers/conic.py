@@ -72,11 +72,16 @@ OUTPUT_CHARS = 2000
 _CAPTURE_LOCK = threading.Lock()
 
 
+_LIBC: list = []
+
+
 def _flush_c_stdio() -> None:
     """Flush the C library's stdout / stderr buffers (a solver's printf to a file or pipe is
     block-buffered and would otherwise reach the terminal after the capture ends)."""
     try:
-        ctypes.CDLL(None).fflush(None)
+        if not _LIBC:
+            _LIBC.append(ctypes.CDLL(None))
+        _LIBC[0].fflush(None)
     except (OSError, AttributeError):  # pragma: no cover - no C library to flush
         pass
 
