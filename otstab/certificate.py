@@ -65,6 +65,7 @@ import datetime as _dt
 import hashlib
 import json
 import math
+import os
 import platform
 import re
 import struct
@@ -100,6 +101,8 @@ __all__ = [
     "write_certificate",
     "read_certificate",
     "validate_certificate",
+    "MAX_CERTIFICATE_BYTES",
+    "MAX_CERTIFICATE_DEPTH",
     "load_schema",
     "verify_certificate",
     "VerificationReport",
@@ -125,6 +128,16 @@ WEIGHTS_HASH = "otstab-weights-v1"
 #: multiplier ``h``, which is less well conditioned than the value); the recomputed audit must
 #: have ``gap <= gap_tol`` and ``risk_star >= r - gap_tol * max(1, r)``.
 DEFAULT_TOLERANCES = {"rtol": 1e-6, "atol": 1e-9, "h_rtol": 1e-5, "gap_tol": 1e-5}
+
+#: The largest certificate file :func:`read_certificate` parses (bytes; a certificate is some
+#: kilobytes, with Q* summaries and feature tables well under a megabyte): 64 MiB, overridable
+#: per call (``max_bytes=``) or by the environment variable ``OTSTAB_CERT_MAX_BYTES``.
+MAX_CERTIFICATE_BYTES = 64 << 20
+#: The deepest nesting of JSON arrays and objects a certificate may have (the format's own is
+#: below 10).
+MAX_CERTIFICATE_DEPTH = 64
+#: Characters of a certificate's content that an error message quotes (then an ellipsis).
+ECHO_CHARS = 200
 
 _RESULT_FIGURES = ("value", "risk_base", "risk_star", "total_mass", "primal_cost")
 _QNAN = struct.pack("<Q", 0x7FF8000000000000)
@@ -691,21 +704,110 @@ def write_certificate(cert: dict, path) -> Path:
     return path
 
 
-def read_certificate(path) -> dict:
-    """Read a certificate file (JSON) and check its format and version."""
+def _echo(value, limit: int = ECHO_CHARS) -> str:
+    """``repr(value)`` for an error message, cut to ``limit`` characters with an ellipsis (a
+    hostile certificate's field may be hundreds of megabytes)."""
+    if isinstance(value, str) and len(value) > limit:
+        value = value[:limit]  # (no repr of the whole string)
+        return repr(value) + f"... ({limit} characters shown)"
+    text = repr(value) if not isinstance(value, (list, dict)) else _short_repr(value, limit)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _short_repr(obj, limit: int) -> str:
+    """The beginning of ``repr`` of a list or dict, built only up to ``limit`` characters."""
+    items = obj.items() if isinstance(obj, dict) else obj
+    parts, size = [], 0
+    for item in items:
+        part = (f"{_echo(item[0], limit)}: {_echo(item[1], limit)}" if isinstance(obj, dict)
+                else _echo(item, limit))
+        parts.append(part)
+        size += len(part) + 2
+        if size > limit:
+            break
+    text = ", ".join(parts)
+    return ("{" + text + "}") if isinstance(obj, dict) else ("[" + text + "]")
+
+
+def _clip(text: str, limit: int = 2 * ECHO_CHARS) -> str:
+    """A message cut to ``limit`` characters with an ellipsis."""
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _max_bytes(max_bytes) -> int:
+    if max_bytes is not None:
+        return int(max_bytes)
+    env = os.environ.get("OTSTAB_CERT_MAX_BYTES")
+    if env:
+        try:
+            return int(env)
+        except ValueError:
+            raise ValidationError("OTSTAB_CERT_MAX_BYTES must be an integer number of bytes, "
+                                  f"got {_echo(env)}") from None
+    return MAX_CERTIFICATE_BYTES
+
+
+def read_certificate(path, *, max_bytes: int | None = None) -> dict:
+    """Read a certificate file (JSON) and check its format and version.
+
+    The file must be UTF-8 JSON of at most ``max_bytes`` bytes (default
+    :data:`MAX_CERTIFICATE_BYTES`, 64 MiB, or the environment variable
+    ``OTSTAB_CERT_MAX_BYTES``), nested at most :data:`MAX_CERTIFICATE_DEPTH` deep; anything else
+    (including numbers Python will not convert, such as integers of thousands of digits) is a
+    :class:`~otstab.errors.ValidationError` whose message quotes at most
+    :data:`ECHO_CHARS` characters of the content.
+    """
     path = Path(path)
+    limit = _max_bytes(max_bytes)
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as fh:
+            raw = fh.read(limit + 1)
     except OSError as exc:
         raise ValidationError(f"cannot read certificate {str(path)!r}: {exc.strerror}") from exc
+    if len(raw) > limit:
+        raise ValidationError(
+            f"certificate {str(path)!r} is larger than {limit} bytes (a certificate is some "
+            "kilobytes); raise the limit with read_certificate(..., max_bytes=) or the "
+            "environment variable OTSTAB_CERT_MAX_BYTES if the file is genuine")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValidationError(
+            f"certificate {str(path)!r} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at "
+            f"offset {exc.start})") from None
+    del raw
     try:
         cert = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
         raise ValidationError(
             f"certificate {str(path)!r} is not valid JSON: {exc.msg} at line {exc.lineno}"
-        ) from exc
+        ) from None
+    except RecursionError:  # the parser's own guard, some 1,000 levels deep
+        raise ValidationError(
+            f"certificate {str(path)!r} nests arrays / objects too deep to parse; a "
+            f"certificate has at most {MAX_CERTIFICATE_DEPTH} levels") from None
+    except ValueError as exc:  # e.g. an integer of 5,000 digits
+        if isinstance(exc, ValidationError):
+            raise
+        why = " ".join(str(exc).split(";")[0].split())  # (not Python's advice on limits)
+        raise ValidationError(f"certificate {str(path)!r} is not valid JSON: {_clip(why)}"
+                              ) from None
     validate_certificate(cert)
     return cert
+
+
+def _object_depth(obj) -> int:
+    """Nesting depth of parsed JSON (iterative: no recursion on a hostile object)."""
+    top = 0
+    stack = [(obj, 1)]
+    while stack:
+        o, d = stack.pop()
+        if isinstance(o, (dict, list)):
+            top = max(top, d)
+            if top > MAX_CERTIFICATE_DEPTH:
+                return top
+            stack.extend((v, d + 1) for v in (o.values() if isinstance(o, dict) else o))
+    return top
 
 
 def _unique_keys(pairs) -> dict:
@@ -714,8 +816,8 @@ def _unique_keys(pairs) -> dict:
     out = {}
     for key, value in pairs:
         if key in out:
-            raise ValidationError(f"certificate has the key {key!r} twice in one object; every "
-                                  "field must be stated once")
+            raise ValidationError(f"certificate has the key {_echo(key)} twice in one object; "
+                                  "every field must be stated once")
         out[key] = value
     return out
 
@@ -744,11 +846,16 @@ def validate_certificate(cert) -> None:
         raise ValidationError(f"a certificate must be a JSON object, got {type(cert).__name__}")
     if cert.get("format") != FORMAT:
         raise ValidationError(
-            f"not an otstab certificate: format is {cert.get('format')!r}, expected {FORMAT!r}")
+            f"not an otstab certificate: format is {_echo(cert.get('format'))}, expected "
+            f"{FORMAT!r}")
     if cert.get("version") != VERSION:
         raise ValidationError(
-            f"unsupported certificate version {cert.get('version')!r}; this otstab reads "
+            f"unsupported certificate version {_echo(cert.get('version'))}; this otstab reads "
             f"version {VERSION}")
+    depth = _object_depth(cert)
+    if depth > MAX_CERTIFICATE_DEPTH:
+        raise ValidationError(f"certificate nests arrays / objects {depth} deep; a certificate "
+                              f"has at most {MAX_CERTIFICATE_DEPTH} levels")
     schema = load_schema()
     _reject_unknown_keys(cert, schema, "")
     try:
@@ -759,8 +866,8 @@ def validate_certificate(cert) -> None:
     errors = sorted(validator.iter_errors(_strict(cert)), key=lambda e: list(e.path))
     if errors:
         err = errors[0]
-        where = "/".join(str(p) for p in err.path) or "(top level)"
-        raise ValidationError(f"certificate field {where}: {err.message}")
+        where = _clip("/".join(str(p) for p in err.path) or "(top level)")
+        raise ValidationError(f"certificate field {where}: {_clip(err.message)}")
 
 
 def _reject_unknown_keys(obj, schema: dict, where: str) -> None:
@@ -772,8 +879,8 @@ def _reject_unknown_keys(obj, schema: dict, where: str) -> None:
     if schema.get("additionalProperties") is False:
         unknown = sorted(str(k) for k in obj if k not in props)
         if unknown:
-            raise ValidationError(f"certificate field {where or '(top level)'}: unknown "
-                                  f"key(s) {unknown}; version {VERSION} defines "
+            raise ValidationError(f"certificate field {_clip(where or '(top level)')}: unknown "
+                                  f"key(s) {_echo(unknown)}; version {VERSION} defines "
                                   f"{sorted(props)}")
     for key, sub in props.items():
         if key in obj:

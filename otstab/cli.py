@@ -64,8 +64,20 @@ class BadInput(Exception):
 
     def line(self, prog: str) -> str:
         where = f"argument {self.arg}: " if self.arg else ""
-        text = " ".join(str(self.message).split())  # one line
-        return f"{self.prog or prog}: error: {where}{text}"
+        return f"{self.prog or prog}: error: {where}{_one_line(self.message)}"
+
+
+#: characters of an error message printed (then an ellipsis): a message may quote a hostile
+#: input, which must not be echoed whole
+MESSAGE_CHARS = 4000
+
+
+def _one_line(message) -> str:
+    """``message`` on one line, cut to :data:`MESSAGE_CHARS` characters."""
+    text = str(message)
+    cut = len(text) > MESSAGE_CHARS
+    text = " ".join(text[:MESSAGE_CHARS].split())
+    return text + "..." if cut else text
 
 
 class _Parser(argparse.ArgumentParser):
@@ -910,7 +922,7 @@ def main(argv=None) -> int:
         print(exc.line(prog), file=sys.stderr)
         return EXIT_BAD_INPUT
     except SolverError as exc:
-        print(f"{prog}: solver failure: {' '.join(str(exc).split())}", file=sys.stderr)
+        print(f"{prog}: solver failure: {_one_line(exc)}", file=sys.stderr)
         return EXIT_SOLVER
     except SystemExit as exc:  # --help, --version
         return exc.code if isinstance(exc.code, int) else EXIT_OK
@@ -922,7 +934,7 @@ def main(argv=None) -> int:
             traceback.print_exc()
         else:
             print(f"{prog}: internal error: {type(exc).__name__}: "
-                  f"{' '.join(str(exc).split())} (run with --debug for the traceback)",
+                  f"{_one_line(exc)} (run with --debug for the traceback)",
                   file=sys.stderr)
         return EXIT_INTERNAL
 

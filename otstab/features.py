@@ -347,7 +347,7 @@ def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergen
                      "ranked_by": ranked_by})
     if confidence is not None:
         spec = Bootstrap(n_boot=n_boot, seed=seed)
-        level = check_level(confidence)
+        level = check_level(confidence, "confidence")
         if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1:
             raise ValidationError(f"top_k must be an integer >= 1, got {top_k!r}")
         kwargs = dict(loss=loss_obj, r=r, theta1=theta1, theta2=theta2, divergence=divergence,

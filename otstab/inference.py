@@ -33,6 +33,7 @@ import dataclasses
 import math
 import sys
 from dataclasses import dataclass
+from numbers import Real
 from statistics import NormalDist
 
 import numpy as np
@@ -53,13 +54,17 @@ from .zero_one import (
 )
 
 __all__ = ["Inference", "Bootstrap", "influence", "analytic", "bootstrap", "replicator",
-           "resample", "check_level", "resolve_se", "INTERVALS", "DOUBT_SE"]
+           "resample", "check_level", "resolve_se", "INTERVALS", "DOUBT_SE", "MIN_ROWS"]
 
 INTERVALS = ("percentile", "bca")
 #: r within this many standard errors of the base risk: the normal approximation is doubtful
 DOUBT_SE = 3.0
 #: effective sample size of the weights of Q* below which the approximation is doubtful
 MIN_EFFECTIVE_N = 50.0
+#: fewer evaluation rows than this: no sampling error can be estimated (one row: every
+#: resample is that row, and sd(IF) = 0; two: three distinct resamples), so se = inf and the
+#: interval is (0, inf) rather than a zero-width promise
+MIN_ROWS = 3
 
 
 def _z(level: float, two_sided: bool = True) -> float:
@@ -67,14 +72,16 @@ def _z(level: float, two_sided: bool = True) -> float:
     return NormalDist().inv_cdf(p)
 
 
-def check_level(level) -> float:
-    """A confidence level in (0, 1)."""
-    try:
-        lv = float(level)
-    except (TypeError, ValueError):
-        raise ValidationError(f"level must be a number in (0, 1), got {level!r}") from None
+def check_level(level, name: str = "level") -> float:
+    """A confidence level in (0, 1): a real number (not a string such as "0.9", not a bool)."""
+    if isinstance(level, (bool, np.bool_)) or not isinstance(level, (Real, np.floating,
+                                                                     np.integer)):
+        shown = repr(level) if len(repr(level)) <= 60 else repr(level)[:60] + "..."
+        raise ValidationError(f"{name} must be a number in (0, 1) such as 0.95, got "
+                              f"{type(level).__name__} {shown}")
+    lv = float(level)
     if not 0.0 < lv < 1.0:
-        raise ValidationError(f"level must be in (0, 1), got {level!r}")
+        raise ValidationError(f"{name} must be in (0, 1), got {level!r}")
     return lv
 
 
@@ -126,9 +133,15 @@ class Inference:
             p = NormalDist().cdf(z0 + (z0 + zp) / (1 - a * (z0 + zp)))
         return float(np.quantile(reps, p))
 
+    def _no_information(self) -> bool:
+        """Fewer than :data:`MIN_ROWS` rows: the interval is (0, inf)."""
+        return self.n < MIN_ROWS and not math.isnan(self.value)
+
     def ci(self, level: float = 0.95) -> tuple[float, float]:
         """Two-sided interval ``(low, high)`` at ``level``."""
         level = check_level(level)
+        if self._no_information():
+            return 0.0, math.inf
         if self.method == "bootstrap":
             return self._quantile((1 - level) / 2), self._quantile((1 + level) / 2)
         if math.isinf(self.se):
@@ -139,6 +152,8 @@ class Inference:
     def lower_confidence_bound(self, level: float = 0.95) -> float:
         """One-sided bound: R >= this with probability ``level`` (for gating)."""
         level = check_level(level)
+        if self._no_information():
+            return 0.0
         if self.method == "bootstrap":
             return self._quantile(1 - level)
         if math.isinf(self.se):
@@ -289,9 +304,16 @@ def _notes(res, infl) -> list[str]:
         if n_eff < MIN_EFFECTIVE_N:
             notes.append(f"the weights of Q* are concentrated (effective sample size "
                          f"{n_eff:.3g}): the normal approximation is doubtful")
-    if n < 100:
+    if n < MIN_ROWS:
+        notes.append(_few_rows(n))
+    elif n < 100:
         notes.append(f"only {n} evaluation rows")
     return notes
+
+
+def _few_rows(n: int) -> str:
+    return (f"only {n} evaluation row{'s' if n != 1 else ''}: no sampling error can be "
+            f"estimated from fewer than {MIN_ROWS} (se = inf, interval (0, inf))")
 
 
 def _mean_se(v: np.ndarray, p) -> float:
@@ -326,11 +348,13 @@ def analytic(res) -> Inference:
         # IF is centred (p-weighted with sample weights): this is sd(IF) / sqrt(n), or
         # sqrt(sum_i p_i^2 IF_i^2) for a weighted P0 (docs/inference.md)
         se = _mean_se(infl, _probs(res)) if n > 0 else math.nan
+        if n < MIN_ROWS:
+            se = math.inf
     notes += _notes(res, infl)
     if res.status == "bounds":
         notes.append("not exact: the SE is that of the found (upper) value, not of R")
     reliable = infl is not None and not notes
-    if not reliable and infl is not None:
+    if not reliable and infl is not None and n >= MIN_ROWS:
         notes.append("prefer se='bootstrap'")
     return Inference(method="influence", se=se, value=float(res.value), n=n,
                      reliable=reliable, note="; ".join(notes))
@@ -463,6 +487,11 @@ def bootstrap(res, replicates: np.ndarray, spec: Bootstrap) -> Inference:
         se = math.inf
     if res.status == "bounds":
         notes.append("not exact: the replicates are found (upper) values, not R")
+    if res.n < MIN_ROWS:  # the replicates repeat the rows: their spread is no sampling error
+        notes.append(_few_rows(res.n))
+        se = math.inf
+    elif res.n < 100:
+        notes.append(f"only {res.n} evaluation rows")
     base = analytic(res)
     return Inference(method="bootstrap", se=se, value=float(res.value), n=res.n,
                      reliable=not notes and res.status != "bounds", note="; ".join(notes),

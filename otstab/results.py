@@ -128,12 +128,18 @@ class StabilityResult(ResultMixin):
 
     def ci(self, level: float = 0.95) -> tuple[float, float]:
         """Confidence interval ``(low, high)`` for R in the population at ``level``."""
+        from .inference import check_level  # (inference imports this module)
+
+        level = check_level(level)
         if self.inference is None:
             return math.nan, math.nan
         return self.inference.ci(level)
 
     def lower_confidence_bound(self, level: float = 0.95) -> float:
         """One-sided bound: R >= this with confidence ``level`` (the value to gate on)."""
+        from .inference import check_level  # (inference imports this module)
+
+        level = check_level(level)
         if self.inference is None:
             return math.nan
         return self.inference.lower_confidence_bound(level)

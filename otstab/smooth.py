@@ -38,7 +38,13 @@ from otstab_solvers.blockwise import BlockwiseDual, RowsBlock, in_memory, weight
 from otstab_solvers.dual import solve_dual
 from otstab_solvers.first_order import solve_first_order
 from otstab_solvers.result import OPTIMAL
-from otstab_solvers.smooth import CrossEntropyOracle, LogisticOracle, SquaredOracle
+from otstab_solvers.smooth import (
+    CrossEntropyOracle,
+    LogisticOracle,
+    SquaredAtPole,
+    SquaredOracle,
+    solve_squared,
+)
 from otstab_solvers.weights import phi, weights_at
 
 from . import audit, bounds
@@ -229,7 +235,7 @@ def _build(prob, oracle, sol, loss, r, theta1, theta2, divergence, t_start):
     mass = np.ones(n)
     risk = float(w @ loss_star) / n if p is None else float((p * w) @ loss_star)
     split_note = ""
-    if h > 0 and abs(risk - r) > 1e-12 * r:
+    if h > 0 and getattr(oracle, "switching", True) and abs(risk - r) > 1e-12 * r:
         X_lo, X_hi = oracle.argmax(h * (1 - SWITCH_STEP)), _argmax_above(oracle, h)
         if X_hi is not None:
             l_lo, l_hi = prob.losses(X_lo), prob.losses(X_hi)
@@ -351,21 +357,31 @@ def _certify_rows(prob, loss, oracle, moves, r, theta1, theta2, divergence, t_st
                            t_start, loss=loss)
     # chi2 sums one h over several passes (its active-set steps): the blocks keep it
     keep = divergence == "chi2" and math.isfinite(theta2)
-    blocks = [RowsBlock(oracle, s, min(s + ROWS_BLOCK, n),
+    # the squared loss is solved in the distance to its pole (solve_squared): its dual sums the
+    # losses g e^2, the d-transform of theta1 = inf
+    pole = isinstance(oracle, SquaredOracle) and math.isfinite(oracle.h_max)
+    summed = SquaredOracle(oracle.residuals, 0.0, math.inf, copy=False) if pole else oracle
+    blocks = [RowsBlock(summed, s, min(s + ROWS_BLOCK, n),
                         None if p is None else p[s:s + ROWS_BLOCK], keep=keep)
               for s in range(0, n, ROWS_BLOCK)]
     dual = BlockwiseDual(in_memory(blocks), n, n if p is None else 1.0, kinks=False,
-                         h_max=oracle.h_max)
+                         h_max=summed.h_max)
 
     def attempt():
-        sol = solve_dual(dual, r, theta2, divergence, **solver_options)
+        if pole:
+            sol = solve_squared(dual, r, 1.0 / oracle.h_max, theta2, divergence,
+                                **solver_options)
+        else:
+            sol = solve_dual(dual, r, theta2, divergence, **solver_options)
         blocks.clear()  # (the kept evaluations of chi2)
         if sol.status != OPTIMAL:
             raise audit.Skip(f"dual reported {sol.native_status!r}", sol.status)
         sol.info["passes"] = dual.passes
         exact = bool(getattr(oracle, "exact_at", lambda _h: True)(sol.h))
-        cand = _build_rows(prob, oracle, moves, sol, loss, r, theta1, theta2, divergence,
+        at = SquaredAtPole(oracle, sol.info["g"], r) if pole else oracle
+        cand = _build_rows(prob, at, moves, sol, loss, r, theta1, theta2, divergence,
                            t_start, exact)
+        cand.info["oracle"] = type(oracle).__name__
         return cand, exact, 0.0
 
     return audit.first_accepted([("dual", attempt)], solver="dual")

@@ -39,7 +39,7 @@ def stability_curve(model, X, y, *, r, loss, theta1=1.0, theta2=0.25, divergence
     a band by :func:`otstab.plot.stability_curve`. ``sample_weight``: weights of the evaluation
     rows, as in :func:`otstab.certify`.
     """
-    level = None if confidence is None else check_level(confidence)
+    level = None if confidence is None else check_level(confidence, "confidence")
     grid = as_float_vector(r, "r")
     if np.any(grid < 0):
         raise ValidationError("r must be >= 0")

@@ -199,14 +199,16 @@ def block_kl(block, h, side, theta2):
 def block_chi2(block, h, side, theta2, shift, alpha):
     """chi2 partial sums over the active rows (``l - shift + alpha + 2 theta2 > 0``, rows of
     positive probability): (count, sum p, sum p s, sum p s^2, sum p w dl, sum p w d2l,
-    sum p dl, sum p dl^2) with ``s = l - shift + alpha`` and ``w = s / (2 theta2) + 1``."""
+    sum p dl, sum p dl^2, sum p (l - shift)) with ``s = l - shift + alpha`` and
+    ``w = s / (2 theta2) + 1``."""
     lh, d1, d2, _ = block_l(block, h, side)
-    s = lh - shift + alpha
+    ls = lh - shift
+    s = ls + alpha
     act = s > -2.0 * theta2
     live = _live(block)
     if live is not None:
         act &= live
-    s, d1, d2 = s[act], d1[act], d2[act]
+    s, d1, d2, ls = s[act], d1[act], d2[act], ls[act]
     p = None if block.p is None else block.p[act]
     w = s / (2.0 * theta2) + 1.0
     pw = w if p is None else p * w
@@ -215,7 +217,7 @@ def block_chi2(block, h, side, theta2, shift, alpha):
         return float(np.sum(x)) if p is None else float(np.dot(p, x))
 
     return (int(s.size), float(s.size) if p is None else float(np.sum(p)), tot(s), tot(s * s),
-            float(np.dot(pw, d1)), float(np.dot(pw, d2)), tot(d1), tot(d1 * d1))
+            float(np.dot(pw, d1)), float(np.dot(pw, d2)), tot(d1), tot(d1 * d1), tot(ls))
 
 
 def block_kinks(block, h_lo, side_lo, h_hi, side_hi):
@@ -303,14 +305,16 @@ class BlockwiseDual:
         count = None
         for _ in range(CHI2_MAX_STEPS):
             q = _add(self.run(block_chi2, h, side, theta2, shift, alpha))
-            k, P, S, S2, swd, swd2, sd, sdd = q
+            k, P, S, S2, swd, swd2, sd, sdd, SL = q
             if count is not None and k >= count:
                 # the active set alpha was computed from did not shrink: alpha is exact (a set
                 # larger by rounding adds rows of weight ~0)
                 break
             count = k
-            # sum_A p (s + alpha' - alpha + 2 theta2) = 2 theta2 N
-            alpha = alpha + (two * (N - P) - S) / P  # (N - P first: no 2 theta2 N to cancel)
+            # sum_A p (l - shift + alpha' + 2 theta2) = 2 theta2 N, from the sums of l - shift
+            # (not alpha + (2 theta2 (N - P) - S) / P: the first alpha, from every row, may be
+            # 1e4 against 2 theta2 = 2e-6, whose rounding would stay in alpha)
+            alpha = (two * (N - P) - SL) / P  # (N - P first: no 2 theta2 N to cancel)
         else:  # pragma: no cover - the sets shrink at every step
             raise RuntimeError("chi2 alpha: the active set did not settle in "
                                f"{CHI2_MAX_STEPS} steps")

@@ -34,16 +34,24 @@ Backends are small adapter classes with explicit status maps (after cvxpy's own
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import importlib
 import math
+import os
+import sys
+import tempfile
+import threading
 import time
+import warnings
 
 import numpy as np
 
 from .errors import SolverNotAvailableError
 from .result import FAILED, INACCURATE, INFEASIBLE, OPTIMAL, UNBOUNDED, DualSolution
 
-__all__ = ["ConicProgram", "BACKENDS", "CONIC_ORDER", "get_backend", "available_backends"]
+__all__ = ["ConicProgram", "BACKENDS", "CONIC_ORDER", "get_backend", "available_backends",
+           "captured_output"]
 
 # cvxpy's own statuses, used where a solver's native status is not exposed
 _CVXPY_MAP = {
@@ -57,6 +65,91 @@ _CVXPY_MAP = {
     "solver_error": FAILED,
     "infeasible_or_unbounded": FAILED,
 }
+
+
+#: characters of a backend's own output kept in a solution (``info["backend_output"]``)
+OUTPUT_CHARS = 2000
+_CAPTURE_LOCK = threading.Lock()
+
+
+_LIBC: list = []
+
+
+def _flush_c_stdio() -> None:
+    """Flush the C library's stdout / stderr buffers (a solver's printf to a file or pipe is
+    block-buffered and would otherwise reach the terminal after the capture ends)."""
+    try:
+        if not _LIBC:
+            _LIBC.append(ctypes.CDLL(None))
+        _LIBC[0].fflush(None)
+    except (OSError, AttributeError):  # pragma: no cover - no C library to flush
+        pass
+
+
+@contextlib.contextmanager
+def captured_output():
+    """Capture what a backend writes to file descriptors 1 and 2 (SCS prints "ERROR: could
+    not determine problem status." from C, whatever its verbosity) and the warnings it raises
+    (cvxpy's "Solution may be inaccurate"), so that nothing reaches the user's terminal.
+    Yields a dict that holds, on exit, ``"output"`` (text, at most :data:`OUTPUT_CHARS`
+    characters) and ``"warnings"`` (their messages). The descriptors are process-wide: one
+    thread captures at a time, and a solve that finds another capturing keeps only the
+    warnings."""
+    box = {"output": "", "warnings": []}
+    owner = _CAPTURE_LOCK.acquire(blocking=False)
+    saved = []
+    tmp = None
+    try:
+        if owner:
+            try:
+                tmp = tempfile.TemporaryFile()
+                for stream in (sys.stdout, sys.stderr):
+                    with contextlib.suppress(Exception):
+                        stream.flush()
+                _flush_c_stdio()
+                for fd in (1, 2):
+                    saved.append((fd, os.dup(fd)))
+                    os.dup2(tmp.fileno(), fd)
+            except OSError:  # no descriptors to redirect (an embedded interpreter)
+                pass
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                yield box
+            finally:
+                box["warnings"] = [f"{w.category.__name__}: {w.message}" for w in caught]
+    finally:
+        if saved:
+            _flush_c_stdio()
+        for fd, old in saved:
+            os.dup2(old, fd)
+            os.close(old)
+        if tmp is not None:
+            tmp.seek(0)
+            text = tmp.read(OUTPUT_CHARS + 1).decode("utf-8", errors="replace").strip()
+            box["output"] = text if len(text) <= OUTPUT_CHARS else text[:OUTPUT_CHARS] + "..."
+            tmp.close()
+        if owner:
+            _CAPTURE_LOCK.release()
+
+
+def _said(box) -> dict:
+    """``info`` entries of what the backend printed or warned (none when it was silent)."""
+    out = {}
+    if box["output"]:
+        out["backend_output"] = box["output"]
+    if box["warnings"]:
+        out["backend_warnings"] = list(box["warnings"])
+    return out
+
+
+def _chatter(box) -> str:
+    """A backend's output and warnings as one line (empty when it said nothing)."""
+    parts = []
+    if box["output"]:
+        parts.append("backend output: " + " ".join(box["output"].split()))
+    parts += box["warnings"]
+    return "; ".join(parts)
 
 
 class ConicBackend:
@@ -282,13 +375,21 @@ class ConicProgram:
             self.c2.value = c2.reshape(self.c2.shape)
         first = backend.name not in self._compiled_for
         t0 = time.perf_counter()
+        opts = backend.options(options)
+        # the backend's own printing and warnings are kept in the solution (info and, when
+        # it is not optimal, native_status: the solver log), not shown; verbose=True shows it
+        quiet = contextlib.nullcontext({"output": "", "warnings": []}) if opts.get("verbose") \
+            else captured_output()
         try:
-            self.problem.solve(solver=backend.cvxpy_name, **backend.options(options))
+            with quiet as box:
+                self.problem.solve(solver=backend.cvxpy_name, **opts)
         except Exception as exc:  # cvxpy.error.SolverError and solver-internal errors
             wall = time.perf_counter() - t0
+            said = _chatter(box)
             return DualSolution(math.nan, None, math.nan, FAILED, backend.name,
-                                native_status=f"{type(exc).__name__}: {exc}",
-                                solve_time=wall, info={"error": str(exc)})
+                                native_status=f"{type(exc).__name__}: {exc}"
+                                + (f"; {said}" if said else ""),
+                                solve_time=wall, info={"error": str(exc), **_said(box)})
         wall = time.perf_counter() - t0
         self._compiled_for.add(backend.name)
         stats = self.problem.solver_stats
@@ -297,10 +398,15 @@ class ConicProgram:
         native = backend.native_status(self.problem)
         status = backend.map_status(native, str(self.problem.status))
         hv = self.h.value
+        said = _chatter(box)
         if hv is None or self.problem.value is None or not np.isfinite(self.problem.value):
             status = FAILED if status == OPTIMAL else status
-            return DualSolution(math.nan, None, math.nan, status, backend.name, native,
-                                solve_time=solve_time, compile_time=compile_time)
+            return DualSolution(math.nan, None, math.nan, status, backend.name,
+                                native + (f"; {said}" if said else ""),
+                                solve_time=solve_time, compile_time=compile_time,
+                                info=_said(box))
+        if said and status != OPTIMAL:
+            native = f"{native}; {said}"
         alpha = None if self.alpha is None or math.isinf(self.theta2) else float(self.alpha.value)
         if self.divergence == "chi2" and math.isinf(self.theta2):
             alpha = 0.0
@@ -309,5 +415,6 @@ class ConicProgram:
             solver=backend.name, native_status=native,
             iterations=int(stats.num_iters or 0), solve_time=solve_time,
             compile_time=compile_time,
-            info={"first_solve": first, "wall_time": wall, "build_time": self.build_time},
+            info={"first_solve": first, "wall_time": wall, "build_time": self.build_time,
+                  **_said(box)},
         )

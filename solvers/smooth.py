@@ -42,14 +42,19 @@ Exactness
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 from scipy.special import expit
+
+from .result import FAILED, INACCURATE, OPTIMAL, DualSolution
 
 __all__ = [
     "LogisticOracle",
     "SquaredOracle",
     "CrossEntropyOracle",
+    "SquaredAtPole",
+    "solve_squared",
     "logistic_dtransform",
     "logistic_steps",
 ]
@@ -533,6 +538,143 @@ class SquaredOracle:
             return self._X.copy()
         scale = h * self.residuals / (self.theta1 * (1.0 - h * self.a_eff))
         return self._X - scale[:, None] * self._direction[None, :]
+
+
+def solve_squared(dual, r: float, a: float, theta2: float, divergence: str, *,
+                  tol: float = 1e-13, max_iter: int = 200) -> DualSolution:
+    """The dual of the squared loss of a linear regressor, solved in the distance to its pole.
+
+    With one ``a = ||beta_M||**2 / theta1`` for every sample (so ``h_max = 1 / a``), the
+    d-transform is ``l_h = h e**2 / (1 - h a) = g e**2`` with ``g = h / (1 - h a)``, i.e.
+    ``h = g / (1 + a g)``: in ``g`` every ``l_h`` is linear, and the dual is
+
+        Phi(g) = r g / (1 + a g) - T(g e**2),     g in [0, inf),
+
+    concave (a concave increasing function of ``g`` less a convex one; ``T`` is the
+    divergence term: mean, KL log-mean-exp or chi2). Its derivative
+    ``r / (1 + a g)**2 - mu(g)`` (``mu``: the reweighted mean of ``e**2``, increasing from the
+    base risk ``E``) changes sign at most once. In ``h`` the optimum sits at relative distance
+    ``q = 1 - h a`` about ``sqrt(E / r)`` from the pole, which double precision cannot resolve
+    once ``E / r`` is below some 1e-16 (a regressor that fits the data nearly exactly); in
+    ``g`` it is ``g*`` of size ``sqrt(r / E) / a``, as precise as any number.
+
+    * ``E = 0`` (every residual of positive probability is 0): ``Phi`` increases for ever;
+      the supremum is at the pole, ``h = 1 / a``, where ``l_h = 0`` for every zero residual
+      (``max_s (h - theta1 / ||beta_M||^2) s^2 = 0``), so ``R = r / a`` (the W2 ball:
+      ``theta1 r / ||beta_M||^2``); every sample moves its residual by ``sqrt(r)``, weights 1.
+    * ``E > 0``: the root lies in ``[0, g_inf]``, ``g_inf = (sqrt(r / E) - 1) / a`` the root
+      of theta2 = inf (where ``mu = E``; elsewhere ``mu >= E`` puts the root below it), found
+      by safeguarded Newton steps; theta2 = inf is the closed form
+      ``R = (sqrt(r) - sqrt(E))**2 / a``.
+
+    ``dual`` evaluates ``T`` at the losses ``g e**2``: anything with
+    ``reduce(g, side, theta2, divergence) -> (T, mu, dmu/dg, alpha, key)``, e.g. a
+    :class:`~otstab_solvers.blockwise.BlockwiseDual` over a ``SquaredOracle`` with
+    ``theta1 = inf`` (``l = g e**2``). The solution's ``h`` is ``g / (1 + a g)``,
+    ``info["g"]`` is ``g`` (``inf`` at the pole); ``gap_bound`` bounds ``R - value`` by the
+    tangents at the bracket's ends. Build Q* from ``g`` (:class:`SquaredAtPole`), not from ``h``.
+    """
+    t0 = time.perf_counter()
+    evals = 0
+    kl_like = divergence == "kl" or math.isinf(theta2)
+
+    def at(g):
+        nonlocal evals
+        evals += 1
+        term, mu, curv, alpha, _ = dual.reduce(g, "right", theta2, divergence)
+        q = 1.0 / (1.0 + a * g)  # 1 - h a, without the cancellation of 1 - h a
+        h = g * q
+        return {"g": g, "h": h, "F": h * r - term, "d": r * q * q - mu,
+                "dd": -2.0 * a * r * q ** 3 - curv, "alpha": None if kl_like else alpha,
+                "scale": r * q * q + abs(mu), "mu": mu}
+
+    def finish(pt, status, gap, note, **info):
+        return DualSolution(h=pt["h"], alpha=pt["alpha"], value=pt["F"], status=status,
+                            solver="dual", native_status=note, iterations=evals,
+                            gap_bound=gap, solve_time=time.perf_counter() - t0,
+                            info={"g": pt["g"], **info})
+
+    p0 = at(0.0)
+    base = p0["mu"]  # the base risk
+    if not p0["d"] > 0.0:
+        p0["F"] = 0.0
+        return finish(p0, OPTIMAL, 0.0, "r <= base risk")
+    if not base > 0.0:  # every residual 0: the supremum at the pole
+        pole = {"g": math.inf, "h": 1.0 / a, "F": r / a, "alpha": None if kl_like else 0.0}
+        return finish(pole, OPTIMAL, 0.0, "supremum at the pole h = theta1 / ||beta_M||^2 "
+                      "(every residual is 0)", pole=True)
+    g_inf = (math.sqrt(r / base) - 1.0) / a
+    hi = at(g_inf)
+    lo = p0
+    for _ in range(60):  # mu(g_inf) >= E puts d <= 0 there; rounding may leave d > 0
+        if hi["d"] <= 0.0:
+            break
+        lo, hi = hi, at(2.0 * hi["g"] + 1.0 / a)
+    else:
+        return finish(lo, FAILED, math.nan, "could not bracket the root in g")
+
+    def gap_of(lo, hi):
+        """Concavity: Phi* lies below both tangents; their crossing less the better end."""
+        dl, dh = lo["d"], hi["d"]
+        if dl - dh <= 0.0:
+            return 0.0
+        gx = (hi["F"] - lo["F"] + dl * lo["g"] - dh * hi["g"]) / (dl - dh)
+        top = lo["F"] + dl * (gx - lo["g"])
+        return max(top - max(lo["F"], hi["F"]), 0.0)
+
+    last = hi
+    width = hi["g"] - lo["g"]
+    for it in range(max_iter):
+        if last["d"] == 0.0:
+            return finish(last, OPTIMAL, 0.0, "optimal")
+        best = lo if abs(lo["d"]) / lo["scale"] < abs(hi["d"]) / hi["scale"] else hi
+        gap = gap_of(lo, hi)
+        if abs(best["d"]) <= 1e-13 * best["scale"] and gap <= tol * max(abs(best["F"]), 1e-300):
+            return finish(best, OPTIMAL, gap, "optimal")
+        if hi["g"] - lo["g"] <= 4e-16 * hi["g"]:  # the bracket is a few ulps wide
+            return finish(best, OPTIMAL, gap, "optimal (bracket at machine precision)")
+        g = last["g"] - last["d"] / last["dd"] if last["dd"] < 0 else math.nan
+        if not (lo["g"] < g < hi["g"]) or (it % 3 == 2 and hi["g"] - lo["g"] > 0.5 * width):
+            g = 0.5 * (lo["g"] + hi["g"])
+        if it % 3 == 2:
+            width = hi["g"] - lo["g"]
+        last = at(g)
+        if last["d"] > 0.0:
+            lo = last
+        else:
+            hi = last
+    best = lo if abs(lo["d"]) / lo["scale"] < abs(hi["d"]) / hi["scale"] else hi
+    return finish(best, INACCURATE, gap_of(lo, hi), "iteration limit")
+
+
+class SquaredAtPole:
+    """The maximisers of a :class:`SquaredOracle` (one ``||beta_M||^2`` for every sample) at
+    the solution ``g`` of :func:`solve_squared`, as an oracle for the rows: ``transform_rows``
+    returns ``(l_h, dl_h/dh, d2l_h/dh2, step)`` at ``h = g / (1 + a g)`` computed from ``g``
+    (the residual ``e`` moves to ``e (1 + a g)``, by the step ``a g e``), whatever ``h`` it is
+    given (the ``h`` of the solution, whose ``1 - h a`` may have lost every digit). At the pole
+    (``g = inf``, every residual of positive probability 0) every residual moves by
+    ``sqrt(r)`` away from 0 (the loss is ``r`` at every atom)."""
+
+    switching = False
+
+    def __init__(self, oracle: SquaredOracle, g: float, r: float):
+        self.oracle, self.g, self.r = oracle, float(g), float(r)
+        self.n, self.h_max = oracle.n, oracle.h_max
+        self.a = float(oracle.a_eff[0]) if oracle.n else 0.0
+
+    def transform_rows(self, h, rows):
+        e = self.oracle.residuals[rows]
+        a, g = self.a, self.g
+        if math.isinf(g):
+            step = np.where(e < 0, -1.0, 1.0) * math.sqrt(self.r)
+            moved = e + step
+            lh = (e * e + 2.0 * np.abs(e) * math.sqrt(self.r)) / a
+            return lh, moved * moved, np.full(e.size, np.inf), step
+        up = 1.0 + a * g  # 1 / (1 - h a)
+        step = a * g * e
+        moved = e * up
+        return g * e * e, moved * moved, 2.0 * a * e * e * up ** 3, step
 
 
 # ----------------------------------------------------------------------------------------------

@@ -460,8 +460,9 @@ class SortedTwoPiece:
         def valid(k):
             # l_k + alpha_k + 2 theta2 > 0  <=>  2 theta2 n > sum_{top k} l - k l_k (exact at k=1)
             q = min(k, p)
-            lk = A * self._sorted.u(k - 1) + B if k <= p else 0.0
-            return two * n > (A * float(self.cu[q]) + q * B) - k * lk
+            if k <= p:  # every l = A u + B: B cancels (it may be 1e13 against 2 theta2 = 0.5)
+                return two * n > A * (float(self.cu[q]) - k * self._sorted.u(k - 1))
+            return two * n > (A * float(self.cu[q]) + q * B)
 
         # the weights are positive on the top-kk values; validity is monotone in k
         if valid(n):
@@ -478,6 +479,8 @@ class SortedTwoPiece:
         alpha = alpha_at(kk)
         b = alpha / two + 1.0
         q = min(kk, p)
+        if kk <= p:
+            return self._chi2_moving(kk, A, alpha, dA, dB, d2, theta2)
         sl, sl2, sd, sd2, sld = self._sums(q, A, B, dA, dB)
         # theta2 (w^2 - 1) = (l + alpha) + (l + alpha)^2 / (4 theta2) on the active samples,
         # -theta2 on the others: no cancellation for large theta2
@@ -488,6 +491,27 @@ class SortedTwoPiece:
         sw = sl / two + q * b
         var_sum = max(sd2 - sd * sd / kk, 0.0)
         curv = (d2 * sw + var_sum / two) / n
+        return term, mu, curv, alpha
+
+    def _chi2_moving(self, k, A, alpha, dA, dB, d2, theta2):
+        """:meth:`_chi2` when every active sample (the top ``k``) moves, ``l = A u + B``: the
+        weights are ``w_i = A (u_i - ubar) / (2 theta2) + n / k`` (``ubar`` the mean key of the
+        top k), free of ``B = c h^2``, which at large r is many orders of magnitude above
+        ``2 theta2`` (the sums ``sum l^2 + 2 alpha sum l + k alpha^2`` would cancel it in
+        double precision: at r = 1e7, theta2 = 0.25 the derivative lost 4 digits). So
+        ``sum (l + alpha) = 2 theta2 (n - k)``, ``sum (l + alpha)^2 = A^2 V + (2 theta2 (n -
+        k))^2 / k`` with ``V = sum (u_i - ubar)^2``, ``sum w dl/dh = A A' V / (2 theta2) + (n /
+        k) sum dl/dh``, ``sum w = n``."""
+        n = self.n
+        two = 2.0 * theta2
+        s1, s2 = self._sorted.at(k)
+        V = max(s2 - s1 * s1 / k, 0.0)
+        ex = two * (n - k)
+        s2_act = A * A * V + ex * ex / k
+        term = (ex + s2_act / (2.0 * two) - theta2 * (n - k)) / n - alpha
+        sd = dA * s1 + k * dB
+        mu = (A * dA * V / two + (n / k) * sd) / n
+        curv = d2 + dA * dA * V / (two * n)
         return term, mu, curv, alpha
 
     # -- the most sensitive distribution, summarised ------------------------------------------
