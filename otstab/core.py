@@ -76,8 +76,8 @@ def certify(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl", s
         weights. With Dask input the weights may be a Dask array or Series aligned with X's
         rows (gathered on the gathered path, kept on the workers on the distributed one).
         Equal weights are the unweighted problem.
-    se : "analytic" (default), "bootstrap", ``otstab.inference.Bootstrap(n_boot, seed,
-        interval, progress)`` or None
+    se : "analytic" (default), "bootstrap", ``otstab.inference.Bootstrap(n_resamples,
+        random_state, interval, progress)`` or None
         Sampling uncertainty of R (``res.se``, ``res.ci(level)``,
         ``res.lower_confidence_bound(level)``; ``docs/inference.md``): the influence-function
         SE (computed on first access, one pass over Q*'s weights) or a bootstrap over the
