@@ -108,6 +108,9 @@ class ResultMixin:
     def summary(self) -> str:  # overridden where there is more to say
         return repr(self)
 
+    def __str__(self) -> str:
+        return self.summary()
+
     def _repr_html_(self) -> str:
         """Notebook display: the summary, and the table of ``to_frame()`` (first 20 rows)."""
         out = [f"<pre>{html.escape(self.summary())}</pre>"]

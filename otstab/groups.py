@@ -839,8 +839,10 @@ class ShiftDiagnosis(ResultMixin):
         lines = [f"Shift diagnosis of {self.n:g} training samples: "
                  f"{', '.join(self.shift_types) or 'no shift type reaches its threshold'}"]
         for k, v in self.scores.items():
-            lines.append(f"  {k:<26} {v:.4g}   (threshold {self.thresholds.get(k, math.nan):g})"
-                         if isinstance(v, (int, float)) else f"  {k:<26} {v}")
+            t = self.thresholds.get(k)
+            lines.append(f"  {k:<26} {v:.4g}   (threshold {t:g})"
+                         if isinstance(v, (int, float)) and not isinstance(v, bool)
+                         and isinstance(t, (int, float)) else f"  {k:<26} {v}")
         lines.append(f"  mutual information {self.mi:.4g} nats, NMI {self.nmi:.4g}, "
                      f"Cramer's V {self.cramers_v:.4g}")
         if self.missing_groups:
