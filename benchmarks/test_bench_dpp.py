@@ -98,7 +98,7 @@ def test_r_sweep(benchmark, method, n):
         def run():
             df = otstab.stability_curve(inst.model, inst.X, inst.y, r=grid, loss="hinge",
                                         theta1=THETA1, theta2=THETA2, divergence=DIV,
-                                        solver=solver)
+                                        solver=solver).to_frame()
             return list(df["value"]), list(df["status"]), None
 
     values, statuses, sols = measure(benchmark, run, slow=n >= 10_000)
@@ -158,7 +158,7 @@ def test_feature_sweep(benchmark, method, n):
 
         def run():
             df = otstab.feature_stability(inst.model, inst.X, inst.y, loss="hinge", r=inst.r,
-                                          theta1=THETA1, theta2=THETA2, divergence=DIV)
+                                          theta1=THETA1, theta2=THETA2, divergence=DIV).to_frame()
             by = {str(f): s for f, s in zip(df["feature"], df["score"])}
             names = [f"x{j}" for j in range(d)]
             if not all(k in by for k in names):  # feature labels other than x0..x{d-1}

@@ -204,7 +204,7 @@ def test_feature_target(benchmark, method, nd):
 
         def run():
             return otstab.feature_stability(model, X, y, loss="hinge", r=r, theta1=THETA1,
-                                            theta2=THETA2, divergence="kl")
+                                            theta2=THETA2, divergence="kl").to_frame()
 
         df = measure(benchmark, run, slow=n >= 100_000)
         scores = dict(zip(df["feature"].astype(str), df["score"]))

@@ -189,9 +189,9 @@ def main():
     print("\n## Figure 4-style feature stability (0/1 loss, r = 0.4, theta1 = 1, "
           "theta2 = 0.25)")
     fig, axes = plt.subplots(1, 2, figsize=(13, 3.6))
-    single = otstab.feature_stability(lr, Xev, yev, loss="zero_one", r=0.4)
+    single = otstab.feature_stability(lr, Xev, yev, loss="zero_one", r=0.4).to_frame()
     grouped = otstab.feature_stability(lr, Xev, yev, loss="zero_one", r=0.4,
-                                       groups=datasets.feature_groups(Xev))
+                                       feature_groups=datasets.feature_groups(Xev)).to_frame()
     plot.feature_stability(single, ax=axes[0], top=5, title="(a) one column at a time")
     plot.feature_stability(grouped, ax=axes[1], top=5,
                            title="(b) one-hot blocks scored as one variable")

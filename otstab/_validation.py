@@ -6,8 +6,10 @@ Each helper returns a fresh array (never a view the caller could see mutated) an
 
 from __future__ import annotations
 
+import functools
 import math
-from numbers import Real
+import warnings
+from numbers import Integral, Real
 
 import numpy as np
 import pandas as pd
@@ -24,7 +26,10 @@ __all__ = [
     "check_positive_extended",
     "check_scalar",
     "check_probability",
+    "check_random_state",
     "column_names",
+    "positional_deprecated",
+    "renamed_kwargs",
     "fitted_feature_names",
 ]
 
@@ -312,3 +317,100 @@ def check_positive_extended(x, name: str) -> float:
 def check_probability(p, name: str = "p") -> float:
     """A fraction in (0, 1]."""
     return check_scalar(p, name, low=0.0, high=1.0, low_inclusive=False)
+
+
+def check_random_state(random_state, name: str = "random_state") -> np.random.Generator:
+    """The one check of ``random_state`` for every function that draws random numbers.
+
+    Accepts None (fresh entropy), a non-negative int (a seed: ``np.random.default_rng(seed)``,
+    so the draws match ``default_rng`` exactly), a ``numpy.random.Generator`` (used as is; its
+    state advances) or, for scikit-learn compatibility, a legacy ``numpy.random.RandomState``
+    (a seed is drawn from it, so it advances too and the result is reproducible from its
+    state). Booleans are refused: ``True`` is not a seed.
+    """
+    if isinstance(random_state, np.random.Generator):
+        return random_state
+    if isinstance(random_state, (bool, np.bool_)):
+        raise InputTypeError(f"{name} must be None, an int, a numpy Generator or RandomState, "
+                             f"got the boolean {random_state!r} (a boolean is not a seed)")
+    if random_state is None:
+        return np.random.default_rng()
+    if isinstance(random_state, (Integral, np.integer)):
+        if int(random_state) < 0:
+            raise ValidationError(f"{name} must be a non-negative int, got {random_state}")
+        return np.random.default_rng(int(random_state))
+    if isinstance(random_state, np.random.RandomState):
+        return np.random.default_rng(int(random_state.randint(0, 2**31 - 1)))
+    raise InputTypeError(f"{name} must be None, an int, a numpy Generator or RandomState, "
+                         f"got {type(random_state).__name__}")
+
+
+def renamed_kwargs(**renames):
+    """Decorator: old keyword names that keep working for one release.
+
+    ``renamed_kwargs(old="new")`` maps ``old=value`` to ``new=value``;
+    ``renamed_kwargs(old=("new", convert))`` to ``new=convert(value)`` (e.g. ``delta`` ->
+    ``level = 1 - delta``). Each use of an old name emits a ``FutureWarning`` naming the new
+    one; passing both raises a TypeError. The old names are listed in the wrapper's
+    ``__deprecated_kwargs__`` (``{old: new}``); ``inspect.signature`` shows the new ones only.
+    """
+    table = {old: (new, None) if isinstance(new, str) else (new[0], new[1])
+             for old, new in renames.items()}
+
+    def decorate(func):
+        qual = getattr(func, "__qualname__", getattr(func, "__name__", "function"))
+        where = qual[:-len(".__init__")] if qual.endswith(".__init__") else qual
+
+        @functools.wraps(func)
+        def wrapper(*args, **kwargs):
+            for old, (new, convert) in table.items():
+                if old not in kwargs:
+                    continue
+                if new in kwargs:
+                    raise TypeError(f"{where}() got both {old!r} (deprecated) and {new!r}; "
+                                    f"pass {new!r} only")
+                value = kwargs.pop(old)
+                hint = f"{new}=1 - {old}" if convert is not None else f"{new}"
+                warnings.warn(f"{where}(): {old!r} is deprecated and will be removed in the "
+                              f"next release; use {hint!r}", FutureWarning, stacklevel=2)
+                kwargs[new] = value if convert is None or value is None else convert(value)
+            return func(*args, **kwargs)
+
+        wrapper.__deprecated_kwargs__ = {**getattr(func, "__deprecated_kwargs__", {}),
+                                         **{old: new for old, (new, _) in table.items()}}
+        return wrapper
+
+    return decorate
+
+
+def positional_deprecated(n: int, *names: str):
+    """Decorator: arguments after the first ``n`` became keyword-only; for one release the
+    old positional use still works (``names`` are the former positional parameters after the
+    ``n``-th, in order) with a ``FutureWarning``."""
+
+    def decorate(func):
+        where = getattr(func, "__qualname__", "function")
+
+        @functools.wraps(func)
+        def wrapper(*args, **kwargs):
+            if len(args) > n:
+                extra = args[n:]
+                if len(extra) > len(names):
+                    raise TypeError(f"{where}() takes {n} positional arguments but "
+                                    f"{len(args)} were given")
+                moved = names[:len(extra)]
+                for nm, v in zip(moved, extra):
+                    if nm in kwargs:
+                        raise TypeError(f"{where}() got multiple values for argument {nm!r}")
+                    kwargs[nm] = v
+                warnings.warn(f"{where}(): passing {', '.join(moved)} by position is deprecated "
+                              f"and will be an error in the next release; pass "
+                              f"{', '.join(f'{m}=...' for m in moved)}", FutureWarning,
+                              stacklevel=2)
+                args = args[:n]
+            return func(*args, **kwargs)
+
+        wrapper.__positional_deprecated__ = names
+        return wrapper
+
+    return decorate

@@ -639,7 +639,7 @@ def make_certificate(result, model, X, y, *, features=None, groups=None, movable
         "feature_stability": None,
     }
     if features is not None:
-        table = pd.DataFrame(features)
+        table = pd.DataFrame(features.to_frame() if hasattr(features, "to_frame") else features)
         if "feature" not in table.columns or "score" not in table.columns:
             raise ValidationError(
                 "features must be the table of otstab.feature_stability (columns 'feature' "
@@ -1513,7 +1513,7 @@ def _uncertainty_spec(report, unc: dict | None):
     if not unc or unc["method"] == "influence":
         return "analytic"
     try:
-        return Bootstrap(n_boot=unc.get("n_boot"), seed=unc.get("seed"),
+        return Bootstrap(n_resamples=unc.get("n_boot"), random_state=unc.get("seed"),
                          interval=unc.get("interval", "percentile"))
     except ValidationError as exc:
         report.mismatches.append(Mismatch("results.uncertainty", "valid bootstrap settings",
@@ -1542,8 +1542,8 @@ def _verify_features(report, fs: dict, model, X, y, kwargs: dict, tol: dict) -> 
         new = feature_stability(
             model, X, y, loss=kwargs["loss"], r=kwargs["r"], theta1=kwargs["theta1"],
             theta2=kwargs["theta2"], divergence=kwargs["divergence"],
-            groups=fs.get("groups"), sample_weight=kwargs.get("sample_weight"),
-            feature_costs=kwargs.get("feature_costs"))
+            feature_groups=fs.get("groups"), sample_weight=kwargs.get("sample_weight"),
+            feature_costs=kwargs.get("feature_costs")).to_frame()
     except SolverError:
         raise
     except (OtstabError, ValueError, TypeError) as exc:

@@ -663,7 +663,8 @@ def _cmd_demo(args) -> int:
                           theta2=DEMO_THETA2)
     groups = feature_groups(X)
     table = _run_library(feature_stability, model, X, y, loss="zero_one", r=args.r,
-                         theta1=DEMO_THETA1, theta2=DEMO_THETA2, groups=groups)
+                         theta1=DEMO_THETA1, theta2=DEMO_THETA2,
+                         feature_groups=groups).to_frame()
     cert = make_certificate(result, model, X, y, features=table, groups=groups,
                             target="income", model_file=model_path)
     cert_path = write_certificate(cert, out / "certificate.json")
@@ -748,7 +749,7 @@ def _cmd_certify(args) -> int:
     if args.movable:
         movable = [int(c) if re.fullmatch(r"-?\d+", c) else c for c in args.movable]
     level = 0.95 if args.confidence is None else args.confidence
-    se = "analytic" if args.bootstrap is None else Bootstrap(n_boot=max(args.bootstrap, 2))
+    se = "analytic" if args.bootstrap is None else Bootstrap(n_resamples=max(args.bootstrap, 2))
     result = _run_library(certify, model, X, y, loss=loss, r=args.r, theta1=args.theta1,
                           theta2=args.theta2, divergence=args.divergence, solver=args.solver,
                           features=movable, se=se, feature_costs=costs,
@@ -768,8 +769,8 @@ def _cmd_certify(args) -> int:
             groups = auto_groups(model, result.feature_names)
         table = _run_library(feature_stability, model, X, y, loss=loss, r=args.r,
                              theta1=args.theta1, theta2=args.theta2,
-                             divergence=args.divergence, groups=groups,
-                             feature_costs=costs, sample_weight=weights)
+                             divergence=args.divergence, feature_groups=groups,
+                             feature_costs=costs, sample_weight=weights).to_frame()
         say(f"\nMost sensitive features (of {len(table)}; lower score = more sensitive):")
         if not args.quiet:
             _print_features(table, args.top, out)

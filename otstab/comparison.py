@@ -13,18 +13,24 @@ shadow the function ``otstab.compare`` once imported.)
 
 from __future__ import annotations
 
+import logging
 import math
+from dataclasses import dataclass
 from numbers import Integral
 
 import numpy as np
 import pandas as pd
 
-from ._validation import check_scalar
+from ._progress import check_progress, progress_bar
+from ._results import FrameResult
+from ._validation import as_sample_weight, check_random_state, check_scalar
 from .core import certify
 from .errors import InputTypeError, ValidationError
 from .params import check_common
 
-__all__ = ["compare", "plot_compare"]
+__all__ = ["compare", "plot_compare", "Comparison"]
+
+log = logging.getLogger(__name__)
 
 
 def _check_settings(settings):
@@ -62,29 +68,71 @@ def _interval(values: np.ndarray, level: float):
     return se, float(lo), float(hi)
 
 
+@dataclass(repr=False)
+class Comparison(FrameResult):
+    """The answer of :func:`compare`: one row per (model, setting).
+
+    ``table`` (``to_frame()``): ``model``, ``theta1``, ``theta2``, ``value``, ``status``,
+    ``se``, ``ci_lower``, ``ci_upper``, ``accuracy``, ``n_resamples``.
+    """
+
+    table: pd.DataFrame
+    loss: str
+    r: float
+    level: float
+    divergence: str
+    n_resamples: int
+
+    _function = "otstab.compare"
+
+    def summary(self) -> str:
+        head = (f"Model comparison ({self.loss} loss, r={self.r:g}, {self.divergence}): "
+                f"{self.table['model'].nunique()} models, {self.n_resamples} resamples, "
+                f"{100 * self.level:g}% percentile intervals")
+        cols = ["model", "theta1", "theta2", "value", "status", "ci_lower", "ci_upper",
+                "accuracy"]
+        return head + "\n" + self.table[cols].head(40).to_string(index=False)
+
+    def _headline(self):
+        names = list(dict.fromkeys(self.table["model"]))
+        return [("models", names) if len(names) <= 4 else ("n_models", len(names)),
+                ("n_settings", len(self.table) // max(len(names), 1)),
+                *[(k, getattr(self, k)) for k in ("loss", "r", "level", "divergence",
+                                                    "n_resamples")]]
+
+
 def compare(models: dict, X, y, *, loss, r, settings=((1.0, 0.25),), divergence="kl",
             n_resamples=200, level=0.95, random_state=0, solver="auto",
-            features=None) -> pd.DataFrame:
+            features=None, feature_costs=None, sample_weight=None, progress=None,
+            **solver_options) -> Comparison:
     """Certify several models on the same data under several (theta1, theta2) settings.
 
     Parameters
     ----------
     models : dict {name: fitted model}
-    X, y, loss, r, divergence, solver, features : as in :func:`otstab.certify`
-        (``features``: only these may move, e.g. one feature's stability score)
+    X, y, loss, r, divergence, solver, features, feature_costs, sample_weight :
+        As in :func:`otstab.certify` (``features``: only these may move, e.g. one feature's
+        stability score). With ``sample_weight`` the resampled rows keep their weights.
     settings : list of (theta1, theta2) pairs
     n_resamples : int >= 0
         Bootstrap draws of the evaluation rows for ``se`` and the interval (0: none).
     level : float in (0, 1)
         Coverage of the percentile interval.
-    random_state : int or numpy Generator
+    random_state : None, int, numpy Generator or RandomState, default 0
+        The bootstrap's random numbers (one set of draws shared by every model and setting).
+    progress : None, True or False
+        A progress bar on stderr over the certificates (None: only when stderr is a
+        terminal).
+    **solver_options
+        Passed to every ``certify`` call.
 
     Returns
     -------
-    pandas.DataFrame
-        One row per (model, setting): ``model``, ``theta1``, ``theta2``, ``value`` (R on the
-        full data), ``status``, ``se``, ``ci_lower``, ``ci_upper``, ``accuracy`` (of
-        ``model.predict`` for classifiers, else NaN), ``n_resamples``.
+    Comparison
+        ``to_frame()``: one row per (model, setting): ``model``, ``theta1``, ``theta2``,
+        ``value`` (R on the full data, exactly ``certify``'s), ``status``, ``se``,
+        ``ci_lower``, ``ci_upper``, ``accuracy`` (of ``model.predict`` for classifiers, else
+        NaN), ``n_resamples``.
     """
     if not isinstance(models, dict) or not models:
         raise InputTypeError("models must be a non-empty dict {name: fitted model}")
@@ -94,26 +142,37 @@ def compare(models: dict, X, y, *, loss, r, settings=((1.0, 0.25),), divergence=
         raise ValidationError(f"n_resamples must be an integer >= 0, got {n_resamples!r}")
     level = check_scalar(level, "level", low=0.0, high=1.0, low_inclusive=False,
                          high_inclusive=False)
+    show = check_progress(progress)
+    rng = check_random_state(random_state)
     n = len(y)
-    rng = np.random.default_rng(random_state)
+    # the weights are checked here (before any certify); each certify normalises them again
+    p = None if sample_weight is None else as_sample_weight(sample_weight, n)
     draws = [rng.integers(0, n, size=n) for _ in range(n_resamples)]
     rows = []
-    for name, model in models.items():
-        acc = _accuracy(model, X, y)
-        for t1, t2 in settings:
-            kw = dict(loss=loss, r=r, theta1=t1, theta2=t2, divergence=divergence, solver=solver,
-                      features=features)
-            res = certify(model, X, y, **kw)
-            boot = np.array([certify(model, _take(X, i), _take(y, i), **kw).value
-                             for i in draws])
-            se, lo, hi = _interval(boot, level)
-            rows.append({"model": str(name), "theta1": t1, "theta2": t2, "value": res.value,
-                         "status": res.status, "se": se, "ci_lower": lo, "ci_upper": hi,
-                         "accuracy": acc, "n_resamples": int(n_resamples)})
-    df = pd.DataFrame(rows)
-    df.attrs.update({"loss": str(getattr(loss, "name", loss)), "r": r, "level": level,
-                     "divergence": divergence})
-    return df
+    total = len(models) * len(settings) * (1 + len(draws))
+    log.info("compare: %d models x %d settings x (1 + %d resamples) = %d certificates",
+             len(models), len(settings), len(draws), total)
+    with progress_bar(total, "compare", show) as bar:
+        for name, model in models.items():
+            acc = _accuracy(model, X, y)
+            for t1, t2 in settings:
+                kw = dict(loss=loss, r=r, theta1=t1, theta2=t2, divergence=divergence,
+                          solver=solver, features=features, feature_costs=feature_costs,
+                          se=None, **solver_options)
+                res = certify(model, X, y, sample_weight=sample_weight, **kw)
+                bar.update()
+                boot = []
+                for i in draws:
+                    boot.append(certify(model, _take(X, i), _take(y, i),
+                                        sample_weight=None if p is None else p[i], **kw).value)
+                    bar.update()
+                se, lo, hi = _interval(np.array(boot), level)
+                rows.append({"model": str(name), "theta1": t1, "theta2": t2,
+                             "value": res.value, "status": res.status, "se": se,
+                             "ci_lower": lo, "ci_upper": hi, "accuracy": acc,
+                             "n_resamples": int(n_resamples)})
+    return Comparison(pd.DataFrame(rows), loss=str(getattr(loss, "name", loss)), r=r,
+                      level=level, divergence=divergence, n_resamples=int(n_resamples))
 
 
 def _theta(t) -> str:
@@ -122,8 +181,11 @@ def _theta(t) -> str:
 
 def plot_compare(table: pd.DataFrame, *, ax=None, title=None):
     """Grouped bars of ``value`` per (theta1, theta2) setting and model, with the resampling
-    intervals as error bars (the paper's Figure 3 layout). Needs matplotlib."""
+    intervals as error bars (the paper's Figure 3 layout). ``table``: the result of
+    :func:`compare` (or its ``to_frame()``). Needs matplotlib."""
     need = {"model", "theta1", "theta2", "value", "ci_lower", "ci_upper"}
+    if isinstance(table, Comparison):
+        table = table.table
     if not isinstance(table, pd.DataFrame) or not need <= set(table.columns):
         raise InputTypeError(
             f"table must be the DataFrame of otstab.compare (columns {sorted(need)})")

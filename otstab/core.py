@@ -82,8 +82,8 @@ def certify(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl", s
         variables, with Q* made of valid raw rows (:mod:`otstab.datacost`); exact for the 0/1
         loss of linear classifiers and the hinge loss of binary ones (and Pipelines ending
         in them: :mod:`otstab.datacost_zero_one`, :mod:`otstab.datacost_hinge`).
-    se : "analytic" (default), "bootstrap", ``otstab.inference.Bootstrap(n_boot, seed,
-        interval, progress)`` or None
+    se : "analytic" (default), "bootstrap", ``otstab.inference.Bootstrap(n_resamples,
+        random_state, interval, progress)`` or None
         Sampling uncertainty of R (``res.se``, ``res.ci(level)``,
         ``res.lower_confidence_bound(level)``; ``docs/inference.md``): the influence-function
         SE (computed on first access, one pass over Q*'s weights) or a bootstrap over the

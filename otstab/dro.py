@@ -38,13 +38,16 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+import pandas as pd
 from otstab_solvers.dual import oracle_for
-from otstab_solvers.weights import chi2_solution, kl_dual_term, kl_weights
+from otstab_solvers.weights import chi2_solution, kl_dual_term, kl_weights, pmean, support_max
 from otstab_solvers.zero_one import DistanceOracle
 
+from . import pipeline
 from ._results import ResultMixin
 from ._validation import check_scalar
 from .core import certify
+from .costs import check_feature_costs, scaled_problem
 from .errors import IncompatibleLossError, SolverError
 from .losses import MulticlassHinge, PiecewiseLinear, ZeroOne, get_loss
 from .models import resolve_model
@@ -63,7 +66,7 @@ H_CAP = 1e300
 MAX_STEPS = 400
 
 
-@dataclass
+@dataclass(repr=False)
 class WorstCaseRisk(ResultMixin):
     """The answer of :func:`worst_case_risk`.
 
@@ -106,6 +109,9 @@ class WorstCaseRisk(ResultMixin):
     solve_time: float = 0.0
     certificate: StabilityResult | None = field(default=None, repr=False)
 
+    _repr_fields = ("risk", "eps", "risk_base", "h", "status", "loss", "theta1", "theta2",
+                    "divergence", "risk_sup", "eps_sup")
+
     @property
     def X_star(self):
         return None if self.certificate is None else self.certificate.X_star
@@ -113,6 +119,15 @@ class WorstCaseRisk(ResultMixin):
     @property
     def weights(self):
         return None if self.certificate is None else self.certificate.weights
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row: the budget, the answer and its certificate's value and status."""
+        c = self.certificate
+        return pd.DataFrame([{
+            "eps": self.eps, "risk": self.risk, "risk_base": self.risk_base, "h": self.h,
+            "status": self.status, "risk_sup": self.risk_sup, "eps_sup": self.eps_sup,
+            "certificate_value": math.nan if c is None else c.value,
+            "certificate_status": None if c is None else c.status}])
 
     def summary(self) -> str:
         lines = [
@@ -168,24 +183,25 @@ def dro_oracle(prob, theta1: float, mask=None):
     return oracle, slopes
 
 
-def _conjugate(oracle, h: float, theta2: float, divergence: str):
+def _conjugate(oracle, h: float, theta2: float, divergence: str, p=None):
     """``(T(h), T'(h+))``: the divergence term of ``certify``'s dual and its right derivative,
-    ``E_w[d l_h / dh]`` at the weights of Q* (envelope theorem)."""
+    ``E_w[d l_h / dh]`` at the weights of Q* (envelope theorem); ``p``: the sample
+    probabilities (None: uniform)."""
     with np.errstate(over="ignore", invalid="ignore"):
         lh, d1 = oracle.evaluate(h)[:2]
         if not (np.all(np.isfinite(lh)) and np.all(np.isfinite(d1))):
             return math.inf, math.inf
         if math.isinf(theta2):
-            return float(np.mean(lh)), float(np.mean(d1))
+            return pmean(lh, p), pmean(d1, p)
         if divergence == "kl":
-            w = kl_weights(lh, theta2)
-            T = kl_dual_term(lh, theta2)
+            w = kl_weights(lh, theta2, p)
+            T = kl_dual_term(lh, theta2, p)
         else:
-            w, _, T = chi2_solution(lh, theta2)
-    return float(T), float(np.mean(w * d1))
+            w, _, T = chi2_solution(lh, theta2, p)
+    return float(T), pmean(w * d1, p)
 
 
-def _solve(oracle, eps: float, theta2: float, divergence: str):
+def _solve(oracle, eps: float, theta2: float, divergence: str, p=None):
     """``(W, h*, evaluations)``: minimise ``(eps + T(h)) / h`` over ``0 < h < h_max`` by
     bisection on the nondecreasing ``G(h) = h T'(h) - T(h)``; ``None`` for W when
     ``G < eps`` up to ``H_CAP`` (the budget exceeds what any finite h prices)."""
@@ -195,7 +211,7 @@ def _solve(oracle, eps: float, theta2: float, divergence: str):
 
     def G(h):
         count[0] += 1
-        T, Tp = _conjugate(oracle, h, theta2, divergence)
+        T, Tp = _conjugate(oracle, h, theta2, divergence, p)
         if not math.isfinite(T):
             return math.inf
         q = (eps + T) / h
@@ -235,7 +251,8 @@ def _solve(oracle, eps: float, theta2: float, divergence: str):
 
 
 def worst_case_risk(model, X, y, *, loss, eps, theta1=1.0, theta2=0.25, divergence="kl",
-                    features=None, solver="auto") -> WorstCaseRisk:
+                    solver="auto", features=None, feature_costs=None, sample_weight=None,
+                    **solver_options) -> WorstCaseRisk:
     """The largest risk any distribution within OT cost ``eps`` of the data can cause.
 
     ``W(eps) = sup { E_Q[W l] : M_c(Q, P0) <= eps }`` with the lifted cost of
@@ -244,13 +261,15 @@ def worst_case_risk(model, X, y, *, loss, eps, theta1=1.0, theta2=0.25, divergen
 
     Parameters
     ----------
-    model, X, y, loss, theta1, theta2, divergence, features :
+    model, X, y, loss, theta1, theta2, divergence, features, feature_costs, sample_weight :
         As in :func:`otstab.certify`; ``model`` must be a linear model (the exact paths:
-        piecewise-linear losses, 0/1, logistic, cross-entropy, squared).
+        piecewise-linear losses, 0/1, logistic, cross-entropy, squared). With
+        ``sample_weight`` the risks are weighted means and the budget is priced on the
+        weighted data, as ``certify`` prices it.
     eps : float in [0, inf]
         The OT budget (same units as ``certify``'s value).
-    solver : str
-        Passed to the final ``certify`` call that builds and audits Q*.
+    solver, **solver_options :
+        Passed to the ``certify`` calls that build and audit Q*.
 
     Returns
     -------
@@ -262,20 +281,27 @@ def worst_case_risk(model, X, y, *, loss, eps, theta1=1.0, theta2=0.25, divergen
     eps = check_scalar(eps, "eps", low=0.0, allow_inf=True)
     _, theta1, theta2, divergence = check_common(0.0, theta1, theta2, divergence, solver)
     loss_obj = get_loss(loss)
-    prob = resolve_model(model, X, y, loss=loss_obj)
-    mask = feature_mask(prob.d, features, prob.feature_names)
+    prob = resolve_model(model, X, y, loss=loss_obj, sample_weight=sample_weight)
+    mask = feature_mask(prob.d, pipeline.expand_features(model, features, prob.feature_names),
+                        prob.feature_names)
+    costs = check_feature_costs(feature_costs, prob.feature_names, model)
+    if costs is not None:  # certify's metric: solve in x~ = sqrt(c) x (otstab.costs)
+        prob, mask = scaled_problem(prob, costs, mask)
+    p = prob.p
     oracle, slopes = dro_oracle(prob, theta1, mask)
-    base = float(np.mean(prob.losses(prob.X)))
+    base = pmean(prob.losses(prob.X), p)
     if slopes is None:
         w_sup = math.inf
     else:
-        w_sup = float(np.max(slopes)) if math.isfinite(theta2) else float(np.mean(slopes))
+        w_sup = support_max(slopes, p) if math.isfinite(theta2) else pmean(slopes, p)
     common = dict(eps=eps, risk_base=base, theta1=theta1, theta2=theta2,
                   divergence=divergence, loss=loss_name(loss_obj), risk_sup=w_sup)
 
     def cert(r):
         return certify(model, X, y, loss=loss_obj, r=r, theta1=theta1, theta2=theta2,
-                       divergence=divergence, features=features, solver=solver)
+                       divergence=divergence, features=features, solver=solver,
+                       feature_costs=feature_costs, sample_weight=sample_weight,
+                       **solver_options)
 
     def done(**kw):
         return WorstCaseRisk(**common, **kw, solve_time=time.perf_counter() - t0)
@@ -303,7 +329,7 @@ def worst_case_risk(model, X, y, *, loss, eps, theta1=1.0, theta2=0.25, divergen
                     message="eps = inf: the supremum of the risk over all allowed "
                             "perturbations" + ("" if status == "unbounded" else
                                                " (approached, not attained)"))
-    risk, h, evals = _solve(oracle, eps, theta2, divergence)
+    risk, h, evals = _solve(oracle, eps, theta2, divergence, p)
     if risk is None:
         if math.isinf(w_sup):
             raise SolverError(f"could not bracket the optimal h for eps = {eps:g}")

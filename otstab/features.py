@@ -4,7 +4,7 @@ To score feature j only coordinate j may move (the cost of moving any other coor
 infinite); reweighting is allowed as usual. The score is R_j(beta, r), exactly
 ``certify(model, X, y, ..., features=[j]).value``; a lower score means a more sensitive
 feature. A one-hot block (all columns of one categorical variable) can be scored as one
-feature by letting the whole block move (``groups=``; the score is then
+feature by letting the whole block move (``feature_groups=``; the score is then
 ``certify(..., features=cols).value``).
 
 For linear models with a piecewise-linear or 0/1 loss every feature is scored from one pass
@@ -18,11 +18,12 @@ coefficients are zero, or equal across classes for a multiclass model; ``theta1 
 freezes every feature) scores what reweighting alone achieves, as certify does: 0 when
 ``r <= base risk``, the reweighting-only value when ``r`` is below the largest loss, its limit
 value when ``r`` equals the largest loss, ``inf`` above it or with ``theta2 = inf``. That value
-is also in ``df.attrs["reweighting_only_value"]``.
+is also the result's ``reweighting_only_value``.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -36,11 +37,14 @@ from otstab_solvers.weights import weights_at
 from otstab_solvers.zero_one import solve_zero_one
 
 from . import pipeline
+from ._progress import check_progress, progress_bar
+from ._results import FrameResult
+from ._validation import check_random_state, renamed_kwargs
 from .audit import reached, resolution_problem
 from .core import certify
 from .costs import check_feature_costs
 from .errors import SolverError, ValidationError
-from .inference import Bootstrap, check_level
+from .inference import check_level
 from .losses import MulticlassHinge, PiecewiseLinear, ZeroOne, get_loss
 from .models import resolve_model
 from .params import check_common
@@ -54,7 +58,9 @@ from .zero_one import (
     move_prices,
 )
 
-__all__ = ["feature_stability"]
+__all__ = ["feature_stability", "FeatureStability"]
+
+log = logging.getLogger(__name__)
 
 #: prices within which the one-pass scores are used as they are (outside, every feature is
 #: scored through certify, whose Q* is audited)
@@ -69,7 +75,8 @@ _ZERO = (0.0, 0.0, 0.0, 0.0)
 _UNREACHABLE = (math.inf, math.nan, math.nan, math.nan)
 
 def _units(names, features, groups, model=None):
-    """[(label, column indices)] for the features/groups to score.
+    """[(label, column indices)] for the features/groups to score (``groups``: the
+    ``feature_groups`` argument).
 
     ``groups="auto"``: one unit per raw column of the model's input
     (:func:`otstab.pipeline.auto_groups`); ``features`` may name units, encoded columns,
@@ -78,31 +85,33 @@ def _units(names, features, groups, model=None):
     index = {nm: j for j, nm in enumerate(names)}
     if isinstance(groups, str):
         if groups != "auto":
-            raise ValidationError(f"groups must be a dict {{name: [columns...]}}, 'auto' or "
-                                  f"None, got {groups!r}")
+            raise ValidationError(f"feature_groups must be a dict {{name: [columns...]}}, "
+                                  f"'auto' or None, got {groups!r}")
         groups = pipeline.auto_groups(model, names)
         if groups is None:
-            raise ValidationError("groups='auto': the model's preprocessing cannot be mapped "
-                                  "back to raw columns; pass groups as a dict")
+            raise ValidationError("feature_groups='auto': the model's preprocessing cannot be "
+                                  "mapped back to raw columns; pass feature_groups as a dict")
     grouped = set()
     units = []
     if groups is not None:
         if not isinstance(groups, dict):
-            raise ValidationError("groups must be a dict {name: [columns...]}, 'auto' or None")
+            raise ValidationError("feature_groups must be a dict {name: [columns...]}, 'auto' "
+                                  "or None")
         for g, cols in groups.items():
             idx = []
             for c in cols:
                 if isinstance(c, (int, np.integer)) and not isinstance(c, bool):
                     if not 0 <= int(c) < len(names):
-                        raise ValidationError(f"groups[{g!r}]: column index {c} out of range")
+                        raise ValidationError(
+                            f"feature_groups[{g!r}]: column index {c} out of range")
                     idx.append(int(c))
                 elif str(c) in index:
                     idx.append(index[str(c)])
                 else:
-                    raise ValidationError(f"groups[{g!r}]: unknown column {c!r}"
+                    raise ValidationError(f"feature_groups[{g!r}]: unknown column {c!r}"
                                           + pipeline.suggest(c, names))
             if not idx:
-                raise ValidationError(f"groups[{g!r}] is empty")
+                raise ValidationError(f"feature_groups[{g!r}] is empty")
             grouped.update(idx)
             units.append((str(g), idx))
     if features is None:
@@ -222,10 +231,61 @@ def _result_row(res):
     return res.value, res.h, dec["corruption"] / exc, dec["reweighting"] / exc
 
 
+@dataclass(repr=False)
+class FeatureStability(FrameResult):
+    """The answer of :func:`feature_stability`: one row per feature (or block), most
+    sensitive first.
+
+    ``table`` (``to_frame()``) has the columns ``feature``, ``score``, ``rank``, ``h``,
+    ``share_moving``, ``share_reweighting``, ``ignored``, ``columns`` (and, for non-exact
+    scores, ``score_lower``, ``score_upper``, ``exact``; with ``level``, ``se``, ``ci_low``,
+    ``ci_high``, ``p_top_k``). ``reweighting_only_value`` is the score of a feature that cannot
+    move; ``ranked_by`` the column the ranks follow.
+    """
+
+    table: pd.DataFrame
+    r: float
+    theta1: float
+    theta2: float
+    divergence: str
+    loss: str
+    reweighting_only_value: float
+    ranked_by: str = "score"
+    level: float | None = None
+    n_resamples: int | None = None
+    random_state: object = None
+    top_k: int | None = None
+
+    _function = "otstab.feature_stability"
+
+    @property
+    def most_sensitive(self) -> str | None:
+        """The label of the most sensitive feature (rank 1), None for an empty table."""
+        return None if self.table.empty else str(self.table["feature"].iloc[0])
+
+    def summary(self) -> str:
+        head = (f"Feature stability R_j(beta, r) ({self.loss} loss, r={self.r:g}, "
+                f"{self.divergence}, theta1={self.theta1:g}, theta2={self.theta2:g}): "
+                f"{len(self.table)} features, lowest = most sensitive; reweighting only "
+                f"{self.reweighting_only_value:.6g}")
+        cols = [c for c in ("feature", "score", "rank", "share_moving", "ignored", "se",
+                            "ci_low", "ci_high", "p_top_k") if c in self.table.columns]
+        more = "" if len(self.table) <= 15 else f"\n... {len(self.table) - 15} more"
+        return head + "\n" + self.table[cols].head(15).to_string(index=False) + more
+
+    def _headline(self):
+        return [("n_features", len(self.table)), ("most_sensitive", self.most_sensitive),
+                *[(k, getattr(self, k)) for k in ("r", "loss", "theta1", "theta2",
+                                                    "divergence", "reweighting_only_value",
+                                                    "level")]]
+
+
+@renamed_kwargs(confidence="level", n_boot="n_resamples", seed="random_state",
+                groups="feature_groups")
 def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl",
-                      features=None, groups=None, solver="auto", confidence=None,
-                      n_boot=200, seed=0, top_k=3, sample_weight=None,
-                      feature_costs=None) -> pd.DataFrame:
+                      features=None, feature_groups=None, solver="auto", level=None,
+                      n_resamples=200, random_state=0, top_k=3, sample_weight=None,
+                      feature_costs=None, progress=None) -> FeatureStability:
     """Score each feature (or group of columns) by R_j(beta, r): lowest = most sensitive.
 
     ``score`` is ``otstab.certify(model, X, y, loss=loss, r=r, theta1=theta1, theta2=theta2,
@@ -238,40 +298,60 @@ def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergen
         Which features (or group names) to score; default all columns (grouped columns are
         scored as their group). A Pipeline's raw column names are accepted (its encoded
         columns are scored together).
-    groups : dict {name: [columns]}, "auto" or None
-        Blocks scored as one feature (e.g. the one-hot columns of a categorical variable:
-        ``otstab.datasets.feature_groups(df)``). ``"auto"``: one feature per raw column of
-        the model's input, read from its preprocessing (a Pipeline's ColumnTransformer,
-        OneHotEncoder, OrdinalEncoder, scalers, passthrough; ``"variable: level"`` columns
-        otherwise), named exactly as the user's columns (:mod:`otstab.pipeline`).
+    feature_groups : dict {name: [columns]}, "auto" or None
+        Blocks of columns scored as one feature (formerly ``groups``), e.g. the one-hot
+        columns of a categorical variable (``otstab.datasets.feature_groups(df)``).
+        ``"auto"``: one feature per raw column of the model's input, read from its
+        preprocessing (a Pipeline's ColumnTransformer, OneHotEncoder, OrdinalEncoder,
+        scalers, passthrough; ``"variable: level"`` columns otherwise), named exactly as the
+        user's columns (:mod:`otstab.pipeline`).
     solver : "auto" or "first_order"
         Linear models with piecewise-linear or 0/1 losses use the exact one-pass path.
 
-    confidence : float in (0, 1), optional
-        Add the sampling uncertainty of every score from ``n_boot`` bootstrap replicates
-        (rows resampled with replacement, ``seed``): columns ``se``, ``ci_low``, ``ci_high``
-        (percentile interval at this level) and ``p_top_k``, the share of replicates in which
-        the feature is among the ``top_k`` most sensitive (rank <= top_k); see
-        ``docs/inference.md``.
+    level : float in (0, 1), optional
+        Add the sampling uncertainty of every score from ``n_resamples`` bootstrap replicates
+        (rows resampled with replacement, drawn from ``random_state``): columns ``se``,
+        ``ci_low``, ``ci_high`` (percentile interval at this level) and ``p_top_k``, the share
+        of replicates in which the feature is among the ``top_k`` most sensitive
+        (rank <= top_k); see ``docs/inference.md``. (Formerly ``confidence``.)
+    n_resamples : int >= 2, default 200
+        Bootstrap replicates with ``level`` (formerly ``n_boot``).
+    random_state : None, int, numpy Generator or RandomState, default 0
+        The bootstrap's random numbers (formerly ``seed``).
+    top_k : int >= 1, default 3
+        The rank that ``p_top_k`` counts.
     sample_weight : array-like of shape (n,), optional
         Weights of the evaluation rows, as in :func:`otstab.certify`: each feature is then
         scored by ``certify(..., features=cols, sample_weight=sample_weight)`` (no one-pass
-        path); with ``confidence`` the bootstrap resamples rows with their weights.
+        path); with ``level`` the bootstrap resamples rows with their weights.
     feature_costs : dict or sequence, optional
         Per-feature move prices as in :func:`otstab.certify` (any model; a Pipeline's raw
         columns priced in raw units): each feature is scored by
         ``certify(..., features=cols, feature_costs=feature_costs)``; a feature whose price is
         ``inf`` cannot move and scores the reweighting-only value (``ignored``).
+    progress : None, True or False
+        A progress bar on stderr while features are certified one by one and over the
+        bootstrap replicates (None: only when stderr is a terminal).
 
     Returns
     -------
-    pandas.DataFrame
-        Columns ``feature``, ``score``, ``rank``, ``h``, ``share_moving``,
-        ``share_reweighting``, ``ignored`` (moving the feature cannot change the loss; its score
-        is then the reweighting-only value), ``columns`` (the columns that moved), sorted by
-        score. ``df.attrs`` holds the arguments and ``reweighting_only_value`` (the score of
-        a feature that cannot move).
+    FeatureStability
+        ``to_frame()``: columns ``feature``, ``score``, ``rank``, ``h``, ``share_moving``,
+        ``share_reweighting``, ``ignored`` (moving the feature cannot change the loss; its
+        score is then the reweighting-only value), ``columns`` (the columns that moved),
+        sorted by score; the arguments and ``reweighting_only_value`` (the score of a feature
+        that cannot move) are attributes of the result (and ``attrs`` of the frame).
     """
+    groups = feature_groups
+    show = check_progress(progress)
+    if level is not None:  # the bootstrap's arguments are checked before any work
+        level = check_level(level)
+        if isinstance(n_resamples, bool) or not isinstance(n_resamples, (int, np.integer)) \
+                or n_resamples < 2:
+            raise ValidationError(f"n_resamples must be an integer >= 2, got {n_resamples!r}")
+        if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1:
+            raise ValidationError(f"top_k must be an integer >= 1, got {top_k!r}")
+        rng = check_random_state(random_state)
     r, theta1, theta2, divergence = check_common(r, theta1, theta2, divergence, solver)
     solver = solver.lower()
     loss_obj = get_loss(loss)
@@ -292,18 +372,22 @@ def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergen
         # audited, or refused like certify refuses)
         base_losses = prob.losses(prob.X)
         rw = _reweighting_only(base_losses, r, theta2, divergence, prob.p)
-        results = [None if frz else _Scored.of(certify(
-            model, X, y, loss=loss_obj, r=r, theta1=theta1, theta2=theta2,
-            divergence=divergence, solver=solver, features=cols,
-            sample_weight=sample_weight, feature_costs=feature_costs))
-            for (_label, cols), frz in zip(units, frozen)]  # None: immutable, rw's score
+        log.debug("feature_stability: %d features scored through certify", len(units))
+        results = []
+        with progress_bar(len(units), "feature_stability", show) as bar:
+            for (_label, cols), frz in zip(units, frozen):  # None: immutable, rw's score
+                results.append(None if frz else _Scored.of(certify(
+                    model, X, y, loss=loss_obj, r=r, theta1=theta1, theta2=theta2,
+                    divergence=divergence, solver=solver, features=cols,
+                    sample_weight=sample_weight, feature_costs=feature_costs)))
+                bar.update()
         rows = [rw if res is None else res.row for res in results]
         # the rows are certify's: no post-processing for linear models
         linear_exact = prob.scorer is not None
     elif not linear_exact:
         base_losses = prob.losses(prob.X)
         rw = _reweighting_only(base_losses, r, theta2, divergence)
-        results = _nonlinear_results(prob, units, r, theta1, theta2, divergence, solver)
+        results = _nonlinear_results(prob, units, r, theta1, theta2, divergence, solver, show)
         rows = [res.row for res in results]
     elif isinstance(loss_obj, ZeroOne):
         base_losses = prob.losses(prob.X)
@@ -342,19 +426,19 @@ def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergen
     df = df.sort_values([ranked_by, "score"], kind="stable").reset_index(drop=True)
     df["rank"] = df[ranked_by].rank(method="min").astype(int)
     df = df[columns]
-    df.attrs.update({"r": r, "theta1": theta1, "theta2": theta2, "divergence": divergence,
-                     "loss": loss_obj.name, "reweighting_only_value": rw[0],
-                     "ranked_by": ranked_by})
-    if confidence is not None:
-        spec = Bootstrap(n_boot=n_boot, seed=seed)
-        level = check_level(confidence, "confidence")
-        if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1:
-            raise ValidationError(f"top_k must be an integer >= 1, got {top_k!r}")
+    out = FeatureStability(df, r=r, theta1=theta1, theta2=theta2, divergence=divergence,
+                           loss=loss_obj.name, reweighting_only_value=rw[0],
+                           ranked_by=ranked_by)
+    if level is not None:
         kwargs = dict(loss=loss_obj, r=r, theta1=theta1, theta2=theta2, divergence=divergence,
-                      features=features, groups=groups, solver=solver,
-                      feature_costs=feature_costs)
-        _add_uncertainty(df, model, X, y, kwargs, spec, level, int(top_k), prob.p)
-    return df
+                      features=features, feature_groups=groups, solver=solver,
+                      feature_costs=feature_costs, progress=False)
+        _add_uncertainty(df, model, X, y, kwargs, rng, int(n_resamples), level, int(top_k),
+                         prob.p, show)
+        out.level, out.n_resamples, out.top_k = level, int(n_resamples), int(top_k)
+        out.random_state = random_state if random_state is None or isinstance(
+            random_state, (int, np.integer)) else type(random_state).__name__
+    return out
 
 
 def _rows(data, idx):
@@ -362,31 +446,33 @@ def _rows(data, idx):
     return data.iloc[idx] if hasattr(data, "iloc") else np.asarray(data)[idx]
 
 
-def _add_uncertainty(df, model, X, y, kwargs, spec, level, top_k, p=None) -> None:
+def _add_uncertainty(df, model, X, y, kwargs, rng, n_resamples, level, top_k, p=None,
+                     show=False) -> None:
     """Columns se, ci_low, ci_high, p_top_k from feature_stability on resampled rows (sample
     probabilities ``p`` travel with their rows; ``kwargs``, which every replicate gets, hold
     the scoring arguments, ``feature_costs`` included)."""
     n = len(y)
-    rng = np.random.default_rng(spec.seed)
-    scores = np.empty((spec.n_boot, len(df)))
+    scores = np.empty((n_resamples, len(df)))
     in_top = np.zeros(len(df))
     pos = {f: i for i, f in enumerate(df["feature"])}
-    for b in range(spec.n_boot):
-        idx = rng.integers(0, n, n)
-        rep = feature_stability(model, _rows(X, idx), _rows(y, idx),
-                                sample_weight=None if p is None else p[idx], **kwargs)
-        cols = [pos[f] for f in rep["feature"]]
-        scores[b, cols] = rep["score"].to_numpy(float)
-        in_top[cols] += rep["rank"].to_numpy() <= top_k
+    log.info("feature_stability: %d bootstrap replicates of %d features", n_resamples, len(df))
+    with progress_bar(n_resamples, "feature_stability bootstrap", show) as bar:
+        for b in range(n_resamples):
+            idx = rng.integers(0, n, n)
+            rep = feature_stability(model, _rows(X, idx), _rows(y, idx),
+                                    sample_weight=None if p is None else p[idx],
+                                    **kwargs).table
+            cols = [pos[f] for f in rep["feature"]]
+            scores[b, cols] = rep["score"].to_numpy(float)
+            in_top[cols] += rep["rank"].to_numpy() <= top_k
+            bar.update()
     finite = np.where(np.isfinite(scores), scores, np.nan)
     with np.errstate(invalid="ignore"):
         df["se"] = [float(np.std(c[~np.isnan(c)], ddof=1)) if np.sum(~np.isnan(c)) > 1
                     else math.inf for c in finite.T]
     df["ci_low"] = np.quantile(scores, (1 - level) / 2, axis=0, method="linear")
     df["ci_high"] = np.quantile(scores, (1 + level) / 2, axis=0, method="linear")
-    df["p_top_k"] = in_top / spec.n_boot
-    df.attrs.update({"confidence": level, "n_boot": spec.n_boot, "seed": spec.seed,
-                     "top_k": top_k})
+    df["p_top_k"] = in_top / n_resamples
 
 
 def _piecewise_rows(prob, red, units, r, theta1, theta2, divergence, rw):
@@ -430,18 +516,22 @@ def _piecewise_rows(prob, red, units, r, theta1, theta2, divergence, rw):
     return [out[i] for i in range(len(units))]
 
 
-def _nonlinear_results(prob, units, r, theta1, theta2, divergence, solver):
+def _nonlinear_results(prob, units, r, theta1, theta2, divergence, solver, show=False):
     """One certify per feature (exact 1-D duals for smooth losses of linear models, the
     first-order path otherwise) with the feature mask; no one-pass shortcut applies here."""
     out = []
     zero_one = isinstance(prob.loss, ZeroOne)
     loss0 = prob.losses(prob.X) if zero_one and prob.scorer is None else None
-    for _label, cols in units:
-        mask = np.zeros(prob.d, dtype=bool)
-        mask[cols] = True
-        path = certify_zero_one_search if zero_one else certify_smooth
-        out.append(_Scored.of(path(prob, r=r, theta1=theta1, theta2=theta2,
-                                   divergence=divergence, mask=mask, solver=solver), loss0))
+    log.debug("feature_stability: %d features certified one by one", len(units))
+    with progress_bar(len(units), "feature_stability", show) as bar:
+        for _label, cols in units:
+            mask = np.zeros(prob.d, dtype=bool)
+            mask[cols] = True
+            path = certify_zero_one_search if zero_one else certify_smooth
+            out.append(_Scored.of(path(prob, r=r, theta1=theta1, theta2=theta2,
+                                       divergence=divergence, mask=mask, solver=solver),
+                                  loss0))
+            bar.update()
     return out
 
 

@@ -17,7 +17,9 @@ The formulas are listed in ``docs/groups.md``.
 from __future__ import annotations
 
 import itertools
+import logging
 import math
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from numbers import Number
@@ -27,13 +29,16 @@ import numpy as np
 import pandas as pd
 from scipy.stats import rankdata
 
-from ._results import ResultMixin
+from ._results import FrameResult, ResultMixin, brief
 from ._validation import (
     as_float_matrix,
     as_one_dim,
+    check_random_state,
     check_same_length,
     check_scalar,
     non_numeric_columns,
+    positional_deprecated,
+    renamed_kwargs,
 )
 from .errors import InputTypeError, ValidationError
 
@@ -41,6 +46,7 @@ __all__ = [
     "CRITERIA",
     "SHIFT_THRESHOLDS",
     "SHIFT_TYPES",
+    "GroupMetrics",
     "ModelSelection",
     "ShiftDiagnosis",
     "diagnose_shift",
@@ -49,6 +55,8 @@ __all__ = [
     "select_model",
     "summary_frame",
 ]
+
+log = logging.getLogger(__name__)
 
 #: Number of equal-width bins of the expected calibration error.
 ECE_BINS = 10
@@ -430,17 +438,6 @@ def _native(x):
     return x.item() if isinstance(x, np.generic) else x
 
 
-def _check_rng(random_state):
-    if isinstance(random_state, np.random.Generator):
-        return random_state
-    if random_state is None or (
-        isinstance(random_state, (int, np.integer)) and not isinstance(random_state, bool)
-    ):
-        return np.random.default_rng(random_state)
-    raise InputTypeError(
-        "random_state must be None, an int or a numpy Generator, "
-        f"got {type(random_state).__name__}"
-    )
 
 
 def _quantiles(values: np.ndarray, lo: float, hi: float) -> tuple[float, float]:
@@ -456,8 +453,72 @@ def _quantiles(values: np.ndarray, lo: float, hi: float) -> tuple[float, float]:
 # ==========================================================================================
 
 
-def group_metrics(y_true, y_pred, groups, *, y_prob=None, labels=None, n_boot: int = 0,
-                  ci: float = 0.95, random_state=None) -> pd.DataFrame:
+@dataclass(repr=False)
+class GroupMetrics(FrameResult):
+    """The answer of :func:`group_metrics`.
+
+    ``table`` (``to_frame()``): one row per group and a last row ``"overall"`` (columns
+    ``n``, ``share``, ``accuracy``, ...). ``metrics``: the summary metrics (worst-group,
+    balanced, worst-class accuracy...); ``intervals``: metric -> ``[lower, upper]`` with
+    ``n_resamples``; ``per_class``: columnar per-class table (``per_class_frame()``).
+    """
+
+    table: pd.DataFrame
+    metrics: dict
+    per_class: dict
+    intervals: dict = field(default_factory=dict)
+    level: float = 0.95
+    n_resamples: int = 0
+
+    _function = "otstab.group_metrics"
+
+    def _attrs(self) -> dict:  # the frame's attrs as group_metrics wrote them
+        out = {"summary": self.metrics, "per_class": self.per_class}
+        if self.n_resamples > 0:
+            out["summary_ci"] = self.intervals
+            out["ci"] = {"level": self.level, "n_resamples": self.n_resamples,
+                         "n_boot": self.n_resamples,
+                         "method": "percentile, resampling within groups"}
+        return out
+
+    def to_dict(self) -> dict:
+        from ._results import jsonable
+        return jsonable({"table": self.table.reset_index().to_dict(orient="records"),
+                         "metrics": self.metrics, "per_class": self.per_class,
+                         "intervals": self.intervals, "level": self.level,
+                         "n_resamples": self.n_resamples})
+
+    def summary_frame(self) -> pd.DataFrame:
+        """The summary metrics (and intervals) as a frame (:func:`summary_frame`)."""
+        return summary_frame(self)
+
+    def per_class_frame(self) -> pd.DataFrame:
+        """The per-class table (:func:`per_class_frame`)."""
+        return per_class_frame(self)
+
+    def summary(self) -> str:
+        m = self.metrics
+        head = (f"Group metrics: {m['n_samples']} samples, {m['n_groups']} groups, "
+                f"{m['n_classes']} classes; average accuracy {m['average_accuracy']:.4g}, "
+                f"worst group {m['worst_group']!r} {m['worst_group_accuracy']:.4g}, "
+                f"worst class {m['worst_class_accuracy']:.4g}")
+        if self.n_resamples:
+            head += f" ({100 * self.level:g}% intervals, {self.n_resamples} resamples)"
+        return head + "\n" + self.table.head(30).to_string()
+
+    def _headline(self):
+        m = self.metrics
+        return [("n_groups", m["n_groups"]), ("n_samples", m["n_samples"]),
+                ("average_accuracy", m["average_accuracy"]),
+                ("worst_group", m["worst_group"]),
+                ("worst_group_accuracy", m["worst_group_accuracy"]),
+                ("worst_class_accuracy", m["worst_class_accuracy"]),
+                ("level", self.level), ("n_resamples", self.n_resamples)]
+
+
+@renamed_kwargs(n_boot="n_resamples", ci="level")
+def group_metrics(y_true, y_pred, groups, *, y_prob=None, labels=None, n_resamples: int = 0,
+                  level: float = 0.95, random_state=None) -> GroupMetrics:
     """Per-group accuracy and the SubpopBench summary metrics (App. B.3).
 
     Parameters
@@ -479,23 +540,26 @@ def group_metrics(y_true, y_pred, groups, *, y_prob=None, labels=None, n_boot: i
         Class labels; with ``y_prob`` of shape (n, K) the label of each column, in order.
         Default: the sorted union of ``y_true`` and ``y_pred`` (or ``0..K-1`` for integer
         labels when ``y_prob`` has K columns).
-    n_boot : int, default 0
-        Number of bootstrap replicates for percentile confidence intervals (0: none). Samples
-        are resampled with replacement within each group (stratified bootstrap), so every
-        group keeps its size and the worst group stays defined in every replicate.
-    ci : float, default 0.95
-        Confidence level of the intervals.
-    random_state : None, int or numpy.random.Generator
-        Seed of the bootstrap.
+    n_resamples : int, default 0
+        Number of bootstrap replicates for percentile confidence intervals (0: none; formerly
+        ``n_boot``). Samples are resampled with replacement within each group (stratified
+        bootstrap), so every group keeps its size and the worst group stays defined in every
+        replicate.
+    level : float, default 0.95
+        Confidence level of the intervals (formerly ``ci``).
+    random_state : None, int, numpy Generator or RandomState
+        The bootstrap's random numbers.
 
     Returns
     -------
-    pandas.DataFrame
-        One row per group (index name ``"group"``; for DataFrame ``groups`` the labels read
-        ``"race=White, sex=Male"`` and the attribute columns are included) and a last row
-        ``"overall"``. Columns: ``n``, ``share`` (n / total), ``accuracy``; with ``n_boot``
-        ``accuracy_lower`` / ``accuracy_upper``; with ``y_prob`` ``cross_entropy``,
-        ``brier``, ``ece`` per row. Metadata in ``df.attrs`` (plain Python values):
+    GroupMetrics
+        ``metrics`` (the summary dict below), ``intervals``, ``per_class``; ``to_frame()`` is
+        the table below, with the metadata in its ``attrs``. One row per group (index name
+        ``"group"``; for DataFrame ``groups`` the labels read ``"race=White, sex=Male"`` and the
+        attribute columns are included) and a last row ``"overall"``. Columns: ``n``, ``share``
+        (n / total), ``accuracy``; with ``n_resamples`` ``accuracy_lower`` / ``accuracy_upper``;
+        with ``y_prob`` ``cross_entropy``, ``brier``, ``ece`` per row. Metadata in ``df.attrs``
+        (plain Python values):
 
         * ``"summary"``: dict of the summary metrics -- ``average_accuracy``,
           ``worst_group_accuracy``, ``worst_group`` (its label), ``adjusted_accuracy``
@@ -508,8 +572,8 @@ def group_metrics(y_true, y_pred, groups, *, y_prob=None, labels=None, n_boot: i
         * ``"per_class"``: columnar dict (``label``, ``n``, ``n_predicted``, ``recall``,
           ``precision``, ``f1``); ``pd.DataFrame(df.attrs["per_class"])`` or
           :func:`per_class_frame` gives the table;
-        * ``"summary_ci"`` (with ``n_boot``): metric -> ``[lower, upper]``, and ``"ci"``:
-          ``{"level", "n_boot", "method"}``.
+        * ``"summary_ci"`` (with ``n_resamples``): metric -> ``[lower, upper]``, and
+          ``"ci"``: ``{"level", "n_resamples", "method"}``.
 
         :func:`summary_frame` turns the summary (and intervals) into a frame.
 
@@ -530,10 +594,10 @@ def group_metrics(y_true, y_pred, groups, *, y_prob=None, labels=None, n_boot: i
     --------
     >>> import numpy as np
     >>> from otstab import group_metrics
-    >>> df = group_metrics([0, 0, 1, 1], [0, 1, 1, 1], ["a", "b", "a", "b"])
-    >>> df["accuracy"].tolist()
+    >>> res = group_metrics([0, 0, 1, 1], [0, 1, 1, 1], ["a", "b", "a", "b"])
+    >>> res.to_frame()["accuracy"].tolist()
     [1.0, 0.5, 0.75]
-    >>> df.attrs["summary"]["worst_group_accuracy"]
+    >>> res.metrics["worst_group_accuracy"]
     0.5
     """
     yt_raw = _labels_1d(y_true, "y_true")
@@ -561,12 +625,13 @@ def group_metrics(y_true, y_pred, groups, *, y_prob=None, labels=None, n_boot: i
     yt = _encode(yt_raw, classes, "y_true")
     yp = _encode(yp_raw, classes, "y_pred")
 
-    nb = check_scalar(n_boot, "n_boot", low=0)
+    nb = check_scalar(n_resamples, "n_resamples", low=0)
     if nb != int(nb):
-        raise ValidationError(f"n_boot must be a non-negative integer, got {n_boot}")
+        raise ValidationError(f"n_resamples must be a non-negative integer, got {n_resamples}")
     n_boot = int(nb)
-    level = check_scalar(ci, "ci", low=0.0, high=1.0, low_inclusive=False,
+    level = check_scalar(level, "level", low=0.0, high=1.0, low_inclusive=False,
                          high_inclusive=False)
+    rng = check_random_state(random_state) if n_boot > 0 else None
 
     summary, g_acc, per_class = _core(yt, yp, g, C, G, prob, binary)
     g_n = np.bincount(g, minlength=G)
@@ -588,7 +653,6 @@ def group_metrics(y_true, y_pred, groups, *, y_prob=None, labels=None, n_boot: i
 
     ci_summary: dict[str, list[float]] = {}
     if n_boot > 0:
-        rng = _check_rng(random_state)
         members = [np.flatnonzero(g == k) for k in range(G) if g_n[k] > 0]
         keys = [k for k in summary]
         boot = np.full((n_boot, len(keys)), np.nan)
@@ -617,29 +681,32 @@ def group_metrics(y_true, y_pred, groups, *, y_prob=None, labels=None, n_boot: i
     summary["worst_group"] = _native(g_labels[worst])
     summary.update(n_samples=int(n), n_groups=int(G), n_empty_groups=int((g_n == 0).sum()),
                    n_classes=int(C))
-    frame.attrs["summary"] = summary
-    frame.attrs["per_class"] = {
+    per_class_cols = {
         "label": [_native(c) for c in classes],
         **{k: [_native(x) for x in np.asarray(v).tolist()] for k, v in per_class.items()},
     }
-    if n_boot > 0:
-        frame.attrs["summary_ci"] = ci_summary
-        frame.attrs["ci"] = {"level": level, "n_boot": n_boot,
-                             "method": "percentile, resampling within groups"}
-    return frame
+    return GroupMetrics(frame, metrics=summary, per_class=per_class_cols,
+                        intervals=ci_summary, level=level, n_resamples=n_boot)
 
 
 def _hashable_key(x):
     return x.item() if isinstance(x, np.generic) else x
 
 
-def summary_frame(metrics: pd.DataFrame) -> pd.DataFrame:
-    """The summary metrics of a :func:`group_metrics` frame as a DataFrame.
+def _metrics_attrs(metrics) -> dict:
+    """The ``attrs`` of a :func:`group_metrics` frame, or of the result itself."""
+    if isinstance(metrics, GroupMetrics):
+        return metrics._attrs()
+    return getattr(metrics, "attrs", {}) if metrics is not None else {}
+
+
+def summary_frame(metrics) -> pd.DataFrame:
+    """The summary metrics of a :func:`group_metrics` result as a DataFrame.
 
     Parameters
     ----------
-    metrics : pandas.DataFrame
-        A frame returned by :func:`group_metrics` (its ``attrs`` must be intact).
+    metrics : GroupMetrics or pandas.DataFrame
+        The result of :func:`group_metrics` or its ``to_frame()`` (``attrs`` intact).
 
     Returns
     -------
@@ -648,7 +715,8 @@ def summary_frame(metrics: pd.DataFrame) -> pd.DataFrame:
         ``lower`` and ``upper``. Count entries (``n_samples`` ...) and ``worst_group`` are
         left out.
     """
-    summary = getattr(metrics, "attrs", {}).get("summary") if metrics is not None else None
+    attrs = _metrics_attrs(metrics)
+    summary = attrs.get("summary")
     if summary is None:
         raise ValidationError(
             "metrics has no attrs['summary']: pass the frame returned by group_metrics "
@@ -658,27 +726,27 @@ def summary_frame(metrics: pd.DataFrame) -> pd.DataFrame:
     keys = [k for k in summary if k not in skip]
     out = pd.DataFrame({"value": [float(summary[k]) for k in keys]},
                        index=pd.Index(keys, name="metric"))
-    cis = metrics.attrs.get("summary_ci")
+    cis = attrs.get("summary_ci")
     if cis:
         out["lower"] = [cis[k][0] for k in keys]
         out["upper"] = [cis[k][1] for k in keys]
     return out
 
 
-def per_class_frame(metrics: pd.DataFrame) -> pd.DataFrame:
-    """The per-class table (n, n_predicted, recall, precision, f1) of a :func:`group_metrics` frame.
+def per_class_frame(metrics) -> pd.DataFrame:
+    """The per-class table (n, n_predicted, recall, precision, f1) of :func:`group_metrics`.
 
     Parameters
     ----------
-    metrics : pandas.DataFrame
-        A frame returned by :func:`group_metrics`.
+    metrics : GroupMetrics or pandas.DataFrame
+        The result of :func:`group_metrics` or its ``to_frame()``.
 
     Returns
     -------
     pandas.DataFrame
         One row per class, indexed by class label.
     """
-    per_class = getattr(metrics, "attrs", {}).get("per_class") if metrics is not None else None
+    per_class = _metrics_attrs(metrics).get("per_class")
     if per_class is None:
         raise ValidationError(
             "metrics has no attrs['per_class']: pass the frame returned by group_metrics"
@@ -766,6 +834,20 @@ class ShiftDiagnosis(ResultMixin):
             f"attribute_generalization={self.attribute_generalization}, "
             f"shift_types={self.shift_types})"
         )
+
+    def summary(self) -> str:
+        lines = [f"Shift diagnosis of {self.n:g} training samples: "
+                 f"{', '.join(self.shift_types) or 'no shift type reaches its threshold'}"]
+        for k, v in self.scores.items():
+            t = self.thresholds.get(k)
+            lines.append(f"  {k:<26} {v:.4g}   (threshold {t:g})"
+                         if isinstance(v, (int, float)) and not isinstance(v, bool)
+                         and isinstance(t, (int, float)) else f"  {k:<26} {v}")
+        lines.append(f"  mutual information {self.mi:.4g} nats, NMI {self.nmi:.4g}, "
+                     f"Cramer's V {self.cramers_v:.4g}")
+        if self.missing_groups:
+            lines.append(f"  unseen (y, a) groups: {self.missing_groups[:10]}")
+        return "\n".join(lines)
 
     def to_frame(self) -> pd.DataFrame:
         """One row with the scalar diagnostics (``shift_types`` joined by commas)."""
@@ -971,9 +1053,11 @@ class ModelSelection(ResultMixin):
         One row per (``by`` group, criterion): ``selected`` (index label of the chosen run),
         ``validation_value``, ``test_value``, ``oracle`` (best test value in the group),
         ``gap`` = test_value - oracle (<= 0; in the units of the test column).
-    summary : pandas.DataFrame
+    criteria_table : pandas.DataFrame
         Per criterion: ``mean_gap``, ``std_gap`` (over ``by`` groups, ddof=1; NaN for one
-        group), ``n_groups``; sorted best (largest mean gap) first.
+        group), ``n_groups``; sorted best (largest mean gap) first. (Formerly the attribute
+        ``summary``, which is now the method giving the text summary; indexing it still
+        reaches this table for one release, with a FutureWarning.)
     by : list of str
         The ``by`` columns (empty: one selection over all records).
     """
@@ -981,12 +1065,25 @@ class ModelSelection(ResultMixin):
     criteria: list
     test_metric: str
     report: pd.DataFrame
-    summary: pd.DataFrame
+    criteria_table: pd.DataFrame
     by: list = field(default_factory=list)
 
     def __repr__(self) -> str:
-        return (f"ModelSelection(criteria={self.criteria}, test_metric={self.test_metric!r}, "
-                f"mean_gap={self.summary['mean_gap'].round(4).to_dict()})")
+        gaps = self.criteria_table["mean_gap"].round(4).head(12).to_dict()
+        return (f"ModelSelection(criteria={brief(self.criteria)}, "
+                f"test_metric={self.test_metric!r}, mean_gap={gaps})")
+
+    @property
+    def summary(self):
+        """``summary()``: the text summary. (For one release ``summary[...]`` and the
+        DataFrame's attributes still reach ``criteria_table``, with a FutureWarning.)"""
+        return _SummaryOrTable(self)
+
+    def _summary_text(self) -> str:
+        head = (f"Model selection on {self.test_metric!r}"
+                + (f" within {self.by}" if self.by else "")
+                + f": {len(self.criteria)} criteria, best first")
+        return head + "\n" + self.criteria_table.to_string()
 
     def _first(self, column):
         rows = self.report[self.report["criterion"] == self.criteria[0]]
@@ -1009,7 +1106,8 @@ class ModelSelection(ResultMixin):
         return self.report.copy()
 
 
-def select_model(records, criterion="worst_class_accuracy", *,
+@positional_deprecated(1, "criterion")
+def select_model(records, *, criterion="worst_class_accuracy",
                  test_metric: str = "test_worst_group_accuracy", val_prefix: str = "val_",
                  by=None) -> ModelSelection:
     """Pick the run maximising a validation criterion; report the gap to the oracle.
@@ -1134,4 +1232,32 @@ def select_model(records, criterion="worst_class_accuracy", *,
                                               na_position="last")
                .set_index("criterion"))
     return ModelSelection(criteria=crits, test_metric=test_metric, report=report,
-                          summary=summary, by=by_cols)
+                          criteria_table=summary, by=by_cols)
+
+
+class _SummaryOrTable:
+    """``ModelSelection.summary``: called, the text summary; indexed (the former DataFrame
+    attribute), ``criteria_table`` with a FutureWarning."""
+
+    def __init__(self, owner: ModelSelection):
+        self._owner = owner
+
+    def __call__(self) -> str:
+        return self._owner._summary_text()
+
+    def _table(self) -> pd.DataFrame:
+        warnings.warn("ModelSelection.summary is a method now (the text summary); the table "
+                      "is ModelSelection.criteria_table: indexing summary is deprecated and "
+                      "will be removed in the next release", FutureWarning, stacklevel=3)
+        return self._owner.criteria_table
+
+    def __getitem__(self, key):
+        return self._table()[key]
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._table(), name)
+
+    def __repr__(self) -> str:
+        return self._owner._summary_text()

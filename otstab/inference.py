@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 from dataclasses import dataclass
 from numbers import Real
 from statistics import NormalDist
@@ -40,6 +39,8 @@ import numpy as np
 from otstab_solvers.dual import oracle_for, solve_dual
 from otstab_solvers.result import OPTIMAL
 
+from ._progress import progress_bar
+from ._validation import check_random_state, renamed_kwargs
 from .errors import ValidationError
 from .losses import MulticlassHinge, PiecewiseLinear, ZeroOne
 from .models import Problem
@@ -174,31 +175,54 @@ class Inference:
         """What re-creates this estimate in ``certify(..., se=...)``."""
         if self.method != "bootstrap":
             return "analytic"
-        return Bootstrap(n_boot=int(self.replicates.size), seed=int(self.seed),
+        return Bootstrap(n_resamples=int(self.replicates.size), random_state=int(self.seed),
                          interval=self.interval)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Bootstrap:
     """Bootstrap settings for ``certify(..., se=Bootstrap(...))``.
 
-    n_boot : replicates; seed : of the resampling; interval : "percentile" or "bca";
-    progress : print a progress bar on stderr.
+    n_resamples : replicates (formerly ``n_boot``); random_state : the int seed of the
+    resampling (formerly ``seed``; an int, recorded in certificates so that the replicates can
+    be replayed); interval : "percentile" or "bca"; progress : a progress bar on stderr.
     """
 
-    n_boot: int = 200
-    seed: int = 0
+    n_resamples: int = 200
+    random_state: int = 0
     interval: str = "percentile"
     progress: bool = False
 
+    @renamed_kwargs(n_boot="n_resamples", seed="random_state")
+    def __init__(self, n_resamples: int = 200, random_state: int = 0,
+                 interval: str = "percentile", progress: bool = False):
+        for name, value in (("n_resamples", n_resamples), ("random_state", random_state),
+                            ("interval", interval), ("progress", progress)):
+            object.__setattr__(self, name, value)
+        self.__post_init__()
+
     def __post_init__(self):
-        if isinstance(self.n_boot, bool) or not isinstance(self.n_boot, (int, np.integer)) \
-                or self.n_boot < 2:
-            raise ValidationError(f"n_boot must be an integer >= 2, got {self.n_boot!r}")
+        if isinstance(self.n_resamples, bool) or not isinstance(
+                self.n_resamples, (int, np.integer)) or self.n_resamples < 2:
+            raise ValidationError(
+                f"n_resamples must be an integer >= 2, got {self.n_resamples!r}")
         if self.interval not in INTERVALS:
             raise ValidationError(f"interval must be one of {INTERVALS}, got {self.interval!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)):
-            raise ValidationError(f"seed must be an integer, got {self.seed!r}")
+        if isinstance(self.random_state, bool) or not isinstance(
+                self.random_state, (int, np.integer)) or self.random_state < 0:
+            raise ValidationError("random_state of a Bootstrap must be a non-negative int (it "
+                                  f"is recorded to replay the replicates), got "
+                                  f"{self.random_state!r}")
+
+    @property
+    def n_boot(self) -> int:
+        """The former name of ``n_resamples``."""
+        return self.n_resamples
+
+    @property
+    def seed(self) -> int:
+        """The former name of ``random_state``."""
+        return self.random_state
 
 
 def resolve_se(se):
@@ -451,23 +475,14 @@ def _replicator(prob: Problem, *, r, theta1, theta2, divergence, mask, solver, *
     return value
 
 
-def _progress(i: int, total: int) -> None:
-    width = 30
-    done = int(width * i / total)
-    sys.stderr.write(f"\rbootstrap [{'#' * done}{'.' * (width - done)}] {i}/{total}")
-    if i == total:
-        sys.stderr.write("\n")
-    sys.stderr.flush()
-
-
 def resample(n: int, spec: Bootstrap, value) -> np.ndarray:
-    """``spec.n_boot`` values of ``value(idx)`` over rows resampled with replacement."""
-    rng = np.random.default_rng(spec.seed)
-    out = np.empty(spec.n_boot)
-    for b in range(spec.n_boot):
-        out[b] = value(rng.integers(0, n, n))
-        if spec.progress:
-            _progress(b + 1, spec.n_boot)
+    """``spec.n_resamples`` values of ``value(idx)`` over rows resampled with replacement."""
+    rng = check_random_state(spec.random_state)
+    out = np.empty(spec.n_resamples)
+    with progress_bar(spec.n_resamples, "bootstrap", bool(spec.progress)) as bar:
+        for b in range(spec.n_resamples):
+            out[b] = value(rng.integers(0, n, n))
+            bar.update()
     return out
 
 

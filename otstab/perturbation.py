@@ -63,7 +63,7 @@ from .nonlinear import CallableModel
 __all__ = ["PerturbationResult", "perturbation_search", "min_perturbation_distances"]
 
 
-@dataclass
+@dataclass(repr=False)  # the mixin's repr: the distances by shape, not every value
 class PerturbationResult(ResultMixin):
     """Distances ``d*_i`` and the nearest misclassified points found.
 

@@ -228,8 +228,9 @@ def feature_stability(table, *, ax=None, top=15, annotate=True, title=None):
 
     Parameters
     ----------
-    table : DataFrame
-        The output of :func:`otstab.feature_stability` (columns ``feature`` and ``score``).
+    table : FeatureStability or DataFrame
+        The result of :func:`otstab.feature_stability` (or a frame with columns ``feature``
+        and ``score``).
     ax : matplotlib Axes, optional
     top : int
         Show the ``top`` most sensitive features.
@@ -242,6 +243,8 @@ def feature_stability(table, *, ax=None, top=15, annotate=True, title=None):
     """
     if isinstance(table, dict):
         table = pd.DataFrame(table)
+    if hasattr(table, "to_frame") and not isinstance(table, pd.DataFrame):
+        table = table.to_frame()  # otstab.feature_stability's FeatureStability
     if not isinstance(table, pd.DataFrame) or not {"feature", "score"} <= set(table.columns):
         raise ValidationError("table must be a DataFrame with columns 'feature' and 'score' "
                               "(the output of otstab.feature_stability)")
@@ -384,10 +387,12 @@ def value_curve(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl
     if grid.size == 0:
         raise ValidationError("r must be a non-empty sequence of thresholds")
     return _sc(model, X, y, r=grid, loss=loss, theta1=theta1, theta2=theta2,
-               divergence=divergence, solver=solver)
+               divergence=divergence, solver=solver).to_frame()
 
 
 def _curve_frame(curve) -> pd.DataFrame:
+    if hasattr(curve, "to_frame") and not isinstance(curve, (pd.DataFrame, StabilityResult)):
+        return curve.to_frame()  # otstab.stability_curve's StabilityCurve
     if isinstance(curve, pd.DataFrame):
         return curve
     if isinstance(curve, dict):
@@ -404,10 +409,10 @@ def stability_curve(curve, *, ax=None, label=None, highlight=None, title=None):
 
     Parameters
     ----------
-    curve : DataFrame, dict, list of dicts or list of StabilityResult
-        Columns ``r`` and ``value`` (the output of :func:`otstab.stability_curve` or
+    curve : StabilityCurve, DataFrame, dict, list of dicts or list of StabilityResult
+        Columns ``r`` and ``value`` (the result of :func:`otstab.stability_curve` or
         :func:`value_curve`; with columns ``ci_low`` and ``ci_high``, from
-        ``stability_curve(..., confidence=)``, the interval is drawn as a band); the base
+        ``stability_curve(..., level=)``, the interval is drawn as a band); the base
         risk (``curve.attrs["risk_base"]`` or a ``risk_base`` column), when present, is marked
         by a dotted line.
     ax : matplotlib Axes, optional
@@ -429,11 +434,11 @@ def stability_curve(curve, *, ax=None, label=None, highlight=None, title=None):
     v = pd.to_numeric(c["value"], errors="coerce").to_numpy(float)
     ok = np.isfinite(v)
     line = ax.plot(rr[ok], v[ok], ".-", label=label)[0]
-    if {"ci_low", "ci_high"} <= set(c.columns):  # sampling band (stability_curve(confidence=))
+    if {"ci_low", "ci_high"} <= set(c.columns):  # sampling band (stability_curve(level=))
         lo = pd.to_numeric(c["ci_low"], errors="coerce").to_numpy(float)
         hi = pd.to_numeric(c["ci_high"], errors="coerce").to_numpy(float)
         band = ok & np.isfinite(lo) & np.isfinite(hi)
-        level = c.attrs.get("confidence")
+        level = c.attrs.get("level", c.attrs.get("confidence"))
         ax.fill_between(rr[band], lo[band], hi[band], color=line.get_color(), alpha=0.2,
                         label=f"{100 * level:g}% interval" if level else "interval")
     if (~ok).any():

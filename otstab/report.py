@@ -681,7 +681,7 @@ def render_html(cert: dict, *, result=None, features=None, grid=None, curve=None
     if fs is None and res.get("feature_stability"):
         fs = pd.DataFrame(res["feature_stability"]["table"])
     if fs is not None:
-        fs = pd.DataFrame(fs).copy()
+        fs = pd.DataFrame(fs.to_frame() if hasattr(fs, "to_frame") else fs).copy()
         fs["score"] = pd.to_numeric(fs["score"], errors="coerce")
         fs = fs.sort_values("score", kind="stable")
         parts.append("<h2>Most sensitive features</h2>")

@@ -24,7 +24,7 @@ from .pipeline import RawView, raw_view
 __all__ = ["StabilityResult", "Lazy", "LazyInfo"]
 
 
-@dataclass
+@dataclass(repr=False)
 class StabilityResult(ResultMixin):
     """Stability certificate.
 
@@ -106,6 +106,10 @@ class StabilityResult(ResultMixin):
     #: sampling uncertainty (:class:`otstab.inference.Inference`; set by certify, built on
     #: first access)
     inference: object = field(default=None, repr=False)
+
+    #: the headline of ``repr`` (the atoms of Q* are summarised by their count)
+    _repr_fields = ("value", "status", "r", "risk_base", "risk_star", "h", "gap", "loss",
+                    "theta1", "theta2", "divergence", "solver", "n", "n_atoms")
 
     @property
     def n(self) -> int:

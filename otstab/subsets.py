@@ -217,6 +217,17 @@ class SubsetDistances(ResultMixin):
                 f"threshold={self.threshold}, n_communities={len(self.communities)}, "
                 f"n_components={self.n_components})")
 
+    def summary(self) -> str:
+        lines = [f"Metadata subsets: {len(self.sizes)} kept (min_size {self.min_size}), "
+                 f"{len(self.dropped)} dropped, meta-graph threshold {self.threshold:g}, "
+                 f"{self.n_components} connected component(s), "
+                 f"{len(self.communities)} communities, embedding dim "
+                 f"{self.embedding.shape[1]}"]
+        for i, members in enumerate(self.communities[:10]):
+            shown = ", ".join(map(str, members[:8])) + (" ..." if len(members) > 8 else "")
+            lines.append(f"  community {i}: {shown}")
+        return "\n".join(lines)
+
     def to_frame(self) -> pd.DataFrame:
         """Node table: ``size``, ``community`` (index into ``communities``) and coordinates."""
         comm = {t: i for i, members in enumerate(self.communities) for t in members}

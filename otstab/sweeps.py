@@ -7,13 +7,17 @@ further threshold only re-solves.
 
 from __future__ import annotations
 
+import logging
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 from otstab_solvers import conic as _conic
 
-from ._validation import as_float_vector
+from ._progress import check_progress, progress_bar
+from ._results import FrameResult
+from ._validation import as_float_vector, renamed_kwargs
 from .core import certify
 from .errors import ValidationError
 from .inference import analytic, check_level
@@ -23,23 +27,79 @@ from .params import check_common
 from .piecewise import solve_reduced
 from .reduction import feature_mask, reduce_problem
 
-__all__ = ["stability_curve"]
+__all__ = ["stability_curve", "StabilityCurve"]
+
+log = logging.getLogger(__name__)
 
 
-def stability_curve(model, X, y, *, r, loss, theta1=1.0, theta2=0.25, divergence="kl",
-                    solver="auto", features=None, confidence=None, sample_weight=None,
-                    **solver_options) -> pd.DataFrame:
+@dataclass(repr=False)
+class StabilityCurve(FrameResult):
+    """The answer of :func:`stability_curve`: one audited certificate per threshold.
+
+    ``table`` has one row per threshold: ``r``, ``value``, ``h``, ``risk_star``,
+    ``primal_cost``, ``gap``, ``status``, ``solver``, ``solve_time`` and, with ``level``,
+    ``se``, ``ci_low``, ``ci_high``. ``to_frame()`` returns it (with these settings in
+    ``attrs``).
+    """
+
+    table: pd.DataFrame
+    risk_base: float
+    loss: str
+    theta1: float
+    theta2: float
+    divergence: str
+    level: float | None = None
+
+    _function = "otstab.stability_curve"
+
+    @property
+    def r(self):
+        return self.table["r"].to_numpy()
+
+    @property
+    def value(self):
+        return self.table["value"].to_numpy()
+
+    def summary(self) -> str:
+        head = (f"Stability curve R(beta, r) ({self.loss} loss, {self.divergence}, "
+                f"theta1={self.theta1:g}, theta2={self.theta2:g}), base risk "
+                f"{self.risk_base:.6g}, {len(self.table)} thresholds")
+        cols = [c for c in ("r", "value", "status", "gap", "se", "ci_low", "ci_high")
+                if c in self.table.columns]
+        return head + "\n" + self.table[cols].head(30).to_string(index=False)
+
+
+@renamed_kwargs(confidence="level")
+def stability_curve(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl",
+                    solver="auto", features=None, level=None, sample_weight=None,
+                    progress=None, **solver_options) -> StabilityCurve:
     """R(beta, r) for every threshold in ``r`` (value versus r).
 
-    Returns a DataFrame with columns ``r``, ``value``, ``h``, ``risk_star``, ``primal_cost``,
-    ``gap``, ``status``, ``solver``, ``solve_time``; ``df.attrs["risk_base"]`` holds the base
-    risk. Each row is a full audited certificate (see :func:`otstab.certify`). With
-    ``confidence`` (a level in (0, 1)) the columns ``se``, ``ci_low``, ``ci_high`` give each
-    value's influence-function standard error and interval (``docs/inference.md``), drawn as
-    a band by :func:`otstab.plot.stability_curve`. ``sample_weight``: weights of the evaluation
-    rows, as in :func:`otstab.certify`.
+    Parameters
+    ----------
+    model, X, y, loss, theta1, theta2, divergence, solver, features, sample_weight :
+        As in :func:`otstab.certify`.
+    r : array-like of float >= 0
+        The thresholds.
+    level : float in (0, 1), optional
+        Add each value's influence-function standard error and interval at this level
+        (columns ``se``, ``ci_low``, ``ci_high``; ``docs/inference.md``), drawn as a band by
+        :func:`otstab.plot.stability_curve`. (Formerly ``confidence``.)
+    progress : None, True or False
+        A progress bar on stderr (None: only when stderr is a terminal).
+    **solver_options
+        Passed to the backend, as in :func:`otstab.certify`.
+
+    Returns
+    -------
+    StabilityCurve
+        ``to_frame()``: one row per threshold with columns ``r``, ``value``, ``h``,
+        ``risk_star``, ``primal_cost``, ``gap``, ``status``, ``solver``, ``solve_time``
+        (with ``level`` also ``se``, ``ci_low``, ``ci_high``); ``risk_base`` is the base
+        risk. Each row is a full audited certificate (see :func:`otstab.certify`).
     """
-    level = None if confidence is None else check_level(confidence, "confidence")
+    level = None if level is None else check_level(level)
+    show = check_progress(progress)
     grid = as_float_vector(r, "r")
     if np.any(grid < 0):
         raise ValidationError("r must be >= 0")
@@ -56,21 +116,25 @@ def stability_curve(model, X, y, *, r, loss, theta1=1.0, theta2=0.25, divergence
         program = None
         if solver not in ("auto", "dual"):  # one program for the sweep, weighted or not
             program = _conic.ConicProgram(red.c1, red.c2, theta2, divergence, weights=prob.p)
-        for rv in grid:
-            t0 = time.perf_counter()
-            res = solve_reduced(prob, red, float(rv), theta1, theta2, divergence, solver, t0,
-                                program=program, **solver_options)
-            if prob.p is not None:
-                res.info["sample_weight"] = prob.p  # for the weighted influence function
-            results.append(res)
+        with progress_bar(grid.size, "stability_curve", show) as bar:
+            for rv in grid:
+                t0 = time.perf_counter()
+                res = solve_reduced(prob, red, float(rv), theta1, theta2, divergence, solver,
+                                    t0, program=program, **solver_options)
+                if prob.p is not None:
+                    res.info["sample_weight"] = prob.p  # for the weighted influence function
+                results.append(res)
+                bar.update()
     else:
         if isinstance(loss_obj, ZeroOne) and np.any(grid > 1):
             raise ValidationError("r is an error rate for loss='zero_one': values must be <= 1")
-        for rv in grid:
-            results.append(certify(model, X, y, loss=loss_obj, r=float(rv), theta1=theta1,
-                                   theta2=theta2, divergence=divergence, solver=solver,
-                                   features=features, sample_weight=sample_weight,
-                                   **solver_options))
+        with progress_bar(grid.size, "stability_curve", show) as bar:
+            for rv in grid:
+                results.append(certify(model, X, y, loss=loss_obj, r=float(rv), theta1=theta1,
+                                       theta2=theta2, divergence=divergence, solver=solver,
+                                       features=features, sample_weight=sample_weight,
+                                       **solver_options))
+                bar.update()
     df = pd.DataFrame({
         "r": grid,
         "value": [res.value for res in results],
@@ -89,8 +153,7 @@ def stability_curve(model, X, y, *, r, loss, theta1=1.0, theta2=0.25, divergence
         df["se"] = [inf_.se for inf_ in infs]
         df["ci_low"] = [b[0] for b in bands]
         df["ci_high"] = [b[1] for b in bands]
-        df.attrs["confidence"] = level
-    df.attrs.update({"risk_base": results[0].risk_base if results else float("nan"),
-                     "loss": loss_obj.name, "theta1": theta1, "theta2": theta2,
-                     "divergence": divergence})
-    return df
+    log.debug("stability_curve: %d thresholds certified", len(results))
+    return StabilityCurve(df, risk_base=results[0].risk_base if results else float("nan"),
+                          loss=loss_obj.name, theta1=theta1, theta2=theta2,
+                          divergence=divergence, level=level)

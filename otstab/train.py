@@ -29,7 +29,9 @@ PyTorch versions for MLPs are in :mod:`otstab.train_torch` (``AdversarialMLPClas
 
 from __future__ import annotations
 
+import logging
 import math
+import warnings
 from dataclasses import dataclass, field
 from numbers import Real
 
@@ -44,8 +46,9 @@ from sklearn.model_selection import ParameterGrid
 from sklearn.utils.multiclass import check_classification_targets, type_of_target
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from ._progress import check_progress, progress_bar
 from ._results import ResultMixin
-from ._validation import check_positive_extended
+from ._validation import check_positive_extended, renamed_kwargs
 from .core import certify
 from .errors import InputTypeError, ValidationError
 from .features import feature_stability
@@ -53,6 +56,8 @@ from .reduction import feature_mask
 
 __all__ = ["AdversarialLogisticRegression", "TiltedLogisticRegression", "robust_objective",
            "select_by_validation", "harden", "HardenResult"]
+
+log = logging.getLogger(__name__)
 
 
 def robust_objective(coef, intercept, X, signs, *, gamma=math.inf, t=math.inf, mask=None):
@@ -223,19 +228,31 @@ def select_by_validation(estimator, param_grid, X_train, y_train, X_val, y_val):
     return best, pd.DataFrame(rows)
 
 
-@dataclass
+@dataclass(repr=False)
 class HardenResult(ResultMixin):
     """Before/after of :func:`harden`: the targeted feature's score (``certify`` with only that
-    feature moving), the all-feature value, accuracy, and the hardened model."""
+    feature moving), the all-feature value, accuracy, and the hardened model.
+
+    ``feature`` is the label of what was hardened (a feature, a block, or the names passed as
+    ``features`` joined by ", "), ``columns`` the columns that moved; ``ranking`` the
+    :class:`otstab.features.FeatureStability` that chose it (None when ``features`` was
+    given)."""
 
     feature: str
     before: dict
     after: dict
     model: object = field(repr=False)
-    ranking: pd.DataFrame | None = field(default=None, repr=False)
+    ranking: object = field(default=None, repr=False)
+    columns: list = field(default_factory=list)
 
     def to_frame(self) -> pd.DataFrame:
         return pd.DataFrame([self.before, self.after], index=["before", "after"])
+
+    def _headline(self):
+        return [("feature", self.feature),
+                *[(f"{k}_{when}", getattr(self, when).get(k)) for k in ("score", "value",
+                                                                      "accuracy")
+                  for when in ("before", "after")]]
 
     def summary(self) -> str:
         return f"hardening feature {self.feature!r}\n{self.to_frame().to_string()}"
@@ -244,40 +261,60 @@ class HardenResult(ResultMixin):
         return self.summary()
 
 
+@renamed_kwargs(feature="features", groups="feature_groups")
 def harden(model, X, y, *, X_eval=None, y_eval=None, loss="zero_one", r, theta1=1.0,
-           theta2=0.25, divergence="kl", feature=None, groups=None, gamma=1.0, C=1.0,
-           verbose=True) -> HardenResult:
+           theta2=0.25, divergence="kl", features=None, feature_groups=None, gamma=1.0, C=1.0,
+           progress=None, verbose=None) -> HardenResult:
     """Certify -> pick the most fragile feature -> targeted AT -> re-certify.
 
     ``model`` is a fitted binary linear classifier, ``X, y`` its training data, ``X_eval,
-    y_eval`` the evaluation data (default the training data). Without ``feature`` the feature
-    with the lowest :func:`otstab.feature_stability` score on the evaluation data is
-    hardened. A :class:`AdversarialLogisticRegression` with ``gamma``, ``C`` and
-    ``features=[feature]`` is fitted on ``X, y``; both models are certified on the evaluation
-    data (``score``: only the feature moves; ``value``: all features) and their accuracies
-    reported. ``verbose`` prints the before/after table.
+    y_eval`` the evaluation data (default the training data). Without ``features`` the feature
+    (or block of ``feature_groups``) with the lowest :func:`otstab.feature_stability` score on
+    the evaluation data is hardened; ``features`` (a column name or a list of them; formerly
+    ``feature``) names the columns to harden instead. A
+    :class:`AdversarialLogisticRegression` with ``gamma``, ``C`` and those columns as its
+    ``features`` is fitted on ``X, y``; both models are certified on the evaluation data
+    (``score``: only those columns move; ``value``: all features) and their accuracies
+    reported (``print(result)`` shows the before/after table; it is also logged at INFO level
+    on the ``"otstab"`` logger). ``progress``: a progress bar on stderr (None: only when
+    stderr is a terminal). ``verbose`` is deprecated (it printed the table).
     """
+    if verbose is not None:
+        warnings.warn("harden(): 'verbose' is deprecated and will be removed in the next "
+                      "release; the table is no longer printed: print(result), or see the "
+                      "'otstab' logger at INFO level", FutureWarning, stacklevel=3)
     if not hasattr(model, "predict"):
         raise InputTypeError(f"model must be a fitted classifier, got {type(model).__name__}")
+    show = check_progress(progress)
     X_eval = X if X_eval is None else X_eval
     y_eval = y if y_eval is None else y_eval
     settings = dict(loss=loss, r=r, theta1=theta1, theta2=theta2, divergence=divergence)
     ranking = None
-    if feature is None:
-        ranking = feature_stability(model, X_eval, y_eval, groups=groups, **settings)
-        feature = ranking["feature"].iloc[0]
-        cols = list(ranking["columns"].iloc[0])
-    else:
-        cols = [feature]
-    new = AdversarialLogisticRegression(gamma=gamma, features=cols, C=C).fit(X, y)
+    with progress_bar(6, "harden", show) as bar:
+        if features is None:
+            ranking = feature_stability(model, X_eval, y_eval, feature_groups=feature_groups,
+                                        progress=False, **settings)
+            label = ranking.table["feature"].iloc[0]
+            cols = list(ranking.table["columns"].iloc[0])
+        else:
+            cols = [features] if isinstance(features, str) or np.ndim(features) == 0 \
+                else list(features)
+            if not cols:
+                raise ValidationError("features must name at least one column")
+            label = ", ".join(map(str, cols))
+        bar.update()
+        new = AdversarialLogisticRegression(gamma=gamma, features=cols, C=C).fit(X, y)
+        bar.update()
 
-    def row(m):
-        return {"score": certify(m, X_eval, y_eval, features=cols, **settings).value,
-                "value": certify(m, X_eval, y_eval, **settings).value,
-                "accuracy": float(np.mean(m.predict(X_eval) == np.asarray(y_eval)))}
+        def row(m):
+            out = {"score": certify(m, X_eval, y_eval, features=cols, **settings).value}
+            bar.update()
+            out["value"] = certify(m, X_eval, y_eval, **settings).value
+            bar.update()
+            out["accuracy"] = float(np.mean(m.predict(X_eval) == np.asarray(y_eval)))
+            return out
 
-    out = HardenResult(feature=str(feature), before=row(model), after=row(new), model=new,
-                       ranking=ranking)
-    if verbose:
-        print(out.summary())
+        out = HardenResult(feature=str(label), before=row(model), after=row(new), model=new,
+                           ranking=ranking, columns=[str(c) for c in cols])
+    log.info("%s", out.summary())
     return out

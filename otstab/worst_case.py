@@ -48,12 +48,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ._progress import check_progress, progress_bar
 from ._results import ResultMixin
 from ._validation import (
     as_float_vector,
     check_probability,
+    check_random_state,
     check_same_length,
     check_scalar,
+    renamed_kwargs,
 )
 from .errors import InputTypeError, ValidationError
 from .losses import ZeroOne, get_loss
@@ -278,17 +281,6 @@ def _check_p(p, *, allow_none: bool) -> tuple[np.ndarray, bool]:
     return np.unique(np.array(vals, dtype=np.float64)), False
 
 
-def _rng(random_state) -> np.random.Generator:
-    if isinstance(random_state, np.random.Generator):
-        return random_state
-    if random_state is None or isinstance(random_state, (Integral, np.integer)):
-        return np.random.default_rng(random_state)
-    if isinstance(random_state, np.random.RandomState):
-        return np.random.default_rng(random_state.randint(0, 2**31 - 1))
-    raise InputTypeError(f"random_state must be None, an int or a numpy Generator, "
-                         f"got {type(random_state).__name__}")
-
-
 def _is_estimator(obj) -> bool:
     return hasattr(obj, "fit") and hasattr(obj, "predict") and not isinstance(obj, type)
 
@@ -431,7 +423,7 @@ def _first_crossing(tails: list[_Tail], threshold: float, offset: float = 0.0) -
 # ------------------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(repr=False)
 class WorstCaseResult(ResultMixin):
     """Worst-case subpopulation risk ``W_p = CVaR_p(E[loss | Z])`` (:func:`worst_subpopulation`).
 
@@ -457,7 +449,7 @@ class WorstCaseResult(ResultMixin):
         without a threshold.
     p_star_upper : float or None
         The *guarantee* ``inf {p : W^_p + halfwidth_p <= threshold}`` from the dimension-free
-        band: with probability at least ``1 - delta`` every sub-population of size at least
+        band: with probability at least ``level`` every sub-population of size at least
         ``p_star_upper`` has risk at most ``threshold`` (when ``bound`` was given). NaN when the
         data cannot certify the threshold at any ``p``.
     threshold : float or None
@@ -479,10 +471,10 @@ class WorstCaseResult(ResultMixin):
         is vacuous (``halfwidth >= loss_bound``). In ``curve`` likewise per ``p``.
     halfwidth : float or ndarray
         Dimension-free bound (Theorem 2 of the paper) on ``|W_p - value|``; simultaneous over all
-        ``p`` with probability at least ``1 - delta``.
+        ``p`` with probability at least ``level``.
     halfwidth_fixed_h : float or ndarray
         DKW bound on the second-stage error ``|W_p(h) - value|`` for the fitted ``h`` (ignores
-        the error of ``h`` itself); simultaneous over ``p`` with probability ``>= 1 - delta``.
+        the error of ``h`` itself); simultaneous over ``p`` with probability ``>= level``.
     raw_cvar : float or ndarray
         Plug-in ``CVaR_p`` of the raw losses: ``W_p`` for ``Z = all columns (X, Y)``, an upper
         bound on ``W_p`` for every ``Z``.
@@ -492,8 +484,9 @@ class WorstCaseResult(ResultMixin):
         ``B`` used by the bounds (``bound`` if given, else the observed loss range).
     loss_bound_source : str
         ``"given"`` or ``"empirical"`` (the bounds then are plug-in, not guarantees).
-    delta, approx_error : float
-        Failure probability of the bands and the user-supplied approximation error
+    level, approx_error : float
+        Confidence level of the bands (their failure probability is ``delta = 1 - level``,
+        also an attribute) and the user-supplied approximation error
         ``eps_app = ||h* - mu||_2`` of the regressor class.
     n, cv : int
         Rows and number of cross-fitting folds (1 when a fixed ``h`` was supplied).
@@ -528,7 +521,7 @@ class WorstCaseResult(ResultMixin):
     mean_loss: float
     loss_bound: float
     loss_bound_source: str
-    delta: float
+    level: float
     approx_error: float
     n: int
     cv: int
@@ -544,6 +537,14 @@ class WorstCaseResult(ResultMixin):
     _tails: list = field(repr=False, default=None)
     _U: float = field(repr=False, default=math.nan)
     _range: tuple = field(repr=False, default=(-math.inf, math.inf))
+
+    _repr_fields = ("value", "p", "lower", "upper", "p_star", "p_star_upper", "threshold",
+                    "certificate", "mean_loss", "loss_bound", "level", "n", "cv")
+
+    @property
+    def delta(self) -> float:
+        """Failure probability of the bands, ``1 - level``."""
+        return 1.0 - self.level
 
     def value_at(self, p) -> np.ndarray | float:
         """Cross-fitted ``W_p`` at any ``p`` (scalar or array), from the stored fitted ``h``."""
@@ -603,7 +604,7 @@ class WorstCaseResult(ResultMixin):
         if self.curve is None:
             band = ("vacuous" if math.isnan(self.lower)
                     else f"[{self.lower:.4g}, {self.upper:.4g}]")
-            lines.append(f"  W_{self.p:g} (estimate) {self.value:.4g}, {_pct(1 - self.delta)} "
+            lines.append(f"  W_{self.p:g} (estimate) {self.value:.4g}, {_pct(self.level)} "
                          f"dimension-free band {band}")
         else:
             lines.append(f"  W_p (estimates)   {len(self.curve)} values of p: see to_frame()")
@@ -632,7 +633,7 @@ class WorstCaseResult(ResultMixin):
         })
 
 
-@dataclass
+@dataclass(repr=False)
 class ConditionalShiftResult(ResultMixin):
     """Conditional-shift worst-case risk ``R_p = E_Z[CVaR_p(mu0 | Z)]`` (:func:`conditional_shift`).
 
@@ -712,6 +713,9 @@ class ConditionalShiftResult(ResultMixin):
     fold: np.ndarray = field(repr=False, default=None)
     regressors: list = field(repr=False, default=None)
 
+    _repr_fields = ("value", "se", "ci", "p", "joint_value", "mean_loss", "level", "n",
+                    "folds", "w_columns", "z_columns")
+
     @property
     def weights(self) -> np.ndarray:
         """Worst-case density ratio ``dQ/dP = selector / p`` (same shape as ``selector``)."""
@@ -769,6 +773,15 @@ def _fold_weights(v: np.ndarray, p: float) -> np.ndarray:
 # ------------------------------------------------------------------------------------------
 
 
+def _one_minus(delta):
+    """``level = 1 - delta`` for the deprecated ``delta=`` (other input is left for the
+    level check to refuse)."""
+    if isinstance(delta, (bool, np.bool_)) or not isinstance(delta, (int, float, np.number)):
+        return delta
+    return 1.0 - float(delta)
+
+
+@renamed_kwargs(delta=("level", _one_minus))
 def worst_subpopulation(
     losses,
     Z,
@@ -777,10 +790,11 @@ def worst_subpopulation(
     threshold=None,
     regressor=None,
     cv: int = 2,
-    delta: float = 0.05,
+    level: float = 0.95,
     bound=None,
     approx_error: float = 0.0,
     random_state=None,
+    progress=None,
 ) -> WorstCaseResult:
     """Worst-case risk over all sub-populations of size ``>= p`` defined by attributes ``Z``.
 
@@ -817,8 +831,10 @@ def worst_subpopulation(
         max_leaf_nodes=15, min_samples_leaf=20, l2_regularization=1.0, early_stopping=False)``.
     cv : int, default 2
         Number of cross-fitting folds (2 = the paper's halves, swapped and averaged).
-    delta : float in (0, 1), default 0.05
-        Failure probability of the reported bands (split across folds and events).
+    level : float in (0, 1), default 0.95
+        Confidence level of the reported bands: they fail with probability at most
+        ``delta = 1 - level`` (split across folds and events). Formerly ``delta`` (the
+        failure probability itself: ``delta=0.05`` is ``level=0.95``).
     bound : float, optional
         ``B`` with losses in ``[0, B]`` (the paper's Assumption 1), needed for the bounds to be
         guarantees. None: ``B`` is the observed range ``max(l) - min(0, min(l))`` and the bands
@@ -826,8 +842,11 @@ def worst_subpopulation(
     approx_error : float, default 0
         ``eps_app``: an upper bound on ``||h* - mu||_2``, the approximation error of the
         regressor class, added to the dimension-free bound.
-    random_state : int, Generator or None
+    random_state : None, int, numpy Generator or RandomState
         Seeds the fold split and the default regressor.
+    progress : None, True or False
+        A progress bar on stderr over the regressor fits (None: only when stderr is a
+        terminal).
 
     Returns
     -------
@@ -855,11 +874,13 @@ def worst_subpopulation(
     grid, scalar = _check_p(p, allow_none=True)
     if threshold is not None:
         threshold = check_scalar(threshold, "threshold")
-    delta = check_scalar(delta, "delta", low=0.0, high=1.0, low_inclusive=False,
+    level = check_scalar(level, "level", low=0.0, high=1.0, low_inclusive=False,
                          high_inclusive=False)
+    delta = 1.0 - level
     approx_error = _loss_unit_scalar(approx_error, "approx_error")
     kind = _check_learner(regressor, "regressor")
-    rng = _rng(random_state)
+    rng = check_random_state(random_state)
+    show = check_progress(progress)
 
     if B_given is not None:
         lo, B, source = 0.0, B_given, "given"
@@ -898,17 +919,20 @@ def worst_subpopulation(
             Xf = enc.onehot
         h_all = np.empty(n)
         fitted, mse, mse_min = [], [], []
-        for k in range(K):
-            te, tr = fold == k, fold != k
-            est = _clone(base).fit(Xf[tr], l[tr])
-            h_all[te] = np.clip(_predictions(est.predict(Xf[te]), "regressor.predict", te.sum()),
-                                lo, hi)
-            fitted.append(est)
-            mse.append(float(np.mean((l[te] - h_all[te]) ** 2)))
-            ref = _clone(base).fit(Xf[te], l[te])
-            ref_pred = np.clip(_predictions(ref.predict(Xf[te]), "regressor.predict", te.sum()),
-                               lo, hi)
-            mse_min.append(float(np.mean((l[te] - ref_pred) ** 2)))
+        with progress_bar(2 * K, "worst_subpopulation", show) as bar:
+            for k in range(K):
+                te, tr = fold == k, fold != k
+                est = _clone(base).fit(Xf[tr], l[tr])
+                bar.update()
+                h_all[te] = np.clip(_predictions(est.predict(Xf[te]), "regressor.predict",
+                                                 te.sum()), lo, hi)
+                fitted.append(est)
+                mse.append(float(np.mean((l[te] - h_all[te]) ** 2)))
+                ref = _clone(base).fit(Xf[te], l[te])
+                bar.update()
+                ref_pred = np.clip(_predictions(ref.predict(Xf[te]), "regressor.predict",
+                                                te.sum()), lo, hi)
+                mse_min.append(float(np.mean((l[te] - ref_pred) ** 2)))
         used, dropped = enc.names, enc.dropped
 
     tails = [_Tail.of(h_all[fold == k]) for k in range(K)]
@@ -938,7 +962,7 @@ def worst_subpopulation(
         p_star=p_star, p_star_upper=p_star_upper, threshold=threshold, certificate=certificate,
         estimate=estimate, mean_loss=float(np.mean(l)), loss_bound=float(B),
         loss_bound_source=source,
-        delta=delta, approx_error=approx_error, n=n, cv=K, fold_mse=mse, fold_mse_min=mse_min,
+        level=level, approx_error=approx_error, n=n, cv=K, fold_mse=mse, fold_mse_min=mse_min,
         columns_used=list(used), columns_dropped=list(dropped), h=h_all, fold=fold,
         regressors=fitted, _tails=tails, _U=U, _range=(lo, hi),
     )
@@ -982,7 +1006,7 @@ def _guarantee_sentence(res: WorstCaseResult) -> str | None:
     """What the threshold certificate guarantees (or why it does not), in one sentence."""
     if res.threshold is None:
         return None
-    t, q, conf = res.threshold, res.p_star_upper, _pct(1 - res.delta)
+    t, q, conf = res.threshold, res.p_star_upper, _pct(res.level)
     if math.isnan(q):
         return (f"not certified: W_p + halfwidth_p <= {t:g} holds at no p, so nothing is "
                 f"guaranteed at {conf} confidence")
@@ -1010,7 +1034,7 @@ def _vacuous_note(res: WorstCaseResult, grid: np.ndarray, hw: np.ndarray) -> str
         parts.append(f"at p = {pp:g} from n = {need:,}" if math.isfinite(need) else
                      f"at p = {pp:g} not by more rows alone (the excess-error and approx_error "
                      f"terms already reach p B: a better-fitting regressor is needed)")
-    return (f"At n = {res.n:,} the {_pct(1 - res.delta)} dimension-free band is vacuous "
+    return (f"At n = {res.n:,} the {_pct(res.level)} dimension-free band is vacuous "
             f"(half-width >= the loss range B = {res.loss_bound:g}) for {where}: lower/upper "
             f"are NaN there. By the bound's rate (half-width ~ n^-1/4, the regressor's excess "
             f"error held fixed) it stops being vacuous {' and '.join(parts)}.")
@@ -1071,6 +1095,7 @@ def conditional_shift(
     level: float = 0.95,
     inner_split: bool = False,
     random_state=None,
+    progress=None,
 ) -> ConditionalShiftResult:
     """Worst-case risk when ``P(W | Z)`` shifts (density ratio ``<= 1/p``) and ``P(Z)`` is kept.
 
@@ -1125,8 +1150,11 @@ def conditional_shift(
         If True, the quantile regression of fold ``k`` uses out-of-fold predictions of ``mu``
         (a 2-fold split inside the training folds) instead of the in-sample ``mu^_k``, which
         matters for regressors that interpolate their training losses (e.g. deep forests).
-    random_state : int, Generator or None
+    random_state : None, int, numpy Generator or RandomState
         Seeds the folds, the noise ``u`` and the default regressors.
+    progress : None, True or False
+        A progress bar on stderr over the regressor fits (None: only when stderr is a
+        terminal).
 
     Returns
     -------
@@ -1139,7 +1167,8 @@ def conditional_shift(
                          high_inclusive=False)
     kind_mu = _check_learner(regressor, "regressor")
     kind_q = _check_learner(quantile_regressor, "quantile_regressor")
-    rng = _rng(random_state)
+    rng = check_random_state(random_state)
+    show = check_progress(progress)
     if W is None:
         raise ValidationError("W is required: the mutable variables whose distribution shifts")
     encW = _encode(W, "W", n)
@@ -1167,81 +1196,86 @@ def conditional_shift(
     seed = int(rng.integers(0, 2**31 - 1))
     u = rng.uniform(0.0, eps, size=n) if eps > 0 else np.zeros(n)
 
-    # ---- mu: cross-fitted predictions and, per fold, the targets of the quantile fit
-    mu = np.empty(n)
-    train_targets: list[np.ndarray] = []
-    fitted: list = []
-    if kind_mu == "callable":
-        mu_all = _predictions(regressor(W, Z), "regressor(W, Z)", n)
-        mu[:] = mu_all
-        for k in range(K):
-            train_targets.append(mu_all[fold != k])
-        fitted = [regressor]
-    else:
-        if kind_mu == "default":
-            Xmu = np.column_stack([encW.native, encZ.native])
-            base = _default_regressor(np.concatenate([encW.categorical, encZ.categorical]), seed)
+    total = (0 if kind_mu == "callable" else K) + K * int(np.sum(grid < 1.0))
+    with progress_bar(total, "conditional_shift", show) as bar:
+        # ---- mu: cross-fitted predictions and, per fold, the targets of the quantile fit
+        mu = np.empty(n)
+        train_targets: list[np.ndarray] = []
+        fitted: list = []
+        if kind_mu == "callable":
+            mu_all = _predictions(regressor(W, Z), "regressor(W, Z)", n)
+            mu[:] = mu_all
+            for k in range(K):
+                train_targets.append(mu_all[fold != k])
+            fitted = [regressor]
         else:
-            Xmu = np.column_stack([encW.onehot, encZ.onehot])
-            base = regressor
-        for k in range(K):
-            te, tr = fold == k, fold != k
-            est = _clone(base).fit(Xmu[tr], l[tr])
-            mu[te] = _predictions(est.predict(Xmu[te]), "regressor.predict", int(te.sum()))
-            fitted.append(est)
-            if inner_split:
-                tr_idx = np.flatnonzero(tr)
-                half = rng.permutation(tr_idx.size) % 2 == 0
-                tgt = np.empty(tr_idx.size)
-                for a, b in ((half, ~half), (~half, half)):
-                    e2 = _clone(base).fit(Xmu[tr_idx[a]], l[tr_idx[a]])
-                    tgt[b] = e2.predict(Xmu[tr_idx[b]])
-                train_targets.append(_predictions(tgt, "regressor.predict", tr_idx.size))
+            if kind_mu == "default":
+                Xmu = np.column_stack([encW.native, encZ.native])
+                base = _default_regressor(np.concatenate([encW.categorical,
+                                                          encZ.categorical]), seed)
             else:
-                train_targets.append(_predictions(est.predict(Xmu[tr]), "regressor.predict",
-                                                  int(tr.sum())))
-
-    # ---- per p: eta, selector, psi
-    Xq = encZ.native if kind_q == "default" else encZ.onehot
-    z_crit = float(_norm_ppf(0.5 + level / 2))
-    etas = np.empty((n, grid.size))
-    sel = np.zeros((n, grid.size), dtype=bool)
-    psis = np.empty((n, grid.size))
-    jpsis = np.empty((n, grid.size))
-    for j, pp in enumerate(grid):
-        if pp >= 1.0:
-            # R_1 = E[loss]: every row is selected and psi_i = l_i; eta is not identified.
-            etas[:, j] = np.nan
-            sel[:, j] = True
-            psis[:, j] = l
-            jpsis[:, j] = l
-            continue
-        q = 1.0 - pp
-        eta_j = np.empty(n)
-        jeta = np.empty(n)
-        qfit = None
-        if kind_q == "callable" and not z_empty:
-            qfit = _predictions(quantile_regressor(Z, q), "quantile_regressor(Z, level)", n)
-        for k in range(K):
-            te, tr = fold == k, fold != k
-            target = train_targets[k] + u[tr]
-            jeta[te] = _lower_quantile(target, q)
-            if z_empty:
-                eta_j[te] = jeta[te]
-            elif qfit is not None:
-                eta_j[te] = qfit[te]
-            else:
-                if kind_q == "default":
-                    qest = _default_quantile_regressor(encZ.categorical, seed)
-                    qest.set_params(quantile=q)
+                Xmu = np.column_stack([encW.onehot, encZ.onehot])
+                base = regressor
+            for k in range(K):
+                te, tr = fold == k, fold != k
+                est = _clone(base).fit(Xmu[tr], l[tr])
+                bar.update()
+                mu[te] = _predictions(est.predict(Xmu[te]), "regressor.predict", int(te.sum()))
+                fitted.append(est)
+                if inner_split:
+                    tr_idx = np.flatnonzero(tr)
+                    half = rng.permutation(tr_idx.size) % 2 == 0
+                    tgt = np.empty(tr_idx.size)
+                    for a, b in ((half, ~half), (~half, half)):
+                        e2 = _clone(base).fit(Xmu[tr_idx[a]], l[tr_idx[a]])
+                        tgt[b] = e2.predict(Xmu[tr_idx[b]])
+                    train_targets.append(_predictions(tgt, "regressor.predict", tr_idx.size))
                 else:
-                    qest = _with_quantile(quantile_regressor, q)
-                qest.fit(Xq[tr], target)
-                eta_j[te] = _predictions(qest.predict(Xq[te]), "quantile_regressor.predict",
-                                         int(te.sum()))
-        psis[:, j], sel[:, j] = _dml_score(l, mu, u, eta_j, pp)
-        jpsis[:, j], _ = _dml_score(l, mu, u, jeta, pp)
-        etas[:, j] = eta_j
+                    train_targets.append(_predictions(est.predict(Xmu[tr]), "regressor.predict",
+                                                      int(tr.sum())))
+
+        # ---- per p: eta, selector, psi
+        Xq = encZ.native if kind_q == "default" else encZ.onehot
+        z_crit = float(_norm_ppf(0.5 + level / 2))
+        etas = np.empty((n, grid.size))
+        sel = np.zeros((n, grid.size), dtype=bool)
+        psis = np.empty((n, grid.size))
+        jpsis = np.empty((n, grid.size))
+        for j, pp in enumerate(grid):
+            if pp >= 1.0:
+                # R_1 = E[loss]: every row is selected and psi_i = l_i; eta is not identified.
+                etas[:, j] = np.nan
+                sel[:, j] = True
+                psis[:, j] = l
+                jpsis[:, j] = l
+                continue
+            q = 1.0 - pp
+            eta_j = np.empty(n)
+            jeta = np.empty(n)
+            qfit = None
+            if kind_q == "callable" and not z_empty:
+                qfit = _predictions(quantile_regressor(Z, q), "quantile_regressor(Z, level)", n)
+            for k in range(K):
+                te, tr = fold == k, fold != k
+                target = train_targets[k] + u[tr]
+                jeta[te] = _lower_quantile(target, q)
+                if z_empty:
+                    eta_j[te] = jeta[te]
+                elif qfit is not None:
+                    eta_j[te] = qfit[te]
+                else:
+                    if kind_q == "default":
+                        qest = _default_quantile_regressor(encZ.categorical, seed)
+                        qest.set_params(quantile=q)
+                    else:
+                        qest = _with_quantile(quantile_regressor, q)
+                    qest.fit(Xq[tr], target)
+                    eta_j[te] = _predictions(qest.predict(Xq[te]), "quantile_regressor.predict",
+                                             int(te.sum()))
+                bar.update()
+            psis[:, j], sel[:, j] = _dml_score(l, mu, u, eta_j, pp)
+            jpsis[:, j], _ = _dml_score(l, mu, u, jeta, pp)
+            etas[:, j] = eta_j
 
     R = psis.mean(axis=0)
     se = psis.std(axis=0) / math.sqrt(n)
@@ -1309,30 +1343,42 @@ def _columns_of(X, cols, name: str):
     return X[names]
 
 
-def worst_subpopulation_of_model(model, X, y, *, loss, Z=None, **kwargs) -> WorstCaseResult:
+@renamed_kwargs(delta=("level", _one_minus))
+def worst_subpopulation_of_model(model, X, y, *, loss, Z=None, p=None, threshold=None,
+                                 regressor=None, cv: int = 2, level: float = 0.95, bound=None,
+                                 approx_error: float = 0.0, random_state=None,
+                                 progress=None) -> WorstCaseResult:
     """:func:`worst_subpopulation` of ``model``'s per-sample ``loss`` on held-out ``(X, y)``.
 
     Losses come from :func:`otstab.models.per_sample_losses`. ``Z`` defaults to all columns of
     ``X``; with a DataFrame ``X`` it may be a column name or a list of names. For the 0-1 loss
-    ``bound`` defaults to 1 (its known range, so the band is a guarantee). Other keyword
-    arguments go to :func:`worst_subpopulation`.
+    ``bound`` defaults to 1 (its known range, so the band is a guarantee). The other
+    arguments are those of :func:`worst_subpopulation`.
     """
     losses = _model_losses(model, X, y, loss)
     Zv = X if Z is None else _columns_of(X, Z, "Z")
-    if kwargs.get("bound") is None and isinstance(get_loss(loss), ZeroOne):
-        kwargs["bound"] = 1.0  # the 0-1 loss lies in [0, 1]: a known range, so a guarantee
-    return worst_subpopulation(losses, Zv, **kwargs)
+    if bound is None and isinstance(get_loss(loss), ZeroOne):
+        bound = 1.0  # the 0-1 loss lies in [0, 1]: a known range, so a guarantee
+    return worst_subpopulation(losses, Zv, p=p, threshold=threshold, regressor=regressor,
+                               cv=cv, level=level, bound=bound, approx_error=approx_error,
+                               random_state=random_state, progress=progress)
 
 
-def conditional_shift_of_model(model, X, y, *, loss, W, Z, p, **kwargs) -> ConditionalShiftResult:
+def conditional_shift_of_model(model, X, y, *, loss, W, Z, p, folds=10, regressor=None,
+                               quantile_regressor=None, discrete_eps=None,
+                               level: float = 0.95, inner_split: bool = False,
+                               random_state=None, progress=None) -> ConditionalShiftResult:
     """:func:`conditional_shift` of ``model``'s per-sample ``loss`` on held-out ``(X, y)``.
 
     ``W`` and ``Z`` may be column names (or lists of names) of a DataFrame ``X``, or arrays.
-    Other keyword arguments go to :func:`conditional_shift`.
+    The other arguments are those of :func:`conditional_shift`.
     """
     losses = _model_losses(model, X, y, loss)
     return conditional_shift(losses, _columns_of(X, W, "W"), _columns_of(X, Z, "Z"), p=p,
-                             **kwargs)
+                             folds=folds, regressor=regressor,
+                             quantile_regressor=quantile_regressor, discrete_eps=discrete_eps,
+                             level=level, inner_split=inner_split, random_state=random_state,
+                             progress=progress)
 
 
 # ------------------------------------------------------------------------------------------
@@ -1367,7 +1413,7 @@ def plot_worst_case(result: WorstCaseResult, ax=None):
     if ax is None:
         _, ax = plt.subplots()
     kind = "guaranteed" if result.loss_bound_source == "given" else "plug-in"
-    band = f"{_pct(1 - result.delta)} {kind} band (dimension-free)"
+    band = f"{_pct(result.level)} {kind} band (dimension-free)"
     if result.vacuous_note:
         band += ", vacuous where not drawn"
     _plot_band(ax, result.to_frame(), "W_p", ("lower", "upper"), "raw_cvar", band=band,
@@ -1381,7 +1427,7 @@ def plot_worst_case(result: WorstCaseResult, ax=None):
         if result.certificate == "certified":
             ax.axvline(result.p_star_upper, color="C2", lw=1.2,
                        label=f"certified p >= {result.p_star_upper:.3g} "
-                             f"({_pct(1 - result.delta)})")
+                             f"({_pct(result.level)})")
     ax.set_xlabel("subpopulation fraction p")
     ax.set_ylabel("worst-case risk")
     ax.legend()

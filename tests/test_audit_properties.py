@@ -408,7 +408,7 @@ def test_feature_stability_equals_certify_per_feature(case, n, d, seed, dead, th
     ok = well_conditioned(thetas, base, lmax, err)
     try:
         df = otstab.feature_stability(model, X, y, loss=CASES[case][0], r=r, theta1=thetas[0],
-                                      theta2=thetas[1], divergence=divergence)
+                                      theta2=thetas[1], divergence=divergence).to_frame()
     except otstab.errors.SolverError:
         assert not ok, "feature_stability refused a well-conditioned instance"
         return

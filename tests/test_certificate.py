@@ -55,7 +55,7 @@ def toy():
 def toy_cert(toy):
     model, X, y = toy
     res = otstab.certify(model, X, y, loss="zero_one", r=0.3)
-    fs = otstab.feature_stability(model, X, y, loss="zero_one", r=0.3)
+    fs = otstab.feature_stability(model, X, y, loss="zero_one", r=0.3).to_frame()
     return C.make_certificate(res, model, X, y, features=fs, target="label"), res, fs
 
 
@@ -479,9 +479,10 @@ def tamper_cases(tmp_path_factory):
         fs, groups = None, None
         if kind.endswith("features"):
             groups = {"ab": ["a", "b"]}
-            fs = otstab.feature_stability(model, X, y, loss="zero_one", r=0.3, groups=groups)
+            fs = otstab.feature_stability(model, X, y, loss="zero_one", r=0.3,
+                                          feature_groups=groups).to_frame()
         elif kind.endswith("weighted"):
-            fs = otstab.feature_stability(model, X, y, sample_weight=sw, **kw)
+            fs = otstab.feature_stability(model, X, y, sample_weight=sw, **kw).to_frame()
         qfile = d / f"{kind}.csv"
         cert = C.make_certificate(res, model, X, y, features=fs, groups=groups,
                                   movable=kw.get("features"), target="label",

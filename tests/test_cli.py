@@ -672,8 +672,8 @@ def test_feature_costs_reach_the_feature_table(german_files):
     model = joblib.load(d / "model.joblib")
     X, y = _german_xy(d)
     costs = {"age": math.inf, "duration": 2.0}
-    table = otstab.feature_stability(model, X, y, loss="zero_one", r=0.4, groups="auto",
-                                     feature_costs=costs)
+    table = otstab.feature_stability(model, X, y, loss="zero_one", r=0.4, feature_groups="auto",
+                                     feature_costs=costs).to_frame()
     code, out, err = run([*base, "--feature-costs", "age=inf,duration=2", "--features",
                           "--top", "3"])
     assert code == 0, err
@@ -863,7 +863,7 @@ def test_weighted_priced_certificate_with_features_verifies(weighted_file, tmp_p
               feature_costs={"age": math.inf, "duration": 2.0})
     ref = otstab.certify(model, X, y, **kw)
     assert cert["results"]["value"] == pytest.approx(ref.value, rel=1e-12)
-    table = otstab.feature_stability(model, X, y, groups="auto", **kw)
+    table = otstab.feature_stability(model, X, y, feature_groups="auto", **kw).to_frame()
     got = {r["feature"]: r["score"] for r in cert["results"]["feature_stability"]["table"]}
     assert got == pytest.approx(dict(zip(table["feature"], table["score"])), rel=1e-12)
     code, out, err = run(["verify", tmp_path / "c.json", "--model", d / "model.joblib",

@@ -31,7 +31,7 @@ def setup():
 def test_values_match_certify_and_bootstrap(setup):
     models, X, y = setup
     df = compare(models, X, y, loss="zero_one", r=0.4, settings=SETTINGS, n_resamples=20,
-                 random_state=1)
+                 random_state=1).to_frame()
     assert list(df.columns) == ["model", "theta1", "theta2", "value", "status", "se",
                                 "ci_lower", "ci_upper", "accuracy", "n_resamples"]
     assert len(df) == 4
@@ -54,7 +54,7 @@ def test_no_resamples_and_regression(setup):
     _, X, y = setup
     yr = X["a"].to_numpy() * 2 + np.linspace(-1, 1, len(X))
     df = compare({"ols": LinearRegression().fit(X, yr)}, X, yr, loss="absolute", r=1.0,
-                 settings=[(1.0, 0.25)], n_resamples=0)
+                 settings=[(1.0, 0.25)], n_resamples=0).to_frame()
     assert np.isnan(df["se"].iloc[0]) and np.isnan(df["accuracy"].iloc[0])
     assert df["value"].iloc[0] > 0
 
@@ -63,7 +63,7 @@ def test_unreachable_resamples_give_infinite_se(setup):
     models, X, y = setup
     # theta1 = theta2 = inf is refused by nothing but reaches nothing above the base risk
     df = compare({"lr": models["lr"]}, X, y, loss="hinge", r=5.0, settings=[(INF, INF)],
-                 n_resamples=3)
+                 n_resamples=3).to_frame()
     assert df["value"].iloc[0] == INF and df["se"].iloc[0] == INF
     assert df["status"].iloc[0] == "unreachable"
 
@@ -80,12 +80,12 @@ def test_bad_arguments(setup, kw, err, match):
     args = dict(models=models, loss="hinge", r=1.0, n_resamples=0)
     args.update(kw)
     with pytest.raises(err, match=match):
-        compare(args.pop("models"), X, y, **args)
+        compare(args.pop("models"), X, y, **args).to_frame()
 
 
 def test_plot(setup):
     models, X, y = setup
-    df = compare(models, X, y, loss="zero_one", r=0.4, settings=SETTINGS, n_resamples=5)
+    df = compare(models, X, y, loss="zero_one", r=0.4, settings=SETTINGS, n_resamples=5).to_frame()
     ax = plot_compare(df, title="t")
     assert len(ax.patches) == 4
     assert [t.get_text() for t in ax.get_xticklabels()] == ["(0.2, inf)", "(inf, 0.2)"]
@@ -98,7 +98,7 @@ def test_plot(setup):
 def test_features_are_passed_to_certify(setup):
     models, X, y = setup
     df = compare({"lr": models["lr"]}, X, y, loss="zero_one", r=0.4, settings=[(1.0, 0.25)],
-                 n_resamples=0, features=["b"])
+                 n_resamples=0, features=["b"]).to_frame()
     assert df["value"].iloc[0] == otstab.certify(models["lr"], X, y, loss="zero_one", r=0.4,
                                                  features=["b"]).value
 

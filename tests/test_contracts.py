@@ -76,11 +76,11 @@ def test_reordered_frame_in_every_entry_point():
     model = LogisticRegression(max_iter=5000).fit(df, y)
     shuffled = df[COLS[::-1]]
     kw = dict(loss="hinge", theta1=1.0, theta2=0.5)
-    t1 = otstab.feature_stability(model, df, y, r=0.9, **kw)
-    t2 = otstab.feature_stability(model, shuffled, y, r=0.9, **kw)
+    t1 = otstab.feature_stability(model, df, y, r=0.9, **kw).to_frame()
+    t2 = otstab.feature_stability(model, shuffled, y, r=0.9, **kw).to_frame()
     pd.testing.assert_frame_equal(t1, t2)
-    c1 = otstab.stability_curve(model, df, y, r=[0.8, 0.9], **kw)
-    c2 = otstab.stability_curve(model, shuffled, y, r=[0.8, 0.9], **kw)
+    c1 = otstab.stability_curve(model, df, y, r=[0.8, 0.9], **kw).to_frame()
+    c2 = otstab.stability_curve(model, shuffled, y, r=[0.8, 0.9], **kw).to_frame()
     timing = [c for c in c1.columns if "time" in c]
     pd.testing.assert_frame_equal(c1.drop(columns=timing), c2.drop(columns=timing))
     # per-sample hinge losses = max(0, 1 - y s) with s the model's own decision function
@@ -265,14 +265,14 @@ def test_as_bool_vector():
 def test_group_metrics_refuses_label_types_that_cannot_match():
     with pytest.raises(ValidationError, match="y_true and y_pred hold labels of different "
                                               "types"):
-        otstab.group_metrics(["0", "1", "1"], [0, 1, 1], ["a", "b", "a"])
+        otstab.group_metrics(["0", "1", "1"], [0, 1, 1], ["a", "b", "a"]).to_frame()
     # same kind, all wrong: a genuine accuracy of 0 (as sklearn.metrics.accuracy_score)
     from sklearn.metrics import accuracy_score
 
-    df = otstab.group_metrics(["x", "y"], ["y", "x"], ["a", "a"])
+    df = otstab.group_metrics(["x", "y"], ["y", "x"], ["a", "a"]).to_frame()
     assert df.loc["overall", "accuracy"] == accuracy_score(["x", "y"], ["y", "x"]) == 0.0
     # ints against floats compare as numbers
-    df = otstab.group_metrics([0, 1, 1], [0.0, 1.0, 0.0], ["a", "a", "b"])
+    df = otstab.group_metrics([0, 1, 1], [0.0, 1.0, 0.0], ["a", "a", "b"]).to_frame()
     assert df.loc["overall", "accuracy"] == accuracy_score([0, 1, 1], [0.0, 1.0, 0.0])
 
 

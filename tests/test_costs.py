@@ -211,7 +211,7 @@ def test_feature_scores_with_prices_equal_certify_per_feature(problem):
     model, X, y = problem
     costs = {"x0": 4.0, "x1": math.inf}
     for loss, r in CASES:
-        df = otstab.feature_stability(model, X, y, loss=loss, r=r, feature_costs=costs)
+        df = otstab.feature_stability(model, X, y, loss=loss, r=r, feature_costs=costs).to_frame()
         rw = df.attrs["reweighting_only_value"]
         for _, row in df.iterrows():
             if row.feature == "x1":  # immutable: the reweighting-only value
@@ -237,27 +237,27 @@ def test_feature_confidence_bootstraps_the_priced_scores(problem, monkeypatch):
     model, X, y = problem
     costs = {"x0": 4.0, "x1": math.inf}
     kw = dict(loss="hinge", r=1.0)
-    priced = otstab.feature_stability(model, X, y, feature_costs=costs, **kw)
-    plain = otstab.feature_stability(model, X, y, **kw)
+    priced = otstab.feature_stability(model, X, y, feature_costs=costs, **kw).to_frame()
+    plain = otstab.feature_stability(model, X, y, **kw).to_frame()
     assert not np.allclose(priced.sort_values("feature")["score"],
                            plain.sort_values("feature")["score"], rtol=1e-3)
-    boot = dict(confidence=0.9, n_boot=3, seed=5)
+    boot = dict(level=0.9, n_resamples=3, random_state=5)
     with monkeypatch.context() as m:
         m.setattr(np.random, "default_rng", lambda seed=None: _IdentityResample())
-        same = otstab.feature_stability(model, X, y, feature_costs=costs, **boot, **kw)
+        same = otstab.feature_stability(model, X, y, feature_costs=costs, **boot, **kw).to_frame()
     same, ref = same.set_index("feature"), priced.set_index("feature")
     np.testing.assert_allclose(same["ci_low"], ref.loc[same.index, "score"], rtol=1e-12)
     np.testing.assert_allclose(same["ci_high"], ref.loc[same.index, "score"], rtol=1e-12)
     np.testing.assert_array_equal(same["se"], 0.0)
     df = otstab.feature_stability(model, X, y, feature_costs=costs, **boot,
-                                  **kw).set_index("feature")
+                                  **kw).to_frame().set_index("feature")
     rng = np.random.default_rng(5)
     scores = []
     for _ in range(3):
         idx = rng.integers(0, len(y), len(y))
-        rep = otstab.feature_stability(model, X[idx], y[idx], feature_costs=costs, **kw)
+        rep = otstab.feature_stability(model, X[idx], y[idx], feature_costs=costs, **kw).to_frame()
         scores.append(rep.set_index("feature")["score"].reindex(df.index).to_numpy())
     np.testing.assert_allclose(df["se"], np.std(scores, axis=0, ddof=1), rtol=1e-9)
-    unpriced = otstab.feature_stability(model, X, y, **boot, **kw).set_index("feature")
+    unpriced = otstab.feature_stability(model, X, y, **boot, **kw).to_frame().set_index("feature")
     moving = df.index[np.isfinite([costs.get(f, 1.0) for f in df.index])]
     assert not np.allclose(df.loc[moving, "se"], unpriced.loc[moving, "se"], rtol=1e-3)

@@ -27,7 +27,7 @@ def test_ignored_features_score_the_reweighting_only_value(loss, r):
     X = rng.normal(size=(200, 3))
     y = np.where(X[:, 1] + 0.5 * rng.normal(size=200) > 0, 1, -1)
     model = otstab.LinearModel([0.0, 1.3, 0.0])
-    df = otstab.feature_stability(model, X, y, loss=loss, r=r)
+    df = otstab.feature_stability(model, X, y, loss=loss, r=r).to_frame()
     # samples that cannot move: certify with theta1 = inf is the reweighting-only criterion
     rw = otstab.certify(model, X, y, loss=loss, r=r, theta1=math.inf).value
     assert 0 < rw < math.inf
@@ -43,7 +43,7 @@ def test_ignored_features_score_the_reweighting_only_value(loss, r):
 @pytest.mark.parametrize("div", ["kl", "chi2"])
 def test_one_pass_scores_match_certify_per_feature(div):
     model, X, y = data()
-    df = otstab.feature_stability(model, X, y, loss="hinge", r=1.0, divergence=div)
+    df = otstab.feature_stability(model, X, y, loss="hinge", r=1.0, divergence=div).to_frame()
     for _, row in df.iterrows():
         res = otstab.certify(model, X, y, loss="hinge", r=1.0, divergence=div,
                              features=[row.feature], solver="clarabel")
@@ -55,7 +55,8 @@ def test_one_pass_scores_match_certify_per_feature(div):
 def test_zero_one_scores_match_certify_and_groups():
     model, X, y = data()
     groups = {"c": ["c: a", "c: b"]}
-    df = otstab.feature_stability(model, X, y, loss="zero_one", r=0.45, groups=groups)
+    df = otstab.feature_stability(model, X, y, loss="zero_one", r=0.45,
+                                  feature_groups=groups).to_frame()
     assert set(df["feature"]) == {"age", "hours", "c"}
     row = df.set_index("feature").loc["c"]
     res = otstab.certify(model, X, y, loss="zero_one", r=0.45, features=["c: a", "c: b"])
@@ -73,7 +74,7 @@ def test_multiclass_feature_scores():
     model = otstab.LinearModel(W)
     y = np.argmax(X @ W.T + rng.gumbel(size=(150, 3)), axis=1)
     for loss, r in (("multiclass_hinge", 1.2), ("zero_one", 0.6)):
-        df = otstab.feature_stability(model, X, y, loss=loss, r=r)
+        df = otstab.feature_stability(model, X, y, loss=loss, r=r).to_frame()
         for _, row in df.iterrows():
             res = otstab.certify(model, X, y, loss=loss, r=r, features=[row.feature])
             assert row.score == pytest.approx(res.value, rel=1e-8)
@@ -83,12 +84,13 @@ def test_feature_names_from_sklearn_and_bad_features():
     sk = pytest.importorskip("sklearn.linear_model")
     model, X, y = data()
     est = sk.LogisticRegression().fit(X, y)
-    df = otstab.feature_stability(est, X.to_numpy(), y, loss="hinge", r=1.0)
+    df = otstab.feature_stability(est, X.to_numpy(), y, loss="hinge", r=1.0).to_frame()
     assert set(df["feature"]) == set(X.columns)
     with pytest.raises(ValidationError, match="unknown feature"):
-        otstab.feature_stability(est, X, y, loss="hinge", r=1.0, features=["nope"])
+        otstab.feature_stability(est, X, y, loss="hinge", r=1.0, features=["nope"]).to_frame()
     with pytest.raises(ValidationError, match="unknown column"):
-        otstab.feature_stability(est, X, y, loss="hinge", r=1.0, groups={"g": ["nope"]})
+        otstab.feature_stability(est, X, y, loss="hinge", r=1.0,
+                                 feature_groups={"g": ["nope"]}).to_frame()
 
 
 def test_stability_curve_matches_certify_and_compiles_once(monkeypatch):
@@ -104,13 +106,13 @@ def test_stability_curve_matches_certify_and_compiles_once(monkeypatch):
         orig(self, *a, **k)
 
     monkeypatch.setattr(conic.ConicProgram, "__init__", counting)
-    df = otstab.stability_curve(model, X, y, r=grid, loss="hinge", solver="clarabel")
+    df = otstab.stability_curve(model, X, y, r=grid, loss="hinge", solver="clarabel").to_frame()
     assert len(built) == 1
     for rv, val in zip(grid, df["value"]):
         ref = otstab.certify(model, X, y, loss="hinge", r=rv, solver="dual")
         assert val == pytest.approx(ref.value, rel=1e-6, abs=1e-9)
     assert np.all(np.diff(df["value"]) >= -1e-12)
-    z = otstab.stability_curve(model, X, y, r=[0.2, 0.4], loss="zero_one")
+    z = otstab.stability_curve(model, X, y, r=[0.2, 0.4], loss="zero_one").to_frame()
     assert z["value"].iloc[1] >= z["value"].iloc[0]
 
 
@@ -120,7 +122,7 @@ def test_smooth_and_nonlinear_feature_scores():
     X = rng.normal(size=(200, 3))
     y = (X[:, 0] + 0.5 * X[:, 1] + 0.5 * rng.normal(size=200) > 0).astype(int)
     lr = sk.LogisticRegression().fit(X, y)
-    df = otstab.feature_stability(lr, X, y, loss="logistic", r=0.8)
+    df = otstab.feature_stability(lr, X, y, loss="logistic", r=0.8).to_frame()
     for _, row in df.iterrows():
         res = otstab.certify(lr, X, y, loss="logistic", r=0.8, features=[row.feature])
         assert row.score == pytest.approx(res.value, rel=1e-10)
@@ -128,7 +130,7 @@ def test_smooth_and_nonlinear_feature_scores():
     # features the model ignores score the reweighting-only value on the smooth path too
     lm = otstab.LinearModel([1.0, 0.0, 0.0])
     yy = np.where(X[:, 0] > 0, 1, -1)
-    d2 = otstab.feature_stability(lm, X, yy, loss="logistic", r=0.9)
+    d2 = otstab.feature_stability(lm, X, yy, loss="logistic", r=0.9).to_frame()
     rw = otstab.certify(lm, X, yy, loss="logistic", r=0.9, theta1=math.inf).value
     assert d2.loc[0, "feature"] == "x0" and list(d2["ignored"]) == [False, True, True]
     assert np.allclose(d2["score"].iloc[1:], rw, rtol=1e-8)
@@ -140,7 +142,7 @@ def test_zero_one_shares_match_the_certificate_decomposition(t2, div):
     # chi2: one sorted distance oracle rescaled per feature (O(log n) per dual evaluation)
     model, X, y = data(500, seed=4)
     df = otstab.feature_stability(model, X, y, loss="zero_one", r=0.45, theta2=t2,
-                                  divergence=div)
+                                  divergence=div).to_frame()
     for _, row in df.iterrows():
         res = otstab.certify(model, X, y, loss="zero_one", r=0.45, theta2=t2,
                              divergence=div, features=[row.feature])
@@ -220,7 +222,7 @@ def assert_scores_match_certify(model, X, y, loss, r, theta1, theta2, div, group
     kw = dict(loss=loss, r=r, theta1=theta1, theta2=theta2, divergence=div)
     frozen = _certify_or_none(model, X, y, **{**kw, "theta1": math.inf})
     try:
-        df = otstab.feature_stability(model, X, y, groups=groups, **kw)
+        df = otstab.feature_stability(model, X, y, feature_groups=groups, **kw).to_frame()
     except otstab.errors.SolverError:
         df = None
     if df is None:  # refused: certify must refuse the reweighting-only value or some feature
@@ -344,7 +346,7 @@ def test_non_exact_models_report_and_rank_by_the_certified_side():
     # one movable feature of a tree ensemble is searched exactly; a group of two is not
     for model, loss, r, groups in [(gb, "zero_one", 0.3, {"g": ["x0", "x1"]}),
                                    (mlp, "zero_one", 0.3, None), (mlp, "logistic", 1.0, None)]:
-        df = otstab.feature_stability(model, X, y, loss=loss, r=r, groups=groups)
+        df = otstab.feature_stability(model, X, y, loss=loss, r=r, feature_groups=groups).to_frame()
         assert df.attrs["ranked_by"] == "score_lower" and not df["exact"].all()
         assert list(df["score_lower"]) == sorted(df["score_lower"])
         for _, row in df.iterrows():

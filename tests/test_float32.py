@@ -78,6 +78,6 @@ def test_float32_regression_and_feature_scores():
         a = otstab.certify(model, X, y, loss=loss, r=r)
         b = otstab.certify(model, X.astype(np.float64), y, loss=loss, r=r)
         assert a.value == b.value and a.status == b.status == "optimal"
-    fa = otstab.feature_stability(model, X, y, loss="absolute", r=1.5)
-    fb = otstab.feature_stability(model, X.astype(np.float64), y, loss="absolute", r=1.5)
+    fa = otstab.feature_stability(model, X, y, loss="absolute", r=1.5).to_frame()
+    fb = otstab.feature_stability(model, X.astype(np.float64), y, loss="absolute", r=1.5).to_frame()
     np.testing.assert_array_equal(fa["score"].to_numpy(), fb["score"].to_numpy())

@@ -191,7 +191,7 @@ def _random_multiclass(n, K, seed):
 @pytest.mark.parametrize("seed", range(3))
 def test_binary_metrics_match_sklearn(seed):
     y, yp, p, g = _random_binary(400, seed)
-    df = otstab.group_metrics(y, yp, g, y_prob=p)
+    df = otstab.group_metrics(y, yp, g, y_prob=p).to_frame()
     s = df.attrs["summary"]
     assert s["average_accuracy"] == pytest.approx(skm.accuracy_score(y, yp))
     assert s["balanced_accuracy"] == pytest.approx(skm.balanced_accuracy_score(y, yp))
@@ -227,7 +227,7 @@ def test_binary_metrics_match_sklearn(seed):
 def test_multiclass_metrics_match_sklearn(seed):
     K = 4
     y, yp, P, g = _random_multiclass(500, K, seed)
-    s = otstab.group_metrics(y, yp, g, y_prob=P).attrs["summary"]
+    s = otstab.group_metrics(y, yp, g, y_prob=P).to_frame().attrs["summary"]
     assert s["balanced_accuracy"] == pytest.approx(skm.balanced_accuracy_score(y, yp))
     assert s["macro_f1"] == pytest.approx(skm.f1_score(y, yp, average="macro"))
     assert s["worst_f1"] == pytest.approx(skm.f1_score(y, yp, average=None).min())
@@ -245,8 +245,8 @@ def test_multiclass_metrics_match_sklearn(seed):
 def test_string_labels_and_two_column_probabilities():
     y, yp, p, g = _random_binary(200, 7)
     names = np.array(["cat", "dog"])
-    a = otstab.group_metrics(names[y], names[yp], g, y_prob=np.column_stack([1 - p, p]))
-    b = otstab.group_metrics(y, yp, g, y_prob=p)
+    a = otstab.group_metrics(names[y], names[yp], g, y_prob=np.column_stack([1 - p, p])).to_frame()
+    b = otstab.group_metrics(y, yp, g, y_prob=p).to_frame()
     for key in ["auroc", "auprc", "cross_entropy", "brier", "ece", "worst_f1"]:
         assert a.attrs["summary"][key] == pytest.approx(b.attrs["summary"][key])
     assert a.attrs["per_class"]["label"] == ["cat", "dog"]
@@ -255,7 +255,7 @@ def test_string_labels_and_two_column_probabilities():
 def test_integer_labels_index_probability_columns():
     # labels 0..K-1 name the columns of y_prob even when a class never occurs
     P = np.array([[0.7, 0.2, 0.1], [0.1, 0.8, 0.1], [0.6, 0.3, 0.1]])
-    df = otstab.group_metrics([0, 1, 0], [0, 1, 0], [0, 0, 0], y_prob=P)
+    df = otstab.group_metrics([0, 1, 0], [0, 1, 0], [0, 0, 0], y_prob=P).to_frame()
     assert df.attrs["summary"]["n_classes"] == 3
     assert df.attrs["summary"]["cross_entropy"] == pytest.approx(
         -np.mean(np.log([0.7, 0.8, 0.6])))
@@ -267,10 +267,10 @@ def test_ece_by_hand():
     # ECE = 1/4 |0 - .05| + 1/4 |1 - .15| + 2/4 |.5 - .95| = .0125 + .2125 + .225 = .45
     y = np.array([0, 1, 1, 0])
     p = np.array([0.05, 0.15, 0.95, 0.95])
-    df = otstab.group_metrics(y, (p >= 0.5).astype(int), np.zeros(4), y_prob=p)
+    df = otstab.group_metrics(y, (p >= 0.5).astype(int), np.zeros(4), y_prob=p).to_frame()
     assert df.attrs["summary"]["ece"] == pytest.approx(0.45)
     # p = 1.0 falls in the last bin, not in an 11th one
-    df = otstab.group_metrics([1, 1], [1, 1], [0, 0], y_prob=[1.0, 1.0])
+    df = otstab.group_metrics([1, 1], [1, 1], [0, 0], y_prob=[1.0, 1.0]).to_frame()
     assert df.attrs["summary"]["ece"] == 0.0
 
 
@@ -283,7 +283,7 @@ def test_adjusted_equals_balanced_on_attribute_balanced_classes():
     y = np.repeat([0, 0, 1, 1], [sizes[0], sizes[0], sizes[1], sizes[1]])
     a = np.repeat([0, 1, 0, 1], [sizes[0], sizes[0], sizes[1], sizes[1]])
     yp = np.where(rng.random(y.size) < np.where(a == y, 0.95, 0.6), y, 1 - y)
-    df = otstab.group_metrics(y, yp, pd.DataFrame({"y": y, "a": a}))
+    df = otstab.group_metrics(y, yp, pd.DataFrame({"y": y, "a": a})).to_frame()
     s = df.attrs["summary"]
     assert s["adjusted_accuracy"] == pytest.approx(s["balanced_accuracy"])
     assert s["worst_group_accuracy"] <= s["worst_class_accuracy"]
@@ -296,7 +296,7 @@ def test_empty_categorical_group_is_a_nan_row():
     y = np.array([0, 1, 1, 0, 1])
     yp = np.array([0, 1, 0, 0, 1])
     g = pd.Categorical(["a", "a", "b", "b", "b"], categories=["a", "b", "never"])
-    df = otstab.group_metrics(y, yp, g)
+    df = otstab.group_metrics(y, yp, g).to_frame()
     assert df.loc["never", "n"] == 0 and math.isnan(df.loc["never", "accuracy"])
     s = df.attrs["summary"]
     assert s["n_empty_groups"] == 1 and s["n_groups"] == 3
@@ -305,7 +305,7 @@ def test_empty_categorical_group_is_a_nan_row():
     # DataFrame of categorical attributes: every combination, empty ones as NaN rows
     attrs = pd.DataFrame({"sex": pd.Categorical(["F", "M", "F", "M", "F"]),
                           "race": pd.Categorical(["x", "x", "x", "x", "y"])})
-    df = otstab.group_metrics(y, yp, attrs)
+    df = otstab.group_metrics(y, yp, attrs).to_frame()
     assert df.loc["sex=M, race=y", "n"] == 0
     assert df.loc["sex=F, race=x", "n"] == 2
 
@@ -314,7 +314,7 @@ def test_single_class_gives_documented_nans():
     y = np.ones(6, dtype=int)
     yp = np.array([1, 1, 1, 0, 1, 1])
     df = otstab.group_metrics(y, yp, [0, 0, 0, 1, 1, 1],
-                              y_prob=[0.9, 0.8, 0.7, 0.4, 0.6, 0.9])
+                              y_prob=[0.9, 0.8, 0.7, 0.4, 0.6, 0.9]).to_frame()
     s = df.attrs["summary"]
     assert math.isnan(s["auroc"])  # undefined with one class
     assert s["auprc"] == 1.0  # every positive ranked above no negative: precision is 1
@@ -323,10 +323,10 @@ def test_single_class_gives_documented_nans():
     pc = per_class_frame(df)
     assert pc.loc[0, "precision"] == 0 and pc.loc[0, "f1"] == 0 and math.isnan(pc.loc[0, "recall"])
     # no positives at all: AUPRC undefined too
-    s = otstab.group_metrics([0, 0], [0, 0], [0, 0], y_prob=[0.1, 0.2]).attrs["summary"]
+    s = otstab.group_metrics([0, 0], [0, 0], [0, 0], y_prob=[0.1, 0.2]).to_frame().attrs["summary"]
     assert math.isnan(s["auprc"]) and math.isnan(s["auroc"])
     with pytest.raises(ValidationError, match="labels="):
-        otstab.group_metrics(["x", "x"], ["x", "x"], [0, 0], y_prob=[0.1, 0.2])
+        otstab.group_metrics(["x", "x"], ["x", "x"], [0, 0], y_prob=[0.1, 0.2]).to_frame()
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -342,9 +342,9 @@ def test_single_class_gives_documented_nans():
     (dict(y_true=[0, 1, None, 1]), "y_true contains a missing value"),
     (dict(groups=None), "groups is required"),
     (dict(groups=["overall", "a", "a", "a"]), "reserved"),
-    (dict(n_boot=2.5), "n_boot"),
-    (dict(n_boot=-1), "n_boot"),
-    (dict(ci=1.0), "ci"),
+    (dict(n_resamples=2.5), "n_resamples"),
+    (dict(n_resamples=-1), "n_resamples"),
+    (dict(level=1.0), "level"),
     (dict(labels=[0, 1, 1]), "distinct"),
     (dict(labels=[0, 2]), "not one of the labels"),
     (dict(groups=pd.DataFrame({"n": [0, 0, 1, 1], "a": [0, 1, 0, 1]})), "clash"),
@@ -354,17 +354,17 @@ def test_group_metrics_errors(kwargs, match):
     args.update(kwargs)
     y_true, y_pred, groups = args.pop("y_true"), args.pop("y_pred"), args.pop("groups")
     with pytest.raises(ValidationError, match=match):
-        otstab.group_metrics(y_true, y_pred, groups, **args)
+        otstab.group_metrics(y_true, y_pred, groups, **args).to_frame()
 
 
 def test_bootstrap_intervals():
     y, yp, p, g = _random_binary(300, 11)
-    kw = dict(y_prob=p, n_boot=200, random_state=0)
-    df = otstab.group_metrics(y, yp, g, **kw)
-    again = otstab.group_metrics(y, yp, g, **kw)
+    kw = dict(y_prob=p, n_resamples=200, random_state=0)
+    df = otstab.group_metrics(y, yp, g, **kw).to_frame()
+    again = otstab.group_metrics(y, yp, g, **kw).to_frame()
     pd.testing.assert_frame_equal(df, again)
     assert df.attrs["summary_ci"] == again.attrs["summary_ci"]
-    other = otstab.group_metrics(y, yp, g, **{**kw, "random_state": 1})
+    other = otstab.group_metrics(y, yp, g, **{**kw, "random_state": 1}).to_frame()
     assert other.attrs["summary_ci"] != df.attrs["summary_ci"]
     sf = summary_frame(df)
     assert list(sf.columns) == ["value", "lower", "upper"]
@@ -372,12 +372,12 @@ def test_bootstrap_intervals():
     for key in ["average_accuracy", "balanced_accuracy", "auroc", "brier", "cross_entropy"]:
         assert sf.loc[key, "lower"] < sf.loc[key, "value"] < sf.loc[key, "upper"], key
     # a wider level gives a wider interval (same replicates)
-    wide = summary_frame(otstab.group_metrics(y, yp, g, ci=0.99, **kw))
+    wide = summary_frame(otstab.group_metrics(y, yp, g, level=0.99, **kw).to_frame())
     assert (wide["upper"] - wide["lower"] >= sf["upper"] - sf["lower"] - 1e-12).all()
     # the stratified bootstrap keeps group sizes: a perfectly classified group stays at 1
     yp2 = yp.copy()
     yp2[g == "a"] = y[g == "a"]
-    df2 = otstab.group_metrics(y, yp2, g, n_boot=50, random_state=0)
+    df2 = otstab.group_metrics(y, yp2, g, n_resamples=50, random_state=0).to_frame()
     assert df2.loc["a", ["accuracy_lower", "accuracy_upper"]].tolist() == [1.0, 1.0]
     # the average-accuracy interval roughly matches the binomial standard error
     se = math.sqrt(sf.loc["average_accuracy", "value"] * (1 - sf.loc["average_accuracy", "value"])
@@ -391,11 +391,11 @@ def test_inputs_not_mutated_and_frames_concatenate():
     copies = [a.copy() for a in (y, yp, P, g)]
     groups = pd.DataFrame({"g": g, "h": g % 2})
     gcopy = groups.copy()
-    a = otstab.group_metrics(y, yp, groups, y_prob=P, n_boot=5, random_state=0)
+    a = otstab.group_metrics(y, yp, groups, y_prob=P, n_resamples=5, random_state=0).to_frame()
     for before, after in zip(copies, (y, yp, P, g)):
         np.testing.assert_array_equal(before, after)
     pd.testing.assert_frame_equal(groups, gcopy)
-    b = otstab.group_metrics(y, yp, g)
+    b = otstab.group_metrics(y, yp, g).to_frame()
     both = pd.concat([a, b], keys=["model_a", "model_b"])  # attrs hold plain values only
     assert both.shape[0] == a.shape[0] + b.shape[0]
 
@@ -424,10 +424,10 @@ def test_select_model_picks_and_reports_gap():
     assert row["oracle"] == 0.75 and row["validation_value"] == 0.80
     res = otstab.select_model(_records(), criterion="all")
     assert res.criteria == ["worst_class_accuracy", "average_accuracy", "ece"]
-    gaps = res.summary["mean_gap"]
+    gaps = res.criteria_table["mean_gap"]
     assert gaps["average_accuracy"] == pytest.approx(0.50 - 0.75)  # r4 (0.99)
     assert gaps["ece"] == pytest.approx(0.50 - 0.75)  # min ECE -> r4
-    assert res.summary.index[0] == "worst_class_accuracy"  # best criterion listed first
+    assert res.criteria_table.index[0] == "worst_class_accuracy"  # best criterion listed first
     assert CRITERIA["ece"] == "min"
     assert res.to_frame().shape[0] == 3 and "report" in res.to_dict()
 
@@ -440,8 +440,9 @@ def test_select_model_by_group_and_errors():
     res = otstab.select_model(recs, by="dataset")
     gap = res.gap
     assert gap["wb"] == pytest.approx(-0.05) and gap["celeba"] == pytest.approx(0.1 - 0.9)
-    assert res.summary.loc["worst_class_accuracy", "mean_gap"] == pytest.approx((-0.05 - 0.8) / 2)
-    assert res.summary.loc["worst_class_accuracy", "n_groups"] == 2
+    assert res.criteria_table.loc["worst_class_accuracy", "mean_gap"] == \
+        pytest.approx((-0.05 - 0.8) / 2)
+    assert res.criteria_table.loc["worst_class_accuracy", "n_groups"] == 2
     with pytest.raises(ValidationError, match="criterion must be one of"):
         otstab.select_model(recs, criterion="accuracy_please")
     with pytest.raises(ValidationError, match="val_balanced_accuracy"):
@@ -461,8 +462,8 @@ def test_select_model_on_group_metrics_summaries():
     rows = []
     for run, noise in enumerate([0.15, 0.3, 0.02]):
         yp = np.where(rng.random(400) < noise, 1 - y, y)
-        val = otstab.group_metrics(y, yp, y).attrs["summary"]  # attributes unknown
-        test = otstab.group_metrics(y, yp, groups).attrs["summary"]
+        val = otstab.group_metrics(y, yp, y).to_frame().attrs["summary"]  # attributes unknown
+        test = otstab.group_metrics(y, yp, groups).to_frame().attrs["summary"]
         rows.append({**{f"val_{k}": v for k, v in val.items() if k in CRITERIA},
                      "test_worst_group_accuracy": test["worst_group_accuracy"], "run": run})
     res = otstab.select_model(rows, criterion="all")

@@ -141,7 +141,7 @@ def test_bootstrap_replicate_equals_certify_on_resampled_rows():
 def test_bootstrap_result_and_intervals():
     X, y = population(800, 5)
     Xc, yc = X.copy(), y.copy()
-    spec = Bootstrap(n_boot=60, seed=3)
+    spec = Bootstrap(n_resamples=60, random_state=3)
     res = otstab.certify(MODEL, X, y, se=spec, **CASES["hinge_kl"])
     assert np.array_equal(X, Xc) and np.array_equal(y, yc)
     inf_ = res.inference
@@ -150,7 +150,7 @@ def test_bootstrap_result_and_intervals():
     assert res.ci(0.9) == pytest.approx(tuple(np.quantile(inf_.replicates, [0.05, 0.95])))
     again = otstab.certify(MODEL, X, y, se=spec, **CASES["hinge_kl"])
     assert np.array_equal(again.inference.replicates, inf_.replicates)
-    bca = otstab.certify(MODEL, X, y, se=Bootstrap(n_boot=60, seed=3, interval="bca"),
+    bca = otstab.certify(MODEL, X, y, se=Bootstrap(n_resamples=60, random_state=3, interval="bca"),
                          **CASES["hinge_kl"])
     lo, hi = bca.ci()
     assert inf_.replicates.min() <= lo < hi <= inf_.replicates.max()
@@ -171,7 +171,7 @@ def test_bca_reduces_to_percentile_without_bias_or_skew():
 
 def test_bootstrap_progress_bar(capsys):
     X, y = population(200, 6)
-    otstab.certify(MODEL, X, y, se=Bootstrap(n_boot=5, progress=True), **CASES["zero_one_kl"])
+    otstab.certify(MODEL, X, y, se=Bootstrap(n_resamples=5, progress=True), **CASES["zero_one_kl"])
     assert "5/5" in capsys.readouterr().err
 
 
@@ -182,8 +182,9 @@ def test_se_argument_is_validated(bad):
         otstab.certify(MODEL, X, y, loss="hinge", r=1.0, se=bad)
 
 
-@pytest.mark.parametrize("kw", [dict(n_boot=1), dict(n_boot=2.5), dict(interval="normal"),
-                                dict(seed="a")])
+@pytest.mark.parametrize("kw", [dict(n_resamples=1), dict(n_resamples=2.5),
+                                dict(interval="normal"), dict(random_state="a"),
+                                dict(random_state=True), dict(random_state=-1)])
 def test_bootstrap_settings_are_validated(kw):
     with pytest.raises(ValidationError):
         Bootstrap(**kw)
@@ -196,7 +197,7 @@ def test_analytic_se_agrees_with_bootstrap(name):
     X, y = population(5000, 7)
     kw = CASES[name]
     analytic = otstab.certify(MODEL, X, y, **kw).se
-    boot = otstab.certify(MODEL, X, y, se=Bootstrap(n_boot=500, seed=1), **kw).se
+    boot = otstab.certify(MODEL, X, y, se=Bootstrap(n_resamples=500, random_state=1), **kw).se
     assert analytic == pytest.approx(boot, rel=0.10)
 
 
@@ -223,7 +224,8 @@ def test_feature_uncertainty_is_the_bootstrap_of_certify_per_feature():
     # score is certify(..., features=[j]).value on those rows (the documented definition)
     X, y = population(300, 8)
     kw = dict(loss="hinge", r=1.0, theta2=0.25)
-    df = otstab.feature_stability(MODEL, X, y, confidence=0.9, n_boot=6, seed=4, top_k=1, **kw)
+    df = otstab.feature_stability(MODEL, X, y, level=0.9, n_resamples=6, random_state=4,
+                                  top_k=1, **kw).to_frame()
     rng = np.random.default_rng(4)
     reps = np.empty((6, 3))
     for b in range(6):
@@ -239,13 +241,13 @@ def test_feature_uncertainty_is_the_bootstrap_of_certify_per_feature():
         assert row["p_top_k"] == pytest.approx(np.mean(np.argmin(reps, axis=1) == j))
     assert df["p_top_k"].sum() == pytest.approx(1.0)
     with pytest.raises(ValidationError, match="top_k"):
-        otstab.feature_stability(MODEL, X, y, confidence=0.9, top_k=0, **kw)
+        otstab.feature_stability(MODEL, X, y, level=0.9, top_k=0, **kw).to_frame()
 
 
 def test_stability_curve_bands_are_each_certificates_interval():
     X, y = population(500, 9)
     grid = [0.3, 0.8, 1.0]
-    df = otstab.stability_curve(MODEL, X, y, r=grid, loss="hinge", confidence=0.8)
+    df = otstab.stability_curve(MODEL, X, y, r=grid, loss="hinge", level=0.8).to_frame()
     for rv, lo, hi, se in zip(grid, df["ci_low"], df["ci_high"], df["se"]):
         res = otstab.certify(MODEL, X, y, loss="hinge", r=rv)
         assert (lo, hi) == pytest.approx(res.ci(0.8))
@@ -261,7 +263,8 @@ def test_stability_curve_bands_are_each_certificates_interval():
     assert "80% interval" in [t.get_text() for t in ax.get_legend().get_texts()]
 
 
-@pytest.mark.parametrize("se", ["analytic", Bootstrap(n_boot=20, seed=2, interval="bca")])
+@pytest.mark.parametrize("se", ["analytic",
+                                Bootstrap(n_resamples=20, random_state=2, interval="bca")])
 def test_certificate_records_and_verify_rechecks_uncertainty(se):
     from otstab.certificate import make_certificate, validate_certificate, verify_certificate
     from otstab.report import render_html

@@ -99,15 +99,17 @@ def test_raw_feature_names_select_their_encoded_columns(german):
 
 def test_feature_stability_auto_groups(german):
     model, X, y, num, cat, res = german
-    t = otstab.feature_stability(model, X, y, loss="zero_one", r=0.4, groups="auto")
+    t = otstab.feature_stability(model, X, y, loss="zero_one", r=0.4,
+                                 feature_groups="auto").to_frame()
     assert sorted(t["feature"]) == sorted(X.columns)
     row = t.set_index("feature").loc["purpose"]
     assert row["score"] == pytest.approx(otstab.certify(
         model, X, y, loss="zero_one", r=0.4, features=list(row["columns"])).value, rel=1e-9)
-    sub = otstab.feature_stability(model, X, y, loss="zero_one", r=0.4, features=["age"])
+    sub = otstab.feature_stability(model, X, y, loss="zero_one", r=0.4, features=["age"]).to_frame()
     assert list(sub["feature"]) == ["age"]
     with pytest.raises(ValidationError, match="groups"):
-        otstab.feature_stability(model, X, y, loss="zero_one", r=0.4, groups="raw")
+        otstab.feature_stability(model, X, y, loss="zero_one", r=0.4,
+                                 feature_groups="raw").to_frame()
 
 
 def _toy(n=300, seed=0):
@@ -157,7 +159,8 @@ def test_not_invertible_preprocessing_is_refused():
     with pytest.raises(ValidationError, match="cannot be inverted"):
         res.to_frame(raw=True)
     with pytest.raises(ValidationError, match="groups='auto'"):
-        otstab.feature_stability(model, Xn, y, loss="hinge", r=1.0, groups="auto")
+        otstab.feature_stability(model, Xn, y, loss="hinge", r=1.0,
+                                 feature_groups="auto").to_frame()
 
 
 def test_plain_scaler_pipeline_on_arrays():
@@ -222,8 +225,8 @@ def test_raw_prices_are_per_unit_of_the_raw_variable(german):
     assert cost.max() > 0
     assert moving == pytest.approx(res.decomposition["cost_moving"], rel=1e-6)
     # feature_stability takes the same raw prices: its purpose score is certify's
-    table = otstab.feature_stability(model, X, y, loss="zero_one", r=0.4, groups="auto",
-                                     feature_costs=costs)
+    table = otstab.feature_stability(model, X, y, loss="zero_one", r=0.4, feature_groups="auto",
+                                     feature_costs=costs).to_frame()
     row = table.set_index("feature").loc["purpose"]
     ref = otstab.certify(model, X, y, loss="zero_one", r=0.4, features=["purpose"],
                          feature_costs=costs)

@@ -102,7 +102,7 @@ def test_sensitive_distribution_pca_when_nothing_moves(wide):
 
 def test_feature_stability_bars(wide):
     model, X, y = wide
-    table = otstab.feature_stability(model, X, y, loss="zero_one", r=0.4)
+    table = otstab.feature_stability(model, X, y, loss="zero_one", r=0.4).to_frame()
     fig, ax = plt.subplots()
     assert plot.feature_stability(table, ax=ax, top=3) is ax
     labels = [t.get_text() for t in ax.get_yticklabels()]

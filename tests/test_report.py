@@ -45,7 +45,7 @@ def page():
     y = pd.Series(y)
     model = LogisticRegression().fit(X, y)
     res = otstab.certify(model, X, y, loss="zero_one", r=0.3)
-    fs = otstab.feature_stability(model, X, y, loss="zero_one", r=0.3)
+    fs = otstab.feature_stability(model, X, y, loss="zero_one", r=0.3).to_frame()
     cert = C.make_certificate(res, model, X, y, features=fs)
     from otstab import plot
 

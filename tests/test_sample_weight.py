@@ -144,11 +144,11 @@ def test_sweeps_and_features_equal_replicated_rows():
     k = _counts(len(y), seed=8)
     Xr, yr = np.repeat(X, k, axis=0), np.repeat(y, k)
     grid = [1.2, 1.5, 2.0]
-    a = otstab.stability_curve(model, X, y, r=grid, loss="hinge", sample_weight=k)
-    b = otstab.stability_curve(model, Xr, yr, r=grid, loss="hinge")
+    a = otstab.stability_curve(model, X, y, r=grid, loss="hinge", sample_weight=k).to_frame()
+    b = otstab.stability_curve(model, Xr, yr, r=grid, loss="hinge").to_frame()
     np.testing.assert_allclose(a["value"], b["value"], rtol=RTOL)
-    fa = otstab.feature_stability(model, X, y, loss="hinge", r=1.5, sample_weight=k)
-    fb = otstab.feature_stability(model, Xr, yr, loss="hinge", r=1.5)
+    fa = otstab.feature_stability(model, X, y, loss="hinge", r=1.5, sample_weight=k).to_frame()
+    fb = otstab.feature_stability(model, Xr, yr, loss="hinge", r=1.5).to_frame()
     fa, fb = fa.sort_values("feature"), fb.sort_values("feature")
     np.testing.assert_allclose(fa["score"], fb["score"], rtol=1e-8)
 
@@ -173,13 +173,13 @@ def test_weighted_conic_curve_builds_one_program_and_equals_the_dual_curve(monke
         orig(self, *a, **k)
 
     monkeypatch.setattr(conic.ConicProgram, "__init__", counting)
-    a = otstab.stability_curve(model, X, y, solver="clarabel", **kw)
+    a = otstab.stability_curve(model, X, y, solver="clarabel", **kw).to_frame()
     assert len(built) == 1 and built[0] is not None
     assert list(a["solver"]) == ["clarabel"] * len(grid)
-    b = otstab.stability_curve(model, X, y, solver="dual", **kw)
+    b = otstab.stability_curve(model, X, y, solver="dual", **kw).to_frame()
     np.testing.assert_allclose(a["value"], b["value"], rtol=1e-6)
     assert not np.allclose(a["value"], otstab.stability_curve(
-        model, X, y, solver="dual", **{**kw, "sample_weight": None})["value"], rtol=1e-4)
+        model, X, y, solver="dual", **{**kw, "sample_weight": None}).to_frame()["value"], rtol=1e-4)
 
 
 def test_weighted_se_with_zero_one_weights_equals_dropped_rows():
@@ -409,7 +409,8 @@ def test_bootstrap_replicates_are_the_problem_on_the_resampled_rows(loss, r, wei
     model, X, y = _binary()
     sw = np.random.default_rng(16).uniform(0.0, 3.0, size=len(y)) if weighted else None
     kw = dict(loss=loss, r=r, theta1=1.0, theta2=0.5)
-    res = otstab.certify(model, X, y, sample_weight=sw, se=Bootstrap(n_boot=6, seed=3), **kw)
+    res = otstab.certify(model, X, y, sample_weight=sw,
+                         se=Bootstrap(n_resamples=6, random_state=3), **kw)
     rng = np.random.default_rng(3)
     expect = []
     for _ in range(6):
@@ -436,7 +437,7 @@ def test_weighted_analytic_se_agrees_with_the_weighted_bootstrap(loss, r, diverg
     sw = rng.lognormal(0.0, 0.7, size=n)
     kw = dict(loss=loss, r=r, divergence=divergence, sample_weight=sw)
     a = otstab.certify(model, X, y, **kw)
-    b = otstab.certify(model, X, y, se=Bootstrap(n_boot=n_boot, seed=1), **kw)
+    b = otstab.certify(model, X, y, se=Bootstrap(n_resamples=n_boot, random_state=1), **kw)
     assert a.status == "optimal" and a.inference.reliable
     assert 0.9 < a.se / b.se < 1.1
 
@@ -461,12 +462,13 @@ def test_feature_confidence_with_weights_resamples_rows_with_their_weights():
     model, X, y = _binary(n=60)
     sw = np.random.default_rng(18).uniform(0.2, 3.0, size=len(y))
     kw = dict(loss="hinge", r=1.5)
-    df = otstab.feature_stability(model, X, y, sample_weight=sw, confidence=0.9, n_boot=4,
-                                  seed=5, **kw).set_index("feature")
+    df = otstab.feature_stability(model, X, y, sample_weight=sw, level=0.9, n_resamples=4,
+                                  random_state=5, **kw).to_frame().set_index("feature")
     rng = np.random.default_rng(5)
     scores = []
     for _ in range(4):
         idx = rng.integers(0, len(y), len(y))
-        rep = otstab.feature_stability(model, X[idx], y[idx], sample_weight=sw[idx], **kw)
+        rep = otstab.feature_stability(model, X[idx], y[idx], sample_weight=sw[idx],
+                                       **kw).to_frame()
         scores.append(rep.set_index("feature")["score"].reindex(df.index).to_numpy())
     np.testing.assert_allclose(df["se"], np.std(scores, axis=0, ddof=1), rtol=1e-9)

@@ -123,13 +123,13 @@ def test_dataframe_by_name_and_dask_labels(client):
 
 def test_features_and_curve_equal_numpy(client):
     Xd, X, model, y = _data(3000, 4, seed=9)
-    fs_np = otstab.feature_stability(model, X, y, loss="hinge", r=0.8)
-    fs_dk = otstab.feature_stability(model, Xd, y, loss="hinge", r=0.8)
+    fs_np = otstab.feature_stability(model, X, y, loss="hinge", r=0.8).to_frame()
+    fs_dk = otstab.feature_stability(model, Xd, y, loss="hinge", r=0.8).to_frame()
     num = fs_np.select_dtypes("number").columns
     np.testing.assert_allclose(fs_dk[num].to_numpy(float), fs_np[num].to_numpy(float),
                                rtol=RTOL, atol=0)
-    c_np = otstab.stability_curve(model, X, y, loss="zero_one", r=[0.25, 0.3])
-    c_dk = otstab.stability_curve(model, Xd, y, loss="zero_one", r=[0.25, 0.3])
+    c_np = otstab.stability_curve(model, X, y, loss="zero_one", r=[0.25, 0.3]).to_frame()
+    c_dk = otstab.stability_curve(model, Xd, y, loss="zero_one", r=[0.25, 0.3]).to_frame()
     for col in ("value", "h", "risk_star", "primal_cost"):
         np.testing.assert_allclose(c_dk[col].to_numpy(float), c_np[col].to_numpy(float),
                                    rtol=RTOL)

@@ -172,7 +172,7 @@ def test_feature_stability_refuses_an_unknown_solver():
     X, y = _binary(30)
     model = LogisticRegression().fit(X, y)
     with pytest.raises(ValidationError, match="solver"):
-        otstab.feature_stability(model, X, y, loss="hinge", r=1.0, solver="gurobi")
+        otstab.feature_stability(model, X, y, loss="hinge", r=1.0, solver="gurobi").to_frame()
 
 
 def test_first_order_and_search_refuse_unknown_options():

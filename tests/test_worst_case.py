@@ -578,9 +578,10 @@ def test_bounds_follow_the_formulas():
     n = 1000
     z = rng.normal(size=n)
     loss = np.clip(0.5 + 0.2 * z + 0.1 * rng.normal(size=n), 0, 1)
-    delta = 0.1
+    level = 0.9
+    delta = 1 - level  # the failure probability, as worst_subpopulation computes it
     res = worst_subpopulation(loss, z, p=0.2, regressor=LinearRegression(), bound=1.0,
-                              delta=delta, random_state=0)
+                              level=level, random_state=0)
     m = np.array([np.sum(res.fold == k) for k in range(2)])
     # DKW, delta split over K = 2 folds
     dkw = np.mean(np.sqrt(np.log(2 * 2 / delta) / (2 * m))) / 0.2
@@ -599,14 +600,14 @@ def test_bounds_follow_the_formulas():
     # U / .2 >= B = 1 here: the band is vacuous and reported as NaN, not clipped to [0, 1]
     assert U / 0.2 >= 1.0 and math.isnan(res.lower) and math.isnan(res.upper)
     wide = worst_subpopulation(loss, z, p=1.0, regressor=LinearRegression(), bound=1.0,
-                               delta=delta, random_state=0)
+                               level=level, random_state=0)
     assert U < 1.0 and wide.halfwidth == pytest.approx(U, rel=1e-12)
     assert wide.lower == pytest.approx(max(0.0, wide.value - U))
     assert wide.upper == pytest.approx(min(1.0, wide.value + U))
     assert res.loss_bound == 1.0 and res.loss_bound_source == "given"
     # approx_error enters under the square root
     res2 = worst_subpopulation(loss, z, p=0.2, regressor=LinearRegression(), bound=1.0,
-                               delta=delta, approx_error=0.3, random_state=0)
+                               level=level, approx_error=0.3, random_state=0)
     first2 = np.sqrt(gap + 0.09 + 4 * np.sqrt(2 * np.log(6 / delta) / m))
     assert res2.halfwidth == pytest.approx(np.mean(first2 + np.sqrt(np.log(12 / delta) / (2 * m)))
                                            / 0.2, rel=1e-12)
@@ -858,8 +859,8 @@ def test_bad_learners_and_options(small):
         worst_subpopulation(loss, z, cv=1, regressor=LinearRegression())
     with pytest.raises(InputTypeError, match="threshold must be a real number"):
         worst_subpopulation(loss, z, threshold="high")
-    with pytest.raises(ValidationError, match="delta must be <"):
-        worst_subpopulation(loss, z, delta=1.0)
+    with pytest.raises(ValidationError, match="level must be >"):
+        worst_subpopulation(loss, z, level=0.0)
     with pytest.raises(ValidationError, match="quantile_regressor must expose"):
         conditional_shift(loss, w, z, p=0.5, folds=2, regressor=LinearRegression(),
                           quantile_regressor=LinearRegression())
@@ -918,11 +919,12 @@ def _uniform_case(n=2000, seed=0):
 
 def test_vacuous_note_exactly_when_halfwidth_reaches_the_loss_range():
     loss, z = _uniform_case()
-    a, delta = 0.5, 0.05
+    a, level = 0.5, 0.95
+    delta = 1 - level
     p0 = _fixed_h_U(2000, 1.0, delta, a)  # half-width U/p equals B = 1 at p = U
     assert 0.7 < p0 < 0.8
     below, above = p0 * (1 - 1e-9), p0 * (1 + 1e-9)
-    kw = dict(regressor=lambda Z: Z, bound=1.0, approx_error=a, delta=delta)
+    kw = dict(regressor=lambda Z: Z, bound=1.0, approx_error=a, level=level)
     both = worst_subpopulation(loss, z, p=[below, above], **kw)
     assert both._U == pytest.approx(p0, rel=1e-13)
     vac = both.curve["halfwidth"] >= 1.0
@@ -944,9 +946,10 @@ def test_vacuous_note_exactly_when_halfwidth_reaches_the_loss_range():
 
 def test_nonvacuous_n_from_the_bound_rate():
     loss, z = _uniform_case()
-    B, delta, a = 1.0, 0.05, 0.2
+    B, level, a = 1.0, 0.95, 0.2
+    delta = 1 - level
     res = worst_subpopulation(loss, z, p=[0.3, 0.5], regressor=lambda Z: Z, bound=B,
-                              approx_error=a, delta=delta)
+                              approx_error=a, level=level)
     for p in (0.3, 0.5):
         N = res.nonvacuous_n(p)
         assert N > res.n  # vacuous now (U ~ .8 at n = 2000)
@@ -956,7 +959,7 @@ def test_nonvacuous_n_from_the_bound_rate():
     assert f"at p = 0.3 from n = {res.nonvacuous_n(0.3):,}" in res.vacuous_note
     # a = .25 >= p B at p = .25: the approximation-error term alone is vacuous at any n
     never = worst_subpopulation(loss, z, p=0.25, regressor=lambda Z: Z, bound=B,
-                                approx_error=0.25, delta=delta)
+                                approx_error=0.25, level=level)
     assert never.nonvacuous_n(0.25) == math.inf
     assert "not by more rows alone" in never.vacuous_note
     with pytest.raises(ValidationError, match="p must"):

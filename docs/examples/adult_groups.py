@@ -18,7 +18,7 @@ model = LogisticRegression(max_iter=2000).fit(X_tr, y_tr)
 groups = raw.loc[X_ev.index, ["race", "sex"]]
 
 gm = otstab.group_metrics(y_ev, model.predict(X_ev), groups,
-                          y_prob=model.predict_proba(X_ev)[:, 1])
+                          y_prob=model.predict_proba(X_ev)[:, 1]).to_frame()
 pd.set_option("display.width", 120)
 print(gm[["n", "accuracy", "ece"]].sort_values("accuracy").round(3).to_string())
 print()
@@ -29,7 +29,7 @@ res = otstab.certify(model, X_ev, y_ev, loss="zero_one", r=0.4)
 print()
 print(res.summary())
 fs = otstab.feature_stability(model, X_ev, y_ev, loss="zero_one", r=0.4,
-                              groups=datasets.feature_groups(X_ev))
+                              feature_groups=datasets.feature_groups(X_ev)).to_frame()
 print()
 print(fs.head(8)[["feature", "score", "rank", "share_moving"]].round(4).to_string(index=False))
 

@@ -72,7 +72,7 @@ def figure3(name, models, Xev, yev, n_resamples, r_ce, path):
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
     for ax, (loss, r) in zip(axes, [("logistic", r_ce), ("zero_one", 0.4)]):
         df = compare(models, Xev, yev, loss=loss, r=r, settings=SETTINGS,
-                     n_resamples=n_resamples, random_state=0)
+                     n_resamples=n_resamples, random_state=0).to_frame()
         plot_compare(df, ax=ax, title=f"{name}: {loss} loss, r = {r:g} (95% bootstrap CI)")
         print(f"\n### {name}, {loss} loss, r = {r:g}")
         print(table(df, ["model", "theta1", "theta2", "value", "ci_lower", "ci_upper", "se",
@@ -85,7 +85,7 @@ def figure3(name, models, Xev, yev, n_resamples, r_ce, path):
 def section42(name, Xtr, ytr, Xev, yev, n_resamples, n_val):
     """Targeted AT on the most fragile feature of ERM (0/1 loss, r = 0.4, theta = (1, 0.25))."""
     erm = AdversarialLogisticRegression(gamma=INF).fit(Xtr, ytr)
-    ranking = otstab.feature_stability(erm, Xev, yev, loss="zero_one", r=0.4)
+    ranking = otstab.feature_stability(erm, Xev, yev, loss="zero_one", r=0.4).to_frame()
     feat = ranking["feature"].iloc[0]
     print(f"\n### {name}: most fragile feature of ERM: {feat!r} "
           f"(score {ranking['score'].iloc[0]:.4g})")
@@ -101,12 +101,12 @@ def section42(name, Xtr, ytr, Xev, yev, n_resamples, n_val):
     rows = []
     for label, feats in [(f"score of {feat}", [feat]), ("all features", None)]:
         df = compare(models, Xev, yev, loss="zero_one", r=0.4, settings=[(1.0, 0.25)],
-                     n_resamples=n_resamples, random_state=0, features=feats)
+                     n_resamples=n_resamples, random_state=0, features=feats).to_frame()
         rows.append(df.assign(what=label))
         print(f"\n{label}:")
         print(table(df, ["model", "value", "ci_lower", "ci_upper", "se", "accuracy"]))
     after = otstab.feature_stability(models[f"targeted AT (gamma={gamma:g})"], Xev, yev,
-                                     loss="zero_one", r=0.4)
+                                     loss="zero_one", r=0.4).to_frame()
     rank = int(np.flatnonzero(after["feature"].to_numpy() == feat)[0]) + 1
     print(f"rank of {feat!r} after targeted AT: {rank} of {len(after)} "
           f"(most fragile now: {after['feature'].iloc[0]!r})")
