@@ -307,10 +307,10 @@ def test_level_must_be_a_number(bad):
     for call in calls:
         with pytest.raises(otstab.errors.ValidationError, match="level must be a number"):
             call()
-    if bad is not None:  # (confidence=None means "no interval")
-        with pytest.raises(otstab.errors.ValidationError, match="confidence must be a number"):
+    if bad is not None:  # (level=None means "no interval")
+        with pytest.raises(otstab.errors.ValidationError, match="level must be a number"):
             otstab.stability_curve(m, X, y, loss="hinge", r=[2 * base], theta1=1.0,
-                                   theta2=1.0, confidence=bad)
+                                   theta2=1.0, level=bad)
         with pytest.raises(otstab.errors.ValidationError, match="level must be a number"):
             policy_gate(res, fail_under=0.1, confidence=bad)
     # numbers of every kind still work
