@@ -414,3 +414,16 @@ def positional_deprecated(n: int, *names: str):
         return wrapper
 
     return decorate
+
+
+def check_level(level, name: str = "level") -> float:
+    """A confidence level in (0, 1): a real number (not a string such as "0.9", not a bool)."""
+    if isinstance(level, (bool, np.bool_)) or not isinstance(level, (Real, np.floating,
+                                                                     np.integer)):
+        shown = repr(level) if len(repr(level)) <= 60 else repr(level)[:60] + "..."
+        raise ValidationError(f"{name} must be a number in (0, 1) such as 0.95, got "
+                              f"{type(level).__name__} {shown}")
+    lv = float(level)
+    if not 0.0 < lv < 1.0:
+        raise ValidationError(f"{name} must be in (0, 1), got {level!r}")
+    return lv

@@ -32,7 +32,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from numbers import Real
 from statistics import NormalDist
 
 import numpy as np
@@ -40,7 +39,7 @@ from otstab_solvers.dual import oracle_for, solve_dual
 from otstab_solvers.result import OPTIMAL
 
 from ._progress import progress_bar
-from ._validation import check_random_state, renamed_kwargs
+from ._validation import check_level, check_random_state, renamed_kwargs
 from .errors import ValidationError
 from .losses import MulticlassHinge, PiecewiseLinear, ZeroOne
 from .models import Problem
@@ -71,19 +70,6 @@ MIN_ROWS = 3
 def _z(level: float, two_sided: bool = True) -> float:
     p = 0.5 + level / 2 if two_sided else level
     return NormalDist().inv_cdf(p)
-
-
-def check_level(level, name: str = "level") -> float:
-    """A confidence level in (0, 1): a real number (not a string such as "0.9", not a bool)."""
-    if isinstance(level, (bool, np.bool_)) or not isinstance(level, (Real, np.floating,
-                                                                     np.integer)):
-        shown = repr(level) if len(repr(level)) <= 60 else repr(level)[:60] + "..."
-        raise ValidationError(f"{name} must be a number in (0, 1) such as 0.95, got "
-                              f"{type(level).__name__} {shown}")
-    lv = float(level)
-    if not 0.0 < lv < 1.0:
-        raise ValidationError(f"{name} must be in (0, 1), got {level!r}")
-    return lv
 
 
 @dataclass

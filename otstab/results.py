@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from ._results import ResultMixin, jsonable
+from ._validation import check_level
 from .errors import ValidationError
 from .pipeline import RawView, raw_view
 
@@ -132,7 +133,6 @@ class StabilityResult(ResultMixin):
 
     def ci(self, level: float = 0.95) -> tuple[float, float]:
         """Confidence interval ``(low, high)`` for R in the population at ``level``."""
-        from .inference import check_level  # (inference imports this module)
 
         level = check_level(level)
         if self.inference is None:
@@ -141,7 +141,6 @@ class StabilityResult(ResultMixin):
 
     def lower_confidence_bound(self, level: float = 0.95) -> float:
         """One-sided bound: R >= this with confidence ``level`` (the value to gate on)."""
-        from .inference import check_level  # (inference imports this module)
 
         level = check_level(level)
         if self.inference is None:

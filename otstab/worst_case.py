@@ -1390,12 +1390,13 @@ def _plot_band(ax, df, col: str, band_cols: tuple[str, str], other_col: str, *, 
                curve: str, point: str, other: str):
     """``df[col]`` against ``df["p"]`` with its band ``df[band_cols]`` (NaN: not drawn) and
     ``df[other_col]`` for comparison; a single p is drawn as a point with error bars."""
-    p, v = df["p"], df[col]
-    lo, hi = df[band_cols[0]], df[band_cols[1]]
+    # float arrays: a column holding None is of object dtype, which matplotlib < 3.8 refuses
+    p, v = df["p"].to_numpy(float), df[col].to_numpy(float)
+    lo, hi = df[band_cols[0]].to_numpy(float), df[band_cols[1]].to_numpy(float)
     if len(df) > 1:
         ax.fill_between(p, lo, hi, alpha=0.2, label=band)
         ax.plot(p, v, label=curve)
-        ax.plot(p, df[other_col], "--", label=other)
+        ax.plot(p, df[other_col].to_numpy(float), "--", label=other)
     else:
         ax.errorbar(p, v, yerr=[v - lo, hi - v], fmt="o", capsize=3, label=point)
         ax.plot(p, df[other_col], "x", label=other)
