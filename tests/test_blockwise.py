@@ -560,7 +560,7 @@ def test_plain_pickle_roundtrip_of_lazy_result(monkeypatch, access_first):
 
 # --- 6. a reduced form that disagrees with the model ---------------------------------------
 
-@pytest.mark.parametrize("solver", ["dual", "auto"])
+@pytest.mark.parametrize("solver", ["dual", pytest.param("auto", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("sign", [1.0, -1.0], ids=["margin_up", "margin_down"])
 def test_sampled_audit_refuses_a_corrupted_reduced_form(monkeypatch, solver, sign):
     """The moved scores of the reduced form shifted by 1e-3 y (y the +-1 label, so every margin

@@ -177,7 +177,8 @@ def test_dual_agrees_with_tight_clarabel_to_1e7(div):
     assert failures <= 0.1 * total, (failures, total)
 
 
-@pytest.mark.parametrize("solver,tol", [("scs", 1e-4), ("ecos", 1e-5)])
+@pytest.mark.parametrize("solver,tol", [pytest.param("scs", 1e-4, marks=pytest.mark.slow),
+                                        ("ecos", 1e-5)])
 def test_other_backends(solver, tol):
     ok = 0
     for kind, n, t1, t2 in CONIC_CASES[::3]:

@@ -78,7 +78,8 @@ def test_equals_numpy(client, n, divergence, loss, r):
     assert _close(res_np.se, res_dk.se, 1e-8)  # the analytic confidence interval
 
 
-@pytest.mark.parametrize("loss", ["logistic", "squared", "cross_entropy"])
+@pytest.mark.parametrize("loss", ["logistic", "squared",
+                                  pytest.param("cross_entropy", marks=pytest.mark.slow)])
 def test_smooth_losses_do_not_gather_x(client, monkeypatch, loss):
     """Logistic, squared and (multiclass) cross-entropy certificates on Dask data work on the
     gathered scores: X itself is never gathered (only the audited rows)."""
