@@ -15,9 +15,11 @@ under/over-estimates; each is a proof, not a heuristic:
   the smallest leaf margin among the leaves the box can reach within distance ``U_i``. Boxes are
   explored in order of a lower bound on their distance to ``x_i``, so at any moment the smallest
   key among the open boxes (capped at ``U_i``) is a certified lower bound on ``d*_i``; run to
-  completion it is exact (up to float32 rounding of the split thresholds, which is accounted
-  for conservatively). ``max_nodes`` and ``time_budget`` stop the search; the bound is reported
-  at whatever point it stops.
+  completion it is exact (distances are taken to the closure of the float64 inputs of a box,
+  whose ends, for trees comparing ``float32(x)``, lie halfway between float32 values). A box
+  that meets one leaf per tree within ``U_i`` is decided by the model's own ``predict`` at the
+  input of the leaves' intersection nearest ``x_i``. ``max_nodes`` and ``time_budget`` stop
+  the search; the bound is reported at whatever point it stops.
 * **MLPs, 0/1 loss** (:func:`mlp_lower_distances`; scikit-learn ``MLPClassifier`` through
   :class:`otstab.nonlinear.MLPModel`): ``d*_i >= rho^2`` whenever ``m_i >= rho L_i(rho)`` with
   ``m_i`` the smallest logit margin at ``x_i`` and ``L_i(rho)`` a certified Lipschitz constant of
@@ -60,7 +62,7 @@ from .audit import CANCEL_RTOL
 from .costs import Rescaled
 from .errors import InputTypeError, ValidationError
 from .nonlinear import as_model_input
-from .perturbation import tree_boxes
+from .perturbation import f32_above, f32_atmost, f32_edge, tree_boxes
 
 __all__ = ["LeafTable", "leaf_table", "tree_lower_distances", "mlp_lower_distances",
            "mlp_lipschitz", "mlp_transform_upper", "zero_one_lower_value",
@@ -96,6 +98,8 @@ class LeafTable:
     base: np.ndarray
     f32: bool
     n_trees: int
+    #: sum over the trees of their largest leaf value in absolute value (the size of a score)
+    scale: float = 0.0
 
     def comparable(self, X: np.ndarray) -> np.ndarray:
         """``c(X)``: the values the trees compare with their thresholds."""
@@ -111,14 +115,29 @@ class LeafTable:
         return out
 
     def edges(self, lo, hi):
-        """Float64 intervals ``[a, b]`` that contain every x with ``lo < c(x) <= hi``
-        (``c = float32``: one float32 step wider on each side)."""
+        """The closure ``[a, b]`` (float64) of the inputs x with ``lo < c(x) <= hi``: exactly
+        ``[lo, hi]`` when the trees compare x itself; for ``c = float32`` each edge lies
+        halfway between the float32 values around the threshold (inputs on one side round to
+        the float32 value at most the threshold, on the other to the one above it). The
+        distance from x_i to this closure is the infimum of the distances to those inputs."""
         if not self.f32:
             return lo, hi
-        with np.errstate(over="ignore"):
-            a = np.nextafter(lo.astype(np.float32), np.float32(-np.inf)).astype(np.float64)
-            b = np.nextafter(hi.astype(np.float32), np.float32(np.inf)).astype(np.float64)
-        return np.where(np.isfinite(lo), a, lo), np.where(np.isfinite(hi), b, hi)
+        return f32_edge(np.asarray(lo, dtype=np.float64)), f32_edge(np.asarray(hi,
+                                                                               dtype=np.float64))
+
+    def inner_point(self, x, lo, hi):
+        """The input nearest to ``x`` (per coordinate) whose comparison value lies in
+        ``lo < c(p) <= hi``, or None when no input does (a box between two adjacent float32
+        values holds none)."""
+        if self.f32:
+            c = x.astype(np.float32).astype(np.float64)
+            c = np.where(c <= lo, f32_above(lo), np.where(c > hi, f32_atmost(hi), c))
+        else:
+            with np.errstate(invalid="ignore"):
+                c = np.where(x <= lo, np.nextafter(lo, np.inf), np.where(x > hi, hi, x))
+        if not np.all((c > lo) & (c <= hi) & np.isfinite(c)):
+            return None
+        return c
 
 
 def _sk_tree(tree, d, leaf_value, cols=None):
@@ -204,6 +223,8 @@ def leaf_table(model, d: int, X_check: np.ndarray | None = None) -> LeafTable:
     table = LeafTable(lo=np.array(los), hi=np.array(his), tree=np.array(tree_ids, dtype=np.intp),
                       value=np.array(vals), base=np.zeros(K), f32=f32,
                       n_trees=max(tree_ids) + 1)
+    table.scale = float(np.sum(np.maximum.reduceat(
+        np.abs(table.value).max(axis=1), np.flatnonzero(np.r_[True, np.diff(table.tree) != 0]))))
     if X_check is None or X_check.shape[0] == 0:
         raise ValidationError("leaf_table needs rows X_check to check the table against the "
                               "model")
@@ -248,16 +269,30 @@ class _Sample:
         self.base = table.base[y] - table.base[others]
         self.n_trees = table.n_trees
         self.table = table
+        # a margin bound must clear the rounding of the model's own sum of the leaf values
+        # (summed in another order): within it a tie, which argmax breaks towards the first
+        # class, is possible, so the box is split until the model's predict decides it
+        self.tol = 64 * np.finfo(np.float64).eps * (float(np.max(np.abs(self.base), initial=0))
+                                                    + table.scale)
 
     def evaluate(self, alive, blo, bhi):
-        """Key (lower bound on the distance from x to the points of the box closer than U),
-        whether the box is proved safe, and a split. ``alive``: candidate leaf positions."""
+        """``(key, alive, single, info)`` for the box ``blo < c(x) <= bhi``, or None when the
+        box is proved to hold no misclassified input closer than U.
+
+        ``alive``: candidate leaf positions. ``key``: a lower bound on the distance from x to
+        the inputs of the box closer than U. ``single``: the box meets one leaf per tree within
+        U, so every input of it closer than U lies in the intersection of those leaves and has
+        one prediction; that prediction was checked with the model's ``predict`` and is wrong,
+        and ``key`` is then the exact distance to the intersection."""
+        ea, eb = self.table.edges(blo, bhi)
         lo = np.maximum(self.lo[alive], blo)
         hi = np.minimum(self.hi[alive], bhi)
         meet = np.all(lo < hi, axis=1)
         alive = alive[meet]
         lo, hi = lo[meet], hi[meet]
-        a, b = self.table.edges(lo, hi)
+        # edges are monotone: the closure of leaf and box is the intersection of the closures
+        a = np.maximum(self.a[alive], ea)
+        b = np.minimum(self.b[alive], eb)
         gap = np.maximum(np.maximum(a - self.x, self.x - b), 0.0)
         dist = (gap * gap) @ self.w
         near = dist < self.upper
@@ -271,24 +306,26 @@ class _Sample:
         key = float(np.max(np.minimum.reduceat(dist, starts)))
         mins = np.minimum.reduceat(self.marg[alive], starts, axis=0)  # (trees, K-1)
         bound = self.base + mins.sum(axis=0)
-        if np.all(bound > 0):
+        if np.all(bound > self.tol):
             return None  # proved: no point of the box within U changes the prediction
         single = starts.size == alive.size
-        if single and self._constant_and_right(blo, bhi):
-            return None
+        if single:
+            # an input of the box closer than U lies, in every tree, in a leaf within U: the
+            # only one left; so it lies in the intersection of the leaves, one prediction
+            rlo, rhi = lo.max(axis=0), hi.min(axis=0)
+            p = self.table.inner_point(self.x, rlo, rhi)
+            if p is None:
+                return None  # no input lies in the intersection
+            ra, rb = self.table.edges(rlo, rhi)
+            rgap = np.maximum(np.maximum(ra - self.x, self.x - rb), 0.0)
+            rdist = float((rgap * rgap) @ self.w)
+            if not rdist < self.upper or self._right(p):
+                return None
+            key = max(key, rdist)
         return key, alive, single, (mins, starts, lo, hi, bound)
 
-    def _constant_and_right(self, blo, bhi) -> bool:
-        """A box inside one leaf of every tree has one prediction: the model's own at a point
-        of the box (``lo < c(p) <= hi``) decides it (ties of the scores included)."""
-        p = np.where(np.isfinite(bhi), bhi, np.where(np.isfinite(blo), blo + 1.0, 0.0))
-        if self.table.f32:
-            c = p.astype(np.float32)
-            c = np.where(c.astype(np.float64) > p, np.nextafter(c, np.float32(-np.inf)), c)
-            p = c.astype(np.float64)
-        cp = self.table.comparable(p)
-        if not np.all((cp > blo) & (cp <= bhi)):
-            return False  # no safe interior point: keep the box (sound, maybe not exact)
+    def _right(self, p) -> bool:
+        """The model's own prediction at the input with movable coordinates ``p``."""
         z = self.x_full.copy()
         z[self.mv] = p
         return bool(self.predict(z[None, :])[0] == self.y)

@@ -30,7 +30,8 @@ For the 0/1 loss the d-transform is ``l_h(z_i) = (h - theta1 d*_i)_+`` with
   split uses do not affect the prediction and stay fixed (moving them would only add
   distance), each coordinate line is searched exactly (probes just past each threshold),
   and the coordinates of the best point are pulled back towards ``x_i`` threshold by
-  threshold. With a single movable feature that some split uses, this is exact.
+  threshold. With a single movable feature that some split uses, this is exact (the distance
+  is then taken to the boundary crossed, the infimum, as for decision trees).
 
 Per-feature prices (``feature_costs``, :mod:`otstab.costs`) reach this module as a model
 wrapped in :class:`otstab.costs.Rescaled` on the coordinates ``x~ = sqrt(c) x``, where the
@@ -329,7 +330,7 @@ def perturbation_search(model, X, y, *, mask=None, labels="model", n_directions=
     pred = _Predictor(lambda Z: _to_indices(raw.predict(nonlinear.as_model_input(raw, Z)),
                                             classes, "model.predict(X)"))
     return _search(pred, X, yi, mv, rng, n_directions, n_refine, max_radius, tol,
-                   thresholds=_ensemble_thresholds(raw, d))
+                   thresholds=_ensemble_thresholds(raw, d), f32=_compares_float32(raw))
 
 
 def _rescaled(model, X, yi, task, mv, rng, n_directions, n_refine, max_radius, tol,
@@ -354,7 +355,7 @@ def _rescaled(model, X, yi, task, mv, rng, n_directions, n_refine, max_radius, t
     if thresholds is not None:
         thresholds = [np.unique(T * s[j]) for j, T in enumerate(thresholds)]
     res = _search(pred, X, yi, mv, rng, n_directions, n_refine, max_radius, tol,
-                  thresholds=thresholds)
+                  thresholds=thresholds, f32=raw is None or _compares_float32(raw))
     scaled = bool(np.any(s[mv] != 1.0))
     if scaled and res.exact and np.any(~np.isfinite(res.distances) | (res.distances > 0)):
         res.exact = False
@@ -493,7 +494,7 @@ def _tree_leaves(tree, d: int):
     return np.array(lo_list), np.array(hi_list), cls
 
 
-def _f32_above(v: np.ndarray) -> np.ndarray:
+def f32_above(v: np.ndarray) -> np.ndarray:
     """Smallest float32 value strictly above v (as float64); v may be -inf."""
     c = v.astype(np.float32)
     for _ in range(3):
@@ -502,7 +503,7 @@ def _f32_above(v: np.ndarray) -> np.ndarray:
     return c.astype(np.float64)
 
 
-def _f32_atmost(v: np.ndarray) -> np.ndarray:
+def f32_atmost(v: np.ndarray) -> np.ndarray:
     """Largest float32 value <= v (as float64)."""
     c = v.astype(np.float32)
     for _ in range(3):
@@ -511,9 +512,9 @@ def _f32_atmost(v: np.ndarray) -> np.ndarray:
     return c.astype(np.float64)
 
 
-def _f32_edge(v: np.ndarray) -> np.ndarray:
+def f32_edge(v: np.ndarray) -> np.ndarray:
     """Where ``float32(x) <= v`` flips on float64 inputs: between the float32 values around v."""
-    return 0.5 * (_f32_atmost(v) + _f32_above(v))
+    return 0.5 * (f32_atmost(v) + f32_above(v))
 
 
 def _tree(model, X, yi, mv, weights=None) -> PerturbationResult:
@@ -526,7 +527,7 @@ def _tree(model, X, yi, mv, weights=None) -> PerturbationResult:
                                             classes, "model.predict(X)"))
     mis = pred(X) != yi
     lo, hi, cls = _tree_leaves(model.tree_, d)
-    lo_e, hi_e = _f32_edge(lo), _f32_edge(hi)  # the leaf boxes seen by float64 inputs
+    lo_e, hi_e = f32_edge(lo), f32_edge(hi)  # the leaf boxes seen by float64 inputs
     X32 = X.astype(np.float32).astype(np.float64)
     best = np.full(n, np.inf)
     bestleaf = np.full(n, -1)
@@ -556,7 +557,7 @@ def _tree(model, X, yi, mv, weights=None) -> PerturbationResult:
         x = X[idx]
         x32 = X32[idx]
         inside = (x32 > lo_b) & (x32 <= hi_b)
-        target = np.where(x32 <= lo_b, _f32_above(lo_b), _f32_atmost(hi_b))
+        target = np.where(x32 <= lo_b, f32_above(lo_b), f32_atmost(hi_b))
         P[idx] = np.where(inside | ~mv[None, :], x, target)
         bad = pred(P[idx]) == yi[idx]
         if np.any(bad):  # pragma: no cover - float32 rounding corner cases
@@ -785,23 +786,34 @@ def _ensemble_thresholds(model, d: int):
     return [np.unique(t[f == j]) for j in range(d)]
 
 
-def _line_first_wrong(pred, B, y_rows, j, T, start, sign, limit, block=32):
+def _compares_float32(model) -> bool:
+    """Whether a tree model compares ``float32(x) <= threshold`` (scikit-learn's trees) rather
+    than ``x <= threshold`` in float64 (histogram gradient boosting)."""
+    return not hasattr(model, "_predictors")
+
+
+def _line_first_wrong(pred, B, y_rows, j, T, start, sign, limit, block=32, f32=True):
     """Nearest probe on the lines ``B[r] + (v - B[r, j]) e_j`` that is misclassified.
 
     Probes, in order of distance from ``start[r]`` in direction ``sign[r]``: ``start`` itself,
     then just past each threshold of ``T`` (the prediction is constant between consecutive
     thresholds). Only probes with ``|v - start| < limit`` count. Returns ``v`` per row (nan where
     none is misclassified). ``T`` is not empty: ``_search`` keeps the features that no split
-    uses fixed.
+    uses fixed. ``f32``: the trees compare ``float32(v) <= t`` (probes are float32 values on
+    either side of each threshold, and ``start`` lies on the side of its float32 value), else
+    ``v <= t`` in float64.
     """
     m = B.shape[0]
     out = np.full(m, np.nan)
     if m == 0:
         return out
-    up_vals = _f32_above(T)
-    down_vals = _f32_atmost(T)
-    first_up = np.searchsorted(T, start, side="left")       # thresholds >= start
-    last_down = np.searchsorted(T, start, side="left") - 1  # thresholds < start
+    if f32:
+        up_vals, down_vals = f32_above(T), f32_atmost(T)
+        cstart = start.astype(np.float32).astype(np.float64)
+    else:
+        up_vals, down_vals, cstart = np.nextafter(T, np.inf), T, start
+    first_up = np.searchsorted(T, cstart, side="left")       # thresholds >= c(start)
+    last_down = first_up - 1                                  # thresholds < c(start)
     avail = np.where(sign > 0, T.size - first_up, last_down + 1) + 1  # + the start itself
     k0 = np.zeros(m, dtype=np.intp)
     open_ = np.arange(m)
@@ -833,14 +845,14 @@ def _line_first_wrong(pred, B, y_rows, j, T, start, sign, limit, block=32):
     return out
 
 
-def _coordinate_thresholds(pred, X, yi, idx, mv, thresholds, best, P):
+def _coordinate_thresholds(pred, X, yi, idx, mv, thresholds, best, P, f32=True):
     """Exact nearest misclassified point along each masked coordinate line (both signs)."""
     for j in np.nonzero(mv)[0]:
         T = thresholds[j]
         for sgn in (1.0, -1.0):
             start = X[idx, j]
             v = _line_first_wrong(pred, X[idx], yi[idx], j, T, start, np.full(idx.size, sgn),
-                                  np.sqrt(best[idx]))
+                                  np.sqrt(best[idx]), f32=f32)
             ok = np.isfinite(v)
             rows = idx[ok]
             d2 = (v[ok] - start[ok]) ** 2
@@ -851,7 +863,7 @@ def _coordinate_thresholds(pred, X, yi, idx, mv, thresholds, best, P):
             P[r, j] = v[ok][better]
 
 
-def _coordinate_shrink(pred, X, yi, idx, mv, thresholds, best, P, sweeps=3):
+def _coordinate_shrink(pred, X, yi, idx, mv, thresholds, best, P, sweeps=3, f32=True):
     """Pull each coordinate of the best point back towards x_i while it stays misclassified.
 
     For each masked coordinate ``j`` the probes run from ``x_ij`` towards the current ``p_j``
@@ -872,7 +884,7 @@ def _coordinate_shrink(pred, X, yi, idx, mv, thresholds, best, P, sweeps=3):
             if rows.size == 0:
                 continue
             v = _line_first_wrong(pred, P[rows], yi[rows], j, T, start, np.sign(delta),
-                                  np.abs(delta))
+                                  np.abs(delta), f32=f32)
             ok = np.isfinite(v)
             r = rows[ok]
             if r.size:
@@ -883,8 +895,24 @@ def _coordinate_shrink(pred, X, yi, idx, mv, thresholds, best, P, sweeps=3):
             return
 
 
+def _line_infimum(X, P, rows, j, T, f32):
+    """Squared distances from ``X[rows]`` to the boundary crossed on the way to the probes
+    ``P[rows]`` (which differ from ``X[rows]`` in coordinate j only, just past a threshold of
+    ``T``): the infimum over the misclassified inputs of that cell, which the probe, a
+    representable input, exceeds by up to a rounding step."""
+    x, v = X[rows, j], P[rows, j]
+    up = v > x
+    k_up = np.searchsorted(T, v, side="left") - 1  # largest threshold < v: crossed upward
+    k_dn = np.searchsorted(T, v, side="left")      # smallest threshold >= v: crossed downward
+    k = np.clip(np.where(up, k_up, k_dn), 0, T.size - 1)
+    t = T[k]
+    edge = f32_edge(t) if f32 else t
+    ok = np.where(up, (edge > x) & (edge <= v), (edge < x) & (edge >= v))
+    return np.where(ok, (edge - x) ** 2, (v - x) ** 2)
+
+
 def _search(pred, X, yi, mv, rng, n_directions, n_refine, max_radius, tol,
-            thresholds=None) -> PerturbationResult:
+            thresholds=None, f32=True) -> PerturbationResult:
     current = pred(X)
     mis = current != yi
     best = np.where(mis, 0.0, np.inf)
@@ -896,9 +924,13 @@ def _search(pred, X, yi, mv, rng, n_directions, n_refine, max_radius, tol,
         mv = mv & np.array([T.size > 0 for T in thresholds])
     if idx.size and mv.any():
         if thresholds is not None:
-            _coordinate_thresholds(pred, X, yi, idx, mv, thresholds, best, P)
+            _coordinate_thresholds(pred, X, yi, idx, mv, thresholds, best, P, f32=f32)
             # with one movable feature the coordinate line is the whole search space
             exact = int(mv.sum()) == 1
+            if exact:  # the distance is the infimum: to the boundary, not to the probe
+                rows = idx[np.isfinite(best[idx])]
+                j = int(np.flatnonzero(mv)[0])
+                best[rows] = _line_infimum(X, P, rows, j, thresholds[j], f32)
         if not exact:
             extra = _neighbour_dirs(X, yi, current, mv, idx)
             _direction_search(pred, X, yi, idx, mv, rng, best, P, n_directions, max_radius,
@@ -909,7 +941,7 @@ def _search(pred, X, yi, mv, rng, n_directions, n_refine, max_radius, tol,
                                   100.0 * max_radius, tol)
             _refine_random(pred, X, yi, idx, mv, rng, best, P, n_refine, tol)
             if thresholds is not None:
-                _coordinate_shrink(pred, X, yi, idx, mv, thresholds, best, P)
+                _coordinate_shrink(pred, X, yi, idx, mv, thresholds, best, P, f32=f32)
     elif idx.size:
         exact = True  # nothing may move: no misclassified point is reachable
     return PerturbationResult(distances=best, points=P, exact=exact,
