@@ -30,8 +30,7 @@ For the 0/1 loss the d-transform is ``l_h(z_i) = (h - theta1 d*_i)_+`` with
   split uses do not affect the prediction and stay fixed (moving them would only add
   distance), each coordinate line is searched exactly (probes just past each threshold),
   and the coordinates of the best point are pulled back towards ``x_i`` threshold by
-  threshold. With a single movable feature that some split uses, this is exact (the distance
-  is then taken to the boundary crossed, the infimum, as for decision trees).
+  threshold. With a single movable feature that some split uses, this is exact.
 
 Per-feature prices (``feature_costs``, :mod:`otstab.costs`) reach this module as a model
 wrapped in :class:`otstab.costs.Rescaled` on the coordinates ``x~ = sqrt(c) x``, where the
@@ -40,11 +39,14 @@ the priced distance ``sum_j c_j (x'_j - x_j)^2`` (still exact), every other mode
 
 Except for linear models and trees the distances are **upper bounds** on ``d*_i`` (the point
 returned is verified to be misclassified), so the resulting ``R`` is an upper bound too.
-For linear models and trees the distance is the exact infimum (decision trees compare
-``float32(x) <= threshold``: on float64 inputs a leaf's edge lies halfway between the float32
-values around its threshold); the returned point lies a rounding step beyond the boundary, so
-that it is actually misclassified. Samples for which no misclassified point is found get ``inf``
-(and a NaN point): for them ``l_h = 0`` for every ``h``.
+For linear models the distance is the exact infimum; the returned point lies a rounding step
+beyond the boundary, so that it is actually misclassified. For trees (and the coordinate lines
+of tree ensembles) the distance is the smallest over the float64 inputs, attained by the
+returned point: trees compare ``float32(x) <= threshold``, so a leaf's first (last) input is
+the float64 value halfway between the float32 values around its threshold if that rounds into
+the leaf, else the next one (within a float64 step of the real infimum). Q*'s cost is then
+exactly the value's, with no float32 step between them. Samples for which no misclassified
+point is found get ``inf`` (and a NaN point): for them ``l_h = 0`` for every ``h``.
 """
 
 from __future__ import annotations
@@ -517,6 +519,25 @@ def f32_edge(v: np.ndarray) -> np.ndarray:
     return 0.5 * (f32_atmost(v) + f32_above(v))
 
 
+def f32_first_input(v: np.ndarray) -> np.ndarray:
+    """Smallest float64 x with ``float32(x) > v``: the edge halfway between the float32 values
+    around v if it rounds up (ties go to the even one), else the next float64 above it."""
+    v = np.asarray(v, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        m = f32_edge(v)
+        ok = m.astype(np.float32).astype(np.float64) > v
+    return np.where(np.isfinite(v), np.where(ok, m, np.nextafter(m, np.inf)), v)
+
+
+def f32_last_input(v: np.ndarray) -> np.ndarray:
+    """Largest float64 x with ``float32(x) <= v`` (see :func:`f32_first_input`)."""
+    v = np.asarray(v, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        m = f32_edge(v)
+        ok = m.astype(np.float32).astype(np.float64) <= v
+    return np.where(np.isfinite(v), np.where(ok, m, np.nextafter(m, -np.inf)), v)
+
+
 def _tree(model, X, yi, mv, weights=None) -> PerturbationResult:
     """Exact nearest misclassified points of a decision tree; ``weights``: per-feature prices
     of the squared distance (default 1)."""
@@ -527,15 +548,18 @@ def _tree(model, X, yi, mv, weights=None) -> PerturbationResult:
                                             classes, "model.predict(X)"))
     mis = pred(X) != yi
     lo, hi, cls = _tree_leaves(model.tree_, d)
-    lo_e, hi_e = f32_edge(lo), f32_edge(hi)  # the leaf boxes seen by float64 inputs
+    # the leaf boxes seen by float64 inputs: [first, last] input of each (inclusive), so the
+    # distance is the smallest over the inputs a caller can pass, attained by the point
+    # returned (Q*'s cost is that point's: no gap between the value and the audited cost)
+    lo_e, hi_e = f32_first_input(lo), f32_last_input(hi)
     X32 = X.astype(np.float32).astype(np.float64)
     best = np.full(n, np.inf)
     bestleaf = np.full(n, -1)
     fixed = ~mv
     for L in range(lo.shape[0]):
         cand = yi != cls[L]
-        if not np.any(cand) or np.any(lo[L] >= hi[L]):
-            continue
+        if not np.any(cand) or np.any(lo_e[L] > hi_e[L]):
+            continue  # no input lies in the leaf
         low = X32 <= lo[L][None, :]
         high = X32 > hi[L][None, :]
         gap = np.where(low, np.maximum(lo_e[L][None, :] - X, 0.0),
@@ -557,7 +581,7 @@ def _tree(model, X, yi, mv, weights=None) -> PerturbationResult:
         x = X[idx]
         x32 = X32[idx]
         inside = (x32 > lo_b) & (x32 <= hi_b)
-        target = np.where(x32 <= lo_b, f32_above(lo_b), f32_atmost(hi_b))
+        target = np.where(x32 <= lo_b, lo_e[bestleaf[idx]], hi_e[bestleaf[idx]])
         P[idx] = np.where(inside | ~mv[None, :], x, target)
         bad = pred(P[idx]) == yi[idx]
         if np.any(bad):  # pragma: no cover - float32 rounding corner cases
@@ -799,16 +823,16 @@ def _line_first_wrong(pred, B, y_rows, j, T, start, sign, limit, block=32, f32=T
     then just past each threshold of ``T`` (the prediction is constant between consecutive
     thresholds). Only probes with ``|v - start| < limit`` count. Returns ``v`` per row (nan where
     none is misclassified). ``T`` is not empty: ``_search`` keeps the features that no split
-    uses fixed. ``f32``: the trees compare ``float32(v) <= t`` (probes are float32 values on
-    either side of each threshold, and ``start`` lies on the side of its float32 value), else
-    ``v <= t`` in float64.
+    uses fixed. ``f32``: the trees compare ``float32(v) <= t`` (probes are the float64 inputs
+    nearest each threshold on either side, and ``start`` lies on the side of its float32
+    value), else ``v <= t`` in float64 (probes ``nextafter(t)`` and ``t``).
     """
     m = B.shape[0]
     out = np.full(m, np.nan)
     if m == 0:
         return out
     if f32:
-        up_vals, down_vals = f32_above(T), f32_atmost(T)
+        up_vals, down_vals = f32_first_input(T), f32_last_input(T)
         cstart = start.astype(np.float32).astype(np.float64)
     else:
         up_vals, down_vals, cstart = np.nextafter(T, np.inf), T, start
@@ -895,22 +919,6 @@ def _coordinate_shrink(pred, X, yi, idx, mv, thresholds, best, P, sweeps=3, f32=
             return
 
 
-def _line_infimum(X, P, rows, j, T, f32):
-    """Squared distances from ``X[rows]`` to the boundary crossed on the way to the probes
-    ``P[rows]`` (which differ from ``X[rows]`` in coordinate j only, just past a threshold of
-    ``T``): the infimum over the misclassified inputs of that cell, which the probe, a
-    representable input, exceeds by up to a rounding step."""
-    x, v = X[rows, j], P[rows, j]
-    up = v > x
-    k_up = np.searchsorted(T, v, side="left") - 1  # largest threshold < v: crossed upward
-    k_dn = np.searchsorted(T, v, side="left")      # smallest threshold >= v: crossed downward
-    k = np.clip(np.where(up, k_up, k_dn), 0, T.size - 1)
-    t = T[k]
-    edge = f32_edge(t) if f32 else t
-    ok = np.where(up, (edge > x) & (edge <= v), (edge < x) & (edge >= v))
-    return np.where(ok, (edge - x) ** 2, (v - x) ** 2)
-
-
 def _search(pred, X, yi, mv, rng, n_directions, n_refine, max_radius, tol,
             thresholds=None, f32=True) -> PerturbationResult:
     current = pred(X)
@@ -927,10 +935,6 @@ def _search(pred, X, yi, mv, rng, n_directions, n_refine, max_radius, tol,
             _coordinate_thresholds(pred, X, yi, idx, mv, thresholds, best, P, f32=f32)
             # with one movable feature the coordinate line is the whole search space
             exact = int(mv.sum()) == 1
-            if exact:  # the distance is the infimum: to the boundary, not to the probe
-                rows = idx[np.isfinite(best[idx])]
-                j = int(np.flatnonzero(mv)[0])
-                best[rows] = _line_infimum(X, P, rows, j, thresholds[j], f32)
         if not exact:
             extra = _neighbour_dirs(X, yi, current, mv, idx)
             _direction_search(pred, X, yi, idx, mv, rng, best, P, n_directions, max_radius,
