@@ -69,7 +69,7 @@ __all__ = ["LeafTable", "leaf_table", "tree_lower_distances", "mlp_lower_distanc
            "smooth_lower_value", "certified_distances", "BOUND_OPTIONS"]
 
 #: options of the lower bounds, accepted by ``certify`` next to the perturbation search's
-BOUND_OPTIONS = ("max_nodes", "time_budget", "progress", "steps")
+BOUND_OPTIONS = ("max_nodes", "time_budget", "node_budget", "progress", "steps")
 
 #: relative slack taken off a computed dual value so that its rounding cannot lift it above R
 VALUE_SLACK = 1e-12
@@ -364,20 +364,24 @@ class _Sample:
 
 
 def _branch_and_bound(smp: _Sample, max_nodes: int, deadline: float):
-    """Certified lower bound on d*_i (and whether it is exact) by best-first search."""
+    """Certified lower bound on d*_i by best-first search: ``(bound, exact, nodes, timed_out)``
+    (``timed_out``: the deadline, not ``max_nodes``, stopped it; rerun with ``max_nodes =
+    nodes`` it stops at the same box, the boxes being examined in a fixed order)."""
     d = smp.x.size
     root = (np.full(d, -np.inf), np.full(d, np.inf))
     ev = smp.evaluate(np.arange(smp.idx.size), *root)
     if ev is None:
-        return smp.upper, True, 1
+        return smp.upper, True, 1, False
     heap = [(ev[0], 0, root, ev)]
     counter, nodes = 1, 1
     while heap:
         key, _, box, ev = heap[0]
         if ev[2]:  # a box with one leaf per tree whose prediction may change: exact
-            return min(key, smp.upper), True, nodes
-        if nodes >= max_nodes or time.perf_counter() > deadline:
-            return min(key, smp.upper), False, nodes
+            return min(key, smp.upper), True, nodes, False
+        if nodes >= max_nodes:
+            return min(key, smp.upper), False, nodes, False
+        if time.perf_counter() > deadline:
+            return min(key, smp.upper), False, nodes, True
         heapq.heappop(heap)
         for child in smp.split(*box, ev[1], ev[3]):
             nodes += 1
@@ -385,7 +389,7 @@ def _branch_and_bound(smp: _Sample, max_nodes: int, deadline: float):
             if cev is not None:
                 heapq.heappush(heap, (max(cev[0], key), counter, child, cev))
                 counter += 1
-    return smp.upper, True, nodes
+    return smp.upper, True, nodes, False
 
 
 def _progress(done, total, t0, stream=sys.stderr):
@@ -399,7 +403,7 @@ def _progress(done, total, t0, stream=sys.stderr):
 
 
 def tree_lower_distances(model, X, yi, *, mask=None, upper=None, max_nodes=200,
-                         time_budget=None, progress=False, weights=None):
+                         time_budget=None, node_budget=None, progress=False, weights=None):
     """Certified lower bounds ``dlow_i <= d*_i`` for a scikit-learn tree-ensemble classifier.
 
     Parameters
@@ -416,7 +420,11 @@ def tree_lower_distances(model, X, yi, *, mask=None, upper=None, max_nodes=200,
     time_budget : float, optional
         Seconds for all samples; samples are processed in order of ``upper`` (the smallest
         distances first: they decide R), those left when time runs out get the bound of their
-        root box only (one box each).
+        root box only (one box each). Where it stops depends on the machine's speed: ``info``
+        then holds the ``node_budget`` that reproduces the same bounds on any machine.
+    node_budget : int, optional
+        Boxes for all samples (deterministic): samples in order of ``upper`` get up to
+        ``max_nodes`` each while the budget lasts, the rest their root box only.
     progress : bool
         A progress bar on stderr.
     weights : array (d,), optional
@@ -427,8 +435,23 @@ def tree_lower_distances(model, X, yi, *, mask=None, upper=None, max_nodes=200,
     Returns
     -------
     (dlow, info): ``dlow`` array (n,) and ``info`` with ``exact`` (bool array: the search
-    completed) and ``nodes`` (total boxes examined).
+    completed), ``nodes`` (total boxes examined), ``stopped`` (``"time_budget"``,
+    ``"node_budget"`` or None: what cut the search short of ``max_nodes`` per sample) and
+    ``node_budget`` (the ``node_budget`` that reproduces these bounds; None when nothing cut
+    the search).
     """
+    if node_budget is not None:
+        if isinstance(node_budget, bool) or not isinstance(node_budget, (int, np.integer)) \
+                or node_budget < 1:
+            raise ValidationError(f"node_budget must be a positive integer, got {node_budget!r}")
+        node_budget = int(node_budget)
+    if isinstance(max_nodes, bool) or not isinstance(max_nodes, (int, np.integer)) \
+            or max_nodes < 1:
+        raise ValidationError(f"max_nodes must be a positive integer, got {max_nodes!r}")
+    if time_budget is not None and not (isinstance(time_budget, (int, float, np.number))
+                                        and float(time_budget) >= 0):
+        raise ValidationError(f"time_budget must be a number of seconds >= 0, got "
+                              f"{time_budget!r}")
     X = np.asarray(X, dtype=np.float64)
     n, d = X.shape
     mv = np.ones(d, dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
@@ -444,19 +467,31 @@ def tree_lower_distances(model, X, yi, *, mask=None, upper=None, max_nodes=200,
     dlow = np.zeros(n)
     exact = np.zeros(n, dtype=bool)
     total = 0
+    stopped, reproduce = None, None
     order = np.argsort(up, kind="stable")
     for done, i in enumerate(order, 1):
         if up[i] == 0.0:
             exact[i] = True
         else:
-            budget = max_nodes if time.perf_counter() <= deadline else 1
+            if stopped is not None:
+                budget = 1
+            elif node_budget is not None:
+                budget = max(1, min(int(max_nodes), node_budget - total))
+            else:
+                budget = int(max_nodes)
             smp = _Sample(table, X[i], int(yi[i]), mv, float(up[i]), predict, weights)
-            dlow[i], exact[i], used = _branch_and_bound(smp, budget, deadline if budget > 1
-                                                        else math.inf)
+            dlow[i], exact[i], used, timed_out = _branch_and_bound(
+                smp, budget, deadline if stopped is None else math.inf)
             total += used
+            if stopped is None:
+                if timed_out:
+                    stopped, reproduce = "time_budget", total
+                elif node_budget is not None and total >= node_budget:
+                    stopped, reproduce = "node_budget", node_budget
         if progress and (done % 50 == 0 or done == n):
             _progress(done, n, t0)
-    return dlow, {"exact": exact, "nodes": total, "time": time.perf_counter() - t0}
+    return dlow, {"exact": exact, "nodes": total, "time": time.perf_counter() - t0,
+                  "stopped": stopped, "node_budget": reproduce}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -818,10 +853,16 @@ def certified_distances(model, X, y, *, mask=None, upper=None, **options):
     if classes is None:
         return None
     yi = (y > 0).astype(np.intp) if len(classes) == 2 else y.astype(np.intp)
-    opts = {k: v for k, v in options.items() if k in ("max_nodes", "time_budget", "progress")}
+    opts = {k: v for k, v in options.items()
+            if k in ("max_nodes", "time_budget", "node_budget", "progress")}
     try:
         dlow, info = tree_lower_distances(raw, X, yi, mask=mask, upper=upper, weights=weights,
                                           **opts)
     except InputTypeError:
         return None
-    return dlow, {**info, "method": "branch-and-bound (tree ensemble)"}
+    method = "branch-and-bound (tree ensemble)"
+    if info["stopped"] == "time_budget":
+        method = (f"branch-and-bound (tree ensemble; the time budget stopped it after "
+                  f"{info['node_budget']} boxes: node_budget={info['node_budget']} reproduces "
+                  "it on any machine)")
+    return dlow, {**info, "method": method}
