@@ -8,7 +8,8 @@ nearest misclassified point, since ``l_h = (h - theta1 d*_i)_+``) plugged into t
 under/over-estimates; each is a proof, not a heuristic:
 
 * **tree ensembles, 0/1 loss** (:func:`tree_lower_distances`; scikit-learn decision trees,
-  random forests, extra trees, gradient boosting, histogram gradient boosting): a best-first
+  random forests, extra trees, gradient boosting, histogram gradient boosting; XGBoost and
+  LightGBM through the leaf layouts of :mod:`otstab.trees`): a best-first
   branch and bound over boxes of the input space. A box is discarded when no point of it closer
   than the known upper bound ``U_i`` can flip the prediction, which is proved by the
   *independent-trees* bound: every class margin ``F_y - F_k`` is at least the sum over trees of
@@ -58,6 +59,7 @@ from otstab_solvers.dual import solve_dual
 from otstab_solvers.weights import pmean
 from otstab_solvers.zero_one import solve_zero_one
 
+from . import trees
 from .audit import CANCEL_RTOL
 from .costs import Rescaled
 from .errors import InputTypeError, ValidationError
@@ -100,6 +102,9 @@ class LeafTable:
     n_trees: int
     #: sum over the trees of their largest leaf value in absolute value (the size of a score)
     scale: float = 0.0
+    #: margins within this distance of 0 may be predicted either way by the model (on top of
+    #: the float64 rounding of the sum): XGBoost sums and squashes in float32
+    tol: float = 0.0
 
     def comparable(self, X: np.ndarray) -> np.ndarray:
         """``c(X)``: the values the trees compare with their thresholds."""
@@ -146,8 +151,10 @@ def _sk_tree(tree, d, leaf_value, cols=None):
 
 
 def leaf_table(model, d: int, X_check: np.ndarray | None = None) -> LeafTable:
-    """The :class:`LeafTable` of a fitted scikit-learn tree model (decision tree, random
-    forest, extra trees, gradient boosting, histogram gradient boosting; classifiers).
+    """The :class:`LeafTable` of a fitted tree classifier (scikit-learn decision tree, random
+    forest, extra trees, gradient boosting, histogram gradient boosting; XGBoost and LightGBM,
+    read by :func:`otstab.trees.external_layout` and checked on both sides of every
+    threshold).
 
     ``X_check``: a few rows on which the table's prediction is compared with the model's own
     ``predict_proba``/``decision_function`` (an :class:`otstab.errors.InputTypeError` if they
@@ -216,10 +223,15 @@ def leaf_table(model, d: int, X_check: np.ndarray | None = None) -> LeafTable:
                     return out
                 add(tree_boxes(left, nodes["right"], nodes["feature_idx"], nodes["num_threshold"],
                            hgb_leaf, d))
+    elif trees.library(model) is not None:
+        kind = "margin"
+        layout, K, f32 = trees.external_layout(model, d)
+        for lo, hi, v, _ in layout:
+            add((lo, hi, v))
     else:
         raise InputTypeError(f"no certified lower bound for {name}: supported are scikit-learn "
                              "decision trees, random forests, extra trees, gradient boosting and "
-                             "histogram gradient boosting classifiers")
+                             "histogram gradient boosting classifiers, XGBoost and LightGBM")
     table = LeafTable(lo=np.array(los), hi=np.array(his), tree=np.array(tree_ids, dtype=np.intp),
                       value=np.array(vals), base=np.zeros(K), f32=f32,
                       n_trees=max(tree_ids) + 1)
@@ -229,8 +241,22 @@ def leaf_table(model, d: int, X_check: np.ndarray | None = None) -> LeafTable:
         raise ValidationError("leaf_table needs rows X_check to check the table against the "
                               "model")
     Xc = np.asarray(X_check[:32], dtype=np.float64)
+    if kind == "margin":  # and on both sides of every threshold: the comparisons themselves
+        Xc = np.concatenate([Xc, trees.threshold_probes(table.lo, table.hi, f32, Xc[0])])
     own = table.scores(Xc)
-    if kind == "decision":
+    if kind == "margin":
+        # XGBoost sums float32 leaf values in float32: agreement to its rounding
+        raw = trees.raw_margins(model, Xc)
+        shift = raw - own
+        size = 1.0 + table.scale + np.abs(raw).max()
+        atol = (1e-5 if f32 else 1e-9) * size
+        if not np.allclose(shift, shift[0], rtol=0, atol=atol):
+            raise InputTypeError(f"{name}: the leaf layout read from the model's dump does not "
+                                 "reproduce its raw margins; no certified lower bound")
+        table.base = shift[0].copy()
+        # float32 sums and sigmoid: margins within this band may be predicted either way
+        table.tol = 1e-5 * size + 1e-6 if f32 else 0.0
+    elif kind == "decision":
         dec = np.asarray(model.decision_function(as_model_input(model, Xc)), dtype=np.float64)
         dec = np.column_stack([np.zeros(len(dec)), dec]) if dec.ndim == 1 else dec
         shift = dec - own
@@ -273,7 +299,7 @@ class _Sample:
         # (summed in another order): within it a tie, which argmax breaks towards the first
         # class, is possible, so the box is split until the model's predict decides it
         self.tol = 64 * np.finfo(np.float64).eps * (float(np.max(np.abs(self.base), initial=0))
-                                                    + table.scale)
+                                                    + table.scale) + 1e-15 + table.tol
 
     def evaluate(self, alive, blo, bhi):
         """``(key, alive, single, info)`` for the box ``blo < c(x) <= bhi``, or None when the

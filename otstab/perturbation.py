@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import nonlinear
+from . import nonlinear, trees
 from ._results import ResultMixin
 from ._validation import align_columns, as_float_matrix
 from .costs import Rescaled
@@ -676,11 +676,14 @@ def _update(best, P, rows, t, U, X):
     firsts = np.ones(rows.size, dtype=bool)
     firsts[1:] = rows[1:] != rows[:-1]
     rows, t, U = rows[firsts], t[firsts], U[firsts]
-    d2 = t * t
+    # the distance of the point as it is (x + t u rounds: for a step far below |x| its length
+    # differs from t by a relative ulp(x) / t, and t^2 could undercut the true distance)
+    Z = X[rows] + t[:, None] * U
+    d2 = np.sum((Z - X[rows]) ** 2, axis=1)
     better = d2 < best[rows]
     r = rows[better]
     best[r] = d2[better]
-    P[r] = X[r] + t[better][:, None] * U[better]
+    P[r] = Z[better]
 
 
 def _direction_search(pred, X, yi, idx, mv, rng, best, P, n_directions, max_radius, tol,
@@ -766,6 +769,15 @@ def _ensemble_thresholds(model, d: int):
     """
     feats: list[np.ndarray] = []
     thrs: list[np.ndarray] = []
+    if trees.library(model) in ("xgboost", "lightgbm"):
+        try:
+            layout = trees.external_layout(model, d)[0]
+        except Exception:  # noqa: BLE001 - not readable: the generic search applies
+            return None
+        lo = np.concatenate([np.array(t[0]) for t in layout])
+        hi = np.concatenate([np.array(t[1]) for t in layout])
+        return [np.unique(np.r_[lo[:, j], hi[:, j]][np.isfinite(np.r_[lo[:, j], hi[:, j]])])
+                for j in range(d)]
     try:
         if hasattr(model, "_predictors"):
             for it in model._predictors:
@@ -811,9 +823,10 @@ def _ensemble_thresholds(model, d: int):
 
 
 def _compares_float32(model) -> bool:
-    """Whether a tree model compares ``float32(x) <= threshold`` (scikit-learn's trees) rather
-    than ``x <= threshold`` in float64 (histogram gradient boosting)."""
-    return not hasattr(model, "_predictors")
+    """Whether a tree model compares ``float32(x) <= threshold`` (scikit-learn's trees,
+    XGBoost) rather than ``x <= threshold`` in float64 (histogram gradient boosting,
+    LightGBM)."""
+    return trees.compares_float32(model)
 
 
 def _line_first_wrong(pred, B, y_rows, j, T, start, sign, limit, block=32, f32=True):

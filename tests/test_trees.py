@@ -34,6 +34,15 @@ E = pytest.importorskip("sklearn.ensemble")
 from sklearn.tree import DecisionTreeClassifier  # noqa: E402
 
 LIBS = ("DecisionTree", "RandomForest", "ExtraTrees", "GradientBoosting", "HistGradientBoosting")
+try:
+    import xgboost
+except ImportError:  # pragma: no cover - optional
+    xgboost = None
+try:
+    import lightgbm
+except ImportError:  # pragma: no cover - optional
+    lightgbm = None
+EXTERNAL = tuple(n for n, mod in (("XGBoost", xgboost), ("LightGBM", lightgbm)) if mod)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -45,6 +54,8 @@ def sk_thresholds(model, d):
     """Finite split thresholds per feature of a scikit-learn tree classifier, and how its
     trees compare (``"f32"``: float32(x) <= t; ``"f64"``: x <= t)."""
     feats, thrs = [], []
+    if type(model).__name__ in ("XGBClassifier", "LGBMClassifier"):
+        return _dump_thresholds(model, d)
     if hasattr(model, "_predictors"):
         for it in model._predictors:
             for pr in it:
@@ -63,6 +74,41 @@ def sk_thresholds(model, d):
     f = np.concatenate(feats).astype(int)
     t = np.concatenate(thrs).astype(np.float64)
     return [np.unique(t[(f == j) & np.isfinite(t)]) for j in range(d)], kind
+
+
+def _dump_thresholds(model, d):
+    """Thresholds from XGBoost's / LightGBM's JSON dumps. XGBoost sends x left when
+    ``float32(x) < s`` (float32 s): on float32 values ``float32(x) <= t`` with t the float32
+    value below s. LightGBM: ``c(x) <= t`` in float64, with c(x) = 0 for |x| <= 1e-35."""
+    import json  # noqa: PLC0415
+
+    out = [[] for _ in range(d)]
+
+    def walk(node):
+        if "children" in node:  # XGBoost
+            names = list(model.get_booster().feature_names or [])
+            j = names.index(node["split"]) if node["split"] in names else int(node["split"][1:])
+            s = np.float32(node["split_condition"])
+            out[j].append(float(np.nextafter(s, np.float32(-np.inf))))
+            for c in node["children"]:
+                walk(c)
+        elif "left_child" in node:  # LightGBM: |x| <= kZeroThreshold is read as 0, so
+            # c(x) <= t for t in [0, kZ) is x <= kZ, for t in [-kZ, 0) it is x < -kZ
+            t, kz = float(node["threshold"]), float(np.float32(1e-35))
+            t = kz if 0 <= t < kz else float(np.nextafter(-kz, -1)) if -kz <= t < 0 else t
+            out[int(node["split_feature"])].append(t)
+            walk(node["left_child"])
+            walk(node["right_child"])
+
+    if type(model).__name__ == "XGBClassifier":
+        for js in model.get_booster().get_dump(dump_format="json"):
+            walk(json.loads(js))
+        kind = "f32"
+    else:
+        for info in model.booster_.dump_model()["tree_info"]:
+            walk(info["tree_structure"])
+        kind = "f64"
+    return [np.unique(np.array(t, dtype=np.float64)) for t in out], kind
 
 
 def _f32_up(v):
@@ -158,6 +204,11 @@ def make_model(lib, seed):
                                                                  random_state=seed),
         "HistGradientBoosting": lambda: E.HistGradientBoostingClassifier(
             max_iter=8, max_depth=3, min_samples_leaf=3, random_state=seed),
+        "XGBoost": lambda: xgboost.XGBClassifier(n_estimators=6, max_depth=3, n_jobs=1,
+                                                 random_state=seed),
+        "LightGBM": lambda: lightgbm.LGBMClassifier(n_estimators=6, max_depth=3, num_leaves=8,
+                                                    min_child_samples=2, min_data_in_bin=1,
+                                                    n_jobs=1, verbose=-1, random_state=seed),
     }[lib]()
 
 
@@ -194,6 +245,9 @@ def check_against_enumeration(model, X, y, mask=None, max_nodes=20000):
                                    atol=step * X.shape[1])
     ok = np.isfinite(found.points).all(axis=1)
     assert np.all(model.predict(found.points[ok]) != y[ok])
+    # the search's distance is its point's (a rounded x + t u once undercut the infimum)
+    np.testing.assert_allclose(found.distances[ok], np.sum((found.points[ok] - X[ok]) ** 2,
+                                                           axis=1), rtol=1e-12, atol=0)
     return int(np.sum(np.isfinite(exact) & (exact > 0)))
 
 
@@ -229,7 +283,7 @@ def test_issue_29_forest_lower_bound_is_not_above_a_misclassified_point():
     assert res.value_lower == pytest.approx(exact, rel=1e-9)  # the search completes here
 
 
-@pytest.mark.parametrize("lib", LIBS)
+@pytest.mark.parametrize("lib", LIBS + EXTERNAL)
 @pytest.mark.parametrize("k", [2, 3])
 def test_bounds_against_enumeration(lib, k):
     checked = 0
@@ -250,7 +304,7 @@ def test_bounds_against_enumeration_with_a_fixed_feature(lib):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("lib", LIBS)
+@pytest.mark.parametrize("lib", LIBS + EXTERNAL)
 def test_bounds_against_enumeration_campaign(lib):
     checked = 0
     for seed in range(30):
@@ -302,8 +356,13 @@ def _issue_29_tree_certificates(seeds, rs=(0.3, 0.5, 0.7)):
                                            misclassified=model.predict(X) != y)
             assert res.status == ref.status
             assert res.value == pytest.approx(ref.value, rel=1e-9)
-            # Q*'s points are misclassified and cost what the value says
-            assert res.primal_cost == pytest.approx(res.value, rel=1e-12)
+            # Q*'s cost is the value's well inside the audit's 1e-6 (the float32 step was 1e-6)
+            assert abs(res.primal_cost - res.value) <= 1e-7 * res.value
+        # the distances are those of the points returned, which the model misclassifies
+        found = perturbation_search(model, X, y)
+        moved = np.sum((found.points - X) ** 2, axis=1)
+        np.testing.assert_allclose(found.distances, moved, rtol=1e-12, atol=0)
+        assert np.all(model.predict(found.points[found.distances > 0]) != y[found.distances > 0])
 
 
 def test_decision_tree_certificates_pass_their_audit():
@@ -313,3 +372,85 @@ def test_decision_tree_certificates_pass_their_audit():
 @pytest.mark.slow
 def test_decision_tree_certificates_pass_their_audit_campaign():
     _issue_29_tree_certificates(range(60))
+
+
+# ----------------------------------------------------------------------------------------------
+# XGBoost / LightGBM leaf layouts (otstab.trees)
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("lib", EXTERNAL)
+@pytest.mark.parametrize("k", [2, 3])
+def test_external_layout_reproduces_the_raw_margins(lib, k):
+    from otstab import trees  # noqa: PLC0415
+
+    X, y = make_data(7, 3, k, n=40)
+    model = make_model(lib, 7).fit(X, y)
+    table = bounds.leaf_table(model, 3, X)
+    # fresh rows, and rows on both sides of every threshold (1-ulp moves)
+    Z = np.random.default_rng(1).normal(size=(200, 3))
+    T, kind = sk_thresholds(model, 3)
+    for j in range(3):
+        for t in T[j]:
+            for v in ((_f32_down(t), _f32_up(t)) if kind == "f32" else (t, np.nextafter(t, 1))):
+                row = Z[0].copy()
+                row[j] = v
+                Z = np.vstack([Z, row])
+    raw = trees.raw_margins(model, Z)
+    np.testing.assert_allclose(table.scores(Z), raw, rtol=0, atol=1e-5 * (1 + np.abs(raw).max()))
+    np.testing.assert_array_equal(np.argmax(table.scores(Z[:200]), axis=1),
+                                  np.searchsorted(model.classes_, model.predict(Z[:200])))
+
+
+def test_external_layout_that_disagrees_is_refused(monkeypatch):
+    if "LightGBM" not in EXTERNAL:
+        pytest.skip("lightgbm not installed")
+    from otstab import trees  # noqa: PLC0415
+
+    X, y = make_data(8, 2, 2, n=40)
+    model = make_model("LightGBM", 8).fit(X, y)
+    bounds.leaf_table(model, 2, X)
+    # a layout whose thresholds are off by a relative 1e-9 (a parse that loses digits)
+    monkeypatch.setattr(trees, "_lgb_x_threshold", lambda t: t * (1 + 1e-9) + 1e-12)
+    with pytest.raises(otstab.errors.InputTypeError, match="raw margins"):
+        bounds.leaf_table(model, 2, X)
+
+
+def test_xgboost_with_feature_names_and_certify():
+    if "XGBoost" not in EXTERNAL:
+        pytest.skip("xgboost not installed")
+    pd = pytest.importorskip("pandas")
+    X, y = make_data(9, 2, 2, n=30)
+    frame = pd.DataFrame(X, columns=["income", "age"])
+    model = make_model("XGBoost", 9).fit(frame, y)
+    res = otstab.certify(model, frame, y, r=0.5, loss="zero_one", theta1=1.0,
+                         theta2=math.inf)
+    exact = exact_distances(model, X, y, predict=lambda Z: model.predict(
+        pd.DataFrame(Z, columns=frame.columns)))
+    ref = otstab.certify_distances(exact, 0.5, theta1=1.0, theta2=math.inf,
+                                   misclassified=exact == 0)
+    assert res.status == "bounds"
+    assert 0 < res.value_lower <= ref.value * (1 + 1e-9) <= res.value_upper * (1 + 2e-9)
+    assert res.value_lower == pytest.approx(ref.value, rel=1e-9)  # completed: exact
+    assert "branch-and-bound" in res.message
+
+
+def test_catboost_is_named_and_refused_by_the_bounds():
+    from otstab import trees  # noqa: PLC0415
+
+    X, y = make_data(3, 2, 2, n=30)
+    inner = make_model("GradientBoosting", 3).fit(X, y)
+
+    class CatBoostClassifier:  # stands for the real one (not installed here): by class name
+        classes_ = inner.classes_
+
+        def predict(self, Z):
+            return inner.predict(Z)
+
+    model = CatBoostClassifier()
+    assert trees.library(model) == "catboost"
+    with pytest.raises(otstab.errors.InputTypeError, match="CatBoost"):
+        bounds.leaf_table(model, 2, X)
+    res = otstab.certify(model, X, y, r=0.5, loss="zero_one", theta1=1.0, theta2=0.5)
+    assert res.status == "bounds" and res.value_lower == 0.0
+    assert "no certified lower bound" in res.message
