@@ -130,6 +130,13 @@ class LeafTable:
         return f32_edge(np.asarray(lo, dtype=np.float64)), f32_edge(np.asarray(hi,
                                                                                dtype=np.float64))
 
+    def leaf_edges(self):
+        """:meth:`edges` of every leaf (computed once)."""
+        cached = self.__dict__.get("_leaf_edges")
+        if cached is None:
+            cached = self.__dict__["_leaf_edges"] = self.edges(self.lo, self.hi)
+        return cached
+
     def inner_point(self, x, lo, hi):
         """The input nearest to ``x`` (per coordinate) whose comparison value lies in
         ``lo < c(p) <= hi``, or None when no input does (a box between two adjacent float32
@@ -279,7 +286,7 @@ class _Sample:
         self.upper, self.predict, self.y, self.mv, self.x_full = upper, predict, y, mv, x
         # per-feature prices of the squared distance (feature_costs; default 1)
         self.w = np.ones(int(mv.sum())) if weights is None else np.asarray(weights)[mv]
-        a, b = table.edges(table.lo, table.hi)  # float64 boxes [a, b] holding each leaf
+        a, b = table.leaf_edges()  # float64 boxes [a, b] holding each leaf
         fixed = ~mv
         cx = table.comparable(x[None, :])[0]  # fixed features: exactly the leaves holding x
         ok = np.all((table.lo[:, fixed] < cx[fixed]) & (cx[fixed] <= table.hi[:, fixed]), axis=1)
@@ -295,11 +302,14 @@ class _Sample:
         self.base = table.base[y] - table.base[others]
         self.n_trees = table.n_trees
         self.table = table
+        d_mv = self.x.size
+        self._cut_order = (np.repeat(np.arange(d_mv), 2), np.tile([True, False], d_mv))
         # a margin bound must clear the rounding of the model's own sum of the leaf values
-        # (summed in another order): within it a tie, which argmax breaks towards the first
-        # class, is possible, so the box is split until the model's predict decides it
-        self.tol = 64 * np.finfo(np.float64).eps * (float(np.max(np.abs(self.base), initial=0))
-                                                    + table.scale) + 1e-15 + table.tol
+        # and of this table's (each at most (trees + 1) eps times the sum of the magnitudes):
+        # within it a tie, which argmax breaks towards the first class, is possible, so the
+        # box is split until the model's predict decides it
+        size = float(np.max(np.abs(table.base), initial=0)) + table.scale
+        self.tol = 4 * (table.n_trees + 2) * np.finfo(np.float64).eps * size + 1e-15 + table.tol
 
     def evaluate(self, alive, blo, bhi):
         """``(key, alive, single, info)`` for the box ``blo < c(x) <= bhi``, or None when the
@@ -326,7 +336,7 @@ class _Sample:
         tree = self.tree[alive]
         if alive.size == 0:
             return None
-        starts = np.flatnonzero(np.r_[True, tree[1:] != tree[:-1]])
+        starts = np.flatnonzero(np.concatenate(([True], tree[1:] != tree[:-1])))
         if starts.size < self.n_trees:  # some tree has no leaf here: no point of the box
             return None
         key = float(np.max(np.minimum.reduceat(dist, starts)))
@@ -345,7 +355,12 @@ class _Sample:
             ra, rb = self.table.edges(rlo, rhi)
             rgap = np.maximum(np.maximum(ra - self.x, self.x - rb), 0.0)
             rdist = float((rgap * rgap) @ self.w)
-            if not rdist < self.upper or self._right(p):
+            if not rdist < self.upper:
+                return None
+            # the margins of the intersection are exact sums of one leaf per tree: one below
+            # -tol is a misclassification the model's own sum agrees with; otherwise (a tie
+            # within rounding, or right) the model's predict decides
+            if not np.any(bound < -self.tol) and self._right(p):
                 return None
             key = max(key, rdist)
         return key, alive, single, (mins, starts, lo, hi, bound)
@@ -368,19 +383,18 @@ class _Sample:
         end = ends[t]
         rows = np.arange(starts[t], end)
         worst = rows[int(np.argmin(col[rows]))]
-        best = None
-        for j in range(blo.size):
-            for s, upper_side in ((lo[worst, j], True), (hi[worst, j], False)):
-                if not blo[j] < s < bhi[j]:
-                    continue
-                clo, chi = (s, bhi[j]) if upper_side else (blo[j], s)
-                a, b = self.table.edges(np.array([clo]), np.array([chi]))
-                g = max(float(a[0]) - self.x[j], self.x[j] - float(b[0]), 0.0) \
-                    * math.sqrt(self.w[j])
-                if best is None or g > best[0]:
-                    best = (g, j, s)
-        if best is None:  # pragma: no cover - a tree with 2 leaves here has an inner edge
+        # candidate cuts: each edge of the worst leaf inside the box, in the order (feature,
+        # lower edge then upper edge); the one that moves its half farthest from x wins
+        js, upper_side = self._cut_order
+        cut = np.where(upper_side, lo[worst][js], hi[worst][js])
+        valid = (blo[js] < cut) & (cut < bhi[js])
+        if not valid.any():  # pragma: no cover - a tree with 2 leaves here has an inner edge
             raise AssertionError("no split found")
+        a, b = self.table.edges(np.where(upper_side, cut, blo[js]),
+                                np.where(upper_side, bhi[js], cut))
+        g = np.maximum(np.maximum(a - self.x[js], self.x[js] - b), 0.0) * np.sqrt(self.w[js])
+        k = int(np.argmax(np.where(valid, g, -np.inf)))
+        best = (g[k], int(js[k]), float(cut[k]))
         _, j, s = best
         lo1, hi1 = blo.copy(), bhi.copy()
         hi1[j] = s

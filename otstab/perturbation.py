@@ -515,8 +515,15 @@ def f32_atmost(v: np.ndarray) -> np.ndarray:
 
 
 def f32_edge(v: np.ndarray) -> np.ndarray:
-    """Where ``float32(x) <= v`` flips on float64 inputs: between the float32 values around v."""
-    return 0.5 * (f32_atmost(v) + f32_above(v))
+    """Where ``float32(x) <= v`` flips on float64 inputs: between the float32 values around v
+    (``f32_atmost(v)`` and ``f32_above(v)``; infinite v stay infinite)."""
+    v = np.asarray(v, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        c = v.astype(np.float32)  # the nearest float32: one step from the other neighbour
+        below = c.astype(np.float64) <= v
+        other = np.nextafter(c, np.where(below, np.float32(np.inf), np.float32(-np.inf)))
+        out = 0.5 * (c.astype(np.float64) + other.astype(np.float64))
+    return np.where(np.isfinite(v), out, v)
 
 
 def f32_first_input(v: np.ndarray) -> np.ndarray:
