@@ -8,16 +8,19 @@ nearest misclassified point, since ``l_h = (h - theta1 d*_i)_+``) plugged into t
 under/over-estimates; each is a proof, not a heuristic:
 
 * **tree ensembles, 0/1 loss** (:func:`tree_lower_distances`; scikit-learn decision trees,
-  random forests, extra trees, gradient boosting, histogram gradient boosting): a best-first
+  random forests, extra trees, gradient boosting, histogram gradient boosting; XGBoost and
+  LightGBM through the leaf layouts of :mod:`otstab.trees`): a best-first
   branch and bound over boxes of the input space. A box is discarded when no point of it closer
   than the known upper bound ``U_i`` can flip the prediction, which is proved by the
   *independent-trees* bound: every class margin ``F_y - F_k`` is at least the sum over trees of
   the smallest leaf margin among the leaves the box can reach within distance ``U_i``. Boxes are
   explored in order of a lower bound on their distance to ``x_i``, so at any moment the smallest
   key among the open boxes (capped at ``U_i``) is a certified lower bound on ``d*_i``; run to
-  completion it is exact (up to float32 rounding of the split thresholds, which is accounted
-  for conservatively). ``max_nodes`` and ``time_budget`` stop the search; the bound is reported
-  at whatever point it stops.
+  completion it is exact (distances are taken to the closure of the float64 inputs of a box,
+  whose ends, for trees comparing ``float32(x)``, lie halfway between float32 values). A box
+  that meets one leaf per tree within ``U_i`` is decided by the model's own ``predict`` at the
+  input of the leaves' intersection nearest ``x_i``. ``max_nodes`` and ``time_budget`` stop
+  the search; the bound is reported at whatever point it stops.
 * **MLPs, 0/1 loss** (:func:`mlp_lower_distances`; scikit-learn ``MLPClassifier`` through
   :class:`otstab.nonlinear.MLPModel`): ``d*_i >= rho^2`` whenever ``m_i >= rho L_i(rho)`` with
   ``m_i`` the smallest logit margin at ``x_i`` and ``L_i(rho)`` a certified Lipschitz constant of
@@ -56,18 +59,19 @@ from otstab_solvers.dual import solve_dual
 from otstab_solvers.weights import pmean
 from otstab_solvers.zero_one import solve_zero_one
 
+from . import trees
 from .audit import CANCEL_RTOL
 from .costs import Rescaled
 from .errors import InputTypeError, ValidationError
 from .nonlinear import as_model_input
-from .perturbation import tree_boxes
+from .perturbation import f32_above, f32_atmost, f32_edge, tree_boxes
 
 __all__ = ["LeafTable", "leaf_table", "tree_lower_distances", "mlp_lower_distances",
            "mlp_lipschitz", "mlp_transform_upper", "zero_one_lower_value",
            "smooth_lower_value", "certified_distances", "BOUND_OPTIONS"]
 
 #: options of the lower bounds, accepted by ``certify`` next to the perturbation search's
-BOUND_OPTIONS = ("max_nodes", "time_budget", "progress", "steps")
+BOUND_OPTIONS = ("max_nodes", "time_budget", "node_budget", "progress", "steps")
 
 #: relative slack taken off a computed dual value so that its rounding cannot lift it above R
 VALUE_SLACK = 1e-12
@@ -96,6 +100,11 @@ class LeafTable:
     base: np.ndarray
     f32: bool
     n_trees: int
+    #: sum over the trees of their largest leaf value in absolute value (the size of a score)
+    scale: float = 0.0
+    #: margins within this distance of 0 may be predicted either way by the model (on top of
+    #: the float64 rounding of the sum): XGBoost sums and squashes in float32
+    tol: float = 0.0
 
     def comparable(self, X: np.ndarray) -> np.ndarray:
         """``c(X)``: the values the trees compare with their thresholds."""
@@ -111,14 +120,36 @@ class LeafTable:
         return out
 
     def edges(self, lo, hi):
-        """Float64 intervals ``[a, b]`` that contain every x with ``lo < c(x) <= hi``
-        (``c = float32``: one float32 step wider on each side)."""
+        """The closure ``[a, b]`` (float64) of the inputs x with ``lo < c(x) <= hi``: exactly
+        ``[lo, hi]`` when the trees compare x itself; for ``c = float32`` each edge lies
+        halfway between the float32 values around the threshold (inputs on one side round to
+        the float32 value at most the threshold, on the other to the one above it). The
+        distance from x_i to this closure is the infimum of the distances to those inputs."""
         if not self.f32:
             return lo, hi
-        with np.errstate(over="ignore"):
-            a = np.nextafter(lo.astype(np.float32), np.float32(-np.inf)).astype(np.float64)
-            b = np.nextafter(hi.astype(np.float32), np.float32(np.inf)).astype(np.float64)
-        return np.where(np.isfinite(lo), a, lo), np.where(np.isfinite(hi), b, hi)
+        return f32_edge(np.asarray(lo, dtype=np.float64)), f32_edge(np.asarray(hi,
+                                                                               dtype=np.float64))
+
+    def leaf_edges(self):
+        """:meth:`edges` of every leaf (computed once)."""
+        cached = self.__dict__.get("_leaf_edges")
+        if cached is None:
+            cached = self.__dict__["_leaf_edges"] = self.edges(self.lo, self.hi)
+        return cached
+
+    def inner_point(self, x, lo, hi):
+        """The input nearest to ``x`` (per coordinate) whose comparison value lies in
+        ``lo < c(p) <= hi``, or None when no input does (a box between two adjacent float32
+        values holds none)."""
+        if self.f32:
+            c = x.astype(np.float32).astype(np.float64)
+            c = np.where(c <= lo, f32_above(lo), np.where(c > hi, f32_atmost(hi), c))
+        else:
+            with np.errstate(invalid="ignore"):
+                c = np.where(x <= lo, np.nextafter(lo, np.inf), np.where(x > hi, hi, x))
+        if not np.all((c > lo) & (c <= hi) & np.isfinite(c)):
+            return None
+        return c
 
 
 def _sk_tree(tree, d, leaf_value, cols=None):
@@ -127,8 +158,10 @@ def _sk_tree(tree, d, leaf_value, cols=None):
 
 
 def leaf_table(model, d: int, X_check: np.ndarray | None = None) -> LeafTable:
-    """The :class:`LeafTable` of a fitted scikit-learn tree model (decision tree, random
-    forest, extra trees, gradient boosting, histogram gradient boosting; classifiers).
+    """The :class:`LeafTable` of a fitted tree classifier (scikit-learn decision tree, random
+    forest, extra trees, gradient boosting, histogram gradient boosting; XGBoost and LightGBM,
+    read by :func:`otstab.trees.external_layout` and checked on both sides of every
+    threshold).
 
     ``X_check``: a few rows on which the table's prediction is compared with the model's own
     ``predict_proba``/``decision_function`` (an :class:`otstab.errors.InputTypeError` if they
@@ -197,19 +230,40 @@ def leaf_table(model, d: int, X_check: np.ndarray | None = None) -> LeafTable:
                     return out
                 add(tree_boxes(left, nodes["right"], nodes["feature_idx"], nodes["num_threshold"],
                            hgb_leaf, d))
+    elif trees.library(model) is not None:
+        kind = "margin"
+        layout, K, f32 = trees.external_layout(model, d)
+        for lo, hi, v, _ in layout:
+            add((lo, hi, v))
     else:
         raise InputTypeError(f"no certified lower bound for {name}: supported are scikit-learn "
                              "decision trees, random forests, extra trees, gradient boosting and "
-                             "histogram gradient boosting classifiers")
+                             "histogram gradient boosting classifiers, XGBoost and LightGBM")
     table = LeafTable(lo=np.array(los), hi=np.array(his), tree=np.array(tree_ids, dtype=np.intp),
                       value=np.array(vals), base=np.zeros(K), f32=f32,
                       n_trees=max(tree_ids) + 1)
+    table.scale = float(np.sum(np.maximum.reduceat(
+        np.abs(table.value).max(axis=1), np.flatnonzero(np.r_[True, np.diff(table.tree) != 0]))))
     if X_check is None or X_check.shape[0] == 0:
         raise ValidationError("leaf_table needs rows X_check to check the table against the "
                               "model")
     Xc = np.asarray(X_check[:32], dtype=np.float64)
+    if kind == "margin":  # and on both sides of every threshold: the comparisons themselves
+        Xc = np.concatenate([Xc, trees.threshold_probes(table.lo, table.hi, f32, Xc[0])])
     own = table.scores(Xc)
-    if kind == "decision":
+    if kind == "margin":
+        # XGBoost sums float32 leaf values in float32: agreement to its rounding
+        raw = trees.raw_margins(model, Xc)
+        shift = raw - own
+        size = 1.0 + table.scale + np.abs(raw).max()
+        atol = (1e-5 if f32 else 1e-9) * size
+        if not np.allclose(shift, shift[0], rtol=0, atol=atol):
+            raise InputTypeError(f"{name}: the leaf layout read from the model's dump does not "
+                                 "reproduce its raw margins; no certified lower bound")
+        table.base = shift[0].copy()
+        # float32 sums and sigmoid: margins within this band may be predicted either way
+        table.tol = 1e-5 * size + 1e-6 if f32 else 0.0
+    elif kind == "decision":
         dec = np.asarray(model.decision_function(as_model_input(model, Xc)), dtype=np.float64)
         dec = np.column_stack([np.zeros(len(dec)), dec]) if dec.ndim == 1 else dec
         shift = dec - own
@@ -232,7 +286,7 @@ class _Sample:
         self.upper, self.predict, self.y, self.mv, self.x_full = upper, predict, y, mv, x
         # per-feature prices of the squared distance (feature_costs; default 1)
         self.w = np.ones(int(mv.sum())) if weights is None else np.asarray(weights)[mv]
-        a, b = table.edges(table.lo, table.hi)  # float64 boxes [a, b] holding each leaf
+        a, b = table.leaf_edges()  # float64 boxes [a, b] holding each leaf
         fixed = ~mv
         cx = table.comparable(x[None, :])[0]  # fixed features: exactly the leaves holding x
         ok = np.all((table.lo[:, fixed] < cx[fixed]) & (cx[fixed] <= table.hi[:, fixed]), axis=1)
@@ -248,16 +302,33 @@ class _Sample:
         self.base = table.base[y] - table.base[others]
         self.n_trees = table.n_trees
         self.table = table
+        d_mv = self.x.size
+        self._cut_order = (np.repeat(np.arange(d_mv), 2), np.tile([True, False], d_mv))
+        # a margin bound must clear the rounding of the model's own sum of the leaf values
+        # and of this table's (each at most (trees + 1) eps times the sum of the magnitudes):
+        # within it a tie, which argmax breaks towards the first class, is possible, so the
+        # box is split until the model's predict decides it
+        size = float(np.max(np.abs(table.base), initial=0)) + table.scale
+        self.tol = 4 * (table.n_trees + 2) * np.finfo(np.float64).eps * size + 1e-15 + table.tol
 
     def evaluate(self, alive, blo, bhi):
-        """Key (lower bound on the distance from x to the points of the box closer than U),
-        whether the box is proved safe, and a split. ``alive``: candidate leaf positions."""
+        """``(key, alive, single, info)`` for the box ``blo < c(x) <= bhi``, or None when the
+        box is proved to hold no misclassified input closer than U.
+
+        ``alive``: candidate leaf positions. ``key``: a lower bound on the distance from x to
+        the inputs of the box closer than U. ``single``: the box meets one leaf per tree within
+        U, so every input of it closer than U lies in the intersection of those leaves and has
+        one prediction; that prediction was checked with the model's ``predict`` and is wrong,
+        and ``key`` is then the exact distance to the intersection."""
+        ea, eb = self.table.edges(blo, bhi)
         lo = np.maximum(self.lo[alive], blo)
         hi = np.minimum(self.hi[alive], bhi)
         meet = np.all(lo < hi, axis=1)
         alive = alive[meet]
         lo, hi = lo[meet], hi[meet]
-        a, b = self.table.edges(lo, hi)
+        # edges are monotone: the closure of leaf and box is the intersection of the closures
+        a = np.maximum(self.a[alive], ea)
+        b = np.minimum(self.b[alive], eb)
         gap = np.maximum(np.maximum(a - self.x, self.x - b), 0.0)
         dist = (gap * gap) @ self.w
         near = dist < self.upper
@@ -265,30 +336,37 @@ class _Sample:
         tree = self.tree[alive]
         if alive.size == 0:
             return None
-        starts = np.flatnonzero(np.r_[True, tree[1:] != tree[:-1]])
+        starts = np.flatnonzero(np.concatenate(([True], tree[1:] != tree[:-1])))
         if starts.size < self.n_trees:  # some tree has no leaf here: no point of the box
             return None
         key = float(np.max(np.minimum.reduceat(dist, starts)))
         mins = np.minimum.reduceat(self.marg[alive], starts, axis=0)  # (trees, K-1)
         bound = self.base + mins.sum(axis=0)
-        if np.all(bound > 0):
+        if np.all(bound > self.tol):
             return None  # proved: no point of the box within U changes the prediction
         single = starts.size == alive.size
-        if single and self._constant_and_right(blo, bhi):
-            return None
+        if single:
+            # an input of the box closer than U lies, in every tree, in a leaf within U: the
+            # only one left; so it lies in the intersection of the leaves, one prediction
+            rlo, rhi = lo.max(axis=0), hi.min(axis=0)
+            p = self.table.inner_point(self.x, rlo, rhi)
+            if p is None:
+                return None  # no input lies in the intersection
+            ra, rb = self.table.edges(rlo, rhi)
+            rgap = np.maximum(np.maximum(ra - self.x, self.x - rb), 0.0)
+            rdist = float((rgap * rgap) @ self.w)
+            if not rdist < self.upper:
+                return None
+            # the margins of the intersection are exact sums of one leaf per tree: one below
+            # -tol is a misclassification the model's own sum agrees with; otherwise (a tie
+            # within rounding, or right) the model's predict decides
+            if not np.any(bound < -self.tol) and self._right(p):
+                return None
+            key = max(key, rdist)
         return key, alive, single, (mins, starts, lo, hi, bound)
 
-    def _constant_and_right(self, blo, bhi) -> bool:
-        """A box inside one leaf of every tree has one prediction: the model's own at a point
-        of the box (``lo < c(p) <= hi``) decides it (ties of the scores included)."""
-        p = np.where(np.isfinite(bhi), bhi, np.where(np.isfinite(blo), blo + 1.0, 0.0))
-        if self.table.f32:
-            c = p.astype(np.float32)
-            c = np.where(c.astype(np.float64) > p, np.nextafter(c, np.float32(-np.inf)), c)
-            p = c.astype(np.float64)
-        cp = self.table.comparable(p)
-        if not np.all((cp > blo) & (cp <= bhi)):
-            return False  # no safe interior point: keep the box (sound, maybe not exact)
+    def _right(self, p) -> bool:
+        """The model's own prediction at the input with movable coordinates ``p``."""
         z = self.x_full.copy()
         z[self.mv] = p
         return bool(self.predict(z[None, :])[0] == self.y)
@@ -305,19 +383,18 @@ class _Sample:
         end = ends[t]
         rows = np.arange(starts[t], end)
         worst = rows[int(np.argmin(col[rows]))]
-        best = None
-        for j in range(blo.size):
-            for s, upper_side in ((lo[worst, j], True), (hi[worst, j], False)):
-                if not blo[j] < s < bhi[j]:
-                    continue
-                clo, chi = (s, bhi[j]) if upper_side else (blo[j], s)
-                a, b = self.table.edges(np.array([clo]), np.array([chi]))
-                g = max(float(a[0]) - self.x[j], self.x[j] - float(b[0]), 0.0) \
-                    * math.sqrt(self.w[j])
-                if best is None or g > best[0]:
-                    best = (g, j, s)
-        if best is None:  # pragma: no cover - a tree with 2 leaves here has an inner edge
+        # candidate cuts: each edge of the worst leaf inside the box, in the order (feature,
+        # lower edge then upper edge); the one that moves its half farthest from x wins
+        js, upper_side = self._cut_order
+        cut = np.where(upper_side, lo[worst][js], hi[worst][js])
+        valid = (blo[js] < cut) & (cut < bhi[js])
+        if not valid.any():  # pragma: no cover - a tree with 2 leaves here has an inner edge
             raise AssertionError("no split found")
+        a, b = self.table.edges(np.where(upper_side, cut, blo[js]),
+                                np.where(upper_side, bhi[js], cut))
+        g = np.maximum(np.maximum(a - self.x[js], self.x[js] - b), 0.0) * np.sqrt(self.w[js])
+        k = int(np.argmax(np.where(valid, g, -np.inf)))
+        best = (g[k], int(js[k]), float(cut[k]))
         _, j, s = best
         lo1, hi1 = blo.copy(), bhi.copy()
         hi1[j] = s
@@ -327,20 +404,24 @@ class _Sample:
 
 
 def _branch_and_bound(smp: _Sample, max_nodes: int, deadline: float):
-    """Certified lower bound on d*_i (and whether it is exact) by best-first search."""
+    """Certified lower bound on d*_i by best-first search: ``(bound, exact, nodes, timed_out)``
+    (``timed_out``: the deadline, not ``max_nodes``, stopped it; rerun with ``max_nodes =
+    nodes`` it stops at the same box, the boxes being examined in a fixed order)."""
     d = smp.x.size
     root = (np.full(d, -np.inf), np.full(d, np.inf))
     ev = smp.evaluate(np.arange(smp.idx.size), *root)
     if ev is None:
-        return smp.upper, True, 1
+        return smp.upper, True, 1, False
     heap = [(ev[0], 0, root, ev)]
     counter, nodes = 1, 1
     while heap:
         key, _, box, ev = heap[0]
         if ev[2]:  # a box with one leaf per tree whose prediction may change: exact
-            return min(key, smp.upper), True, nodes
-        if nodes >= max_nodes or time.perf_counter() > deadline:
-            return min(key, smp.upper), False, nodes
+            return min(key, smp.upper), True, nodes, False
+        if nodes >= max_nodes:
+            return min(key, smp.upper), False, nodes, False
+        if time.perf_counter() > deadline:
+            return min(key, smp.upper), False, nodes, True
         heapq.heappop(heap)
         for child in smp.split(*box, ev[1], ev[3]):
             nodes += 1
@@ -348,7 +429,7 @@ def _branch_and_bound(smp: _Sample, max_nodes: int, deadline: float):
             if cev is not None:
                 heapq.heappush(heap, (max(cev[0], key), counter, child, cev))
                 counter += 1
-    return smp.upper, True, nodes
+    return smp.upper, True, nodes, False
 
 
 def _progress(done, total, t0, stream=sys.stderr):
@@ -362,7 +443,7 @@ def _progress(done, total, t0, stream=sys.stderr):
 
 
 def tree_lower_distances(model, X, yi, *, mask=None, upper=None, max_nodes=200,
-                         time_budget=None, progress=False, weights=None):
+                         time_budget=None, node_budget=None, progress=False, weights=None):
     """Certified lower bounds ``dlow_i <= d*_i`` for a scikit-learn tree-ensemble classifier.
 
     Parameters
@@ -379,7 +460,11 @@ def tree_lower_distances(model, X, yi, *, mask=None, upper=None, max_nodes=200,
     time_budget : float, optional
         Seconds for all samples; samples are processed in order of ``upper`` (the smallest
         distances first: they decide R), those left when time runs out get the bound of their
-        root box only (one box each).
+        root box only (one box each). Where it stops depends on the machine's speed: ``info``
+        then holds the ``node_budget`` that reproduces the same bounds on any machine.
+    node_budget : int, optional
+        Boxes for all samples (deterministic): samples in order of ``upper`` get up to
+        ``max_nodes`` each while the budget lasts, the rest their root box only.
     progress : bool
         A progress bar on stderr.
     weights : array (d,), optional
@@ -390,8 +475,23 @@ def tree_lower_distances(model, X, yi, *, mask=None, upper=None, max_nodes=200,
     Returns
     -------
     (dlow, info): ``dlow`` array (n,) and ``info`` with ``exact`` (bool array: the search
-    completed) and ``nodes`` (total boxes examined).
+    completed), ``nodes`` (total boxes examined), ``stopped`` (``"time_budget"``,
+    ``"node_budget"`` or None: what cut the search short of ``max_nodes`` per sample) and
+    ``node_budget`` (the ``node_budget`` that reproduces these bounds; None when nothing cut
+    the search).
     """
+    if node_budget is not None:
+        if isinstance(node_budget, bool) or not isinstance(node_budget, (int, np.integer)) \
+                or node_budget < 1:
+            raise ValidationError(f"node_budget must be a positive integer, got {node_budget!r}")
+        node_budget = int(node_budget)
+    if isinstance(max_nodes, bool) or not isinstance(max_nodes, (int, np.integer)) \
+            or max_nodes < 1:
+        raise ValidationError(f"max_nodes must be a positive integer, got {max_nodes!r}")
+    if time_budget is not None and not (isinstance(time_budget, (int, float, np.number))
+                                        and float(time_budget) >= 0):
+        raise ValidationError(f"time_budget must be a number of seconds >= 0, got "
+                              f"{time_budget!r}")
     X = np.asarray(X, dtype=np.float64)
     n, d = X.shape
     mv = np.ones(d, dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
@@ -407,19 +507,31 @@ def tree_lower_distances(model, X, yi, *, mask=None, upper=None, max_nodes=200,
     dlow = np.zeros(n)
     exact = np.zeros(n, dtype=bool)
     total = 0
+    stopped, reproduce = None, None
     order = np.argsort(up, kind="stable")
     for done, i in enumerate(order, 1):
         if up[i] == 0.0:
             exact[i] = True
         else:
-            budget = max_nodes if time.perf_counter() <= deadline else 1
+            if stopped is not None:
+                budget = 1
+            elif node_budget is not None:
+                budget = max(1, min(int(max_nodes), node_budget - total))
+            else:
+                budget = int(max_nodes)
             smp = _Sample(table, X[i], int(yi[i]), mv, float(up[i]), predict, weights)
-            dlow[i], exact[i], used = _branch_and_bound(smp, budget, deadline if budget > 1
-                                                        else math.inf)
+            dlow[i], exact[i], used, timed_out = _branch_and_bound(
+                smp, budget, deadline if stopped is None else math.inf)
             total += used
+            if stopped is None:
+                if timed_out:
+                    stopped, reproduce = "time_budget", total
+                elif node_budget is not None and total >= node_budget:
+                    stopped, reproduce = "node_budget", node_budget
         if progress and (done % 50 == 0 or done == n):
             _progress(done, n, t0)
-    return dlow, {"exact": exact, "nodes": total, "time": time.perf_counter() - t0}
+    return dlow, {"exact": exact, "nodes": total, "time": time.perf_counter() - t0,
+                  "stopped": stopped, "node_budget": reproduce}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -781,10 +893,16 @@ def certified_distances(model, X, y, *, mask=None, upper=None, **options):
     if classes is None:
         return None
     yi = (y > 0).astype(np.intp) if len(classes) == 2 else y.astype(np.intp)
-    opts = {k: v for k, v in options.items() if k in ("max_nodes", "time_budget", "progress")}
+    opts = {k: v for k, v in options.items()
+            if k in ("max_nodes", "time_budget", "node_budget", "progress")}
     try:
         dlow, info = tree_lower_distances(raw, X, yi, mask=mask, upper=upper, weights=weights,
                                           **opts)
     except InputTypeError:
         return None
-    return dlow, {**info, "method": "branch-and-bound (tree ensemble)"}
+    method = "branch-and-bound (tree ensemble)"
+    if info["stopped"] == "time_budget":
+        method = (f"branch-and-bound (tree ensemble; the time budget stopped it after "
+                  f"{info['node_budget']} boxes: node_budget={info['node_budget']} reproduces "
+                  "it on any machine)")
+    return dlow, {**info, "method": method}

@@ -39,11 +39,14 @@ the priced distance ``sum_j c_j (x'_j - x_j)^2`` (still exact), every other mode
 
 Except for linear models and trees the distances are **upper bounds** on ``d*_i`` (the point
 returned is verified to be misclassified), so the resulting ``R`` is an upper bound too.
-For linear models and trees the distance is the exact infimum (decision trees compare
-``float32(x) <= threshold``: on float64 inputs a leaf's edge lies halfway between the float32
-values around its threshold); the returned point lies a rounding step beyond the boundary, so
-that it is actually misclassified. Samples for which no misclassified point is found get ``inf``
-(and a NaN point): for them ``l_h = 0`` for every ``h``.
+For linear models the distance is the exact infimum; the returned point lies a rounding step
+beyond the boundary, so that it is actually misclassified. For trees (and the coordinate lines
+of tree ensembles) the distance is the smallest over the float64 inputs, attained by the
+returned point: trees compare ``float32(x) <= threshold``, so a leaf's first (last) input is
+the float64 value halfway between the float32 values around its threshold if that rounds into
+the leaf, else the next one (within a float64 step of the real infimum). Q*'s cost is then
+exactly the value's, with no float32 step between them. Samples for which no misclassified
+point is found get ``inf`` (and a NaN point): for them ``l_h = 0`` for every ``h``.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import nonlinear
+from . import nonlinear, trees
 from ._results import ResultMixin
 from ._validation import align_columns, as_float_matrix
 from .costs import Rescaled
@@ -329,7 +332,7 @@ def perturbation_search(model, X, y, *, mask=None, labels="model", n_directions=
     pred = _Predictor(lambda Z: _to_indices(raw.predict(nonlinear.as_model_input(raw, Z)),
                                             classes, "model.predict(X)"))
     return _search(pred, X, yi, mv, rng, n_directions, n_refine, max_radius, tol,
-                   thresholds=_ensemble_thresholds(raw, d))
+                   thresholds=_ensemble_thresholds(raw, d), f32=_compares_float32(raw))
 
 
 def _rescaled(model, X, yi, task, mv, rng, n_directions, n_refine, max_radius, tol,
@@ -354,7 +357,7 @@ def _rescaled(model, X, yi, task, mv, rng, n_directions, n_refine, max_radius, t
     if thresholds is not None:
         thresholds = [np.unique(T * s[j]) for j, T in enumerate(thresholds)]
     res = _search(pred, X, yi, mv, rng, n_directions, n_refine, max_radius, tol,
-                  thresholds=thresholds)
+                  thresholds=thresholds, f32=raw is None or _compares_float32(raw))
     scaled = bool(np.any(s[mv] != 1.0))
     if scaled and res.exact and np.any(~np.isfinite(res.distances) | (res.distances > 0)):
         res.exact = False
@@ -493,7 +496,7 @@ def _tree_leaves(tree, d: int):
     return np.array(lo_list), np.array(hi_list), cls
 
 
-def _f32_above(v: np.ndarray) -> np.ndarray:
+def f32_above(v: np.ndarray) -> np.ndarray:
     """Smallest float32 value strictly above v (as float64); v may be -inf."""
     c = v.astype(np.float32)
     for _ in range(3):
@@ -502,7 +505,7 @@ def _f32_above(v: np.ndarray) -> np.ndarray:
     return c.astype(np.float64)
 
 
-def _f32_atmost(v: np.ndarray) -> np.ndarray:
+def f32_atmost(v: np.ndarray) -> np.ndarray:
     """Largest float32 value <= v (as float64)."""
     c = v.astype(np.float32)
     for _ in range(3):
@@ -511,9 +514,35 @@ def _f32_atmost(v: np.ndarray) -> np.ndarray:
     return c.astype(np.float64)
 
 
-def _f32_edge(v: np.ndarray) -> np.ndarray:
-    """Where ``float32(x) <= v`` flips on float64 inputs: between the float32 values around v."""
-    return 0.5 * (_f32_atmost(v) + _f32_above(v))
+def f32_edge(v: np.ndarray) -> np.ndarray:
+    """Where ``float32(x) <= v`` flips on float64 inputs: between the float32 values around v
+    (``f32_atmost(v)`` and ``f32_above(v)``; infinite v stay infinite)."""
+    v = np.asarray(v, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        c = v.astype(np.float32)  # the nearest float32: one step from the other neighbour
+        below = c.astype(np.float64) <= v
+        other = np.nextafter(c, np.where(below, np.float32(np.inf), np.float32(-np.inf)))
+        out = 0.5 * (c.astype(np.float64) + other.astype(np.float64))
+    return np.where(np.isfinite(v), out, v)
+
+
+def f32_first_input(v: np.ndarray) -> np.ndarray:
+    """Smallest float64 x with ``float32(x) > v``: the edge halfway between the float32 values
+    around v if it rounds up (ties go to the even one), else the next float64 above it."""
+    v = np.asarray(v, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        m = f32_edge(v)
+        ok = m.astype(np.float32).astype(np.float64) > v
+    return np.where(np.isfinite(v), np.where(ok, m, np.nextafter(m, np.inf)), v)
+
+
+def f32_last_input(v: np.ndarray) -> np.ndarray:
+    """Largest float64 x with ``float32(x) <= v`` (see :func:`f32_first_input`)."""
+    v = np.asarray(v, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        m = f32_edge(v)
+        ok = m.astype(np.float32).astype(np.float64) <= v
+    return np.where(np.isfinite(v), np.where(ok, m, np.nextafter(m, -np.inf)), v)
 
 
 def _tree(model, X, yi, mv, weights=None) -> PerturbationResult:
@@ -526,15 +555,18 @@ def _tree(model, X, yi, mv, weights=None) -> PerturbationResult:
                                             classes, "model.predict(X)"))
     mis = pred(X) != yi
     lo, hi, cls = _tree_leaves(model.tree_, d)
-    lo_e, hi_e = _f32_edge(lo), _f32_edge(hi)  # the leaf boxes seen by float64 inputs
+    # the leaf boxes seen by float64 inputs: [first, last] input of each (inclusive), so the
+    # distance is the smallest over the inputs a caller can pass, attained by the point
+    # returned (Q*'s cost is that point's: no gap between the value and the audited cost)
+    lo_e, hi_e = f32_first_input(lo), f32_last_input(hi)
     X32 = X.astype(np.float32).astype(np.float64)
     best = np.full(n, np.inf)
     bestleaf = np.full(n, -1)
     fixed = ~mv
     for L in range(lo.shape[0]):
         cand = yi != cls[L]
-        if not np.any(cand) or np.any(lo[L] >= hi[L]):
-            continue
+        if not np.any(cand) or np.any(lo_e[L] > hi_e[L]):
+            continue  # no input lies in the leaf
         low = X32 <= lo[L][None, :]
         high = X32 > hi[L][None, :]
         gap = np.where(low, np.maximum(lo_e[L][None, :] - X, 0.0),
@@ -556,7 +588,7 @@ def _tree(model, X, yi, mv, weights=None) -> PerturbationResult:
         x = X[idx]
         x32 = X32[idx]
         inside = (x32 > lo_b) & (x32 <= hi_b)
-        target = np.where(x32 <= lo_b, _f32_above(lo_b), _f32_atmost(hi_b))
+        target = np.where(x32 <= lo_b, lo_e[bestleaf[idx]], hi_e[bestleaf[idx]])
         P[idx] = np.where(inside | ~mv[None, :], x, target)
         bad = pred(P[idx]) == yi[idx]
         if np.any(bad):  # pragma: no cover - float32 rounding corner cases
@@ -651,11 +683,14 @@ def _update(best, P, rows, t, U, X):
     firsts = np.ones(rows.size, dtype=bool)
     firsts[1:] = rows[1:] != rows[:-1]
     rows, t, U = rows[firsts], t[firsts], U[firsts]
-    d2 = t * t
+    # the distance of the point as it is (x + t u rounds: for a step far below |x| its length
+    # differs from t by a relative ulp(x) / t, and t^2 could undercut the true distance)
+    Z = X[rows] + t[:, None] * U
+    d2 = np.sum((Z - X[rows]) ** 2, axis=1)
     better = d2 < best[rows]
     r = rows[better]
     best[r] = d2[better]
-    P[r] = X[r] + t[better][:, None] * U[better]
+    P[r] = Z[better]
 
 
 def _direction_search(pred, X, yi, idx, mv, rng, best, P, n_directions, max_radius, tol,
@@ -741,6 +776,15 @@ def _ensemble_thresholds(model, d: int):
     """
     feats: list[np.ndarray] = []
     thrs: list[np.ndarray] = []
+    if trees.library(model) in ("xgboost", "lightgbm"):
+        try:
+            layout = trees.external_layout(model, d)[0]
+        except Exception:  # noqa: BLE001 - not readable: the generic search applies
+            return None
+        lo = np.concatenate([np.array(t[0]) for t in layout])
+        hi = np.concatenate([np.array(t[1]) for t in layout])
+        return [np.unique(np.r_[lo[:, j], hi[:, j]][np.isfinite(np.r_[lo[:, j], hi[:, j]])])
+                for j in range(d)]
     try:
         if hasattr(model, "_predictors"):
             for it in model._predictors:
@@ -785,23 +829,35 @@ def _ensemble_thresholds(model, d: int):
     return [np.unique(t[f == j]) for j in range(d)]
 
 
-def _line_first_wrong(pred, B, y_rows, j, T, start, sign, limit, block=32):
+def _compares_float32(model) -> bool:
+    """Whether a tree model compares ``float32(x) <= threshold`` (scikit-learn's trees,
+    XGBoost) rather than ``x <= threshold`` in float64 (histogram gradient boosting,
+    LightGBM)."""
+    return trees.compares_float32(model)
+
+
+def _line_first_wrong(pred, B, y_rows, j, T, start, sign, limit, block=32, f32=True):
     """Nearest probe on the lines ``B[r] + (v - B[r, j]) e_j`` that is misclassified.
 
     Probes, in order of distance from ``start[r]`` in direction ``sign[r]``: ``start`` itself,
     then just past each threshold of ``T`` (the prediction is constant between consecutive
     thresholds). Only probes with ``|v - start| < limit`` count. Returns ``v`` per row (nan where
     none is misclassified). ``T`` is not empty: ``_search`` keeps the features that no split
-    uses fixed.
+    uses fixed. ``f32``: the trees compare ``float32(v) <= t`` (probes are the float64 inputs
+    nearest each threshold on either side, and ``start`` lies on the side of its float32
+    value), else ``v <= t`` in float64 (probes ``nextafter(t)`` and ``t``).
     """
     m = B.shape[0]
     out = np.full(m, np.nan)
     if m == 0:
         return out
-    up_vals = _f32_above(T)
-    down_vals = _f32_atmost(T)
-    first_up = np.searchsorted(T, start, side="left")       # thresholds >= start
-    last_down = np.searchsorted(T, start, side="left") - 1  # thresholds < start
+    if f32:
+        up_vals, down_vals = f32_first_input(T), f32_last_input(T)
+        cstart = start.astype(np.float32).astype(np.float64)
+    else:
+        up_vals, down_vals, cstart = np.nextafter(T, np.inf), T, start
+    first_up = np.searchsorted(T, cstart, side="left")       # thresholds >= c(start)
+    last_down = first_up - 1                                  # thresholds < c(start)
     avail = np.where(sign > 0, T.size - first_up, last_down + 1) + 1  # + the start itself
     k0 = np.zeros(m, dtype=np.intp)
     open_ = np.arange(m)
@@ -833,14 +889,14 @@ def _line_first_wrong(pred, B, y_rows, j, T, start, sign, limit, block=32):
     return out
 
 
-def _coordinate_thresholds(pred, X, yi, idx, mv, thresholds, best, P):
+def _coordinate_thresholds(pred, X, yi, idx, mv, thresholds, best, P, f32=True):
     """Exact nearest misclassified point along each masked coordinate line (both signs)."""
     for j in np.nonzero(mv)[0]:
         T = thresholds[j]
         for sgn in (1.0, -1.0):
             start = X[idx, j]
             v = _line_first_wrong(pred, X[idx], yi[idx], j, T, start, np.full(idx.size, sgn),
-                                  np.sqrt(best[idx]))
+                                  np.sqrt(best[idx]), f32=f32)
             ok = np.isfinite(v)
             rows = idx[ok]
             d2 = (v[ok] - start[ok]) ** 2
@@ -851,7 +907,7 @@ def _coordinate_thresholds(pred, X, yi, idx, mv, thresholds, best, P):
             P[r, j] = v[ok][better]
 
 
-def _coordinate_shrink(pred, X, yi, idx, mv, thresholds, best, P, sweeps=3):
+def _coordinate_shrink(pred, X, yi, idx, mv, thresholds, best, P, sweeps=3, f32=True):
     """Pull each coordinate of the best point back towards x_i while it stays misclassified.
 
     For each masked coordinate ``j`` the probes run from ``x_ij`` towards the current ``p_j``
@@ -872,7 +928,7 @@ def _coordinate_shrink(pred, X, yi, idx, mv, thresholds, best, P, sweeps=3):
             if rows.size == 0:
                 continue
             v = _line_first_wrong(pred, P[rows], yi[rows], j, T, start, np.sign(delta),
-                                  np.abs(delta))
+                                  np.abs(delta), f32=f32)
             ok = np.isfinite(v)
             r = rows[ok]
             if r.size:
@@ -884,7 +940,7 @@ def _coordinate_shrink(pred, X, yi, idx, mv, thresholds, best, P, sweeps=3):
 
 
 def _search(pred, X, yi, mv, rng, n_directions, n_refine, max_radius, tol,
-            thresholds=None) -> PerturbationResult:
+            thresholds=None, f32=True) -> PerturbationResult:
     current = pred(X)
     mis = current != yi
     best = np.where(mis, 0.0, np.inf)
@@ -896,7 +952,7 @@ def _search(pred, X, yi, mv, rng, n_directions, n_refine, max_radius, tol,
         mv = mv & np.array([T.size > 0 for T in thresholds])
     if idx.size and mv.any():
         if thresholds is not None:
-            _coordinate_thresholds(pred, X, yi, idx, mv, thresholds, best, P)
+            _coordinate_thresholds(pred, X, yi, idx, mv, thresholds, best, P, f32=f32)
             # with one movable feature the coordinate line is the whole search space
             exact = int(mv.sum()) == 1
         if not exact:
@@ -909,7 +965,7 @@ def _search(pred, X, yi, mv, rng, n_directions, n_refine, max_radius, tol,
                                   100.0 * max_radius, tol)
             _refine_random(pred, X, yi, idx, mv, rng, best, P, n_refine, tol)
             if thresholds is not None:
-                _coordinate_shrink(pred, X, yi, idx, mv, thresholds, best, P)
+                _coordinate_shrink(pred, X, yi, idx, mv, thresholds, best, P, f32=f32)
     elif idx.size:
         exact = True  # nothing may move: no misclassified point is reachable
     return PerturbationResult(distances=best, points=P, exact=exact,

@@ -315,3 +315,65 @@ def test_interval_downstream_certificate_verify_report_summary():
     html = render_html(make_certificate(res, model, X, y))
     assert "(certified)" in html and "does (found" in html
     assert "(certified)" in res.summary()
+
+
+def test_time_budget_cut_is_reproduced_by_its_node_budget(monkeypatch):
+    # a fake clock that advances one second per reading stops the search mid-way, at a point
+    # that depends on the clock alone; the node_budget it reports reproduces the same bounds
+    X, y = _data(n=40, d=4, seed=3)
+    model = sk_ens.GradientBoostingClassifier(n_estimators=15, max_depth=3,
+                                              random_state=0).fit(X, y)
+    up = perturbation_search(model, X, y).distances
+    full, info_full = bounds.tree_lower_distances(model, X, y, upper=up, max_nodes=60)
+    assert info_full["stopped"] is None and info_full["node_budget"] is None
+    ticks = itertools.count()
+    monkeypatch.setattr(bounds.time, "perf_counter", lambda: float(next(ticks)))
+    cut, info = bounds.tree_lower_distances(model, X, y, upper=up, max_nodes=60,
+                                            time_budget=40)
+    monkeypatch.undo()
+    assert info["stopped"] == "time_budget"
+    assert 1 < info["node_budget"] < info_full["nodes"]
+    again, info2 = bounds.tree_lower_distances(model, X, y, upper=up, max_nodes=60,
+                                               node_budget=info["node_budget"])
+    np.testing.assert_array_equal(again, cut)
+    np.testing.assert_array_equal(info2["exact"], info["exact"])
+    assert np.all(cut <= full) and np.any(cut < full)  # the cut was real, and sound
+    for nb in (1, 10, 100, 10 ** 6):  # more boxes never lower a bound
+        dl, _ = bounds.tree_lower_distances(model, X, y, upper=up, max_nodes=60,
+                                            node_budget=nb)
+        assert np.all(dl <= full)
+        if nb == 10 ** 6:
+            np.testing.assert_array_equal(dl, full)
+    with pytest.raises(otstab.errors.ValidationError, match="node_budget"):
+        bounds.tree_lower_distances(model, X, y, node_budget=0)
+
+
+def test_verify_of_a_time_budgeted_certificate_passes():
+    # issue 29: the bound under a time budget depends on the machine's speed, so verify of an
+    # untouched certificate failed; it now recomputes without the time limit and checks that
+    # the recorded bound is at most the recomputed one
+    from otstab.certificate import make_certificate, verify_certificate  # noqa: PLC0415
+
+    X, y = _data(n=40, d=3, seed=4)
+    model = sk_ens.GradientBoostingClassifier(n_estimators=10, max_depth=2,
+                                              random_state=0).fit(X, y)
+    kw = dict(r=0.3, loss="zero_one", theta1=1.0, theta2=0.5)
+    res = otstab.certify(model, X, y, **kw, time_budget=0.0)
+    assert res.info["lower_bound"]["stopped"] == "time_budget"
+    assert "node_budget=" in res.message
+    full = otstab.certify(model, X, y, **kw)
+    assert res.value_lower < full.value_lower  # the time budget cut the bound
+    cert = make_certificate(res, model, X, y, solver_options={"time_budget": 0.0})
+    rep = verify_certificate(cert, model, X, y)
+    assert rep.ok, rep
+    assert any("time budget" in note for note in rep.notes)
+    cert["results"]["value_lower"] = full.value_lower * 1.01  # above what a search proves
+    assert not verify_certificate(cert, model, X, y).ok
+    # a node budget is deterministic: verified as an equality
+    nb = res.info["lower_bound"]["node_budget"]
+    det = otstab.certify(model, X, y, **kw, node_budget=nb)
+    assert det.value_lower == res.value_lower
+    cert = make_certificate(det, model, X, y, solver_options={"node_budget": nb})
+    assert verify_certificate(cert, model, X, y).ok
+    cert["results"]["value_lower"] = det.value_lower * 0.5 + 0.5 * full.value_lower
+    assert not verify_certificate(cert, model, X, y).ok
