@@ -57,6 +57,13 @@ they were solved with: ``inputs.feature_costs`` is the list of prices of the mod
 columns, in order (a raw Pipeline column priced per raw unit appears as its price per unit of
 the model's input; ``inf``, immutable, as ``"inf"``), null when every price is 1.
 :func:`verify_certificate` passes them to ``certify`` and ``feature_stability``.
+
+A result certified under a :class:`otstab.DataCost` records ``inputs.cost``: the resolved spec
+(``DataCost.to_dict()``, every inferred kind, scale, level and bound written out), its
+description in plain words, and ``otstab-cost-v1`` (:func:`hash_cost`): SHA-256 of
+``chunk("otstab-cost-v1") chunk(json)``, ``json`` the spec as compact UTF-8 JSON with sorted
+keys. :func:`verify_certificate` re-certifies under the stored spec and audits Q*'s raw rows
+(:func:`raw_qstar_mismatches`); the Q* side file is then the raw frame.
 """
 
 from __future__ import annotations

@@ -16,6 +16,12 @@ the weights by fingerprint as ``inputs.sample_weight`` (with ``source`` = COL). 
 reads the prices from the certificate and the weights from the column of DATA that
 ``--sample-weight`` names (default: the certificate's ``inputs.sample_weight.source``).
 
+``certify --cost auto|encoded``, ``--cost-file SPEC.json`` (a ``DataCost.to_dict()`` as JSON;
+:func:`otstab.certificate.read_cost_file`) and ``--immutable a,b`` (:func:`data_cost`) certify
+under a cost on the data's own variables; the certificate stores the resolved spec
+(``inputs.cost``) and ``verify`` recomputes under it (``verify --cost-file`` also requires it to
+be that file's).
+
 Models are loaded with skops (``.skops`` files, when skops is installed: only the types skops
 trusts, unless ``--trust-model``) or with joblib/pickle (any other file). Unpickling runs code
 stored in the file, so ``certify`` and ``verify`` load a pickle or joblib file only with
