@@ -1217,7 +1217,7 @@ def verify_certificate(cert_or_path, model, X, y, *, rtol=None, atol=None, h_rto
 
     cost_block = inputs.get("cost")
     try:
-        expected_cost = _expected_cost(cost, model, X)
+        expected_cost = _expected_cost(cost, model, X, inputs.get("movable_features"))
     except (OtstabError, ValueError, TypeError) as exc:
         raise ValidationError(f"cost: {exc}") from exc
     data_cost = _verify_cost_block(report, cost_block, expected_cost, model, X)
@@ -1589,11 +1589,12 @@ def _cost_info(result, model, X) -> dict | None:
             "hash_method": COST_HASH, "sha256": hash_cost(spec)}
 
 
-def _expected_cost(cost, model, X) -> dict | None:
+def _expected_cost(cost, model, X, movable=None) -> dict | None:
     """``verify_certificate(cost=...)``: the spec the caller expects (a DataCost, its
     ``to_dict()``, ``"auto"``, or a path to a JSON spec file), resolved on the model and
-    data; None when not given."""
-    from .datacost import as_cost
+    data, with the variables outside ``movable`` (``inputs.movable_features``) immutable as
+    certify makes them; None when not given."""
+    from .datacost import DataCost, as_cost
 
     if cost is None:
         return None
@@ -1602,7 +1603,14 @@ def _expected_cost(cost, model, X) -> dict | None:
     dc = as_cost(cost)
     if dc is None:  # "encoded"
         return {}
-    return _strict(dc.resolve(model, _raw_frame_of(model, X)).to_dict())
+    frame = _raw_frame_of(model, X)
+    if movable is not None:
+        d = dc.to_dict()
+        keep = {str(m) for m in movable}
+        d["immutable"] = sorted(set(d["immutable"]) | {str(c) for c in frame.columns
+                                                      if str(c) not in keep})
+        dc = DataCost.from_dict(d)
+    return _strict(dc.resolve(model, frame).to_dict())
 
 
 def read_cost_file(path):

@@ -278,3 +278,43 @@ def test_cli_bad_cost_input_names_the_argument(files, capsys, content, args, arg
     assert f"argument {arg}:" in err and err.count("\n") == 1, err
     for w in words:
         assert w in err, (w, err)
+
+
+def _small(n=60, classes=2):
+    rng = np.random.default_rng(5)
+    X = pd.DataFrame({"a": rng.normal(size=n), "k": rng.integers(0, 6, n),
+                      "colour": rng.choice(["red", "green", "blue"], n)})
+    s = X["a"] + 0.5 * X["k"] - 1.5 + (X["colour"] == "red") * 1.0
+    y = (s + rng.normal(size=n) > 0).astype(int) if classes == 2 else \
+        pd.Series(rng.integers(0, classes, n))
+    pipe = Pipeline([("pre", ColumnTransformer([("num", StandardScaler(), ["a", "k"]),
+                                                ("cat", OneHotEncoder(), ["colour"])])),
+                     ("clf", LogisticRegression())]).fit(X, y)
+    return pipe, X, y
+
+
+@pytest.mark.parametrize("case", ["hinge", "hinge-chi2", "weighted", "multiclass", "movable",
+                                  "unreachable"])
+def test_round_trip_of_every_datacost_path(case, tmp_path):
+    """Each DataCost path gives a certificate that verifies, Q* file included (the weighted
+    0/1 result records its weights, as certify's other paths do)."""
+    pipe, X, y = _small(classes=3 if case == "multiclass" else 2)
+    kw = {"hinge": dict(loss="hinge", r=0.8),
+          "hinge-chi2": dict(loss="hinge", r=0.8, divergence="chi2"),
+          "weighted": dict(loss="zero_one", r=0.4),
+          "multiclass": dict(loss="zero_one", r=0.8),
+          "movable": dict(loss="zero_one", r=0.4, features=["a", "colour"]),
+          "unreachable": dict(loss="zero_one", r=0.4, theta1=np.inf, theta2=np.inf)}[case]
+    sw = np.random.default_rng(1).uniform(0.5, 2.0, len(y)) if case == "weighted" else None
+    cost = DataCost(bounds={"k": (0, 8)}, switch={"colour": 0.5})
+    res = otstab.certify(pipe, X, y, cost=cost, sample_weight=sw, **kw)
+    q = C.write_qstar(res, tmp_path / "q.csv")
+    cert = C.make_certificate(res, pipe, X, y, qstar=q, sample_weight=sw,
+                              movable=kw.get("features"))
+    rep = C.verify_certificate(cert, pipe, X, y, qstar=tmp_path / "q.csv", sample_weight=sw,
+                               cost=cost)
+    assert rep.ok, rep.summary()
+    if case == "weighted":
+        assert res.info["sample_weight"] is not None
+    if case == "movable":  # the variables left out are immutable in the stored spec
+        assert "k" in cert["inputs"]["cost"]["spec"]["immutable"]
