@@ -1055,7 +1055,11 @@ def model_card(cert: dict, *, verify_command=None) -> dict:
         "criterion": {"loss": inputs["loss"]["name"], "r": inputs["r"],
                       "theta1": inputs["theta1"], "theta2": inputs["theta2"],
                       "divergence": inputs["divergence"],
-                      "movable_features": inputs.get("movable_features")},
+                      "movable_features": inputs.get("movable_features"),
+                      "cost": (f"DataCost on the data's own variables ("
+                               f"{inputs['cost']['hash_method']} "
+                               f"{inputs['cost']['sha256'][:12]})") if inputs.get("cost")
+                      else "encoded (squared distance in the model's input space)"},
         "result": {"R": res["value"], "status": solver["status"], "exact": res.get("exact"),
                    "base_risk": res["risk_base"], "risk_under_qstar": res["risk_star"],
                    "gap": res["gap"], "solver": solver["name"]},

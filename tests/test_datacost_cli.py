@@ -184,6 +184,9 @@ def test_report_states_the_cost_and_moves_in_data_units(german, certified):
             else:
                 assert part == f"{name}: {row[name]} -> {row[name + '*']}"
     assert "&rarr;" in page and 'id="raw-changes"' in page
+    card = R.model_card(cert)
+    assert cert["inputs"]["cost"]["sha256"][:12] in card["criterion"]["cost"]
+    assert "DataCost" in R.model_card_markdown(card)
 
 
 # ------------------------------------------------------------------------------------------
