@@ -92,7 +92,7 @@ from .core import certify
 from .errors import InputTypeError, OtstabError, SolverError, ValidationError
 from .features import feature_stability
 from .inference import Bootstrap, check_level
-from .losses import LOSS_NAMES, PiecewiseLinear, ZeroOne, epsilon_insensitive, get_loss, pinball
+from .losses import LOSS_NAMES, PiecewiseLinear, epsilon_insensitive, get_loss, pinball
 from .models import resolve_model
 from .reduction import feature_mask
 from .results import StabilityResult
@@ -1254,9 +1254,15 @@ def verify_certificate(cert_or_path, model, X, y, *, rtol=None, atol=None, h_rto
     if cost_block is not None:  # the spec resolves to itself; Q*'s raw rows re-checked
         _verify_cost_after(report, cost_block, new)
         report.checked.append("Q*'s raw rows (valid, re-scored, re-priced)")
-        report.mismatches.extend(raw_qstar_mismatches(
-            new.to_frame(raw=True), model, X, y, cert, rtol=tol["rtol"], atol=tol["atol"],
-            gap_tol=tol["gap_tol"], sample_weight=sample_weight, where="recomputed Q*"))
+        try:
+            report.mismatches.extend(raw_qstar_mismatches(
+                new.to_frame(raw=True), model, X, y, cert, rtol=tol["rtol"],
+                atol=tol["atol"], gap_tol=tol["gap_tol"], sample_weight=sample_weight,
+                where="recomputed Q*"))
+        except (OtstabError, ValueError, TypeError) as exc:
+            report.mismatches.append(Mismatch("recomputed Q*", "auditable raw rows",
+                                              f"error: {exc}", "Q*'s raw rows cannot be "
+                                              "audited under the stored cost spec"))
     if unc:
         _verify_uncertainty(report, unc, new, tol)
 
@@ -1724,6 +1730,7 @@ def raw_qstar_mismatches(frame, model, X, y, cert, *, rtol=None, atol=None, gap_
     """
     from .datacost import DataCost
     from .datacost_zero_one import _encode, _predict
+    from .losses import ZeroOne
 
     tol = _tolerances(rtol=rtol, atol=atol, gap_tol=gap_tol)
     inputs, res = cert["inputs"], cert["results"]

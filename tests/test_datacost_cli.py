@@ -237,6 +237,11 @@ def test_cli_cost_file_round_trip(files, german, capsys):
     (d / "bad.json").write_text(json.dumps(bad))
     assert _verify(d, d / "bad.json") == 1
     assert "inputs.cost.sha256" in capsys.readouterr().err
+    # a spec file that cannot be read: bad input naming the argument and the file
+    (d / "broken.json").write_text('{"switch": {"purpose": "cheap"}}')
+    assert _verify(d, d / "c.json", "--cost-file", str(d / "broken.json")) == 2
+    err = capsys.readouterr().err
+    assert "argument --cost-file:" in err and "broken.json" in err and "switch" in err, err
 
 
 def test_cli_auto_and_immutable(files, capsys):
@@ -263,6 +268,10 @@ def test_cli_auto_and_immutable(files, capsys):
     ('{"scale": {"age": 1,}}', (), "--cost-file", ["bad.json", "not valid JSON"]),
     ('{"colour": 1}', (), "--cost-file", ["bad.json", "unknown DataCost field", "colour"]),
     ('[1, 2]', (), "--cost-file", ["bad.json", "must be a dict"]),
+    ('{"switch": {"purpose": "cheap"}}', (), "--cost-file", ["bad.json", "switch['purpose']"]),
+    ('{"switch": {"purpose": {"matrix": [[1, 2]]}}}', (), "--cost-file",
+     ["bad.json", "switch['purpose']", "triples"]),
+    ('{"price": {"amount": "x"}}', (), "--cost-file", ["bad.json", "price['amount']"]),
     ('{"bounds": {"purpose": [0, 1]}}', (), "--cost-file", ["bad.json", "bounds['purpose']"]),
     (None, ("--cost", "encoded", "--immutable", "age"), "--immutable", ["DataCost"]),
     (None, ("--cost", "auto", "--immutable", "agee"), "--immutable", ["'age'"]),
