@@ -1659,6 +1659,8 @@ def _verify_cost_block(report, block, expected, model, X):
         return None
     spec = block["spec"]
     got = hash_cost(spec)
+    report.notes.append(f"recomputed under the certificate's DataCost ({COST_HASH} "
+                        f"{block['sha256'][:12]}); Q*'s raw rows audited")
     _expect(report, "inputs.cost.sha256", got == block["sha256"], block["sha256"], got,
             "the stored cost spec does not match its fingerprint (the spec was edited)")
     try:
