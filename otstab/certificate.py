@@ -57,6 +57,13 @@ they were solved with: ``inputs.feature_costs`` is the list of prices of the mod
 columns, in order (a raw Pipeline column priced per raw unit appears as its price per unit of
 the model's input; ``inf``, immutable, as ``"inf"``), null when every price is 1.
 :func:`verify_certificate` passes them to ``certify`` and ``feature_stability``.
+
+A result certified under a :class:`otstab.DataCost` records ``inputs.cost``: the resolved spec
+(``DataCost.to_dict()``, every inferred kind, scale, level and bound written out), its
+description in plain words, and ``otstab-cost-v1`` (:func:`hash_cost`): SHA-256 of
+``chunk("otstab-cost-v1") chunk(json)``, ``json`` the spec as compact UTF-8 JSON with sorted
+keys. :func:`verify_certificate` re-certifies under the stored spec and audits Q*'s raw rows
+(:func:`raw_qstar_mismatches`); the Q* side file is then the raw frame.
 """
 
 from __future__ import annotations
@@ -614,6 +621,11 @@ def make_certificate(result, model, X, y, *, features=None, groups=None, movable
                             if isinstance(result.info, dict) else None)
     loss_spec = _loss_spec(loss if loss is not None else result.loss)
     info = result.info or {}
+    cost_block = _cost_info(result, model, X)
+    if cost_block is not None and features is not None:
+        raise ValidationError("features: the feature-stability table is computed under the "
+                              "encoded cost and cannot be recorded with a result certified "
+                              "under a DataCost")
     decomposition = {k: v for k, v in (result.decomposition or {}).items()
                      if isinstance(v, (Real, np.floating))}
     results = {
@@ -687,6 +699,8 @@ def make_certificate(result, model, X, y, *, features=None, groups=None, movable
         "qstar": qstar,
         "extra": extra,
     }
+    if cost_block is not None:  # absent for the encoded cost (older certificates: same)
+        cert["inputs"]["cost"] = cost_block
     return _strict(cert)
 
 
@@ -928,7 +942,8 @@ def write_qstar(result, path) -> dict:
         :func:`make_certificate`.
     """
     path = Path(path)
-    frame = result.to_frame()
+    # under a DataCost, Q* is a data set in the data's own columns and units
+    frame = result.to_frame(raw=_datacost_spec(result) is not None)
     name = path.name.lower()
     if name.endswith((".parquet", ".pq")):
         try:
@@ -989,6 +1004,10 @@ def audit_qstar(qstar, model, X, y, cert, *, rtol=None, atol=None,
                          "no weights" if recorded_w is None else recorded_w["sha256"],
                          "no weights" if sample_weight is None else hash_weights(sample_weight),
                          "the Q* file can only be audited with the certified sample weights")]
+    if inputs.get("cost"):  # a DataCost certificate: Q*'s raw rows (raw_qstar_mismatches)
+        return raw_qstar_mismatches(frame, model, X, y, cert, rtol=tol["rtol"],
+                                    atol=tol["atol"], gap_tol=tol["gap_tol"],
+                                    sample_weight=sample_weight)
     prob = resolve_model(model, X, y, loss=loss_from_spec(inputs["loss"]),
                          sample_weight=sample_weight)
     names = [str(nm) for nm in prob.feature_names]
@@ -1222,7 +1241,7 @@ def _expect_close(report, field_, certified, recomputed, rtol, atol, reason) -> 
 
 def verify_certificate(cert_or_path, model, X, y, *, rtol=None, atol=None, h_rtol=None,
                        gap_tol=None, check_features=True, qstar=None, model_file=None,
-                       solver=None, sample_weight=None) -> VerificationReport:
+                       solver=None, sample_weight=None, cost=None) -> VerificationReport:
     """Recompute a certificate from the model and the data and check every field.
 
     Every field of the certificate is recomputed, checked for consistency with the others,
@@ -1268,6 +1287,12 @@ def verify_certificate(cert_or_path, model, X, y, *, rtol=None, atol=None, h_rto
         recomputed with them (certify, the feature scores, the Q* audit). Weights given for an
         unweighted certificate, or none for a weighted one, are a mismatch (nothing is
         recomputed then).
+    cost : DataCost, dict, "auto", "encoded" or path, optional
+        The cost the caller expects the certificate to be made under (e.g. the spec file a
+        risk team versions next to the model): resolved on the model and data, it must equal
+        the stored ``inputs.cost.spec``. Without it, the stored spec is used as it is (its
+        fingerprint ``inputs.cost.sha256`` must match it). Under a DataCost, certify is re-run
+        under the stored spec and Q*'s raw rows are audited (:func:`raw_qstar_mismatches`).
 
     Returns
     -------
@@ -1297,6 +1322,16 @@ def verify_certificate(cert_or_path, model, X, y, *, rtol=None, atol=None, h_rto
         report.ok = False
         return report
 
+    cost_block = inputs.get("cost")
+    try:
+        expected_cost = _expected_cost(cost, model, X, inputs.get("movable_features"))
+    except (OtstabError, ValueError, TypeError) as exc:
+        raise ValidationError(f"cost: {exc}") from exc
+    data_cost = _verify_cost_block(report, cost_block, expected_cost, model, X)
+    if data_cost is False:
+        report.ok = False
+        return report
+
     loss = loss_from_spec(inputs["loss"])
     spec = _strict(_loss_spec(loss))
     _expect(report, "inputs.loss", spec == inputs["loss"], inputs["loss"], spec,
@@ -1318,7 +1353,8 @@ def verify_certificate(cert_or_path, model, X, y, *, rtol=None, atol=None, h_rto
                             "recomputed without it and checked to be at least the recorded "
                             "value_lower")
     try:
-        new = certify(model, X, y, **kwargs, se=se_spec, **options)
+        new = certify(model, X, y, **kwargs, se=se_spec,
+                      **({} if data_cost is None else {"cost": data_cost}), **options)
     except SolverError:
         raise
     except (OtstabError, ValueError, TypeError) as exc:
@@ -1331,6 +1367,18 @@ def verify_certificate(cert_or_path, model, X, y, *, rtol=None, atol=None, h_rto
                         f"{new.info.get('wall_time', new.solve_time):.3g} s")
     _verify_results(report, cert, new, tol, compare_solver=solver in (None, requested),
                     lower_at_least=timed)
+    if cost_block is not None:  # the spec resolves to itself; Q*'s raw rows re-checked
+        _verify_cost_after(report, cost_block, new)
+        report.checked.append("Q*'s raw rows (valid, re-scored, re-priced)")
+        try:
+            report.mismatches.extend(raw_qstar_mismatches(
+                new.to_frame(raw=True), model, X, y, cert, rtol=tol["rtol"],
+                atol=tol["atol"], gap_tol=tol["gap_tol"], sample_weight=sample_weight,
+                where="recomputed Q*"))
+        except (OtstabError, ValueError, TypeError) as exc:
+            report.mismatches.append(Mismatch("recomputed Q*", "auditable raw rows",
+                                              f"error: {exc}", "Q*'s raw rows cannot be "
+                                              "audited under the stored cost spec"))
     if unc:
         _verify_uncertainty(report, unc, new, tol)
 
@@ -1620,3 +1668,324 @@ def _verify_qstar_file(report, cert: dict, qstar, model, X, y, tol: dict,
     except (OtstabError, ValueError, TypeError) as exc:
         report.mismatches.append(Mismatch("qstar", "an auditable Q* file", f"error: {exc}",
                                           "the Q* file cannot be audited"))
+
+
+# ----------------------------------------------------------------------------------------------
+# a transport cost on the data's own variables (otstab.DataCost, issue 28)
+
+COST_HASH = "otstab-cost-v1"
+
+
+def hash_cost(spec: dict) -> str:
+    """SHA-256 (hex) of the canonical serialisation ``otstab-cost-v1`` of a DataCost spec
+    (``DataCost.to_dict()``): ``chunk("otstab-cost-v1") chunk(json)`` with ``json`` the spec
+    as compact UTF-8 JSON with sorted keys (non-finite numbers as strings)."""
+    text = json.dumps(_strict(spec), sort_keys=True, separators=(",", ":"), allow_nan=False,
+                      ensure_ascii=False)
+    h = hashlib.sha256()
+    for part in (COST_HASH.encode(), text.encode("utf-8")):
+        h.update(_chunk(part))
+    return h.hexdigest()
+
+
+def _datacost_spec(result) -> dict | None:
+    """The resolved DataCost spec a result was certified under, or None (encoded cost)."""
+    info = result.info if isinstance(getattr(result, "info", None), dict) else {}
+    spec = info.get("cost")
+    return None if spec is None else _strict(spec)
+
+
+def _raw_frame_of(model, X):
+    """The evaluation data as the DataFrame a DataCost is resolved on."""
+    from .datacost import _frame
+
+    return _frame(model, X)
+
+
+def _cost_info(result, model, X) -> dict | None:
+    """``inputs.cost`` of a certificate: None for the encoded cost; else the resolved spec,
+    its description (of the spec as stored, resolved again on ``model`` and ``X``: what
+    :func:`verify_certificate` recomputes) and its fingerprint (:func:`hash_cost`)."""
+    from .datacost import DataCost
+
+    spec = _datacost_spec(result)
+    if spec is None:
+        return None
+    rc = DataCost.from_dict(spec).resolve(model, _raw_frame_of(model, X))
+    if _strict(rc.to_dict()) != spec:
+        raise ValidationError("result.info['cost'] is not a resolved DataCost spec of this "
+                              "model and data (resolving it again changes it)")
+    return {"kind": "datacost", "spec": spec, "description": rc.describe(),
+            "hash_method": COST_HASH, "sha256": hash_cost(spec)}
+
+
+def _expected_cost(cost, model, X, movable=None) -> dict | None:
+    """``verify_certificate(cost=...)``: the spec the caller expects (a DataCost, its
+    ``to_dict()``, ``"auto"``, or a path to a JSON spec file), resolved on the model and
+    data, with the variables outside ``movable`` (``inputs.movable_features``) immutable as
+    certify makes them; None when not given."""
+    from .datacost import DataCost, as_cost
+
+    if cost is None:
+        return None
+    if isinstance(cost, (str, Path)) and str(cost).lower() not in ("auto", "encoded"):
+        cost = read_cost_file(cost)
+    dc = as_cost(cost)
+    if dc is None:  # "encoded"
+        return {}
+    frame = _raw_frame_of(model, X)
+    if movable is not None:
+        d = dc.to_dict()
+        keep = {str(m) for m in movable}
+        d["immutable"] = sorted(set(d["immutable"]) | {str(c) for c in frame.columns
+                                                      if str(c) not in keep})
+        dc = DataCost.from_dict(d)
+    return _strict(dc.resolve(model, frame).to_dict())
+
+
+def read_cost_file(path):
+    """A DataCost spec file (``DataCost.to_dict()`` as JSON; e.g. the one a risk team
+    versions next to the model). Errors name the file and the field."""
+    from .datacost import DataCost
+
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValidationError(f"cost file {str(path)!r}: cannot read it ({exc.strerror})") \
+            from exc
+    try:
+        spec = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise ValidationError(f"cost file {str(path)!r} is not valid JSON: {exc.msg} at line "
+                              f"{exc.lineno}") from exc
+    except ValidationError as exc:
+        raise ValidationError(f"cost file {str(path)!r}: {exc}") from exc
+    if isinstance(spec, dict) and spec.get("kind") == "datacost" and "spec" in spec:
+        spec = spec["spec"]  # the inputs.cost block of a certificate
+    try:
+        return DataCost.from_dict(spec)
+    except (ValidationError, TypeError, ValueError) as exc:
+        raise ValidationError(f"cost file {str(path)!r}: {exc}") from exc
+
+
+def _verify_cost_block(report, block, expected, model, X):
+    """``inputs.cost`` before the recomputation: its fingerprint covers the stored spec, the
+    spec is a valid DataCost, and it is the one the caller expects (``expected``: a resolved
+    spec, ``{}`` for the encoded cost, None: not given). Returns the DataCost to recompute
+    under (None: the encoded cost); False when nothing can be recomputed."""
+    from .datacost import DataCost
+
+    if block is None:
+        if expected:
+            _expect(report, "inputs.cost", False, "the encoded cost", "a DataCost",
+                    "the certificate was made under the encoded cost, not the given DataCost")
+        return None
+    spec = block["spec"]
+    got = hash_cost(spec)
+    report.notes.append(f"recomputed under the certificate's DataCost ({COST_HASH} "
+                        f"{block['sha256'][:12]}); Q*'s raw rows audited")
+    _expect(report, "inputs.cost.sha256", got == block["sha256"], block["sha256"], got,
+            "the stored cost spec does not match its fingerprint (the spec was edited)")
+    try:
+        dc = DataCost.from_dict(spec)
+    except (ValidationError, TypeError, ValueError, KeyError) as exc:
+        _expect(report, "inputs.cost.spec", False, "a valid DataCost spec", f"error: {exc}",
+                "the stored cost spec cannot be read")
+        return False
+    if expected is not None:
+        _expect(report, "inputs.cost.spec", _same_spec(expected, spec), hash_cost(spec),
+                "the encoded cost" if expected == {} else hash_cost(expected),
+                "the certificate's cost spec differs from the given one" + (
+                    "" if expected == {} else ": " + _spec_diff(spec, expected)))
+    return dc
+
+
+def _same_spec(a, b) -> bool:
+    """Two DataCost specs say the same (the order of the variable lists aside)."""
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return a == b
+    lists = ("immutable", "increase_only", "decrease_only")
+    return {k: v for k, v in a.items() if k not in lists} == \
+        {k: v for k, v in b.items() if k not in lists} and \
+        all(sorted(map(str, a.get(k) or [])) == sorted(map(str, b.get(k) or [])) for k in lists)
+
+
+def _spec_diff(a: dict, b: dict) -> str:
+    keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    return f"field(s) {keys[:5]} differ"
+
+
+def _verify_cost_after(report, block, new) -> None:
+    """After the recomputation under the stored spec: the spec resolves to itself and its
+    description is the recomputed one."""
+    info = new.info or {}
+    got = _strict(info.get("cost"))
+    _expect(report, "inputs.cost.spec (resolved)", _same_spec(got, block["spec"]),
+            "the stored spec",
+            _spec_diff(block["spec"], got or {}) if got else "no DataCost",
+            "the stored cost spec does not resolve to itself on this model and data")
+    desc = info.get("cost_description") or ""
+    old = block["description"].splitlines()
+    lines = [(a, b) for a, b in zip(old, desc.splitlines()) if a != b] or [
+        (f"{len(old)} lines", f"{len(desc.splitlines())} lines")]
+    _expect(report, "inputs.cost.description", desc == block["description"], lines[0][0],
+            lines[0][1], "the description is not that of the stored cost spec")
+
+
+def _level_keys(levels) -> dict:
+    """``{str(level): level}`` (a level read back from a CSV file is matched by its text)."""
+    return {str(lv): lv for lv in levels}
+
+
+def raw_qstar_mismatches(frame, model, X, y, cert, *, rtol=None, atol=None, gap_tol=None,
+                         sample_weight=None, where="qstar") -> list[Mismatch]:
+    """Audit Q*'s raw rows under the certificate's DataCost (``inputs.cost``), from the model,
+    the data and the cost spec alone.
+
+    ``frame`` is ``result.to_frame(raw=True)`` (or the Q* file :func:`write_qstar` wrote):
+    ``source``, ``mass``, optionally ``index``, each raw variable ``v`` and ``v*``,
+    ``weight``, ``loss``, ``loss*``, ``cost``. Checked: every atom's ``v`` is its source
+    sample's value; every ``v*`` is a valid value (a level of the variable, an integer for an
+    integer variable, inside the bounds, unchanged for an immutable variable, the allowed way
+    for one-way variables); ``loss*`` is the model's own loss of the moved raw row (0/1: its
+    ``predict``); ``cost`` is the move's price under the resolved spec; each sample's mass
+    shares sum to 1; and the cost, risk and mass of Q* recomputed from these rows equal
+    ``results.primal_cost``, ``results.risk_star`` (which reaches r) and
+    ``results.total_mass``.
+    """
+    from .datacost import DataCost
+    from .datacost_zero_one import _encode, _predict
+    from .losses import ZeroOne
+
+    tol = _tolerances(rtol=rtol, atol=atol, gap_tol=gap_tol)
+    inputs, res = cert["inputs"], cert["results"]
+    spec = inputs["cost"]["spec"]
+    loss = loss_from_spec(inputs["loss"])
+    prob = resolve_model(model, X, y, loss=loss, sample_weight=sample_weight)
+    Xf = _raw_frame_of(model, X)
+    rc = DataCost.from_dict(spec).resolve(model, Xf)
+    names = [v.name for v in rc.variables]
+    needed = ["source", "mass", *names, *[f"{nm}*" for nm in names], "weight", "loss",
+              "loss*", "cost"]
+    columns = [str(c) for c in frame.columns]
+    missing = [c for c in needed if c not in columns]
+    unknown = [c for c in columns if c not in needed and c != "index"]
+    if missing or unknown:
+        return [Mismatch(f"{where}:columns", "the columns of to_frame(raw=True)",
+                         f"missing {missing[:5]}, unknown {unknown[:5]}",
+                         "Q* does not have the columns of a raw Q* frame")]
+    out = []
+    if "n_atoms" in res and len(frame) != res["n_atoms"]:
+        out.append(Mismatch(f"{where}:n_atoms", res["n_atoms"], len(frame),
+                            "Q* has another number of atoms than results.n_atoms"))
+    n = prob.n
+    srcf = pd.to_numeric(frame["source"], errors="coerce").to_numpy(dtype=np.float64)
+    if srcf.size == 0 or not np.all((srcf == np.round(srcf)) & (srcf >= 0) & (srcf < n)):
+        return out + [Mismatch(f"{where}:source", f"whole numbers in [0, {n})",
+                               "empty" if srcf.size == 0 else "other values",
+                               "atom sources are not sample indices")]
+    src = srcf.astype(np.intp)
+    raw0 = Xf.iloc[src].reset_index(drop=True)
+    raw1 = pd.DataFrame(index=range(len(frame)))
+    for v in rc.variables:
+        nm = v.name
+        rec0 = frame[nm].reset_index(drop=True)
+        rec1 = frame[f"{nm}*"].reset_index(drop=True)
+        if v.kind in ("numeric", "integer"):
+            a = pd.to_numeric(raw0[nm], errors="coerce").to_numpy(dtype=np.float64)
+            b0 = pd.to_numeric(rec0, errors="coerce").to_numpy(dtype=np.float64)
+            b = pd.to_numeric(rec1, errors="coerce").to_numpy(dtype=np.float64)
+            bad0 = ~_close_array(b0, a, tol["rtol"], tol["atol"])
+            checks = [(~np.isfinite(b) & np.isfinite(a), "is not a number")]
+            if v.kind == "integer":
+                checks.append((b != np.round(b), "is not an integer"))
+            if v.immutable or not math.isfinite(v.price):
+                checks.append((b != a, "moves an immutable variable"))
+            lo, hi = np.minimum(v.lo, a), np.maximum(v.hi, a)
+            checks.append(((b < lo) | (b > hi), f"is outside the bounds [{v.lo:g}, {v.hi:g}]"))
+            if v.direction:
+                checks.append(((b != a) & (np.sign(b - a) != v.direction),
+                               "moves the forbidden way"))
+            raw1[nm] = b if raw0[nm].dtype.kind == "f" or not np.all(b == np.round(b)) \
+                else b.astype(raw0[nm].dtype)
+        else:
+            keys = _level_keys(v.levels)
+            a = raw0[nm].astype(str).to_numpy()
+            bad0 = rec0.astype(str).to_numpy() != a
+            b = rec1.astype(str).to_numpy()
+            valid = np.array([t in keys for t in b], dtype=bool)
+            checks = [(~valid, f"is not one of the {len(v.levels)} levels")]
+            if v.immutable or not math.isfinite(v.price):
+                checks.append((b != a, "moves an immutable variable"))
+            if v.kind == "ordinal" and v.direction:
+                rank = {str(lv): k for k, lv in enumerate(v.levels)}
+                d = np.array([rank.get(t1, 0) - rank.get(t0, 0) for t0, t1 in zip(a, b)])
+                checks.append(((d != 0) & (np.sign(d) != v.direction),
+                               "moves the forbidden way"))
+            raw1[nm] = pd.Series([keys.get(t, t) for t in b], dtype=object)
+            if raw0[nm].dtype.kind != "O" and not isinstance(raw0[nm].dtype,
+                                                             pd.CategoricalDtype):
+                raw1[nm] = raw1[nm].infer_objects()
+        if bad0.any():
+            i = int(np.flatnonzero(bad0)[0])
+            out.append(Mismatch(f"{where}:{nm}", f"atom {i}: {rec0.iloc[i]!r}",
+                                repr(raw0[nm].iloc[i]), "the original value is not that of "
+                                f"the atom's source sample ({int(bad0.sum())} atom(s))"))
+        for bad, what in checks:
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                out.append(Mismatch(f"{where}:{nm}*", "a valid value",
+                                    f"atom {i}: {rec1.iloc[i]!r}",
+                                    f"the moved value {what} ({int(bad.sum())} atom(s))"))
+    if out:
+        return out
+    raw1 = raw1[names]
+    if isinstance(loss, ZeroOne):
+        pred = _predict(model, raw1)
+        loss_star = (pred != np.asarray(prob.y_original)[src]).astype(np.float64)
+    else:
+        loss_star = prob.losses(_encode(model, raw1), prob.y[src])
+    price = rc.cost(raw0, raw1)
+    per_atom = [("loss", prob.losses(prob.X)[src], "the model's loss at the source sample"),
+                ("loss*", loss_star, "the model's loss at the moved raw row"),
+                ("cost", price, "the move's cost under the stored cost spec")]
+    for col, expected, what in per_atom:
+        recorded = pd.to_numeric(frame[col], errors="coerce").to_numpy(dtype=np.float64)
+        bad = np.flatnonzero(~_close_array(recorded, expected, tol["rtol"], tol["atol"]))
+        if bad.size:
+            i = int(bad[0])
+            out.append(Mismatch(f"{where}:{col}", f"atom {i}: {recorded[i]:.10g}",
+                                f"{expected[i]:.10g}",
+                                f"column {col!r} is not {what} ({bad.size} atom(s))"))
+    mass = pd.to_numeric(frame["mass"], errors="coerce").to_numpy(dtype=np.float64)
+    w = pd.to_numeric(frame["weight"], errors="coerce").to_numpy(dtype=np.float64)
+    theta1, theta2 = _num(inputs["theta1"]), _num(inputs["theta2"])
+    divergence, r = inputs["divergence"], _num(inputs["r"])
+    pm = mass / n if prob.p is None else mass * prob.p[src]
+    moved = price > 0
+    move = 0.0 if math.isinf(theta1) or not moved.any() else \
+        theta1 * float(np.sum(pm[moved] * w[moved] * price[moved]))
+    rew = 0.0 if math.isinf(theta2) else theta2 * float(np.sum(pm * phi(w, divergence)))
+    figures = {"primal_cost": move + rew, "risk_star": float(np.sum(pm * w * loss_star)),
+               "total_mass": float(np.sum(pm * w))}
+    recorded = {key: _num(res[key]) for key in figures}
+    if math.isinf(_num(res["value"])):
+        recorded["primal_cost"] = 0.0  # r unreachable: Q* is the data, unperturbed
+    for key, val in figures.items():
+        if not _close(recorded[key], val, tol["rtol"], tol["atol"]):
+            out.append(Mismatch(f"{where}:{key}", recorded[key], val,
+                                f"{key} recomputed from Q*'s raw rows differs from the "
+                                "certificate"))
+    if not math.isinf(_num(res["value"])) and figures["risk_star"] < r - tol["gap_tol"] * max(
+            1.0, r):
+        out.append(Mismatch(f"{where}:risk_star", f">= r = {r:g}", figures["risk_star"],
+                            "the risk of Q*'s raw rows, re-scored by the model, does not "
+                            "reach r"))
+    shares = np.bincount(src, weights=mass, minlength=n)
+    if not np.allclose(shares, 1.0, rtol=0, atol=1e-9):
+        i = int(np.argmax(np.abs(shares - 1.0)))
+        out.append(Mismatch(f"{where}:mass", "each sample's shares sum to 1",
+                            f"sample {i}: {shares[i]:.6g}",
+                            "the atoms do not split every sample's mass exactly"))
+    return out

@@ -16,6 +16,12 @@ the weights by fingerprint as ``inputs.sample_weight`` (with ``source`` = COL). 
 reads the prices from the certificate and the weights from the column of DATA that
 ``--sample-weight`` names (default: the certificate's ``inputs.sample_weight.source``).
 
+``certify --cost auto|encoded``, ``--cost-file SPEC.json`` (a ``DataCost.to_dict()`` as JSON;
+:func:`otstab.certificate.read_cost_file`) and ``--immutable a,b`` (:func:`data_cost`) certify
+under a cost on the data's own variables; the certificate stores the resolved spec
+(``inputs.cost``) and ``verify`` recomputes under it (``verify --cost-file`` also requires it to
+be that file's).
+
 Models are loaded with skops (``.skops`` files, when skops is installed: only the types skops
 trusts, unless ``--trust-model``) or with joblib/pickle (any other file). Unpickling runs code
 stored in the file, so ``certify`` and ``verify`` load a pickle or joblib file only with
@@ -211,6 +217,17 @@ def build_parser() -> argparse.ArgumentParser:
     cert.add_argument("--sample-weight", metavar="COL", default=None,
                       help="column of DATA holding the rows' weights (survey weights); it is "
                            "removed from the features")
+    cert.add_argument("--cost", choices=("auto", "encoded"), default=None,
+                      help="transport cost: 'encoded' (the default: squared distance in the "
+                           "model's input space, the paper's cost) or 'auto' (a DataCost on "
+                           "the data's own variables, every kind, scale and level inferred; "
+                           "Q* is then a valid data set)")
+    cert.add_argument("--cost-file", metavar="SPEC.json", default=None,
+                      help="a DataCost spec (otstab.DataCost(...).to_dict() as JSON, e.g. "
+                           "versioned next to the model): the cost on the data's own variables")
+    cert.add_argument("--immutable", metavar="COLS", default=None,
+                      help="comma-separated raw columns that cannot move (e.g. 'age,sex'), "
+                           "added to the DataCost (--cost auto unless --cost-file)")
     cert.add_argument("--confidence", type=_level, default=None, metavar="LEVEL",
                       help="confidence level of the sampling interval of R and of its "
                            "one-sided lower bound, recorded in the certificate (default "
@@ -278,6 +295,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="column of DATA holding the rows' weights of a weighted certificate "
                           "(default: the column it records, inputs.sample_weight.source); it "
                           "is removed from the features")
+    ver.add_argument("--cost-file", metavar="SPEC.json", default=None,
+                     help="also require the certificate's cost spec (inputs.cost, which verify "
+                          "always recomputes under) to be this DataCost spec file's, resolved "
+                          "on MODEL and DATA")
     ver.add_argument("--rtol", type=_tolerance, default=None,
                      help="relative tolerance for the figures, >= 0 (default 1e-6)")
     ver.add_argument("--atol", type=_tolerance, default=None,
@@ -543,6 +564,62 @@ def split_weights(X, column: str):
     return X.drop(columns=[column]), w.astype(float)
 
 
+def data_cost(args):
+    """``--cost``, ``--cost-file`` and ``--immutable`` of ``certify``: the ``cost=`` to pass
+    (None: the encoded cost, or an :class:`otstab.DataCost`) and the argument it came from.
+    A bad spec file is refused naming the file and the field."""
+    from .certificate import read_cost_file
+    from .datacost import DataCost
+    from .errors import ValidationError
+
+    if args.cost_file is not None and args.cost == "encoded":
+        raise BadInput("--cost-file", "a DataCost spec file and --cost encoded contradict each "
+                                      "other; give one")
+    cost, arg = None, "--cost"
+    if args.cost_file is not None:
+        try:
+            cost = read_cost_file(args.cost_file)
+        except ValidationError as exc:
+            raise BadInput("--cost-file", str(exc)) from None
+        arg = "--cost-file"
+    elif args.cost == "auto":
+        cost = DataCost()
+    if args.immutable is not None:
+        names = [c.strip() for c in args.immutable.split(",") if c.strip()]
+        if not names:
+            raise BadInput("--immutable", "expected comma-separated column names, e.g. "
+                                          "'age,sex'")
+        if args.cost == "encoded":
+            raise BadInput("--immutable", "immutable raw columns need a DataCost (--cost auto "
+                                          "or --cost-file); with the encoded cost use "
+                                          "--feature-costs 'age=inf'")
+        d = (cost or DataCost()).to_dict()
+        d["immutable"] = list(dict.fromkeys([*d["immutable"], *names]))
+        try:
+            cost = DataCost.from_dict(d)
+        except ValidationError as exc:
+            raise BadInput("--immutable", str(exc)) from None
+        arg = arg if args.cost_file is not None else "--immutable"
+    return cost, arg
+
+
+def _check_cost(cost, arg, args, model, X) -> None:
+    """Resolve the DataCost on the model and data before any heavy work: an unknown column
+    or a field that does not fit a variable is refused naming the argument (and the file)."""
+    from .errors import OtstabError
+
+    if cost is None:
+        return
+    try:
+        cost.resolve(model, X)
+    except (OtstabError, ValueError, TypeError) as exc:
+        imm = [c.strip() for c in (args.immutable or "").split(",") if c.strip()]
+        if imm and str(exc).startswith("immutable") and any(repr(c) in str(exc) for c in imm):
+            arg = "--immutable"
+        where = f"cost file {args.cost_file!r}: " if arg == "--cost-file" else ""
+        raise BadInput(arg, f"{where}{exc}") from None
+
+
 def _arg_for(message: str) -> str | None:
     for pattern, arg in _ARG_PATTERNS:
         if re.search(pattern, message):
@@ -744,7 +821,15 @@ def _cmd_certify(args) -> int:
             raise BadInput("--sample-weight", "sample weights are not supported with --dask")
         X, weights = split_weights(X, args.sample_weight)
     costs = None if args.feature_costs is None else parse_feature_costs(args.feature_costs)
+    cost, cost_arg = data_cost(args)
+    if cost is not None:
+        for flag, given in (("--features", args.features), ("--grid", args.grid),
+                            ("--dask", args.dask is not None)):
+            if given:
+                raise BadInput(flag, f"{flag} is computed under the encoded cost and is not "
+                                     f"available with a DataCost ({cost_arg}) yet")
     model = load_model(args.model, trust_model=args.trust_model)
+    _check_cost(cost, cost_arg, args, model, X)
     movable = None
     if args.movable:
         movable = [int(c) if re.fullmatch(r"-?\d+", c) else c for c in args.movable]
@@ -753,11 +838,18 @@ def _cmd_certify(args) -> int:
     result = _run_library(certify, model, X, y, loss=loss, r=args.r, theta1=args.theta1,
                           theta2=args.theta2, divergence=args.divergence, solver=args.solver,
                           features=movable, se=se, feature_costs=costs,
-                          sample_weight=weights)
+                          sample_weight=weights, **({} if cost is None else {"cost": cost}))
     # with --json - / --card - stdout carries only that document
     out = sys.stderr if "-" in (args.json, args.card) else sys.stdout
     say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=out))
     say(result.summary())
+    if cost is not None:
+        from .certificate import hash_cost
+
+        say(f"  cost on the data's own variables (DataCost, spec fingerprint "
+            f"{hash_cost(result.info['cost'])[:12]}):")
+        for line in str(result.info.get("cost_description", "")).splitlines():
+            say(f"    {line}")
     if math.isfinite(result.value):
         lcb = result.lower_confidence_bound(level)
         say(f"  with {level:.0%} confidence over evaluation samples, R >= {lcb:.6g}")
@@ -863,10 +955,23 @@ def _cmd_verify(args) -> int:
     model = load_model(args.model, trust_model=args.trust_model)
     if args.qstar is not None and not Path(args.qstar).is_file():
         raise BadInput("--qstar", f"file {args.qstar!r} does not exist")
-    report = _run_library(
-        verify_certificate, cert, model, X, y, rtol=args.rtol, atol=args.atol,
-        h_rtol=args.h_rtol, gap_tol=args.gap_tol, check_features=not args.no_features,
-        qstar=args.qstar, model_file=args.model, sample_weight=weights)
+    expected = None
+    if args.cost_file is not None:
+        from .certificate import read_cost_file
+
+        try:
+            expected = read_cost_file(args.cost_file)
+        except ValidationError as exc:
+            raise BadInput("--cost-file", str(exc)) from None
+    try:
+        report = _run_library(
+            verify_certificate, cert, model, X, y, rtol=args.rtol, atol=args.atol,
+            h_rtol=args.h_rtol, gap_tol=args.gap_tol, check_features=not args.no_features,
+            qstar=args.qstar, model_file=args.model, sample_weight=weights, cost=expected)
+    except BadInput as exc:
+        if expected is not None and str(exc.message).startswith("cost:"):
+            raise BadInput("--cost-file", f"{args.cost_file!r}: {exc.message}") from None
+        raise
     if args.json:
         print(json.dumps(_report_dict(report, args.certificate), indent=2, allow_nan=False,
                          default=str))

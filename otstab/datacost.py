@@ -97,8 +97,9 @@ def _json_num(v):
 
 
 def _from_json_num(v):
-    if isinstance(v, str):
-        return {"inf": math.inf, "-inf": -math.inf}[v]
+    """``"inf"`` / ``"-inf"`` as floats; anything else as it is (checked by the caller)."""
+    if isinstance(v, str) and v in ("inf", "-inf"):
+        return math.inf if v == "inf" else -math.inf
     return v
 
 
@@ -207,7 +208,12 @@ class DataCost:
         sw = {}
         for k, v in (d.get("switch") or {}).items():
             if isinstance(v, dict):
-                sw[k] = {(a, b): _from_json_num(c) for a, b, c in v.get("matrix", [])}
+                rows = v.get("matrix", [])
+                if not isinstance(rows, list) or not all(
+                        isinstance(t, list) and len(t) == 3 for t in rows):
+                    raise ValidationError(f"switch[{k!r}]: a matrix is a list of [from, to, "
+                                          f"cost] triples, got {rows!r}")
+                sw[k] = {(a, b): _from_json_num(c) for a, b, c in rows}
             else:
                 sw[k] = _from_json_num(v)
         bounds = d.get("bounds")

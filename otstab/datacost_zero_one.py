@@ -337,6 +337,8 @@ def certify_datacost(model, X, y, *, loss, r, theta1, theta2, divergence, solver
     _raw_audit(res, model, prob, rc, frame, Xs)
     res.info["cost"] = rc.to_dict()
     res.info["cost_description"] = rc.describe()
+    if prob.p is not None:  # as certify's other paths: for the certificate and inference
+        res.info["sample_weight"] = prob.p
     res.info["need"] = need
     res.info["wall_time"] = time.perf_counter() - t_start
     if spec == "analytic":

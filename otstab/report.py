@@ -32,7 +32,8 @@ from .certificate import loss_from_spec, validate_certificate
 from .errors import ValidationError
 
 __all__ = ["render_html", "write_report", "figure_png", "write_pdf", "find_chromium",
-           "model_card", "model_card_markdown", "raw_moves", "public_name"]
+           "model_card", "model_card_markdown", "raw_moves", "public_name", "cost_text",
+           "datacost_changes"]
 
 # packages whose public modules may be imported to shorten a class path (others are used
 # only when the user's program has already imported them)
@@ -316,9 +317,11 @@ def _explanation(cert: dict) -> str:
          "are priced: moving samples (data corruption, measurement drift) and reweighting them "
          "(some kinds of cases becoming more frequent). Labels never change."),
         ("The cost and its units",
-         f"Moving a sample from x to x' costs theta1 &times; ||x' - x||<sup>2</sup>, the "
-         f"<em>squared Euclidean distance</em> in {_space_text(cert)}, weighted by the sample's "
-         f"weight. Reweighting a sample to weight w costs theta2 &times; phi(w) with phi(t) = "
+         (_datacost_html(inputs["cost"]) if inputs.get("cost") else
+          f"Moving a sample from x to x' costs theta1 &times; ||x' - x||<sup>2</sup>, the "
+          f"<em>squared Euclidean distance</em> in {_space_text(cert)}, weighted by the "
+          "sample's weight. ")
+         + f"Reweighting a sample to weight w costs theta2 &times; phi(w) with phi(t) = "
          f"{phi}, averaged over the samples. R is the total of both, so it has no physical "
          "unit: it compares models and thresholds on the same data and the same prices."),
         ("R", "R(beta, r): the smallest cost of a change that brings the risk to r. Larger = "
@@ -353,6 +356,99 @@ def _explanation(cert: dict) -> str:
     body = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in items)
     return ('<h2 id="explanation">What this means</h2>'
             f'<dl class="explain">{body}</dl>')
+
+
+def cost_text(cert: dict) -> str:
+    """The certificate's transport cost in plain words (one line per variable under a
+    DataCost: ``inputs.cost.description``), plain text."""
+    block = cert["inputs"].get("cost")
+    if not block:
+        return ("the encoded cost: theta1 x the squared Euclidean distance in the model's "
+                "input space (after its preprocessing)")
+    return ("a cost on the data's own variables (DataCost, spec fingerprint "
+            f"{block['sha256'][:12]}), theta1 x the sum over variables of:\n"
+            + block["description"])
+
+
+def _datacost_html(block: dict) -> str:
+    lines = "".join(f"<li>{html.escape(t)}</li>" for t in block["description"].splitlines())
+    return ("Moving a sample from x to x' costs theta1 &times; c(x, x'), a cost on the "
+            "<em>data's own variables</em> (a DataCost, spec fingerprint "
+            f"<code>{html.escape(block['sha256'][:12])}</code>), weighted by the sample's "
+            "weight; c is the sum over the variables of:"
+            f'<ul class="cost" id="cost-description">{lines}</ul>'
+            "A move to a row that cannot exist (a level outside the variable's levels, a "
+            "fractional integer, a value out of bounds, an immutable variable changed) is not "
+            "allowed: every row of Q* is a row the model can score, and the audit re-scores "
+            "Q*'s raw rows with the model and re-prices them with this cost. ")
+
+
+def _units(v) -> str:
+    """A number in the data's units: thousands separated, integers whole."""
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return str(v)
+    if math.isfinite(x) and x == round(x) and abs(x) < 1e15:
+        return f"{int(round(x)):,}"
+    return f"{x:,.6g}" if abs(x) < 1e6 else f"{x:,.0f}"
+
+
+def datacost_changes(result, top: int = 10):
+    """Q* of a result certified under a DataCost, in the data's units:
+    ``(frame, shares, changes)`` as :func:`raw_moves` (``shares``: the share of the DataCost
+    of the moves per raw variable; ``changes``: ``(sample, weight, text)`` of the most moved
+    atoms, e.g. ``"purpose: car (new) -> radio/television; amount 1,169 -> 1,402"``, plain
+    text). None when the result was not certified under a DataCost."""
+    from .datacost_zero_one import DataCostView
+
+    view = (result.info or {}).get("raw_view")
+    if not isinstance(view, DataCostView):
+        return None
+    frame = result.to_frame(raw=True)
+    rc = view.cost
+    names = [v.name for v in rc.variables]
+    raw0 = frame[names].reset_index(drop=True)
+    raw1 = frame[[f"{nm}*" for nm in names]].reset_index(drop=True)
+    raw1.columns = names
+    wm = np.asarray(result.weights, dtype=float) * np.asarray(result.mass, dtype=float)
+    cost = frame["cost"].to_numpy(dtype=float)
+    per = {}
+    for v in rc.variables:
+        nm = v.name
+        if v.kind in ("numeric", "integer"):
+            a = pd.to_numeric(raw0[nm], errors="coerce").to_numpy(float)
+            b = pd.to_numeric(raw1[nm], errors="coerce").to_numpy(float)
+            changed = b != a
+        else:
+            changed = raw0[nm].astype(str).to_numpy() != raw1[nm].astype(str).to_numpy()
+        if not changed.any():
+            per[nm] = 0.0
+            continue
+        one = raw0.copy()
+        one[nm] = raw1[nm]
+        per[nm] = float(wm[changed] @ rc.cost(raw0.iloc[np.flatnonzero(changed)].reset_index(
+            drop=True), one.iloc[np.flatnonzero(changed)].reset_index(drop=True)))
+    total = sum(per.values())
+    shares = pd.Series({k: (c / total if total > 0 else 0.0) for k, c in per.items()})
+    shares = shares.sort_values(ascending=False, kind="stable")
+    order = np.argsort(-(wm * np.where(np.isfinite(cost), cost, 0.0)), kind="stable")[:top]
+    src = np.asarray(result.source)
+    changes = []
+    for a in order:
+        if not cost[a] > 0:
+            break
+        parts = []
+        for nm in shares.index:
+            before, after = raw0[nm].iloc[a], raw1[nm].iloc[a]
+            if rc.variable(nm).kind in ("numeric", "integer"):
+                if float(before) != float(after):
+                    parts.append(f"{nm} {_units(before)} -> {_units(after)}")
+            elif str(before) != str(after):
+                parts.append(f"{nm}: {before} -> {after}")
+        label = frame["index"].iloc[a] if "index" in frame.columns else src[a]
+        changes.append((str(label), _short(float(wm[a])), "; ".join(parts)))
+    return frame, shares, changes
 
 
 def raw_moves(result, top: int = 10):
@@ -480,6 +576,9 @@ def _arrow_caption(n_arrows: int, moved: bool = True) -> str:
 
 
 def _raw_section(result, top=8) -> list[str]:
+    got = datacost_changes(result, top=top)
+    if got is not None:
+        return _datacost_section(result, *got)
     got = raw_moves(result, top=top)
     if got is None:
         return []
@@ -518,6 +617,42 @@ def _raw_section(result, top=8) -> list[str]:
         parts.append(_figure(png, f"Q* on the two raw columns that carry most of the moving "
                                   f"cost: {top2[0]} and {top2[1]}. Crosses: evaluation data; "
                                   f"discs: Q* (area proportional to weight); {arrows}.{other}",
+                             "Q* on raw columns"))
+    return parts
+
+
+def _datacost_section(result, frame, shares, changes) -> list[str]:
+    """The raw Q* section of a result certified under a DataCost: moves in the data's
+    units, the share of the cost per variable, the most moved samples."""
+    parts = ['<h2 id="raw-qstar">Most sensitive distribution Q*, in the data\'s own columns'
+             '</h2>',
+             f"<p>{result.n_atoms} atoms over {result.n} samples. Q* is a data set: every "
+             "moved row takes levels among its variable's levels, integers stay integers, "
+             "values stay inside their bounds and immutable variables do not change; the "
+             "audit re-scored these rows with the model and re-priced them with the cost. "
+             "Share of moving cost: how much of the cost of moving samples (the DataCost) "
+             "falls on each variable.</p>"]
+    shown = shares[shares > 0].head(10)
+    if len(shown):
+        parts.append(_table([(k, float(v)) for k, v in shown.items()],
+                            header=["variable", "share of moving cost"]))
+    if changes:
+        parts.append('<p class="lead">The most moved samples (weighted cost of the move):</p>')
+        parts.append('<table id="raw-changes"><tr><th>sample</th><th>weight</th><th>change'
+                     '</th></tr>' + "".join(
+                         f"<tr><td>{html.escape(i)}</td><td class=\"num\">{w}</td><td>"
+                         f"{html.escape(c).replace('-&gt;', '&rarr;')}</td></tr>"
+                         for i, w, c in changes) + "</table>")
+    top2 = list(shown.index[:2])
+    if len(top2) == 2:
+        wm = np.asarray(result.weights, dtype=float) * np.asarray(result.mass, dtype=float)
+        drawn: list[int] = []
+        png = figure_png(lambda ax: _raw_plot(ax, frame, top2[0], top2[1], wm, drawn=drawn),
+                         figsize=(7.0, 5.0))
+        arrows = _arrow_caption(drawn[0], True) if drawn else "arrows: moves"
+        parts.append(_figure(png, f"Q* on the two variables that carry most of the moving "
+                                  f"cost: {top2[0]} and {top2[1]}. Crosses: evaluation data; "
+                                  f"discs: Q* (area proportional to weight); {arrows}.",
                              "Q* on raw columns"))
     return parts
 
@@ -763,6 +898,10 @@ def render_html(cert: dict, *, result=None, features=None, grid=None, curve=None
         drows.append(("model file / SHA-256", f"{model['file']} / {model['file_sha256']}"))
     if inputs.get("movable_features"):
         drows.append(("movable features", ", ".join(map(str, inputs["movable_features"]))))
+    if inputs.get("cost"):
+        drows.append((f"transport cost ({inputs['cost']['hash_method']})",
+                       f"DataCost on the data's own variables, spec SHA-256 "
+                       f"{inputs['cost']['sha256']}"))
     parts.append(_table(drows))
     env = cert.get("environment") or {}
     parts.append('<p class="small">Versions: ' + html.escape(
@@ -916,7 +1055,11 @@ def model_card(cert: dict, *, verify_command=None) -> dict:
         "criterion": {"loss": inputs["loss"]["name"], "r": inputs["r"],
                       "theta1": inputs["theta1"], "theta2": inputs["theta2"],
                       "divergence": inputs["divergence"],
-                      "movable_features": inputs.get("movable_features")},
+                      "movable_features": inputs.get("movable_features"),
+                      "cost": (f"DataCost on the data's own variables ("
+                               f"{inputs['cost']['hash_method']} "
+                               f"{inputs['cost']['sha256'][:12]})") if inputs.get("cost")
+                      else "encoded (squared distance in the model's input space)"},
         "result": {"R": res["value"], "status": solver["status"], "exact": res.get("exact"),
                    "base_risk": res["risk_base"], "risk_under_qstar": res["risk_star"],
                    "gap": res["gap"], "solver": solver["name"]},

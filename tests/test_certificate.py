@@ -16,9 +16,10 @@ import pandas as pd
 import pytest
 
 jsonschema = pytest.importorskip("jsonschema")
+from sklearn.compose import ColumnTransformer  # noqa: E402
 from sklearn.linear_model import LogisticRegression  # noqa: E402
 from sklearn.pipeline import make_pipeline  # noqa: E402
-from sklearn.preprocessing import StandardScaler  # noqa: E402
+from sklearn.preprocessing import OneHotEncoder, StandardScaler  # noqa: E402
 
 import otstab  # noqa: E402
 from otstab import certificate as C  # noqa: E402
@@ -434,11 +435,20 @@ def _perturb(v):
 
 
 KINDS = ("zero_one-kl-features", "hinge-chi2-pipeline", "zero_one-unreachable",
-         "hinge-kl-weighted")
+         "hinge-kl-weighted", "zero_one-datacost")
 #: inputs are checked through the recomputation; these edits leave a certificate that is still
 #: true (0.31 is as unreachable as 0.3 with theta1 = theta2 = inf, where the divergence prices
 #: nothing), so verify rightly accepts them
 STILL_TRUE = {"zero_one-unreachable": ("inputs.r", "inputs.divergence")}
+
+
+def _datacost_data(n=40):
+    """A float, an integer and a categorical raw column (for a DataCost certificate)."""
+    rng = np.random.default_rng(5)
+    X = pd.DataFrame({"a": rng.normal(size=n), "k": rng.integers(0, 6, n),
+                      "colour": rng.choice(["red", "green", "blue"], n)})
+    s = X["a"] + 0.5 * X["k"] - 1.5 + (X["colour"] == "red") * 1.0
+    return X, pd.Series((s + rng.normal(size=n) > 0).astype(int), name="label")
 
 
 @pytest.fixture(scope="module")
@@ -456,7 +466,22 @@ def tamper_cases(tmp_path_factory):
     y = pd.Series(y, name="label")
     cases = {}
     for kind in KINDS:
-        if kind == "zero_one-unreachable":
+        if kind == "zero_one-datacost":  # a cost on raw variables: inputs.cost, raw Q*
+            Xd, yd = _datacost_data()
+            model = make_pipeline(ColumnTransformer([
+                ("num", StandardScaler(), ["a", "k"]), ("cat", OneHotEncoder(), ["colour"])]),
+                LogisticRegression()).fit(Xd, yd)
+            kw = dict(loss="zero_one", r=0.4, theta2=1.0, cost=otstab.DataCost(
+                bounds={"k": (0, 8)}, switch={"colour": 0.5}, decrease_only=["a"]))
+            joblib.dump(model, d / f"{kind}.joblib")
+            res = otstab.certify(model, Xd, yd, **kw)
+            qfile = d / f"{kind}.csv"
+            cert = C.make_certificate(res, model, Xd, yd, target="label",
+                                      model_file=d / f"{kind}.joblib",
+                                      qstar=C.write_qstar(res, qfile), extra={"reviewer": "x"})
+            cases[kind] = (cert, model, Xd, yd, qfile, d / f"{kind}.joblib", None)
+            continue
+        elif kind == "zero_one-unreachable":
             model = LogisticRegression().fit(X, y)
             kw = dict(loss="zero_one", r=0.3, theta1=math.inf, theta2=math.inf)
         elif kind.startswith("zero_one"):
