@@ -39,6 +39,7 @@ import numpy as np
 from otstab_solvers.dual import oracle_for, solve_dual
 from otstab_solvers.result import OPTIMAL
 
+from . import fingerprint
 from .errors import ValidationError
 from .losses import MulticlassHinge, PiecewiseLinear, ZeroOne
 from .models import Problem
@@ -223,6 +224,7 @@ def _lh(res) -> np.ndarray:
         if callable(moved2):  # built on first access (large n: Q* is kept compact)
             moved2 = res.info["moved2"] = moved2()
         if moved2 is None:  # paths that keep Q* as points
+            fingerprint.check(res.X, "the influence function")  # X: the caller's array
             src = np.asarray(res.source)
             diff = np.asarray(res.X_star) - res.X[src]
             moved2 = np.einsum("ij,ij->i", diff, diff)
