@@ -452,12 +452,13 @@ def _resolve_arrays(model, X, y, loss) -> Problem:
         # their data through a fingerprint of X taken in the scores pass and checked before
         # every later read (otstab.fingerprint; docs/guarantees.md); the NaN/inf check runs on
         # the scores (no extra pass); float32 data stays float32 (scored in float64 block by
-        # block, moved points built in float64). Other models: X is copied (one memcpy),
+        # block, moved points built in float64); a Fortran-ordered X (a DataFrame's values) is
+        # kept in that order (no transposing copy). Other models: X is copied (one memcpy),
         # except a read-only NumPy array, kept by reference and fingerprinted (one pass)
         linear = getattr(est, "coef_", None) is not None
         frozen = isinstance(X, np.ndarray) and not X.flags.writeable
         Xa = as_float_matrix(X, "X", copy=not linear and not frozen, check_finite=not linear,
-                             float32=linear)
+                             float32=linear, fortran=linear)
         if not linear and frozen:
             fingerprint.register(Xa, fingerprint.of_matrix(Xa))
 
