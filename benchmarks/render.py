@@ -729,8 +729,10 @@ def section_grid(path=GRID_JSON) -> list[str]:
            "is divided by its baseline measured in the same run: one `X @ coef` (hinge, "
            "logistic; `X @ W.T` for the multiclass hinge; `X32 @ coef32` for float32 data) "
            "or `X @ coef` plus `np.sort` (0/1). r = base + t (largest loss - base) with t = "
-           "0.01 (near base), 0.5 (middle), 0.95 (near max); theta1 = 1. A DataFrame is "
-           "converted to an array (a copy) and compared with the float64 baseline.", "",
+           "0.01 (near base), 0.5 (middle), 0.95 (near max); theta1 = 1. A DataFrame (one "
+           "float64 block: its Fortran-ordered values are used as they are) is compared with "
+           "the float64 baseline. Memory targets: issue 31's 2 n-vectors beyond X for hinge "
+           "and 0/1 (tracemalloc, one certificate).", "",
            f"**Worst point of the grid: {worst['ratio']:.2f}x** ({label(worst)}; target "
            + (f"{worst['target']:g}x: {met(worst)})." if worst["target"] is not None
               else "none)."), ""]

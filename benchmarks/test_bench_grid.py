@@ -9,7 +9,8 @@ same threads: one ``X @ coef`` (hinge, logistic; ``X @ W.T`` for the multiclass 
 - r: just above the base risk, the middle, near the largest loss (``base + t (L - base)``
   with t = 0.01, 0.5, 0.95; L the largest loss of a sample);
 - price: KL and chi2 at theta2 = 0.25, and theta2 = inf (theta1 = 1);
-- input: float64 at every point; float32 and a pandas DataFrame at the middle r, KL.
+- input: float64 at every point; float32 and a pandas DataFrame (one float64 block: its
+  Fortran-ordered values are used without a copy) at the middle r, KL.
 
 Each point records its time, baseline, ratio and the peak extra memory of one certificate
 (tracemalloc, beyond X, in n-vectors of 8 n bytes). ``benchmarks/render.py`` puts the table in

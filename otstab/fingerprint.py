@@ -28,6 +28,7 @@ made itself (a subset's rows, an unpickled result's X) have none and are not che
 
 from __future__ import annotations
 
+import functools
 import weakref
 
 import numpy as np
@@ -50,11 +51,15 @@ def block_rows(d: int) -> int:
     return GROUP * max(1, BLOCK_BYTES // (8 * GROUP * max(d, 1)))
 
 
+@functools.lru_cache(maxsize=16)
 def _weights(d: int) -> np.ndarray:
-    rng = np.random.default_rng(_SEED)
+    # its own generator (not np.random.default_rng, which callers may replace)
+    rng = np.random.Generator(np.random.PCG64(_SEED))
     u = rng.uniform(1.0, 2.0, GROUP) * rng.choice((-1.0, 1.0), GROUP)
     v = rng.uniform(1.0, 2.0, d) * rng.choice((-1.0, 1.0), d)
-    return np.kron(u, v)  # w[i * d + j] = u_i v_j
+    w = np.kron(u, v)  # w[i * d + j] = u_i v_j
+    w.setflags(write=False)
+    return w
 
 
 class Fingerprint:
