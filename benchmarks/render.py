@@ -661,6 +661,7 @@ GRID_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                          "grid_1e6.json")
 GRID_CMD = ("OTSTAB_BENCH=full python -m pytest benchmarks/test_bench_grid.py "
             "--benchmark-json=benchmarks/results/grid_1e6.json")
+GRID_BEFORE_JSON = os.path.join(os.path.dirname(GRID_JSON), "grid_1e6_before_issue31.json")
 #: time / baseline targets per loss (issue 31) and the peak-memory target (n-vectors)
 GRID_TARGET = {"hinge": 3.0, "zero_one": 3.0, "logistic": 10.0, "multiclass": None}
 GRID_TARGET_PEAK = {"hinge": 2.0, "zero_one": 2.0}
@@ -736,16 +737,26 @@ def section_grid(path=GRID_JSON) -> list[str]:
            f"**Worst point of the grid: {worst['ratio']:.2f}x** ({label(worst)}; target "
            + (f"{worst['target']:g}x: {met(worst)})." if worst["target"] is not None
               else "none)."), ""]
-    by_loss = {}
+    by_loss, before = {}, {}
     for p in pts:
         by_loss.setdefault(p["loss"], p)  # the first is the worst
-    out += ["| loss | worst point | ratio | target |", "|---|---|---|---|"]
+    if os.path.exists(GRID_BEFORE_JSON):  # the same grid with X copied (before issue 31)
+        with open(GRID_BEFORE_JSON) as fh:
+            for p in grid_points(json.load(fh)):
+                before.setdefault(p["loss"], p)
+    out += ["| loss | worst point | ratio | target | worst before issue 31 (X copied) |",
+            "|---|---|---|---|---|"]
     for loss in GRID_BASELINE:
         if loss in by_loss:
-            p = by_loss[loss]
+            p, b = by_loss[loss], before.get(loss)
             out.append(f"| {GRID_LOSS_NAME[loss]} | {label(p)} | **{p['ratio']:.2f}x** | "
-                       + (f"{p['target']:g}x: {met(p)} |" if p["target"] is not None
-                          else "none |"))
+                       + (f"{p['target']:g}x: {met(p)} | " if p["target"] is not None
+                          else "none | ")
+                       + (f"{b['ratio']:.2f}x ({label(b)}) |" if b else "not measured |"))
+    if before:
+        out += ["", "Before issue 31: `benchmarks/results/grid_1e6_before_issue31.json`, the "
+                "same benchmark on the code that copied X (hinge, 0/1 and multiclass; "
+                "logistic not rerun), same machine, run just before the record above."]
     out += ["", "| loss | r | price | input | time (ms) | baseline (ms) | ratio | target | "
             "peak memory (n-vectors) | memory target |",
             "|---|---|---|---|---|---|---|---|---|---|"]
