@@ -52,24 +52,37 @@ def block_rows(d: int) -> int:
 
 
 @functools.lru_cache(maxsize=16)
-def _weights(d: int) -> np.ndarray:
+def _weights(d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(u, v, kron(u, v))``, fixed (read-only)."""
     # its own generator (not np.random.default_rng, which callers may replace)
     rng = np.random.Generator(np.random.PCG64(_SEED))
     u = rng.uniform(1.0, 2.0, GROUP) * rng.choice((-1.0, 1.0), GROUP)
     v = rng.uniform(1.0, 2.0, d) * rng.choice((-1.0, 1.0), d)
     w = np.kron(u, v)  # w[i * d + j] = u_i v_j
-    w.setflags(write=False)
-    return w
+    for a in (u, v, w):
+        a.setflags(write=False)
+    return u, v, w
+
+
+def block64(block: np.ndarray, buf: np.ndarray) -> np.ndarray:
+    """``block`` as float64: itself, or cast into the C-ordered buffer ``buf`` (rows x d,
+    reused from block to block: no allocation per block). The fingerprint pass and its check
+    both read blocks through this, so that they compute the same way."""
+    if block.dtype == np.float64:
+        return block
+    out = buf[:block.shape[0]]
+    np.copyto(out, block)
+    return out
 
 
 class Fingerprint:
     """The group sums ``values`` of an (n, d) matrix (see the module docstring)."""
 
-    __slots__ = ("n", "d", "values", "w", "__weakref__")
+    __slots__ = ("n", "d", "values", "u", "v", "w", "__weakref__")
 
     def __init__(self, n: int, d: int):
         self.n, self.d = int(n), int(d)
-        self.w = _weights(self.d)
+        self.u, self.v, self.w = _weights(self.d)
         self.values = np.empty(-(-self.n // GROUP))
 
     def fill(self, block: np.ndarray, start: int, out: np.ndarray | None = None) -> None:
@@ -78,6 +91,17 @@ class Fingerprint:
         out = self.values if out is None else out
         m = block.shape[0]
         k0, full = start // GROUP, m // GROUP
+        if not block.flags.c_contiguous and block.strides[0] == block.itemsize:
+            # Fortran-ordered rows (a DataFrame's values): the same sums as v (X_k^T u),
+            # read column by column (no transposing copy)
+            u, v = self.u, self.v
+            if full:
+                cols = block[:full * GROUP].T.reshape(self.d, full, GROUP)
+                np.dot(v, cols @ u, out=out[k0:k0 + full])
+            rest = m - full * GROUP
+            if rest:
+                out[k0 + full] = v @ (block[full * GROUP:].T @ u[:rest])
+            return
         if full:
             np.dot(block[:full * GROUP].reshape(full, GROUP * self.d), self.w,
                    out=out[k0:k0 + full])
@@ -92,8 +116,9 @@ class Fingerprint:
             return np.arange(self.values.size)
         now = np.empty_like(self.values)
         step = block_rows(d)
+        buf = np.empty((step, d)) if X.dtype != np.float64 else None
         for s in range(0, n, step):
-            self.fill(np.asarray(X[s:s + step], dtype=np.float64), s, now)
+            self.fill(block64(X[s:s + step], buf), s, now)
         differ = np.flatnonzero(~(now == self.values))
         if differ.size == 0:
             return differ
@@ -120,8 +145,9 @@ def of_matrix(X: np.ndarray) -> Fingerprint:
     n, d = X.shape
     fp = Fingerprint(n, d)
     step = block_rows(d)
+    buf = np.empty((step, d)) if X.dtype != np.float64 else None
     for s in range(0, n, step):
-        fp.fill(np.asarray(X[s:s + step], dtype=np.float64), s)
+        fp.fill(block64(X[s:s + step], buf), s)
     return fp
 
 

@@ -43,7 +43,7 @@ from ._validation import (
     fitted_feature_names,
 )
 from .errors import IncompatibleLossError, InputTypeError, NotFittedError, ValidationError
-from .fingerprint import Fingerprint, block_rows
+from .fingerprint import Fingerprint, block64, block_rows
 from .losses import Loss, MulticlassHinge, PiecewiseLinear, SmoothLoss, ZeroOne, get_loss
 
 __all__ = ["LinearModel", "LinearScorer", "Problem", "resolve_model", "linear_scorer",
@@ -149,10 +149,9 @@ class LinearScorer:
         out = np.empty((n, self.W.shape[0]) if multi else n)
         Wt = self.W.T if multi else self.W[0]
         step = block_rows(d)
+        buf = np.empty((step, d)) if X.dtype != np.float64 else None
         for s in range(0, n, step):
-            block = X[s:s + step]
-            if block.dtype != np.float64:
-                block = block.astype(np.float64)
+            block = block64(X[s:s + step], buf)  # float32: cast into one reused buffer
             np.dot(block, Wt, out=out[s:s + step])
             fp.fill(block, s)
         out += self.b if multi else self.b[0]
