@@ -756,7 +756,8 @@ def section_grid(path=GRID_JSON) -> list[str]:
     if before:
         out += ["", "Before issue 31: `benchmarks/results/grid_1e6_before_issue31.json`, the "
                 "same benchmark on the code that copied X (hinge, 0/1 and multiclass; "
-                "logistic not rerun), same machine, run just before the record above."]
+                "logistic not rerun), same machine, the same evening (its own timestamp is in "
+                "the file)."]
     out += ["", "| loss | r | price | input | time (ms) | baseline (ms) | ratio | target | "
             "peak memory (n-vectors) | memory target |",
             "|---|---|---|---|---|---|---|---|---|---|"]
