@@ -656,6 +656,128 @@ def section_scale(path=SCALE_JSON) -> list[str]:
 #: columns of X in the scale run
 D_SCALE = 50
 
+#: the grid of issue 31 (``benchmarks/test_bench_grid.py`` at n = 1e6; recorded by hand)
+GRID_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                         "grid_1e6.json")
+GRID_CMD = ("OTSTAB_BENCH=full python -m pytest benchmarks/test_bench_grid.py "
+            "--benchmark-json=benchmarks/results/grid_1e6.json")
+GRID_BEFORE_JSON = os.path.join(os.path.dirname(GRID_JSON), "grid_1e6_before_issue31.json")
+#: time / baseline targets per loss (issue 31) and the peak-memory target (n-vectors)
+GRID_TARGET = {"hinge": 3.0, "zero_one": 3.0, "logistic": 10.0, "multiclass": None}
+GRID_TARGET_PEAK = {"hinge": 2.0, "zero_one": 2.0}
+GRID_BASELINE = {"hinge": "matmul", "logistic": "matmul", "zero_one": "sort",
+                 "multiclass": "matmul multiclass"}
+GRID_LOSS_NAME = {"hinge": "hinge", "zero_one": "0/1", "logistic": "logistic",
+                  "multiclass": "multiclass hinge (K = 4)"}
+
+
+def grid_points(data) -> list[dict]:
+    """The grid's points with their baseline and ratio (worst first)."""
+    base, points = {}, []
+    for b in data.get("benchmarks", []):
+        info = b.get("extra_info", {})
+        if info.get("suite") != "grid":
+            continue
+        if info.get("role") == "baseline":
+            base[(info["part"], info["input"], int(info["n"]))] = b["stats"]["min"]
+        else:
+            points.append(dict(info, time=b["stats"]["min"], rounds=b["stats"]["rounds"]))
+    out = []
+    for p in points:
+        kind = "float32" if p["input"] == "float32" else "float64"
+        ref = base.get((GRID_BASELINE[p["loss"]], kind, int(p["n"])))
+        if ref is None:
+            continue
+        p["baseline"], p["ratio"] = ref, p["time"] / ref
+        p["target"] = GRID_TARGET.get(p["loss"])
+        p["peak_target"] = GRID_TARGET_PEAK.get(p["loss"])
+        out.append(p)
+    return sorted(out, key=lambda p: -p["ratio"])
+
+
+def section_grid(path=GRID_JSON) -> list[str]:
+    """Issue 31's grid: every certificate as users call it against one pass (none when the
+    record is absent); the headline is the worst point."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as fh:
+        data = json.load(fh)
+    pts = grid_points(data)
+    if not pts:
+        return []
+    m = (data.get("otstab") or {}).get("machine", {})
+    n = int(pts[0]["n"])
+
+    def label(p):
+        theta = "inf" if str(p["theta2"]) == "inf" else f"{p['divergence']}, theta2 = " \
+            f"{p['theta2']:g}"
+        return (f"{GRID_LOSS_NAME[p['loss']]}, r {p['rpoint']} ({p['r']:.4g}), {theta}, "
+                f"{p['input']}")
+
+    def met(p):
+        return "no target" if p["target"] is None else \
+            ("met" if p["ratio"] <= p["target"] else "not met")
+
+    timed = [p for p in pts if p["target"] is not None]
+    worst = timed[0] if timed else pts[0]
+    out = ["## As users call it: a grid of thresholds, prices and inputs", "",
+           f"`benchmarks/test_bench_grid.py` (`{GRID_CMD}`), finished "
+           f"{data.get('datetime', '?')} on {m.get('cpu_model', '?')} "
+           f"({m.get('nproc', '?')} logical cores, shared with other processes: the timings "
+           f"are noisy, minima over up to 3 rounds); n = {n:,}, d = 50, default BLAS threads "
+           f"({pts[0].get('blas_threads', '?')}), X writable as a user passes it (not copied: "
+           "fingerprinted, [guarantees.md](guarantees.md#data-ownership)). Each certificate "
+           "is divided by its baseline measured in the same run: one `X @ coef` (hinge, "
+           "logistic; `X @ W.T` for the multiclass hinge; `X32 @ coef32` for float32 data) "
+           "or `X @ coef` plus `np.sort` (0/1). r = base + t (largest loss - base) with t = "
+           "0.01 (near base), 0.5 (middle), 0.95 (near max); theta1 = 1. A DataFrame (one "
+           "float64 block: its Fortran-ordered values are used as they are) is compared with "
+           "the float64 baseline. Memory targets: issue 31's 2 n-vectors beyond X for hinge "
+           "and 0/1 (tracemalloc, one certificate).", "",
+           f"**Worst point of the grid: {worst['ratio']:.2f}x** ({label(worst)}; target "
+           + (f"{worst['target']:g}x: {met(worst)})." if worst["target"] is not None
+              else "none)."), ""]
+    by_loss, before = {}, {}
+    for p in pts:
+        by_loss.setdefault(p["loss"], p)  # the first is the worst
+    if os.path.exists(GRID_BEFORE_JSON):  # the same grid with X copied (before issue 31)
+        with open(GRID_BEFORE_JSON) as fh:
+            for p in grid_points(json.load(fh)):
+                before.setdefault(p["loss"], p)
+    out += ["| loss | worst point | ratio | target | worst before issue 31 (X copied) |",
+            "|---|---|---|---|---|"]
+    for loss in GRID_BASELINE:
+        if loss in by_loss:
+            p, b = by_loss[loss], before.get(loss)
+            out.append(f"| {GRID_LOSS_NAME[loss]} | {label(p)} | **{p['ratio']:.2f}x** | "
+                       + (f"{p['target']:g}x: {met(p)} | " if p["target"] is not None
+                          else "none | ")
+                       + (f"{b['ratio']:.2f}x ({label(b)}) |" if b else "not measured |"))
+    if before:
+        out += ["", "Before issue 31: `benchmarks/results/grid_1e6_before_issue31.json`, the "
+                "same benchmark on the code that copied X (hinge, 0/1 and multiclass; "
+                "logistic not rerun), same machine, the same evening (its own timestamp is in "
+                "the file)."]
+    out += ["", "| loss | r | price | input | time (ms) | baseline (ms) | ratio | target | "
+            "peak memory (n-vectors) | memory target |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    order = {k: i for i, k in enumerate(GRID_BASELINE)}
+    rorder = {"near base": 0, "middle": 1, "near max": 2}
+    for p in sorted(pts, key=lambda p: (order[p["loss"]], p["input"] != "float64",
+                                        rorder.get(p["rpoint"], 9), p["price"])):
+        peak = p.get("peak_extra_n_vectors")
+        price = "theta2 = inf" if p["price"] == "inf" else f"{p['divergence']}, 0.25"
+        out.append(
+            f"| {GRID_LOSS_NAME[p['loss']]} | {p['rpoint']} ({p['r']:.4g}) | {price} | "
+            f"{p['input']} | {p['time'] * 1e3:.1f} | {p['baseline'] * 1e3:.1f} | "
+            f"**{p['ratio']:.2f}x** | "
+            + (f"{p['target']:g}x: {met(p)} | " if p["target"] is not None else "none | ")
+            + (f"{peak:.2f} | " if peak is not None else "- | ")
+            + (("met" if peak is not None and peak <= p["peak_target"] else "not met")
+               + f" (<= {p['peak_target']:g}) |" if p["peak_target"] is not None else "none |"))
+    out += [""]
+    return out
+
 
 def section_elsewhere() -> list[str]:
     """Pointers to measurements that need their own set-up (kept with their method)."""
@@ -706,6 +828,7 @@ def render(json_path, out_path, fig_dir) -> str:
     lines += section_first_order(benches)
     lines += section_skipped(meta)
     lines += section_scale()
+    lines += section_grid()
     lines += section_dask_large()
     lines += section_elsewhere()
     text = "\n".join(lines).rstrip() + "\n"

@@ -146,7 +146,8 @@ def check_real(arr: np.ndarray, name: str) -> None:
 
 
 def as_float_matrix(X, name: str = "X", *, allow_1d: bool = False, copy: bool = True,
-                    check_finite: bool = True, float32: bool = False) -> np.ndarray:
+                    check_finite: bool = True, float32: bool = False,
+                    fortran: bool = False) -> np.ndarray:
     """A C-contiguous float64 2-D array, rejecting NaN/inf, complex and non-numeric data.
 
     ``copy=False`` returns a read-only view when no conversion is needed (the caller's array is
@@ -154,6 +155,9 @@ def as_float_matrix(X, name: str = "X", *, allow_1d: bool = False, copy: bool = 
     (e.g. on the model scores, which propagate any NaN or inf of X) -- call
     :func:`check_finite_matrix` to raise the precise error. ``float32``: a float32 NumPy array
     is kept in float32 (for callers that compute in float64 from it, e.g. linear scores).
+    ``fortran`` (with ``copy=False``): a Fortran-ordered array (a pandas DataFrame's values,
+    one column after the other) is kept as it is instead of transposed into a C-ordered copy
+    (which costs several times a pass over X).
     """
     if X is None:
         raise ValidationError(f"{name} is required, got None")
@@ -175,7 +179,8 @@ def as_float_matrix(X, name: str = "X", *, allow_1d: bool = False, copy: bool = 
         raise ValidationError(f"{name} has no rows")
     if check_finite:
         check_finite_matrix(arr, name)
-    arr = np.ascontiguousarray(arr)
+    if not (fortran and not copy and arr.flags.f_contiguous):
+        arr = np.ascontiguousarray(arr)
     if not copy:
         arr = arr.view()
         arr.flags.writeable = False

@@ -38,6 +38,7 @@ import numpy as np
 from otstab_solvers.dual import oracle_for, solve_dual
 from otstab_solvers.result import OPTIMAL
 
+from . import fingerprint
 from ._progress import progress_bar
 from ._validation import check_level, check_random_state, renamed_kwargs
 from .errors import ValidationError
@@ -248,6 +249,7 @@ def _lh(res) -> np.ndarray:
         if callable(moved2):  # built on first access (large n: Q* is kept compact)
             moved2 = res.info["moved2"] = moved2()
         if moved2 is None:  # paths that keep Q* as points
+            fingerprint.check(res.X, "the influence function")  # X: the caller's array
             src = np.asarray(res.source)
             diff = np.asarray(res.X_star) - res.X[src]
             moved2 = np.einsum("ij,ij->i", diff, diff)

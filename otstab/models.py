@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 from otstab_solvers.weights import pmean, support_max
 
-from . import nonlinear, scale
+from . import fingerprint, nonlinear, scale
 from ._validation import (
     align_columns,
     as_float_matrix,
@@ -43,6 +43,7 @@ from ._validation import (
     fitted_feature_names,
 )
 from .errors import IncompatibleLossError, InputTypeError, NotFittedError, ValidationError
+from .fingerprint import Fingerprint, block64, block_rows
 from .losses import Loss, MulticlassHinge, PiecewiseLinear, SmoothLoss, ZeroOne, get_loss
 
 __all__ = ["LinearModel", "LinearScorer", "Problem", "resolve_model", "linear_scorer",
@@ -137,6 +138,28 @@ class LinearScorer:
         out = X @ self.W.T if self.task == "multiclass" else X @ self.W[0]
         out += self.b if self.task == "multiclass" else self.b[0]  # in place: no second array
         return out
+
+    def scores_and_fingerprint(self, X: np.ndarray) -> tuple[np.ndarray, Fingerprint]:
+        """:meth:`scores` and the :class:`otstab.fingerprint.Fingerprint` of ``X`` in one pass:
+        each block of rows (about 1 MB) is scored and then fingerprinted while in cache; a
+        float32 block is cast to float64 once for both."""
+        n, d = X.shape
+        fp = Fingerprint(n, d)
+        multi = self.task == "multiclass"
+        out = np.empty((n, self.W.shape[0]) if multi else n)
+        Wt = self.W.T if multi else self.W[0]
+        step = block_rows(d)
+        buf = np.empty((step, d)) if X.dtype != np.float64 else None
+        fortran = X.dtype == np.float64 and not X.flags.c_contiguous and X.flags.f_contiguous
+        if fortran:  # column-major: one product streams each column (4x faster than blocks)
+            np.dot(X, Wt, out=out)
+        for s in range(0, n, step):
+            block = block64(X[s:s + step], buf)  # float32: cast into one reused buffer
+            if not fortran:
+                np.dot(block, Wt, out=out[s:s + step])
+            fp.fill(block, s)
+        out += self.b if multi else self.b[0]
+        return out, fp
 
 
 @dataclass
@@ -423,18 +446,25 @@ def _resolve_arrays(model, X, y, loss) -> Problem:
             names = [str(c) for c in pre.get_feature_names_out()]
         except Exception:
             names = None
-        Xa = as_float_matrix(Xt, "X (after the pipeline's preprocessing)")
+        # a linear final step: no copy (fingerprinted with the scores below)
+        linear = getattr(est, "coef_", None) is not None
+        Xa = as_float_matrix(Xt, "X (after the pipeline's preprocessing)", copy=not linear)
         if names is None or len(names) != Xa.shape[1]:
             names = [f"x{j}" for j in range(Xa.shape[1])]
     else:
-        # results own their data: X is copied (one memcpy), so a later change of the caller's
-        # array cannot change a result -- except a read-only NumPy array, kept by reference
-        # (the caller declares it frozen: docs/scale.md); for linear models the NaN/inf check
-        # runs on the scores (no extra pass); float32 data of a linear model stays float32
-        # (scored in float64 block by block, moved points built in float64)
+        # a linear model's X is kept by reference, not copied (a read-only view): results own
+        # their data through a fingerprint of X taken in the scores pass and checked before
+        # every later read (otstab.fingerprint; docs/guarantees.md); the NaN/inf check runs on
+        # the scores (no extra pass); float32 data stays float32 (scored in float64 block by
+        # block, moved points built in float64); a Fortran-ordered X (a DataFrame's values) is
+        # kept in that order (no transposing copy). Other models: X is copied (one memcpy),
+        # except a read-only NumPy array, kept by reference and fingerprinted (one pass)
         linear = getattr(est, "coef_", None) is not None
         frozen = isinstance(X, np.ndarray) and not X.flags.writeable
-        Xa = as_float_matrix(X, "X", copy=not frozen, check_finite=not linear, float32=linear)
+        Xa = as_float_matrix(X, "X", copy=not linear and not frozen, check_finite=not linear,
+                             float32=linear, fortran=linear)
+        if not linear and frozen:
+            fingerprint.register(Xa, fingerprint.of_matrix(Xa))
 
     scorer = linear_scorer(est)
     model_name = type(est).__name__
@@ -456,7 +486,9 @@ def _resolve_arrays(model, X, y, loss) -> Problem:
     check_loss_fits(loss, scorer.task, model_name)
     yy, y_orig = _encode_labels(y, scorer.task, scorer.classes)
     _check_rows(Xa, yy)
-    scores = scorer.scores(Xa)
+    scores, fp = scorer.scores_and_fingerprint(Xa)
+    if not Xa.flags.writeable:  # the caller's array (or a view of it), kept by reference
+        fingerprint.register(Xa, fp)
     # one sum finds a NaN or inf (it propagates); the elementwise test runs only when the sum
     # is not finite (also when finite scores overflow it)
     if not math.isfinite(float(np.sum(scores))) and not np.all(np.isfinite(scores)):

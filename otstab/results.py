@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from . import fingerprint
 from ._results import ResultMixin, jsonable
 from ._validation import check_level
 from .errors import ValidationError
@@ -205,6 +206,7 @@ class StabilityResult(ResultMixin):
             level"`` one-hot columns of a model without preprocessing likewise).
             ``distance2`` stays in the model's space, where the cost is measured.
         """
+        fingerprint.check(self.X, "to_frame")  # X is the caller's array (no copy)
         if raw:
             return self.raw_view().frame(self)
         names = list(self.feature_names) or [f"x{j}" for j in range(self.X_star.shape[1])]
@@ -228,6 +230,7 @@ class StabilityResult(ResultMixin):
         state) and the callables of ``info`` built (``moved2``) or left out (``displacement``,
         which :func:`otstab.scale.qstar` needs: write Q* of a Dask result before pickling
         it)."""
+        fingerprint.check(self.X, "pickling the result")  # X is pickled: as certified
         state = dict(self.__dict__)
         for name in LAZY_FIELDS + ("inference",):
             key = "_lazy_" + name
@@ -251,6 +254,7 @@ class StabilityResult(ResultMixin):
         view = (self.info or {}).get("raw_view")
         names = list(self.feature_names) or [f"x{j}" for j in range(self.X.shape[1])]
         if view is None:  # no preprocessing: the raw columns are X's
+            fingerprint.check(self.X, "raw_view")
             view = raw_view(None, pd.DataFrame(self.X, columns=names), names)
         elif not isinstance(view, RawView):
             view = view()
@@ -325,6 +329,8 @@ def _lazy_property(name: str) -> property:
     def get(self):
         value = self.__dict__.get(key)
         if callable(value):
+            if name == "X_star":  # built from X, the caller's array (no copy)
+                fingerprint.check(self.X, "X_star")
             value = value()
             self.__dict__[key] = value
         return value

@@ -60,13 +60,19 @@ def test_frozen_float32_is_kept_by_reference_and_never_written():
     assert frame.shape[0] == res.n_atoms
 
 
-def test_writeable_float32_is_copied_in_float32():
+def test_writeable_float32_is_kept_in_float32_without_copy():
+    """A writable float32 X is kept by reference (no float32 or float64 copy); a later change
+    of the caller's array is detected on the next read of X (tests/test_no_copy.py)."""
     X, y = _data()
     model = LogisticRegression().fit(X.astype(np.float64), y)
     res = otstab.certify(model, X, y, loss="zero_one", r=0.3)
-    assert res.X.dtype == np.float32 and not np.shares_memory(res.X, X)
-    X[:] = 0.0  # the caller's later change does not reach the result
-    assert np.any(res.X != 0.0)
+    assert res.X.dtype == np.float32 and np.shares_memory(res.X, X)
+    old = X[3, 1]
+    X[3, 1] = old + 0.5
+    with pytest.raises(otstab.scale.DataChangedError):
+        _ = res.X_star
+    X[3, 1] = old  # the same values again: reads work
+    assert res.to_frame().shape[0] == res.n_atoms
 
 
 def test_float32_regression_and_feature_scores():

@@ -214,9 +214,10 @@ def test_read_parquet_dir(client, tmp_path):
         scale.read_parquet_dir(str(tmp_path / "data"), "nope")
 
 
-def test_read_only_x_is_kept_and_writable_x_copied():
-    """One machine: a read-only X is kept by reference (no copy), a writable one is copied, so
-    changing it afterwards leaves the result as it was; both give the same answer."""
+def test_read_only_and_writable_x_are_kept_by_reference():
+    """One machine: a read-only X and a writable one are both kept by reference (no copy) and
+    give the same answer; a Q* built before the caller changes X stays as it was, and a read of
+    X after the change raises DataChangedError (the fingerprint, tests/test_no_copy.py)."""
     rng = np.random.default_rng(2)
     X = rng.standard_normal((500, 3))
     model = otstab.LinearModel([1.0, -0.5, 0.25])
@@ -225,11 +226,15 @@ def test_read_only_x_is_kept_and_writable_x_copied():
     frozen.flags.writeable = False
     res_w = otstab.certify(model, X, y, loss="zero_one", r=0.3)
     res_f = otstab.certify(model, frozen, y, loss="zero_one", r=0.3)
-    assert np.shares_memory(res_f.X, frozen) and not np.shares_memory(res_w.X, X)
+    assert np.shares_memory(res_f.X, frozen) and np.shares_memory(res_w.X, X)
+    assert not res_w.X.flags.writeable  # a read-only view: otstab never writes to it
     assert res_w.value == res_f.value
     before = np.array(res_w.X_star)
     X[:] = 0.0
-    np.testing.assert_array_equal(res_w.X_star, before)
+    np.testing.assert_array_equal(res_w.X_star, before)  # built before the change: kept
+    with pytest.raises(scale.DataChangedError):
+        res_w.to_frame()
+    res_f.to_frame()  # the other array did not change
 
 
 def test_cli_reads_a_parquet_directory_with_dask(tmp_path):
