@@ -301,7 +301,9 @@ class SortedTwoPiece:
         ``-tol``, the tie tolerance of :class:`otstab_solvers.dual.PiecewiseOracle`."""
         A, B = self.coefficients(h)[:2]
         if self.kind == "hinge":
-            tol = self.tie * (1.0 + h * self.umax + self.c * h * h)
+            # relative to the size of the terms of ``u h + c h^2`` (no absolute part: at a
+            # small h an absolute tolerance would tie samples whose kinks lie far from h)
+            tol = self.tie * (h * self.umax + self.c * h * h)
         else:  # a kink h = s * nu_i need not give back nu_i exactly when divided by s
             tol = self.tie * max(1.0, h)
         return (B - tol) / A, (B + tol) / A
@@ -653,10 +655,10 @@ def window_thresholds(c: float, h_lo: float, h_hi: float, umax: float, tie: floa
     moves at every ``h`` of the bracket on both sides, ``nu > c_thr`` at none.
 
     A sample counts as moving at ``h`` (right side) when ``nu <= c h + tol / h`` and (left
-    side) when ``nu < c h - tol / h``, with ``tol = tie (1 + h umax + c h^2)``
+    side) when ``nu < c h - tol / h``, with ``tol = tie (h umax + c h^2)``
     (:meth:`SortedTwoPiece.count`); the thresholds leave four times the largest ``tol / h``
     of the bracket, plus rounding of ``c h``, on either side, so a key near an end of the
     bracket is in the sorted part ``B``."""
-    tol = tie * (1.0 + h_hi * umax + c * h_hi * h_hi)
+    tol = tie * (h_hi * umax + c * h_hi * h_hi)
     eps = 4.0 * tol / h_lo + 1e-14 * (umax + c * h_hi)
     return c * h_lo - eps, c * h_hi + eps

@@ -106,3 +106,38 @@ def test_threshold_rule_at_the_base_risk(inst, rel):
     model, X, y = inst
     base = hinge_base(model, X, y)
     check_zero_iff_reached(model, X, y, base * (1 + rel) if base > 0 else rel)
+
+
+def make_planted(n, seed, delta):
+    """A random instance with sample 0 moved along the model's weights to margin 1 + delta:
+    just outside the margin, its kink (the h at which it starts to move) lies close to 0."""
+    model, X, y = make_instance(n, seed)
+    w = np.asarray(model.coef_, dtype=float).ravel()
+    m0 = float(y[0] * model.decision_function(X[:1])[0])
+    X = X.copy()
+    X[0] += y[0] * (1.0 + delta - m0) * w / float(w @ w)
+    return model, X, y
+
+
+@settings(max_examples=40)
+@given(st.integers(2, 30), st.integers(0, 10_000), st.floats(-6.0, -4.0),
+       st.floats(-6.0, -3.0), st.sampled_from([1e-3, 0.1, 1.0]),
+       st.sampled_from([("kl", 1.0), ("chi2", 1.0), ("kl", math.inf), ("kl", 0.05)]))
+# issue 27: the sorted oracle's tie tolerance had an absolute part (1e-12 of l_h) that tied
+# the planted sample at every h below ~1e-8, counted its negative u h + c h^2 in the sums and
+# returned a value up to 4e4 too high as optimal
+@example(n=2, seed=0, log_delta=-4.1, log_rel=-5.0, theta1=1e-3, div=("kl", 1.0))
+def test_planted_margin_matches_high_precision_dual(n, seed, log_delta, log_rel, theta1, div):
+    from hp_dual import dual  # a 50-digit 1-D dual from the model's own margins
+    model, X, y = make_planted(n, seed, 10.0 ** log_delta)
+    divergence, t2 = div
+    margins = y * model.decision_function(X)
+    base = float(np.mean(np.maximum(0.0, 1.0 - margins)))
+    r = base * (1 + 10.0 ** log_rel) if base > 0 else 10.0 ** log_rel
+    w = np.asarray(model.coef_, dtype=float).ravel()
+    res = otstab.certify(model, X, y, loss="hinge", r=r, theta1=theta1, theta2=t2,
+                         divergence=divergence)
+    ref, _ = dual("hinge", 1.0 - margins, r, t2, divergence, c=float(w @ w) / (4 * theta1))
+    assert res.status == "optimal", res.message
+    # the audit's 1e-6 plus the rounding of the margins (r - base >= 1e-6 r)
+    assert res.value == pytest.approx(ref, rel=3e-6), (res.value, ref, res.h)
