@@ -31,9 +31,9 @@ from otstab.losses import pinball
 
 TAU = 0.3  # the pinball level
 PRICES = [1e-6, 1e-3, 1.0, 1e3, 1e6, 1e12, math.inf]
-#: docs/math.md: r is reached by the data (value 0) when r <= base (1 + 1e-8); with base == 0
-#: only r == 0 is reached
-REACHED_RTOL = 1e-8
+#: docs/math.md: r is reached by the data (value 0) when r <= base (issue 27: no 1e-8 band;
+#: above the base risk the value is positive, or an interval from 0 where it is not resolved)
+REACHED_RTOL = 0.0
 RTOL = 1e-6  # the audit tolerance (otstab.audit.AUDIT_RTOL)
 #: prices at which every well-conditioned instance must be answered (outside this range a
 #: refusal, SolverError, is allowed where double precision cannot resolve the value)
