@@ -333,14 +333,14 @@ def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, thet
         moved2 = res.pop("moved2")  # per atom: for the influence function (otstab.inference)
     out = _candidate(prob, red, sol, atoms, res, moved2, h, value, wm.alpha,
                      bool(split.any()), r, theta1, theta2, divergence, t_start, dual_at_h,
-                     oracle._bound(h))
+                     8.0 * EPS * oracle._bound(h))  # (l_h: a few ulps of |c1| h + c2 h^2)
     if near_base is not None:
         out.info["upper_near_base"] = near_base
     return out
 
 
 def _candidate(prob, red, sol, atoms, res, moved2, h, value, alpha, split, r, theta1, theta2,
-               divergence, t_start, dual_at_h=None, terms=0.0) -> StabilityResult:
+               divergence, t_start, dual_at_h=None, dual_rounding=0.0) -> StabilityResult:
     """The candidate result of a builder: ``atoms`` (lazy) gives Q*'s ``(source, piece,
     mass, weight)``, ``res`` the audit's fields, ``moved2`` each atom's squared move."""
     audit_info = res.pop("audit")
@@ -357,8 +357,7 @@ def _candidate(prob, red, sol, atoms, res, moved2, h, value, alpha, split, r, th
         info={"solver_value": sol.value, "native_status": sol.native_status,
               "solver_alpha": sol.alpha, "wall_time": time.perf_counter() - t_start,
               "audit": audit_info, "moved2": moved2, "dual_at_h": dual_at_h,
-              # the rounding of l_h, a few ulps of the largest |c1| h + c2 h^2
-              "dual_at_h_rounding": 8.0 * EPS * terms,
+              "dual_at_h_rounding": dual_rounding,
               # x* - x of the atoms ``atoms`` (None: no move), for Q* built blockwise
               "displacement": lambda idx: red.displacement(atoms()[0][idx], atoms()[1][idx],
                                                            h),
@@ -383,7 +382,10 @@ def _build_keyed(prob, red, sol, view, oracle, r, theta1, theta2, divergence,
     n = red.n
     value = min(float(sol.value), h * r)  # (F(h) <= h r: the losses are nonnegative)
     rule, sums = view.moving_sums(h, theta2, phi_atol=_PHI_RTOL * abs(value) * n / theta2)
-    terms = h * view.umax + view.c * h * h
+    # the rounding of the keyed sums' T: a few ulps of the terms of l_h, and for KL that of
+    # log(Z / n) (Z a sum of n exponentials, without the expm1 pass of the solver's sums)
+    dual_rounding = 8.0 * EPS * (h * view.umax + view.c * h * h) + (
+        0.0 if math.isinf(theta2) else 32.0 * EPS * theta2 * max(1.0, math.log2(n)))
     del view
     k_move = oracle._hinge_piece
     k_stay = 1 - k_move
@@ -452,7 +454,7 @@ def _build_keyed(prob, red, sol, view, oracle, r, theta1, theta2, divergence,
     moved2 = lambda: red.sq_displacement(atoms()[0], atoms()[1], h)  # noqa: E731
     return _candidate(prob, red, sol, atoms, res, moved2, h, value,
                       None if divergence == "kl" else 0.0, bool(split.any()), r, theta1,
-                      theta2, divergence, t_start, h * r - sums["T"], terms)
+                      theta2, divergence, t_start, h * r - sums["T"], dual_rounding)
 
 
 #: relative share of the value that the cancellation of the keyed builder's sum of phi may
