@@ -54,7 +54,8 @@ from .errors import SolverError
 __all__ = ["AUDIT_RTOL", "RISK_RTOL", "MASS_TOL", "CANCEL_RTOL", "REACHED_RTOL", "AUDIT_DIRECT_MAX",
            "AUDIT_SAMPLE", "AUDIT_CELLS", "SAMPLED_RTOL", "sampled_error", "rows_per_block",
            "sample_positions", "audit_sums",
-           "audit_points", "problems", "resolution_problem", "accept", "first_accepted",
+           "audit_points", "problems", "resolution_problem", "weak_duality_problem", "accept",
+           "first_accepted", "unresolved_interval", "upper_near_base",
            "reached", "tolerance"]
 
 #: relative tolerance of |cost(Q*) - value|
@@ -65,8 +66,10 @@ RISK_RTOL = 1e-8
 MASS_TOL = 1e-9
 #: rounding bound of the dual value, relative to h r (see the module docstring)
 CANCEL_RTOL = 4e-15
-#: r counts as reached by the data when r <= base (1 + REACHED_RTOL) (status ``zero``)
-REACHED_RTOL = 1e-8
+#: r counts as reached by the data when r <= base (1 + REACHED_RTOL) (status ``zero``): 0,
+#: R(r) is continuous and positive above the base risk (issue 27), and a threshold whose value
+#: the dual cannot resolve gets a certified interval instead (:func:`unresolved_interval`)
+REACHED_RTOL = 0.0
 
 OPTIMAL, BOUNDS, ZERO, UNREACHABLE = "optimal", "bounds", "zero", "unreachable"
 
@@ -82,14 +85,13 @@ SAMPLED_RTOL = 1e-8
 
 
 def reached(r: float, base: float) -> bool:
-    """Whether the data's own risk ``base`` reaches ``r``: ``r <= base (1 + 1e-8)``.
+    """Whether the data's own risk ``base`` reaches ``r``: ``r <= base``.
 
-    Decided on the library's own evaluation of the mean loss. Within a relative 1e-8 of the
-    base risk, R is about ``h (r - base) / 2 < 1e-8 h r``, below what the dual ``h r - T(h)``
-    resolves to the audit's 1e-6 in double precision (CANCEL_RTOL / AUDIT_RTOL = 4e-9), so no
-    perturbation cost could be certified there; such a threshold counts as reached (status
-    ``zero``, R = 0, an error below 1e-8 h r). When ``base == 0`` only ``r == 0`` is reached:
-    any positive threshold above a zero risk gets a positive, audited value.
+    Decided on the library's own evaluation of the mean loss. Above it R(r) is positive (and
+    continuous in r): close to the base risk, R is about ``h (r - base) / 2``, which the dual
+    ``h r - T(h)`` may not resolve to the audit's 1e-6 in double precision; such an answer is
+    not rounded to 0 but returned with a certified interval (status ``bounds``,
+    :func:`unresolved_interval`).
     """
     return r <= base * (1.0 + REACHED_RTOL)
 
@@ -111,11 +113,93 @@ def resolution_problem(value: float, h: float, r: float, rounding: float | None 
     if not math.isfinite(value):
         return ""
     if value < 0.0:
-        return f"the dual value {value:.6g} is negative (rounding at these prices)"
+        return (f"the dual value {value:.6g} is negative, {UNRESOLVED} (rounding at these "
+                "prices)")
     if math.isfinite(float(h)) and tolerance(value, h, r, rounding) < 0:
-        return (f"the value {value:.6g} is below the resolution of the dual in double "
+        return (f"the value {value:.6g} is {UNRESOLVED} in double "
                 f"precision (h r = {abs(h) * r:.6g})")
     return ""
+
+
+def weak_duality_problem(value: float, h: float, r: float, dual_at_h: float | None,
+                         rounding: float | None = None, lh_rounding: float = 0.0) -> list[str]:
+    """Why ``value`` is not a dual value the builder can confirm ([] if it is).
+
+    ``dual_at_h``: the dual objective at the returned ``h`` as the builder of Q* evaluates it
+    from its own ``l_h`` (clipped at the zero piece, a code path apart from the solver's sums;
+    None: the path has none). Any ``h`` gives a lower bound on R (weak duality), and the audit
+    matches ``value`` with the cost of Q*, an upper bound; the pair certifies R only when
+    ``value`` is itself the dual objective at ``h``. A solver's value above it by more than
+    the audit's tolerance and the rounding of the dual (``CANCEL_RTOL h r``, plus
+    ``lh_rounding``, the path's bound on the rounding of each ``l_h``: at a kink a sample's
+    ``c1 h + c2 h^2`` cancels to a few ulps of its terms, which either side may keep) is
+    refuted."""
+    if dual_at_h is None or not math.isfinite(value) or not math.isfinite(float(h)):
+        return []
+    if rounding is None:
+        rounding = CANCEL_RTOL * abs(h) * r
+    excess = value - float(dual_at_h)
+    if not excess <= AUDIT_RTOL * abs(value) + rounding + lh_rounding:
+        return [f"the value {value:.10g} exceeds the dual objective at h = {h:.6g} recomputed "
+                f"from Q*'s l_h, {dual_at_h:.10g} (weak duality: not a dual value)"]
+    return []
+
+
+#: the marks of the audit problems that only say that the value is not resolved
+UNRESOLVED = "below the resolution of the dual"
+NEAR_BASE = "r within the rounding of the base risk"
+
+
+def unresolved_interval(res, why: list[str], gap_bound: float = 0.0):
+    """``(lower, upper)``: a certified interval for R when the candidate fails its audit only
+    because its value is not resolved in double precision (None otherwise).
+
+    - the value is below the dual's rounding (:func:`resolution_problem`): the dual
+      objective at ``h`` less its rounding ``CANCEL_RTOL h r`` is a lower bound (weak duality;
+      the weak-duality check passed); the cost of Q* (plus that rounding) an upper bound
+      when Q* reaches r (otherwise the value plus the solver's ``gap_bound``, from the
+      concavity of the dual on its bracket, and twice that rounding);
+    - the dual answered ``h = 0`` while ``r`` is above the base risk (``r`` within the
+      rounding of the dual's own sums): ``[0, res.info["upper_near_base"]]`` (inf when the path
+      gives none); see :func:`upper_near_base`.
+    """
+    if not why or any(UNRESOLVED not in w and NEAR_BASE not in w for w in why):
+        return None  # (the mass, the risk or weak duality failed: no interval either)
+    h, r = float(res.h), float(res.r)
+    # Q* reaches r (in the computed risk, without the audit's 1e-8 allowance, which may exceed
+    # r - base here): its cost is an upper bound found apart from the solver
+    cost = float(res.primal_cost)
+    feasible = res.risk_star >= r and math.isfinite(cost)
+    if any(NEAR_BASE in w for w in why):
+        upper = float(res.info.get("upper_near_base", math.inf))
+        return 0.0, min(upper, cost) if feasible else upper
+    if not math.isfinite(h):
+        return None
+    rounding = res.info.get("value_rounding")
+    rho = CANCEL_RTOL * abs(h) * r if rounding is None else float(rounding)
+    value = float(res.value)
+    dual_at_h = res.info.get("dual_at_h")
+    low = max((value if dual_at_h is None else min(value, float(dual_at_h))) - rho, 0.0)
+    if feasible:  # (plus the rounding of the losses the dual is evaluated from)
+        return low, max(cost * (1.0 + 1e-12) + rho, low)
+    gap = float(gap_bound) if math.isfinite(gap_bound) else math.inf
+    return low, max(value, 0.0) + max(gap, 0.0) + 2.0 * rho
+
+
+def upper_near_base(r: float, base: float, curvature: float, n: int) -> float:
+    """An upper bound on R when ``r`` lies within rounding of the base risk ``base``.
+
+    Every divergence term is at least the mean ``l_h`` (KL by Jensen, chi2 at the weights 1,
+    theta2 = inf by definition), and each sample's ``l_h`` is at least ``h l_i + c2 h^2`` on
+    the piece its loss comes from; so ``F(h) <= h (r - base*) - C h^2`` with ``C`` the mean
+    ``c2`` of those pieces (``curvature``) and ``base*`` the exact base risk, and ``R <=
+    delta^2 / (4 C)`` with ``delta = r - base`` plus the rounding of the computed base
+    (``16 eps log2(n) base``)."""
+    if not curvature > 0:
+        return math.inf
+    eps = float(np.finfo(float).eps)
+    delta = max(r - base, 0.0) + 16.0 * eps * max(1.0, math.log2(max(n, 2))) * abs(base)
+    return delta * delta / (4.0 * curvature)
 
 
 def audit_sums(loss_base, loss_star, moved2, mass, w, theta1, theta2, divergence,
@@ -232,14 +316,27 @@ def problems(res) -> list[str]:
     """Why a candidate result fails its audit (empty: it passes)."""
     out = []
     value, r = res.value, res.r
-    if not (isinstance(value, float) and math.isfinite(value)) or value < 0.0:
+    # a negative value of an exact dual is rounding (h = 0 is feasible, so R >= 0): not
+    # resolved, the other checks still apply
+    negative = isinstance(value, float) and math.isfinite(value) and value < 0.0 and \
+        math.isfinite(float(res.h))
+    if not (isinstance(value, float) and math.isfinite(value)) or (value < 0.0 and
+                                                                   not negative):
         out.append(f"value {value!r} is not a finite nonnegative number")
         return out
     if not abs(res.total_mass - 1.0) <= MASS_TOL:
         out.append(f"mass of Q* {res.total_mass:.12g} != 1")
     if not res.risk_star >= r * (1.0 - RISK_RTOL):
         out.append(f"risk of Q* {res.risk_star:.10g} < r = {r:.10g}")
+    if res.h == 0.0 and value == 0.0 and r > res.risk_base:
+        # the dual saw no room above the base risk in its own sums (g(0+) <= 0), but r lies
+        # above the base risk: R > 0 is below the rounding of the dual here, not 0
+        out.append(f"{NEAR_BASE}: h = 0 while r = {r:.17g} > base risk {res.risk_base:.17g}")
     rounding = res.info.get("value_rounding")
+    out += weak_duality_problem(value, res.h, r, res.info.get("dual_at_h"), rounding,
+                                res.info.get("dual_at_h_rounding", 0.0))
+    if negative:
+        return out + [resolution_problem(value, res.h, r, rounding)]
     tol = tolerance(value, res.h, r, rounding)
     diff = abs(res.primal_cost - value)
     unresolved = resolution_problem(value, res.h, r, rounding)
@@ -264,11 +361,28 @@ def accept(res, *, exact: bool = True, value_lower: float = 0.0) -> list[str]:
         if isinstance(res.primal_cost, float) and math.isfinite(res.primal_cost):
             res.value, res.gap = float(res.primal_cost), 0.0
     why = problems(res)
+    interval = unresolved_interval(res, why, float(getattr(res, "dual_gap_bound", 0.0) or 0.0)) \
+        if exact else None
     res.info.setdefault("audit", {})
     res.info["audit"] = {**res.info["audit"],
                          "tolerance": tolerance(res.value, res.h, res.r,
                                                 res.info.get("value_rounding")),
                          "passed": not why, "problems": why}
+    if interval is not None:
+        # exact path, value not resolved in double precision: a certified interval
+        lo, hi = interval
+        res.info["dual_value"] = res.value
+        res.info["unresolved"] = "; ".join(why)
+        res.exact = False
+        res.status = BOUNDS
+        res.value = res.value_upper = hi
+        res.value_lower = min(lo, hi)
+        res.gap = (hi - lo) / hi if hi > 0 else 0.0
+        note = ("the value is not resolved in double precision at this threshold (r close "
+                "to the base risk, or extreme prices): certified interval "
+                f"[{res.value_lower:.6g}, {hi:.6g}]")
+        res.message = f"{res.message} {note}" if res.message else note
+        return []
     if why:
         return why
     res.exact = bool(exact)

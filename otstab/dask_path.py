@@ -54,7 +54,7 @@ __all__ = ["certify_distributed", "DISTRIBUTED_MIN_ROWS", "NotDistributed", "wan
 DISTRIBUTED_MIN_ROWS = 20_000_000
 #: ties between pieces at h are resolved as the in-memory dual path does (build_result)
 TIE_RTOL = 1e-10
-#: a 0/1 row with ``|a_i - h| <= ZERO_ONE_TIE max(1, h)`` is tied (as otstab.zero_one)
+#: a 0/1 row with ``|a_i - h| <= ZERO_ONE_TIE h`` is tied (as otstab.zero_one)
 ZERO_ONE_TIE = 1e-10
 
 
@@ -119,11 +119,11 @@ class _Spec:
     def scan(self, oracle, h):
         """(l_h, k_lo, d_lo, k_hi, d_hi): the pieces of every row at ``h`` with ties on their
         low and high piece and the loss there (0/1: piece 1 = moved to the nearest
-        misclassified point, tied when ``a_i`` is within 1e-10 max(1, h) of h)."""
+        misclassified point, tied when ``a_i`` is within 1e-10 h of h)."""
         if not self.zero_one:
             return oracle.scan(h, TIE_RTOL)
         a, loss0 = oracle.a, oracle.loss0
-        t = ZERO_ONE_TIE * max(1.0, h)
+        t = ZERO_ONE_TIE * h
         k_lo = (a < h - t).astype(np.intp)
         k_hi = (a <= h + t).astype(np.intp)
         return (np.maximum(h - a, 0.0), k_lo, np.where(k_lo > 0, 1.0, loss0), k_hi,
@@ -162,15 +162,18 @@ def _on_block(spec, s, y, p, func, args):
 def _block_base(oracle):
     """(sum p l, largest l over rows of positive probability, max |c1| (piecewise), P0-mass
     of the rows that are misclassified or can be (0/1), rows of positive probability with a
-    finite a (0/1))."""
+    finite a (0/1), P0-mass of the rows that can never be misclassified (0/1: correct, no
+    finite a))."""
     l0 = oracle.loss0 if oracle.loss0 is not None else oracle.c1.max(axis=1, initial=-np.inf)
     live = np.ones(l0.size, dtype=bool) if oracle.p is None else oracle.p > 0
     q = np.ones(l0.size) if oracle.p is None else oracle.p
     a = getattr(oracle, "a", None)
     fin = np.zeros(l0.size, dtype=bool) if a is None else np.isfinite(a)
+    stuck = live & ~fin & (l0 == 0)
     return (float(np.dot(q, l0)), float(l0[live].max()) if live.any() else -math.inf,
             float(getattr(oracle, "c1abs", 0.0)),
-            float(np.dot(q, l0 + (fin & (l0 == 0)))), int(np.count_nonzero(fin & live)))
+            float(np.dot(q, l0 + (fin & (l0 == 0)))), int(np.count_nonzero(fin & live)),
+            float(np.sum(q[stuck])) if a is not None else 0.0)
 
 
 def _weights(lh, theta2, divergence, wpar):
@@ -386,7 +389,11 @@ def _edge(spec, r, base, parts, theta1, theta2, N):
         return "zero", f"r = {r:g} <= base risk {base:.6g}: no perturbation is needed"
     lmax = max(q[1] for q in parts)
     if spec.zero_one:
-        if math.isinf(theta2) and r > sum(q[3] for q in parts) / N:
+        # the largest error rate moving reaches: 1 less the mass of the rows that cannot be
+        # misclassified (exactly 1 when there are none; a sum of the other rows' weights over
+        # their total may round to 1 - 1 ulp)
+        stuck = sum(q[5] for q in parts)
+        if math.isinf(theta2) and stuck > 0 and r > 1.0 - stuck / N:
             return "unreachable", (f"r = {r:g} exceeds the largest error rate reachable by "
                                    "moving samples alone (theta2 = inf and some samples "
                                    "cannot be moved)")

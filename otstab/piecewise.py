@@ -44,6 +44,7 @@ AUDIT_SAMPLE = audit.AUDIT_SAMPLE
 #: :func:`otstab.audit.rows_per_block`)
 SAMPLE_BLOCK = 2048
 SAMPLED_RTOL = audit.SAMPLED_RTOL
+EPS = float(np.finfo(float).eps)
 
 
 def edge_kind(losses: np.ndarray | None, r: float, theta2: float, can_move: bool, p=None, *,
@@ -256,6 +257,9 @@ def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, thet
     moving = frac > 0
     split = (frac > 0) & (frac < 1)
     value = h * r - wm.term
+    # the dual objective at h from Q*'s own l_h (the pieces clipped by their max, not the
+    # solver's sums): the audit refuses a solver value above it (weak duality)
+    dual_at_h = value
     if sol.solver == "dual" and math.isfinite(sol.value):
         # the specialised dual evaluated F at this very h, at a kink on the side where l_h is
         # resolved best (the scan's max over pieces keeps the rounding of the moving piece)
@@ -265,6 +269,17 @@ def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, thet
     # every l_h is 0, h r is the exact value
     value = min(value, h * r)
     X = prob.X
+    near_base = None
+    if h == 0.0:
+        # (the dual saw r at the base risk: an upper bound on R for r within its rounding,
+        # from the curvature c2 of each sample's loss piece, audit.upper_near_base)
+        c2 = red.c2
+        curv = 0.0
+        for s, e in blocks:
+            k = oracle.scan(0.0, tie_rtol, slice(s, e))[3]
+            c2k = c2[0][k] if c2.shape[0] == 1 else c2[np.arange(s, e), k]
+            curv += float(np.sum(c2k)) / n if p is None else float(p[s:e] @ c2k)
+        near_base = audit.upper_near_base(r, prob.loss_stats()[0], curv, n)
 
     def build_atoms():
         """(source, piece, mass, weight) of every atom: each sample on its main piece, plus
@@ -316,12 +331,16 @@ def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, thet
         res = _audit_blocks(prob, moved_block, src, mass, w_atoms, theta1, theta2,
                             divergence, value)
         moved2 = res.pop("moved2")  # per atom: for the influence function (otstab.inference)
-    return _candidate(prob, red, sol, atoms, res, moved2, h, value, wm.alpha,
-                      bool(split.any()), r, theta1, theta2, divergence, t_start)
+    out = _candidate(prob, red, sol, atoms, res, moved2, h, value, wm.alpha,
+                     bool(split.any()), r, theta1, theta2, divergence, t_start, dual_at_h,
+                     8.0 * EPS * oracle._bound(h))  # (l_h: a few ulps of |c1| h + c2 h^2)
+    if near_base is not None:
+        out.info["upper_near_base"] = near_base
+    return out
 
 
 def _candidate(prob, red, sol, atoms, res, moved2, h, value, alpha, split, r, theta1, theta2,
-               divergence, t_start) -> StabilityResult:
+               divergence, t_start, dual_at_h=None, dual_rounding=0.0) -> StabilityResult:
     """The candidate result of a builder: ``atoms`` (lazy) gives Q*'s ``(source, piece,
     mass, weight)``, ``res`` the audit's fields, ``moved2`` each atom's squared move."""
     audit_info = res.pop("audit")
@@ -337,7 +356,8 @@ def _candidate(prob, red, sol, atoms, res, moved2, h, value, alpha, split, r, th
         X=prob.X, feature_names=prob.feature_names, index=prob.index,
         info={"solver_value": sol.value, "native_status": sol.native_status,
               "solver_alpha": sol.alpha, "wall_time": time.perf_counter() - t_start,
-              "audit": audit_info, "moved2": moved2,
+              "audit": audit_info, "moved2": moved2, "dual_at_h": dual_at_h,
+              "dual_at_h_rounding": dual_rounding,
               # x* - x of the atoms ``atoms`` (None: no move), for Q* built blockwise
               "displacement": lambda idx: red.displacement(atoms()[0][idx], atoms()[1][idx],
                                                            h),
@@ -362,6 +382,10 @@ def _build_keyed(prob, red, sol, view, oracle, r, theta1, theta2, divergence,
     n = red.n
     value = min(float(sol.value), h * r)  # (F(h) <= h r: the losses are nonnegative)
     rule, sums = view.moving_sums(h, theta2, phi_atol=_PHI_RTOL * abs(value) * n / theta2)
+    # the rounding of the keyed sums' T: a few ulps of the terms of l_h, and for KL that of
+    # log(Z / n) (Z a sum of n exponentials, without the expm1 pass of the solver's sums)
+    dual_rounding = 8.0 * EPS * (h * view.umax + view.c * h * h) + (
+        0.0 if math.isinf(theta2) else 32.0 * EPS * theta2 * max(1.0, math.log2(n)))
     del view
     k_move = oracle._hinge_piece
     k_stay = 1 - k_move
@@ -430,7 +454,7 @@ def _build_keyed(prob, red, sol, view, oracle, r, theta1, theta2, divergence,
     moved2 = lambda: red.sq_displacement(atoms()[0], atoms()[1], h)  # noqa: E731
     return _candidate(prob, red, sol, atoms, res, moved2, h, value,
                       None if divergence == "kl" else 0.0, bool(split.any()), r, theta1,
-                      theta2, divergence, t_start)
+                      theta2, divergence, t_start, h * r - sums["T"], dual_rounding)
 
 
 #: relative share of the value that the cancellation of the keyed builder's sum of phi may

@@ -52,6 +52,10 @@ SUBSAMPLE = 1 << 14
 #: share of them) are tied at h: they are put last (_move_plan)
 TIED_LAST_MIN = 64
 TIED_LAST_SHARE = 0.01
+#: above audit.AUDIT_DIRECT_MAX rows the weak-duality check (:func:`_dual_at_h`) runs when at
+#: most 1 / DUAL_CHECK_SHARE of the rows move (its pass costs about 0.08 X @ coef per tenth
+#: of the rows for KL at n = 1e6)
+DUAL_CHECK_SHARE = 64
 
 
 def linear_distances(prob: Problem, mask: np.ndarray | None = None):
@@ -225,7 +229,7 @@ class RowPrices:
         """:func:`_near`: the rows with ``a_i <= h`` (up to the tie tolerance) and their
         prices, over blocks: a counting pass, then one that writes them into arrays of that
         size (row indices as int32 below 2^31 rows), so that no copy of them is made."""
-        thr = h + tol * max(1.0, h)
+        thr = h + tol * h
         count = sum(int(np.count_nonzero(self[i:j] <= thr)) for i, j in self._blocks())
         cand = np.empty(count, dtype=row_index_dtype(self.size))
         vals = np.empty(count)
@@ -328,7 +332,7 @@ def row_index_dtype(n: int):
 def _near(a, h, tol=1e-10):
     """Rows with ``a_i <= h`` (up to the tie tolerance), the only rows Q* can move, and
     their ``a``."""
-    cand = np.flatnonzero(a <= h + tol * max(1.0, h))  # a = inf never qualifies
+    cand = np.flatnonzero(a <= h + tol * h)  # a = inf never qualifies
     return cand, a[cand]
 
 
@@ -428,7 +432,7 @@ def _move_plan(h, w, loss0, r, n, ac, tol=1e-10):
     ``w.idx`` (and ``w.vals``), keeping their order, so that the moved rows are the first
     ``moved`` positions (an int, no array of positions) and a split row the next one.
     """
-    t = tol * max(1.0, h)
+    t = tol * h
     cand = w.idx
     below = ac < h - t
     n_below = int(np.count_nonzero(below))
@@ -612,10 +616,17 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
             cand, ac = _near(a, sol.h) if rp is None else rp.near(sol.h)
             w, alpha = _weights(a, sol.h, sol, theta2, divergence, n, cand, ac, q)
             plan = _move_plan(sol.h, w, loss0, r, n, ac)
+            # the dual objective at h from the rows that move (the audit's weak-duality check;
+            # at r = 1 the value is a closed form without h r - T(h): no check). One pass over
+            # those rows (an exp each for KL): done where the audit re-scores every row anyway
+            # or where few rows move, so that the large-n path keeps its cost
+            cheap = n <= audit.AUDIT_DIRECT_MAX or cand.size <= n // DUAL_CHECK_SHARE
+            dual_at_h = _dual_at_h(sol.h, r, theta2, divergence, n, cand, ac, alpha, p) \
+                if r < 1.0 and math.isfinite(sol.h) and cheap else None
             del cand, ac  # (the weights keep the rows; their prices are not needed again)
             res = _finish(value=float(sol.value), h=sol.h, alpha=alpha, status="candidate",
                           message="", plan=plan, w=w, solver_name=sol.solver, sol=sol, log=[],
-                          **common)
+                          dual_at_h=dual_at_h, **common)
             return res, exact, value_lower
         return thunk
 
@@ -637,6 +648,29 @@ def _weighted_dual(a, p, r, theta2, divergence):
     return sol
 
 
+def _dual_at_h(h, r, theta2, divergence, n, cand, ac, alpha, p=None) -> float:
+    """``h r - T(h)`` from the rows ``cand`` (prices ``ac``, a superset of ``a_i < h``; every
+    other row has ``l_h = 0``): T is the divergence term of ``l_h = (h - a)_+`` (chi2 at the
+    builder's ``alpha``: any alpha gives a lower bound). Written in ``expm1`` / ``l + alpha``
+    form, so that a large theta2 does not cancel. O(|cand|)."""
+    lc = np.maximum(h - ac, 0.0)
+    pc = np.full(lc.size, 1.0 / n) if p is None else p[cand]
+    rest = (n - lc.size) / n if p is None else max(1.0 - float(np.sum(pc)), 0.0)
+    if math.isinf(theta2):
+        T = float(pc @ lc)
+    elif divergence == "kl":
+        M = float(lc.max()) if lc.size else 0.0
+        s = rest * math.expm1(-M / theta2) + float(pc @ np.expm1((lc - M) / theta2))
+        T = M + theta2 * math.log1p(s)
+    else:
+        two = 2.0 * theta2
+
+        def part(v):  # theta2 (w^2 - 1), w = ((l + alpha) / (2 theta2) + 1)_+
+            return np.where(v + two > 0, v + v * v / (2.0 * two), -theta2)
+        T = -alpha + rest * float(part(np.array([alpha]))[0]) + float(pc @ part(lc + alpha))
+    return h * r - T
+
+
 def _reach(a, loss0, p=None):
     """``(any, all, top)``: whether any and whether every sample of positive probability has a
     finite price, and the largest error rate reachable by moving alone (the misclassified
@@ -649,8 +683,13 @@ def _reach(a, loss0, p=None):
     fin = np.isfinite(a)
     live = fin if p is None else fin[p > 0]
     movable = fin & (loss0 == 0)
-    top = (float(np.sum(loss0)) + int(np.count_nonzero(movable))) / n if p is None \
-        else pmean(loss0 + movable, p)
+    if p is None:
+        top = (float(np.sum(loss0)) + int(np.count_nonzero(movable))) / n
+    else:
+        # 1 less the P0-mass of the rows that can never be misclassified (correct, no finite
+        # price): exactly 1 when there are none, although the normalised p may sum to 1 - 1 ulp
+        stuck = ~fin & (loss0 == 0) & (p > 0)
+        top = 1.0 - float(np.sum(p[stuck])) if stuck.any() else 1.0
     return bool(live.any()), bool(live.all()), top
 
 
@@ -679,7 +718,7 @@ def _limit_result(*, a, loss0, r, theta1, theta2, divergence, X, X_near, y, loss
 
 def _finish(*, value, h, alpha, status, message, plan, w, a, loss0, r, theta1, theta2,
             divergence, X, X_near, y, losses_fn, names, index, solver_name, t_start, dstar,
-            sol, log, base=None):
+            sol, log, base=None, dual_at_h=None):
     """Q* and its audit.
 
     Q* has one atom per sample (moved to its nearest misclassified point or not) plus one
@@ -883,7 +922,10 @@ def _finish(*, value, h, alpha, status, message, plan, w, a, loss0, r, theta1, t
             **({"displacement": displacement} if X is not None and X_near is not None
                else {}),
             **({"value_rounding": sol.info["value_rounding"]}
-               if sol is not None and "value_rounding" in sol.info else {})}),
+               if sol is not None and "value_rounding" in sol.info else {}),
+            # (l_h = h - a rounds to a few ulps of h)
+            **({"dual_at_h": dual_at_h, "dual_at_h_rounding": 8.0 * EPS * abs(h)}
+               if dual_at_h is not None else {})}),
     )
 
 

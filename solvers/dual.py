@@ -122,7 +122,7 @@ class PiecewiseOracle:
     def scan(self, h: float, tol: float | None = None, rows=None):
         """(l_h, k_lo, d_lo, k_hi, d_hi): the tied pieces with the smallest and largest
         derivative at ``h`` (the same piece where there is no tie). Ties are values within
-        ``tol`` times the largest |l_h| over all samples (plus one). ``rows``: only these
+        ``tol`` times a bound on the terms |c1| h + c2 h^2 over all samples. ``rows``: only these
         samples (a slice or an index array; the tie threshold stays that of all samples)."""
         tol = self.TIE if tol is None else tol
         sel = slice(None) if rows is None else rows
@@ -147,7 +147,7 @@ class PiecewiseOracle:
                 vmax, d_lo, d_hi = v.copy(), dk.copy(), dk.copy()
                 continue
             if scale is None:
-                scale = tol * (1.0 + self._bound(h))
+                scale = tol * self._bound(h)
             diff = v - vmax
             above = diff > scale
             tie = np.abs(diff) <= scale
@@ -174,7 +174,7 @@ class PiecewiseOracle:
         c2k = self._c2T[1][sel] if self._rowwise else self._c2T[1]
         dk = c1k + (2.0 * h) * c2k
         v = c1k * h + c2k * (h * h) if self._rowwise or c2k != 0.0 else c1k * h
-        scale = tol * (1.0 + self._bound(h))
+        scale = tol * self._bound(h)
         above = v > scale
         tie = np.abs(v) <= scale
         if not tie.any():  # the usual case: both sides are the same arrays
@@ -267,7 +267,7 @@ class PiecewiseOracle:
                 d = np.broadcast_to(dk, (n,)).copy()
                 continue
             if scale is None:
-                scale = self.TIE * (1.0 + self._bound(h))
+                scale = self.TIE * self._bound(h)
             diff = v - vmax
             cand = diff >= -scale
             cand &= (diff > scale) | ((dk > d) if right else (dk < d))

@@ -123,7 +123,7 @@ class SortedTwoPiece:
         ``u`` is already in decreasing order (skips the sort).
     tie : float
         Relative tolerance under which a sample counts as tied between its pieces (as
-        :class:`otstab_solvers.dual.PiecewiseOracle`; for distances, relative to ``max(1, h)``).
+        :class:`otstab_solvers.dual.PiecewiseOracle`; for distances, relative to ``h``).
 
     A window (:meth:`window`) also has ``domain = (h_lo, h_hi)``, the total ``n`` (beyond the
     keys it holds) and ``sorted_from`` (its unsorted front ``A``); the full view has
@@ -301,9 +301,11 @@ class SortedTwoPiece:
         ``-tol``, the tie tolerance of :class:`otstab_solvers.dual.PiecewiseOracle`."""
         A, B = self.coefficients(h)[:2]
         if self.kind == "hinge":
-            tol = self.tie * (1.0 + h * self.umax + self.c * h * h)
+            # relative to the size of the terms of ``u h + c h^2`` (no absolute part: at a
+            # small h an absolute tolerance would tie samples whose kinks lie far from h)
+            tol = self.tie * (h * self.umax + self.c * h * h)
         else:  # a kink h = s * nu_i need not give back nu_i exactly when divided by s
-            tol = self.tie * max(1.0, h)
+            tol = self.tie * h
         return (B - tol) / A, (B + tol) / A
 
     def kink(self, i: int) -> float:
@@ -560,6 +562,9 @@ class SortedTwoPiece:
         ``w`` (sum of weights), ``wd`` (of weight times loss at the moved point), ``d`` (of
         that loss) and ``phi`` (of ``phi_KL(weight)``). The weights have mean one over all n
         samples with the tied ones moving (the right side), as the dual's term at ``h``.
+        ``T`` is that divergence term with every sample's ``l_h`` clipped at the zero piece
+        (tied samples count 0): the dual objective at ``h`` is ``h r - T``, evaluated apart
+        from the solver's sums (the audit's weak-duality check).
         ``sum phi`` is summed from the pass's sums when their cancellation is below
         ``phi_atol`` (absolute, on the sum), else per sample by
         :func:`otstab_solvers.weights.phi` in a second pass.
@@ -573,9 +578,12 @@ class SortedTwoPiece:
         nu = self.nu
         if math.isinf(theta2):
             rule = KeyRule(left, right, 0.0, 0.0, 0.0, 1.0, dA, dB, unit=True)
-            d_sum = dA * self._head_sums(p_l)[0] + dB * p_l if p_l else 0.0  # (sum of u)
+            s_u = self._head_sums(p_l)[0] if p_l else 0.0
+            d_sum = dA * s_u + dB * p_l if p_l else 0.0
+            # the divergence term mean l_h over the samples that move (each A u + B > tol)
+            T = (A * s_u + B * p_l) / n if p_l else 0.0
             return rule, {"p_l": p_l, "p_r": p_r, "w": float(p_l), "wd": d_sum, "d": d_sum,
-                          "phi": 0.0}
+                          "phi": 0.0, "T": T}
         M = max((-A * float(nu[0]) + B) / theta2, 0.0) if p_r else 0.0
         # every exponent at least that of l_h = 0 (x0): a tied sample's l_h (within the tie
         # tolerance of 0) counts as 0, as the scan of the pieces takes it; this also clamps
@@ -613,7 +621,7 @@ class SortedTwoPiece:
                 phi_sum += float(np.sum(phi(eb, "kl")))
         return rule, {"p_l": p_l, "p_r": p_r, "w": scale * E1,
                       "wd": scale * (dB * E1 - dA * Enu), "d": dB * p_l - dA * Snu,
-                      "phi": phi_sum}
+                      "phi": phi_sum, "T": theta2 * (M - L)}
 
 
 @dataclass(frozen=True)
@@ -677,10 +685,10 @@ def window_thresholds(c: float, h_lo: float, h_hi: float, umax: float, tie: floa
     moves at every ``h`` of the bracket on both sides, ``nu > c_thr`` at none.
 
     A sample counts as moving at ``h`` (right side) when ``nu <= c h + tol / h`` and (left
-    side) when ``nu < c h - tol / h``, with ``tol = tie (1 + h umax + c h^2)``
+    side) when ``nu < c h - tol / h``, with ``tol = tie (h umax + c h^2)``
     (:meth:`SortedTwoPiece.count`); the thresholds leave four times the largest ``tol / h``
     of the bracket, plus rounding of ``c h``, on either side, so a key near an end of the
     bracket is in the sorted part ``B``."""
-    tol = tie * (1.0 + h_hi * umax + c * h_hi * h_hi)
+    tol = tie * (h_hi * umax + c * h_hi * h_hi)
     eps = 4.0 * tol / h_lo + 1e-14 * (umax + c * h_hi)
     return c * h_lo - eps, c * h_hi + eps
