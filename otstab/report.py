@@ -16,6 +16,7 @@ Typical use::
 from __future__ import annotations
 
 import base64
+import functools
 import html
 import importlib
 import io
@@ -32,7 +33,8 @@ from .certificate import loss_from_spec, validate_certificate
 from .errors import ValidationError
 
 __all__ = ["render_html", "write_report", "figure_png", "write_pdf", "find_chromium",
-           "model_card", "model_card_markdown", "raw_moves", "public_name"]
+           "model_card", "model_card_markdown", "raw_moves", "public_name", "policy_gate",
+           "bounds_kind", "tighten_advice"]
 
 # packages whose public modules may be imported to shorten a class path (others are used
 # only when the user's program has already imported them)
@@ -249,7 +251,8 @@ _CLI_FLAGS = {"confidence": "--confidence", "max_nodes": "--max-nodes",
               "se": "--bootstrap", "rtol": "--rtol", "steps": "--steps"}
 
 
-def _cli_certify_flags() -> set:
+@functools.lru_cache(maxsize=1)
+def _cli_certify_flags() -> frozenset:
     """The option strings ``otstab certify`` accepts (read from its parser)."""
     import argparse
 
@@ -257,7 +260,7 @@ def _cli_certify_flags() -> set:
 
     sub = next(a for a in build_parser()._actions
                if isinstance(a, argparse._SubParsersAction))
-    return {o for a in sub.choices["certify"]._actions for o in a.option_strings}
+    return frozenset(o for a in sub.choices["certify"]._actions for o in a.option_strings)
 
 
 def _setting(name: str, value: str, interface: str = "python") -> str:
