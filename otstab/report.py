@@ -285,12 +285,13 @@ def _for_interface(text: str, interface: str) -> str:
     return text.replace("se='bootstrap'", _setting("se", "'bootstrap'", "cli"))
 
 
-def bounds_kind(message: str = "", estimator: str = "", solver_requested: str = "") -> str:
+def bounds_kind(message: str = "", estimator: str = "") -> str:
     """What proved the certified side of a non-exact answer, read from the solver message
     (``res.message`` or the certificate's ``solver.message``): ``"tree"`` (branch and bound
     over a tree ensemble's leaves), ``"mlp"`` (local Lipschitz bound of an MLP, 0/1 loss),
-    ``"mlp_smooth"`` (global Lipschitz over-estimate, smooth losses), ``"first_order"`` (the
-    first-order path of a model with no lower bound), ``"none"`` (no certified lower bound
+    ``"mlp_smooth"`` (global Lipschitz over-estimate, smooth losses), ``"first_order_linear"``
+    (the first-order path of a linear model, which has an exact path), ``"first_order"`` (the
+    first-order path, no lower bound, the model unknown), ``"none"`` (no certified lower bound
     for this model: ``value_lower = 0``) or ``"other"``."""
     message = message or ""
     if "tree ensemble" in message:
@@ -299,9 +300,9 @@ def bounds_kind(message: str = "", estimator: str = "", solver_requested: str = 
         return "mlp"
     if "global Lipschitz" in message:
         return "mlp_smooth"
-    if "first-order" in message and (solver_requested == "first_order"
-                                     or "linear_model" in estimator or "svm" in estimator):
-        return "first_order"
+    if "first-order" in message and "no certified lower bound" in message:
+        linear = any(k in estimator for k in ("linear_model", "svm", "LinearModel"))
+        return "first_order_linear" if linear else "first_order"
     if "no certified lower bound" in message:
         return "none"
     return "other"
@@ -346,10 +347,16 @@ def tighten_advice(kind: str, interface: str = "python", *, ratio=None, options=
                 "which is loose and has no setting that tightens it; the 0/1 loss has a "
                 "local bound that is much tighter: "
                 f"{_setting('loss', repr('zero_one'), interface)} (docs/bounds.md)")
-    if kind == "first_order":
-        return ("the first-order path gives no certified lower bound (value_lower = 0); a "
-                "linear model has an exact path: "
+    if kind == "first_order_linear":
+        return ("the first-order path gives no certified lower bound (value_lower = 0), and "
+                "this linear model has an exact path: "
                 f"{_setting('solver', repr('auto'), interface)}")
+    if kind == "first_order":
+        return ("the first-order path gives no certified lower bound for this model "
+                "(value_lower = 0); if the model is linear it has an exact path "
+                f"({_setting('solver', repr('auto'), interface)}), otherwise no positive "
+                "threshold can pass (certified lower bounds exist for scikit-learn tree "
+                "ensembles and MLPs: docs/bounds.md)")
     if kind == "none":
         return ("otstab has no certified lower bound for this model (value_lower = 0), so no "
                 "positive threshold can pass; certified lower bounds exist for scikit-learn "
@@ -359,8 +366,7 @@ def tighten_advice(kind: str, interface: str = "python", *, ratio=None, options=
 
 def _result_kind(result) -> str:
     """:func:`bounds_kind` of a result object (or anything with ``message`` and ``solver``)."""
-    return bounds_kind(getattr(result, "message", "") or "", "",
-                       "first_order" if getattr(result, "solver", "") == "first_order" else "")
+    return bounds_kind(getattr(result, "message", "") or "")
 
 
 def _search_complete(result):
@@ -723,8 +729,7 @@ def _advice_html(cert: dict, result, interface: str) -> str:
     """How to narrow a non-exact answer's interval, for the model at hand."""
     res, inputs = cert["results"], cert["inputs"]
     kind = bounds_kind(cert["solver"].get("message", ""),
-                       str(inputs["model"].get("estimator") or ""),
-                       str(inputs.get("solver_requested") or ""))
+                       str(inputs["model"].get("estimator") or ""))
     lo, up = _num(res.get("value_lower")), _num(res.get("value_upper"))
     ratio = lo / up if up > 0 and math.isfinite(up) and math.isfinite(lo) else None
     text = tighten_advice(kind, interface, ratio=ratio,

@@ -547,3 +547,18 @@ def test_bounds_report_prints_its_statements(forest_bounds, tmp_path):
     assert "Confidence bound of the certified side (value_lower): not available" in txt
     assert "wall time of certify [s]" in txt and "Narrowing the interval" in txt
     assert "the value to compare with a pass/fail threshold" not in txt
+
+
+def test_first_order_on_a_linear_model_is_told_its_exact_path():
+    X, y = make_toy(40, random_state=2)
+    model = LogisticRegression().fit(X, y)
+    res = otstab.certify(model, X, y, loss="logistic", r=0.8, solver="first_order")
+    assert res.status == "bounds" and res.value_lower == 0
+    cert = C.make_certificate(res, model, X, y, solver="first_order")
+    text = _text(report.render_html(cert, interface="cli"))
+    assert "this linear model has an exact path: --solver auto" in text
+    exact = otstab.certify(model, X, y, loss="logistic", r=0.8)  # the path it names
+    assert exact.status == "optimal" and exact.value <= res.value_upper * (1 + 1e-6)
+    # from the result alone (the gate) the model is unknown: the advice is conditional
+    reason = report.policy_gate(res, res.value_upper / 2, interface="cli")["reason"]
+    assert "if the model is linear it has an exact path (--solver auto)" in reason
