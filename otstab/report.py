@@ -466,9 +466,13 @@ def _policy_html(policy: dict, results=None) -> str:
         decided = f"decided on R = {val}"
     else:
         decided = f"decided on {html.escape(on)} = {val}"
+    reason = str(policy.get("reason", ""))
+    either = "R may be on either side; "
+    if on == "value_lower" and either in reason:  # its advice is the section that follows
+        reason = reason.split(either)[0] + "R may be on either side (see Narrowing the interval)"
     text = (f"Policy: {what}{both}, {decided}: {badge} "
             f"({html.escape(str(policy.get('outcome', '')).replace('_', ' '))}: "
-            f"{html.escape(str(policy.get('reason', '')))}).")
+            f"{html.escape(reason)}).")
     return f'<p class="policy" id="policy">{text}</p>'
 
 

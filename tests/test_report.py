@@ -421,6 +421,9 @@ def test_bounds_report_headline_gate_uncertainty_time(forest_bounds):
     assert (f"decided on the certified lower end value_lower = {_fmt6(lo)} (no perturbation "
             f"cheaper than it reaches r), not on the found value_upper = {_fmt6(up)}") in text
     assert "FAIL (not certified" in text
+    assert "R may be on either side (see Narrowing the interval)" in text
+    assert "max_nodes=2000" in pol["reason"]  # the verdict itself carries the advice
+    assert text.count("A larger budget narrows the interval") == 1  # said once on the page
     # the sampling SE is that of the found value: recorded so, and said so
     assert res.inference.value == up and cert["results"]["uncertainty"]["se"] == res.se
     assert "Confidence bound of the certified side (value_lower): not available" in text
