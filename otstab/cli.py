@@ -654,7 +654,7 @@ def gate(result, fail_under=None, *, require_exact=False, confidence=None) -> di
     from .report import policy_gate
 
     verdict = policy_gate(result, fail_under, require_exact=require_exact,
-                          confidence=confidence)
+                          confidence=confidence, interface="cli")
     return {**verdict, "exit_code": GATE_EXIT[verdict["outcome"]]}
 
 
@@ -758,7 +758,8 @@ def _cmd_demo(args) -> int:
         grid, curve = _report_grids(model, X, y, result)
         html_path = write_report(out / "report.html", cert, result=result, features=table,
                                  grid=grid, curve=curve, y=y, verify_command=verify_cmd,
-                                 title="otstab demo: logistic regression on Adult")
+                                 title="otstab demo: logistic regression on Adult",
+                                 interface="cli")
         written.insert(1, html_path)
     say("")
     for pth in written:
@@ -786,7 +787,7 @@ def _cmd_certify(args) -> int:
     from .certificate import make_certificate, validate_certificate, write_certificate, write_qstar
     from .inference import Bootstrap
     from .losses import epsilon_insensitive, pinball
-    from .report import model_card, model_card_markdown, write_pdf, write_report
+    from .report import _for_interface, model_card, model_card_markdown, write_pdf, write_report
 
     loss = args.loss
     m = re.fullmatch(r"\s*(pinball|epsilon_insensitive)\(\s*([^)]+)\)\s*", loss)
@@ -842,7 +843,7 @@ def _cmd_certify(args) -> int:
     # with --json - / --card - stdout carries only that document
     out = sys.stderr if "-" in (args.json, args.card) else sys.stdout
     say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=out))
-    say(result.summary())
+    say(_for_interface(result.summary(), "cli"))
     if cost is not None:
         from .certificate import hash_cost
 
@@ -850,7 +851,10 @@ def _cmd_certify(args) -> int:
             f"{hash_cost(result.info['cost'])[:12]}):")
         for line in str(result.info.get("cost_description", "")).splitlines():
             say(f"    {line}")
-    if math.isfinite(result.value):
+    if math.isfinite(result.value) and result.status == "bounds":
+        say(f"  no {level:.0%} confidence bound for the certified side value_lower (the "
+            "sampling SE of a non-exact answer is that of the found value value_upper)")
+    elif math.isfinite(result.value):
         lcb = result.lower_confidence_bound(level)
         say(f"  with {level:.0%} confidence over evaluation samples, R >= {lcb:.6g}")
     verdict = gate(result, args.fail_under, require_exact=args.require_exact,
@@ -895,7 +899,7 @@ def _cmd_certify(args) -> int:
                                   args.sample_weight)
         html_path = Path(args.html) if args.html else Path(args.pdf).with_suffix(".html")
         write_report(html_path, cert, result=result, features=table, grid=grid, curve=curve,
-                     verify_command=cmd, title=args.title, y=y)
+                     verify_command=cmd, title=args.title, y=y, interface="cli")
         if args.html:
             written.append(html_path)
         if args.pdf:

@@ -123,6 +123,7 @@ def certify(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl", s
         else:
             if se is None:
                 res.inference = None
+            res.info["wall_time"] = time.perf_counter() - t_start  # the whole call
             return res
     prob = resolve_model(model, X, y, loss=loss_obj, sample_weight=sample_weight)
     if isinstance(loss_obj, ZeroOne) and r > 1.0:
@@ -152,6 +153,8 @@ def certify(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl", s
                                      divergence=divergence, mask=mask, solver=solver,
                                      **solver_options)
         res.inference = inference.bootstrap(res, inference.resample(prob.n, spec, value), spec)
+    # the whole call (validation, search, lower bounds, audit, bootstrap), not only the solver
+    res.info["wall_time"] = time.perf_counter() - t_start
     return res
 
 

@@ -16,6 +16,7 @@ Typical use::
 from __future__ import annotations
 
 import base64
+import functools
 import html
 import importlib
 import io
@@ -33,7 +34,7 @@ from .errors import ValidationError
 
 __all__ = ["render_html", "write_report", "figure_png", "write_pdf", "find_chromium",
            "model_card", "model_card_markdown", "raw_moves", "public_name", "cost_text",
-           "datacost_changes"]
+           "datacost_changes", "policy_gate", "bounds_kind", "tighten_advice"]
 
 # packages whose public modules may be imported to shorten a class path (others are used
 # only when the user's program has already imported them)
@@ -200,24 +201,184 @@ def _figure(png: str | None, caption: str, alt: str) -> str:
             f"<figcaption>{html.escape(caption)}</figcaption></figure>")
 
 
-def _uncertainty_text(unc: dict) -> str:
-    """The sampling uncertainty of R in plain words."""
+def _uncertainty_text(unc: dict, *, exact: bool = True, upper=None, interface="python") -> str:
+    """The sampling uncertainty of R in plain words.
+
+    For a non-exact answer (status ``bounds``) the recorded SE (influence function or
+    bootstrap alike) is that of the found value ``value_upper``, not of R nor of the certified
+    ``value_lower``: the text says so and calls the certified side's confidence bound not
+    available, rather than offering the found value's bound as something to gate on."""
     lv = f"{100 * float(unc['level']):g}%"
     how = ("a bootstrap over the evaluation rows" if unc["method"] == "bootstrap"
            else "the influence function (normal approximation)")
-    text = (f"R was computed on a sample of evaluation data; another sample of the same size "
-            f"from the same population would give a somewhat different value. By {how}, R "
-            f"would typically move by about {_fmt(_num(unc['se']), 3)} (one standard error); "
-            f"with {lv} confidence R in the population lies between "
-            f"{_fmt(_num(unc['ci_low']))} and {_fmt(_num(unc['ci_high']))}, and is at least "
-            f"{_fmt(_num(unc['lower_bound']))} (the value to compare with a pass/fail "
-            "threshold).")
-    if unc.get("note"):
-        text += f" Caution: {html.escape(unc['note'])}."
+    if exact:
+        conf = f"{float(unc['level']):g}"
+        text = (f"R was computed on a sample of evaluation data; another sample of the same "
+                f"size from the same population would give a somewhat different value. By "
+                f"{how}, R would typically move by about {_fmt(_num(unc['se']), 3)} (one "
+                f"standard error); with {lv} confidence R in the population lies between "
+                f"{_fmt(_num(unc['ci_low']))} and {_fmt(_num(unc['ci_high']))}, and is at "
+                f"least {_fmt(_num(unc['lower_bound']))} (a gate asked for {lv} confidence, "
+                f"{_code(_setting('confidence', conf, interface))}, compares this bound with "
+                "its threshold).")
+    else:
+        found = "" if upper is None else f" = {_fmt(_num(upper))}"
+        redo = "on every resample" if unc["method"] == "bootstrap" else "from its weights"
+        text = (f"Confidence bound of the certified side (value_lower): <strong>not "
+                f"available</strong>. The sampling standard error recorded here, by {how}, "
+                f"is that of the found value value_upper{found} (the cost of the returned Q*, "
+                f"recomputed {redo}), not of R and not of the certified value_lower; no "
+                "sampling interval for the certified side is computed, so a gate asked for "
+                "confidence reports this answer as not certified. For reference only, the "
+                f"found value would typically move by about {_fmt(_num(unc['se']), 3)} on "
+                f"another sample (one standard error; {lv} interval "
+                f"{_fmt(_num(unc['ci_low']))} to {_fmt(_num(unc['ci_high']))}).")
+    note = unc.get("note") or ""
+    if not exact:  # a bootstrap would only re-estimate the found value: no advice to run one
+        note = "; ".join(p for p in note.split("; ") if p != "prefer se='bootstrap'")
+    if note:
+        text += f" Caution: {html.escape(_for_interface(note, interface))}."
     return text
 
 
-def policy_gate(result, fail_under=None, *, require_exact=False, confidence=None) -> dict:
+def _code(text: str) -> str:
+    return f"<code>{html.escape(text)}</code>"
+
+
+#: ``certify`` keywords and the ``otstab certify`` flags that set them
+_CLI_FLAGS = {"confidence": "--confidence", "max_nodes": "--max-nodes",
+              "time_budget": "--time-budget", "loss": "--loss", "solver": "--solver",
+              "se": "--bootstrap", "rtol": "--rtol", "steps": "--steps"}
+
+
+@functools.lru_cache(maxsize=1)
+def _cli_certify_flags() -> frozenset:
+    """The option strings ``otstab certify`` accepts (read from its parser)."""
+    import argparse
+
+    from .cli import build_parser  # noqa: PLC0415 (the CLI imports this module)
+
+    sub = next(a for a in build_parser()._actions
+               if isinstance(a, argparse._SubParsersAction))
+    return frozenset(o for a in sub.choices["certify"]._actions for o in a.option_strings)
+
+
+def _setting(name: str, value: str, interface: str = "python") -> str:
+    """How to set one option, in the reader's interface: ``certify(..., name=value)`` from
+    Python, ``--flag value`` in a report made by the CLI (or, where the CLI has no such flag,
+    that it has none and the Python call)."""
+    py = f"otstab.certify(..., {name}={value})"
+    if interface != "cli":
+        return py if name != "confidence" else f"policy_gate(..., confidence={value})"
+    flag = _CLI_FLAGS.get(name)
+    if flag is None or flag not in _cli_certify_flags():
+        return f"otstab certify has no flag for {name}; from Python {py}"
+    if name == "se":
+        return "--bootstrap N (e.g. --bootstrap 200)"
+    return f"{flag} {value.strip(chr(39))}"
+
+
+def _for_interface(text: str, interface: str) -> str:
+    """A library message with its Python settings written as CLI flags in a CLI report."""
+    if interface != "cli":
+        return text
+    return text.replace("se='bootstrap'", _setting("se", "'bootstrap'", "cli"))
+
+
+def bounds_kind(message: str = "", estimator: str = "") -> str:
+    """What proved the certified side of a non-exact answer, read from the solver message
+    (``res.message`` or the certificate's ``solver.message``): ``"tree"`` (branch and bound
+    over a tree ensemble's leaves), ``"mlp"`` (local Lipschitz bound of an MLP, 0/1 loss),
+    ``"mlp_smooth"`` (global Lipschitz over-estimate, smooth losses), ``"first_order_linear"``
+    (the first-order path of a linear model, which has an exact path), ``"first_order"`` (the
+    first-order path, no lower bound, the model unknown), ``"none"`` (no certified lower bound
+    for this model: ``value_lower = 0``) or ``"other"``."""
+    message = message or ""
+    if "tree ensemble" in message:
+        return "tree"
+    if "local-Lipschitz (MLP)" in message:
+        return "mlp"
+    if "global Lipschitz" in message:
+        return "mlp_smooth"
+    if "first-order" in message and "no certified lower bound" in message:
+        linear = any(k in estimator for k in ("linear_model", "svm", "LinearModel"))
+        return "first_order_linear" if linear else "first_order"
+    if "no certified lower bound" in message:
+        return "none"
+    return "other"
+
+
+def tighten_advice(kind: str, interface: str = "python", *, ratio=None, options=None,
+                   complete=None) -> str:
+    """Plain-text advice on narrowing a non-exact answer's interval, for the model at hand
+    (``kind`` from :func:`bounds_kind`), with settings in the reader's interface.
+    ``options``: the ``certify`` options used, when known; ``complete``: whether the tree
+    search finished for every sample, when known."""
+    options = options or {}
+    if ratio is not None and ratio >= 1 - 1e-6:
+        return ("the interval is already tight (value_lower / value_upper = "
+                f"{ratio:.7g}: the gap is the rounding margin of the certified side); nothing "
+                "to tighten")
+    if kind == "tree" and complete:
+        return ("the branch and bound finished for every sample, so value_lower is R itself "
+                "up to rounding; value_upper is higher because the returned Q* does not yet "
+                "use the closer points that search found (docs/bounds.md, Limitations): no "
+                "setting narrows the interval, and a gate on value_lower loses nothing")
+    if kind == "tree":
+        used = [f"{k} = {options[k]:g}" for k in ("max_nodes", "time_budget") if k in options]
+        nodes = int(options.get("max_nodes", 200))
+        text = ("a tree ensemble has no exact path at this size; the branch and bound behind "
+                "value_lower stops at its budget (max_nodes, boxes per sample, default 200; "
+                "time_budget, seconds for all samples, default none"
+                f"{'; this run: ' + ', '.join(used) if used else ''}). A larger budget narrows "
+                f"the interval: {_setting('max_nodes', str(max(10 * nodes, 2000)), interface)}")
+        if "time_budget" in options:
+            longer = f"{10 * float(options['time_budget']):g}"
+            text += f", and a larger time budget: {_setting('time_budget', longer, interface)}"
+        return text + " (docs/bounds.md)"
+    if kind == "mlp":
+        return ("an MLP has no exact path, and no otstab setting closes this gap: value_lower "
+                "comes from a local Lipschitz bound of the network over each sample's ball "
+                "(docs/bounds.md), not from a search that more effort would finish. Gate on "
+                "value_lower; a threshold at or below it is certified, one above it is not "
+                "certifiable for this model with this bound")
+    if kind == "mlp_smooth":
+        return ("value_lower comes from a global Lipschitz over-estimate of the smooth loss, "
+                "which is loose and has no setting that tightens it; the 0/1 loss has a "
+                "local bound that is much tighter: "
+                f"{_setting('loss', repr('zero_one'), interface)} (docs/bounds.md)")
+    if kind == "first_order_linear":
+        return ("the first-order path gives no certified lower bound (value_lower = 0), and "
+                "this linear model has an exact path: "
+                f"{_setting('solver', repr('auto'), interface)}")
+    if kind == "first_order":
+        return ("the first-order path gives no certified lower bound for this model "
+                "(value_lower = 0); if the model is linear it has an exact path "
+                f"({_setting('solver', repr('auto'), interface)}), otherwise no positive "
+                "threshold can pass (certified lower bounds exist for scikit-learn tree "
+                "ensembles and MLPs: docs/bounds.md)")
+    if kind == "none":
+        return ("otstab has no certified lower bound for this model (value_lower = 0), so no "
+                "positive threshold can pass; certified lower bounds exist for scikit-learn "
+                "tree ensembles and MLPs (docs/bounds.md)")
+    return "see docs/bounds.md for what bounds R for this model"
+
+
+def _result_kind(result) -> str:
+    """:func:`bounds_kind` of a result object (or anything with ``message`` and ``solver``)."""
+    return bounds_kind(getattr(result, "message", "") or "")
+
+
+def _search_complete(result):
+    """Whether the tree search finished for every sample (None when unknown)."""
+    info = (getattr(result, "info", None) or {}).get("lower_bound")
+    if not info or info.get("exact") is None:
+        return None
+    return bool(np.all(np.asarray(info["exact"], dtype=bool)))
+
+
+def policy_gate(result, fail_under=None, *, require_exact=False, confidence=None,
+                interface="python") -> dict:
     """Pass/fail of a result against a policy threshold on R (the CI gate of ``otstab
     certify --fail-under``; docs/ci_gating.md).
 
@@ -225,7 +386,12 @@ def policy_gate(result, fail_under=None, *, require_exact=False, confidence=None
     ``value_lower`` for a non-exact one (status ``bounds``: ``value_lower <= R <=
     value_upper``), and with ``confidence`` the smaller of that and the one-sided lower
     confidence bound of R at that level (a statement about the population, not only this
-    sample).
+    sample). A non-exact answer has no such bound for its certified side (its sampling SE is
+    that of the found value ``value_upper``): with ``confidence`` it is ``"not_certified"``
+    unless even ``value_upper`` is below the threshold (``"below"``).
+
+    ``interface`` (``"python"`` or ``"cli"``) is how the advice in ``reason`` names settings
+    (``certify(..., max_nodes=...)`` or ``--max-nodes``).
 
     Returns
     -------
@@ -247,6 +413,14 @@ def policy_gate(result, fail_under=None, *, require_exact=False, confidence=None
         return {**out, "outcome": outcome, "passed": outcome == "pass", "reason": reason}
 
     if confidence is not None and math.isfinite(result.value):
+        if not exact:
+            if fail_under is not None and upper < fail_under:
+                return verdict("below", f"value_upper = {upper:.6g} < {fail_under:g}: even "
+                                        "the found value is below the threshold")
+            return verdict("not_certified",
+                           f"no {confidence:g} lower confidence bound of the certified side "
+                           "value_lower is available (the sampling SE of a non-exact answer "
+                           "is that of the found value value_upper)")
         lcb = result.lower_confidence_bound(confidence)
         if math.isnan(lcb):
             return verdict("not_certified", f"the {confidence:g} lower confidence bound of R "
@@ -265,12 +439,15 @@ def policy_gate(result, fail_under=None, *, require_exact=False, confidence=None
         return verdict("pass", f"{said} >= {fail_under:g}")
     if exact or upper < fail_under:  # R (or its confidence bound) is below the threshold
         return verdict("below", f"{said} < {fail_under:g}")
+    advice = tighten_advice(_result_kind(result), interface, complete=_search_complete(result))
     return verdict("not_certified",
-                   f"{said} < {fail_under:g} but the answer is not exact (R <= {upper:.6g}); "
-                   "use an exact path (docs/ci_gating.md)")
+                   f"{said} < {fail_under:g} <= value_upper = {upper:.6g}: R may be on either "
+                   f"side; {advice}")
 
 
-def _policy_html(policy: dict) -> str:
+def _policy_html(policy: dict, results=None) -> str:
+    """The gate in one sentence: what is required, which value decides (for a non-exact
+    answer the certified lower end, not the found value), and the verdict."""
     if not policy or policy.get("threshold") is None and not policy.get("require_exact"):
         return ""
     ok = bool(policy.get("passed"))
@@ -278,10 +455,24 @@ def _policy_html(policy: dict) -> str:
     thr = policy.get("threshold")
     what = (f"R must be at least {_fmt(thr)}" if thr is not None else "an exact answer")
     both = " and exact" if thr is not None and policy.get("require_exact") else ""
-    text = (f"Policy: {what}{both}. Gated on {html.escape(str(policy.get('gated_on')))} = "
-            f"{_fmt(_num(policy.get('gated_value')))}: {badge} "
+    on = str(policy.get("gated_on"))
+    val = _fmt(_num(policy.get("gated_value")))
+    if on == "value_lower":
+        up = (results or {}).get("value_upper")
+        found = "" if up is None else f" = {_fmt(_num(up))}"
+        decided = (f"decided on the certified lower end value_lower = {val} (no perturbation "
+                   f"cheaper than it reaches r), not on the found value_upper{found}")
+    elif on == "value":
+        decided = f"decided on R = {val}"
+    else:
+        decided = f"decided on {html.escape(on)} = {val}"
+    reason = str(policy.get("reason", ""))
+    either = "R may be on either side; "
+    if on == "value_lower" and either in reason:  # its advice is the section that follows
+        reason = reason.split(either)[0] + "R may be on either side (see Narrowing the interval)"
+    text = (f"Policy: {what}{both}, {decided}: {badge} "
             f"({html.escape(str(policy.get('outcome', '')).replace('_', ' '))}: "
-            f"{html.escape(str(policy.get('reason', '')))}).")
+            f"{html.escape(reason)}).")
     return f'<p class="policy" id="policy">{text}</p>'
 
 
@@ -657,8 +848,54 @@ def _datacost_section(result, frame, shares, changes) -> list[str]:
     return parts
 
 
+def _interval_headline(res: dict, inputs: dict, loss: str, r: float, base: float) -> str:
+    """The headline of a non-exact answer: the interval, its certified and its found end."""
+    lo, up = _num(res.get("value_lower", 0.0)), _num(res.get("value_upper", res["value"]))
+    ratio = f" (value_lower / value_upper = {lo / up:.3g})" if up > 0 and math.isfinite(up) \
+        else ""
+    return (f'R lies in the interval <span class="value" id="interval">[<span '
+            f'id="value_lower">{_fmt(lo)}</span>, <span id="value_upper">{_fmt(up)}</span>]'
+            f"</span>{ratio}: R is not computed exactly for this model. No perturbation "
+            f"cheaper than {_fmt(lo)} reaches r = {_fmt(r)} (certified); one of cost "
+            f"{_fmt(up)} does (found: the returned Q*, audited). A gate is decided on the "
+            f"certified lower end, {_fmt(lo)}. Base {html.escape(loss)} risk {_fmt(base)}; "
+            f'theta1 = {_fmt(_num(inputs["theta1"]))}, theta2 = '
+            f'{_fmt(_num(inputs["theta2"]))}, {inputs["divergence"]}.')
+
+
+def _advice_html(cert: dict, result, interface: str) -> str:
+    """How to narrow a non-exact answer's interval, for the model at hand."""
+    res, inputs = cert["results"], cert["inputs"]
+    kind = bounds_kind(cert["solver"].get("message", ""),
+                       str(inputs["model"].get("estimator") or ""))
+    lo, up = _num(res.get("value_lower")), _num(res.get("value_upper"))
+    ratio = lo / up if up > 0 and math.isfinite(up) and math.isfinite(lo) else None
+    text = tighten_advice(kind, interface, ratio=ratio,
+                          options=inputs.get("solver_options") or {},
+                          complete=_search_complete(result))
+    done = ""
+    info = (getattr(result, "info", None) or {}).get("lower_bound") if result is not None \
+        else None
+    if kind == "tree" and info is not None and info.get("exact") is not None:
+        ex = np.asarray(info["exact"], dtype=bool)
+        done = (f" The search finished (exact distance) for {int(ex.sum()):,} of {ex.size:,} "
+                "samples.")
+    return ('<h2 id="advice">Narrowing the interval</h2>'
+            f"<p>{html.escape(text[0].upper() + text[1:])}.{done}</p>")
+
+
+def _time_rows(timings: dict) -> list:
+    """Wall time of the whole ``certify`` call (and the final solver's share of it)."""
+    wall, solve = timings.get("wall_s"), timings.get("solve_s")
+    if wall is None:  # a certificate from before the whole call was timed
+        return [("solver time [s] (the final solver only)", _num(solve))]
+    return [("wall time of certify [s]", _num(wall)),
+            ("of which the final solver [s]", _num(solve))]
+
+
 def render_html(cert: dict, *, result=None, features=None, grid=None, curve=None, trace=None,
-                y=None, title=None, top=15, verify_command=None, policy=None) -> str:
+                y=None, title=None, top=15, verify_command=None, policy=None,
+                interface="python") -> str:
     """Render a certificate (and optional extras) as one self-contained HTML page.
 
     Parameters
@@ -686,6 +923,9 @@ def render_html(cert: dict, *, result=None, features=None, grid=None, curve=None
     policy : dict, optional
         A :func:`policy_gate` verdict shown as PASS/FAIL (default: the certificate's
         ``extra.policy``, written by ``otstab certify --fail-under``).
+    interface : {"python", "cli"}
+        Who made the report: the advice names settings as ``otstab.certify(..., name=...)``
+        or, in a report made by ``otstab certify``, as that command's flags.
 
     Returns
     -------
@@ -717,14 +957,7 @@ def render_html(cert: dict, *, result=None, features=None, grid=None, curve=None
                    f"allowed kind: R = inf. {html.escape(solver.get('message', ''))}")
         cls = "verdict warn"
     elif status == "bounds":
-        lo, up = _num(res.get("value_lower", 0.0)), _num(res.get("value_upper", value))
-        verdict = (f"R is not computed exactly for this model; it is bracketed: no perturbation "
-                   f"cheaper than <span class=\"value\" id=\"value_lower\">{_fmt(lo)}</span> "
-                   f"reaches r = {_fmt(r)} (certified); one of cost <span class=\"value\" "
-                   f'id="value">{_fmt(up)}</span> does (found: the returned Q*, audited). '
-                   f"Base {html.escape(loss)} risk {_fmt(base)}; theta1 = "
-                   f'{_fmt(_num(inputs["theta1"]))}, theta2 = {_fmt(_num(inputs["theta2"]))}, '
-                   f'{inputs["divergence"]}.')
+        verdict = _interval_headline(res, inputs, loss, r, base)
         cls = "verdict warn"
     elif value == 0:
         verdict = (f"The risk on the evaluation data ({_fmt(base)}) already reaches "
@@ -737,20 +970,30 @@ def render_html(cert: dict, *, result=None, features=None, grid=None, curve=None
                    f' theta2 = {_fmt(_num(inputs["theta2"]))}, {inputs["divergence"]}). '
                    "Larger means more stable.")
         cls = "verdict"
-    if 'id="value"' not in verdict:
+    if 'id="value"' not in verdict and status != "bounds":
         verdict += f' <span class="value" id="value">R = {_fmt(value)}</span>'
     parts.append(f'<p class="{cls}">{verdict}</p>')
-    parts.append(_policy_html(policy or (cert.get("extra") or {}).get("policy")))
+    parts.append(_policy_html(policy or (cert.get("extra") or {}).get("policy"), res))
     unc = res.get("uncertainty")
     if unc:
-        parts.append(f'<p id="uncertainty">{_uncertainty_text(unc)}</p>')
+        said = _uncertainty_text(unc, exact=status != "bounds", upper=res.get("value_upper"),
+                                 interface=interface)
+        parts.append(f'<p id="uncertainty">{said}</p>')
+    elif status == "bounds":
+        parts.append('<p id="uncertainty">Confidence bound of the certified side (value_lower): '
+                     "<strong>not available</strong>: no sampling uncertainty was computed "
+                     "for this certificate.</p>")
+    if status == "bounds":
+        parts.append(_advice_html(cert, result, interface))
 
     # certificate table
     parts.append("<h2>Certificate</h2>")
     rows = [
-        ("R(beta, r) (dual value)", _num(res["value"])),
+        ("R(beta, r) (dual value)", _num(res["value"])) if status != "bounds" else
+        ("value_upper: cost of the found Q* (R <= this)", _num(res["value_upper"])),
         ("cost of Q* (primal)", _num(res["primal_cost"])),
-        ("certified interval for R", f"[{_fmt(_num(res.get('value_lower', res['value'])))}, "
+        ("interval for R [certified lower, found upper]" if status == "bounds" else
+         "certified interval for R", f"[{_fmt(_num(res.get('value_lower', res['value'])))}, "
                                      f"{_fmt(_num(res.get('value_upper', res['value'])))}]"),
         ("relative gap", _num(res["gap"])),
         ("threshold r", r),
@@ -763,11 +1006,21 @@ def render_html(cert: dict, *, result=None, features=None, grid=None, curve=None
         ("theta2 (price of reweighting)", _num(inputs["theta2"])),
         ("divergence", inputs["divergence"]),
         ("solver / status", f"{solver['name']} / {status}"),
-        ("solve time [s]", _num((cert.get("timings") or {}).get("solve_s"))),
+        *_time_rows(cert.get("timings") or {}),
     ]
     if res.get("alpha") is not None:
         rows.insert(8, ("dual multiplier alpha", _num(res["alpha"])))
-    if unc:
+    if status == "bounds":
+        rows.insert(0, ("value_lower: certified (no cheaper change reaches r)",
+                        _num(res["value_lower"])))
+    if unc and status == "bounds":
+        lv = f"{100 * float(unc['level']):g}%"
+        rows[2:2] = [
+            (f"{lv} lower confidence bound of value_lower", "not available (the SE below is "
+                                                            "that of value_upper)"),
+            ("standard error of value_upper (sampling)", _num(unc["se"])),
+        ]
+    elif unc:
         lv = f"{100 * float(unc['level']):g}%"
         rows[1:1] = [
             ("standard error of R (sampling)", _num(unc["se"])),

@@ -60,6 +60,8 @@ class StabilityResult(ResultMixin):
     decomposition : dict
         base, corruption (I: moving samples), reweighting (II), as in the paper's eq. (4).
     solver, status, solve_time : str, str, float
+        ``solve_time``: the final solver's time only; the wall time of the whole ``certify``
+        call (search, lower bounds, audit, bootstrap) is ``info["wall_time"]`` (seconds).
     status : str
         ``optimal`` (exact and audited), ``bounds`` (not exact: see value_lower/value_upper),
         ``zero`` (r is reached by the data: R = 0), ``unreachable`` (R = inf).

@@ -345,3 +345,223 @@ def test_qstar_caption_matches_the_arrows(theta1, arrows, raw, monkeypatch):
     ax = Figure().add_subplot()
     otstab.plot.sensitive_distribution(res, ax=ax)
     assert (report._count_arrows(ax) > 0) is arrows
+
+
+# ------------------------------------------------------------------------------------------
+# a non-exact answer (status bounds) reads consistently (issue 29): the interval as the
+# headline, the gate on the certified side, no confidence bound passed off for it, the wall
+# time of the whole call, advice for the model at hand, CLI flags in a CLI report
+
+def _text(page_html: str) -> str:
+    """The rendered text of a report (tags dropped, the certificate JSON left out)."""
+    body = re.sub(r"<details.*?</details>", "", page_html, flags=re.S)
+    body = re.sub(r"</?(?:code|span|strong|em|sub|sup)\b[^>]*>", "", body)  # inline: no space
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", body)).split())
+
+
+def _forest():
+    from sklearn.ensemble import RandomForestClassifier
+
+    rng = np.random.default_rng(13)
+    X = rng.normal(size=(40, 2))
+    y = (X[:, 0] * X[:, 1] + 0.5 * rng.normal(size=40) > 0).astype(int)
+    model = RandomForestClassifier(n_estimators=5, max_depth=3, random_state=13).fit(X, y)
+    return model, X, y, float(np.mean(model.predict(X) != y)) + 0.3
+
+
+@pytest.fixture(scope="module")
+def forest_bounds():
+    import time
+
+    model, X, y, r = _forest()
+    t0 = time.perf_counter()
+    # a budget of 5 boxes per sample leaves the search unfinished: a wide interval
+    res = otstab.certify(model, X, y, loss="zero_one", r=r, theta1=1.0, theta2=1.0,
+                         max_nodes=5)
+    took = time.perf_counter() - t0
+    assert res.status == "bounds" and 0 < res.value_lower < 0.5 * res.value_upper
+    return model, X, y, r, res, took
+
+
+@pytest.fixture(scope="module")
+def small_mlp():
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.neural_network import MLPClassifier
+
+    _, X, y, _ = _forest()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model = MLPClassifier((6,), max_iter=300, random_state=0).fit(X, y)
+    return model, X, y, float(np.mean(model.predict(X) != y)) + 0.3
+
+
+def _fmt6(v):
+    return f"{v:.6g}"
+
+
+def test_bounds_report_headline_gate_uncertainty_time(forest_bounds):
+    model, X, y, r, res, took = forest_bounds
+    lo, up = res.value_lower, res.value_upper
+    thr = (lo + up) / 2  # between the ends: R may be on either side
+    pol = report.policy_gate(res, thr)
+    assert pol["outcome"] == "not_certified" and pol["gated_on"] == "value_lower"
+    cert = C.make_certificate(res, model, X, y, extra={"policy": pol})
+    page = report.render_html(cert, result=res)
+    text = _text(page)
+    # the headline is the interval, its ends are the result's
+    m = re.search(r'id="interval">\[<span id="value_lower">([^<]*)</span>, '
+                  r'<span id="value_upper">([^<]*)</span>\]', page)
+    assert m and m.groups() == (_fmt6(lo), _fmt6(up))
+    assert f"R lies in the interval [{_fmt6(lo)}, {_fmt6(up)}]" in text
+    assert 'id="value"' not in page  # no single "R = value_upper"
+    assert "R(beta, r) (dual value)" not in text
+    # one gate sentence, on the certified side
+    assert (f"decided on the certified lower end value_lower = {_fmt6(lo)} (no perturbation "
+            f"cheaper than it reaches r), not on the found value_upper = {_fmt6(up)}") in text
+    assert "FAIL (not certified" in text
+    assert "R may be on either side (see Narrowing the interval)" in text
+    assert "max_nodes=2000" in pol["reason"]  # the verdict itself carries the advice
+    assert text.count("A larger budget narrows the interval") == 1  # said once on the page
+    # the sampling SE is that of the found value: recorded so, and said so
+    assert res.inference.value == up and cert["results"]["uncertainty"]["se"] == res.se
+    assert "Confidence bound of the certified side (value_lower): not available" in text
+    assert f"is that of the found value value_upper = {_fmt6(up)}" in text
+    assert "the value to compare with a pass/fail threshold" not in text
+    assert "lower bound for R" not in text
+    # and a gate asked for confidence does not use the found value's bound
+    with_conf = report.policy_gate(res, lo / 2, confidence=0.95)
+    assert with_conf["outcome"] == "not_certified" and "value_lower" in with_conf["reason"]
+    assert report.policy_gate(res, up * 2, confidence=0.95)["outcome"] == "below"
+    assert report.policy_gate(res, lo / 2)["outcome"] == "pass"
+    # the wall time of the whole call, measured around it, next to the solver's share
+    wall = res.info["wall_time"]
+    assert res.solve_time < wall <= took
+    assert cert["timings"]["wall_s"] == wall
+    assert f"wall time of certify [s] {_fmt6(wall)}" in text
+    assert "solve time" not in text
+    # advice for a tree ensemble in Python: a larger budget, no "exact path" to use
+    assert "Narrowing the interval" in text and "otstab.certify(..., max_nodes=2000)" in text
+    assert "use an exact path" not in text and "se='bootstrap'" not in text
+    n_done = int(np.sum(res.info["lower_bound"]["exact"]))
+    assert f"finished (exact distance) for {n_done} of {len(X)} samples" in text
+
+
+def test_bounds_advice_follows_the_model(small_mlp):
+    model, X, y, r = _forest()
+    # the search runs to the end: value_lower is R, nothing to tighten
+    full = otstab.certify(model, X, y, loss="zero_one", r=r, theta1=1.0, theta2=1.0)
+    assert full.status == "bounds" and np.all(full.info["lower_bound"]["exact"])
+    text = _text(report.render_html(C.make_certificate(full, model, X, y), result=full))
+    assert "max_nodes=" not in text
+    assert ("already tight" in text if full.value_lower >= (1 - 1e-6) * full.value_upper
+            else "finished for every sample" in text)
+    mlp, X, y, r = small_mlp
+    res = otstab.certify(mlp, X, y, loss="zero_one", r=r, theta1=1.0, theta2=1.0)
+    assert res.status == "bounds" and res.value_lower < (1 - 1e-6) * res.value_upper
+    assert report.bounds_kind(res.message) == "mlp"
+    text = _text(report.render_html(C.make_certificate(res, mlp, X, y), result=res))
+    assert "no otstab setting closes this gap" in text and "local Lipschitz" in text
+    assert "max_nodes" not in text and "use an exact path" not in text
+    reason = report.policy_gate(res, (res.value_lower + res.value_upper) / 2)["reason"]
+    assert "no otstab setting closes this gap" in reason and "exact path:" not in reason
+
+
+def test_exact_report_keeps_the_value_and_says_what_the_bound_is_for(page):
+    text_html, cert, res = page
+    text = _text(text_html)
+    assert res.status == "optimal"
+    assert re.search(r'<span class="value" id="value">([^<]*)</span>', text_html).group(1) \
+        == _fmt6(res.value)
+    assert "Narrowing the interval" not in text and "not available" not in text
+    assert "the value to compare with a pass/fail threshold" not in text
+    lcb = res.lower_confidence_bound(0.95)
+    assert (f"is at least {_fmt6(lcb)} (a gate asked for 95% confidence, "
+            "policy_gate(..., confidence=0.95), compares this bound with its threshold)") in text
+    assert f"wall time of certify [s] {_fmt6(res.info['wall_time'])}" in text
+    pol = report.policy_gate(res, res.value / 2)
+    assert f"decided on R = {_fmt6(res.value)}" in _text(report.render_html(cert, policy=pol))
+
+
+@pytest.fixture(scope="module")
+def cli_bounds_report(tmp_path_factory, small_mlp):
+    """A report made by ``otstab certify`` for an MLP under the logistic loss (status bounds,
+    value_lower from the global Lipschitz over-estimate), gated between the ends."""
+    import contextlib
+    import io
+
+    import joblib
+
+    from otstab import cli
+
+    model, X, y, _ = small_mlp
+    d = tmp_path_factory.mktemp("cli_bounds")
+    joblib.dump(model, d / "model.joblib")
+    pd.DataFrame({"a": X[:, 0], "b": X[:, 1], "t": y}).to_csv(d / "eval.csv", index=False)
+    res = otstab.certify(model, X, y, loss="logistic", r=0.75)
+    assert res.status == "bounds" and res.value_lower < res.value_upper
+    err = io.StringIO()
+    args = ["certify", "--model", str(d / "model.joblib"), "--data", str(d / "eval.csv"),
+            "--target", "t", "--trust-model", "--loss", "logistic", "--r", "0.75",
+            "--fail-under", repr((res.value_lower + res.value_upper) / 2),
+            "--html", str(d / "report.html"), "--quiet"]
+    with contextlib.redirect_stderr(err):
+        code = cli.main(args)
+    return d, code, err.getvalue()
+
+
+def test_cli_report_of_bounds_names_cli_flags(cli_bounds_report, forest_bounds):
+    from otstab.cli import EXIT_NOT_CERTIFIED
+
+    d, code, err = cli_bounds_report
+    text = _text((d / "report.html").read_text())
+    assert "R lies in the interval" in text
+    assert "decided on the certified lower end value_lower" in text
+    assert "global Lipschitz over-estimate" in text
+    assert "--loss zero_one" in text and "loss='zero_one'" not in text  # the CLI's flag
+    assert code == EXIT_NOT_CERTIFIED and "--loss zero_one" in err
+    assert "se='bootstrap'" not in text and "use an exact path" not in text
+    assert "wall time of certify [s]" in text
+    # a tree ensemble whose search stopped at its budget, in a CLI report
+    model, X, y, r, res, _ = forest_bounds
+    text = _text(report.render_html(C.make_certificate(res, model, X, y), result=res,
+                                    interface="cli"))
+    if "--max-nodes" in report._cli_certify_flags():
+        assert "--max-nodes 2000" in text
+    else:  # said plainly, with the Python call that has it
+        assert ("otstab certify has no flag for max_nodes; from Python "
+                "otstab.certify(..., max_nodes=2000)") in text
+
+
+@needs_chromium
+def test_bounds_report_prints_its_statements(forest_bounds, tmp_path):
+    if shutil.which("pdftotext") is None:
+        pytest.skip("pdftotext (poppler) is not installed")
+    model, X, y, r, res, _ = forest_bounds
+    pol = report.policy_gate(res, (res.value_lower + res.value_upper) / 2, interface="cli")
+    cert = C.make_certificate(res, model, X, y, extra={"policy": pol})
+    page = report.write_report(tmp_path / "bounds.html", cert, result=res, interface="cli")
+    pdf = report.write_pdf(page, tmp_path / "bounds.pdf")
+    txt = " ".join(subprocess.run(["pdftotext", str(pdf), "-"], capture_output=True,
+                                  text=True, timeout=60).stdout.split())
+    assert f"R lies in the interval [{_fmt6(res.value_lower)}, {_fmt6(res.value_upper)}]" in txt
+    assert "decided on the certified lower end value_lower" in txt
+    assert "Confidence bound of the certified side (value_lower): not available" in txt
+    assert "wall time of certify [s]" in txt and "Narrowing the interval" in txt
+    assert "the value to compare with a pass/fail threshold" not in txt
+
+
+def test_first_order_on_a_linear_model_is_told_its_exact_path():
+    X, y = make_toy(40, random_state=2)
+    model = LogisticRegression().fit(X, y)
+    res = otstab.certify(model, X, y, loss="logistic", r=0.8, solver="first_order")
+    assert res.status == "bounds" and res.value_lower == 0
+    cert = C.make_certificate(res, model, X, y, solver="first_order")
+    text = _text(report.render_html(cert, interface="cli"))
+    assert "this linear model has an exact path: --solver auto" in text
+    exact = otstab.certify(model, X, y, loss="logistic", r=0.8)  # the path it names
+    assert exact.status == "optimal" and exact.value <= res.value_upper * (1 + 1e-6)
+    # from the result alone (the gate) the model is unknown: the advice is conditional
+    reason = report.policy_gate(res, res.value_upper / 2, interface="cli")["reason"]
+    assert "if the model is linear it has an exact path (--solver auto)" in reason
