@@ -209,13 +209,13 @@ def raw_frame(model, X, prob) -> pd.DataFrame:
     if isinstance(X, pd.DataFrame):
         frame = X.copy()
         frame.columns = [str(c) for c in frame.columns]
-        names = pipeline._raw_names(model, frame.shape[1]) if getattr(model, "steps", None) \
+        names = pipeline.raw_column_names(model, frame.shape[1]) if getattr(model, "steps", None) \
             else None
         if names is not None and set(names) <= set(frame.columns):
             frame = frame[names]
         return frame.reset_index(drop=True)
     arr = np.array(X, copy=True)
-    names = (pipeline._raw_names(model, arr.shape[1]) if getattr(model, "steps", None)
+    names = (pipeline.raw_column_names(model, arr.shape[1]) if getattr(model, "steps", None)
              else list(prob.feature_names))
     return pd.DataFrame(arr, columns=names)
 
