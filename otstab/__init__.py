@@ -53,7 +53,8 @@ _SUBMODULES = {"losses", "errors", "datasets", "plot", "models", "results", "cer
                "report", "cli", "nonlinear", "perturbation", "zero_one", "train",
                "worst_case", "groups", "subsets", "features", "sweeps", "inference", "dro",
                "comparison", "pipeline", "core", "audit", "params", "piecewise", "smooth",
-               "reduction", "datacost", "datacost_zero_one", "datacost_hinge"}
+               "reduction", "datacost", "datacost_linear", "datacost_zero_one", "datacost_hinge",
+               "datacost_certify"}
 
 __all__ = sorted(set(_LAZY) | _SUBMODULES | {"__version__"})
 

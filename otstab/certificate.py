@@ -85,15 +85,16 @@ import numpy as np
 import pandas as pd
 from otstab_solvers.weights import phi
 
-from . import __version__
+from . import __version__, datacost_linear
 from ._results import jsonable
 from ._validation import as_float_vector, as_sample_weight
 from .audit import relative_gap
 from .core import certify
+from .datacost import DataCost, _frame, as_cost
 from .errors import InputTypeError, OtstabError, SolverError, ValidationError
 from .features import feature_stability
 from .inference import Bootstrap, check_level
-from .losses import LOSS_NAMES, PiecewiseLinear, epsilon_insensitive, get_loss, pinball
+from .losses import LOSS_NAMES, PiecewiseLinear, ZeroOne, epsilon_insensitive, get_loss, pinball
 from .models import resolve_model
 from .reduction import feature_mask
 from .results import StabilityResult
@@ -1697,8 +1698,6 @@ def _datacost_spec(result) -> dict | None:
 
 def _raw_frame_of(model, X):
     """The evaluation data as the DataFrame a DataCost is resolved on."""
-    from .datacost import _frame
-
     return _frame(model, X)
 
 
@@ -1706,8 +1705,6 @@ def _cost_info(result, model, X) -> dict | None:
     """``inputs.cost`` of a certificate: None for the encoded cost; else the resolved spec,
     its description (of the spec as stored, resolved again on ``model`` and ``X``: what
     :func:`verify_certificate` recomputes) and its fingerprint (:func:`hash_cost`)."""
-    from .datacost import DataCost
-
     spec = _datacost_spec(result)
     if spec is None:
         return None
@@ -1724,8 +1721,6 @@ def _expected_cost(cost, model, X, movable=None) -> dict | None:
     ``to_dict()``, ``"auto"``, or a path to a JSON spec file), resolved on the model and
     data, with the variables outside ``movable`` (``inputs.movable_features``) immutable as
     certify makes them; None when not given."""
-    from .datacost import DataCost, as_cost
-
     if cost is None:
         return None
     if isinstance(cost, (str, Path)) and str(cost).lower() not in ("auto", "encoded"):
@@ -1746,8 +1741,6 @@ def _expected_cost(cost, model, X, movable=None) -> dict | None:
 def read_cost_file(path):
     """A DataCost spec file (``DataCost.to_dict()`` as JSON; e.g. the one a risk team
     versions next to the model). Errors name the file and the field."""
-    from .datacost import DataCost
-
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -1774,8 +1767,6 @@ def _verify_cost_block(report, block, expected, model, X):
     spec is a valid DataCost, and it is the one the caller expects (``expected``: a resolved
     spec, ``{}`` for the encoded cost, None: not given). Returns the DataCost to recompute
     under (None: the encoded cost); False when nothing can be recomputed."""
-    from .datacost import DataCost
-
     if block is None:
         if expected:
             _expect(report, "inputs.cost", False, "the encoded cost", "a DataCost",
@@ -1854,10 +1845,6 @@ def raw_qstar_mismatches(frame, model, X, y, cert, *, rtol=None, atol=None, gap_
     ``results.primal_cost``, ``results.risk_star`` (which reaches r) and
     ``results.total_mass``.
     """
-    from .datacost import DataCost
-    from .datacost_zero_one import _encode, _predict
-    from .losses import ZeroOne
-
     tol = _tolerances(rtol=rtol, atol=atol, gap_tol=gap_tol)
     inputs, res = cert["inputs"], cert["results"]
     spec = inputs["cost"]["spec"]
@@ -1942,10 +1929,10 @@ def raw_qstar_mismatches(frame, model, X, y, cert, *, rtol=None, atol=None, gap_
         return out
     raw1 = raw1[names]
     if isinstance(loss, ZeroOne):
-        pred = _predict(model, raw1)
+        pred = datacost_linear.predict(model, raw1)
         loss_star = (pred != np.asarray(prob.y_original)[src]).astype(np.float64)
     else:
-        loss_star = prob.losses(_encode(model, raw1), prob.y[src])
+        loss_star = prob.losses(datacost_linear.encode(model, raw1), prob.y[src])
     price = rc.cost(raw0, raw1)
     per_atom = [("loss", prob.losses(prob.X)[src], "the model's loss at the source sample"),
                 ("loss*", loss_star, "the model's loss at the moved raw row"),

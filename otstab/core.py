@@ -14,7 +14,7 @@ import time
 
 from . import dask_path, datacost, inference, pipeline
 from .costs import check_feature_costs, scaled_problem, unscale_result
-from .datacost_zero_one import certify_datacost
+from .datacost_certify import certify_datacost
 from .errors import ValidationError
 from .losses import MulticlassHinge, PiecewiseLinear, ZeroOne, get_loss
 from .models import resolve_model
@@ -104,7 +104,7 @@ def certify(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl", s
     solver = solver.lower()
     loss_obj = get_loss(loss)
     data_cost = datacost.as_cost(cost)
-    if data_cost is not None:  # a cost on the raw variables (otstab.datacost_zero_one)
+    if data_cost is not None:  # a cost on the raw variables (otstab.datacost_certify)
         return certify_datacost(model, X, y, loss=loss_obj, r=r, theta1=theta1, theta2=theta2,
                                 divergence=divergence, solver=solver, features=features, se=se,
                                 feature_costs=feature_costs, sample_weight=sample_weight,

@@ -469,34 +469,24 @@ def _frame(model, X) -> pd.DataFrame:
     arr = np.asarray(X)
     if arr.ndim != 2:
         raise ValidationError(f"X must be 2-D, got shape {arr.shape}")
-    names = pipeline._raw_names(model, arr.shape[1]) if getattr(model, "steps", None) else None
+    names = pipeline.raw_column_names(model, arr.shape[1]) if getattr(model, "steps", None) \
+        else None
     if names is None:
         names = [str(c) for c in (getattr(model, "feature_names_in_", None)
                                   or [f"x{j}" for j in range(arr.shape[1])])]
     return pd.DataFrame(arr, columns=names)
 
 
-def _leaf_of(rmap, name):
-    return next((lf for lf in rmap._leaves if name in lf.inputs), None)
-
-
 def _encoder_levels(rmap, name):
     """The encoder's categories of a one-hot or ordinal variable (in the encoder's order)."""
-    leaf = _leaf_of(rmap, name)
-    if leaf is None or not leaf.steps:
-        return None
-    enc = leaf.steps[-1]
-    cats = getattr(enc, "categories_", None)
+    cats = rmap.categories(name)
     if cats is None:
         return None
-    k = leaf.inputs.index(name)
-    return [_plain(c) for c in cats[k] if not (isinstance(c, float) and math.isnan(c))]
+    return [_plain(c) for c in cats if not (isinstance(c, float) and math.isnan(c))]
 
 
 def _has_scaler(rmap, name) -> bool:
-    leaf = _leaf_of(rmap, name)
-    steps = list(leaf.steps if leaf is not None else []) + list(rmap._post)
-    return any(pipeline._name(s) in SCALERS for s in steps)
+    return any(s in SCALERS for s in rmap.step_names(name))
 
 
 def _integral(col: pd.Series) -> bool:

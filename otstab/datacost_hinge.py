@@ -2,7 +2,7 @@
 
 The hinge loss ``max(0, 1 - y s(u))`` of a raw row ``u`` is ``max(0, m'_i + g)`` with
 ``m'_i = 1 - y_i s(u_i)`` and ``g`` the score change in the direction ``-y_i`` (a sum over
-the raw variables, :mod:`otstab.datacost_zero_one`). Its d-transform separates: for ``h >= 0``
+the raw variables, :mod:`otstab.datacost_linear`). Its d-transform separates: for ``h >= 0``
 
     l_h(u_i) = max(0, h m'_i + sum_v psi_v(h)),   psi_v(h) = max_o (h g_o - theta1 c_o),
 
@@ -29,7 +29,7 @@ from otstab_solvers.result import OPTIMAL
 from otstab_solvers.weights import chi2_solution, kl_weights
 
 from . import audit
-from .datacost_zero_one import DataCostView, _encode, _moved_rows, flip_problem
+from .datacost_linear import DataCostView, encode, flip_problem, moved_rows
 from .errors import SolverError, ValidationError
 from .results import Lazy, StabilityResult
 
@@ -153,9 +153,9 @@ def certify_datacost_hinge(model, prob, rc, parts, frame, *, r, theta1, theta2, 
     share = audit.shares_in_order(gain[kinked], n * (r - risk_left))
     frac = np.zeros(n)
     frac[kinked] = share
-    XL = _moved_rows(frame.copy(), rows, layout, left[3], left[4], left[5],
+    XL = moved_rows(frame.copy(), rows, layout, left[3], left[4], left[5],
                      np.ones(n, dtype=bool))
-    XR = _moved_rows(frame.copy(), rows, layout, right[3], right[4], right[5],
+    XR = moved_rows(frame.copy(), rows, layout, right[3], right[4], right[5],
                      np.ones(n, dtype=bool))
     # atoms: every sample at its left maximiser (mass 1 - frac), the split samples also at
     # their right maximiser (mass frac); a sample moved whole goes to the right one
@@ -193,7 +193,7 @@ def _result(model, prob, rc, frame, star, src, mass, wa, loss0, loss_star, moved
     sums = audit.audit_sums(loss0, loss_star, moved2, mass, wa, theta1, theta2, divergence,
                             value)
     res = StabilityResult(
-        value=value, h=h, alpha=alpha, X_star=Lazy(lambda: _encode(model, star)), weights=wa,
+        value=value, h=h, alpha=alpha, X_star=Lazy(lambda: encode(model, star)), weights=wa,
         source=src, mass=mass, risk_base=sums["risk_base"], risk_star=sums["risk_star"],
         total_mass=sums["total_mass"], primal_cost=sums["primal_cost"], gap=sums["gap"],
         decomposition=sums["decomposition"], solver="dual", status="candidate",

@@ -32,7 +32,7 @@ import pandas as pd
 from .errors import ValidationError
 
 __all__ = ["RawVariable", "RawMap", "raw_map", "RawView", "raw_view", "expand_features",
-           "auto_groups"]
+           "auto_groups", "raw_column_names"]
 
 #: transformers applied column by column whose inverse is ``inverse_transform`` (or identity)
 ELEMENTWISE = {"StandardScaler", "MinMaxScaler", "MaxAbsScaler", "RobustScaler",
@@ -110,6 +110,26 @@ class RawMap:
         """``{raw column: [encoded column names]}`` for every raw column the model reads."""
         return {v.name: [self.encoded_names[j] for j in v.columns]
                 for v in self.variables if v.columns}
+
+    def categories(self, name: str) -> list | None:
+        """The fitted categories of raw variable ``name`` in its encoder's order (the
+        ``categories_`` of the one-hot or ordinal encoder ending its chain, missing values
+        included as the encoder has them), or None when its chain ends in no such encoder."""
+        leaf = self._leaf(name)
+        if leaf is None or not leaf.steps:
+            return None
+        cats = getattr(leaf.steps[-1], "categories_", None)
+        return None if cats is None else list(cats[leaf.inputs.index(name)])
+
+    def step_names(self, name: str) -> list:
+        """The class names of the steps that act on raw variable ``name``, in order: its own
+        chain inside the ColumnTransformer, then the elementwise steps after it."""
+        leaf = self._leaf(name)
+        steps = list(leaf.steps if leaf is not None else []) + list(self._post)
+        return [_name(s) for s in steps]
+
+    def _leaf(self, name: str):
+        return next((lf for lf in self._leaves if name in lf.inputs), None)
 
     def to_raw(self, Z, X_raw: pd.DataFrame, moved=None) -> tuple[pd.DataFrame, dict]:
         """Encoded rows ``Z`` (n x d) mapped back to the raw columns.
@@ -342,7 +362,10 @@ def _leaf_variables(leaf: _Leaf):
     return [RawVariable(name, kind, [j]) for name, j in zip(leaf.inputs, leaf.outputs)]
 
 
-def _raw_names(model, d=None):
+def raw_column_names(model, d=None) -> list | None:
+    """The raw columns ``model`` was fitted on (``feature_names_in_``; ``x0, x1, ...`` for a
+    model fitted on an array of ``n_features_in_`` (else ``d``) columns), or None when neither
+    is known."""
     names = getattr(model, "feature_names_in_", None)
     if names is not None:
         return [str(c) for c in names]
@@ -365,7 +388,7 @@ def raw_map(model, encoded_names) -> RawMap | None:
     if not steps or len(steps) < 2:
         return _name_map(encoded_names)
     pre = [s for _, s in steps[:-1] if not (s is None or s == "passthrough")]
-    raw_names = _raw_names(model, None)
+    raw_names = raw_column_names(model, None)
     if raw_names is None:
         return None
     # [identity steps] [ColumnTransformer [elementwise steps]] or one chain on all columns

@@ -591,7 +591,7 @@ def datacost_changes(result, top: int = 10):
     of the moves per raw variable; ``changes``: ``(sample, weight, text)`` of the most moved
     atoms, e.g. ``"purpose: car (new) -> radio/television; amount 1,169 -> 1,402"``, plain
     text). None when the result was not certified under a DataCost."""
-    from .datacost_zero_one import DataCostView
+    from .datacost_linear import DataCostView
 
     view = (result.info or {}).get("raw_view")
     if not isinstance(view, DataCostView):

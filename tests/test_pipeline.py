@@ -279,3 +279,25 @@ def test_slopes_match_the_pipelines_own_transform():
     post = model[1].scale_  # an indicator moves 1/scale_ of the standardised column per unit
     for j, sl in rmap.slopes("grade").items():
         assert sl == pytest.approx(1.0 / post[j], rel=1e-12)
+
+
+def test_categories_and_step_names_of_each_raw_variable():
+    """RawMap.categories against the raw column's own distinct values (two variables sharing
+    one encoder, and an ordinal one), RawMap.step_names against the pipeline as built, and
+    raw_column_names against the frame the model was fitted on."""
+    X, y = _toy()
+    ct = ColumnTransformer([("num", make_pipeline(SimpleImputer(), MinMaxScaler()), ["income"]),
+                            ("cat", OneHotEncoder(sparse_output=False), ["grade", "city"]),
+                            ("ord", OrdinalEncoder(), ["note"])])
+    X = X.assign(note=np.where(X["note"] > 0, "yes", "no"))
+    model = make_pipeline(ct, StandardScaler(), LogisticRegression()).fit(X, y)
+    names = [str(c) for c in model[:-1].get_feature_names_out()]
+    rmap = pipeline.raw_map(model, names)
+    for name in ("grade", "city", "note"):
+        assert rmap.categories(name) == sorted(X[name].unique()), name
+    assert rmap.categories("income") is None
+    assert rmap.step_names("income") == ["SimpleImputer", "MinMaxScaler", "StandardScaler"]
+    assert rmap.step_names("city") == ["OneHotEncoder", "StandardScaler"]
+    assert pipeline.raw_column_names(model) == list(X.columns)
+    assert pipeline.raw_column_names(LogisticRegression().fit(X[["income"]].to_numpy(), y)) \
+        == ["x0"]
