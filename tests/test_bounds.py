@@ -433,3 +433,27 @@ def test_stability_curve_and_compare_pass_the_bound_options_to_certify():
         otstab.stability_curve(model, X, y, **kw, r=[0.4], features=[0, 1], node_budget=0)
     with pytest.raises(otstab.errors.ValidationError, match="node_budget"):
         otstab.compare({"gb": model}, X, y, **cmp, r=0.4, features=[0, 1], node_budget=0)
+
+
+def test_verify_recomputes_budgeted_feature_scores_under_the_recorded_budgets():
+    # a certificate whose feature table was scored under the tree bound's budgets: verify
+    # scores the features under the recorded node_budget (equality) and, for a time budget,
+    # without it (each recorded score_lower at most the recomputed one)
+    from otstab.certificate import make_certificate, verify_certificate  # noqa: PLC0415
+
+    model, X, y, kw = _budget_case()
+    groups = {"a": ["x0", "x1"], "b": ["x2", "x3"]}
+    for opts in ({"node_budget": 30, "max_nodes": 60}, {"time_budget": 0.0}):
+        res = otstab.certify(model, X, y, **kw, **opts)
+        table = otstab.feature_stability(model, X, y, **kw, feature_groups=groups,
+                                         **opts).to_frame()
+        assert "score_lower" in table.columns
+        cert = make_certificate(res, model, X, y, features=table, groups=groups,
+                                solver_options=opts)
+        rep = verify_certificate(cert, model, X, y)
+        assert rep.ok, rep
+        row = cert["results"]["feature_stability"]["table"][0]
+        row["score_lower"] = row["score"] * 1.01 + 1e-6  # above the found (upper) score
+        rep = verify_certificate(cert, model, X, y)
+        assert not rep.ok
+        assert any("score_lower" in m.field for m in rep.mismatches)
