@@ -930,3 +930,12 @@ def test_certify_time_budget_is_recorded_and_verified_as_at_most(tmp_path):
     code, stdout, stderr = run(["verify", tmp_path / "tb.json", *base])
     assert code == 0, stdout + stderr
     assert "at least the recorded value_lower" in stdout + stderr
+
+
+def test_tree_budget_flags_on_a_model_without_that_bound_name_the_flag(demo):
+    out, _ = demo
+    for flag, val in (("--time-budget", "5"), ("--node-budget", "10"), ("--max-nodes", "10")):
+        code, _, stderr = run(["certify", "--trust-model", "--model", out / "model.joblib",
+                               "--data", out / "eval.csv", "--target", "income", "--r", "0.3",
+                               flag, val])
+        assert code == 2 and f"argument {flag}:" in stderr, stderr
