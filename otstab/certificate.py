@@ -1385,7 +1385,9 @@ def verify_certificate(cert_or_path, model, X, y, *, rtol=None, atol=None, h_rto
 
     fs = cert["results"].get("feature_stability")
     if fs is not None and check_features:
-        _verify_features(report, fs, model, X, y, kwargs, tol)
+        # the tree bound's deterministic budgets apply to each feature's score too
+        budgets = {k: options[k] for k in ("max_nodes", "node_budget") if k in options}
+        _verify_features(report, fs, model, X, y, kwargs, tol, budgets, lower_at_least=timed)
     elif fs is not None:
         report.notes.append("the feature scores were not recomputed (check_features=False)")
     if qstar is not None:
@@ -1499,15 +1501,20 @@ def _verify_consistency(report, cert: dict, tol: dict) -> None:
     if fs is not None and fs["table"]:
         table = pd.DataFrame(fs["table"])
         scores = pd.Series([_num(s) for s in table["score"]])
+        # non-exact scores (score_lower present) are ranked by their certified lower side,
+        # ties by score, as feature_stability ranks and sorts them
+        by = "score_lower" if "score_lower" in table.columns else "score"
+        keys = pd.Series([_num(s) for s in table[by]])
         if "rank" in table.columns:
             # as feature_stability ranks them (a nan score, never produced, ranks last)
-            ranks = scores.rank(method="min", na_option="bottom").astype(int).tolist()
+            ranks = keys.rank(method="min", na_option="bottom").astype(int).tolist()
             recorded = table["rank"].tolist()
             _expect(report, "results.feature_stability.rank", recorded == ranks, recorded[:5],
-                    ranks[:5], "the ranks are not the ranks of the recorded scores")
-        _expect(report, "results.feature_stability.order", scores.is_monotonic_increasing,
-                list(table["feature"])[:5], "sorted by score",
-                "the table is not sorted by score")
+                    ranks[:5], f"the ranks are not the ranks of the recorded {by}")
+        pairs = list(zip(keys, scores))
+        _expect(report, "results.feature_stability.order",
+                all(a <= b for a, b in zip(pairs, pairs[1:])),
+                list(table["feature"])[:5], f"sorted by {by}", f"the table is not sorted by {by}")
 
 
 def _verify_results(report, cert: dict, new, tol: dict, *, compare_solver: bool,
@@ -1601,15 +1608,18 @@ def _verify_uncertainty(report, unc: dict, new, tol: dict) -> None:
                     got.get(key), f"the sampling {key} does not reproduce")
 
 
-def _verify_features(report, fs: dict, model, X, y, kwargs: dict, tol: dict) -> None:
-    """Recompute the feature table and compare every cell of every recorded row."""
+def _verify_features(report, fs: dict, model, X, y, kwargs: dict, tol: dict, budgets=None,
+                     lower_at_least=False) -> None:
+    """Recompute the feature table and compare every cell of every recorded row (under the
+    recorded ``max_nodes``/``node_budget``; a time-budgeted ``score_lower`` must be at most
+    the one recomputed without the time limit)."""
 
     try:
         new = feature_stability(
             model, X, y, loss=kwargs["loss"], r=kwargs["r"], theta1=kwargs["theta1"],
             theta2=kwargs["theta2"], divergence=kwargs["divergence"],
             feature_groups=fs.get("groups"), sample_weight=kwargs.get("sample_weight"),
-            feature_costs=kwargs.get("feature_costs")).to_frame()
+            feature_costs=kwargs.get("feature_costs"), **(budgets or {})).to_frame()
     except SolverError:
         raise
     except (OtstabError, ValueError, TypeError) as exc:
@@ -1632,6 +1642,12 @@ def _verify_features(report, fs: dict, model, X, y, kwargs: dict, tol: dict) -> 
             where = f"results.feature_stability[{name}].{col}"
             if col not in got[name]:
                 _expect(report, where, False, val, None, "feature_stability has no such column")
+            elif col == "score_lower" and lower_at_least and _is_number(val) \
+                    and _is_number(got[name][col]):
+                rec, new_lo = _num(val), _num(got[name][col])
+                _expect(report, where, rec <= new_lo + tol["atol"] + tol["rtol"] * abs(new_lo),
+                        val, f">= {new_lo!r}", f"the certified lower score of feature {name!r} "
+                        "exceeds the one recomputed without the time budget")
             elif isinstance(val, (Real, str)) and not isinstance(val, bool) and _is_number(
                     val) and _is_number(got[name][col]):
                 rt = tol["h_rtol"] if col == "h" else tol["rtol"]

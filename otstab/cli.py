@@ -217,6 +217,16 @@ def build_parser() -> argparse.ArgumentParser:
     cert.add_argument("--sample-weight", metavar="COL", default=None,
                       help="column of DATA holding the rows' weights (survey weights); it is "
                            "removed from the features")
+    cert.add_argument("--time-budget", type=_tolerance, default=None, metavar="SECONDS",
+                      help="tree ensembles (zero_one): stop the certified lower bound's "
+                           "branch and bound after SECONDS (the certificate records it; "
+                           "verify recomputes without it and checks recorded <= recomputed)")
+    cert.add_argument("--node-budget", type=_positive_int, default=None, metavar="N",
+                      help="tree ensembles (zero_one): at most N boxes in all for the "
+                           "certified lower bound (deterministic: verify reproduces it)")
+    cert.add_argument("--max-nodes", type=_positive_int, default=None, metavar="N",
+                      help="tree ensembles (zero_one): at most N boxes per sample for the "
+                           "certified lower bound (default 200)")
     cert.add_argument("--cost", choices=("auto", "encoded"), default=None,
                       help="transport cost: 'encoded' (the default: squared distance in the "
                            "model's input space, the paper's cost) or 'auto' (a DataCost on "
@@ -494,6 +504,9 @@ _ARG_PATTERNS = [
     (r"^groups", "--groups"),
     (r"^feature_costs", "--feature-costs"),
     (r"^sample_weight|computed with sample_weight", "--sample-weight"),
+    (r"^unknown solver option\(s\) \['max_nodes'", "--max-nodes"),
+    (r"^unknown solver option\(s\) \['node_budget'", "--node-budget"),
+    (r"^unknown solver option\(s\) \['time_budget'", "--time-budget"),
     (r"^X and y|^X |^X$|^X \(|pipeline's preprocessing", "--data"),
     (r"^y ", "--target"),
     (r"^model|^coef|not supported|is not fitted|^binary classifier|^multi-output", "--model"),
@@ -836,10 +849,14 @@ def _cmd_certify(args) -> int:
         movable = [int(c) if re.fullmatch(r"-?\d+", c) else c for c in args.movable]
     level = 0.95 if args.confidence is None else args.confidence
     se = "analytic" if args.bootstrap is None else Bootstrap(n_resamples=max(args.bootstrap, 2))
+    # the tree bound's budgets: recorded in the certificate's solver_options for verify
+    options = {k: getattr(args, k) for k in ("max_nodes", "time_budget", "node_budget")
+               if getattr(args, k) is not None}
     result = _run_library(certify, model, X, y, loss=loss, r=args.r, theta1=args.theta1,
                           theta2=args.theta2, divergence=args.divergence, solver=args.solver,
                           features=movable, se=se, feature_costs=costs,
-                          sample_weight=weights, **({} if cost is None else {"cost": cost}))
+                          sample_weight=weights, **({} if cost is None else {"cost": cost}),
+                          **options)
     # with --json - / --card - stdout carries only that document
     out = sys.stderr if "-" in (args.json, args.card) else sys.stdout
     say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=out))
@@ -866,7 +883,8 @@ def _cmd_certify(args) -> int:
         table = _run_library(feature_stability, model, X, y, loss=loss, r=args.r,
                              theta1=args.theta1, theta2=args.theta2,
                              divergence=args.divergence, feature_groups=groups,
-                             feature_costs=costs, sample_weight=weights).to_frame()
+                             feature_costs=costs, sample_weight=weights,
+                             **options).to_frame()
         say(f"\nMost sensitive features (of {len(table)}; lower score = more sensitive):")
         if not args.quiet:
             _print_features(table, args.top, out)
@@ -882,7 +900,8 @@ def _cmd_certify(args) -> int:
         cert = _run_library(make_certificate, result, model, X, y, features=table,
                             groups=groups, movable=movable, target=args.target,
                             model_file=args.model, qstar=qinfo, solver=args.solver, loss=loss,
-                            level=level, extra=None if policy is None else {"policy": policy},
+                            solver_options=options or None, level=level,
+                            extra=None if policy is None else {"policy": policy},
                             sample_weight=weights, sample_weight_source=args.sample_weight)
     if args.json == "-":
         validate_certificate(cert)

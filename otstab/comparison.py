@@ -124,7 +124,8 @@ def compare(models: dict, X, y, *, loss, r, settings=((1.0, 0.25),), divergence=
         A progress bar on stderr over the certificates (None: only when stderr is a
         terminal).
     **solver_options
-        Passed to every ``certify`` call.
+        Passed to every ``certify`` call (e.g. the tree ensemble bound's ``max_nodes``,
+        ``time_budget``, ``node_budget``: per certificate, replicates included).
 
     Returns
     -------

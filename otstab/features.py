@@ -285,7 +285,8 @@ class FeatureStability(FrameResult):
 def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl",
                       features=None, feature_groups=None, solver="auto", level=None,
                       n_resamples=200, random_state=0, top_k=3, sample_weight=None,
-                      feature_costs=None, progress=None) -> FeatureStability:
+                      feature_costs=None, progress=None, max_nodes=None, time_budget=None,
+                      node_budget=None) -> FeatureStability:
     """Score each feature (or group of columns) by R_j(beta, r): lowest = most sensitive.
 
     ``score`` is ``otstab.certify(model, X, y, loss=loss, r=r, theta1=theta1, theta2=theta2,
@@ -332,6 +333,11 @@ def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergen
     progress : None, True or False
         A progress bar on stderr while features are certified one by one and over the
         bootstrap replicates (None: only when stderr is a terminal).
+    max_nodes, time_budget, node_budget : optional
+        The certified lower bound's options, as in :func:`otstab.certify` (0/1 loss of a
+        tree ensemble; :func:`otstab.bounds.tree_lower_distances`), passed to each feature's
+        certificate: ``time_budget`` seconds and ``node_budget`` boxes are per feature (and
+        per bootstrap replicate). Paths without that bound refuse them (ValidationError).
 
     Returns
     -------
@@ -355,6 +361,9 @@ def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergen
     r, theta1, theta2, divergence = check_common(r, theta1, theta2, divergence, solver)
     solver = solver.lower()
     loss_obj = get_loss(loss)
+    # the lower bound's options (otstab.bounds), checked by the path that uses them
+    bound_opts = {k: v for k, v in (("max_nodes", max_nodes), ("time_budget", time_budget),
+                                    ("node_budget", node_budget)) if v is not None}
     prob = resolve_model(model, X, y, loss=loss_obj, sample_weight=sample_weight)
     if isinstance(loss_obj, ZeroOne) and r > 1.0:
         raise ValidationError(f"r is an error rate for loss='zero_one' and must be in [0, 1], "
@@ -379,7 +388,7 @@ def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergen
                 results.append(None if frz else _Scored.of(certify(
                     model, X, y, loss=loss_obj, r=r, theta1=theta1, theta2=theta2,
                     divergence=divergence, solver=solver, features=cols,
-                    sample_weight=sample_weight, feature_costs=feature_costs)))
+                    sample_weight=sample_weight, feature_costs=feature_costs, **bound_opts)))
                 bar.update()
         rows = [rw if res is None else res.row for res in results]
         # the rows are certify's: no post-processing for linear models
@@ -387,8 +396,13 @@ def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergen
     elif not linear_exact:
         base_losses = prob.losses(prob.X)
         rw = _reweighting_only(base_losses, r, theta2, divergence)
-        results = _nonlinear_results(prob, units, r, theta1, theta2, divergence, solver, show)
+        results = _nonlinear_results(prob, units, r, theta1, theta2, divergence, solver, show,
+                                     bound_opts)
         rows = [res.row for res in results]
+    elif bound_opts:  # the one-pass scores are exact: no lower bound to budget
+        raise ValidationError(f"unknown solver option(s) {sorted(bound_opts)} for the exact "
+                              "one-pass feature scores of a linear model; they apply to the "
+                              "certified lower bound of a tree ensemble (0/1 loss)")
     elif isinstance(loss_obj, ZeroOne):
         base_losses = prob.losses(prob.X)
         rw = _reweighting_only(base_losses, r, theta2, divergence)
@@ -432,7 +446,7 @@ def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergen
     if level is not None:
         kwargs = dict(loss=loss_obj, r=r, theta1=theta1, theta2=theta2, divergence=divergence,
                       features=features, feature_groups=groups, solver=solver,
-                      feature_costs=feature_costs, progress=False)
+                      feature_costs=feature_costs, progress=False, **bound_opts)
         _add_uncertainty(df, model, X, y, kwargs, rng, int(n_resamples), level, int(top_k),
                          prob.p, show)
         out.level, out.n_resamples, out.top_k = level, int(n_resamples), int(top_k)
@@ -516,9 +530,11 @@ def _piecewise_rows(prob, red, units, r, theta1, theta2, divergence, rw):
     return [out[i] for i in range(len(units))]
 
 
-def _nonlinear_results(prob, units, r, theta1, theta2, divergence, solver, show=False):
+def _nonlinear_results(prob, units, r, theta1, theta2, divergence, solver, show=False,
+                       options=None):
     """One certify per feature (exact 1-D duals for smooth losses of linear models, the
-    first-order path otherwise) with the feature mask; no one-pass shortcut applies here."""
+    first-order path otherwise) with the feature mask; no one-pass shortcut applies here.
+    ``options``: the lower bound's (``max_nodes``, ``time_budget``, ``node_budget``)."""
     out = []
     zero_one = isinstance(prob.loss, ZeroOne)
     loss0 = prob.losses(prob.X) if zero_one and prob.scorer is None else None
@@ -529,7 +545,8 @@ def _nonlinear_results(prob, units, r, theta1, theta2, divergence, solver, show=
             mask[cols] = True
             path = certify_zero_one_search if zero_one else certify_smooth
             out.append(_Scored.of(path(prob, r=r, theta1=theta1, theta2=theta2,
-                                       divergence=divergence, mask=mask, solver=solver),
+                                       divergence=divergence, mask=mask, solver=solver,
+                                       **(options or {})),
                                   loss0))
             bar.update()
     return out

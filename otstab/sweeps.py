@@ -88,15 +88,18 @@ def stability_curve(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence
     progress : None, True or False
         A progress bar on stderr (None: only when stderr is a terminal).
     **solver_options
-        Passed to the backend, as in :func:`otstab.certify`.
+        Passed to every ``certify`` call, as in :func:`otstab.certify` (e.g. the tree
+        ensemble bound's ``max_nodes``, ``time_budget``, ``node_budget``: per threshold).
 
     Returns
     -------
     StabilityCurve
         ``to_frame()``: one row per threshold with columns ``r``, ``value``, ``h``,
         ``risk_star``, ``primal_cost``, ``gap``, ``status``, ``solver``, ``solve_time``
-        (with ``level`` also ``se``, ``ci_low``, ``ci_high``); ``risk_base`` is the base
-        risk. Each row is a full audited certificate (see :func:`otstab.certify`).
+        (with ``level`` also ``se``, ``ci_low``, ``ci_high``; when a row is not exact,
+        status ``bounds``, also ``value_lower`` and ``value_upper``, its certified interval);
+        ``risk_base`` is the base risk. Each row is a full audited certificate (see
+        :func:`otstab.certify`).
     """
     level = None if level is None else check_level(level)
     show = check_progress(progress)
@@ -146,6 +149,9 @@ def stability_curve(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence
         "solver": [res.solver for res in results],
         "solve_time": [res.solve_time for res in results],
     })
+    if any(not res.exact for res in results):  # a "bounds" row: its certified interval too
+        df["value_lower"] = [res.value_lower for res in results]
+        df["value_upper"] = [res.value_upper for res in results]
     if level is not None:
         infs = [res.inference if res.inference is not None else analytic(res)
                 for res in results]

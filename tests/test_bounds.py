@@ -377,3 +377,83 @@ def test_verify_of_a_time_budgeted_certificate_passes():
     assert verify_certificate(cert, model, X, y).ok
     cert["results"]["value_lower"] = det.value_lower * 0.5 + 0.5 * full.value_lower
     assert not verify_certificate(cert, model, X, y).ok
+
+
+def _budget_case():
+    # a group of two movable columns: the search is not exact there, so the bound runs
+    X, y = _data(n=40, d=4, seed=3)
+    model = sk_ens.GradientBoostingClassifier(n_estimators=15, max_depth=3,
+                                              random_state=0).fit(X, y)
+    return model, X, y, dict(loss="zero_one", r=0.4, theta1=1.0, theta2=0.5)
+
+
+def test_feature_stability_passes_the_bound_options_to_certify():
+    # issue 29: feature_stability refused time_budget (TypeError); each feature's bound under
+    # node_budget / time_budget is now certify(features=cols, ...)'s, and it is a real cut
+    model, X, y, kw = _budget_case()
+    groups = {"a": [0, 1], "b": [2, 3]}
+    full = otstab.certify(model, X, y, **kw, features=[0, 1], max_nodes=60)
+    for opts in ({"node_budget": 30, "max_nodes": 60}, {"time_budget": 0.0}):
+        fs = otstab.feature_stability(model, X, y, **kw, feature_groups=groups,
+                                      features=["a"], **opts)
+        row = fs.to_frame().set_index("feature").loc["a"]
+        one = otstab.certify(model, X, y, **kw, features=[0, 1], **opts)
+        assert one.info["lower_bound"]["stopped"] in ("node_budget", "time_budget")
+        assert row["score_lower"] == one.value_lower
+        assert row["score_upper"] == one.value_upper
+        assert one.value_lower < full.value_lower  # the option cut the bound
+    with pytest.raises(otstab.errors.ValidationError, match="node_budget"):
+        otstab.feature_stability(model, X, y, **kw, feature_groups=groups, node_budget=0)
+
+
+def test_feature_stability_refuses_bound_options_where_no_bound_runs():
+    sk_lin = pytest.importorskip("sklearn.linear_model")
+    X, y = _data(n=40, d=3, seed=1)
+    lin = sk_lin.LogisticRegression().fit(X, y)
+    for loss, r in (("zero_one", 0.5), ("hinge", 1.0), ("logistic", 1.0)):
+        with pytest.raises(otstab.errors.ValidationError, match="time_budget"):
+            otstab.feature_stability(lin, X, y, loss=loss, r=r, time_budget=1.0)
+
+
+def test_stability_curve_and_compare_pass_the_bound_options_to_certify():
+    model, X, y, kw = _budget_case()
+    kw.pop("r")
+    opts = {"node_budget": 30, "max_nodes": 60}
+    curve = otstab.stability_curve(model, X, y, **kw, r=[0.4], features=[0, 1],
+                                   **opts).to_frame()
+    for rv, lo, hi in zip(curve["r"], curve["value_lower"], curve["value_upper"]):
+        one = otstab.certify(model, X, y, **kw, r=float(rv), features=[0, 1], **opts)
+        assert (lo, hi) == (one.value_lower, one.value_upper)
+    cmp = dict(loss="zero_one", settings=[(1.0, 0.5)], n_resamples=0)
+    table = otstab.compare({"gb": model}, X, y, **cmp, r=0.4, features=[0, 1],
+                           **opts).to_frame()
+    one = otstab.certify(model, X, y, **kw, r=0.4, features=[0, 1], **opts)
+    assert table["value"].iloc[0] == one.value
+    with pytest.raises(otstab.errors.ValidationError, match="node_budget"):
+        otstab.stability_curve(model, X, y, **kw, r=[0.4], features=[0, 1], node_budget=0)
+    with pytest.raises(otstab.errors.ValidationError, match="node_budget"):
+        otstab.compare({"gb": model}, X, y, **cmp, r=0.4, features=[0, 1], node_budget=0)
+
+
+def test_verify_recomputes_budgeted_feature_scores_under_the_recorded_budgets():
+    # a certificate whose feature table was scored under the tree bound's budgets: verify
+    # scores the features under the recorded node_budget (equality) and, for a time budget,
+    # without it (each recorded score_lower at most the recomputed one)
+    from otstab.certificate import make_certificate, verify_certificate  # noqa: PLC0415
+
+    model, X, y, kw = _budget_case()
+    groups = {"a": ["x0", "x1"], "b": ["x2", "x3"]}
+    for opts in ({"node_budget": 30, "max_nodes": 60}, {"time_budget": 0.0}):
+        res = otstab.certify(model, X, y, **kw, **opts)
+        table = otstab.feature_stability(model, X, y, **kw, feature_groups=groups,
+                                         **opts).to_frame()
+        assert "score_lower" in table.columns
+        cert = make_certificate(res, model, X, y, features=table, groups=groups,
+                                solver_options=opts)
+        rep = verify_certificate(cert, model, X, y)
+        assert rep.ok, rep
+        row = cert["results"]["feature_stability"]["table"][0]
+        row["score_lower"] = row["score"] * 1.01 + 1e-6  # above the found (upper) score
+        rep = verify_certificate(cert, model, X, y)
+        assert not rep.ok
+        assert any("score_lower" in m.field for m in rep.mismatches)

@@ -871,3 +871,71 @@ def test_weighted_priced_certificate_with_features_verifies(weighted_file, tmp_p
     assert code == 0, out + err
     assert "results.feature_stability" in C.verify_certificate(
         cert, model, X, y, sample_weight=df["w"]).checked
+
+
+def _forest_files(tmp_path):
+    # a small random forest on four features: the perturbation search is not exact there,
+    # so the certificate's value_lower comes from the tree bound that the budgets cut
+    from sklearn.ensemble import RandomForestClassifier  # noqa: PLC0415
+
+    rng = np.random.default_rng(3)
+    X = pd.DataFrame(rng.normal(size=(40, 4)).round(2), columns=["a", "b", "c", "e"])
+    y = (X["a"] + X["b"] - 0.5 * X["c"] + 0.3 * rng.normal(size=40) > 0).astype(int)
+    model = RandomForestClassifier(n_estimators=8, max_depth=3, random_state=0).fit(X, y)
+    joblib.dump(model, tmp_path / "forest.joblib")
+    X.assign(label=y).to_csv(tmp_path / "forest.csv", index=False)
+    return model, X, y
+
+
+def _forest_cmd(tmp_path):
+    base = ["--trust-model", "--model", tmp_path / "forest.joblib", "--data",
+            tmp_path / "forest.csv", "--target", "label"]
+    return base, ["certify", *base, "--loss", "zero_one", "--r", "0.4", "--theta2", "0.5"]
+
+
+def test_certify_node_budget_is_recorded_and_verified(tmp_path):
+    model, X, y = _forest_files(tmp_path)
+    base, cmd = _forest_cmd(tmp_path)
+    budgeted = otstab.certify(model, X, y, loss="zero_one", r=0.4, theta1=1.0, theta2=0.5,
+                              node_budget=300, max_nodes=50)
+    assert budgeted.info["lower_bound"]["stopped"] == "node_budget"
+    assert budgeted.value_lower > 0
+    code, _, stderr = run([*cmd, "--node-budget", "300", "--max-nodes", "50",
+                           "--json", tmp_path / "nb.json", "--quiet"])
+    assert code == 0, stderr
+    cert = json.loads((tmp_path / "nb.json").read_text())
+    assert cert["inputs"]["solver_options"] == {"max_nodes": 50, "node_budget": 300}
+    assert cert["results"]["value_lower"] == budgeted.value_lower
+    code, stdout, stderr = run(["verify", tmp_path / "nb.json", *base])
+    assert code == 0, stdout + stderr
+    # verify applies the recorded budgets: without them the bound (a real cut) differs
+    cert["inputs"]["solver_options"] = {}
+    (tmp_path / "none.json").write_text(json.dumps(cert))
+    code, stdout, stderr = run(["verify", tmp_path / "none.json", *base])
+    assert code == 1 and "results.value_lower" in stdout + stderr, stdout + stderr
+    for flag in ("--node-budget", "--max-nodes", "--time-budget"):
+        code, _, stderr = run([*cmd, flag, "-1"])
+        assert code == 2 and flag in stderr
+
+
+def test_certify_time_budget_is_recorded_and_verified_as_at_most(tmp_path):
+    _forest_files(tmp_path)
+    base, cmd = _forest_cmd(tmp_path)
+    code, _, stderr = run([*cmd, "--time-budget", "0", "--json", tmp_path / "tb.json",
+                           "--quiet"])
+    assert code == 0, stderr
+    cert = json.loads((tmp_path / "tb.json").read_text())
+    assert cert["inputs"]["solver_options"] == {"time_budget": 0.0}
+    assert "node_budget=" in cert["solver"]["message"]  # the budget cut the bound
+    code, stdout, stderr = run(["verify", tmp_path / "tb.json", *base])
+    assert code == 0, stdout + stderr
+    assert "at least the recorded value_lower" in stdout + stderr
+
+
+def test_tree_budget_flags_on_a_model_without_that_bound_name_the_flag(demo):
+    out, _ = demo
+    for flag, val in (("--time-budget", "5"), ("--node-budget", "10"), ("--max-nodes", "10")):
+        code, _, stderr = run(["certify", "--trust-model", "--model", out / "model.joblib",
+                               "--data", out / "eval.csv", "--target", "income", "--r", "0.3",
+                               flag, val])
+        assert code == 2 and f"argument {flag}:" in stderr, stderr
