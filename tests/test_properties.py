@@ -150,3 +150,38 @@ def test_planted_margin_matches_high_precision_dual(n, seed, log_delta, log_rel,
     assert res.status == "optimal", res.message
     # the audit's 1e-6 plus the rounding of the margins (r - base >= 1e-6 r)
     assert res.value == pytest.approx(ref, rel=3e-6), (res.value, ref, res.h)
+
+
+@settings(max_examples=30)
+@given(st.integers(2, 40), st.integers(0, 10_000), st.floats(-15.0, -5.0),
+       st.sampled_from([1e-3, 1.0, 1e6, 1e12, 1e50]),
+       st.sampled_from([("kl", 1.0), ("chi2", 1.0), ("kl", math.inf)]))
+@example(n=40, seed=0, log_rel=-8.05, theta1=1e50, div=("kl", math.inf))
+def test_near_base_risk_against_high_precision_dual(n, seed, log_rel, theta1, div):
+    """r = base (1 + rel), rel down to 1e-15 (issue 27, item 2: values near the base risk were
+    answered 0): never `zero` above the base risk; an `optimal` value equals a 50-digit 1-D dual
+    of the model's own margins, and a `bounds` interval contains it."""
+    from hp_dual import dual
+
+    model, X, y = make_instance(n, seed)
+    divergence, t2 = div
+    margins = y * model.decision_function(X)
+    base = float(np.mean(np.maximum(0.0, 1.0 - margins)))
+    if base <= 0:
+        return
+    r = base * (1 + 10.0 ** log_rel)
+    if r <= base:  # (rel below the rounding of base: r is the base risk itself)
+        return
+    w = np.asarray(model.coef_, dtype=float).ravel()
+    try:
+        res = otstab.certify(model, X, y, loss="hinge", r=r, theta1=theta1, theta2=t2,
+                             divergence=divergence, se=None)
+    except otstab.errors.SolverError:
+        return  # an explicit refusal is allowed; a wrong number is not
+    ref, _ = dual("hinge", 1.0 - margins, r, t2, divergence, c=float(w @ w) / (4 * theta1))
+    assert res.status in ("optimal", "bounds"), (res.status, res.message)
+    if res.status == "optimal":
+        assert res.value == pytest.approx(ref, rel=3e-6), (res.value, ref)
+    else:
+        assert res.value_lower <= ref * (1 + 1e-9) + 1e-300, (res.value_lower, ref)
+        assert ref <= res.value_upper * (1 + 1e-9), (ref, res.value_upper)
