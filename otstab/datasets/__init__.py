@@ -158,7 +158,7 @@ _SHA256 = {
 
 def _data_file(name: str):
     """The bundled file ``data/<name>`` as an importlib.resources Traversable (in the package)."""
-    return resources.files(__name__).joinpath("data", name)
+    return resources.files(__name__).joinpath("data").joinpath(name)
 
 
 def _read_bytes(name: str) -> bytes:
