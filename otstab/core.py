@@ -147,7 +147,8 @@ def certify(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl", s
     if builder is not None:
         res.info["raw_view"] = builder
     if spec == "analytic":
-        res.inference = lambda: inference.analytic(res)  # built on first access
+        # built on first access (a lazy property of StabilityResult)
+        res.inference = lambda: inference.analytic(res)  # type: ignore[assignment]
     elif spec is not None:
         value = inference.replicator(prob, r=r, theta1=theta1, theta2=theta2,
                                      divergence=divergence, mask=mask, solver=solver,

@@ -657,6 +657,7 @@ def group_metrics(y_true, y_pred, groups, *, y_prob=None, labels=None, n_resampl
         keys = [k for k in summary]
         boot = np.full((n_boot, len(keys)), np.nan)
         boot_g = np.full((n_boot, G), np.nan)
+        assert rng is not None  # made above when n_boot > 0
         for b in range(n_boot):
             idx = np.concatenate([m[rng.integers(0, m.size, m.size)] for m in members])
             pb = None if prob is None else prob[idx]

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -180,7 +181,7 @@ class Problem:
     loss: Loss
     feature_names: list[str]
     scorer: LinearScorer | None = None
-    nonlinear: object = None
+    nonlinear: Any = None  # a DifferentiableModel
     index: object = None
     extra: dict = field(default_factory=dict)
     scores: np.ndarray | None = None  # model scores at X (linear models), computed once
