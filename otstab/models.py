@@ -265,7 +265,8 @@ class Problem:
 
     def _loss_block(self, scores: np.ndarray, y: np.ndarray) -> np.ndarray:
         loss = self.loss
-        if isinstance(loss, MulticlassHinge) and self.scorer.task == "binary":
+        # a linear problem: the scorer is set
+        if isinstance(loss, MulticlassHinge) and self.scorer.task == "binary":  # type: ignore[union-attr]
             scores = np.column_stack([np.zeros_like(scores), scores])
             y = (y > 0).astype(np.intp)
         return loss.values(scores, y)
