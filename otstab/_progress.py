@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from typing import Any
 
 from .errors import InputTypeError
 
@@ -85,7 +86,7 @@ class progress_bar:
 
     def __init__(self, total: int, desc: str, show: bool):
         self.total, self.desc, self.show = int(total), desc, bool(show)
-        self._bar = None
+        self._bar: Any = None
 
     def __enter__(self):
         if not self.show or self.total <= 0:

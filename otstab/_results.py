@@ -14,7 +14,8 @@ import html
 import json
 import math
 import warnings
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -91,9 +92,11 @@ class ResultMixin:
 
     #: fields shown by ``repr`` (None: every field declared with ``repr=True``)
     _repr_fields: tuple | None = None
+    #: set by @dataclass on each subclass (declared for type checkers: dataclasses.fields(self))
+    __dataclass_fields__: ClassVar[dict[str, Any]]
 
     def _headline(self) -> list[tuple[str, Any]]:
-        names = self._repr_fields
+        names: Sequence[str] | None = self._repr_fields
         if names is None:
             names = [f.name for f in dataclasses.fields(self) if f.repr]
         return [(nm, getattr(self, nm)) for nm in names]

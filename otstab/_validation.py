@@ -284,7 +284,7 @@ def as_bool_vector(v, name: str) -> np.ndarray:
         i = int(np.argmax(bad))
         raise ValidationError(f"{name} must hold booleans or 0/1, got {raw.tolist()[i]!r} at "
                               f"index {i}")
-    return vals == 1.0
+    return np.asarray(vals == 1.0)
 
 
 def check_same_length(**arrays) -> int:

@@ -172,7 +172,10 @@ def leaf_table(model, d: int, X_check: np.ndarray | None = None) -> LeafTable:
     if classes is None:
         raise InputTypeError(f"{name} is not a fitted classifier (no classes_)")
     K = len(classes)
-    los, his, vals, tree_ids = [], [], [], []
+    los: list = []
+    his: list = []
+    vals: list = []
+    tree_ids: list = []
 
     def add(parts):
         lo, hi, v = parts

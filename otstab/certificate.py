@@ -80,6 +80,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from numbers import Integral, Real
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -452,7 +453,7 @@ def _now() -> str:
 def _loss_spec(loss) -> dict:
 
     obj = get_loss(loss)
-    spec = {"name": obj.name}
+    spec: dict[str, Any] = {"name": obj.name}
     if isinstance(obj, PiecewiseLinear):
         spec.update({"slopes": list(obj.slopes), "intercepts": list(obj.intercepts),
                      "on": obj.on})
@@ -1171,7 +1172,7 @@ class VerificationReport:
     checked: list = field(default_factory=list)
     notes: list = field(default_factory=list)
     tolerances: dict = field(default_factory=dict)
-    recomputed: object = field(default=None, repr=False)
+    recomputed: Any = field(default=None, repr=False)  # a StabilityResult
 
     def __bool__(self) -> bool:
         return self.ok
@@ -1913,6 +1914,7 @@ def raw_qstar_mismatches(frame, model, X, y, cert, *, rtol=None, atol=None, gap_
             raw1[nm] = b if raw0[nm].dtype.kind == "f" or not np.all(b == np.round(b)) \
                 else b.astype(raw0[nm].dtype)
         else:
+            assert v.levels is not None  # a categorical variable has its levels
             keys = _level_keys(v.levels)
             a = raw0[nm].astype(str).to_numpy()
             bad0 = rec0.astype(str).to_numpy() != a

@@ -38,6 +38,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 from .scale import read_parquet_dir
 
@@ -895,7 +896,7 @@ def _cmd_certify(args) -> int:
     if args.qstar_raw:
         written.append(_write_frame(_run_library(result.to_frame, raw=True), args.qstar_raw))
     policy = None if args.fail_under is None and not args.require_exact else verdict
-    cert = None
+    cert: Any = None  # made when one of the outputs below needs it
     if args.json or args.html or args.pdf or args.card:
         cert = _run_library(make_certificate, result, model, X, y, features=table,
                             groups=groups, movable=movable, target=args.target,

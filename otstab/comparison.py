@@ -101,8 +101,8 @@ class Comparison(FrameResult):
                                                     "n_resamples")]]
 
 
-def compare(models: dict, X, y, *, loss, r, settings=((1.0, 0.25),), divergence="kl",
-            n_resamples=200, level=0.95, random_state=0, solver="auto",
+def compare(models: dict, X, y, *, loss, r, settings=((1.0, 0.25),), divergence: str = "kl",
+            n_resamples: int = 200, level: float = 0.95, random_state=0, solver: str = "auto",
             features=None, feature_costs=None, sample_weight=None, progress=None,
             **solver_options) -> Comparison:
     """Certify several models on the same data under several (theta1, theta2) settings.

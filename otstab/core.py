@@ -16,7 +16,7 @@ from . import dask_path, datacost, inference, pipeline
 from .costs import check_feature_costs, scaled_problem, unscale_result
 from .datacost_certify import certify_datacost
 from .errors import ValidationError
-from .losses import MulticlassHinge, PiecewiseLinear, ZeroOne, get_loss
+from .losses import Loss, MulticlassHinge, PiecewiseLinear, ZeroOne, get_loss
 from .models import resolve_model
 from .params import DIVERGENCES, SOLVERS, check_common
 from .piecewise import solve_reduced
@@ -29,8 +29,9 @@ from .zero_one import certify_distances, certify_zero_one_problem, certify_zero_
 __all__ = ["certify", "certify_distances", "check_common", "SOLVERS", "DIVERGENCES"]
 
 
-def certify(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl", solver="auto",
-            features=None, se="analytic", feature_costs=None, sample_weight=None, cost=None,
+def certify(model, X, y, *, loss: str | Loss, r: float, theta1: float = 1.0,
+            theta2: float = 0.25, divergence: str = "kl", solver: str = "auto", features=None,
+            se="analytic", feature_costs=None, sample_weight=None, cost=None,
             **solver_options) -> StabilityResult:
     """Compute the OT stability criterion R(beta, r) and the most sensitive distribution.
 
@@ -147,7 +148,8 @@ def certify(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl", s
     if builder is not None:
         res.info["raw_view"] = builder
     if spec == "analytic":
-        res.inference = lambda: inference.analytic(res)  # built on first access
+        # built on first access (a lazy property of StabilityResult)
+        res.inference = lambda: inference.analytic(res)  # type: ignore[assignment]
     elif spec is not None:
         value = inference.replicator(prob, r=r, theta1=theta1, theta2=theta2,
                                      divergence=divergence, mask=mask, solver=solver,

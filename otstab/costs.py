@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -174,7 +175,8 @@ def scaled_problem(prob: Problem, c: np.ndarray, mask: np.ndarray | None):
     Xs = prob.X * s[None, :]
     if prob.scorer is not None:  # the same scores (kept: prob.scores, base losses)
         sc = prob.scorer
-        changes = {"scorer": LinearScorer(sc.W / s[None, :], sc.b, sc.task, sc.classes)}
+        changes: dict[str, Any] = {
+            "scorer": LinearScorer(sc.W / s[None, :], sc.b, sc.task, sc.classes)}
     else:  # the model sees the caller's rows for Xs: the same base losses
         changes = {"nonlinear": Rescaled(prob.nonlinear, s, (Xs, prob.X))}
     return replace(prob, X=Xs, extra={**prob.extra, "scale": s}, **changes), \

@@ -75,7 +75,8 @@ def wants_distributed(X, loss, model=None) -> bool:
         if scorer is None or scorer.task == "multiclass":
             return False
     n = X.shape[0]
-    return isinstance(n, (int, np.integer)) and not math.isnan(n) and n > DISTRIBUTED_MIN_ROWS
+    return bool(isinstance(n, (int, np.integer)) and not math.isnan(n)
+                and n > DISTRIBUTED_MIN_ROWS)
 
 
 # ---------------------------------------------------------------------------------------------

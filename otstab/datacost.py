@@ -328,7 +328,7 @@ class Variable:
     price: float = 1.0
     scale: float = 1.0
     levels: list | None = None  # categorical: allowed levels; ordinal: levels in order
-    switch: object = 1.0  # categorical: float or {(from, to): cost}
+    switch: float | dict = 1.0  # categorical: float or {(from, to): cost}
     lo: float = -math.inf
     hi: float = math.inf
     direction: int = 0  # +1 increase only, -1 decrease only
@@ -389,6 +389,7 @@ class ResolvedCost:
             if v.immutable or not math.isfinite(v.price):
                 total[moved] = math.inf
                 continue
+            assert v.levels is not None  # categorical / ordinal: its levels
             pos = {_plain(lv): k for k, lv in enumerate(v.levels)}
             for i in np.flatnonzero(moved):
                 tb = pos.get(_plain(b[i]))
@@ -425,9 +426,11 @@ class ResolvedCost:
             elif v.direction < 0:
                 dec.append(v.name)
             if v.kind == "categorical":
+                assert v.levels is not None  # categorical / ordinal: its levels
                 switch[v.name] = v.switch
                 levels[v.name] = [_plain(x) for x in v.levels]
             if v.kind == "ordinal":
+                assert v.levels is not None
                 order[v.name] = [_plain(x) for x in v.levels]
         return DataCost(scale=scale, switch=switch, bounds=bounds, immutable=immutable,
                         increase_only=inc, decrease_only=dec, price=price, kinds=kinds,
@@ -448,11 +451,13 @@ class ResolvedCost:
                 if v.lo > -math.inf or v.hi < math.inf:
                     text += f", within [{v.lo:g}, {v.hi:g}]"
             elif v.kind == "ordinal":
+                assert v.levels is not None
                 text = (f"{v.name}: ordinal over {len(v.levels)} levels, a move of k ranks "
                         f"costs {p}(k / {v.scale:.4g})^2")
             else:
                 sw = "a level-to-level matrix (unlisted pairs forbidden)" \
                     if isinstance(v.switch, dict) else f"{p}{float(v.switch):g}"
+                assert v.levels is not None
                 text = f"{v.name}: categorical over {len(v.levels)} levels, a change costs {sw}"
             if v.direction:
                 text += ", increase only" if v.direction > 0 else ", decrease only"

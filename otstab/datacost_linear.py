@@ -60,7 +60,7 @@ def linear_parts(model, prob, rc: ResolvedCost, frame: pd.DataFrame) -> dict:
     categorical and ordinal ones (contributions up to a constant shared by all rows)."""
     W = prob.scorer.W
     piped = bool(getattr(model, "steps", None)) and len(model.steps) > 1
-    out = {}
+    out: dict[str, tuple] = {}
     for v in rc.variables:
         cols = rc.map.variable(v.name).columns
         if v.kind in ("numeric", "integer"):
@@ -75,6 +75,7 @@ def linear_parts(model, prob, rc: ResolvedCost, frame: pd.DataFrame) -> dict:
             else:
                 out[v.name] = ("slope", W[:, cols[0]].copy())
             continue
+        assert v.levels is not None  # categorical / ordinal: its levels
         probe = frame.iloc[[0] * len(v.levels)].reset_index(drop=True)
         probe[v.name] = pd.Series(list(v.levels), dtype=object)
         try:
@@ -87,7 +88,7 @@ def linear_parts(model, prob, rc: ResolvedCost, frame: pd.DataFrame) -> dict:
 
 
 def _level_index(values, levels) -> np.ndarray:
-    pos = {}
+    pos: dict = {}
     for k, lv in enumerate(levels):
         pos.setdefault(_key(lv), k)
     return np.array([pos.get(_key(x), -1) for x in values], dtype=np.intp)
@@ -106,7 +107,10 @@ def flip_problem(rc: ResolvedCost, parts: dict, frame: pd.DataFrame, coef: np.nd
     binary classifier, ``e_k - e_{y_i}`` for class k of a multiclass one). Returns
     ``(finite, integer, continuous, layout)``; ``layout`` says which variable each list
     entry belongs to."""
-    finite, integer, continuous, layout = [], [], [], []
+    finite: list = []
+    integer: list = []
+    continuous: list = []
+    layout: list[tuple] = []
     for v in rc.variables:
         if v.immutable or not math.isfinite(v.price):
             continue
@@ -114,11 +118,12 @@ def flip_problem(rc: ResolvedCost, parts: dict, frame: pd.DataFrame, coef: np.nd
         if part[0] == "levels":
             fl, fc = part[1], part[2][rows]
             G = coef @ fl.T - np.einsum("ik,ik->i", coef, fc)[:, None]
+            assert v.levels is not None  # categorical / ordinal: its levels
             cur = _level_index(frame[v.name].to_numpy()[rows], v.levels)
             L = len(v.levels)
             if v.kind == "categorical":
                 if isinstance(v.switch, dict):
-                    T = np.array([[v.price * v.switch_cost(a, b) for b in v.levels]
+                    T: np.ndarray = np.array([[v.price * v.switch_cost(a, b) for b in v.levels]
                                   for a in v.levels] + [[math.inf] * L])
                     C = T[cur]
                 else:

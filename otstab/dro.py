@@ -250,8 +250,9 @@ def _solve(oracle, eps: float, theta2: float, divergence: str, p=None):
     return best[0], best[1], count[0]
 
 
-def worst_case_risk(model, X, y, *, loss, eps, theta1=1.0, theta2=0.25, divergence="kl",
-                    solver="auto", features=None, feature_costs=None, sample_weight=None,
+def worst_case_risk(model, X, y, *, loss, eps: float, theta1: float = 1.0,
+                    theta2: float = 0.25, divergence: str = "kl", solver: str = "auto",
+                    features=None, feature_costs=None, sample_weight=None,
                     **solver_options) -> WorstCaseRisk:
     """The largest risk any distribution within OT cost ``eps`` of the data can cause.
 

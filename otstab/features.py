@@ -282,9 +282,10 @@ class FeatureStability(FrameResult):
 
 @renamed_kwargs(confidence="level", n_boot="n_resamples", seed="random_state",
                 groups="feature_groups")
-def feature_stability(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl",
-                      features=None, feature_groups=None, solver="auto", level=None,
-                      n_resamples=200, random_state=0, top_k=3, sample_weight=None,
+def feature_stability(model, X, y, *, loss, r, theta1: float = 1.0, theta2: float = 0.25,
+                      divergence: str = "kl", features=None, feature_groups=None,
+                      solver: str = "auto", level: float | None = None,
+                      n_resamples: int = 200, random_state=0, top_k: int = 3, sample_weight=None,
                       feature_costs=None, progress=None, max_nodes=None, time_budget=None,
                       node_budget=None) -> FeatureStability:
     """Score each feature (or group of columns) by R_j(beta, r): lowest = most sensitive.

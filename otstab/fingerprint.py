@@ -64,12 +64,13 @@ def _weights(d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return u, v, w
 
 
-def block64(block: np.ndarray, buf: np.ndarray) -> np.ndarray:
+def block64(block: np.ndarray, buf: np.ndarray | None) -> np.ndarray:
     """``block`` as float64: itself, or cast into the C-ordered buffer ``buf`` (rows x d,
     reused from block to block: no allocation per block). The fingerprint pass and its check
     both read blocks through this, so that they compute the same way."""
     if block.dtype == np.float64:
         return block
+    assert buf is not None, "a buffer for blocks that are not float64"
     out = buf[:block.shape[0]]
     np.copyto(out, block)
     return out

@@ -657,6 +657,7 @@ def group_metrics(y_true, y_pred, groups, *, y_prob=None, labels=None, n_resampl
         keys = [k for k in summary]
         boot = np.full((n_boot, len(keys)), np.nan)
         boot_g = np.full((n_boot, G), np.nan)
+        assert rng is not None  # made above when n_boot > 0
         for b in range(n_boot):
             idx = np.concatenate([m[rng.integers(0, m.size, m.size)] for m in members])
             pb = None if prob is None else prob[idx]
@@ -958,12 +959,12 @@ def diagnose_shift(train_counts_or_frame, test=None, *, y: str = "y", a: str = "
     if thresholds is not None:
         if not isinstance(thresholds, Mapping):
             raise InputTypeError(f"thresholds must be a mapping, got {type(thresholds).__name__}")
-        for k, v in thresholds.items():
-            if k not in SHIFT_THRESHOLDS:
+        for key, v in thresholds.items():
+            if key not in SHIFT_THRESHOLDS:
                 raise ValidationError(
-                    f"thresholds has unknown key {k!r}; expected one of {list(SHIFT_THRESHOLDS)}"
+                    f"thresholds has unknown key {key!r}; expected one of {list(SHIFT_THRESHOLDS)}"
                 )
-            th[k] = check_scalar(v, f"thresholds[{k!r}]", low=0.0)
+            th[key] = check_scalar(v, f"thresholds[{key!r}]", low=0.0)
     T = _count_table(train_counts_or_frame, "train_counts_or_frame", y, a)
     O = T.to_numpy()
     n = float(O.sum())

@@ -111,6 +111,7 @@ class Inference:
     def _quantile(self, p: float) -> float:
         """The bootstrap quantile at ``p`` (percentile) or its BCa adjustment (over the
         replicates that have a value: a draw of zero-weight rows only has none, nan)."""
+        assert self.replicates is not None, "a bootstrap Inference has its replicates"
         reps = self.replicates[~np.isnan(self.replicates)]
         if self.interval == "bca":
             below = np.mean(reps < self.value) + 0.5 * np.mean(reps == self.value)
@@ -456,7 +457,7 @@ def _replicator(prob: Problem, *, r, theta1, theta2, divergence, mask, solver, *
                                            solver=solver, **options).value
         return value
 
-    def value(idx):
+    def value(idx):  # type: ignore[no-redef]  # one closure per branch
         return certify_smooth(_subset(prob, idx), r=r, theta1=theta1, theta2=theta2,
                               divergence=divergence, mask=mask, solver=solver,
                               **options).value

@@ -120,7 +120,8 @@ class PiecewiseLinear(Loss):
         out = _affine(u, self.slopes[0], self.intercepts[0], np.empty_like(u))
         piece = np.empty_like(u) if len(self.slopes) > 1 else None
         for ak, bk in zip(self.slopes[1:], self.intercepts[1:]):
-            np.maximum(out, _affine(u, ak, bk, piece), out=out)
+            # piece is an array whenever there is a second slope
+            np.maximum(out, _affine(u, ak, bk, piece), out=out)  # type: ignore[arg-type]
         return out
 
     def values(self, scores, y):

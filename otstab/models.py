@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -180,7 +181,7 @@ class Problem:
     loss: Loss
     feature_names: list[str]
     scorer: LinearScorer | None = None
-    nonlinear: object = None
+    nonlinear: Any = None  # a DifferentiableModel
     index: object = None
     extra: dict = field(default_factory=dict)
     scores: np.ndarray | None = None  # model scores at X (linear models), computed once
@@ -264,7 +265,8 @@ class Problem:
 
     def _loss_block(self, scores: np.ndarray, y: np.ndarray) -> np.ndarray:
         loss = self.loss
-        if isinstance(loss, MulticlassHinge) and self.scorer.task == "binary":
+        # a linear problem: the scorer is set
+        if isinstance(loss, MulticlassHinge) and self.scorer.task == "binary":  # type: ignore[union-attr]
             scores = np.column_stack([np.zeros_like(scores), scores])
             y = (y > 0).astype(np.intp)
         return loss.values(scores, y)

@@ -367,7 +367,7 @@ class TorchModel(DifferentiableModel):
                 raise ValidationError("classes is required for a multiclass TorchModel whose "
                                       "last layer is not an nn.Linear")
             self.classes = np.arange(lin[-1].out_features)
-        if task == "binary" and len(self.classes) != 2:
+        if task == "binary" and self.classes is not None and len(self.classes) != 2:
             raise ValidationError(f"a binary TorchModel needs 2 classes, got {len(self.classes)}")
 
     @contextlib.contextmanager

@@ -312,12 +312,12 @@ def perturbation_search(model, X, y, *, mask=None, labels="model", n_directions=
     if isinstance(model, Rescaled):
         return _rescaled(model, X, yi, task, mv, rng, n_directions, n_refine, max_radius, tol,
                          max_iter)
-    lin = _linear_parts(raw) if adapter is None or isinstance(
+    lin: tuple | None = _linear_parts(raw) if adapter is None or isinstance(
         adapter, nonlinear.PredictOnlyModel) else None
     if isinstance(adapter, nonlinear.LinearDifferentiable):
         lin = (adapter.W, adapter.b, adapter.task)
     if lin is not None:
-        return _linear(X, yi, *lin, mv)
+        return _linear(X, yi, lin[0], lin[1], lin[2], mv)  # lin: (W, b, task)
     if (adapter is None or isinstance(adapter, nonlinear.PredictOnlyModel)) and _is_tree(raw):
         return _tree(raw, X, yi, mv)
     if adapter is None and nonlinear._is_sklearn_mlp(raw):

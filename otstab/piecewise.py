@@ -302,12 +302,12 @@ def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, thet
     if sampled:
         # the tied samples that move: a share frac of their mass goes from the low piece to
         # the high one (the sums are linear in the mass; the weight stays the sample's)
-        rows = t_rows[moving]
-        if rows.size:
-            w = wm(lh_at(rows))
+        mrows = t_rows[moving]
+        if mrows.size:
+            w = wm(lh_at(mrows))
             f = frac[moving]
-            sums.add(rows, f, w, *_reduced_atoms(prob, red, rows, t_hi[moving], h))
-            sums.add(rows, -f, w, *_reduced_atoms(prob, red, rows, t_lo[moving], h))
+            sums.add(mrows, f, w, *_reduced_atoms(prob, red, mrows, t_hi[moving], h))
+            sums.add(mrows, -f, w, *_reduced_atoms(prob, red, mrows, t_lo[moving], h))
         res = sums.result(prob, theta1, theta2, value)
         res["audit"] = _sample_check(prob, red, h, *_scanned_atoms(prob, red, oracle, h,
                                                                     tie_rtol, t_rows, t_hi,
@@ -347,8 +347,10 @@ def _candidate(prob, red, sol, atoms, res, moved2, h, value, alpha, split, r, th
     X = prob.X
     return StabilityResult(
         value=value, h=h, alpha=alpha,
-        X_star=lambda: red.move(X, atoms()[0], atoms()[1], h), weights=lambda: atoms()[3],
-        source=lambda: atoms()[0], mass=lambda: atoms()[2],
+        # lazy fields: callables built on first access by StabilityResult's properties
+        X_star=lambda: red.move(X, atoms()[0], atoms()[1], h),  # type: ignore[arg-type]
+        weights=lambda: atoms()[3],  # type: ignore[arg-type]
+        source=lambda: atoms()[0], mass=lambda: atoms()[2],  # type: ignore[arg-type]
         solver=sol.solver, status="candidate", solve_time=sol.solve_time,
         r=r, theta1=theta1, theta2=theta2, divergence=divergence, loss=prob.loss.name,
         dual_gap_bound=sol.gap_bound, iterations=sol.iterations,

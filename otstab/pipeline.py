@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -93,6 +94,7 @@ class RawMap:
         FunctionTransformer with a function)."""
         var = self.variable(name)
         leaf = next(lf for lf in self._leaves if name in lf.inputs)
+        assert var is not None  # a leaf's input is a variable
         k = leaf.inputs.index(name)
         inner = 1.0
         if var.kind == "numeric":
@@ -160,6 +162,7 @@ class RawMap:
             values, texts = _invert_leaf(leaf, Z[:, leaf.outputs])
             for k, name in enumerate(leaf.inputs):
                 var = self.variable(name)
+                assert var is not None  # a leaf's input is a variable
                 rows = np.ones(len(out), dtype=bool) if moved is None else \
                     np.asarray(moved)[:, var.columns].any(axis=1)
                 if not rows.any():
@@ -169,7 +172,9 @@ class RawMap:
                 col[rows] = values[rows, k]
                 out[name] = col
                 if name in texts:
-                    indicators[name] = [t if m else "" for t, m in zip(texts[name], rows)]
+                    # numpy's stubs type .any(axis=1) as a scalar: rows is an array here
+                    indicators[name] = [t if m else "" for t, m in
+                                        zip(texts[name], rows)]  # type: ignore[arg-type]
         return out, indicators
 
 
@@ -183,7 +188,7 @@ def _slope(step, k: int):
     name = _name(step)
     if name in IDENTITY or (name == "FunctionTransformer" and step.func is None):
         return 1.0
-    scale = getattr(step, "scale_", None)
+    scale: Any = getattr(step, "scale_", None)
     if name == "MinMaxScaler":
         return float(scale[k])
     if name in ("StandardScaler", "MaxAbsScaler", "RobustScaler"):
@@ -249,7 +254,7 @@ def _onehot_fill(enc, widths, blocks):
 def _levels(enc) -> list[list]:
     """The level of every one-hot output column, per input feature."""
     widths = _onehot_widths(enc)
-    out = []
+    out: list = []
     for i, w in enumerate(widths):
         if w == 0:
             out.append([])

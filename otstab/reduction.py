@@ -64,21 +64,29 @@ class Reduced:
     def c1(self) -> np.ndarray:
         """The (n, K) pieces at the samples (built block by block on first access)."""
         if self.c1_dense is None:
+            assert self.rows is not None  # one of the two is set
             self.c1_dense = self.rows.materialize().T
         return self.c1_dense
 
     @property
     def n(self) -> int:
-        return self.rows.n if self.c1_dense is None else self.c1_dense.shape[0]
+        if self.c1_dense is not None:
+            return self.c1_dense.shape[0]
+        assert self.rows is not None  # one of the two is set
+        return self.rows.n
 
     @property
     def K(self) -> int:
-        return self.rows.K if self.c1_dense is None else self.c1_dense.shape[1]
+        if self.c1_dense is not None:
+            return self.c1_dense.shape[1]
+        assert self.rows is not None  # one of the two is set
+        return self.rows.K
 
     def loss_values(self) -> np.ndarray:
         """The loss at the data, ``max_k c1[i, k]``."""
         if self.c1_dense is not None:
             return self.c1_dense.max(axis=1)
+        assert self.rows is not None  # one of the two is set
         out = np.empty(self.n)
         for i, j in self.rows.blocks():
             rows = slice(i, j)
@@ -98,11 +106,14 @@ class Reduced:
     def directions(self, src: np.ndarray, piece: np.ndarray) -> np.ndarray:
         """``a_(src, piece)`` restricted to the mask, one row per atom."""
         if self.kind == "multiclass":
+            assert self.Wm is not None and self.labels is not None  # multiclass
             return self.Wm[piece] - self.Wm[self.labels[src]]
+        assert self.v is not None  # margin / residual
         return self.coef(src, piece)[:, None] * self.v[None, :]
 
     def coef(self, src: np.ndarray, piece: np.ndarray) -> np.ndarray:
         """The coefficient of ``v`` in ``a_(src, piece)`` (margin / residual), one per atom."""
+        assert self.g is not None  # margin / residual
         g = self.g[0, piece]
         return g if self.g_rows is None else g * self.g_rows[src]
 
@@ -114,6 +125,7 @@ class Reduced:
         if self.kind == "multiclass":
             return t * self.directions(src, piece)
         g = self.coef(src, piece)
+        assert self.v is not None  # margin / residual
         return np.multiply.outer(t * g, self.v)
 
     def score_shift(self, W: np.ndarray, src, piece, h: float) -> np.ndarray | None:
@@ -123,10 +135,12 @@ class Reduced:
             return None
         t = h / (2.0 * self.theta1)
         if self.kind == "multiclass":
+            assert self.Wm is not None and self.labels is not None  # multiclass
             P = self.Wm @ W.T  # (K, K_out)
             out = t * (P[piece] - P[self.labels[src]])
             return out[:, 0] if W.shape[0] == 1 else out
         g = self.coef(src, piece)
+        assert self.v is not None  # margin / residual
         vw = self.v @ W.T  # (K_out,)
         return (t * g)[:, None] * vw[None, :] if W.shape[0] > 1 else (t * g) * float(vw[0])
 
@@ -136,6 +150,7 @@ class Reduced:
         if math.isinf(self.theta1) or h == 0.0 or self.kind == "multiclass" or W.shape[0] > 1:
             return self.score_shift(W, src, piece, h), self.sq_displacement(src, piece, h)
         tg = (h / (2.0 * self.theta1)) * self.coef(src, piece)
+        assert self.v is not None  # margin / residual
         return tg * float((self.v @ W.T)[0]), tg * tg * float(self.v @ self.v)
 
     def sq_displacement(self, src, piece, h: float) -> np.ndarray:
@@ -144,10 +159,12 @@ class Reduced:
             return np.zeros(np.size(piece))
         t = h / (2.0 * self.theta1)
         if self.kind == "multiclass":
+            assert self.Wm is not None and self.labels is not None  # multiclass
             diff = self.Wm[:, None, :] - self.Wm[None, :, :]
             G = np.einsum("ykd,ykd->yk", diff, diff)  # G[k, y] = ||w_k - w_y||^2
             return t * t * G[piece, self.labels[src]]
         g = self.coef(src, piece)
+        assert self.v is not None  # margin / residual
         return (t * g) ** 2 * float(self.v @ self.v)
 
     def move(self, X: np.ndarray, src: np.ndarray, piece: np.ndarray, h: float) -> np.ndarray:
@@ -160,6 +177,7 @@ class Reduced:
             out += t * self.directions(src, piece)
         else:
             g = self.coef(src, piece)
+            assert self.v is not None  # margin / residual
             out += np.multiply.outer(t * g, self.v)
         return out
 
@@ -230,6 +248,7 @@ def reduce_problem(prob: Problem, theta1: float, mask: np.ndarray | None = None)
             c1T[k] -= sy
             c1T[k][labels == k] = 0.0
             np.take(G[:, k], labels, out=c2T[k])
-        return Reduced(c1T.T, c2T.T if K > 0 else None, theta1, "multiclass", Wm=Wm,
-                       labels=labels)
+        # K > 0 for a fitted classifier (c2 None only for the empty case)
+        return Reduced(c1T.T, c2T.T if K > 0 else None,  # type: ignore[arg-type]
+                       theta1, "multiclass", Wm=Wm, labels=labels)
     raise ValidationError(f"loss {loss.name!r} has no piecewise-linear reduced form")

@@ -24,6 +24,7 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -50,7 +51,7 @@ def _resolve(module: str, attrs: list[str]):
             mod = importlib.import_module(module)
         except Exception:  # noqa: BLE001 - any import failure: keep the path as written
             return None
-    obj = mod
+    obj: Any = mod
     for a in attrs:
         obj = getattr(obj, a, None)
         if obj is None:
@@ -445,7 +446,7 @@ def policy_gate(result, fail_under=None, *, require_exact=False, confidence=None
                    f"side; {advice}")
 
 
-def _policy_html(policy: dict, results=None) -> str:
+def _policy_html(policy: dict | None, results=None) -> str:
     """The gate in one sentence: what is required, which value decides (for a non-exact
     answer the certified lower end, not the found value), and the verdict."""
     if not policy or policy.get("threshold") is None and not policy.get("require_exact"):
@@ -632,7 +633,8 @@ def datacost_changes(result, top: int = 10):
         parts = []
         for nm in shares.index:
             before, after = raw0[nm].iloc[a], raw1[nm].iloc[a]
-            if rc.variable(nm).kind in ("numeric", "integer"):
+            # nm is one of the variables (the index of shares)
+            if rc.variable(nm).kind in ("numeric", "integer"):  # type: ignore[union-attr]
                 if float(before) != float(after):
                     parts.append(f"{nm} {_units(before)} -> {_units(after)}")
             elif str(before) != str(after):

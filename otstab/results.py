@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -22,6 +23,9 @@ from ._results import ResultMixin, jsonable
 from ._validation import check_level
 from .errors import ValidationError
 from .pipeline import RawView, raw_view
+
+if TYPE_CHECKING:
+    from .inference import Inference
 
 __all__ = ["StabilityResult", "Lazy", "LazyInfo"]
 
@@ -101,15 +105,15 @@ class StabilityResult(ResultMixin):
     exact: bool = True
     value_lower: float = math.nan
     value_upper: float = math.nan
-    loss_star: np.ndarray = field(default=None, repr=False)
-    loss_base: np.ndarray = field(default=None, repr=False)
-    X: np.ndarray = field(default=None, repr=False)
+    loss_star: np.ndarray | None = field(default=None, repr=False)
+    loss_base: np.ndarray | None = field(default=None, repr=False)
+    X: np.ndarray | None = field(default=None, repr=False)
     feature_names: list = field(default_factory=list, repr=False)
     index: object = field(default=None, repr=False)
     info: dict = field(default_factory=dict, repr=False)
     #: sampling uncertainty (:class:`otstab.inference.Inference`; set by certify, built on
     #: first access)
-    inference: object = field(default=None, repr=False)
+    inference: Inference | None = field(default=None, repr=False)
 
     #: the headline of ``repr`` (the atoms of Q* are summarised by their count)
     _repr_fields = ("value", "status", "r", "risk_base", "risk_star", "h", "gap", "loss",
@@ -211,18 +215,22 @@ class StabilityResult(ResultMixin):
         fingerprint.check(self.X, "to_frame")  # X is the caller's array (no copy)
         if raw:
             return self.raw_view().frame(self)
+        X, loss_base = self.X, self.loss_base
+        if X is None or loss_base is None:
+            raise ValidationError("to_frame needs X and the per-sample losses; this result "
+                                  "was made without them")
         names = list(self.feature_names) or [f"x{j}" for j in range(self.X_star.shape[1])]
         src = np.asarray(self.source)
-        data = {"source": src, "mass": self.mass}
+        data: dict[str, Any] = {"source": src, "mass": self.mass}
         if self.index is not None:
             data["index"] = np.asarray(self.index)[src]
-        X0 = self.X[src]
+        X0 = X[src]
         for j, nm in enumerate(names):
             data[nm] = X0[:, j]
         for j, nm in enumerate(names):
             data[f"{nm}*"] = self.X_star[:, j]
         data["weight"] = self.weights
-        data["loss"] = self.loss_base[src]
+        data["loss"] = loss_base[src]
         data["loss*"] = self.loss_star
         data["distance2"] = np.sum((self.X_star - X0) ** 2, axis=1)
         return pd.DataFrame(data)
@@ -272,7 +280,7 @@ class StabilityResult(ResultMixin):
     def to_dict(self, *, arrays: bool = True) -> dict:
         """Plain-Python dict; ``arrays=False`` leaves out the atoms of Q*."""
         skip = set() if arrays else {"X_star", "weights", "source", "mass"}
-        out = {"X_star": self.X_star} if arrays else {}
+        out: dict[str, Any] = {"X_star": self.X_star} if arrays else {}
         for name in self.__dataclass_fields__:
             f = self.__dataclass_fields__[name]
             if not f.repr or name in skip:
@@ -349,4 +357,4 @@ def _lazy_property(name: str) -> property:
 LAZY_FIELDS = ("X_star", "weights", "source", "mass", "loss_star", "loss_base")
 for _name in LAZY_FIELDS:
     setattr(StabilityResult, _name, _lazy_property(_name))
-StabilityResult.inference = _lazy_property("inference")
+StabilityResult.inference = _lazy_property("inference")  # type: ignore[assignment]  # a property

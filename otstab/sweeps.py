@@ -70,8 +70,9 @@ class StabilityCurve(FrameResult):
 
 
 @renamed_kwargs(confidence="level")
-def stability_curve(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl",
-                    solver="auto", features=None, level=None, sample_weight=None,
+def stability_curve(model, X, y, *, loss, r, theta1: float = 1.0, theta2: float = 0.25,
+                    divergence: str = "kl", solver: str = "auto", features=None,
+                    level: float | None = None, sample_weight=None,
                     progress=None, **solver_options) -> StabilityCurve:
     """R(beta, r) for every threshold in ``r`` (value versus r).
 

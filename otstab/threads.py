@@ -20,7 +20,7 @@ import contextlib
 
 __all__ = ["one_blas_thread"]
 
-_CONTROLLER = []  # the threadpoolctl controller, made on first use (it scans the libraries)
+_CONTROLLER: list = []  # the threadpoolctl controller, made on first use (it scans the libraries)
 
 
 def one_blas_thread():

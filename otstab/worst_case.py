@@ -531,10 +531,10 @@ class WorstCaseResult(ResultMixin):
     columns_dropped: list
     guarantee: str | None = None
     vacuous_note: str | None = None
-    h: np.ndarray = field(repr=False, default=None)
-    fold: np.ndarray = field(repr=False, default=None)
-    regressors: list = field(repr=False, default=None)
-    _tails: list = field(repr=False, default=None)
+    h: np.ndarray | None = field(repr=False, default=None)
+    fold: np.ndarray | None = field(repr=False, default=None)
+    regressors: list | None = field(repr=False, default=None)
+    _tails: list | None = field(repr=False, default=None)
     _U: float = field(repr=False, default=math.nan)
     _range: tuple = field(repr=False, default=(-math.inf, math.inf))
 
@@ -552,12 +552,14 @@ class WorstCaseResult(ResultMixin):
         grid = np.atleast_1d(arr).reshape(-1)
         for i, v in enumerate(grid):
             check_probability(float(v), "p" if arr.ndim == 0 else f"p[{i}]")
+        assert self._tails is not None, "set by worst_subpopulation"
         out = np.mean([t.cvar(grid) for t in self._tails], axis=0)
         return float(out[0]) if arr.ndim == 0 else out
 
     def weights_at(self, p) -> np.ndarray:
         """Worst-case density ratio ``dQ/dP`` per row at a scalar ``p`` (see ``weights``)."""
         p = check_probability(p, "p")
+        assert self.fold is not None and self.h is not None, "set by worst_subpopulation"
         w = np.zeros(self.n)
         for k in range(self.cv):
             idx = np.flatnonzero(self.fold == k)
@@ -575,6 +577,7 @@ class WorstCaseResult(ResultMixin):
         folds) is already ``>= p B`` no ``N`` suffices.
         """
         p = check_probability(p, "p")
+        assert self.fold is not None, "set by worst_subpopulation"
         sizes = np.bincount(self.fold, minlength=self.cv).astype(np.float64)
         excess = np.array(self.fold_mse) - np.array(self.fold_mse_min)
         B = self.loss_bound
@@ -602,7 +605,7 @@ class WorstCaseResult(ResultMixin):
                  f"{self.cv} fold(s), loss range B = {self.loss_bound:g} ({src})",
                  f"  mean loss (W_1)   {self.mean_loss:.4g}"]
         if self.curve is None:
-            band = ("vacuous" if math.isnan(self.lower)
+            band = ("vacuous" if self.lower is None or math.isnan(self.lower)
                     else f"[{self.lower:.4g}, {self.upper:.4g}]")
             lines.append(f"  W_{self.p:g} (estimate) {self.value:.4g}, {_pct(self.level)} "
                          f"dimension-free band {band}")
@@ -708,10 +711,10 @@ class ConditionalShiftResult(ResultMixin):
     z_columns: list
     columns_dropped: list
     guarantee: str = ""
-    psi: np.ndarray = field(repr=False, default=None)
-    mu: np.ndarray = field(repr=False, default=None)
-    fold: np.ndarray = field(repr=False, default=None)
-    regressors: list = field(repr=False, default=None)
+    psi: np.ndarray | None = field(repr=False, default=None)
+    mu: np.ndarray | None = field(repr=False, default=None)
+    fold: np.ndarray | None = field(repr=False, default=None)
+    regressors: list | None = field(repr=False, default=None)
 
     _repr_fields = ("value", "se", "ci", "p", "joint_value", "mean_loss", "level", "n",
                     "folds", "w_columns", "z_columns")
@@ -733,6 +736,7 @@ class ConditionalShiftResult(ResultMixin):
                  f"{self.w_columns}, Z = {self.z_columns}, {self.folds} folds",
                  f"  mean loss (R_1)   {self.mean_loss:.4g}"]
         if self.curve is None:
+            assert self.ci is not None, "a scalar p has its interval"
             lines += [f"  R_{self.p:g} (estimate) {self.value:.4g}, {_pct(self.level)} "
                       f"asymptotic CI ({self.ci[0]:.4g}, {self.ci[1]:.4g})",
                       f"  joint shift       {self.joint_value:.4g} (estimate)"]
@@ -748,6 +752,7 @@ class ConditionalShiftResult(ResultMixin):
         """The curve (one row per ``p``; a single row for a scalar ``p``)."""
         if self.curve is not None:
             return self.curve.copy()
+        assert self.ci is not None, "a scalar p has its interval"
         return pd.DataFrame({
             "p": [self.p], "R_p": [self.value], "se": [self.se], "ci_lower": [self.ci[0]],
             "ci_upper": [self.ci[1]], "joint": [self.joint_value], "joint_se": [self.joint_se],
@@ -1007,7 +1012,7 @@ def _guarantee_sentence(res: WorstCaseResult) -> str | None:
     if res.threshold is None:
         return None
     t, q, conf = res.threshold, res.p_star_upper, _pct(res.level)
-    if math.isnan(q):
+    if q is None or math.isnan(q):
         return (f"not certified: W_p + halfwidth_p <= {t:g} holds at no p, so nothing is "
                 f"guaranteed at {conf} confidence")
     size = "every sub-population" if q == 0.0 else f"every sub-population of size >= {q:.4g}"
@@ -1194,7 +1199,7 @@ def conditional_shift(
     fold = _fold_ids(n, folds, rng, "folds")
     K = int(fold.max()) + 1
     seed = int(rng.integers(0, 2**31 - 1))
-    u = rng.uniform(0.0, eps, size=n) if eps > 0 else np.zeros(n)
+    u = np.asarray(rng.uniform(0.0, eps, size=n)) if eps > 0 else np.zeros(n)
 
     total = (0 if kind_mu == "callable" else K) + K * int(np.sum(grid < 1.0))
     with progress_bar(total, "conditional_shift", show) as bar:

@@ -65,6 +65,7 @@ def linear_distances(prob: Problem, mask: np.ndarray | None = None):
     can change the prediction; ``X_near`` a :class:`NearPoints` (rows built on demand).
     """
     sc = prob.scorer
+    assert sc is not None, "a linear classifier"
     X = prob.X
     W = sc.W if mask is None else sc.W * mask[None, :]
     S = prob.scores if prob.scores is not None else sc.scores(X)
@@ -114,6 +115,7 @@ def linear_prices(prob: Problem, mask: np.ndarray | None, theta1: float):
     d*_i`` as a :class:`RowPrices` (computed per block of rows, never stored) and the
     nearest misclassified points (:class:`NearPoints`, with ``misclassified`` set)."""
     sc = prob.scorer
+    assert sc is not None, "a linear classifier"
     if sc.task != "binary":
         raise ValueError("linear_prices needs a binary linear classifier")
     W = sc.W if mask is None else sc.W * mask[None, :]
@@ -938,6 +940,7 @@ def certify_zero_one_problem(prob: Problem, r, theta1, theta2, divergence, mask,
             "or 'dual'): the 0/1 loss has no conic program, its dual is solved exactly"
         )
     check_options(solver_options, (), "the exact 0/1 path of a linear classifier")
+    assert prob.scorer is not None, "a linear classifier"
     if prob.scorer.task == "binary" and prob.p is None:
         # the prices per block of rows: the closed form sorts one copy, Q* takes the rows
         # below h; d* itself is built only if ``res.info["dstar"]`` is read
@@ -1017,6 +1020,7 @@ def certify_distances(dstar, r, *, theta1=1.0, theta2=0.25, divergence="kl", sol
     res = _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, None, None,
                            None, losses_fn, names, None, t_start, d, base=base)
     if Xa is not None:
+        assert Xn is not None and res.loss_star is not None and res.loss_base is not None
         moved = res.loss_star > res.loss_base[res.source]
         res.X = Xa
         res.X_star = np.where(moved[:, None], Xn[res.source], Xa[res.source])

@@ -99,7 +99,7 @@ class RowsBlock:
 
     def __init__(self, oracle, s: int, e: int, p=None, *, keep: bool = False):
         self.oracle, self.rows, self.p, self.keep = oracle, slice(s, e), p, keep
-        self._last = None
+        self._last: tuple | None = None
 
     def evaluate(self, h: float, side: str = "right", with_pieces: bool = True):
         if self._last is not None and self._last[0] == h:

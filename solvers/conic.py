@@ -407,7 +407,8 @@ class ConicProgram:
                                 info=_said(box))
         if said and status != OPTIMAL:
             native = f"{native}; {said}"
-        alpha = None if self.alpha is None or math.isinf(self.theta2) else float(self.alpha.value)
+        alpha = None if self.alpha is None or math.isinf(self.theta2) else float(
+            self.alpha.value)  # type: ignore[arg-type]  # solved: the variable has a value
         if self.divergence == "chi2" and math.isinf(self.theta2):
             alpha = 0.0
         return DualSolution(

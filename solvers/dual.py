@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Any
 
 import numpy as np
 
@@ -67,8 +68,10 @@ class PiecewiseOracle:
     #: a :class:`~otstab_solvers.sorted_oracle.SortedTwoPiece` for the same ``l_h`` when the
     #: reduced form has the hinge shape (set by :func:`oracle_for`); ``solve_dual`` then
     #: evaluates from prefix sums
-    prefix = None
-    _hinge_piece = None
+    prefix: Any = None
+    _hinge_piece: int | None = None
+    #: the sample probabilities of a block (set by :mod:`otstab_solvers.blockwise`)
+    p: np.ndarray | None
 
     def __init__(self, c1, c2, *, c1abs: float | None = None):
         c1 = np.asarray(c1, dtype=np.float64)
@@ -115,6 +118,7 @@ class PiecewiseOracle:
         new.prefix = None
         if self.prefix is not None and not new._rowwise:
             k1 = self._hinge_piece
+            assert k1 is not None  # a prefix view is made for a hinge shape only
             if new._zero[1 - k1] and c2[0, k1] >= 0:
                 new.prefix = self.prefix.with_c(float(c2[0, k1]))
         return new
@@ -130,12 +134,15 @@ class PiecewiseOracle:
             return self._scan_after_zero(h, tol, sel)
         n = self._rows_in(sel) if self.K else 0
         hh = h * h
-        vmax = d_lo = d_hi = None
+        # None until the first piece (the arrays then)
+        vmax: Any = None
+        d_lo: Any = None
+        d_hi: Any = None
         k_lo = np.zeros(n, dtype=np.intp)
         k_hi = np.zeros(n, dtype=np.intp)
         scale = None
         for k in range(self.K):
-            c1k = None if self._zero[k] else self._piece(k, sel)
+            c1k: Any = None if self._zero[k] else self._piece(k, sel)
             c2k = self._c2T[k][sel] if self._rowwise else self._c2T[k]
             if self._zero[k]:
                 v = np.zeros(n)
@@ -211,7 +218,8 @@ class PiecewiseOracle:
         of :meth:`scan`, computed alone (the same arithmetic, so the same numbers)."""
         sel = slice(None) if rows is None else rows
         hh = h * h
-        vmax = None
+        vmax: Any = None  # the array from the first piece on
+        v: Any
         for k in range(self.K):
             if self._zero[k]:
                 v = 0.0
@@ -251,9 +259,13 @@ class PiecewiseOracle:
         (left) derivative: the one-sided version of :meth:`scan`, with fewer passes."""
         n = self.n
         hh = h * h
-        vmax = d = None
+        # None until the first piece (the arrays / the tie scale then)
+        vmax: Any = None
+        d: Any = None
+        v: Any
+        dk: Any
         kk = np.zeros(n, dtype=np.intp)
-        scale = None
+        scale: Any = None
         for k in range(self.K):
             if self._zero[k]:
                 v = dk = 0.0
@@ -396,7 +408,7 @@ class AffineOracle(PiecewiseOracle):
         self._c2T = c2[0]
         self._zero = [bool(c2[0, k] == 0 and rows.a[k] == 0 and rows.b[k] == 0)
                       for k in range(self.K)]
-        self._dense = None
+        self._dense: np.ndarray | None = None
         if self.n:
             self._c1max = np.array([rows.piece_extreme(k) for k in range(self.K)])
             c1min = min(rows.piece_extreme(k, largest=False) for k in range(self.K))
@@ -418,8 +430,8 @@ class AffineOracle(PiecewiseOracle):
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.where(dc2 != 0.0, dc1 / dc2, np.nan)
 
-    @property
-    def _c1T(self) -> np.ndarray:
+    @property  # the base's array, built on first access here
+    def _c1T(self) -> np.ndarray:  # type: ignore[override]
         if self._dense is None:
             self._dense = self.rows.materialize()
         return self._dense
@@ -463,6 +475,7 @@ def negated_keys(oracle: PiecewiseOracle, rows, out: np.ndarray) -> np.ndarray:
     written into ``out`` (the negated moving piece: the same numbers as ``-c1[rows, k1]``,
     and as the keys of its sorted views)."""
     k1 = oracle._hinge_piece
+    assert k1 is not None, "a hinge-shaped oracle"
     if isinstance(oracle, AffineOracle) and oracle._dense is None:
         return oracle.rows.negated_piece(k1, rows, out)
     return np.negative(oracle._c1T[k1][rows], out=out)
@@ -482,6 +495,7 @@ def sorted_view_of(oracle: PiecewiseOracle) -> SortedTwoPiece:
 def keys_umax(oracle: PiecewiseOracle) -> float:
     """The largest ``|u|`` of a hinge-shaped oracle's keys (the full view's tie scale)."""
     k1 = oracle._hinge_piece
+    assert k1 is not None, "a hinge-shaped oracle"
     if isinstance(oracle, AffineOracle) and oracle._dense is None:
         lo, hi = oracle.rows.piece_extreme(k1, False), oracle.rows.piece_extreme(k1, True)
     else:

@@ -513,7 +513,7 @@ def solve_first_order(loss_and_grad, X, y, *, r, theta1=1.0, theta2=0.25, diverg
         except TypeError:
             groups = None
 
-    trace = {"h": [], "risk": [], "value": [], "n_grad_evals": []}
+    trace: dict[str, list] = {"h": [], "risk": [], "value": [], "n_grad_evals": []}
     n_solved = [0]
 
     def state_at(h: float, refs: list[dict], loose: float | None = None) -> dict:

@@ -324,9 +324,11 @@ class LogisticOracle:
 
     def __init__(self, margins, direction_norm2, theta1, *, X=None, signs=None, direction=None,
                  cache: bool = True):
-        self._margins = _as_vector(margins, "margins")
-        self._scores = self._score_signs = None
-        self._setup(self._margins.size, direction_norm2, theta1, cache)
+        margins = _as_vector(margins, "margins")
+        self._margins: np.ndarray | None = margins
+        self._scores: np.ndarray | None = None
+        self._score_signs: np.ndarray | None = None
+        self._setup(margins.size, direction_norm2, theta1, cache)
         self._X = None if X is None else np.array(X, dtype=np.float64, copy=True)
         self._signs = None if signs is None else _as_vector(signs, "signs")
         self._direction = None if direction is None else _as_vector(direction, "direction")
@@ -376,6 +378,7 @@ class LogisticOracle:
     def _margins_of(self, rows) -> np.ndarray:
         if self._margins is not None:
             return self._margins[rows]
+        assert self._scores is not None and self._score_signs is not None  # made from scores
         return self._score_signs[rows] * self._scores[rows]
 
     @classmethod
@@ -998,6 +1001,7 @@ class CrossEntropyOracle:
                 better = f > best_f
                 best_C = np.where(better[:, None], C, best_C)
                 best_f = np.where(better, f, best_f)
+        assert best_C is not None  # starts is never empty
         f, _, H, ce, g_ce = self._f_grad_hess(best_C, rows, h)
         # d2 = g^T (-H)^{-1} g  with g = A^T (p - e_y)
         try:

@@ -130,7 +130,7 @@ class SortedTwoPiece:
     ``domain = None`` and ``sorted_from = 0``.
     """
 
-    domain = None
+    domain: tuple[float, float] | None = None
     sorted_from = 0
 
     h_max = math.inf

@@ -476,3 +476,20 @@ def test_select_model_on_group_metrics_summaries():
     # the least noisy run (index 2) wins on validation worst-class accuracy and on test WGA
     assert res.selected == 2 and res.gap == 0.0
     assert res.report["gap"].max() <= 0
+
+
+def test_thresholds_given_keep_table_association():
+    # diagnose_shift once reused the name of its thresholds loop key (a str) for the number of
+    # table columns (an int; mypy: str/int mix). With thresholds passed, V and T must still be
+    # scipy's association of the non-empty 3x2 table, and the threshold must decide the mark.
+    table = pd.DataFrame([[30, 5], [4, 40], [10, 11]], index=["a", "b", "c"], columns=["u", "v"])
+    O = table.to_numpy()
+    v_ref = association(O, method="cramer")
+    t_ref = association(O, method="tschuprow")
+    for th in (v_ref - 0.01, v_ref + 0.01):
+        d = otstab.diagnose_shift(table, thresholds={"spurious_correlation": th,
+                                                     "class_imbalance": 0.5})
+        assert d.cramers_v == pytest.approx(v_ref, rel=1e-12)
+        assert d.tschuprows_t == pytest.approx(t_ref, rel=1e-12)
+        assert d.thresholds["spurious_correlation"] == th
+        assert ("spurious_correlation" in d.shift_types) == (th <= v_ref)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -49,3 +51,15 @@ def test_ci_runs_the_readme_test_command_verbatim():
     readme = (ROOT / "README.md").read_text()
     cmd = re.search(r"Run the tests:\s*```bash\n(.+?)\n```", readme, re.S).group(1).strip()
     assert cmd in (ROOT / ".ci" / "run").read_text()
+
+
+@pytest.mark.slow  # a cold mypy run over the package takes about 20 s
+def test_mypy_is_clean_on_the_package(tmp_path, monkeypatch):
+    # py.typed ships: the package's own annotations must type-check under the [tool.mypy]
+    # configuration of pyproject.toml (a bare `mypy` from the repository root)
+    api = pytest.importorskip("mypy.api")
+    monkeypatch.chdir(ROOT)
+    stdout, stderr, status = api.run(["--config-file", str(ROOT / "pyproject.toml"),
+                                      "--cache-dir", str(tmp_path / "mypy_cache")])
+    assert status == 0, stdout + stderr
+    assert "Success: no issues found" in stdout

@@ -42,6 +42,7 @@ import json
 from collections.abc import Iterable
 from importlib import resources
 from numbers import Integral
+from typing import overload
 
 import numpy as np
 import pandas as pd
@@ -158,7 +159,7 @@ _SHA256 = {
 
 def _data_file(name: str):
     """The bundled file ``data/<name>`` as an importlib.resources Traversable (in the package)."""
-    return resources.files(__name__).joinpath("data", name)
+    return resources.files(__name__).joinpath("data").joinpath(name)
 
 
 def _read_bytes(name: str) -> bytes:
@@ -517,6 +518,10 @@ def feature_groups(df, *, include_numeric: bool = False) -> dict[str, list[str]]
     return groups
 
 
+@overload
+def _check_count(value, name: str) -> int: ...
+@overload
+def _check_count(value, name: str, *, allow_none: bool) -> int | None: ...
 def _check_count(value, name: str, *, allow_none: bool = False) -> int | None:
     if value is None and allow_none:
         return None
