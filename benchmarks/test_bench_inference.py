@@ -4,7 +4,7 @@
   (``res.se``, ``res.ci()``) versus ``certify(..., se=None)``, hinge KL, 0/1 KL and hinge with
   theta2 = inf (the case that rebuilds l_h from Q*'s moved points); target: the SE adds <= 10%
   at n = 1e6 (full) — compare the two rows of each group;
-- ``test_bootstrap_cost``: a 200-replicate bootstrap (``se=Bootstrap(n_boot=200)``) at
+- ``test_bootstrap_cost``: a 200-replicate bootstrap (``se=Bootstrap(n_resamples=200)``) at
   n = 1e5 (full; target < 10 s), hinge KL and 0/1 KL.
 
 The quick subset runs both at n = 1e4 so that the code cannot rot.
@@ -69,7 +69,7 @@ def test_bootstrap_cost(benchmark, case, n):
 
     def run():
         return otstab.certify(a["model"], a["X"], a["y"], loss=a["loss"], r=a["r"],
-                              theta1=THETA1, theta2=a["theta2"], se=Bootstrap(n_boot=200))
+                              theta1=THETA1, theta2=a["theta2"], se=Bootstrap(n_resamples=200))
 
     res = measure(benchmark, run, slow=True)
     record(benchmark, suite="inference", case=case, n=n, n_boot=200, se=res.se,
