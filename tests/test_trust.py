@@ -201,8 +201,13 @@ def _module_imports():
     for path in sorted((ROOT / "otstab").glob("*.py")):
         tree = ast.parse(path.read_text())
         top, inner = set(), set()
+        # imports under `if TYPE_CHECKING:` are for the type checker only, never run
+        typing_only = {id(n) for block in tree.body if isinstance(block, ast.If)
+                       and getattr(block.test, "id", None) == "TYPE_CHECKING"
+                       for n in ast.walk(block)}
         for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.level == 1:
+            if isinstance(node, ast.ImportFrom) and node.level == 1 \
+                    and id(node) not in typing_only:
                 names = [node.module] if node.module else [a.name for a in node.names]
                 target = top if node in tree.body else inner
                 target.update(n.split(".")[0] for n in names)
