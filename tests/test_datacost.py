@@ -7,11 +7,11 @@ import itertools
 import json
 import math
 import pickle
-import warnings
 
 import numpy as np
 import pandas as pd
 import pytest
+from german import german_pipeline
 from otstab_solvers.knapsack import solve_one
 from sklearn.compose import ColumnTransformer
 from sklearn.linear_model import LogisticRegression
@@ -20,7 +20,6 @@ from sklearn.preprocessing import OneHotEncoder, OrdinalEncoder, StandardScaler
 
 import otstab
 from otstab.datacost import DataCost
-from otstab.datasets import load_german
 from otstab.errors import ValidationError
 
 # ------------------------------------------------------------------------------------------
@@ -29,16 +28,7 @@ from otstab.errors import ValidationError
 
 @pytest.fixture(scope="module")
 def german():
-    df = load_german(raw=True)
-    X, y = df.drop(columns="credit"), df["credit"]
-    num = [c for c in X.columns if X[c].dtype.kind in "if"]
-    cat = [c for c in X.columns if c not in num]
-    ct = ColumnTransformer([("num", StandardScaler(), num),
-                            ("cat", OneHotEncoder(handle_unknown="ignore"), cat)])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        pipe = Pipeline([("pre", ct), ("clf", LogisticRegression(max_iter=2000))]).fit(X, y)
-    return pipe, X, y, num, cat
+    return german_pipeline()[:5]
 
 
 def _small(seed=0, n=30):

@@ -5,12 +5,12 @@ re-checks Q*'s raw rows against the model and the data; a tampered spec is caugh
 
 import copy
 import json
-import warnings
 
 import joblib
 import numpy as np
 import pandas as pd
 import pytest
+from german import german_pipeline
 from sklearn.compose import ColumnTransformer
 from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import Pipeline
@@ -21,7 +21,6 @@ from otstab import certificate as C
 from otstab import report as R
 from otstab.cli import main
 from otstab.datacost import DataCost
-from otstab.datasets import load_german
 from otstab.errors import ValidationError
 
 N = 200
@@ -30,15 +29,7 @@ SPEC = DataCost(bounds={"age": (18, 75)}, switch={"purpose": 0.5}, immutable=["f
 
 @pytest.fixture(scope="module")
 def german():
-    df = load_german(raw=True).iloc[:N].reset_index(drop=True)
-    X, y = df.drop(columns="credit"), df["credit"]
-    num = [c for c in X.columns if X[c].dtype.kind in "if"]
-    cat = [c for c in X.columns if c not in num]
-    ct = ColumnTransformer([("num", StandardScaler(), num),
-                            ("cat", OneHotEncoder(handle_unknown="ignore"), cat)])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        pipe = Pipeline([("pre", ct), ("clf", LogisticRegression(max_iter=2000))]).fit(X, y)
+    pipe, X, y, _, _, df = german_pipeline(rows=N)
     return pipe, X, y, df
 
 

@@ -8,6 +8,7 @@ import warnings
 import numpy as np
 import pandas as pd
 import pytest
+from german import german_pipeline
 from sklearn.compose import ColumnTransformer
 from sklearn.decomposition import PCA
 from sklearn.impute import SimpleImputer
@@ -23,21 +24,15 @@ from sklearn.preprocessing import (
 
 import otstab
 from otstab import pipeline
-from otstab.datasets import load_adult, load_german
+from otstab.datasets import load_adult
 from otstab.errors import ValidationError
 
 
 @pytest.fixture(scope="module")
 def german():
-    df = load_german(raw=True)
-    X, y = df.drop(columns="credit"), df["credit"]
-    num = [c for c in X.columns if X[c].dtype.kind in "if"]
-    cat = [c for c in X.columns if c not in num]
-    ct = ColumnTransformer([("num", StandardScaler(), num),
-                            ("cat", OneHotEncoder(handle_unknown="ignore"), cat)])
+    model, X, y, num, cat, _ = german_pipeline(warn="error")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        model = Pipeline([("pre", ct), ("clf", LogisticRegression(max_iter=2000))]).fit(X, y)
         res = otstab.certify(model, X, y, loss="zero_one", r=0.4)
     return model, X, y, num, cat, res
 
