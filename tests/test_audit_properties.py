@@ -349,6 +349,9 @@ def test_hinge_through_the_large_data_forms_passes_the_audit(n, d, seed, thetas,
 # 0 at r = 1 (theta2 = 1e12)
 @example(n=3, d=1, seed=0, thetas=(1e-3, 1e12), divergence="kl", u1=0.0, u2=0.5)
 @example(n=3, d=1, seed=0, thetas=(1e-6, 1e12), divergence="kl", u1=1.0, u2=0.5)
+# numpy 1.24 (the oldest allowed) sums the base risk 1 ulp lower than the test's: r1 is just
+# above it and cross_entropy answers the interval [0, inf]
+@example(n=3, d=1, seed=5, thetas=(1e-6, 1e-6), divergence="kl", u1=0.0, u2=1.0)
 def test_monotone_in_r(case, n, d, seed, thetas, divergence, u1, u2):
     model, X, y = make_case(case, n, d, seed)
     (r1, base, err, lmax), (r2, *_) = sorted(threshold(model, case, X, y, u) for u in (u1, u2))
@@ -356,7 +359,13 @@ def test_monotone_in_r(case, n, d, seed, thetas, divergence, u1, u2):
     res1 = answer(model, X, y, case, r1, thetas, divergence, ok)
     res2 = answer(model, X, y, case, r2, thetas, divergence, ok)
     if res1 is not None and res2 is not None:
-        assert le(res1.value, res2.value), (r1, res1.value, r2, res2.value)
+        # R(r1) <= R(r2): the certified lower end at r1 is below the found upper end at r2
+        # (both equal value for exact answers; a `bounds` answer just above the base risk may
+        # be the honest interval [0, inf] where double precision cannot resolve r - base)
+        assert le(res1.value_lower, res2.value_upper), (r1, res1.value_lower, r2,
+                                                        res2.value_upper)
+        if res1.exact and res2.exact:
+            assert le(res1.value, res2.value), (r1, res1.value, r2, res2.value)
 
 
 @over_losses
