@@ -18,9 +18,11 @@ to fail (SCS, ECOS, the first-order solver) only have their status and error rec
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import time
+import tracemalloc
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,6 +62,18 @@ CONIC_BACKENDS = ("clarabel", "ecos", "scs", "mosek")
 
 quick = pytest.mark.quick
 full = [pytest.mark.full, pytest.mark.skipif(not FULL, reason=FULL_REASON)]
+
+
+def peak_vectors(fn, n) -> float:
+    """Peak memory Python allocates while ``fn()`` runs (tracemalloc), in n-vectors of
+    float64."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1] / (8.0 * n)
+    finally:
+        tracemalloc.stop()
 
 
 def sizes(quick_sizes=(), full_sizes=()):

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import gc
 import math
-import tracemalloc
 
 import _benchlib as bl
 import numpy as np
@@ -80,16 +79,6 @@ def _data(loss: str, n: int, kind: str = "float64"):
         entry["stats"][loss] = (float(np.mean(losses)), float(np.max(losses)))
     base, top = entry["stats"][loss]
     return entry["model"], entry[kind], entry["y"], base, top
-
-
-def _peak_vectors(fn, n) -> float:
-    gc.collect()
-    tracemalloc.start()
-    try:
-        fn()
-        return tracemalloc.get_traced_memory()[1] / (8.0 * n)
-    finally:
-        tracemalloc.stop()
 
 
 def _default_threads():
@@ -156,6 +145,6 @@ def test_grid(benchmark, loss, rpoint, price, kind, n):
                 largest=top, solver=res.solver)
     if not benchmark.disabled:
         with _default_threads():
-            info["peak_extra_n_vectors"] = _peak_vectors(
+            info["peak_extra_n_vectors"] = bl.peak_vectors(
                 lambda: otstab.certify(model, X, y, **kw), n)
     record(benchmark, **info)

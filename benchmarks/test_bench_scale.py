@@ -22,11 +22,9 @@
 
 from __future__ import annotations
 
-import gc
 import os
 import resource
 import time
-import tracemalloc
 
 import _benchlib as bl
 import numpy as np
@@ -49,16 +47,6 @@ def _e2e_data(n, d=D_E2E, seed=0):
     y = np.where(X @ coef + 0.3 * rng.standard_normal(n) > 0, 1, -1)
     X.flags.writeable = False
     return X, coef, y
-
-
-def _peak_vectors(fn, n) -> float:
-    gc.collect()
-    tracemalloc.start()
-    try:
-        fn()
-        return tracemalloc.get_traced_memory()[1] / (8.0 * n)
-    finally:
-        tracemalloc.stop()
 
 
 @pytest.mark.parametrize("n", sizes((100_000,), (1_000_000,)))
@@ -90,7 +78,7 @@ def test_end_to_end(benchmark, part, threads, n):
             "role": "baseline" if part in ("matmul", "sort") else "certify"}
     if part in ("hinge", "zero_one", "logistic"):
         assert out.status == "optimal"
-        info["peak_extra_n_vectors"] = _peak_vectors(fns[part], n)
+        info["peak_extra_n_vectors"] = bl.peak_vectors(fns[part], n)
         info["value"] = out.value
     record(benchmark, **info)
 
@@ -158,7 +146,7 @@ def test_peak_memory(benchmark, part, n):
     benchmark.group = f"scale peak memory n={fmt_n(n)} d={D_E2E}"
     res = measure(benchmark, lambda: otstab.certify(model, X, y, **kw), slow=True)
     assert res.status == "optimal"
-    peak = _peak_vectors(lambda: otstab.certify(model, X, y, **kw), n)
+    peak = bl.peak_vectors(lambda: otstab.certify(model, X, y, **kw), n)
     per_n, fixed = PEAK_BOUND[part]
     bound = per_n + fixed / n
     record(benchmark, suite="scale-memory", part=part, n=n, d=D_E2E,
@@ -176,7 +164,7 @@ def test_peak_memory_other_paths(benchmark, part):
     benchmark.group = f"scale peak memory n={fmt_n(n)} d={D_E2E}"
     res = measure(benchmark, lambda: otstab.certify(model, X, y, **kw), slow=True)
     assert res.status == "optimal"
-    peak = _peak_vectors(lambda: otstab.certify(model, X, y, **kw), n)
+    peak = bl.peak_vectors(lambda: otstab.certify(model, X, y, **kw), n)
     record(benchmark, suite="scale-memory", part=part, n=n, d=D_E2E,
            peak_extra_n_vectors=peak, bound=None)
 

@@ -964,6 +964,27 @@ def write_qstar(result, path) -> dict:
             "sha256": hash_file(path)}
 
 
+def _figure_mismatches(figures: dict, res: dict, r: float, tol: dict, where: str,
+                       source: str, risk_message: str) -> list:
+    """Cost, risk and mass of a Q* recomputed from ``source`` against the certificate's
+    results, and the risk against r. When r is unreachable no Q* exists: ``source`` holds the
+    data unperturbed (cost 0) while the certificate records the cost as nan."""
+    out = []
+    recorded = {key: _num(res[key]) for key in figures}
+    if math.isinf(_num(res["value"])):
+        recorded["primal_cost"] = 0.0
+    for key, val in figures.items():
+        if not _close(recorded[key], val, tol["rtol"], tol["atol"]):
+            out.append(Mismatch(f"{where}:{key}", recorded[key], val,
+                                f"{key} recomputed from {source} differs from the "
+                                "certificate"))
+    if not math.isinf(_num(res["value"])) and figures["risk_star"] < r - tol["gap_tol"] * max(
+            1.0, r):
+        out.append(Mismatch(f"{where}:risk_star", f">= r = {r:g}", figures["risk_star"],
+                            risk_message))
+    return out
+
+
 def audit_qstar(qstar, model, X, y, cert, *, rtol=None, atol=None,
                 gap_tol=None, sample_weight=None) -> list[Mismatch]:
     """Audit a stored Q* independently: every column of the side file from the model and data.
@@ -1088,20 +1109,8 @@ def audit_qstar(qstar, model, X, y, cert, *, rtol=None, atol=None,
         "risk_star": float(np.sum(pm * w * loss_star)),
         "total_mass": float(np.sum(pm * w)),
     }
-    recorded = {key: _num(res[key]) for key in figures}
-    if math.isinf(_num(res["value"])):
-        # r is unreachable: no Q* exists, the file holds the data unperturbed (cost 0) and
-        # the certificate records the cost as nan
-        recorded["primal_cost"] = 0.0
-    for key, val in figures.items():
-        if not _close(recorded[key], val, tol["rtol"], tol["atol"]):
-            out.append(Mismatch(f"qstar:{key}", recorded[key], val,
-                                f"{key} recomputed from the Q* file differs from the "
-                                "certificate"))
-    if not math.isinf(_num(res["value"])) and figures["risk_star"] < r - tol["gap_tol"] * max(
-            1.0, r):
-        out.append(Mismatch("qstar:risk_star", f">= r = {r:g}", figures["risk_star"],
-                            "the risk under the stored Q* does not reach r"))
+    out.extend(_figure_mismatches(figures, res, r, tol, "qstar", "the Q* file",
+                                  "the risk under the stored Q* does not reach r"))
     shares = np.bincount(src, weights=mass, minlength=n)
     if not np.allclose(shares, 1.0, rtol=0, atol=1e-9):
         i = int(np.argmax(np.abs(shares - 1.0)))
@@ -1974,19 +1983,9 @@ def raw_qstar_mismatches(frame, model, X, y, cert, *, rtol=None, atol=None, gap_
     rew = 0.0 if math.isinf(theta2) else theta2 * float(np.sum(pm * phi(w, divergence)))
     figures = {"primal_cost": move + rew, "risk_star": float(np.sum(pm * w * loss_star)),
                "total_mass": float(np.sum(pm * w))}
-    recorded = {key: _num(res[key]) for key in figures}
-    if math.isinf(_num(res["value"])):
-        recorded["primal_cost"] = 0.0  # r unreachable: Q* is the data, unperturbed
-    for key, val in figures.items():
-        if not _close(recorded[key], val, tol["rtol"], tol["atol"]):
-            out.append(Mismatch(f"{where}:{key}", recorded[key], val,
-                                f"{key} recomputed from Q*'s raw rows differs from the "
-                                "certificate"))
-    if not math.isinf(_num(res["value"])) and figures["risk_star"] < r - tol["gap_tol"] * max(
-            1.0, r):
-        out.append(Mismatch(f"{where}:risk_star", f">= r = {r:g}", figures["risk_star"],
-                            "the risk of Q*'s raw rows, re-scored by the model, does not "
-                            "reach r"))
+    out.extend(_figure_mismatches(
+        figures, res, r, tol, where, "Q*'s raw rows",
+        "the risk of Q*'s raw rows, re-scored by the model, does not reach r"))
     shares = np.bincount(src, weights=mass, minlength=n)
     if not np.allclose(shares, 1.0, rtol=0, atol=1e-9):
         i = int(np.argmax(np.abs(shares - 1.0)))

@@ -260,37 +260,54 @@ def _brute_distances(pipe, X, y, need, rc):
     sign = np.where(np.asarray(y) == pipe.classes_[1], 1.0, -1.0)
     s0 = pipe.decision_function(X)
     cols = {v.name: v for v in rc.variables}
+    rows = np.flatnonzero(need > 0)
+    X0, F, m = _every_level(X, cols, rows)
+    src = np.repeat(rows, m)
+    gain = -sign[src] * (pipe.decision_function(F) - s0[src])
+    c = rc.cost(X0, F)
+    slopes = _unit_slopes(pipe, X, s0)
+    out = np.zeros(len(X))
+    for pos, i in enumerate(rows):
+        conts = [_continuous_option(cols[nm], X, i, float(slopes[nm][i]), -sign[i])
+                 for nm in ("u", "v")]
+        sl = slice(pos * m, (pos + 1) * m)
+        out[i] = float(np.min(c[sl] + _water_many(need[i] - gain[sl], conts)))
+    return out
+
+
+def _every_level(X, cols, rows):
+    """(X0, F, m): each of ``rows`` repeated once per combination of the discrete variables'
+    levels (colour, shape, size, k in 0..8), F holding those combinations."""
     combos = list(itertools.product(cols["colour"].levels, cols["shape"].levels,
                                     cols["size"].levels, range(0, 9)))
-    rows = np.flatnonzero(need > 0)
     m = len(combos)
     X0 = X.iloc[np.repeat(rows, m)].reset_index(drop=True)
     F = X0.copy()
     for k, nm in enumerate(("colour", "shape", "size", "k")):
         F[nm] = [c[k] for c in combos] * rows.size
-    src = np.repeat(rows, m)
-    gain = -sign[src] * (pipe.decision_function(F) - s0[src])
-    c = rc.cost(X0, F)
+    return X0, F, m
+
+
+def _unit_slopes(pipe, X, s0):
+    """The change of the decision function per unit of each continuous variable."""
     slopes = {}
     for nm in ("u", "v"):
         step = X.copy()
         step[nm] = step[nm] + 1.0
         slopes[nm] = pipe.decision_function(step) - s0
-    out = np.zeros(len(X))
-    for pos, i in enumerate(rows):
-        conts = []
-        for nm in ("u", "v"):
-            a = float(slopes[nm][i])
-            t = np.sign(-sign[i] * a)
-            v = cols[nm]
-            x = float(X[nm].iloc[i])
-            room = (max(v.hi, x) - x) if t > 0 else (x - min(v.lo, x))
-            if v.direction and t != v.direction:
-                room = 0.0
-            conts.append((v.price / (v.scale * a) ** 2, abs(a) * room))
-        sl = slice(pos * m, (pos + 1) * m)
-        out[i] = float(np.min(c[sl] + _water_many(need[i] - gain[sl], conts)))
-    return out
+    return slopes
+
+
+def _continuous_option(v, X, i, a, toward):
+    """(price per squared unit of gain, largest gain) of moving row i's continuous variable
+    ``v`` whose score slope is ``a``, in the direction that helps (sign of ``toward * a``),
+    within its bounds and allowed direction."""
+    t = np.sign(toward * a)
+    x = float(X[v.name].iloc[i])
+    room = (max(v.hi, x) - x) if t > 0 else (x - min(v.lo, x))
+    if v.direction and t != v.direction:
+        room = 0.0
+    return v.price / (v.scale * a) ** 2, abs(a) * room
 
 
 def _water_many(R, conts):
@@ -482,22 +499,12 @@ def test_multiclass_equals_brute_force():
     assert res.status == "optimal"
     S0 = pipe.decision_function(X)
     cols = {v.name: v for v in rc.variables}
-    combos = list(itertools.product(cols["colour"].levels, cols["shape"].levels,
-                                    cols["size"].levels, range(0, 9)))
-    m = len(combos)
     wrong = pipe.predict(X) != y
     rows = np.flatnonzero(~wrong)
-    X0 = X.iloc[np.repeat(rows, m)].reset_index(drop=True)
-    F = X0.copy()
-    for k, nm in enumerate(("colour", "shape", "size", "k")):
-        F[nm] = [c[k] for c in combos] * rows.size
+    X0, F, m = _every_level(X, cols, rows)
     S = pipe.decision_function(F)
     c = rc.cost(X0, F)
-    slopes = {}
-    for nm in ("u", "v"):
-        step = X.copy()
-        step[nm] = step[nm] + 1.0
-        slopes[nm] = pipe.decision_function(step) - S0
+    slopes = _unit_slopes(pipe, X, S0)
     ref = np.zeros(len(X))
     for pos, i in enumerate(rows):
         sl = slice(pos * m, (pos + 1) * m)
@@ -507,16 +514,9 @@ def test_multiclass_equals_brute_force():
                 continue
             margin = S0[i, y[i]] - S0[i, k]
             gain = (S[sl, k] - S[sl, y[i]]) - (S0[i, k] - S0[i, y[i]])
-            conts = []
-            for nm in ("u", "v"):
-                a = float(slopes[nm][i, k] - slopes[nm][i, y[i]])
-                t = np.sign(a)
-                v = cols[nm]
-                x = float(X[nm].iloc[i])
-                room = (max(v.hi, x) - x) if t > 0 else (x - min(v.lo, x))
-                if v.direction and t != v.direction:
-                    room = 0.0
-                conts.append((v.price / (v.scale * a) ** 2, abs(a) * room))
+            conts = [_continuous_option(cols[nm], X, i,
+                                        float(slopes[nm][i, k] - slopes[nm][i, y[i]]), 1.0)
+                     for nm in ("u", "v")]
             best = min(best, float(np.min(c[sl] + _water_many(margin - gain, conts))))
         ref[i] = best
     d = np.asarray(res.info["dstar"])
