@@ -65,13 +65,14 @@ from .costs import Rescaled
 from .errors import InputTypeError, ValidationError
 from .nonlinear import as_model_input
 from .perturbation import f32_above, f32_atmost, f32_edge, tree_boxes
+from .refine import check_rtol, refine
 
 __all__ = ["LeafTable", "leaf_table", "tree_lower_distances", "mlp_lower_distances",
            "mlp_lipschitz", "mlp_transform_upper", "zero_one_lower_value",
            "smooth_lower_value", "certified_distances", "BOUND_OPTIONS"]
 
 #: options of the lower bounds, accepted by ``certify`` next to the perturbation search's
-BOUND_OPTIONS = ("max_nodes", "time_budget", "node_budget", "progress", "steps")
+BOUND_OPTIONS = ("max_nodes", "time_budget", "node_budget", "progress", "steps", "rtol")
 
 #: relative slack taken off a computed dual value so that its rounding cannot lift it above R
 VALUE_SLACK = 1e-12
@@ -446,7 +447,8 @@ def _progress(done, total, t0, stream=sys.stderr):
 
 
 def tree_lower_distances(model, X, yi, *, mask=None, upper=None, max_nodes=200,
-                         time_budget=None, node_budget=None, progress=False, weights=None):
+                         time_budget=None, node_budget=None, progress=False, weights=None,
+                         rtol=None, duals=None):
     """Certified lower bounds ``dlow_i <= d*_i`` for a scikit-learn tree-ensemble classifier.
 
     Parameters
@@ -474,6 +476,10 @@ def tree_lower_distances(model, X, yi, *, mask=None, upper=None, max_nodes=200,
         Per-feature prices ``c`` of the squared distance ``sum_j c_j (x'_j - x_j)^2``
         (``feature_costs``; default 1): the boxes' distances are priced the same way, so the
         bounds hold in that metric.
+    rtol, duals : optional
+        The stopping rule of :func:`otstab.refine.refine`: rounds of growing budgets for the
+        samples that enter the 0/1 dual (``duals``: a :class:`otstab.refine.ZeroOneDuals`),
+        until ``value_lower >= (1 - rtol) value_upper``. None: ``max_nodes`` for every sample.
 
     Returns
     -------
@@ -507,34 +513,19 @@ def tree_lower_distances(model, X, yi, *, mask=None, upper=None, max_nodes=200,
         return np.searchsorted(classes, model.predict(as_model_input(model, Z)))
     t0 = time.perf_counter()
     deadline = math.inf if time_budget is None else t0 + float(time_budget)
-    dlow = np.zeros(n)
-    exact = np.zeros(n, dtype=bool)
-    total = 0
-    stopped, reproduce = None, None
-    order = np.argsort(up, kind="stable")
-    for done, i in enumerate(order, 1):
-        if up[i] == 0.0:
-            exact[i] = True
-        else:
-            if stopped is not None:
-                budget = 1
-            elif node_budget is not None:
-                budget = max(1, min(int(max_nodes), node_budget - total))
-            else:
-                budget = int(max_nodes)
-            smp = _Sample(table, X[i], int(yi[i]), mv, float(up[i]), predict, weights)
-            dlow[i], exact[i], used, timed_out = _branch_and_bound(
-                smp, budget, deadline if stopped is None else math.inf)
-            total += used
-            if stopped is None:
-                if timed_out:
-                    stopped, reproduce = "time_budget", total
-                elif node_budget is not None and total >= node_budget:
-                    stopped, reproduce = "node_budget", node_budget
+
+    def search(i, budget, dl, upper):
+        smp = _Sample(table, X[i], int(yi[i]), mv, upper, predict, weights)
+        return (*_branch_and_bound(smp, budget, dl), upper)
+
+    def bar(done):
         if progress and (done % 50 == 0 or done == n):
-            _progress(done, n, t0)
-    return dlow, {"exact": exact, "nodes": total, "time": time.perf_counter() - t0,
-                  "stopped": stopped, "node_budget": reproduce}
+            _progress(min(done, n), n, t0)
+
+    dlow, exact, info = refine(n, search, up.copy(), duals, rtol=check_rtol(rtol),
+                               max_nodes=max_nodes, node_budget=node_budget, deadline=deadline,
+                               progress=bar)
+    return dlow, {"exact": exact, "time": time.perf_counter() - t0, **info}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -897,7 +888,9 @@ def certified_distances(model, X, y, *, mask=None, upper=None, **options):
         return None
     yi = (y > 0).astype(np.intp) if len(classes) == 2 else y.astype(np.intp)
     opts = {k: v for k, v in options.items()
-            if k in ("max_nodes", "time_budget", "node_budget", "progress")}
+            if k in ("max_nodes", "time_budget", "node_budget", "progress", "rtol", "duals")}
+    if opts.get("duals") is None:
+        opts.pop("rtol", None)
     try:
         dlow, info = tree_lower_distances(raw, X, yi, mask=mask, upper=upper, weights=weights,
                                           **opts)

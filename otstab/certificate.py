@@ -1396,7 +1396,7 @@ def verify_certificate(cert_or_path, model, X, y, *, rtol=None, atol=None, h_rto
     fs = cert["results"].get("feature_stability")
     if fs is not None and check_features:
         # the tree bound's deterministic budgets apply to each feature's score too
-        budgets = {k: options[k] for k in ("max_nodes", "node_budget") if k in options}
+        budgets = {k: options[k] for k in ("max_nodes", "node_budget", "rtol") if k in options}
         _verify_features(report, fs, model, X, y, kwargs, tol, budgets, lower_at_least=timed)
     elif fs is not None:
         report.notes.append("the feature scores were not recomputed (check_features=False)")

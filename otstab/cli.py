@@ -228,6 +228,10 @@ def build_parser() -> argparse.ArgumentParser:
     cert.add_argument("--max-nodes", type=_positive_int, default=None, metavar="N",
                       help="tree ensembles (zero_one): at most N boxes per sample for the "
                            "certified lower bound (default 200)")
+    cert.add_argument("--rtol", type=_tolerance, default=None, metavar="R",
+                      help="tree ensembles (zero_one): stop refining the certified lower "
+                           "bound once value_lower >= (1 - R) value_upper (default 0.01; 0: "
+                           "refine every sample that enters the dual up to --max-nodes)")
     cert.add_argument("--cost", choices=("auto", "encoded"), default=None,
                       help="transport cost: 'encoded' (the default: squared distance in the "
                            "model's input space, the paper's cost) or 'auto' (a DataCost on "
@@ -508,6 +512,7 @@ _ARG_PATTERNS = [
     (r"^unknown solver option\(s\) \['max_nodes'", "--max-nodes"),
     (r"^unknown solver option\(s\) \['node_budget'", "--node-budget"),
     (r"^unknown solver option\(s\) \['time_budget'", "--time-budget"),
+    (r"^unknown solver option\(s\) \['rtol'|^rtol", "--rtol"),
     (r"^X and y|^X |^X$|^X \(|pipeline's preprocessing", "--data"),
     (r"^y ", "--target"),
     (r"^model|^coef|not supported|is not fitted|^binary classifier|^multi-output", "--model"),
@@ -851,8 +856,8 @@ def _cmd_certify(args) -> int:
     level = 0.95 if args.confidence is None else args.confidence
     se = "analytic" if args.bootstrap is None else Bootstrap(n_resamples=max(args.bootstrap, 2))
     # the tree bound's budgets: recorded in the certificate's solver_options for verify
-    options = {k: getattr(args, k) for k in ("max_nodes", "time_budget", "node_budget")
-               if getattr(args, k) is not None}
+    options = {k: getattr(args, k) for k in ("max_nodes", "time_budget", "node_budget",
+                                             "rtol") if getattr(args, k) is not None}
     result = _run_library(certify, model, X, y, loss=loss, r=args.r, theta1=args.theta1,
                           theta2=args.theta2, divergence=args.divergence, solver=args.solver,
                           features=movable, se=se, feature_costs=costs,

@@ -83,7 +83,10 @@ def certify(model, X, y, *, loss: str | Loss, r: float, theta1: float = 1.0,
         input space (the paper's cost). ``"auto"`` or a ``DataCost``: a cost on the data's own
         variables, with Q* made of valid raw rows (:mod:`otstab.datacost`); exact for the 0/1
         loss of linear classifiers and the hinge loss of binary ones (and Pipelines ending
-        in them: :mod:`otstab.datacost_zero_one`, :mod:`otstab.datacost_hinge`).
+        in them: :mod:`otstab.datacost_zero_one`, :mod:`otstab.datacost_hinge`); for the 0/1
+        loss of tree classifiers (scikit-learn, XGBoost, LightGBM) a certified interval from
+        leaf boxes rewritten in the raw variables (:mod:`otstab.datacost_trees`), exact when
+        every search completes.
     se : "analytic" (default), "bootstrap", ``otstab.inference.Bootstrap(n_resamples,
         random_state, interval, progress)`` or None
         Sampling uncertainty of R (``res.se``, ``res.ci(level)``,
@@ -91,7 +94,10 @@ def certify(model, X, y, *, loss: str | Loss, r: float, theta1: float = 1.0,
         SE (computed on first access, one pass over Q*'s weights) or a bootstrap over the
         evaluation rows (run now, re-solving per replicate).
     **solver_options
-        Passed to the backend (e.g. ``max_iter`` for Clarabel).
+        Passed to the backend (e.g. ``max_iter`` for Clarabel). The certified tree bounds of
+        the 0/1 loss take ``max_nodes``, ``node_budget``, ``time_budget``, ``progress`` and
+        ``rtol`` (default 0.01: stop refining once ``value_lower >= (1 - rtol) value_upper``;
+        None: every sample gets ``max_nodes`` boxes; docs/bounds.md).
 
     Returns
     -------

@@ -10,6 +10,7 @@ from . import inference, pipeline
 from .datacost import DataCost
 from .datacost_hinge import certify_datacost_hinge
 from .datacost_linear import linear_parts, raw_frame, selected_variables
+from .datacost_trees import TREE_OPTIONS, certify_datacost_trees, is_tree_model
 from .datacost_zero_one import certify_datacost_zero_one
 from .errors import ValidationError
 from .losses import PiecewiseLinear, ZeroOne
@@ -35,7 +36,10 @@ def certify_datacost(model, X, y, *, loss, r, theta1, theta2, divergence, solver
     if solver not in ("auto", "dual", "closed_form"):
         raise ValidationError(f"solver={solver!r} does not apply to loss='zero_one' (use "
                               "'auto', 'closed_form' or 'dual')")
-    check_options(solver_options, (), "the exact 0/1 path under a DataCost")
+    tree = is_tree_model(model)
+    check_options(solver_options, TREE_OPTIONS if tree else (),
+                  "the tree path under a DataCost" if tree else "the exact 0/1 path under a "
+                  "DataCost")
     if r > 1.0 and not hinge:
         raise ValidationError(f"r is an error rate for loss='zero_one' and must be in [0, 1], "
                               f"got {r}")
@@ -44,21 +48,23 @@ def certify_datacost(model, X, y, *, loss, r, theta1, theta2, divergence, solver
         raise ValidationError("se='bootstrap' is not available with cost=DataCost yet; use "
                               "se='analytic' or None")
     prob = resolve_model(model, X, y, loss=loss, sample_weight=sample_weight)
+    if tree and hinge:
+        raise ValidationError("cost=DataCost with a tree model: loss='zero_one' only in this "
+                              "version")
+    if tree and prob.scorer is None:
+        frame, cost = _restrict(raw_frame(model, X, prob), cost, features)
+        rc = cost.resolve(model, frame, prob.feature_names)
+        res = certify_datacost_trees(model, prob, rc, frame, r=r, theta1=theta1,
+                                     theta2=theta2, divergence=divergence, solver=solver,
+                                     t_start=t_start, **solver_options)
+        res.inference = (lambda: inference.analytic(res)) if spec == "analytic" else None
+        return res
+
     if prob.scorer is None or prob.scorer.task not in ("binary", "multiclass"):
         raise ValidationError(
             "cost=DataCost is exact for linear classifiers (a Pipeline ending in one) in this "
             "version; use cost='encoded' for other models")
-    frame = raw_frame(model, X, prob)
-    if features is not None:
-        keep = set(selected_variables(features))
-        extra = sorted(nm for nm in keep if nm not in frame.columns)
-        if extra:
-            raise ValidationError(f"features: unknown variable {extra[0]!r}"
-                                  + pipeline.suggest(extra[0], frame.columns))
-        d = cost.to_dict()
-        d["immutable"] = sorted(set(d["immutable"]) | {c for c in frame.columns
-                                                      if c not in keep})
-        cost = DataCost.from_dict(d)
+    frame, cost = _restrict(raw_frame(model, X, prob), cost, features)
     rc = cost.resolve(model, frame, prob.feature_names)
     parts = linear_parts(model, prob, rc, frame)
     if hinge:
@@ -74,3 +80,18 @@ def certify_datacost(model, X, y, *, loss, r, theta1, theta2, divergence, solver
                                         t_start=t_start)
     res.inference = (lambda: inference.analytic(res)) if spec == "analytic" else None
     return res
+
+
+def _restrict(frame, cost, features):
+    """``(frame, cost)`` with every variable outside ``features`` made immutable."""
+    if features is not None:
+        keep = set(selected_variables(features))
+        extra = sorted(nm for nm in keep if nm not in frame.columns)
+        if extra:
+            raise ValidationError(f"features: unknown variable {extra[0]!r}"
+                                  + pipeline.suggest(extra[0], frame.columns))
+        d = cost.to_dict()
+        d["immutable"] = sorted(set(d["immutable"]) | {c for c in frame.columns
+                                                      if c not in keep})
+        cost = DataCost.from_dict(d)
+    return frame, cost

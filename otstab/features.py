@@ -287,7 +287,7 @@ def feature_stability(model, X, y, *, loss, r, theta1: float = 1.0, theta2: floa
                       solver: str = "auto", level: float | None = None,
                       n_resamples: int = 200, random_state=0, top_k: int = 3, sample_weight=None,
                       feature_costs=None, progress=None, max_nodes=None, time_budget=None,
-                      node_budget=None) -> FeatureStability:
+                      node_budget=None, rtol=None) -> FeatureStability:
     """Score each feature (or group of columns) by R_j(beta, r): lowest = most sensitive.
 
     ``score`` is ``otstab.certify(model, X, y, loss=loss, r=r, theta1=theta1, theta2=theta2,
@@ -334,11 +334,13 @@ def feature_stability(model, X, y, *, loss, r, theta1: float = 1.0, theta2: floa
     progress : None, True or False
         A progress bar on stderr while features are certified one by one and over the
         bootstrap replicates (None: only when stderr is a terminal).
-    max_nodes, time_budget, node_budget : optional
+    max_nodes, time_budget, node_budget, rtol : optional
         The certified lower bound's options, as in :func:`otstab.certify` (0/1 loss of a
         tree ensemble; :func:`otstab.bounds.tree_lower_distances`), passed to each feature's
         certificate: ``time_budget`` seconds and ``node_budget`` boxes are per feature (and
-        per bootstrap replicate). Paths without that bound refuse them (ValidationError).
+        per bootstrap replicate); ``rtol`` (default 0.01) stops each feature's search once its
+        ``score_lower >= (1 - rtol) score_upper``. Paths without that bound refuse them
+        (ValidationError).
 
     Returns
     -------
@@ -364,7 +366,8 @@ def feature_stability(model, X, y, *, loss, r, theta1: float = 1.0, theta2: floa
     loss_obj = get_loss(loss)
     # the lower bound's options (otstab.bounds), checked by the path that uses them
     bound_opts = {k: v for k, v in (("max_nodes", max_nodes), ("time_budget", time_budget),
-                                    ("node_budget", node_budget)) if v is not None}
+                                    ("node_budget", node_budget), ("rtol", rtol))
+                  if v is not None}
     prob = resolve_model(model, X, y, loss=loss_obj, sample_weight=sample_weight)
     if isinstance(loss_obj, ZeroOne) and r > 1.0:
         raise ValidationError(f"r is an error rate for loss='zero_one' and must be in [0, 1], "

@@ -33,6 +33,7 @@ from .models import Problem
 from .nonlinear import LinearDifferentiable
 from .params import check_common, check_options
 from .perturbation import perturbation_search
+from .refine import RTOL, ZeroOneDuals
 from .results import Lazy, LazyInfo, StabilityResult
 
 __all__ = ["linear_distances", "move_prices", "NearPoints", "certify_distances",
@@ -1067,8 +1068,11 @@ def certify_zero_one_search(prob: Problem, *, r, theta1, theta2, divergence, mas
     X_near = np.where(np.isfinite(pr.points), pr.points, prob.X)
     value_lower, lower_info = 0.0, None
     if not pr.exact:
-        lower = bounds.certified_distances(model, prob.X, prob.y, mask=mask, upper=dstar,
-                                           **bound_options)
+        # rtol: refine first the samples that decide R (otstab.refine; default 0.01)
+        bound_options.setdefault("rtol", RTOL)
+        lower = bounds.certified_distances(
+            model, prob.X, prob.y, mask=mask, upper=dstar,
+            duals=ZeroOneDuals(loss0, r, theta1, theta2, divergence, prob.p), **bound_options)
         if lower is not None:
             dlow, lower_info = lower
             value_lower = bounds.zero_one_lower_value(dlow, loss0, r, theta1, theta2,
