@@ -16,47 +16,91 @@ __version__ = "0.1.0"
 
 _LAZY = {
     # core (certify and friends)
-    "certify": "otstab.core",
-    "certify_distances": "otstab.core",
-    "stability_curve": "otstab.sweeps",
-    "feature_stability": "otstab.features",
-    "FeatureStability": "otstab.features",
-    "StabilityCurve": "otstab.sweeps",
-    "StabilityResult": "otstab.results",
-    "LinearModel": "otstab.models",
-    "Bootstrap": "otstab.inference",
-    "DataCost": "otstab.datacost",
+    "certify": "otstab.solve._core",
+    "certify_distances": "otstab.solve._core",
+    "stability_curve": "otstab.analysis._sweeps",
+    "feature_stability": "otstab.analysis._features",
+    "FeatureStability": "otstab.analysis._features",
+    "StabilityCurve": "otstab.analysis._sweeps",
+    "StabilityResult": "otstab.solve._results",
+    "LinearModel": "otstab.modeling._models",
+    "Bootstrap": "otstab.solve._inference",
+    "DataCost": "otstab.modeling._datacost",
     # related evaluations
-    "worst_subpopulation": "otstab.worst_case",
-    "conditional_shift": "otstab.worst_case",
-    "WorstCaseResult": "otstab.worst_case",
-    "ConditionalShiftResult": "otstab.worst_case",
-    "worst_subpopulation_of_model": "otstab.worst_case",
-    "conditional_shift_of_model": "otstab.worst_case",
-    "group_metrics": "otstab.groups",
-    "diagnose_shift": "otstab.groups",
-    "ShiftDiagnosis": "otstab.groups",
-    "select_model": "otstab.groups",
-    "GroupMetrics": "otstab.groups",
-    "ModelSelection": "otstab.groups",
-    "subset_distances": "otstab.subsets",
-    "SubsetDistances": "otstab.subsets",
+    "worst_subpopulation": "otstab.shift._worst_case",
+    "conditional_shift": "otstab.shift._worst_case",
+    "WorstCaseResult": "otstab.shift._worst_case",
+    "ConditionalShiftResult": "otstab.shift._worst_case",
+    "worst_subpopulation_of_model": "otstab.shift._worst_case",
+    "conditional_shift_of_model": "otstab.shift._worst_case",
+    "group_metrics": "otstab.shift._groups",
+    "diagnose_shift": "otstab.shift._groups",
+    "ShiftDiagnosis": "otstab.shift._groups",
+    "select_model": "otstab.shift._groups",
+    "GroupMetrics": "otstab.shift._groups",
+    "ModelSelection": "otstab.shift._groups",
+    "subset_distances": "otstab.shift._subsets",
+    "SubsetDistances": "otstab.shift._subsets",
     # the inverse question and model comparison
-    "worst_case_risk": "otstab.dro",
-    "WorstCaseRisk": "otstab.dro",
-    "compare": "otstab.comparison",
-    "Comparison": "otstab.comparison",
-    "harden": "otstab.train",
-    "HardenResult": "otstab.train",
+    "worst_case_risk": "otstab.analysis._dro",
+    "WorstCaseRisk": "otstab.analysis._dro",
+    "compare": "otstab.analysis._comparison",
+    "Comparison": "otstab.analysis._comparison",
+    "harden": "otstab.training._train",
+    "HardenResult": "otstab.training._train",
 }
-_SUBMODULES = {"losses", "errors", "datasets", "plot", "models", "results", "certificate",
-               "report", "cli", "nonlinear", "perturbation", "zero_one", "train",
-               "worst_case", "groups", "subsets", "features", "sweeps", "inference", "dro",
-               "comparison", "pipeline", "core", "audit", "params", "piecewise", "smooth",
-               "reduction", "datacost", "datacost_linear", "datacost_zero_one", "datacost_hinge",
-               "datacost_certify"}
+# the modules users reach as ``otstab.<name>`` (kept from the flat layout): each is one private
+# module of a subpackage, or a subpackage
+_SUBMODULES = {
+    "losses": "otstab.modeling._losses",
+    "errors": "otstab.errors",
+    "datasets": "otstab.datasets",
+    "plot": "otstab.reporting._plot",
+    "models": "otstab.modeling._models",
+    "results": "otstab.solve._results",
+    "certificate": "otstab.certificates._certificate",
+    "report": "otstab.reporting._report",
+    "cli": "otstab.cli",
+    "nonlinear": "otstab.modeling._nonlinear",
+    "perturbation": "otstab.modeling._perturbation",
+    "zero_one": "otstab.solve._zero_one",
+    "train": "otstab.training._train",
+    "worst_case": "otstab.shift._worst_case",
+    "groups": "otstab.shift._groups",
+    "subsets": "otstab.shift._subsets",
+    "features": "otstab.analysis._features",
+    "sweeps": "otstab.analysis._sweeps",
+    "inference": "otstab.solve._inference",
+    "dro": "otstab.analysis._dro",
+    "comparison": "otstab.analysis._comparison",
+    "pipeline": "otstab.modeling._pipeline",
+    "core": "otstab.solve._core",
+    "audit": "otstab.solve._audit",
+    "params": "otstab.modeling._params",
+    "piecewise": "otstab.solve._piecewise",
+    "smooth": "otstab.solve._smooth",
+    "reduction": "otstab.modeling._reduction",
+    "datacost": "otstab.modeling._datacost",
+    "datacost_linear": "otstab.solve._datacost_linear",
+    "datacost_zero_one": "otstab.solve._datacost_zero_one",
+    "datacost_hinge": "otstab.solve._datacost_hinge",
+    "datacost_certify": "otstab.solve._datacost_certify",
+}
+# the other modules of the flat layout, still reachable as ``otstab.<name>`` (not in __all__)
+_MOVED = {
+    "costs": "otstab.modeling._costs",
+    "trees": "otstab.modeling._trees",
+    "fingerprint": "otstab.modeling._fingerprint",
+    "threads": "otstab.modeling._threads",
+    "bounds": "otstab.solve._bounds",
+    "dask_path": "otstab.solve._dask_path",
+    "train_torch": "otstab.training._train_torch",
+}
+# the subpackages (docs/architecture.md), importable as ``otstab.<name>``
+_SUBPACKAGES = {"modeling", "solve", "analysis", "training", "shift", "scale", "certificates",
+                "reporting", "cli"}
 
-__all__ = sorted(set(_LAZY) | _SUBMODULES | {"__version__"})
+__all__ = sorted(set(_LAZY) | set(_SUBMODULES) | {"__version__"})
 
 
 def __getattr__(name):
@@ -64,8 +108,8 @@ def __getattr__(name):
         value = getattr(import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
-    if name in _SUBMODULES:
-        module = import_module(f"otstab.{name}")
+    if name in _SUBMODULES or name in _MOVED or name in _SUBPACKAGES:
+        module = import_module(_SUBMODULES.get(name) or _MOVED.get(name) or f"otstab.{name}")
         globals()[name] = module
         return module
     raise AttributeError(f"module 'otstab' has no attribute {name!r}")

@@ -25,10 +25,11 @@ import otstab  # noqa: E402
 from otstab import certificate as C  # noqa: E402
 from otstab.datasets import make_toy  # noqa: E402
 from otstab.errors import ValidationError  # noqa: E402
-from otstab.losses import PiecewiseLinear, pinball  # noqa: E402
+from otstab.modeling._losses import PiecewiseLinear, pinball  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-SCHEMA = json.loads((ROOT / "otstab" / "schema" / "certificate.schema.json").read_text())
+SCHEMA = json.loads(
+    (ROOT / "otstab" / "certificates" / "schema" / "certificate.schema.json").read_text())
 
 
 def _validate(cert):

@@ -21,7 +21,7 @@ from sklearn.linear_model import LinearRegression, QuantileRegressor
 
 import otstab
 from otstab.errors import InputTypeError, ValidationError
-from otstab.worst_case import (
+from otstab.shift._worst_case import (
     ConditionalShiftResult,
     WorstCaseResult,
     conditional_shift,
@@ -682,7 +682,7 @@ def test_public_names_via_package():
 
 
 def _per_sample_losses_or_skip():
-    from otstab.models import per_sample_losses
+    from otstab.modeling._models import per_sample_losses
 
     return per_sample_losses
 
