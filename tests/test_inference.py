@@ -266,7 +266,7 @@ def test_stability_curve_bands_are_each_certificates_interval():
 @pytest.mark.parametrize("se", ["analytic",
                                 Bootstrap(n_resamples=20, random_state=2, interval="bca")])
 def test_certificate_records_and_verify_rechecks_uncertainty(se):
-    from otstab.certificates._certificate import (
+    from otstab.certificates import (
         make_certificate,
         validate_certificate,
         verify_certificate,

@@ -208,7 +208,7 @@ def test_weighted_certificate_needs_its_weights():
     model, X, y = _binary()
     sw = np.arange(1.0, 41.0)
     res = otstab.certify(model, X, y, loss="hinge", r=1.5, sample_weight=sw)
-    from otstab.certificates._certificate import make_certificate
+    from otstab.certificates import make_certificate
     with pytest.raises(ValidationError, match="sample_weight"):
         make_certificate(res, model, X, y)
 

@@ -436,7 +436,7 @@ def test_frame_results_keep_the_former_frame(results):
     assert {"se", "ci_low", "ci_high"} <= set(curve.columns) and curve.attrs["level"] == 0.9
     gm = results["group_metrics"]
     assert gm.to_frame().attrs["summary"] == gm.metrics
-    from otstab.shift._groups import summary_frame
+    from otstab.shift import summary_frame
     pd.testing.assert_frame_equal(summary_frame(gm), summary_frame(gm.to_frame()))
 
 

@@ -15,19 +15,18 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from otstab.plot import plot_conditional_shift, plot_worst_case
 from scipy import integrate, optimize, stats
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.linear_model import LinearRegression, QuantileRegressor
 
 import otstab
 from otstab.errors import InputTypeError, ValidationError
-from otstab.shift._worst_case import (
+from otstab.shift import (
     ConditionalShiftResult,
     WorstCaseResult,
     conditional_shift,
     conditional_shift_of_model,
-    plot_conditional_shift,
-    plot_worst_case,
     worst_subpopulation,
     worst_subpopulation_of_model,
 )

@@ -23,10 +23,15 @@ import pandas as pd
 
 from ..analysis._sweeps import stability_curve as _sc
 from ..errors import InputTypeError, ValidationError
+from ..shift._conditional_shift import ConditionalShiftResult
+from ..shift._inputs import _pct
+from ..shift._worst_subpopulation import WorstCaseResult
 from ..solve._core import certify
 from ..solve._results import StabilityResult
 
 __all__ = [
+    "plot_worst_case",
+    "plot_conditional_shift",
     "sensitive_distribution",
     "feature_stability",
     "decomposition",
@@ -532,4 +537,77 @@ def convergence_trace(trace, *, ax=None, r=None, show_h=False, title=None):
     else:
         ax.legend(handles, labels, loc="lower right", fontsize=7, framealpha=0.9)
     ax.set_title(title or "First-order solver: convergence", fontsize=10)
+    return ax
+
+
+# ------------------------------------------------------------------------------------------
+# worst-case subpopulation and conditional shift (otstab.shift)
+
+
+def _plot_band(ax, df, col: str, band_cols: tuple[str, str], other_col: str, *, band: str,
+               curve: str, point: str, other: str):
+    """``df[col]`` against ``df["p"]`` with its band ``df[band_cols]`` (NaN: not drawn) and
+    ``df[other_col]`` for comparison; a single p is drawn as a point with error bars."""
+    # float arrays: a column holding None is of object dtype, which matplotlib < 3.8 refuses
+    p, v = df["p"].to_numpy(float), df[col].to_numpy(float)
+    lo, hi = df[band_cols[0]].to_numpy(float), df[band_cols[1]].to_numpy(float)
+    if len(df) > 1:
+        ax.fill_between(p, lo, hi, alpha=0.2, label=band)
+        ax.plot(p, v, label=curve)
+        ax.plot(p, df[other_col].to_numpy(float), "--", label=other)
+    else:
+        ax.errorbar(p, v, yerr=[v - lo, hi - v], fmt="o", capsize=3, label=point)
+        ax.plot(p, df[other_col], "x", label=other)
+
+
+def plot_worst_case(result: WorstCaseResult, ax=None):
+    """Plot the estimated ``W_p`` against ``p`` with the dimension-free band (not drawn where
+    it is vacuous), the raw-loss CVaR and, when a threshold was given, the threshold, the
+    estimated ``p_star`` and, when certified, the guaranteed ``p_star_upper``. Returns the
+    matplotlib Axes."""
+    import matplotlib.pyplot as plt
+
+    if not isinstance(result, WorstCaseResult):
+        raise InputTypeError(f"result must be a WorstCaseResult, got {type(result).__name__}")
+    if ax is None:
+        _, ax = plt.subplots()
+    kind = "guaranteed" if result.loss_bound_source == "given" else "plug-in"
+    band = f"{_pct(result.level)} {kind} band (dimension-free)"
+    if result.vacuous_note:
+        band += ", vacuous where not drawn"
+    _plot_band(ax, result.to_frame(), "W_p", ("lower", "upper"), "raw_cvar", band=band,
+               curve="W_p estimate (worst-case subpopulation)", point="W_p estimate",
+               other="CVaR_p of raw losses")
+    if result.threshold is not None:
+        ax.axhline(result.threshold, color="grey", lw=0.8, ls=":", label="threshold")
+        if result.estimate == "estimated":
+            ax.axvline(result.p_star, color="C3", lw=0.8, ls="--",
+                       label=f"estimated p* = {result.p_star:.3g} (not a guarantee)")
+        if result.certificate == "certified":
+            ax.axvline(result.p_star_upper, color="C2", lw=1.2,
+                       label=f"certified p >= {result.p_star_upper:.3g} "
+                             f"({_pct(result.level)})")
+    ax.set_xlabel("subpopulation fraction p")
+    ax.set_ylabel("worst-case risk")
+    ax.legend()
+    return ax
+
+
+def plot_conditional_shift(result: ConditionalShiftResult, ax=None):
+    """Plot ``R_p`` against ``p`` with its confidence band and the joint-shift value.
+    Returns the matplotlib Axes."""
+    import matplotlib.pyplot as plt
+
+    if not isinstance(result, ConditionalShiftResult):
+        raise InputTypeError(f"result must be a ConditionalShiftResult, "
+                             f"got {type(result).__name__}")
+    if ax is None:
+        _, ax = plt.subplots()
+    ci = f"{_pct(result.level)} asymptotic CI (not a guarantee)"
+    _plot_band(ax, result.to_frame(), "R_p", ("ci_lower", "ci_upper"), "joint", band=ci,
+               curve="R_p estimate (conditional shift)", point=f"R_p estimate, {ci}",
+               other="joint shift of (W, Z), estimate")
+    ax.set_xlabel("subpopulation fraction p")
+    ax.set_ylabel("worst-case risk")
+    ax.legend()
     return ax

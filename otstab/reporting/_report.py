@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..certificates._certificate import loss_from_spec, validate_certificate
+from ..certificates import loss_from_spec, validate_certificate
 from ..errors import ValidationError
 from . import _plot as _plot
 
@@ -257,7 +257,7 @@ def _cli_certify_flags() -> frozenset:
     """The option strings ``otstab certify`` accepts (read from its parser)."""
     import argparse
 
-    from ..cli._commands import build_parser  # noqa: PLC0415 (the CLI imports this module)
+    from ..cli._parser import build_parser  # noqa: PLC0415 (the CLI imports this module)
 
     sub = next(a for a in build_parser()._actions
                if isinstance(a, argparse._SubParsersAction))
