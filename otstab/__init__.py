@@ -10,7 +10,10 @@ Public names are imported lazily so ``import otstab`` stays fast and optional pa
 their dependencies until used.
 """
 
+import sys
 from importlib import import_module
+from importlib.abc import Loader, MetaPathFinder
+from importlib.util import spec_from_loader
 
 __version__ = "0.1.0"
 
@@ -117,3 +120,30 @@ def __getattr__(name):
 
 def __dir__():
     return __all__
+
+
+class _FlatLayout(MetaPathFinder, Loader):
+    """``import otstab.<name>`` / ``from otstab.<name> import x`` for a module of the flat
+    layout of 0.1.0 (``otstab.losses``, ``otstab.certificate``, ...): the module it moved to,
+    under both names (so objects pickled under the old module path load too)."""
+
+    @staticmethod
+    def _target(fullname):
+        head, _, name = fullname.partition(".")
+        if head != "otstab" or "." in name:
+            return None
+        target = _SUBMODULES.get(name) or _MOVED.get(name)
+        return None if target in (None, fullname) else target
+
+    def find_spec(self, fullname, path=None, target=None):
+        return spec_from_loader(fullname, self) if self._target(fullname) else None
+
+    def create_module(self, spec):
+        return import_module(self._target(spec.name))
+
+    def exec_module(self, module):
+        pass
+
+
+if not any(isinstance(f, _FlatLayout) for f in sys.meta_path):
+    sys.meta_path.append(_FlatLayout())

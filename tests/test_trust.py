@@ -346,3 +346,21 @@ def test_otstab_solvers_never_imports_otstab():
                 else []
             wrong += [f"{path.name}: {n}" for n in names if n.split(".")[0] == "otstab"]
     assert not wrong, wrong
+
+
+def test_modules_of_the_flat_layout_still_import():
+    """`import otstab.losses`, `from otstab.certificate import make_certificate`: the module
+    paths of the flat layout load the module that moved (the same object)."""
+    import importlib
+
+    moved = {**otstab._SUBMODULES, **otstab._MOVED}
+    moved.pop("train_torch")  # needs torch
+    for old, new in moved.items():
+        assert importlib.import_module(f"otstab.{old}") is importlib.import_module(new), old
+    from otstab.certificate import make_certificate
+    from otstab.results import StabilityResult
+
+    assert make_certificate is otstab.certificates.make_certificate
+    assert StabilityResult is otstab.StabilityResult
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("otstab.no_such_module")

@@ -15,13 +15,13 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from otstab.plot import plot_conditional_shift, plot_worst_case
 from scipy import integrate, optimize, stats
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.linear_model import LinearRegression, QuantileRegressor
 
 import otstab
 from otstab.errors import InputTypeError, ValidationError
+from otstab.reporting._plot import plot_conditional_shift, plot_worst_case
 from otstab.shift import (
     ConditionalShiftResult,
     WorstCaseResult,
