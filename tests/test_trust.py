@@ -199,7 +199,7 @@ def test_first_order_and_search_refuse_unknown_options():
 # package, is below all of them).
 LAYERS = [
     {"errors"},
-    {"_validation", "_progress", "_results", "datasets"},
+    {"_validation", "_progress", "_results", "_stats", "datasets"},
     {"scale"},
     {"modeling"},
     {"solve"},

@@ -13,6 +13,7 @@ import pandas as pd
 
 from .._progress import check_progress, progress_bar
 from .._results import ResultMixin
+from .._stats import z_value
 from .._validation import (
     check_random_state,
     check_scalar,
@@ -341,7 +342,7 @@ def conditional_shift(
 
         # ---- per p: eta, selector, psi
         Xq = encZ.native if kind_q == "default" else encZ.onehot
-        z_crit = float(_norm_ppf(0.5 + level / 2))
+        z_crit = z_value(level)
         etas = np.empty((n, grid.size))
         sel = np.zeros((n, grid.size), dtype=bool)
         psis = np.empty((n, grid.size))
@@ -412,12 +413,6 @@ def _dml_score(l, mu, u, eta, p) -> tuple[np.ndarray, np.ndarray]:
     h = mu_u > eta
     psi = eta + (np.maximum(mu_u - eta, 0.0) + h * (l - mu)) / p
     return psi, h
-
-
-def _norm_ppf(q: float) -> float:
-    from scipy.stats import norm
-
-    return float(norm.ppf(q))
 
 
 def conditional_shift_of_model(model, X, y, *, loss, W, Z, p, folds=10, regressor=None,

@@ -21,6 +21,7 @@ from .._validation import (
     check_random_state,
     check_same_length,
     check_scalar,
+    is_categorical,
     renamed_kwargs,
 )
 from ..errors import ValidationError
@@ -112,15 +113,9 @@ def _encode(arr: np.ndarray, levels: list, name: str) -> np.ndarray:
     return codes.astype(np.intp)
 
 
-def _is_categorical(v) -> bool:
-    return isinstance(v, pd.Categorical) or (
-        isinstance(v, (pd.Series, pd.Index)) and isinstance(v.dtype, pd.CategoricalDtype)
-    )
-
-
 def _levels_and_codes(v, name: str) -> tuple[list, np.ndarray]:
     """Levels (categorical levels kept even when unused) and integer codes of one column."""
-    if _is_categorical(v):
+    if is_categorical(v):
         cat = v if isinstance(v, pd.Categorical) else pd.Categorical(v)
         codes = np.asarray(cat.codes, dtype=np.intp).copy()
         if codes.size == 0:
@@ -153,7 +148,7 @@ def _encode_groups(groups, n: int):
     cols = list(groups.columns)
     per_col = [_levels_and_codes(groups[c], f"groups[{c!r}]") for c in cols]
     code_mat = np.column_stack([codes for _, codes in per_col])
-    if any(_is_categorical(groups[c]) for c in cols):
+    if any(is_categorical(groups[c]) for c in cols):
         # like pandas groupby(observed=False): every combination of the levels
         combos = np.array(list(itertools.product(*[range(len(lv)) for lv, _ in per_col])),
                           dtype=np.intp)

@@ -16,6 +16,7 @@ from .._validation import (
     as_float_vector,
     check_probability,
     check_scalar,
+    is_categorical,
 )
 from ..errors import InputTypeError, ValidationError
 from ..modeling._models import per_sample_losses
@@ -106,10 +107,6 @@ def _as_frame(X, name: str, n_expected: int | None = None) -> pd.DataFrame:
     return pd.DataFrame(arr.copy(), columns=[f"{name}{j}" for j in range(arr.shape[1])])
 
 
-def _is_categorical(col: pd.Series) -> bool:
-    return not pd.api.types.is_numeric_dtype(col) or isinstance(col.dtype, pd.CategoricalDtype)
-
-
 def _encode(X, name: str, n: int) -> _Encoded:
     """Validate and encode attribute columns; constant columns are dropped with a warning."""
     df = _as_frame(X, name)
@@ -136,7 +133,7 @@ def _encode(X, name: str, n: int) -> _Encoded:
             onehot_cols.append(vals[:, None])
             cats.append(False)
             names.append(c)
-        elif _is_categorical(col):
+        elif not pd.api.types.is_numeric_dtype(col) or is_categorical(col):
             codes, uniques = pd.factorize(col, sort=True)
             if len(uniques) > _MAX_NATIVE_CATEGORIES:
                 raise ValidationError(

@@ -39,6 +39,7 @@ from otstab_solvers.dual import oracle_for, solve_dual
 from otstab_solvers.result import OPTIMAL
 
 from .._progress import progress_bar
+from .._stats import z_value
 from .._validation import check_level, check_random_state, renamed_kwargs
 from ..errors import ValidationError
 from ..modeling import _fingerprint as fingerprint
@@ -66,11 +67,6 @@ MIN_EFFECTIVE_N = 50.0
 #: resample is that row, and sd(IF) = 0; two: three distinct resamples), so se = inf and the
 #: interval is (0, inf) rather than a zero-width promise
 MIN_ROWS = 3
-
-
-def _z(level: float, two_sided: bool = True) -> float:
-    p = 0.5 + level / 2 if two_sided else level
-    return NormalDist().inv_cdf(p)
 
 
 @dataclass
@@ -135,7 +131,7 @@ class Inference:
             return self._quantile((1 - level) / 2), self._quantile((1 + level) / 2)
         if math.isinf(self.se):
             return 0.0, math.inf
-        z = _z(level)
+        z = z_value(level)
         return max(self.value - z * self.se, 0.0), self.value + z * self.se
 
     def lower_confidence_bound(self, level: float = 0.95) -> float:
@@ -147,7 +143,7 @@ class Inference:
             return self._quantile(1 - level)
         if math.isinf(self.se):
             return 0.0
-        return max(self.value - _z(level, two_sided=False) * self.se, 0.0)
+        return max(self.value - z_value(level, two_sided=False) * self.se, 0.0)
 
     def to_dict(self, level: float = 0.95) -> dict:
         """The record of a certificate: method, level, se, interval and one-sided bound."""
