@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -650,6 +651,30 @@ def dual_objective(lh, h, r, theta2, divergence, p=None):
     return h * r - chi2_dual_term(lh, theta2, p=p)
 
 
+@dataclass(slots=True)
+class _Point:
+    """A point of :func:`solve_dual`'s search: ``h``, the dual objective ``F``, its derivative
+    ``g`` and curvature ``curv``, the multiplier ``alpha`` and the oracle's pieces ``k`` there
+    (None: not tracked)."""
+
+    h: float
+    F: float
+    g: float
+    curv: float
+    alpha: Any
+    k: Any = None
+
+
+class _Bracket(NamedTuple):
+    """What :func:`_bracket_within` found: ``lo`` and ``hi`` (``hi`` None: ``g(lo) = 0``), or
+    (``lo`` None) the ``failure`` and the Newton estimate ``h_newton`` of the root."""
+
+    lo: _Point | None = None
+    hi: _Point | None = None
+    failure: str = ""
+    h_newton: float = math.nan
+
+
 def solve_dual(oracle, r: float, theta2: float, divergence: str, *, tol: float = 1e-13,
                max_iter: int = 200, h_init: float | None = None, p=None,
                bracket: tuple[float, float] | None = None) -> DualSolution:
@@ -685,8 +710,7 @@ def solve_dual(oracle, r: float, theta2: float, divergence: str, *, tol: float =
         evals += 1
         if fast is not None:
             term, mu, curv, alpha, k = fast.reduce(h, side, theta2, divergence)
-            return {"h": h, "F": h * r - term, "g": r - mu, "curv": curv, "alpha": alpha,
-                    "k": k}
+            return _Point(h, h * r - term, r - mu, curv, alpha, k)
         k = None
         if kinks:
             lh, d1, d2, k = oracle.evaluate(h, side=side, with_pieces=True)
@@ -695,52 +719,52 @@ def solve_dual(oracle, r: float, theta2: float, divergence: str, *, tol: float =
         if d2 is None:
             d2 = np.zeros_like(lh)
         term, mu, curv, alpha = _reduce(lh, d1, d2, theta2, divergence, n, probs)
-        return {"h": h, "F": h * r - term, "g": r - mu, "curv": curv, "alpha": alpha, "k": k}
+        return _Point(h, h * r - term, r - mu, curv, alpha, k)
 
     def finish(p, status, gap=0.0, note=""):
         return DualSolution(
-            h=p["h"], alpha=p["alpha"], value=p["F"], status=status, solver="dual",
+            h=p.h, alpha=p.alpha, value=p.F, status=status, solver="dual",
             native_status=note or status, iterations=evals, gap_bound=gap,
             solve_time=time.perf_counter() - t0,
         )
 
     if bracket is not None:
         ends = _bracket_within(at, bracket, h_init)
-        if isinstance(ends[0], str):
-            sol = finish({"h": math.nan, "F": math.nan, "alpha": None}, FAILED, math.nan,
-                         ends[0])
-            sol.info["h_newton"] = ends[1]  # where the root is, seen from outside
+        if ends.lo is None:
+            nowhere = _Point(math.nan, math.nan, math.nan, math.nan, None)
+            sol = finish(nowhere, FAILED, math.nan, ends.failure)
+            sol.info["h_newton"] = ends.h_newton  # where the root is, seen from outside
             return sol
-        if ends[1] is None:  # g = 0 at lo: a maximiser
-            return finish(ends[0], OPTIMAL)
-        pair = list(ends)
+        if ends.hi is None:  # g = 0 at lo: a maximiser
+            return finish(ends.lo, OPTIMAL)
+        pair = [ends.lo, ends.hi]
         del ends  # (the search owns its points: a dense oracle's hold n-vectors of pieces)
         return _solve_bracketed(at, oracle, fast, kinks, pair, r, tol, max_iter, finish)
     p0 = at(0.0, "right")
-    if p0["g"] <= 0.0:
-        p0["F"] = 0.0
+    if p0.g <= 0.0:
+        p0.F = 0.0
         if divergence == "chi2":
-            p0["alpha"] = 0.0
+            p0.alpha = 0.0
         return finish(p0, OPTIMAL, 0.0, "r <= base risk")
     lo = p0
     # bracket: Newton guesses from the last point, at least doubling, until g < 0
-    h = h_init if h_init and h_init > 0 else (1.0 / p0["curv"] * p0["g"] if p0["curv"] > 0
+    h = h_init if h_init and h_init > 0 else (1.0 / p0.curv * p0.g if p0.curv > 0
                                              else 1.0)
     h = min(max(h, 1e-8), 1e6) if math.isfinite(h) else 1.0
     hi = None
     for _ in range(400):
         if h >= oracle.h_max:
-            h = 0.5 * (lo["h"] + oracle.h_max)
+            h = 0.5 * (lo.h + oracle.h_max)
         p = at(h)
-        if not math.isfinite(p["F"]):
+        if not math.isfinite(p.F):
             return finish(lo, FAILED, math.nan, "non-finite dual objective while bracketing")
-        if p["g"] < 0.0:
+        if p.g < 0.0:
             hi = p
             break
         lo = p
-        if p["g"] == 0.0:
+        if p.g == 0.0:
             return finish(p, OPTIMAL)
-        step = p["g"] / p["curv"] if p["curv"] > 0 else math.inf
+        step = p.g / p.curv if p.curv > 0 else math.inf
         h = max(2.0 * h, h + 1.5 * step if math.isfinite(step) else 4.0 * h)
     if hi is None:
         return finish(lo, FAILED, math.nan, "could not bracket the root (threshold unreachable?)")
@@ -754,28 +778,28 @@ def solve_dual(oracle, r: float, theta2: float, divergence: str, *, tol: float =
 OVERSHOOT = 2e-3
 
 
-def _bracket_within(at, bracket, h_init):
-    """``(lo, hi)``: points of the window ``bracket`` with ``g(lo) > 0 > g(hi)`` (``hi`` None:
+def _bracket_within(at, bracket, h_init) -> _Bracket:
+    """``lo, hi``: points of the window ``bracket`` with ``g(lo) > 0 > g(hi)`` (``hi`` None:
     ``g(lo) = 0``), found by Newton steps from ``h_init`` (lengthened by :data:`OVERSHOOT`,
-    twice as much each time they fall short; the ends of the window at the last), or the
-    reason the root is not inside and the Newton estimate of the root from the end that shows
-    it (a string and a float)."""
+    twice as much each time they fall short; the ends of the window at the last); or (``lo``
+    None) the reason the root is not inside and the Newton estimate of the root from the end
+    that shows it."""
     h_lo, h_hi = bracket
     lo = hi = None
     if h_init is not None and h_lo < h_init < h_hi:
         p = at(h_init, "right")
-        if not math.isfinite(p["F"]):
-            return "non-finite dual objective in the bracket", math.nan
+        if not math.isfinite(p.F):
+            return _Bracket(failure="non-finite dual objective in the bracket")
         factor = 1.0 + OVERSHOOT
         for _ in range(6):
-            if p["g"] == 0.0:
-                return p, None
-            if p["g"] > 0.0:
+            if p.g == 0.0:
+                return _Bracket(p)
+            if p.g > 0.0:
                 lo = p
             else:
                 hi = p
             if lo is not None and hi is not None:
-                return lo, hi
+                return _Bracket(lo, hi)
             h = _newton(p, factor)
             if not h_lo < h < h_hi:
                 break
@@ -783,21 +807,21 @@ def _bracket_within(at, bracket, h_init):
             factor = 1.0 + 2.0 * (factor - 1.0)
     if lo is None:
         lo = at(h_lo, "right")
-        if lo["g"] <= 0.0:
-            return "root below the bracket", _newton(lo)
+        if lo.g <= 0.0:
+            return _Bracket(failure="root below the bracket", h_newton=_newton(lo))
     if hi is None:
         hi = at(h_hi, "left")
-        if hi["g"] >= 0.0:
-            return "root above the bracket", _newton(hi)
-    if not math.isfinite(lo["F"]) or not math.isfinite(hi["F"]):
-        return "non-finite dual objective in the bracket", math.nan
-    return lo, hi
+        if hi.g >= 0.0:
+            return _Bracket(failure="root above the bracket", h_newton=_newton(hi))
+    if not math.isfinite(lo.F) or not math.isfinite(hi.F):
+        return _Bracket(failure="non-finite dual objective in the bracket")
+    return _Bracket(lo, hi)
 
 
-def _newton(p, factor: float = 1.0) -> float:
+def _newton(p: _Point, factor: float = 1.0) -> float:
     """The Newton estimate of the root from the point ``p``, its step lengthened by
     ``factor`` (nan without curvature)."""
-    return p["h"] + factor * (p["g"] / p["curv"]) if p["curv"] > 0 else math.nan
+    return p.h + factor * (p.g / p.curv) if p.curv > 0 else math.nan
 
 
 def _solve_bracketed(at, oracle, fast, kinks, pair, r, tol, max_iter, finish):
@@ -808,24 +832,24 @@ def _solve_bracketed(at, oracle, fast, kinks, pair, r, tol, max_iter, finish):
     pair.clear()
 
     def bound(lo, hi):
-        w = hi["h"] - lo["h"]
-        ub = min(lo["F"] + max(lo["g"], 0.0) * w, hi["F"] + max(-hi["g"], 0.0) * w)
-        best = lo if lo["F"] >= hi["F"] else hi
-        return best, max(ub - best["F"], 0.0)
+        w = hi.h - lo.h
+        ub = min(lo.F + max(lo.g, 0.0) * w, hi.F + max(-hi.g, 0.0) * w)
+        best = lo if lo.F >= hi.F else hi
+        return best, max(ub - best.F, 0.0)
 
-    widths = [hi["h"] - lo["h"]]
+    widths = [hi.h - lo.h]
     poor = False  # the last Newton step reduced |g| by less than half
     for _ in range(max_iter):
         best, gap = bound(lo, hi)
-        width = hi["h"] - lo["h"]
+        width = hi.h - lo.h
         # the value needs a small gap; the risk of Q* (the derivative) needs a small |g| or a
         # narrow bracket (the tie split of Q* then closes the audit exactly)
         # both tests are relative (to the value, to r and to h): a tiny value or threshold is
         # solved to the same relative precision as a large one
-        if gap <= tol * abs(best["F"]) and (
-                abs(best["g"]) <= 1e-11 * abs(r) or width <= 1e-11 * hi["h"]):
+        if gap <= tol * abs(best.F) and (
+                abs(best.g) <= 1e-11 * abs(r) or width <= 1e-11 * hi.h):
             return finish(best, OPTIMAL, gap)
-        if width <= 4 * np.finfo(float).eps * hi["h"]:
+        if width <= 4 * np.finfo(float).eps * hi.h:
             return finish(best, OPTIMAL, gap, "bracket at machine precision")
         n_kinks = 0
         if kinks:
@@ -834,64 +858,64 @@ def _solve_bracketed(at, oracle, fast, kinks, pair, r, tol, max_iter, finish):
                 # one kink left in the bracket: the root is there iff g changes sign across it
                 hk = k_mid
                 left, right = at(hk, "left"), at(hk, "right")
-                if left["g"] >= 0.0 >= right["g"]:
+                if left.g >= 0.0 >= right.g:
                     # F is continuous at the kink: both sides are the same number up to the
                     # rounding of l_h on each side's pieces. Keep the side whose divergence
                     # term T = h r - F is smaller: a side on a flat piece (l_h = 0, T exactly
                     # 0) beats one on a moving piece whose c1 h + c2 h^2 cancels to rounding
                     # (the audit compares the value with the cost of Q* either way)
-                    t_left, t_right = abs(hk * r - left["F"]), abs(hk * r - right["F"])
+                    t_left, t_right = abs(hk * r - left.F), abs(hk * r - right.F)
                     best = left if t_left <= t_right else right
                     return finish(best, OPTIMAL, 0.0, "optimum at a kink")
-                if right["g"] > 0:
+                if right.g > 0:
                     lo = right
                 else:
                     hi = left
-                widths.append(hi["h"] - lo["h"])
+                widths.append(hi.h - lo.h)
                 continue
-        cur = lo if abs(lo["g"]) < abs(hi["g"]) else hi
+        cur = lo if abs(lo.g) < abs(hi.g) else hi
         h_new = None
         slow = len(widths) >= 3 and widths[-1] > 0.5 * widths[-3]
         # Newton with the larger of the local curvature and the bracket's secant slope: where
         # many small derivative jumps (dense kinks) dominate, the local curvature underestimates
         # how fast g falls and plain Newton overshoots back and forth
-        slope = max(cur["curv"], (lo["g"] - hi["g"]) / width) if poor else cur["curv"]
+        slope = max(cur.curv, (lo.g - hi.g) / width) if poor else cur.curv
         if not slow and slope > 0:
-            cand = cur["h"] + cur["g"] / slope
-            if lo["h"] < cand < hi["h"]:
+            cand = cur.h + cur.g / slope
+            if lo.h < cand < hi.h:
                 h_new = cand
         if h_new is None and n_kinks:
             h_new = k_mid
         if h_new is None:
-            denom = lo["g"] - hi["g"]
-            cand = lo["h"] + lo["g"] * width / denom if denom > 0 else math.nan
-            if not slow and lo["h"] < cand < hi["h"]:
+            denom = lo.g - hi.g
+            cand = lo.h + lo.g * width / denom if denom > 0 else math.nan
+            if not slow and lo.h < cand < hi.h:
                 h_new = cand
             else:
-                h_new = 0.5 * (lo["h"] + hi["h"])
+                h_new = 0.5 * (lo.h + hi.h)
         p = at(h_new, "right")
-        poor = abs(p["g"]) > 0.5 * abs(cur["g"])
-        if p["g"] > 0:
+        poor = abs(p.g) > 0.5 * abs(cur.g)
+        if p.g > 0:
             lo = p
-        elif p["g"] == 0:
+        elif p.g == 0:
             return finish(p, OPTIMAL)
         else:
             hi = p
-        widths.append(hi["h"] - lo["h"])
+        widths.append(hi.h - lo.h)
     best, gap = bound(lo, hi)
-    status = OPTIMAL if gap <= 1e-9 * abs(best["F"]) else FAILED
+    status = OPTIMAL if gap <= 1e-9 * abs(best.F) else FAILED
     return finish(best, status, gap, "" if status == OPTIMAL else "max_iter reached")
 
 
 def _kinks_between(oracle, fast, lo, hi):
     """(count, smallest, largest, middle) of the kinks strictly between two points."""
     if fast is not None:
-        return fast.kinks_between(lo["k"], hi["k"], lo["h"], hi["h"])
-    sw = np.nonzero(lo["k"] != hi["k"])[0]
+        return fast.kinks_between(lo.k, hi.k, lo.h, hi.h)
+    sw = np.nonzero(lo.k != hi.k)[0]
     if not sw.size:
         return 0, math.nan, math.nan, math.nan
-    hc = oracle.crossings(lo["k"][sw], hi["k"][sw], sw)
-    hc = hc[np.isfinite(hc) & (hc > lo["h"]) & (hc < hi["h"])]
+    hc = oracle.crossings(lo.k[sw], hi.k[sw], sw)
+    hc = hc[np.isfinite(hc) & (hc > lo.h) & (hc < hi.h)]
     if not hc.size:
         return 0, math.nan, math.nan, math.nan
     return hc.size, float(hc.min()), float(hc.max()), float(np.median(hc))
