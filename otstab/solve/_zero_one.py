@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 from otstab_solvers.blockwise import BlockwiseDual, distance_block, in_memory, weight_map_blocks
@@ -544,6 +546,31 @@ def _weights(a, h, sol, theta2, divergence, n, cand, ac, q=None):
     return _Weights(n, idx=cand, dense=w), alpha - shift
 
 
+@dataclass(frozen=True)
+class _Inputs:
+    """What every answer of one 0/1 certificate shares (:func:`_finish`, :func:`_limit_result`):
+    the prices ``a`` and losses ``loss0`` of the samples, the question (``r``, ``theta1``,
+    ``theta2``, ``divergence``), the data ``X`` and the nearest misclassified points
+    ``X_near``, the labels ``y``, the model's loss function, the result's ``names`` and
+    ``index``, the start time, the distances ``dstar`` and the base risk."""
+
+    a: Any
+    loss0: np.ndarray
+    r: float
+    theta1: float
+    theta2: float
+    divergence: str
+    X: Any
+    X_near: Any
+    y: Any
+    losses_fn: Any
+    names: Any
+    index: Any
+    t_start: float
+    dstar: Any
+    base: float | None = None
+
+
 def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near, y, losses_fn,
                      names, index, t_start, dstar, base=None, *, exact=True, value_lower=0.0,
                      p=None):
@@ -562,15 +589,15 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
     reach = Lazy(lambda: _reach(a, loss0, p))
     method = "dual" if solver == "dual" else "closed_form"
     no_moves = (np.empty(0, dtype=np.intp), None)
-    common = dict(a=a, loss0=loss0, r=r, theta1=theta1, theta2=theta2, divergence=divergence,
-                  X=X, X_near=X_near, y=y, losses_fn=losses_fn, names=names, index=index,
-                  t_start=t_start, dstar=dstar, base=base)
+    common = _Inputs(a=a, loss0=loss0, r=r, theta1=theta1, theta2=theta2,
+                     divergence=divergence, X=X, X_near=X_near, y=y, losses_fn=losses_fn,
+                     names=names, index=index, t_start=t_start, dstar=dstar, base=base)
     if audit.reached(r, base):
         message = f"r = {r:g} <= base error rate {base:.6g}: no perturbation is needed"
-        res = _finish(value=0.0, h=0.0, alpha=(0.0 if divergence == "chi2" else None),
+        res = _finish(common, value=0.0, h=0.0, alpha=(0.0 if divergence == "chi2" else None),
                       status="zero", message=message, plan=no_moves,
                       w=_unit(n, q), solver_name="none", sol=None,
-                      log=[{"solver": "none", "status": "zero", "reason": message}], **common)
+                      log=[{"solver": "none", "status": "zero", "reason": message}])
         audit.mark_edge(res, "zero")
         return res
     unreachable = None
@@ -582,16 +609,15 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
                        "(theta1 = inf, a zero model or masked features)")
     if unreachable is None and r >= 1.0 and not reach()[1]:
         if base > 0 and math.isfinite(theta2):
-            res = _limit_result(**common, p=p)
+            res = _limit_result(common, p=p)
             audit.mark_edge(res, "limit")
             return res
         unreachable = "r = 1 needs every sample misclassified, which moving cannot achieve here"
     if unreachable:
-        res = _finish(value=math.inf, h=math.nan, alpha=None, status="unreachable",
+        res = _finish(common, value=math.inf, h=math.nan, alpha=None, status="unreachable",
                       message=unreachable, plan=no_moves, w=_unit(n, q),
                       solver_name="none", sol=None,
-                      log=[{"solver": "none", "status": "unreachable", "reason": unreachable}],
-                      **common)
+                      log=[{"solver": "none", "status": "unreachable", "reason": unreachable}])
         audit.mark_edge(res, "unreachable")
         return res
 
@@ -627,9 +653,9 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
             dual_at_h = _dual_at_h(sol.h, r, theta2, divergence, n, cand, ac, alpha, p) \
                 if r < 1.0 and math.isfinite(sol.h) and cheap else None
             del cand, ac  # (the weights keep the rows; their prices are not needed again)
-            res = _finish(value=float(sol.value), h=sol.h, alpha=alpha, status="candidate",
+            res = _finish(common, value=float(sol.value), h=sol.h, alpha=alpha, status="candidate",
                           message="", plan=plan, w=w, solver_name=sol.solver, sol=sol, log=[],
-                          dual_at_h=dual_at_h, **common)
+                          dual_at_h=dual_at_h)
             return res, exact, value_lower
         return thunk
 
@@ -696,8 +722,8 @@ def _reach(a, loss0, p=None):
     return bool(live.any()), bool(live.all()), top
 
 
-def _limit_result(*, a, loss0, r, theta1, theta2, divergence, X, X_near, y, losses_fn, names,
-                  index, t_start, dstar, base, p=None):
+def _limit_result(inputs, p=None):
+    a, loss0, theta2, divergence = inputs.a, inputs.loss0, inputs.theta2, inputs.divergence
     n = a.size
     A = loss0 > 0
     if p is None:
@@ -711,18 +737,15 @@ def _limit_result(*, a, loss0, r, theta1, theta2, divergence, X, X_near, y, loss
     value = theta2 * (math.log(1 / frac_A) if divergence == "kl" else (1 / frac_A - 1))
     msg = ("r = 1 is attained only in the limit h -> inf, with all mass on the misclassified "
            "samples")
-    return _finish(value=value, h=math.inf, alpha=None, status="limit", message=msg,
-                   plan=(np.empty(0, dtype=np.intp), None), w=w, a=a, loss0=loss0, r=r,
-                   theta1=theta1, theta2=theta2, divergence=divergence, X=X, X_near=None, y=y,
-                   losses_fn=losses_fn, names=names, index=index, solver_name="none",
-                   t_start=t_start, dstar=dstar, sol=None, base=base,
+    return _finish(replace(inputs, X_near=None), value=value, h=math.inf, alpha=None,
+                   status="limit", message=msg, plan=(np.empty(0, dtype=np.intp), None), w=w,
+                   solver_name="none", sol=None,
                    log=[{"solver": "none", "status": OPTIMAL, "reason": msg}])
 
 
-def _finish(*, value, h, alpha, status, message, plan, w, a, loss0, r, theta1, theta2,
-            divergence, X, X_near, y, losses_fn, names, index, solver_name, t_start, dstar,
-            sol, log, base=None, dual_at_h=None):
-    """Q* and its audit.
+def _finish(inputs, *, value, h, alpha, status, message, plan, w, solver_name, sol, log,
+            dual_at_h=None):
+    """Q* and its audit (``inputs``: an :class:`_Inputs`).
 
     Q* has one atom per sample (moved to its nearest misclassified point or not) plus one
     extra atom for a split sample. Only the moved atoms differ from the data, so the audit
@@ -733,6 +756,10 @@ def _finish(*, value, h, alpha, status, message, plan, w, a, loss0, r, theta1, t
     arrays (``source``, ``mass``, ``weights``, ``loss_star``, ``X_star``) are built on first
     access.
     """
+    a, loss0, r, theta1, theta2 = inputs.a, inputs.loss0, inputs.r, inputs.theta1, inputs.theta2
+    divergence, X, X_near, y = inputs.divergence, inputs.X, inputs.X_near, inputs.y
+    losses_fn, names, index = inputs.losses_fn, inputs.names, inputs.index
+    t_start, dstar, base = inputs.t_start, inputs.dstar, inputs.base
     n = a.size
     moved_pos, split = plan
     if isinstance(moved_pos, int):  # the first positions of w.idx (a split row next)
