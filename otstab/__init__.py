@@ -139,10 +139,13 @@ class _FlatLayout(MetaPathFinder, Loader):
         return spec_from_loader(fullname, self) if self._target(fullname) else None
 
     def create_module(self, spec):
-        return import_module(self._target(spec.name))
+        module = import_module(self._target(spec.name))
+        spec.loader_state = module.__spec__  # the import system sets module.__spec__ = spec
+        return module
 
     def exec_module(self, module):
-        pass
+        # the module keeps its own spec (importlib.resources reads a package's from it)
+        module.__spec__ = module.__spec__.loader_state
 
 
 if not any(isinstance(f, _FlatLayout) for f in sys.meta_path):
