@@ -13,7 +13,8 @@ from __future__ import annotations
 import copy
 import math
 import time
-from typing import cast
+from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 from otstab_solvers import conic as _conic
@@ -335,18 +336,47 @@ def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, thet
         res = _audit_blocks(prob, moved_block, src, mass, w_atoms, theta1, theta2,
                             divergence, value)
         moved2 = res.pop("moved2")  # per atom: for the influence function (otstab.inference)
-    out = _candidate(prob, red, sol, atoms, res, moved2, h, value, wm.alpha,
-                     bool(split.any()), r, theta1, theta2, divergence, t_start, dual_at_h,
-                     8.0 * EPS * oracle._bound(h))  # (l_h: a few ulps of |c1| h + c2 h^2)
+    out = _candidate(prob, red, sol, atoms, res, moved2, bool(split.any()),
+                     _Question(r, theta1, theta2, divergence, t_start),
+                     _Answer(h, value, wm.alpha, dual_at_h,
+                             8.0 * EPS * oracle._bound(h)))  # (l_h: a few ulps of |c1| h + c2 h^2)
     if near_base is not None:
         out.info["upper_near_base"] = near_base
     return out
 
 
-def _candidate(prob, red, sol, atoms, res, moved2, h, value, alpha, split, r, theta1, theta2,
-               divergence, t_start, dual_at_h=None, dual_rounding=0.0) -> StabilityResult:
+@dataclass(frozen=True)
+class _Question:
+    """What a builder was asked: the threshold ``r``, the prices, the divergence, and when the
+    call started."""
+
+    r: float
+    theta1: float
+    theta2: float
+    divergence: str
+    t_start: float
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """The dual's answer a builder hands on: ``h``, the value, ``alpha``, the dual objective at
+    ``h`` recomputed from the rows (None: not recomputed) and its rounding."""
+
+    h: float
+    value: float
+    alpha: Any
+    dual_at_h: float | None = None
+    dual_rounding: float = 0.0
+
+
+def _candidate(prob, red, sol, atoms, res, moved2, split: bool, question: _Question,
+               answer: _Answer) -> StabilityResult:
     """The candidate result of a builder: ``atoms`` (lazy) gives Q*'s ``(source, piece,
     mass, weight)``, ``res`` the audit's fields, ``moved2`` each atom's squared move."""
+    h, value, alpha = answer.h, answer.value, answer.alpha
+    dual_at_h, dual_rounding = answer.dual_at_h, answer.dual_rounding
+    r, theta1, theta2 = question.r, question.theta1, question.theta2
+    divergence, t_start = question.divergence, question.t_start
     audit_info = res.pop("audit")
     X = prob.X
     return StabilityResult(
@@ -458,9 +488,10 @@ def _build_keyed(prob, red, sol, view, oracle, r, theta1, theta2, divergence,
         res["primal_cost"] = res["gap"] = math.inf
     res["loss_star"] = lambda: _reduced_atoms(prob, red, atoms()[0], atoms()[1], h)[0]
     moved2 = lambda: red.sq_displacement(atoms()[0], atoms()[1], h)  # noqa: E731
-    return _candidate(prob, red, sol, atoms, res, moved2, h, value,
-                      None if divergence == "kl" else 0.0, bool(split.any()), r, theta1,
-                      theta2, divergence, t_start, h * r - sums["T"], dual_rounding)
+    return _candidate(prob, red, sol, atoms, res, moved2, bool(split.any()),
+                      _Question(r, theta1, theta2, divergence, t_start),
+                      _Answer(h, value, None if divergence == "kl" else 0.0,
+                              h * r - sums["T"], dual_rounding))
 
 
 #: relative share of the value that the cancellation of the keyed builder's sum of phi may
