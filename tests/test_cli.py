@@ -932,9 +932,27 @@ def test_certify_time_budget_is_recorded_and_verified_as_at_most(tmp_path):
     assert "at least the recorded value_lower" in stdout + stderr
 
 
+def test_certify_rtol_is_recorded_and_verified(tmp_path):
+    model, X, y = _forest_files(tmp_path)
+    base, cmd = _forest_cmd(tmp_path)
+    loose = otstab.certify(model, X, y, loss="zero_one", r=0.4, theta1=1.0, theta2=0.5,
+                           rtol=0.5)
+    code, _, stderr = run([*cmd, "--rtol", "0.5", "--json", tmp_path / "rt.json", "--quiet"])
+    assert code == 0, stderr
+    cert = json.loads((tmp_path / "rt.json").read_text())
+    assert cert["inputs"]["solver_options"] == {"rtol": 0.5}
+    assert cert["results"]["value_lower"] == loose.value_lower
+    assert loose.value_lower >= 0.5 * loose.value_upper
+    code, stdout, stderr = run(["verify", tmp_path / "rt.json", *base])
+    assert code == 0, stdout + stderr
+    code, _, stderr = run([*cmd, "--rtol", "1.5"])
+    assert code == 2 and "--rtol" in stderr, stderr
+
+
 def test_tree_budget_flags_on_a_model_without_that_bound_name_the_flag(demo):
     out, _ = demo
-    for flag, val in (("--time-budget", "5"), ("--node-budget", "10"), ("--max-nodes", "10")):
+    for flag, val in (("--time-budget", "5"), ("--node-budget", "10"), ("--max-nodes", "10"),
+                      ("--rtol", "0.1")):
         code, _, stderr = run(["certify", "--trust-model", "--model", out / "model.joblib",
                                "--data", out / "eval.csv", "--target", "income", "--r", "0.3",
                                flag, val])

@@ -20,8 +20,8 @@ from sklearn.preprocessing import OneHotEncoder, StandardScaler
 from test_trees import sk_thresholds
 
 import otstab
-from otstab.datacost import DataCost
 from otstab.errors import ValidationError
+from otstab.modeling._datacost import DataCost
 
 xgboost = pytest.importorskip("xgboost")
 lightgbm = pytest.importorskip("lightgbm")

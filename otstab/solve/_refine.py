@@ -1,0 +1,152 @@
+"""Tightness where it matters: which samples' tree searches to refine, and when to stop
+(the ``rtol`` rule of the certified tree bounds, issue 29).
+
+R depends on a sample's distance only through ``l_h = (h - theta1 d_i)_+``: a sample whose
+certified ``theta1 dlow_i`` is at or above the dual's ``h`` (of the lower and of the upper
+dual) does not enter the value at that h. So the searches run in rounds: every sample first
+gets a few boxes (``first``, in order of its found distance), then, while
+``value_lower < (1 - rtol) value_upper``, the samples that enter either dual
+(``theta1 dlow_i < max(h_lower, h_upper)``) and are not solved get four times the boxes of
+their last round (up to ``max_nodes``), the widest gap ``dup_i - dlow_i`` first. A round
+re-runs a sample's search from its root with the larger budget: the examined boxes are a
+function of the budget alone, so the bounds stay deterministic; ``node_budget`` counts every
+box of every round, and more boxes never lower a bound (each round keeps the best of its
+own and the previous bound).
+
+``rtol=None`` gives every sample ``max_nodes`` boxes in one round, in order of its found
+distance (the behaviour before the rule).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+from otstab_solvers.zero_one import solve_zero_one
+
+from ..errors import ValidationError
+
+__all__ = ["refine", "ZeroOneDuals", "check_rtol", "FIRST_NODES", "RTOL"]
+
+#: boxes per sample in the first round
+FIRST_NODES = 8
+
+#: the default stopping rule of certify: stop once value_lower >= (1 - RTOL) value_upper
+RTOL = 0.01
+
+
+def check_rtol(rtol):
+    """``rtol`` as a float in [0, 1), or None."""
+    if rtol is None:
+        return None
+    if isinstance(rtol, bool) or not isinstance(rtol, (int, float, np.number)) or \
+            not 0.0 <= float(rtol) < 1.0:
+        raise ValidationError(f"rtol must be a number in [0, 1) (the relative gap "
+                              f"1 - value_lower / value_upper at which the tree search stops), "
+                              f"got {rtol!r}")
+    return float(rtol)
+
+
+class ZeroOneDuals:
+    """The 0/1 duals on candidate distances: ``(value, h)`` of the exact dual on
+    ``theta1 d`` (misclassified samples at 0). Used to decide which samples matter and when
+    the interval is tight enough; the certified value itself is computed by the caller."""
+
+    def __init__(self, loss0, r, theta1, theta2, divergence, p=None):
+        self.wrong = np.asarray(loss0) > 0
+        self.r, self.theta1, self.theta2 = float(r), float(theta1), float(theta2)
+        self.divergence, self.p = divergence, p
+
+    def __call__(self, d):
+        d = np.where(self.wrong, 0.0, np.asarray(d, dtype=np.float64))
+        a = d * self.theta1 if math.isfinite(self.theta1) else np.where(d > 0, np.inf, 0.0)
+        base = float(np.mean(self.wrong)) if self.p is None else float(np.dot(self.p,
+                                                                               self.wrong))
+        if self.r <= base:
+            return 0.0, 0.0
+        if self.r >= 1.0:
+            return math.inf, math.inf
+        method = "closed_form" if self.divergence == "kl" or math.isinf(self.theta2) \
+            else "dual"
+        try:
+            sol = solve_zero_one(a, self.r, self.theta2, self.divergence, method=method,
+                                 p=self.p)
+        except Exception:  # noqa: BLE001 - a failed solve: no stopping, refine everything
+            return math.nan, math.inf
+        h = float(sol.h) if math.isfinite(float(sol.h)) else math.inf
+        return float(sol.value), h
+
+
+def refine(n, search, up, duals, *, rtol, max_nodes, node_budget=None, deadline=math.inf,
+           skip=None, first=FIRST_NODES, progress=None):
+    """Run ``search(i, budget, deadline, upper) -> (low, exact, used, timed_out, up_i)`` over
+    the samples in rounds (module doc). ``up``: the found distances (improved in place by the
+    searches); ``duals``: a :class:`ZeroOneDuals` (None with ``rtol=None``); ``skip``: samples
+    not to search (``dlow = up``, e.g. misclassified ones at 0).
+
+    Returns ``(dlow, exact, info)``; ``info``: ``nodes``, ``rounds``, ``stopped``
+    (``"rtol"``, ``"time_budget"``, ``"node_budget"`` or None), ``node_budget`` (the budget
+    that reproduces a time-stopped run)."""
+    up = np.asarray(up, dtype=np.float64)
+    dlow = np.zeros(n)
+    exact = np.zeros(n, dtype=bool)
+    given = np.zeros(n, dtype=np.int64)
+    if skip is not None:
+        dlow[skip] = up[skip]
+        exact[skip] = True
+    total = 0
+    stopped, reproduce = None, None
+    rounds = 0
+    done = 0
+    budget = int(max_nodes) if rtol is None else min(int(first), int(max_nodes))
+    todo = np.flatnonzero(~exact & (up > 0))
+    exact[(up == 0) & ~exact] = True
+    todo = todo[np.argsort(up[todo], kind="stable")]
+    while todo.size:
+        rounds += 1
+        for i in todo:
+            if stopped is not None:
+                b = 1
+            elif node_budget is not None:
+                b = max(1, min(budget, node_budget - total))
+            else:
+                b = budget
+            if stopped is not None and given[i] > 0:
+                continue  # (a budget ran out: keep what earlier rounds proved)
+            low, ex, used, timed_out, up_i = search(int(i), b,
+                                                   deadline if stopped is None else math.inf,
+                                                   float(up[i]))
+            up[i] = min(up[i], up_i)
+            dlow[i] = max(dlow[i], min(low, up[i]))
+            exact[i] = exact[i] or ex
+            given[i] = b
+            total += used
+            done += 1
+            if stopped is None:
+                if timed_out:
+                    stopped, reproduce = "time_budget", total
+                elif node_budget is not None and total >= node_budget:
+                    stopped, reproduce = "node_budget", node_budget
+            if progress is not None:
+                progress(done)
+        if stopped is not None or rtol is None or budget >= max_nodes:
+            break
+        lower, hl = duals(dlow)
+        upper, hu = duals(up)
+        if math.isfinite(upper) and lower >= (1.0 - rtol) * upper:
+            stopped = "rtol"
+            break
+        budget = min(4 * budget, int(max_nodes))
+        h = max(hl, hu)
+        theta1 = duals.theta1
+        t1 = theta1 if math.isfinite(theta1) else 1.0
+        matters = (t1 * dlow < h * (1 + 1e-9)) if math.isfinite(h) else np.ones(n, bool)
+        todo = np.flatnonzero(matters & ~exact & (given < budget))
+        todo = todo[np.argsort(-(up[todo] - dlow[todo]), kind="stable")]
+        if time.perf_counter() > deadline:
+            stopped, reproduce = "time_budget", total
+            break
+    np.minimum(dlow, up, out=dlow)
+    return dlow, exact, {"nodes": total, "rounds": rounds, "stopped": stopped,
+                         "node_budget": reproduce}
