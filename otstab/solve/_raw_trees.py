@@ -34,7 +34,7 @@ is a certified lower bound on ``d*_i`` at any moment, a box meeting one leaf per
 at its cheapest raw row (by the leaf sums, or by the model's own ``predict`` within their
 rounding), and a misclassified such row is a found point (an upper bound). Upper bounds come
 first from a line search (every single-variable move to a raw edge or level, scored by the
-model itself).
+model itself), then, for a sample without one, from a greedy dive (:func:`_dive`).
 """
 
 from __future__ import annotations
@@ -587,6 +587,25 @@ class _RawSample:
         return (blo, bhi, m1), (blo, bhi, m2)
 
 
+def _dive(smp: _RawSample, root, max_nodes: int) -> int:
+    """A greedy descent for a first found point: from the root, split and follow the child
+    whose margin bound is lowest (the likeliest to hold a misclassified row) until a box meets
+    one leaf per tree (``evaluate`` records it when the model misclassifies its cheapest raw
+    row). Returns the boxes examined."""
+    box, ev, nodes = root, smp.evaluate(np.arange(smp.raw.lo.shape[0]), *root), 1
+    while ev is not None and not ev[2] and nodes + 2 <= max_nodes:
+        kids = []
+        for child in smp.split(*box, ev[1], ev[3]):
+            nodes += 1
+            cev = smp.evaluate(ev[1], *child)
+            if cev is not None:
+                kids.append((float(np.min(cev[3][5])), cev[0], child, cev))
+        if not kids:
+            break
+        _, _, box, ev = min(kids, key=lambda k: (k[0], k[1]))
+    return nodes
+
+
 def _search(smp: _RawSample, root, max_nodes: int, deadline: float):
     """Best-first search: ``(lower bound, exact, boxes, timed out)`` (see
     :func:`otstab.bounds._branch_and_bound`); ``smp.best`` holds the best found point."""
@@ -731,7 +750,11 @@ def raw_tree_distances(raw: RawTable, rc, frame, Z, yi, wrong_fn, decide_fn, *, 
         smp = _RawSample(raw, X[i], w, c[i], int(yi[i]), upper,
                          lambda pt: decide_fn(i, _as_row(raw, pt)))
         root = (rlo[i].copy(), rhi[i].copy(), np.isfinite(c[i]))
+        dived = 0
+        if not math.isfinite(upper) and budget > 2:  # no point found yet: dive for one
+            dived = _dive(smp, root, min(budget // 2, 64))
         low, exact, used, timed_out = _search(smp, root, budget, dl)
+        used += dived
         if smp.best is not None and smp.best[0] < dup[i]:
             dup[i] = smp.best[0]
             found[i] = _as_row(raw, smp.best)
