@@ -1,0 +1,78 @@
+"""Gradient-boosted trees, 0/1 loss: how tight the certified interval gets within a time budget
+(issue 29).
+
+XGBoost and LightGBM classifiers on ``make_classification`` data (20 features, 10 informative),
+r = base error + 0.1, theta = (1, 0.25), KL, default ``rtol = 0.01``: the ratio
+``value_lower / value_upper`` and the wall time of ``certify`` (perturbation search, certified
+lower bound, dual, audit). The full size (``OTSTAB_BENCH=full``): 300 trees of depth 6, 5,000
+evaluation rows, ``time_budget=120`` (the issue's target: ratio >= 0.9 within 120 s); the quick
+size: 30 trees of depth 4, 300 rows. Each case checks ``value_lower <= value_upper`` and prints
+one line (``-s`` shows it); docs/benchmarks.md has the numbers measured here.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+import otstab
+
+FULL = os.environ.get("OTSTAB_BENCH") == "full"
+
+
+def _case(lib, trees, depth, n_eval, seed=0):
+    from sklearn.datasets import make_classification
+
+    X, y = make_classification(n_samples=4000 + n_eval, n_features=20, n_informative=10,
+                               random_state=seed)
+    Xt, yt, Xe, ye = X[:4000], y[:4000], X[4000:], y[4000:]
+    if lib == "xgboost":
+        xgb = pytest.importorskip("xgboost")
+        model = xgb.XGBClassifier(n_estimators=trees, max_depth=depth, random_state=seed,
+                                  n_jobs=1)
+    else:
+        lgb = pytest.importorskip("lightgbm")
+        model = lgb.LGBMClassifier(n_estimators=trees, max_depth=depth,
+                                   num_leaves=2 ** depth, random_state=seed, verbose=-1,
+                                   n_jobs=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.fit(Xt, yt)
+    return model, Xe, ye
+
+
+def _run(lib, trees, depth, n_eval, **options):
+    model, X, y = _case(lib, trees, depth, n_eval)
+    base = float(np.mean(model.predict(X) != y))
+    r = base + 0.1
+    t0 = time.perf_counter()
+    res = otstab.certify(model, X, y, loss="zero_one", r=r, theta1=1.0, theta2=0.25,
+                         **options)
+    wall = time.perf_counter() - t0
+    lo = res.value_lower if res.status == "bounds" else res.value
+    up = res.value_upper if res.status == "bounds" else res.value
+    assert lo <= up * (1 + 1e-9)
+    lb = res.info.get("lower_bound") or {}
+    print(f"\n{lib} {trees} trees depth {depth}, {n_eval} rows, r = {r:.4f}: "
+          f"[{lo:.6g}, {up:.6g}] ratio {lo / up if up > 0 else 1.0:.3f}, "
+          f"{wall:.1f} s, boxes {lb.get('nodes')}, rounds {lb.get('rounds')}, "
+          f"stopped {lb.get('stopped')}")
+    return lo, up, wall
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("lib", ["xgboost", "lightgbm"])
+def test_trees_quick(lib):
+    _run(lib, 30, 4, 300, time_budget=60)
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("lib", ["xgboost", "lightgbm"])
+def test_trees_full(lib):
+    if not FULL:
+        pytest.skip("full size: OTSTAB_BENCH=full")
+    _run(lib, 300, 6, 5000, time_budget=120)
