@@ -319,3 +319,20 @@ def test_german_auto_cost_and_unsupported_options():
         otstab.certify(tp, Xe, ye, loss="logistic", r=0.5, cost="auto")
     with pytest.raises(ValidationError, match="n_directions"):
         otstab.certify(tp, Xe, ye, loss="zero_one", r=0.5, cost="auto", n_directions=3)
+
+
+def test_certificate_round_trip_under_the_datacost():
+    from otstab.certificates import make_certificate, verify_certificate
+
+    X, y = _data(3)
+    pipe = _pipe("lgbm", X, y, True)
+    Xe, ye = X.iloc[:20].reset_index(drop=True), y.iloc[:20].reset_index(drop=True)
+    res = otstab.certify(pipe, Xe, ye, loss="zero_one", r=0.6, theta2=0.5,
+                         cost=DataCost(**COST))
+    cert = make_certificate(res, pipe, Xe, ye)
+    rep = verify_certificate(cert, pipe, Xe, ye)
+    assert rep.ok, rep.mismatches
+    # a tampered certified end is caught by the recomputation
+    if res.status == "bounds":
+        cert["results"]["value_lower"] = res.value_lower * 1.5 + 1e-3
+        assert not verify_certificate(cert, pipe, Xe, ye).ok
