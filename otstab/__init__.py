@@ -26,6 +26,12 @@ _LAZY = {
     "LinearModel": "otstab.models",
     "Bootstrap": "otstab.inference",
     "DataCost": "otstab.datacost",
+    # the cost of an observed shift and its history (issue 32)
+    "shift_cost": "otstab.shift",
+    "ShiftCost": "otstab.shift",
+    "budget_used": "otstab.budget",
+    "BudgetUse": "otstab.budget",
+    "History": "otstab.history",
     # related evaluations
     "worst_subpopulation": "otstab.worst_case",
     "conditional_shift": "otstab.worst_case",
@@ -54,7 +60,7 @@ _SUBMODULES = {"losses", "errors", "datasets", "plot", "models", "results", "cer
                "worst_case", "groups", "subsets", "features", "sweeps", "inference", "dro",
                "comparison", "pipeline", "core", "audit", "params", "piecewise", "smooth",
                "reduction", "datacost", "datacost_linear", "datacost_zero_one", "datacost_hinge",
-               "datacost_certify"}
+               "datacost_certify", "shift", "budget", "history", "monitor"}
 
 __all__ = sorted(set(_LAZY) | _SUBMODULES | {"__version__"})
 

@@ -324,6 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="print the verification report as JSON on stdout (ok, checked, "
                           "mismatches, notes, tolerances); the exit code is unchanged")
     _add_debug(ver)
+    from .monitor import add_parser as add_monitor
+    add_monitor(sub)  # otstab monitor: the code lives in otstab.monitor (issue 32)
     return p
 
 
@@ -1024,7 +1026,14 @@ def _report_dict(report, certificate) -> dict:
     }, strict=True)
 
 
-_COMMANDS = {"demo": _cmd_demo, "certify": _cmd_certify, "verify": _cmd_verify}
+def _cmd_monitor(args) -> int:
+    from .monitor import run
+
+    return run(args)
+
+
+_COMMANDS = {"demo": _cmd_demo, "certify": _cmd_certify, "verify": _cmd_verify,
+             "monitor": _cmd_monitor}
 
 
 def main(argv=None) -> int:

@@ -154,6 +154,13 @@ class StabilityResult(ResultMixin):
             return math.nan
         return self.inference.lower_confidence_bound(level)
 
+    def budget_used(self, shift, level: float = 0.95):
+        """This R and an observed shift's cost S (:func:`otstab.shift_cost`) side by side:
+        :func:`otstab.budget.budget_used`."""
+        from .budget import budget_used
+
+        return budget_used(self, shift, level=level)
+
     def summary(self) -> str:
         """A short human-readable certificate."""
         lines = [
