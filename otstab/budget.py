@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ._results import ResultMixin
+from ._validation import check_level
 from .errors import ValidationError
 
 __all__ = ["budget_used", "BudgetUse"]
@@ -157,8 +158,6 @@ def budget_used(result, shift, *, level: float = 0.95) -> BudgetUse:
     divergence, transport cost, number of reference rows, reference data (when both record
     it) or sample weights.
     """
-    from ._validation import check_level
-
     level = check_level(level)
     notes = _check_same_problem(result, shift)
     R = float(result.value)

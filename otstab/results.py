@@ -21,6 +21,7 @@ import pandas as pd
 from . import fingerprint
 from ._results import ResultMixin, jsonable
 from ._validation import check_level
+from .budget import budget_used as _budget_used
 from .errors import ValidationError
 from .pipeline import RawView, raw_view
 
@@ -157,9 +158,7 @@ class StabilityResult(ResultMixin):
     def budget_used(self, shift, level: float = 0.95):
         """This R and an observed shift's cost S (:func:`otstab.shift_cost`) side by side:
         :func:`otstab.budget.budget_used`."""
-        from .budget import budget_used
-
-        return budget_used(self, shift, level=level)
+        return _budget_used(self, shift, level=level)
 
     def summary(self) -> str:
         """A short human-readable certificate."""

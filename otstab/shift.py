@@ -72,14 +72,16 @@ def _phi(t: np.ndarray, divergence: str) -> np.ndarray:
 def _phi_star(s: np.ndarray, divergence: str) -> np.ndarray:
     """phi*(s) = sup_{t >= 0} s t - phi(t): KL ``e^s - 1``; chi2 ``(s/2 + 1)_+^2 - 1``."""
     if divergence == "kl":
-        return np.expm1(s)
+        with np.errstate(over="ignore"):  # inf: a point the line search backs off from
+            return np.expm1(s)
     return np.maximum(s / 2.0 + 1.0, 0.0) ** 2 - 1.0
 
 
 def _dphi_star(s: np.ndarray, divergence: str) -> np.ndarray:
     """(phi*)'(s): the weight t that attains phi*(s)."""
     if divergence == "kl":
-        return np.exp(s)
+        with np.errstate(over="ignore"):
+            return np.exp(s)
     return np.maximum(s / 2.0 + 1.0, 0.0)
 
 
@@ -822,8 +824,9 @@ def shift_cost(X_ref, y_ref, X_cur, y_cur, *, theta1: float = 1.0, theta2: float
     rtol : float
         Relative width of the certified interval at which ``dual`` stops (status
         ``optimal`` within it; ``bounds`` otherwise).
-    by : column name or list of names of X_ref, optional
-        Also summarise the reweighting by these columns' levels.
+    by : column name of X_ref, a named Series aligned with its rows (e.g. age bands), or a
+        list of them, optional
+        Also summarise the reweighting by these groups (``res.groups``).
 
     Returns
     -------
@@ -847,9 +850,14 @@ def shift_cost(X_ref, y_ref, X_cur, y_cur, *, theta1: float = 1.0, theta2: float
     yc = _labels(y_cur, m, "y_cur")
     p_all = _weights(sample_weight, n, "sample_weight")
     q_all = _weights(sample_weight_cur, m, "sample_weight_cur")
-    by_cols = [] if by is None else ([by] if isinstance(by, str) else list(by))
-    for col in by_cols:
-        if not isinstance(X_ref, pd.DataFrame) or col not in X_ref.columns:
+    by_cols = [] if by is None else ([by] if isinstance(by, (str, pd.Series)) else list(by))
+    for k, col in enumerate(by_cols):
+        if isinstance(col, pd.Series):
+            if len(col) != n:
+                raise ValidationError(f"by: a Series must have one entry per row of X_ref "
+                                      f"({n}), got {len(col)}")
+            by_cols[k] = col.reset_index(drop=True).rename(str(col.name or f"by{k}"))
+        elif not isinstance(X_ref, pd.DataFrame) or col not in X_ref.columns:
             raise ValidationError(f"by: {col!r} is not a column of X_ref")
     geo, resolved = _geometry(X_ref, X_cur, cost, model)
     cost_name = geo.kind
@@ -1109,7 +1117,8 @@ def _groups_table(weights, cr, yr, p_all, X_ref, by_cols) -> pd.DataFrame:
     recs = []
     keys = [("label", pd.Series(yr))]
     for c in by_cols:
-        keys.append((c, X_ref[c].reset_index(drop=True)))
+        keys.append((str(c.name), c) if isinstance(c, pd.Series) else
+                    (c, X_ref[c].reset_index(drop=True)))
     for name, ser in keys:
         df = pd.DataFrame({"g": ser.astype(object).to_numpy(), "p": p_all, "a": a})
         agg = df.groupby("g", sort=True, dropna=False)[["p", "a"]].sum()
