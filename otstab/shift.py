@@ -523,7 +523,8 @@ class _PlanBuilder:
             if keep:
                 kept.append((rows, G))
         extra = None
-        if empty.any():
+        balanced = math.isinf(prob.theta2)
+        if empty.any() and not balanced:  # (theta2 = inf: the rank-one rounding fills them)
             jj = np.flatnonzero(empty)
             ii = fix_rows[jj]
             np.add.at(rowsum, ii, c.q[jj])
@@ -533,8 +534,6 @@ class _PlanBuilder:
             extra = (ii, jj, c.q[jj].copy())
         rank1 = None
         if balanced:  # Altschuler-Weed-Rigollet rounding: add the missing mass er ec^T / s
-            if extra is not None:
-                return None  # an empty column with theta2 = inf: no feasible repair here
             er = np.maximum(c.p - rowsum, 0.0)
             ec = np.maximum(c.q - colsum, 0.0)
             s = float(er.sum())
@@ -625,9 +624,12 @@ def _solve_dual(prob: _Problem, rtol: float, max_stages: int = 12, maxiter: int 
         # the dense case makes no matrix products: BLAS threads would only busy-wait beside
         # L-BFGS-B's small vector operations (otstab.threads)
         with one_blas_thread() if prob._dense is not None else contextlib.nullcontext():
+            # the gradient is q - (the smoothed plan's columns): a residual of the column
+            # sums that the repair of the plan prices at about the typical cost, so it need
+            # only be small against the interval this stage can reach (~ eps)
+            gtol = 0.05 * max(rtol, min(1.0, eps / scale)) * float(c.q.sum()) / m
             res = minimize(fun, v, jac=True, method="L-BFGS-B",
-                           options={"maxiter": maxiter, "gtol": 1e-14 * max(1.0, scale),
-                                    "ftol": 1e-15})
+                           options={"maxiter": maxiter, "gtol": gtol, "ftol": 1e-15})
         v = res.x
         lower, vshift = prob.dual_value(v)
         plan = _PlanBuilder(prob, lambda v=v, eps=eps: prob.plan_rows(v, eps)).build(False)
@@ -640,7 +642,12 @@ def _solve_dual(prob: _Problem, rtol: float, max_stages: int = 12, maxiter: int 
             best = (lower, upper, v.copy(), eps)
         if upper - lower <= rtol * max(abs(upper), 1e-300):
             break
-        eps /= 8.0
+        # the interval shrinks about linearly with eps: aim at half the target width, at
+        # most 64 times lower per stage (L-BFGS starts from this stage's v)
+        kappa = (upper - lower) / eps
+        target = 0.5 * rtol * abs(upper) / kappa if kappa > 0 and math.isfinite(kappa) \
+            else eps / 8.0
+        eps = max(eps / 64.0, min(eps / 8.0, target))
     return best, history
 
 

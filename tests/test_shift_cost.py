@@ -414,3 +414,20 @@ def test_result_conventions():
     assert "certified interval" in res.summary()
     with pytest.raises(ValidationError, match="what"):
         res.to_frame("nothing")
+
+
+def test_datacost_certificate_and_shift_share_their_units():
+    from test_datacost import _small
+
+    pipe, X, y = _small(0, 30)
+    res = certify(pipe, X, y, loss="zero_one", r=0.4, cost="auto")
+    X2 = X.assign(u=X["u"] + 0.1)
+    S = shift_cost(X, y, X2, y, cost="auto", model=pipe)
+    use = res.budget_used(S)
+    assert use.certified and float(np.mean(pipe.predict(X2) != y)) < 0.4
+    # the moving cost is u's alone, priced by the pipeline's scaler: 0.1^2 / scale^2
+    scale = pipe[0].named_transformers_["num"].scale_[0]
+    assert S.value == pytest.approx((0.1 / scale) ** 2, rel=1e-6)
+    assert S.variables["variable"].iloc[0] == "u"
+    with pytest.raises(ValidationError, match="transport costs differ"):
+        res.budget_used(shift_cost(X, y, X2, y, model=pipe))
