@@ -138,9 +138,9 @@ def _check_same_problem(result, shift) -> list[str]:
     pw = info.get("sample_weight")
     sw = shift.info.get("sample_weight")
     if pw is not None or sw is not None:
-        a = np.full(shift.n_ref, 1.0 / shift.n_ref) if pw is None else np.asarray(pw, float)
-        b = np.full(shift.n_ref, 1.0 / shift.n_ref) if sw is None else np.asarray(sw, float)
-        if a.shape != b.shape or not np.allclose(a, b, rtol=1e-9, atol=1e-15):
+        wa = np.full(shift.n_ref, 1.0 / shift.n_ref) if pw is None else np.asarray(pw, float)
+        wb = np.full(shift.n_ref, 1.0 / shift.n_ref) if sw is None else np.asarray(sw, float)
+        if wa.shape != wb.shape or not np.allclose(wa, wb, rtol=1e-9, atol=1e-15):
             raise ValidationError("sample_weight differs: shift_cost's reference weights "
                                   "must be the certificate's")
     return notes

@@ -143,7 +143,7 @@ class _DataCostGeometry:
         self.resolved = resolved
         self.names = [v.name for v in resolved.variables]
         self.X0, self.X1 = X0, X1
-        self.vars = []
+        self.vars: list[tuple] = []
         for v in resolved.variables:
             a, b = X0[v.name].to_numpy(), X1[v.name].to_numpy()
             if v.kind in ("numeric", "integer"):
@@ -384,7 +384,10 @@ class _Problem:
         p, q = self.c.p, self.c.q
         Q = float(q.sum())
         if math.isinf(self.theta2):
-            return float(q @ v - p @ u), v
+            if not np.all(np.isfinite(u)):
+                return -math.inf, v
+            val = float(q @ v - p @ u)
+            return val - self._rounding(v, u, np.ones(len(u)), 0.0), v
         t2 = self.theta2
         fin = np.isfinite(u)
         if not fin.any():
@@ -397,7 +400,23 @@ class _Problem:
             c = self._chi2_shift(u[fin], p[fin], Q)
         v = v + c
         u = u + c
-        return self._dual_terms(q @ v, u), v
+        w = np.zeros(len(u))
+        w[fin] = _dphi_star(u[fin] / t2, self.div)
+        star = np.abs(_phi_star(u[fin] / t2, self.div))
+        val = self._dual_terms(q @ v, u)
+        return val - self._rounding(v, np.where(fin, u, 0.0), w,
+                                    t2 * float(p[fin] @ star)), v
+
+    def _rounding(self, v, u, w, star_mass) -> float:
+        """A bound on the floating-point rounding of the dual objective (so that the lower
+        end stays a lower bound): the c-transform's differences (each rounded relative to
+        |v_j| + theta1 d_ij <= 2 |v|_max + |u_i|, weighted by the row's mass p_i w_i), the
+        sums q.v and theta2 sum p phi*, each to 64 ulps."""
+        p, q = self.c.p, self.c.q
+        vmax = float(np.max(np.abs(v))) if len(v) else 0.0
+        mag = float(np.abs(q) @ np.abs(v)) + float((p * w) @ (np.abs(u) + 2 * vmax)) \
+            + star_mass
+        return 64 * np.finfo(float).eps * mag
 
     def _dual_terms(self, qv, u) -> float:
         p, t2 = self.c.p, self.theta2
@@ -513,14 +532,14 @@ class _PlanBuilder:
         rowsum = np.zeros(n)
         colsum = np.zeros(m)
         move = 0.0
-        kept = [] if keep else None
+        kept: list | None = [] if keep else None
         for rows, C, G in self.rows_of():
             G = G * scale[None, :]
             rowsum[rows] += G.sum(axis=1)
             colsum += G.sum(axis=0)
             with np.errstate(invalid="ignore"):
                 move += float(np.sum(np.where(G > 0, G * C, 0.0)))
-            if keep:
+            if kept is not None:
                 kept.append((rows, G))
         extra = None
         balanced = math.isinf(prob.theta2)
@@ -968,7 +987,9 @@ def shift_cost(X_ref, y_ref, X_cur, y_cur, *, theta1: float = 1.0, theta2: float
                            None, [], cr, yr, p_all, X_ref, by_cols, info, rtol)
         r_k = _reweight_cost(plan.rowsum, cls.p, theta2, divergence)
         lower += max(lo, 0.0)
-        upper += plan.move + r_k
+        # the plan's cost is a sum of nonnegative terms (pairwise summation): 64 ulps
+        # per doubling of the terms bounds its rounding
+        upper += (plan.move + r_k) * (1 + 64 * np.finfo(float).eps * math.log2(pairs + 2))
         move += plan.move
         rew += r_k
         weights[cls.I] = plan.rowsum / cls.p
