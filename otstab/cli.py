@@ -1,4 +1,4 @@
-"""The ``otstab`` command line: ``demo``, ``certify`` and ``verify``.
+"""The ``otstab`` command line: ``demo``, ``certify``, ``verify`` and ``monitor``.
 
 Exit codes: 0 success (and, with ``certify --fail-under``, the gate passed); 1 ``verify`` found
 a mismatch (the reasons are printed); 2 bad input (a one-line message naming the argument, no
