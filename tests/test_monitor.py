@@ -1,4 +1,4 @@
-"""The history store (otstab.history), ``otstab monitor`` and its trend report (issue 32).
+"""The history store (otstab.History), ``otstab monitor`` and its trend report (issue 32).
 
 The store round-trips what the library computes; the command's numbers are those of
 certify / shift_cost / budget_used called directly; the gate follows its definition; the
@@ -20,8 +20,8 @@ import otstab
 from otstab import report as _report
 from otstab.cli import main
 from otstab.errors import ValidationError
-from otstab.history import History
-from otstab.monitor import gate_share, projection, trend_html
+from otstab.reporting import gate_share, projection, trend_html
+from otstab.shift import History
 
 IMAGE_PROBE = """<script>
 window.addEventListener("load", function () {
@@ -199,3 +199,10 @@ def test_trend_report_renders_in_headless_chromium(setup, tmp_path):
     assert status and status.group(1) == "ok"  # the figure decoded
     assert len(re.findall(r"<tr>", dom)) == len(frame) + 1
     assert not [ln for ln in proc.stderr.splitlines() if "CONSOLE" in ln]
+
+
+def test_shift_solver_choices_are_the_libraries():
+    from otstab.cli._monitor import SHIFT_SOLVERS
+    from otstab.shift._shift_cost import SOLVERS
+
+    assert SHIFT_SOLVERS == SOLVERS

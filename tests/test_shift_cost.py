@@ -19,8 +19,7 @@ from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import OneHotEncoder, StandardScaler
 
 import otstab
-from otstab import LinearModel, certify, shift_cost
-from otstab.datacost import DataCost
+from otstab import DataCost, LinearModel, certify, shift_cost
 from otstab.errors import ValidationError
 from otstab.shift import pairwise_datacost
 
