@@ -58,6 +58,9 @@ CONIC_MAX_PAIRS = 40_000
 PLAN_MAX_PAIRS = 1_000_000
 #: target of the chunked evaluations: entries of one (rows x columns x features) block
 CHUNK_ENTRIES = 1 << 22
+#: a label class with at most this many pairs keeps its cost matrix (32 MB); larger ones are
+#: recomputed chunk by chunk at every pass
+DENSE_MAX_PAIRS = 4_000_000
 
 
 # ------------------------------------------------------------------------------------------
@@ -349,7 +352,7 @@ class _Problem:
         self.zero_only = math.isinf(theta1)
         self.t1 = 1.0 if self.zero_only else theta1
         self._dense = None
-        if len(cls.I) * len(cls.J) <= 4_000_000:
+        if len(cls.I) * len(cls.J) <= DENSE_MAX_PAIRS:
             self._dense = self._cost(np.arange(len(cls.I)))
 
     def _cost(self, rows) -> np.ndarray:
