@@ -29,6 +29,12 @@ _LAZY = {
     "LinearModel": "otstab.modeling._models",
     "Bootstrap": "otstab.solve._inference",
     "DataCost": "otstab.modeling._datacost",
+    # the cost of an observed shift and its history (issue 32)
+    "shift_cost": "otstab.shift._shift_cost",
+    "ShiftCost": "otstab.shift._shift_cost",
+    "budget_used": "otstab.solve._budget",
+    "BudgetUse": "otstab.solve._budget",
+    "History": "otstab.shift._history",
     # related evaluations
     "worst_subpopulation": "otstab.shift._worst_subpopulation",
     "conditional_shift": "otstab.shift._conditional_shift",

@@ -49,7 +49,9 @@ OLD_NAMES = {"confidence", "ci", "delta", "n_boot", "seed", "feature"}
 DATA_ARGS = {"worst_subpopulation": 2, "conditional_shift": 3, "group_metrics": 3,
              "diagnose_shift": 2, "select_model": 1, "subset_distances": 1,
              # r is the one setting of the low-level distance form (dstar, r)
-             "certify_distances": 2}
+             "certify_distances": 2,
+             # two samples (reference, current); a certificate and a shift cost
+             "shift_cost": 4, "budget_used": 2}
 
 
 def _data(n=500, d=4, seed=0):
@@ -72,7 +74,7 @@ def test_every_entry_point_is_inspected():
             "group_metrics", "worst_subpopulation", "worst_subpopulation_of_model",
             "conditional_shift", "conditional_shift_of_model", "worst_case_risk",
             "diagnose_shift", "select_model", "subset_distances", "certify_distances",
-            "Bootstrap"} == set(ENTRY)
+            "shift_cost", "budget_used", "Bootstrap"} == set(ENTRY)
 
 
 @pytest.mark.parametrize("name", sorted(ENTRY))
@@ -98,7 +100,7 @@ def test_keyword_only_after_the_data(name):
 def test_model_x_y_come_first():
     for name, fn in ENTRY.items():
         names = list(inspect.signature(fn).parameters)
-        if "model" in names or name == "compare":
+        if ("model" in names and name != "shift_cost") or name == "compare":
             assert names[1:3] == ["X", "y"], name
 
 

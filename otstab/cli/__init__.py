@@ -1,8 +1,9 @@
-"""The ``otstab`` command line (``python -m otstab``): ``demo``, ``certify`` and ``verify``.
+"""The ``otstab`` command line (``python -m otstab``): ``demo``, ``certify``, ``verify`` and
+``monitor``.
 
 Modules: ``_parser`` (the parser, exit codes), ``_loaders`` (models, data, prices, weights,
-costs), ``_commands`` (the commands and :func:`main`). The top of the stack: it may import
-every other subpackage.
+costs), ``_commands`` (the commands and :func:`main`), ``_monitor`` (``otstab monitor``). The
+top of the stack: it may import every other subpackage.
 
 Exit codes: 0 success (and, with ``certify --fail-under``, the gate passed); 1 ``verify`` found
 a mismatch (the reasons are printed); 2 bad input (a one-line message naming the argument, no

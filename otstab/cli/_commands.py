@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..scale._data import read_parquet_dir
+from . import _monitor
 from ._loaders import (
     SKOPS_SUFFIXES,
     _arg_for,
@@ -424,7 +425,8 @@ def _report_dict(report, certificate) -> dict:
     }, strict=True)
 
 
-_COMMANDS = {"demo": _cmd_demo, "certify": _cmd_certify, "verify": _cmd_verify}
+_COMMANDS = {"demo": _cmd_demo, "certify": _cmd_certify, "verify": _cmd_verify,
+             "monitor": _monitor.run}
 
 
 def main(argv=None) -> int:

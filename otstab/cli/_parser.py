@@ -299,6 +299,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="print the verification report as JSON on stdout (ok, checked, "
                           "mismatches, notes, tolerances); the exit code is unchanged")
     _add_debug(ver)
+    from ._monitor import add_parser as add_monitor
+    add_monitor(sub)  # otstab monitor: its code lives in otstab.cli._monitor (issue 32)
     return p
 
 

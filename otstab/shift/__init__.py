@@ -6,7 +6,9 @@ solvers. Their figures are in :mod:`otstab.plot` (``plot_worst_case``,
 
 Modules: ``_inputs`` (what worst_subpopulation and conditional_shift share),
 ``_worst_subpopulation``, ``_conditional_shift``, ``_group_metrics``, ``_diagnosis``,
-``_selection``, ``_subsets``.
+``_selection``, ``_subsets``; and the cost of an observed shift in a certificate's units
+(``_shift_cost``: ``shift_cost``, ``ShiftCost``; it uses the OT transport program, not the
+certificate solvers) with its history (``_history``: ``History``, SQLite).
 """
 
 from ._conditional_shift import (
@@ -16,8 +18,10 @@ from ._conditional_shift import (
 )
 from ._diagnosis import SHIFT_THRESHOLDS, SHIFT_TYPES, ShiftDiagnosis, diagnose_shift
 from ._group_metrics import GroupMetrics, group_metrics, per_class_frame, summary_frame
+from ._history import History
 from ._inputs import DEFAULT_P_GRID
 from ._selection import CRITERIA, ModelSelection, select_model
+from ._shift_cost import ShiftCost, pairwise_datacost, shift_cost
 from ._subsets import SubsetDistances, subset_distances
 from ._worst_subpopulation import (
     WorstCaseResult,
@@ -30,4 +34,4 @@ __all__ = ["worst_subpopulation", "worst_subpopulation_of_model", "WorstCaseResu
            "DEFAULT_P_GRID", "group_metrics", "GroupMetrics", "summary_frame",
            "per_class_frame", "diagnose_shift", "ShiftDiagnosis", "SHIFT_THRESHOLDS",
            "SHIFT_TYPES", "select_model", "ModelSelection", "CRITERIA", "subset_distances",
-           "SubsetDistances"]
+           "SubsetDistances", "shift_cost", "ShiftCost", "pairwise_datacost", "History"]

@@ -23,6 +23,7 @@ from .._validation import check_level
 from ..errors import ValidationError
 from ..modeling import _fingerprint as fingerprint
 from ..modeling._pipeline import RawView, raw_view
+from ._budget import budget_used as _budget_used
 
 if TYPE_CHECKING:
     from ._inference import Inference
@@ -153,6 +154,11 @@ class StabilityResult(ResultMixin):
         if self.inference is None:
             return math.nan
         return self.inference.lower_confidence_bound(level)
+
+    def budget_used(self, shift, level: float = 0.95):
+        """This R and an observed shift's cost S (:func:`otstab.shift_cost`) side by side:
+        :func:`otstab.budget_used`."""
+        return _budget_used(self, shift, level=level)
 
     def summary(self) -> str:
         """A short human-readable certificate."""
