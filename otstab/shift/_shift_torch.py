@@ -160,14 +160,20 @@ class TorchProblem(_Problem):
 
     def cost_scale(self) -> float:
         # the NumPy path's chunk boundaries (its first temperature is a max of chunk means)
+        # (from per-row sums of device-sized chunks: no sync per small NumPy chunk)
+        torch = self.torch
         n, m = len(self.c.I), len(self.c.J)
-        dense = n * m <= DENSE_MAX_PAIRS
-        scale = 0.0
-        for s, e in _chunks(n, m, 1 if dense else self.geo.d):
+        tot, cnt = np.zeros(n), np.zeros(n)
+        for s, e in self._bounds(1):
             C = self._cost_t(s, e, exact=False)
-            fin = C[self.torch.isfinite(C)]
-            if fin.numel():
-                scale = max(scale, float(fin.mean()))
+            fin = torch.isfinite(C)
+            tot[s:e] = self.host(torch.where(fin, C, 0.0).sum(1))
+            cnt[s:e] = self.host(fin.sum(1))
+        scale = 0.0
+        for s, e in _chunks(n, m, 1 if n * m <= DENSE_MAX_PAIRS else self.geo.d):
+            k = cnt[s:e].sum()
+            if k:
+                scale = max(scale, float(tot[s:e].sum() / k))
         return scale
 
     # -- the exact c-transform (the lower end: _Problem.dual_value calls it) -------------
