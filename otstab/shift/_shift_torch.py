@@ -79,6 +79,7 @@ class TorchProblem(_Problem):
             self.B = self.dev(geo.B[cls.J])
             self.A2 = (self.A * self.A).sum(1)
             self.B2 = (self.B * self.B).sum(1)
+            self.AT, self.BT = self.A.T.contiguous(), self.B.T.contiguous()  # per feature
         self._dense_t = None
         self._dense_exact = None
         if n * m <= DENSE_MAX_PAIRS:
@@ -129,10 +130,11 @@ class TorchProblem(_Problem):
             D = self.dev(self.geo.exact_block(rows, self.c.J) if self.zero_only else
                          self.geo.block(rows, self.c.J))
         elif exact or self.zero_only:
-            A = self.A[s:e]
-            D = torch.zeros((e - s, self.B.shape[0]), dtype=torch.float64, device=self.device)
-            for k in range(self.A.shape[1]):
-                diff = A[:, k, None] - self.B[None, :, k]
+            shape = (e - s, self.B.shape[0])
+            D = torch.zeros(shape, dtype=torch.float64, device=self.device)
+            diff = torch.empty(shape, dtype=torch.float64, device=self.device)
+            for k in range(self.AT.shape[0]):
+                torch.sub(self.AT[k, s:e, None], self.BT[k, None, :], out=diff)
                 D.addcmul_(diff, diff)
         else:
             D = torch.addmm(self.B2[None, :], self.A[s:e], self.B.T, alpha=-2.0)
