@@ -145,3 +145,16 @@ def test_without_torch_the_error_says_so(monkeypatch):
     with pytest.raises(ValidationError, match="needs PyTorch"):
         shift_cost(A, ya, B, yb, solver="dual", device="cpu")
     assert shift_cost(A, ya, B, yb, solver="dual").status == "optimal"  # NumPy unaffected
+
+
+@pytest.mark.parametrize("device", [None, "cpu"])
+def test_time_limit_stops_early_and_stays_certified(device):
+    A, ya, B, yb = _instance(6)
+    conic = shift_cost(A, ya, B, yb, theta2=0.5, solver="conic")
+    res = shift_cost(A, ya, B, yb, theta2=0.5, solver="dual", device=device,
+                     time_limit=1e-9)  # up before the first evaluation: v = 0, one stage
+    assert [len(h) for h in res.info["dual_history"]] == [1, 1]
+    assert res.status == "bounds" and res.value_lower < res.value_upper
+    _inside(res, conic.value, rel=0.0)
+    with pytest.raises(ValidationError, match="time_limit"):
+        shift_cost(A, ya, B, yb, solver="dual", device=device, time_limit=-1)

@@ -665,9 +665,23 @@ def _solve_conic(prob: _Problem, **options):
     return G, [y, -y], str(problem.status)
 
 
-def _solve_dual(prob: _Problem, rtol: float, max_stages: int = 12, maxiter: int = 500):
+class _TimeUp(Exception):
+    """The dual's time_limit has passed (raised from an evaluation, caught by _solve_dual)."""
+
+
+def _solve_dual(prob: _Problem, rtol: float, max_stages: int = 12, maxiter: int = 500,
+                time_limit: float | None = None):
+    """The smoothed semi-dual by L-BFGS at decreasing temperatures. ``time_limit`` (seconds):
+    stop L-BFGS once it has passed (keeping the best point evaluated) and start no further
+    temperature; the interval is certified as always (status ``bounds`` if it is wider than
+    ``rtol``)."""
     from scipy.optimize import minimize
 
+    if time_limit is not None and not (isinstance(time_limit, (int, float))
+                                       and time_limit > 0):
+        raise ValidationError(f"time_limit must be a positive number of seconds, got "
+                              f"{time_limit!r}")
+    t_end = math.inf if time_limit is None else time.perf_counter() + float(time_limit)
     c = prob.c
     m = len(c.J)
     scale = max(prob.cost_scale(), 1e-12)
@@ -676,9 +690,18 @@ def _solve_dual(prob: _Problem, rtol: float, max_stages: int = 12, maxiter: int 
     best = None
     history = []
     for _stage in range(max_stages):
-        def fun(x, eps=eps):
+        seen = {"val": -math.inf, "x": v, "nit": 0}
+
+        def fun(x, eps=eps, seen=seen):
+            if time.perf_counter() > t_end:
+                raise _TimeUp
             val, grad, _ = prob.smooth(x, eps)
+            if val > seen["val"]:
+                seen["val"], seen["x"] = val, x.copy()
             return -val, -grad
+
+        def count(_, seen=seen):
+            seen["nit"] += 1
         # the dense case makes no matrix products: BLAS threads would only busy-wait beside
         # L-BFGS-B's small vector operations (otstab.threads)
         with contextlib.nullcontext() if prob.host_products else one_blas_thread():
@@ -686,19 +709,23 @@ def _solve_dual(prob: _Problem, rtol: float, max_stages: int = 12, maxiter: int 
             # sums that the repair of the plan prices at about the typical cost, so it need
             # only be small against the interval this stage can reach (~ eps)
             gtol = 0.05 * max(rtol, min(1.0, eps / scale)) * float(c.q.sum()) / m
-            res = minimize(fun, v, jac=True, method="L-BFGS-B",
-                           options={"maxiter": maxiter, "gtol": gtol, "ftol": 1e-15})
-        v = res.x
+            try:
+                res = minimize(fun, v, jac=True, method="L-BFGS-B", callback=count,
+                               options={"maxiter": maxiter, "gtol": gtol, "ftol": 1e-15})
+                v, nit = res.x, int(res.nit)
+            except _TimeUp:
+                v, nit = seen["x"], seen["nit"]
+                log.info("shift_cost dual: time_limit reached at eps %.3g", eps)
         lower, vshift = prob.dual_value(v)
         plan = _PlanBuilder(prob, lambda v=v, eps=eps: prob.plan_rows(v, eps)).build(False)
         upper = math.inf if plan is None else \
             plan.move + _reweight_cost(plan.rowsum, c.p, prob.theta2, prob.div)
-        history.append({"eps": eps, "lower": lower, "upper": upper, "iters": int(res.nit)})
+        history.append({"eps": eps, "lower": lower, "upper": upper, "iters": nit})
         log.info("shift_cost dual: eps %.3g lower %.10g upper %.10g (%d iterations)", eps,
-                 lower, upper, res.nit)
+                 lower, upper, nit)
         if best is None or upper - lower < best[1] - best[0]:
             best = (lower, upper, v.copy(), eps)
-        if upper - lower <= rtol * max(abs(upper), 1e-300):
+        if upper - lower <= rtol * max(abs(upper), 1e-300) or time.perf_counter() > t_end:
             break
         # the interval shrinks about linearly with eps: aim at half the target width, at
         # most 64 times lower per stage (L-BFGS starts from this stage's v)
