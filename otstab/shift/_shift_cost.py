@@ -690,7 +690,7 @@ def _solve_dual(prob: _Problem, rtol: float, max_stages: int = 12, maxiter: int 
     best = None
     history = []
     for _stage in range(max_stages):
-        seen = {"val": -math.inf, "x": v, "nit": 0}
+        seen: dict = {"val": -math.inf, "x": v, "nit": 0}
 
         def fun(x, eps=eps, seen=seen):
             if time.perf_counter() > t_end:
@@ -1035,6 +1035,7 @@ def shift_cost(X_ref, y_ref, X_cur, y_cur, *, theta1: float = 1.0, theta2: float
     var_cost = np.zeros(geo.d)
     var_mass = np.zeros(geo.d)
     for cls in classes:
+        prob: _Problem
         pairs = len(cls.I) * len(cls.J)
         name = solver
         if name == "auto":
