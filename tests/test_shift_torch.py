@@ -158,3 +158,35 @@ def test_time_limit_stops_early_and_stays_certified(device):
     _inside(res, conic.value, rel=0.0)
     with pytest.raises(ValidationError, match="time_limit"):
         shift_cost(A, ya, B, yb, solver="dual", device=device, time_limit=-1)
+
+
+@pytest.mark.parametrize("theta2", [0.5, math.inf])
+def test_plan_repair_on_the_device_is_the_numpy_repair(theta2):
+    """_PlanBuilder through the array hooks: an approximate plan with an empty column (fed
+    from its cheapest row) and off-target columns is repaired and priced as by NumPy, and
+    the result is feasible (columns = q; theta2 = inf: rows = p too)."""
+    from otstab.shift._shift_cost import _Class, _Encoded, _PlanBuilder, _Problem
+    from otstab.shift._shift_torch import TorchProblem
+
+    A, _, B, _ = _instance(7, n=6, m=5)
+    geo = _Encoded(A, B, ["a", "b", "c"])
+    cls = _Class(np.arange(6), np.arange(5), np.full(6, 1 / 6), np.full(5, 1 / 5))
+    G = np.random.default_rng(7).uniform(0, 0.05, (6, 5))
+    G[:, 2] = 0.0                                       # nothing reaches column 2
+    ref = _Problem(geo, cls, 1.0, theta2, "kl")
+    dev = TorchProblem(geo, cls, 1.0, theta2, "kl", "cpu")
+    a = _PlanBuilder(ref, lambda: iter([(np.arange(6), ref._cost(np.arange(6)), G)])).build(
+        True)
+    b = _PlanBuilder(dev, lambda: iter([(np.arange(6), (0, 6), dev.dev(G))])).build(True)
+    np.testing.assert_allclose(b.rowsum, a.rowsum, rtol=1e-13)
+    assert b.move == pytest.approx(a.move, rel=1e-13)
+    cols = b.kept[0][1].sum(0)
+    if b.extra is not None:
+        np.add.at(cols, b.extra[1], b.extra[2])
+        np.testing.assert_array_equal(b.extra[0], a.extra[0])
+        assert b.extra[0][0] == np.argmin(((A - B[2]) ** 2).sum(1))   # the cheapest row
+    if b.rank1 is not None:
+        er, ec, s = b.rank1
+        cols = cols + ec * er.sum() / s
+        np.testing.assert_allclose(b.rowsum, 1 / 6, rtol=1e-12)
+    np.testing.assert_allclose(cols, 1 / 5, rtol=1e-12)

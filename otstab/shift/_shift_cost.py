@@ -388,6 +388,12 @@ class _Problem:
         """Per-feature costs of local rows x local columns, shape (d, |rows|, |cols|)."""
         return self.geo.parts(self.c.I[rows], self.c.J[cols])
 
+    @staticmethod
+    def chunk_cost(C):
+        """The cost block of a chunk as ``rows_of`` yielded it (a device backend may yield a
+        handle and compute the block only where it is used)."""
+        return C
+
     def colmin(self, C) -> tuple[np.ndarray, np.ndarray]:
         """Per column of a chunk: the row of least cost and that cost."""
         k = np.argmin(C, axis=0)
@@ -563,7 +569,7 @@ class _PlanBuilder:
         if empty.any():
             best = np.full(m, math.inf)
             for rows, C, _ in self.rows_of():
-                k, val = prob.colmin(C)
+                k, val = prob.colmin(prob.chunk_cost(C))
                 better = val < best
                 best[better] = val[better]
                 fix_rows[better] = rows[k[better]]
@@ -580,6 +586,7 @@ class _PlanBuilder:
         kept: list | None = [] if keep else None
         scale_d = prob.dev(scale)
         for rows, C, G in self.rows_of():
+            C = prob.chunk_cost(C)
             G = G * scale_d[None, :]
             rowsum[rows] += H(G.sum(1))
             colsum += H(G.sum(0))
@@ -607,6 +614,7 @@ class _PlanBuilder:
                 ec_d = prob.dev(ec)
                 for rows, C, _ in self.rows_of():
                     if er[rows].any():
+                        C = prob.chunk_cost(C)
                         with np.errstate(invalid="ignore"):
                             W = prob.dev(er[rows])[:, None] * ec_d[None, :] / s
                             acc += float(prob.where(W > 0, W * C, 0.0).sum())

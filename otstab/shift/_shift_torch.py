@@ -103,6 +103,11 @@ class TorchProblem(_Problem):
     def where(self, cond, a, b):
         return self.torch.where(cond, a, b)
 
+    def chunk_cost(self, C):
+        """plan_rows yields the rows (s, e) of a chunk: its exact cost block, on demand (the
+        passes that only need the plan's sums never compute it)."""
+        return self._cost_t(*C, exact=True) if isinstance(C, tuple) else C
+
     def colmin(self, C):
         val, k = C.min(0)
         return self.host(k), self.host(val)
@@ -247,10 +252,11 @@ class TorchProblem(_Problem):
         return val, self.host(grad), ueps
 
     def plan_rows(self, v, eps):
-        """The smoothed plan chunk by chunk: (local rows, exact cost tensor, plan tensor)."""
+        """The smoothed plan chunk by chunk: (local rows, (s, e), plan tensor); ``(s, e)``
+        gives the exact cost block through :meth:`chunk_cost`."""
         torch = self.torch
         v_t = self.dev(np.asarray(v, dtype=np.float64))
         for s, e, E, tot, u in self._smoothed_chunks(v_t, eps):
             a = self._row_mass_t(u, self.p_t[s:e])
             G = E.mul_(torch.where(tot > 0, a / tot, 0.0)[:, None])
-            yield np.arange(s, e), self._cost_t(s, e, exact=True), G
+            yield np.arange(s, e), (s, e), G
