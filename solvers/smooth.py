@@ -47,6 +47,7 @@ import time
 import numpy as np
 from scipy.special import expit
 
+from .logistic_uniform import uniform_steps
 from .result import FAILED, INACCURATE, OPTIMAL, DualSolution
 
 __all__ = [
@@ -276,6 +277,9 @@ def logistic_dtransform(margins, c, h: float):
     n = m.size
     c = np.broadcast_to(np.asarray(c, dtype=np.float64), (n,))
     h = _check_h(h)
+    c0 = float(c[0]) if n else math.inf
+    if n and h > 0.0 and c.strides == (0,) and 0.0 < c0 < math.inf:
+        return _uniform_dtransform(m, c0, h)
     t = logistic_steps(m, c, h)
     u = t - m
     loss_star = _softplus(u)
@@ -286,6 +290,30 @@ def logistic_dtransform(margins, c, h: float):
     with np.errstate(divide="ignore", invalid="ignore"):
         denom = 2.0 * np.where(fin, c, 0.0) - h * s * (1.0 - s)
         d2 = np.where(fin & (c > 0), s * s / denom, 0.0)
+    return lh, loss_star, d2, t
+
+
+def _uniform_dtransform(m: np.ndarray, c: float, h: float):
+    """:func:`logistic_dtransform` for one price ``c`` (finite, > 0) and ``h > 0``: the lean
+    Newton solve of :func:`~otstab_solvers.logistic_uniform.uniform_steps`, and
+    :func:`logistic_steps` for the samples it does not accept."""
+    u, s, rest = uniform_steps(m, c, h)
+    T = h / (2.0 * c)
+    t = s * T
+    if rest.size:
+        mr = m[rest]
+        tr = logistic_steps(mr, np.broadcast_to(c, (rest.size,)), h)
+        t[rest] = tr
+        u[rest] = tr - mr
+        s[rest] = expit(u[rest])
+    loss_star = _softplus(u)
+    lh = h * loss_star
+    lh -= c * t * t
+    denom = s * (1.0 - s)
+    denom *= -h
+    denom += 2.0 * c
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d2 = s * s / denom
     return lh, loss_star, d2, t
 
 
@@ -411,7 +439,10 @@ class LogisticOracle:
         """``(l_h, dl_h/dh, d2l_h/dh2, step)`` of the samples ``rows`` (a slice or indices),
         nothing kept: ``step`` is the margin decrease ``t`` of each maximiser, so that the
         maximiser is ``x - (y t / ||w_M||^2) w_M`` and its squared move ``t^2 / ||w_M||^2``."""
-        return logistic_dtransform(self._margins_of(rows), self.c[rows], h)
+        m = self._margins_of(rows)
+        # one price for every sample: kept a broadcast number (the lean uniform solve)
+        c = np.broadcast_to(self.c[:1], m.shape) if self.c.strides == (0,) else self.c[rows]
+        return logistic_dtransform(m, c, h)
 
     def evaluate(self, h: float):
         """``(l_h, dl_h/dh, d2l_h/dh2)`` at ``h``, each of shape (n,)."""

@@ -53,7 +53,7 @@ class _Keys:
     @classmethod
     def of_sorted(cls, nu) -> _Keys:
         """The keys of an ascending ``nu`` (``-inf`` keys, i.e. ``+inf`` in nu, sort last)."""
-        n_fin = int(np.searchsorted(nu, math.inf, side="left"))
+        n_fin = int(nu.searchsorted(math.inf, side="left"))
         # the largest |key| is at one end of the finite, sorted keys
         umax = max(abs(float(nu[0])), abs(float(nu[n_fin - 1]))) if n_fin else 0.0
         return cls(nu, n_fin, umax)
@@ -287,12 +287,12 @@ class SortedTwoPiece:
         if A == 0.0:  # every l is B = 0: the piece with the larger (right) derivative wins
             if dA == 0.0:
                 return self.n_fin if (dB > 0) == (side == "right") else 0
-            return lo + int(np.searchsorted(nu, dB / dA, side="left")) if side == "right" \
+            return lo + int(nu.searchsorted(dB / dA, side="left")) if side == "right" \
                 else 0
         left, right = self.thresholds(h)
         if side == "right":
-            return lo + int(np.searchsorted(nu, right, side="right"))
-        return lo + int(np.searchsorted(nu, left, side="left"))
+            return lo + int(nu.searchsorted(right, side="right"))
+        return lo + int(nu.searchsorted(left, side="left"))
 
     def thresholds(self, h: float) -> tuple[float, float]:
         """``(left, right)`` at ``h > 0``: a sample is on the "move" piece on both sides of
@@ -320,8 +320,8 @@ class SortedTwoPiece:
             return 0, math.nan, math.nan, math.nan
         seg = self.nu[p_lo:p_hi]
         f = self.c if self.kind == "hinge" else 1.0 / self.scale  # kink > h <=> nu > f h
-        i0 = p_lo + int(np.searchsorted(seg, h_lo * f, side="right"))
-        i1 = p_lo + int(np.searchsorted(seg, h_hi * f, side="left"))
+        i0 = p_lo + int(seg.searchsorted(h_lo * f, side="right"))
+        i1 = p_lo + int(seg.searchsorted(h_hi * f, side="left"))
         while i0 < i1 and not self.kink(i0) > h_lo:
             i0 += 1
         while i1 > i0 and not self.kink(i1 - 1) < h_hi:
