@@ -208,16 +208,22 @@ def block_chi2(block, h, side, theta2, shift, alpha):
     live = _live(block)
     if live is not None:
         act &= live
-    s, d1, d2, ls = s[act], d1[act], d2[act], ls[act]
-    p = None if block.p is None else block.p[act]
-    w = s / (2.0 * theta2) + 1.0
+    k = int(np.count_nonzero(act))
+    if k < act.size:  # the inactive rows count as zeros (a select, cheaper than a gather)
+        s, d1, d2, ls = (np.where(act, x, 0.0) for x in (s, d1, d2, ls))
+    p = block.p
+    w = s / (2.0 * theta2)
+    w += act  # s / (2 theta2) + 1 on the active rows, 0 elsewhere
     pw = w if p is None else p * w
+    ps = s if p is None else p * s
+    pd1 = d1 if p is None else p * d1
 
     def tot(x):
         return float(np.sum(x)) if p is None else float(np.dot(p, x))
 
-    return (int(s.size), float(s.size) if p is None else float(np.sum(p)), tot(s), tot(s * s),
-            float(np.dot(pw, d1)), float(np.dot(pw, d2)), tot(d1), tot(d1 * d1), tot(ls))
+    mass = float(k) if p is None else float(np.dot(p, act))
+    return (k, mass, float(np.sum(ps)), float(np.dot(ps, s)), float(np.dot(pw, d1)),
+            float(np.dot(pw, d2)), float(np.sum(pd1)), float(np.dot(pd1, d1)), tot(ls))
 
 
 def block_kinks(block, h_lo, side_lo, h_hi, side_hi):
