@@ -196,6 +196,22 @@ def block_kl(block, h, side, theta2):
             float(np.dot(pe, d2)), _pw(block, np.expm1(x)), mass)
 
 
+def block_chi2_active(block, h, side, theta2, shift, alpha):
+    """The part of :func:`block_chi2` that the active-set steps of alpha need: (count,
+    sum p, sum p (l - shift)) over the active rows (the same rows as :func:`block_chi2`)."""
+    lh = block_l(block, h, side)[0]
+    ls = lh - shift
+    act = ls + alpha > -2.0 * theta2
+    live = _live(block)
+    if live is not None:
+        act &= live
+    k = int(np.count_nonzero(act))
+    if block.p is None:
+        return k, float(k), float(np.dot(ls, act))
+    pa = np.where(act, block.p, 0.0)
+    return k, float(np.sum(pa)), float(np.dot(pa, ls))
+
+
 def block_chi2(block, h, side, theta2, shift, alpha):
     """chi2 partial sums over the active rows (``l - shift + alpha + 2 theta2 > 0``, rows of
     positive probability): (count, sum p, sum p s, sum p s^2, sum p w dl, sum p w d2l,
@@ -310,8 +326,8 @@ class BlockwiseDual:
         alpha = -(sl - shift * N) / N  # every row active: sum p (l - shift + alpha) = 0
         count = None
         for _ in range(CHI2_MAX_STEPS):
-            q = _add(self.run(block_chi2, h, side, theta2, shift, alpha))
-            k, P, S, S2, swd, swd2, sd, sdd, SL = q
+            # the steps need three sums; the others come from one pass at the final alpha
+            k, P, SL = _add(self.run(block_chi2_active, h, side, theta2, shift, alpha))
             if count is not None and k >= count:
                 # the active set alpha was computed from did not shrink: alpha is exact (a set
                 # larger by rounding adds rows of weight ~0)
@@ -324,6 +340,8 @@ class BlockwiseDual:
         else:  # pragma: no cover - the sets shrink at every step
             raise RuntimeError("chi2 alpha: the active set did not settle in "
                                f"{CHI2_MAX_STEPS} steps")
+        k, P, S, S2, swd, swd2, sd, sdd, SL = _add(self.run(block_chi2, h, side, theta2, shift,
+                                                           alpha))
         term = (S + S2 / (2.0 * two) - theta2 * (N - P)) / N - alpha
         mu = swd / N
         curv = (swd2 + max(sdd - sd * sd / P, 0.0) / two) / N

@@ -41,6 +41,8 @@ STEP_TOL = 1e-11
 #: smallest |F'| at an accepted root (below it the root is near a fold of F: robust solve)
 SLOPE_MIN = 1e-3
 MAX_ITER = 6
+#: largest step after which the Taylor estimate of the remaining error is trusted
+TAYLOR_STEP = 1e-6
 
 
 def uniform_steps(m: np.ndarray, c: float, h: float):
@@ -73,6 +75,7 @@ def uniform_steps(m: np.ndarray, c: float, h: float):
     np.minimum(u, T, out=u)
     u -= m
     step = np.empty(n)
+    q = np.empty(n)
     buf = np.empty(n)
     if band is not None:  # these go to the robust solve: keep them still, out of the way
         u[band] = 0.0
@@ -80,38 +83,56 @@ def uniform_steps(m: np.ndarray, c: float, h: float):
     converged = False
     for _ in range(MAX_ITER):
         expit(u, out=s)
-        # F = T s - u - m, F' = T s (1 - s) - 1, F'' = T s (1 - s) (1 - 2 s); Halley's step
-        # F / (F' - F F'' / (2 F')) (cubic convergence)
+        # F = T s - u - m, F' = T s (1 - s) - 1, F'' = T s (1 - s) (1 - 2 s). Halley's step
+        # is d / (1 - d q) with the Newton step d = F / F' and q = F'' / (2 F')
         np.multiply(s, T, out=step)
-        np.subtract(1.0, s, out=fp)
-        fp *= step                   # T s (1 - s)
-        np.subtract(0.5, s, out=buf)
-        buf *= fp                    # F'' / 2
-        fp -= 1.0                    # F'
+        np.subtract(1.0, s, out=buf)
+        buf *= step                  # T s (1 - s)
+        np.subtract(0.5, s, out=q)
+        q *= buf                     # F'' / 2
+        buf -= 1.0                   # F'
         step -= u
         step -= m                    # F
-        buf *= step
         with np.errstate(divide="ignore", invalid="ignore"):
-            buf /= fp                # F F'' / (2 F')
-            np.subtract(fp, buf, out=buf)
-            step /= buf
+            q /= buf                 # q
+            step /= buf              # d
+            np.multiply(step, q, out=buf)
+            np.subtract(1.0, buf, out=buf)
+            step /= buf              # Halley's step
         if band is not None:
             step[band] = 0.0
-        u -= step  # Newton: u - F / F'
-        worst = float(np.max(np.abs(step))) if n else 0.0
+        u -= step
+        np.abs(step, out=buf)
+        worst = float(buf.max()) if n else 0.0
         if worst <= STEP_TOL:  # every step below STEP_TOL (1 + |u|) (NaN: not here)
             converged = True
             break
+        if worst <= TAYLOR_STEP:
+            # the error left after the step is below Newton's |q| step^2 (Halley's is smaller
+            # still): under a quarter ulp of 1 for every sample, no confirming iteration
+            buf *= buf
+            np.abs(q, out=q)
+            buf *= q
+            if band is not None:
+                buf[band] = 0.0
+            if float(buf.max()) <= 2.5e-17:
+                converged = True
+                break
         if worst <= STEP_TOL * big and \
                 not np.any(np.abs(step) > STEP_TOL * (1.0 + np.abs(u))):
             converged = True
             break
     # the accepted samples: small last step, |F'| >= SLOPE_MIN at the root, u in [-m, T - m]
-    # (first-order update of sigmoid at the last step: its error is O(step^2), below an ulp)
+    # (sigmoid at the new u to second order in the last step: its error is O(step^3), far
+    # below an ulp)
     ds = s * (1.0 - s)
     slope = T * ds - 1.0
-    ds *= step
-    s -= ds
+    np.subtract(0.5, s, out=buf)
+    buf *= step
+    np.subtract(1.0, buf, out=buf)  # 1 - (1/2 - s) step
+    buf *= step
+    buf *= ds
+    s -= buf  # s - s' step + s'' step^2 / 2
     ok = np.isfinite(step) if converged else \
         np.abs(step) <= STEP_TOL * (1.0 + np.abs(u))
     ok &= np.abs(slope) >= SLOPE_MIN
