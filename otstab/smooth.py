@@ -381,6 +381,7 @@ def _certify_rows(prob, loss, oracle, moves, r, theta1, theta2, divergence, t_st
         at = SquaredAtPole(oracle, sol.info["g"], r) if pole else oracle
         cand = _build_rows(prob, at, moves, sol, loss, r, theta1, theta2, divergence,
                            t_start, exact)
+        getattr(oracle, "release", lambda: None)()  # (the logistic oracle's warm starts)
         cand.info["oracle"] = type(oracle).__name__
         return cand, exact, 0.0
 

@@ -45,14 +45,15 @@ MAX_ITER = 6
 TAYLOR_STEP = 1e-6
 
 
-def uniform_steps(m: np.ndarray, c: float, h: float):
+def uniform_steps(m: np.ndarray, c: float, h: float, start: np.ndarray | None = None):
     """Newton on ``T sigmoid(u) - u - m = 0`` for every margin of ``m`` (one ``c``, finite and
     > 0; ``h > 0``).
 
-    Returns ``(u, s, rest)``: ``u`` the root (``t - m``), ``s = sigmoid(u)`` (the step is
-    ``t = T s``), both of the shape of ``m``, and ``rest`` the indices of the samples not
-    accepted (module docstring), whose entries of ``u`` and ``s`` are meaningless and must be
-    recomputed by the robust solve.
+    ``start``: first iterates (e.g. the roots at a nearby ``h``); default one Newton step
+    from ``t = 0``. Returns ``(u, s, rest)``: ``u`` the root (``t - m``), ``s = sigmoid(u)``
+    (the step is ``t = T s``), both of the shape of ``m``, and ``rest`` the indices of the
+    samples not accepted (module docstring), whose entries of ``u`` and ``s`` are meaningless
+    and must be recomputed by the robust solve.
     """
     T = h / (2.0 * c)
     n = m.size
@@ -64,16 +65,21 @@ def uniform_steps(m: np.ndarray, c: float, h: float):
         hi_band = T * (1.0 - sl) - L    # F_m(L), the local maximum
         pad = 1e-9 * (1.0 + abs(lo_band) + abs(hi_band))
         band = (m >= lo_band - pad) & (m <= hi_band + pad)
-    # start: one Newton step from u = -m (t = 0), clipped to [-m, T - m]
-    s = expit(-m)
-    fp = s * (1.0 - s)
-    fp *= -T
-    fp += 1.0  # 1 - T sigmoid'(-m) = -F'(-m)
-    np.maximum(fp, 0.25, out=fp)
-    u = s * T
-    u /= fp
-    np.minimum(u, T, out=u)
-    u -= m
+    if start is not None:  # a warm start (the roots at a nearby h), clipped to [-m, T - m]
+        u = np.add(start, m)
+        np.clip(u, 0.0, T, out=u)
+        u -= m
+        s = np.empty(n)
+    else:  # one Newton step from u = -m (t = 0), clipped to [-m, T - m]
+        s = expit(-m)
+        fp = s * (1.0 - s)
+        fp *= -T
+        fp += 1.0  # 1 - T sigmoid'(-m) = -F'(-m)
+        np.maximum(fp, 0.25, out=fp)
+        u = s * T
+        u /= fp
+        np.minimum(u, T, out=u)
+        u -= m
     step = np.empty(n)
     q = np.empty(n)
     buf = np.empty(n)
