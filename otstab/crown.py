@@ -727,7 +727,21 @@ def lower_distances(net: Network, X, yi, *, mask=None, upper=None, previous=None
     dlow = rho * rho
     if previous is not None:
         dlow = np.maximum(dlow, previous)
+    method = "linear bound propagation (CROWN, network)"
+    info = {}
     if upper is not None:
-        dlow = np.minimum(dlow, np.asarray(upper, dtype=np.float64))
-    return dlow, {"time": time.perf_counter() - t0,
-                  "method": "linear bound propagation (CROWN, network)"}
+        up = np.asarray(upper, dtype=np.float64)
+        dlow = np.minimum(dlow, up)
+        # one hidden ReLU layer: the activation regions of the samples with a gap, nearest first
+        from .relu_regions import region_lower_distances  # noqa: PLC0415
+        gap = np.flatnonzero(np.isfinite(up) & (dlow < up * (1 - 1e-9)))
+        gap = gap[np.argsort(up[gap], kind="stable")]
+        if gap.size and net.ops.torch is None and len(net.W) == 2:
+            ex, pts = region_lower_distances(net, X, yi, up, mask=mask, only=gap,
+                                             deadline=deadline)
+            done = np.isfinite(ex)
+            if done.any():
+                dlow = np.where(done, np.maximum(dlow, ex), dlow)
+                method += " and activation regions (one hidden ReLU layer)"
+                info = {"region_points": pts, "n_regions_solved": int(done.sum())}
+    return dlow, {"time": time.perf_counter() - t0, "method": method, **info}

@@ -25,7 +25,7 @@ from otstab_solvers.result import OPTIMAL
 from otstab_solvers.weights import chi2_solution, kl_weights, phi, pmean
 from otstab_solvers.zero_one import solve_zero_one
 
-from . import audit, bounds
+from . import audit, bounds, neural_search
 from ._validation import as_bool_vector, as_float_matrix, as_float_vector
 from .errors import ValidationError
 from .losses import ZeroOne, zero_one
@@ -1061,6 +1061,7 @@ def certify_zero_one_search(prob: Problem, *, r, theta1, theta2, divergence, mas
         model = LinearDifferentiable(sc.W, sc.b, sc.task, sc.classes)
     pr = perturbation_search(model, prob.X, prob.y, mask=mask, labels="internal",
                              **solver_options)
+    pr = neural_search.refine_result(model, prob.X, prob.y, pr, mask, prob.losses)
     loss0 = prob.losses(prob.X)
     dstar = np.where(loss0 > 0, 0.0, pr.distances)
     a = move_prices(dstar, theta1)
@@ -1071,6 +1072,10 @@ def certify_zero_one_search(prob: Problem, *, r, theta1, theta2, divergence, mas
                                            **bound_options)
         if lower is not None:
             dlow, lower_info = lower
+            dstar, X_near = neural_search.adopt_points(  # closer points the bounds met
+                model, prob.X, prob.y, dstar, X_near, lower_info.pop("region_points", None),
+                prob.losses)
+            a = move_prices(dstar, theta1)
             value_lower = bounds.zero_one_lower_value(dlow, loss0, r, theta1, theta2,
                                                       divergence, prob.p)
     res = _solve_and_build(a, loss0, r, theta1, theta2, divergence,

@@ -213,3 +213,73 @@ def test_identity_mlp_smooth_lower_bound_is_below_the_exact_linear_value():
     assert exact.status == "optimal"
     assert res.value_lower <= exact.value * (1 + 1e-9)
     assert res.value_lower >= 0.5 * exact.value  # and not vacuous
+
+
+def _grid_dstar(m, x, y, half=3.0, k=601):
+    """The smallest squared distance from x to a misclassified point of a fine grid around
+    it (an upper bound on d*, within the grid's resolution of it)."""
+    g = np.linspace(-half, half, k)
+    P = np.stack(np.meshgrid(x[0] + g, x[1] + g), -1).reshape(-1, 2)
+    wrong = m.predict(P) != y
+    return float(np.min(np.sum((P[wrong] - x) ** 2, axis=1))) if wrong.any() else np.inf
+
+
+def _regions_vs_grid(k, n, half, res, seed=11):
+    from otstab.relu_regions import region_lower_distances
+    m, X, y = _toy("relu", k, seed=seed, hidden=(8,))
+    X, y = X[:n], y[:n]
+    net = crown.as_network(MLPModel(m))
+    yi = np.searchsorted(m.classes_, y)
+    ok = m.predict(X) == y
+    grid = np.array([_grid_dstar(m, X[i], y[i], half, res) if ok[i] else 0.0
+                     for i in range(len(y))])
+    up = np.where(np.isfinite(grid), grid, 100.0)
+    ex, pts = region_lower_distances(net, X, yi, up)
+    done = np.isfinite(ex)
+    assert done[ok].mean() > 0.8
+    step = 2 * half / (res - 1)
+    for i in np.flatnonzero(done & ok):
+        assert ex[i] <= grid[i] * (1 + 1e-12)  # sound
+        # exact: the grid's distance is within its resolution of the bound
+        assert np.sqrt(grid[i]) - np.sqrt(ex[i]) <= step * np.sqrt(2) + 1e-9
+        P = _ball_grid(X[i], np.sqrt(ex[i]) * (1 - 1e-9), 30)
+        assert np.all(m.predict(P) == y[i])
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_activation_regions_are_sound_and_exact_on_a_grid(k):
+    _regions_vs_grid(k, 12, 2.5, 251)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("k", [2, 3])
+def test_activation_regions_on_fine_grids(k, seed):
+    _regions_vs_grid(k, 40, 3.0, 801, seed)
+
+
+def test_refined_points_are_misclassified_and_never_farther():
+    from otstab.neural_search import refine_min_norm
+    from otstab.perturbation import perturbation_search
+    m, X, y = _toy("tanh", 3, seed=2, hidden=(12,))
+    ad = MLPModel(m)
+    yi = np.searchsorted(m.classes_, y)
+    pr = perturbation_search(ad, X, yi, labels="internal")
+    P0, D0 = pr.points.copy(), pr.distances.copy()
+    P, D = refine_min_norm(ad, X, yi, pr.points, pr.distances)
+    np.testing.assert_array_equal(pr.points, P0)  # inputs untouched
+    assert np.all(D <= D0)
+    moved = D < D0
+    assert np.all(m.predict(P[moved]) != y[moved])
+    np.testing.assert_allclose(np.sum((P[moved] - X[moved]) ** 2, axis=1), D[moved],
+                               rtol=1e-12)
+
+
+def test_zero_one_interval_of_a_relu_mlp_closes():
+    """One hidden ReLU layer: the regions make the certified side meet the found one."""
+    m, X, y = _toy("relu", 2, seed=4, hidden=(8,))
+    res = otstab.certify(m, X, y, loss="zero_one", r=0.3, theta1=1.0, theta2=0.5)
+    assert res.status == "bounds"
+    assert res.value_lower <= res.value_upper
+    assert res.value_lower >= 0.99 * res.value_upper
+    assert "activation regions" in res.info["lower_bound"]["method"]
