@@ -55,6 +55,9 @@ class Ops:
 
     def __init__(self, torch=None, device=None):
         self.torch, self.device = torch, device
+        #: array elements per chunk of rows (an accelerator takes far larger batches)
+        self.budget = 2e8 if device is not None and getattr(device, "type", "cpu") != "cpu" \
+            else 4e6
 
     def asarray(self, a):
         if self.torch is None:
@@ -506,7 +509,7 @@ def certified_radius(net: Network, X, yi, *, upper=None, mask=None, steps=20, ch
     pos = np.all(M > 0, axis=1)
     if not mv.any():
         return np.where(pos, np.inf, 0.0)
-    chunk = chunk or max(1, int(4e6 // max(1, Cn.shape[1] * max(w.shape[0] for w in net.W)
+    chunk = chunk or max(1, int(o.budget // max(1, Cn.shape[1] * max(w.shape[0] for w in net.W)
                                                  * max(w.shape[1] for w in net.W))))
     for s in range(0, n, chunk):
         sl = np.arange(s, min(n, s + chunk))
@@ -632,7 +635,7 @@ def _ball_bounds(net, X, Cm, radii, mv, optimize):
     o = net.ops
     n, J = radii.shape
     A, g, B = np.empty((n, J)), np.empty((n, J)), np.empty((n, J))
-    chunk = max(1, int(2e6 // max(1, Cm.shape[1] * max(w.shape[0] for w in net.W)
+    chunk = max(1, int(o.budget / 2 // max(1, Cm.shape[1] * max(w.shape[0] for w in net.W)
                                   * max(w.shape[1] for w in net.W))))
     for s in range(0, n, chunk):
         sl = slice(s, min(n, s + chunk))

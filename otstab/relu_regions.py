@@ -8,10 +8,12 @@ region is at least that to the polyhedron ``{delta : the region's k sign constra
 a_P . delta <= -c_P}`` (the ball and the stable units' constraints are dropped: fewer
 constraints, a smaller distance). Its value is bounded from below by weak duality of
 ``min 1/2 |delta|^2 s.t. G delta <= h``: every ``lambda >= 0`` gives
-``1/2 |delta*|^2 >= -1/2 |G^T lambda|^2 - h . lambda``; ``lambda`` is improved by coordinate
-ascent, and a rounding allowance is taken off. The minimum over regions and margins, capped
-at ``U_i``, is a certified ``dlow_i``; it is the exact ``d*_i`` when the dual converges.
-Samples with more than ``max_unstable`` unstable units are left to the CROWN bound.
+``1/2 |delta*|^2 >= -1/2 |G^T lambda|^2 - h . lambda``; ``lambda`` comes from the NNLS form
+of the least-distance program (:func:`_dual_bound`), and a rounding allowance is taken off.
+The minimum over regions and margins, capped at ``U_i``, is a certified ``dlow_i``; it is the
+exact ``d*_i`` when the NNLS solution is exact. Samples with more than ``max_unstable``
+unstable units (default 8) are left to the CROWN bound, and the samples are taken nearest
+first until ``max_patterns`` regions (default 8192) have been examined.
 """
 
 from __future__ import annotations
@@ -24,41 +26,49 @@ import numpy as np
 __all__ = ["region_lower_distances"]
 
 
-def _dual_bound(G, h, sweeps=400):
-    """``max_{lambda >= 0} -1/2 |G^T lambda|^2 - h . lambda`` (a lower bound on half the
-    squared distance) by coordinate ascent, batched: ``G`` (P, c, d), ``h`` (P, c)."""
-    Q = np.einsum("pcd,ped->pce", G, G)
-    diag = np.einsum("pcc->pc", Q)
-    lam = np.zeros(h.shape)
-    c = h.shape[1]
-    prev = None
-    for sweep in range(sweeps):
-        if sweep % 10 == 9:  # stop once the dual no longer moves
-            v = np.einsum("pcd,pc->pd", G, np.minimum(lam, 1e150))
-            q = -0.5 * np.sum(v * v, axis=1) - np.sum(h * np.minimum(lam, 1e150), axis=1)
-            if prev is not None and np.all(q - prev <= 1e-12 * (1e-300 + np.abs(q))):
-                break
-            prev = q
-        for j in range(c):
-            grad = np.einsum("pe,pe->p", Q[:, j], lam) + h[:, j]
-            with np.errstate(divide="ignore", invalid="ignore"):
-                new = np.where(diag[:, j] > 0, np.maximum(0.0, lam[:, j] - grad / diag[:, j]),
-                               np.where(grad < 0, 1e300, 0.0))
-            lam[:, j] = new
-    lam = np.minimum(lam, 1e150)
-    v = np.einsum("pcd,pc->pd", G, lam)
-    q = -0.5 * np.sum(v * v, axis=1) - np.sum(h * lam, axis=1)
-    size = 0.5 * np.sum(v * v, axis=1) + np.sum(np.abs(h * lam), axis=1)
-    return q - 1e-9 * size, -v  # the bound, and the primal point delta = -G^T lambda
+def _dual_bound(G, h):
+    """Per region ``p``: a lower bound on ``min |delta|^2 s.t. G_p delta <= h_p`` and the
+    minimiser. The least-distance program is solved by NNLS (Lawson and Hanson 1974, ch. 23:
+    ``w = argmin_{w >= 0} |[-G^T; -h^T] w - e_{d+1}|``); ``w`` is a direction of dual
+    multipliers, and weak duality along it, ``max_t>=0 -t h.w - t^2 |G^T w|^2 / 2``, gives the
+    bound ``(h.w)_-^2 / |G^T w|^2`` whatever the accuracy of ``w`` (an empty region: ``inf``
+    when ``G^T w = 0`` and ``h.w < 0``). Returns ``(bound (P,), delta (P, d))``."""
+    from scipy.optimize import nnls  # noqa: PLC0415
+
+    P, c, d = G.shape
+    bound = np.zeros(P)
+    delta = np.zeros((P, d))
+    b = np.zeros(d + 1)
+    b[-1] = 1.0
+    for p in range(P):
+        A = np.vstack([-G[p].T, -h[p][None, :]])
+        try:
+            w, _ = nnls(A, b, maxiter=50 * (c + 1))
+        except RuntimeError:  # no convergence: the trivial multiplier
+            continue
+        v = G[p].T @ w
+        hw = float(h[p] @ w)
+        vv = float(v @ v)
+        if hw >= 0:
+            continue
+        size = hw * hw + float(np.abs(h[p] * w).sum()) ** 2
+        if vv <= 1e-300:
+            bound[p] = np.inf
+            continue
+        bound[p] = max(hw * hw / vv - 1e-9 * size / vv, 0.0)
+        delta[p] = -v * (-hw / vv)  # the minimiser -G^T lambda at the best scale
+    return bound, delta
 
 
-def region_lower_distances(net, X, yi, upper, *, mask=None, only=None, max_unstable=10,
-                           deadline=None):
+def region_lower_distances(net, X, yi, upper, *, mask=None, only=None, max_unstable=8,
+                           max_patterns=8192, deadline=None):
     """Certified ``dlow_i`` for a :class:`otstab.crown.Network` (NumPy) with one hidden ReLU
     or LeakyReLU layer; NaN where not computed (other samples, too many unstable units,
     misclassified samples). ``upper``: found squared distances ``U_i``; ``only``: the samples
     to treat, in this order (indices or a boolean mask); ``deadline``: a ``perf_counter`` time
-    after which the rest is left out. Returns ``(dlow, points)``: ``points[i]`` is the
+    after which the rest is left out; ``max_patterns``: the regions examined in all (a
+    deterministic budget: the samples after the one that would exceed it are left out).
+    Returns ``(dlow, points)``: ``points[i]`` is the
     minimiser of the region that gave the bound (a candidate for the found side, to be
     checked with the model: it lies on the boundary up to rounding)."""
     from .crown import margin_rows  # noqa: PLC0415
@@ -76,6 +86,7 @@ def region_lower_distances(net, X, yi, upper, *, mask=None, only=None, max_unsta
     wn = np.sqrt(np.sum(Wm * Wm, axis=0))
     C = margin_rows(net, yi)  # (n, m, K)
     U = np.asarray(upper, dtype=np.float64)
+    used = 0
     order = np.arange(n) if only is None else np.asarray(only)
     if order.dtype == bool:
         order = np.flatnonzero(order)
@@ -90,6 +101,9 @@ def region_lower_distances(net, X, yi, upper, *, mask=None, only=None, max_unsta
         k = unst.size
         if k > max_unstable:
             continue
+        if 2 ** k > max_patterns - used:  # the deterministic budget of regions is spent
+            break
+        used += 2 ** k
         A = C[i] @ W1.T  # (m, H): margins = A relu(z) + C b1
         cb = C[i] @ b1
         base = np.where(z0 > 0, 1.0, leak)
@@ -111,8 +125,8 @@ def region_lower_distances(net, X, yi, upper, *, mask=None, only=None, max_unsta
             h = np.concatenate([hs, -cP[:, None]], axis=1)
             q, delta = _dual_bound(G, h)
             j = int(np.argmin(q))
-            if 2.0 * max(q[j], 0.0) < best:
-                best = 2.0 * max(q[j], 0.0)
+            if q[j] < best:
+                best = float(q[j])
                 pts[i] = X[i]
                 pts[i, mv] += delta[j]
         out[i] = min(best, U[i])
