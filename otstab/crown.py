@@ -232,17 +232,17 @@ def as_network(adapter) -> Network | None:
         return Network([inner.W[0] / s[:, None], *inner.W[1:]], list(inner.b), inner.acts,
                        inner.task, o)
     if hasattr(adapter, "W") and hasattr(adapter, "activation"):
-        o = Ops()
-        W = [np.asarray(w, dtype=np.float64) for w in adapter.W]
-        b = [np.asarray(v, dtype=np.float64) for v in adapter.b]
-        acts = [(adapter.activation, 0.0)] * (len(W) - 1)
-        return Network(W, b, acts, adapter.task, o)
+        Wn = [np.asarray(w, dtype=np.float64) for w in adapter.W]
+        bn = [np.asarray(v, dtype=np.float64) for v in adapter.b]
+        return Network(Wn, bn, [(adapter.activation, 0.0)] * (len(Wn) - 1), adapter.task, Ops())
     module = getattr(adapter, "module", None)
     if module is None or type(module).__name__ != "Sequential":
         return None
     torch = adapter._torch
     o = Ops(torch, adapter.device)
-    W, b, acts = [], [], []
+    W: list = []
+    b: list = []
+    acts: list = []
     pending = None  # the activation after the last Linear, if any
     for layer in module.children():
         kind = type(layer).__name__
@@ -390,7 +390,7 @@ def linear_lower(net: Network, X, rho, C, mv=None, optimize=0):
     W0 = net.W[0] if mv_idx is None else net.W[0][mv_idx]
     z = X @ net.W[0] + net.b[0]
     zr = rho[:, None] * o.sqrt(o.sum(W0 * W0, 0))[None, :]
-    rels = []
+    rels: list = []
     for t in range(len(net.W) - 1):
         if t > 0:  # bounds of z_t from the pull-back of +-I
             H = net.W[t].shape[1]
