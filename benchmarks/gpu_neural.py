@@ -1,4 +1,4 @@
-"""The torch path of the MLP bounds (otstab/crown.py) on a GPU, if there is one.
+"""The torch path of the MLP bounds (otstab/solve/_crown.py) on a GPU, if there is one.
 
 Run from the repository root::
 
@@ -39,8 +39,8 @@ def main(argv=None) -> int:
 
     import torch
 
-    from otstab import crown
-    from otstab.nonlinear import TorchModel
+    from otstab.modeling._nonlinear import TorchModel
+    from otstab.solve import _crown as crown
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch.manual_seed(0)

@@ -59,7 +59,7 @@ def adult():
 
 
 def base_logistic(m, X, y):
-    from otstab.nonlinear import MLPModel
+    from otstab.modeling._nonlinear import MLPModel
 
     ad = MLPModel(m).bind_loss("logistic")
     return float(np.mean(ad.loss_values(X, np.where(y == m.classes_[1], 1, -1))))

@@ -1,4 +1,4 @@
-"""Linear bound propagation (otstab.crown) checked against exhaustive grids and exact paths.
+"""Linear bound propagation (otstab.solve._crown) checked against exhaustive grids and exact paths.
 
 * every relaxation lies below / above its activation on a dense grid of its interval;
 * on 2-D toy networks, a grid over each ball: the network's margins never fall below the
@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 import otstab
-from otstab import bounds, crown
-from otstab.nonlinear import MLPModel
+from otstab import bounds
+from otstab.modeling._nonlinear import MLPModel
+from otstab.solve import _crown as crown
 
 sk_nn = pytest.importorskip("sklearn.neural_network")
 from sklearn.exceptions import ConvergenceWarning  # noqa: E402
@@ -225,7 +226,7 @@ def _grid_dstar(m, x, y, half=3.0, k=601):
 
 
 def _regions_vs_grid(k, n, half, res, seed=11):
-    from otstab.relu_regions import region_lower_distances
+    from otstab.solve._relu_regions import region_lower_distances
     m, X, y = _toy("relu", k, seed=seed, hidden=(8,))
     X, y = X[:n], y[:n]
     net = crown.as_network(MLPModel(m))
@@ -261,8 +262,8 @@ def test_activation_regions_on_fine_grids(k, seed):
 
 
 def test_refined_points_are_misclassified_and_never_farther():
-    from otstab.neural_search import refine_min_norm
-    from otstab.perturbation import perturbation_search
+    from otstab.modeling._perturbation import perturbation_search
+    from otstab.solve._neural_search import refine_min_norm
     m, X, y = _toy("tanh", 3, seed=2, hidden=(12,))
     ad = MLPModel(m)
     yi = np.searchsorted(m.classes_, y)

@@ -1,5 +1,6 @@
-"""The torch path of otstab.crown: the same numbers as the NumPy path on the same weights, and
-sound on modules with LeakyReLU / GELU / mixed activations (checked with the module itself)."""
+"""The torch path of otstab.solve._crown: the same numbers as the NumPy path on the same
+weights, and sound on modules with LeakyReLU / GELU / mixed activations (checked with the
+module itself)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from otstab import bounds, crown  # noqa: E402
-from otstab.nonlinear import TorchModel  # noqa: E402
+from otstab import bounds  # noqa: E402
+from otstab.modeling._nonlinear import TorchModel  # noqa: E402
+from otstab.solve import _crown as crown  # noqa: E402
 
 
 def _module(acts, seed=0, d=2, width=10, out=2):

@@ -1,0 +1,77 @@
+"""``certify(..., cost=DataCost)``: the checks and the preparation shared by the exact
+DataCost certificates of linear classifiers, then the loss's own path
+(:mod:`otstab.datacost_zero_one` for ``loss="zero_one"``, :mod:`otstab.datacost_hinge` for
+``loss="hinge"``; their shared linear pieces: :mod:`otstab.datacost_linear`).
+"""
+
+from __future__ import annotations
+
+from ..errors import ValidationError
+from ..modeling import _pipeline as pipeline
+from ..modeling._datacost import DataCost
+from ..modeling._losses import PiecewiseLinear, ZeroOne
+from ..modeling._models import resolve_model
+from ..modeling._params import check_options
+from . import _inference as inference
+from ._datacost_hinge import certify_datacost_hinge
+from ._datacost_linear import linear_parts, raw_frame, selected_variables
+from ._datacost_zero_one import certify_datacost_zero_one
+
+__all__ = ["certify_datacost"]
+
+
+def certify_datacost(model, X, y, *, loss, r, theta1, theta2, divergence, solver, features,
+                     se, feature_costs, sample_weight, t_start, cost: DataCost,
+                     **solver_options):
+    """``certify(..., cost=DataCost)`` (called by :func:`otstab.certify`; see the module
+    doc)."""
+    hinge = isinstance(loss, PiecewiseLinear) and loss.name == "hinge"
+    if not (isinstance(loss, ZeroOne) or hinge):
+        raise ValidationError(
+            f"cost=DataCost is exact for loss='zero_one' and loss='hinge' of linear models in "
+            f"this version; loss={loss.name!r} needs cost='encoded'")
+    if feature_costs is not None:
+        raise ValidationError("feature_costs prices the encoded cost; with cost=DataCost use "
+                              "DataCost(price={...})")
+    if solver not in ("auto", "dual", "closed_form"):
+        raise ValidationError(f"solver={solver!r} does not apply to loss='zero_one' (use "
+                              "'auto', 'closed_form' or 'dual')")
+    check_options(solver_options, (), "the exact 0/1 path under a DataCost")
+    if r > 1.0 and not hinge:
+        raise ValidationError(f"r is an error rate for loss='zero_one' and must be in [0, 1], "
+                              f"got {r}")
+    spec = inference.resolve_se(se)
+    if spec not in ("analytic", None):
+        raise ValidationError("se='bootstrap' is not available with cost=DataCost yet; use "
+                              "se='analytic' or None")
+    prob = resolve_model(model, X, y, loss=loss, sample_weight=sample_weight)
+    if prob.scorer is None or prob.scorer.task not in ("binary", "multiclass"):
+        raise ValidationError(
+            "cost=DataCost is exact for linear classifiers (a Pipeline ending in one) in this "
+            "version; use cost='encoded' for other models")
+    frame = raw_frame(model, X, prob)
+    if features is not None:
+        keep = set(selected_variables(features))
+        extra = sorted(nm for nm in keep if nm not in frame.columns)
+        if extra:
+            raise ValidationError(f"features: unknown variable {extra[0]!r}"
+                                  + pipeline.suggest(extra[0], frame.columns))
+        d = cost.to_dict()
+        d["immutable"] = sorted(set(d["immutable"]) | {c for c in frame.columns
+                                                      if c not in keep})
+        cost = DataCost.from_dict(d)
+    rc = cost.resolve(model, frame, prob.feature_names)
+    parts = linear_parts(model, prob, rc, frame)
+    if hinge:
+        if prob.scorer.task != "binary":
+            raise ValidationError("loss='hinge' needs a binary classifier")
+        res = certify_datacost_hinge(model, prob, rc, parts, frame, r=r, theta1=theta1,
+                                     theta2=theta2, divergence=divergence, t_start=t_start)
+        res.info["cost"] = rc.to_dict()
+        res.info["cost_description"] = rc.describe()
+    else:
+        res = certify_datacost_zero_one(model, prob, rc, parts, frame, r=r, theta1=theta1,
+                                        theta2=theta2, divergence=divergence, solver=solver,
+                                        t_start=t_start)
+    res.inference = (lambda: inference.analytic(res)) if spec == "analytic" else None
+    return res
