@@ -58,7 +58,7 @@ class Ops:
     def __init__(self, torch=None, device=None):
         self.torch, self.device = torch, device
         #: array elements per chunk of rows (an accelerator takes far larger batches)
-        self.budget = 2e8 if device is not None and getattr(device, "type", "cpu") != "cpu" \
+        self.budget = 5e7 if device is not None and getattr(device, "type", "cpu") != "cpu" \
             else 4e6
 
     def asarray(self, a):
