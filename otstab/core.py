@@ -82,8 +82,9 @@ def certify(model, X, y, *, loss: str | Loss, r: float, theta1: float = 1.0,
         The transport cost. ``"encoded"``: the squared distance in the final estimator's
         input space (the paper's cost). ``"auto"`` or a ``DataCost``: a cost on the data's own
         variables, with Q* made of valid raw rows (:mod:`otstab.datacost`); exact for the 0/1
-        loss of linear classifiers and the hinge loss of binary ones (and Pipelines ending
-        in them: :mod:`otstab.datacost_zero_one`, :mod:`otstab.datacost_hinge`).
+        loss of linear classifiers and the hinge and logistic losses of binary ones (and
+        Pipelines ending in them: :mod:`otstab.datacost_zero_one`,
+        :mod:`otstab.datacost_hinge`, :mod:`otstab.datacost_smooth`).
     se : "analytic" (default), "bootstrap", ``otstab.inference.Bootstrap(n_resamples,
         random_state, interval, progress)`` or None
         Sampling uncertainty of R (``res.se``, ``res.ci(level)``,

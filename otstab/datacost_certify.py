@@ -1,7 +1,8 @@
 """``certify(..., cost=DataCost)``: the checks and the preparation shared by the exact
 DataCost certificates of linear classifiers, then the loss's own path
 (:mod:`otstab.datacost_zero_one` for ``loss="zero_one"``, :mod:`otstab.datacost_hinge` for
-``loss="hinge"``; their shared linear pieces: :mod:`otstab.datacost_linear`).
+``loss="hinge"``, :mod:`otstab.datacost_smooth` for ``loss="logistic"``; their shared linear
+pieces: :mod:`otstab.datacost_linear`).
 """
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ from . import inference, pipeline
 from .datacost import DataCost
 from .datacost_hinge import certify_datacost_hinge
 from .datacost_linear import linear_parts, raw_frame, selected_variables
+from .datacost_smooth import certify_datacost_logistic
 from .datacost_zero_one import certify_datacost_zero_one
 from .errors import ValidationError
-from .losses import PiecewiseLinear, ZeroOne
+from .losses import PiecewiseLinear, SmoothLoss, ZeroOne
 from .models import resolve_model
 from .params import check_options
 
@@ -25,10 +27,12 @@ def certify_datacost(model, X, y, *, loss, r, theta1, theta2, divergence, solver
     """``certify(..., cost=DataCost)`` (called by :func:`otstab.certify`; see the module
     doc)."""
     hinge = isinstance(loss, PiecewiseLinear) and loss.name == "hinge"
-    if not (isinstance(loss, ZeroOne) or hinge):
+    smooth = isinstance(loss, SmoothLoss) and loss.name in ("logistic", "cross_entropy")
+    if not (isinstance(loss, ZeroOne) or hinge or smooth):
         raise ValidationError(
-            f"cost=DataCost is exact for loss='zero_one' and loss='hinge' of linear models in "
-            f"this version; loss={loss.name!r} needs cost='encoded'")
+            f"cost=DataCost is exact for loss='zero_one', 'hinge', 'logistic' and "
+            f"'cross_entropy' (binary) of linear models in this version; loss={loss.name!r} "
+            "needs cost='encoded'")
     if feature_costs is not None:
         raise ValidationError("feature_costs prices the encoded cost; with cost=DataCost use "
                               "DataCost(price={...})")
@@ -36,7 +40,7 @@ def certify_datacost(model, X, y, *, loss, r, theta1, theta2, divergence, solver
         raise ValidationError(f"solver={solver!r} does not apply to loss='zero_one' (use "
                               "'auto', 'closed_form' or 'dual')")
     check_options(solver_options, (), "the exact 0/1 path under a DataCost")
-    if r > 1.0 and not hinge:
+    if r > 1.0 and not (hinge or smooth):
         raise ValidationError(f"r is an error rate for loss='zero_one' and must be in [0, 1], "
                               f"got {r}")
     spec = inference.resolve_se(se)
@@ -61,7 +65,17 @@ def certify_datacost(model, X, y, *, loss, r, theta1, theta2, divergence, solver
         cost = DataCost.from_dict(d)
     rc = cost.resolve(model, frame, prob.feature_names)
     parts = linear_parts(model, prob, rc, frame)
-    if hinge:
+    if smooth:
+        if prob.scorer.task != "binary":
+            raise ValidationError(
+                f"loss={loss.name!r} with cost=DataCost is exact for binary classifiers in this "
+                "version; a multiclass model needs cost='encoded'")
+        res = certify_datacost_logistic(model, prob, rc, parts, frame, r=r, theta1=theta1,
+                                        theta2=theta2, divergence=divergence, t_start=t_start,
+                                        loss_name=loss.name)
+        res.info["cost"] = rc.to_dict()
+        res.info["cost_description"] = rc.describe()
+    elif hinge:
         if prob.scorer.task != "binary":
             raise ValidationError("loss='hinge' needs a binary classifier")
         res = certify_datacost_hinge(model, prob, rc, parts, frame, r=r, theta1=theta1,
