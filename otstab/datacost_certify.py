@@ -7,11 +7,13 @@ pieces: :mod:`otstab.datacost_linear`).
 
 from __future__ import annotations
 
-from . import inference, pipeline
+import numpy as np
+
+from . import datacost_inference, inference, pipeline
 from .datacost import DataCost
-from .datacost_hinge import certify_datacost_hinge
-from .datacost_linear import linear_parts, raw_frame, selected_variables
-from .datacost_smooth import certify_datacost_logistic
+from .datacost_hinge import HingeOracle, certify_datacost_hinge
+from .datacost_linear import flip_problem, linear_parts, raw_frame, selected_variables
+from .datacost_smooth import LogisticOracle, certify_datacost_logistic
 from .datacost_zero_one import certify_datacost_zero_one
 from .errors import ValidationError
 from .losses import PiecewiseLinear, SmoothLoss, ZeroOne
@@ -44,9 +46,6 @@ def certify_datacost(model, X, y, *, loss, r, theta1, theta2, divergence, solver
         raise ValidationError(f"r is an error rate for loss='zero_one' and must be in [0, 1], "
                               f"got {r}")
     spec = inference.resolve_se(se)
-    if spec not in ("analytic", None):
-        raise ValidationError("se='bootstrap' is not available with cost=DataCost yet; use "
-                              "se='analytic' or None")
     prob = resolve_model(model, X, y, loss=loss, sample_weight=sample_weight)
     if prob.scorer is None or prob.scorer.task not in ("binary", "multiclass"):
         raise ValidationError(
@@ -86,5 +85,45 @@ def certify_datacost(model, X, y, *, loss, r, theta1, theta2, divergence, solver
         res = certify_datacost_zero_one(model, prob, rc, parts, frame, r=r, theta1=theta1,
                                         theta2=theta2, divergence=divergence, solver=solver,
                                         t_start=t_start)
-    res.inference = (lambda: inference.analytic(res)) if spec == "analytic" else None
+    if spec == "analytic":
+        res.inference = lambda: inference.analytic(res)  # type: ignore[assignment]
+    elif spec is None:
+        res.inference = None
+    else:  # a bootstrap over the rows, each replicate by the same exact path
+        res.inference = _bootstrap(res, prob, rc, parts, frame, spec, loss=loss, r=r,
+                                   theta1=theta1, theta2=theta2, divergence=divergence,
+                                   solver=solver)
     return res
+
+
+def _bootstrap(res, prob, rc, parts, frame, spec, *, loss, r, theta1, theta2, divergence,
+               solver):
+    """``se="bootstrap"``: :mod:`otstab.datacost_inference`."""
+    n, p = prob.n, prob.p
+    if isinstance(loss, ZeroOne):
+        dstar = np.asarray(res.info["dstar"], dtype=np.float64)
+        wrong = np.asarray(prob.losses(prob.X)) > 0
+        value = datacost_inference.zero_one_replicator(
+            dstar, wrong, p, r=r, theta1=theta1, theta2=theta2, divergence=divergence,
+            solver=solver)
+        return datacost_inference.bootstrap(res, n, p, spec, value)
+    rows = np.arange(n)
+    y = prob.y.astype(np.float64)
+    fin, ints, conts, _ = flip_problem(rc, parts, frame, -y[:, None], rows)
+    if isinstance(loss, SmoothLoss):
+        z = -y * prob.scores
+
+        def make(idx):
+            return LogisticOracle(z[idx], *datacost_inference.subset_options(fin, ints, conts,
+                                                                              idx), theta1)
+        loss0 = np.logaddexp(0.0, z)
+    else:
+        mprime = 1.0 - y * prob.scores
+
+        def make(idx):
+            return HingeOracle(mprime[idx], *datacost_inference.subset_options(fin, ints, conts,
+                                                                               idx), theta1)
+        loss0 = np.maximum(mprime, 0.0)
+    value = datacost_inference.oracle_replicator(make, loss0, p, r=r, theta2=theta2,
+                                                 divergence=divergence)
+    return datacost_inference.bootstrap(res, n, p, spec, value)
