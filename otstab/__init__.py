@@ -54,7 +54,8 @@ _SUBMODULES = {"losses", "errors", "datasets", "plot", "models", "results", "cer
                "worst_case", "groups", "subsets", "features", "sweeps", "inference", "dro",
                "comparison", "pipeline", "core", "audit", "params", "piecewise", "smooth",
                "reduction", "datacost", "datacost_linear", "datacost_zero_one", "datacost_hinge",
-               "datacost_smooth", "datacost_inference", "datacost_certify"}
+               "datacost_smooth", "datacost_inference", "datacost_certify",
+               "datacost_features"}
 
 __all__ = sorted(set(_LAZY) | _SUBMODULES | {"__version__"})
 

@@ -7,45 +7,69 @@ pieces: :mod:`otstab.datacost_linear`).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+from otstab_solvers.zero_one import DistanceOracle
 
 from . import datacost_inference, inference, pipeline
 from .datacost import DataCost
 from .datacost_hinge import HingeOracle, certify_datacost_hinge
 from .datacost_linear import flip_problem, linear_parts, raw_frame, selected_variables
 from .datacost_smooth import LogisticOracle, certify_datacost_logistic
-from .datacost_zero_one import certify_datacost_zero_one
+from .datacost_zero_one import certify_datacost_zero_one, zero_one_distances
 from .errors import ValidationError
 from .losses import PiecewiseLinear, SmoothLoss, ZeroOne
 from .models import resolve_model
 from .params import check_options
+from .zero_one import move_prices
 
-__all__ = ["certify_datacost"]
+__all__ = ["certify_datacost", "prepare", "loss_oracle", "loss_kind", "dro_oracle"]
 
 
-def certify_datacost(model, X, y, *, loss, r, theta1, theta2, divergence, solver, features,
-                     se, feature_costs, sample_weight, t_start, cost: DataCost,
-                     **solver_options):
-    """``certify(..., cost=DataCost)`` (called by :func:`otstab.certify`; see the module
-    doc)."""
-    hinge = isinstance(loss, PiecewiseLinear) and loss.name == "hinge"
-    smooth = isinstance(loss, SmoothLoss) and loss.name in ("logistic", "cross_entropy")
-    if not (isinstance(loss, ZeroOne) or hinge or smooth):
-        raise ValidationError(
-            f"cost=DataCost is exact for loss='zero_one', 'hinge', 'logistic' and "
-            f"'cross_entropy' (binary) of linear models in this version; loss={loss.name!r} "
-            "needs cost='encoded'")
-    if feature_costs is not None:
-        raise ValidationError("feature_costs prices the encoded cost; with cost=DataCost use "
-                              "DataCost(price={...})")
-    if solver not in ("auto", "dual", "closed_form"):
-        raise ValidationError(f"solver={solver!r} does not apply to loss='zero_one' (use "
-                              "'auto', 'closed_form' or 'dual')")
-    check_options(solver_options, (), "the exact 0/1 path under a DataCost")
-    if r > 1.0 and not (hinge or smooth):
-        raise ValidationError(f"r is an error rate for loss='zero_one' and must be in [0, 1], "
-                              f"got {r}")
-    spec = inference.resolve_se(se)
+def loss_kind(loss) -> str:
+    """``"zero_one"``, ``"hinge"`` or ``"logistic"`` (also ``cross_entropy``): the losses with
+    an exact path under a DataCost; any other is refused."""
+    if isinstance(loss, ZeroOne):
+        return "zero_one"
+    if isinstance(loss, PiecewiseLinear) and loss.name == "hinge":
+        return "hinge"
+    if isinstance(loss, SmoothLoss) and loss.name in ("logistic", "cross_entropy"):
+        return "logistic"
+    raise ValidationError(
+        f"cost=DataCost is exact for loss='zero_one', 'hinge', 'logistic' and "
+        f"'cross_entropy' (binary) of linear models in this version; loss={loss.name!r} "
+        "needs cost='encoded'")
+
+
+def dro_oracle(model, X, y, *, loss, cost: DataCost, theta1, features=None,
+               sample_weight=None):
+    """``(prob, oracle, slopes)`` for :func:`otstab.worst_case_risk` under the cost: the exact
+    d-transform oracle of every sample (the 0/1 distances' oracle, or the hinge / logistic
+    one) and the limits ``l_h / h`` (None: unbounded)."""
+    kind = loss_kind(loss)
+    prob, rc, parts, frame = prepare(model, X, y, loss=loss, cost=cost, features=features,
+                                     sample_weight=sample_weight)
+    if kind == "zero_one":
+        wrong = np.asarray(prob.losses(prob.X)) > 0
+        dstar = np.zeros(prob.n)
+        rows = np.flatnonzero(~wrong)
+        if rows.size and math.isfinite(theta1):
+            dstar[rows] = zero_one_distances(prob, rc, parts, frame, rows)
+        elif rows.size:
+            dstar[rows] = math.inf
+        a = move_prices(dstar, theta1)
+        return prob, DistanceOracle(a), np.isfinite(a).astype(float)
+    if prob.scorer.task != "binary":
+        raise ValidationError(f"loss={loss.name!r} with cost=DataCost needs a binary classifier")
+    make, _, slopes = loss_oracle(prob, rc, parts, frame, loss=loss, theta1=theta1)
+    return prob, make(), slopes
+
+
+def prepare(model, X, y, *, loss, cost: DataCost, features=None, sample_weight=None):
+    """``(prob, rc, parts, frame)``: the resolved model and data, the cost resolved on the raw
+    rows (``features``: only these raw variables may move, the others made immutable), each
+    variable's part of the linear scores and the raw rows."""
     prob = resolve_model(model, X, y, loss=loss, sample_weight=sample_weight)
     if prob.scorer is None or prob.scorer.task not in ("binary", "multiclass"):
         raise ValidationError(
@@ -64,6 +88,69 @@ def certify_datacost(model, X, y, *, loss, r, theta1, theta2, divergence, solver
         cost = DataCost.from_dict(d)
     rc = cost.resolve(model, frame, prob.feature_names)
     parts = linear_parts(model, prob, rc, frame)
+    return prob, rc, parts, frame
+
+
+def loss_oracle(prob, rc, parts, frame, *, loss, theta1):
+    """``(make, loss0, slopes)`` of the hinge or logistic loss under the cost: ``make(idx)``
+    is the d-transform oracle of the rows ``idx`` (None: all), ``loss0`` the losses at the
+    data and ``slopes`` the limits ``l_h / h`` as h grows (the largest loss a sample can
+    reach; None when some sample's loss is unbounded)."""
+    n = prob.n
+    y = prob.y.astype(np.float64)
+    fin, ints, conts, _ = flip_problem(rc, parts, frame, -y[:, None], np.arange(n))
+    # the largest gain of each sample: its best option per variable
+    top = np.zeros(n)
+    for G, C in fin:
+        top += np.maximum(np.where(np.isfinite(C), G, -np.inf).max(axis=1, initial=0.0), 0.0)
+    for a, _q, K in ints:
+        with np.errstate(invalid="ignore"):
+            top += np.where(a > 0, a * K, 0.0)
+    for _Q, U in conts:
+        top += U
+    if isinstance(loss, SmoothLoss):
+        z = -y * prob.scores
+
+        def make(idx=None):
+            idx = np.arange(n) if idx is None else idx
+            return LogisticOracle(z[idx], *datacost_inference.subset_options(fin, ints, conts,
+                                                                              idx), theta1)
+        loss0 = np.logaddexp(0.0, z)
+        reach = np.logaddexp(0.0, z + top)
+    else:
+        mprime = 1.0 - y * prob.scores
+
+        def make(idx=None):
+            idx = np.arange(n) if idx is None else idx
+            return HingeOracle(mprime[idx], *datacost_inference.subset_options(fin, ints, conts,
+                                                                               idx), theta1)
+        loss0 = np.maximum(mprime, 0.0)
+        reach = np.maximum(mprime + top, 0.0)
+    if not math.isfinite(theta1):
+        return make, loss0, loss0
+    return make, loss0, (None if np.any(np.isinf(reach)) else reach)
+
+
+def certify_datacost(model, X, y, *, loss, r, theta1, theta2, divergence, solver, features,
+                     se, feature_costs, sample_weight, t_start, cost: DataCost,
+                     **solver_options):
+    """``certify(..., cost=DataCost)`` (called by :func:`otstab.certify`; see the module
+    doc)."""
+    kind = loss_kind(loss)
+    hinge, smooth = kind == "hinge", kind == "logistic"
+    if feature_costs is not None:
+        raise ValidationError("feature_costs prices the encoded cost; with cost=DataCost use "
+                              "DataCost(price={...})")
+    if solver not in ("auto", "dual", "closed_form"):
+        raise ValidationError(f"solver={solver!r} does not apply to loss='zero_one' (use "
+                              "'auto', 'closed_form' or 'dual')")
+    check_options(solver_options, (), "the exact 0/1 path under a DataCost")
+    if r > 1.0 and not (hinge or smooth):
+        raise ValidationError(f"r is an error rate for loss='zero_one' and must be in [0, 1], "
+                              f"got {r}")
+    spec = inference.resolve_se(se)
+    prob, rc, parts, frame = prepare(model, X, y, loss=loss, cost=cost, features=features,
+                                     sample_weight=sample_weight)
     if smooth:
         if prob.scorer.task != "binary":
             raise ValidationError(
@@ -107,23 +194,7 @@ def _bootstrap(res, prob, rc, parts, frame, spec, *, loss, r, theta1, theta2, di
             dstar, wrong, p, r=r, theta1=theta1, theta2=theta2, divergence=divergence,
             solver=solver)
         return datacost_inference.bootstrap(res, n, p, spec, value)
-    rows = np.arange(n)
-    y = prob.y.astype(np.float64)
-    fin, ints, conts, _ = flip_problem(rc, parts, frame, -y[:, None], rows)
-    if isinstance(loss, SmoothLoss):
-        z = -y * prob.scores
-
-        def make(idx):
-            return LogisticOracle(z[idx], *datacost_inference.subset_options(fin, ints, conts,
-                                                                              idx), theta1)
-        loss0 = np.logaddexp(0.0, z)
-    else:
-        mprime = 1.0 - y * prob.scores
-
-        def make(idx):
-            return HingeOracle(mprime[idx], *datacost_inference.subset_options(fin, ints, conts,
-                                                                               idx), theta1)
-        loss0 = np.maximum(mprime, 0.0)
+    make, loss0, _ = loss_oracle(prob, rc, parts, frame, loss=loss, theta1=theta1)
     value = datacost_inference.oracle_replicator(make, loss0, p, r=r, theta2=theta2,
                                                  divergence=divergence)
     return datacost_inference.bootstrap(res, n, p, spec, value)

@@ -19,6 +19,7 @@ from ._progress import check_progress, progress_bar
 from ._results import FrameResult
 from ._validation import as_float_vector, renamed_kwargs
 from .core import certify
+from .datacost import as_cost
 from .errors import ValidationError
 from .inference import analytic, check_level
 from .losses import MulticlassHinge, PiecewiseLinear, ZeroOne, get_loss
@@ -72,14 +73,14 @@ class StabilityCurve(FrameResult):
 @renamed_kwargs(confidence="level")
 def stability_curve(model, X, y, *, loss, r, theta1: float = 1.0, theta2: float = 0.25,
                     divergence: str = "kl", solver: str = "auto", features=None,
-                    level: float | None = None, sample_weight=None,
+                    level: float | None = None, sample_weight=None, cost=None,
                     progress=None, **solver_options) -> StabilityCurve:
     """R(beta, r) for every threshold in ``r`` (value versus r).
 
     Parameters
     ----------
-    model, X, y, loss, theta1, theta2, divergence, solver, features, sample_weight :
-        As in :func:`otstab.certify`.
+    model, X, y, loss, theta1, theta2, divergence, solver, features, sample_weight, cost :
+        As in :func:`otstab.certify` (``cost``: every threshold certified under it).
     r : array-like of float >= 0
         The thresholds.
     level : float in (0, 1), optional
@@ -112,10 +113,11 @@ def stability_curve(model, X, y, *, loss, r, theta1: float = 1.0, theta2: float 
     solver = solver.lower()
     loss_obj = get_loss(loss)
     prob = resolve_model(model, X, y, loss=loss_obj, sample_weight=sample_weight)
-    mask = feature_mask(prob.d, features, prob.feature_names)
     results = []
-    if prob.scorer is not None and isinstance(loss_obj, (PiecewiseLinear, MulticlassHinge)) \
-            and solver != "first_order":
+    linear = prob.scorer is not None and solver != "first_order"
+    if as_cost(cost) is None and linear and isinstance(loss_obj, (PiecewiseLinear,
+                                                                  MulticlassHinge)):
+        mask = feature_mask(prob.d, features, prob.feature_names)
         red = reduce_problem(prob, theta1, mask)
         program = None
         if solver not in ("auto", "dual"):  # one program for the sweep, weighted or not
@@ -137,7 +139,7 @@ def stability_curve(model, X, y, *, loss, r, theta1: float = 1.0, theta2: float 
                 results.append(certify(model, X, y, loss=loss_obj, r=float(rv), theta1=theta1,
                                        theta2=theta2, divergence=divergence, solver=solver,
                                        features=features, sample_weight=sample_weight,
-                                       **solver_options))
+                                       cost=cost, **solver_options))
                 bar.update()
     df = pd.DataFrame({
         "r": grid,
