@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 from otstab_solvers.zero_one import DistanceOracle
 
 from . import datacost_inference, inference, pipeline
@@ -24,7 +25,66 @@ from .models import resolve_model
 from .params import check_options
 from .zero_one import move_prices
 
-__all__ = ["certify_datacost", "prepare", "loss_oracle", "loss_kind", "dro_oracle"]
+__all__ = ["certify_datacost", "prepare", "loss_oracle", "loss_kind", "dro_oracle",
+           "choose_cost", "ENCODERS"]
+
+#: preprocessing steps that make a Pipeline's raw variables categorical or ordinal
+ENCODERS = ("categorical", "ordinal")
+
+
+def _has_encoders(model) -> bool:
+    """Whether a Pipeline's preprocessing one-hot or ordinal encodes some raw variable."""
+    try:
+        names = [str(c) for c in model[:-1].get_feature_names_out()]
+    except Exception:  # noqa: BLE001 - preprocessing without feature names: no raw map
+        return False
+    rmap = pipeline.raw_map(model, names)
+    return rmap is not None and any(v.kind in ENCODERS for v in rmap.variables)
+
+
+def _supported(model, loss) -> bool:
+    """Whether the DataCost paths are exact for this Pipeline's final estimator and loss."""
+    try:
+        kind = loss_kind(loss)
+    except ValidationError:
+        return False
+    est = model.steps[-1][1]
+    classes = getattr(est, "classes_", None)
+    if getattr(est, "coef_", None) is None or classes is None:
+        return False
+    return kind == "zero_one" or len(classes) == 2
+
+
+def choose_cost(cost, model, X, loss, *, features=None, feature_costs=None, solver="auto",
+                options=()) -> tuple[DataCost | None, str]:
+    """``(cost, how)``: the cost a call uses and how it was chosen. ``cost=None`` (the
+    default) is ``"auto"`` when a Pipeline with encoders (OneHotEncoder, OrdinalEncoder) gets
+    a raw DataFrame and the DataCost paths are exact for its final estimator and the loss,
+    and the encoded cost otherwise (also when the call asks for something only the encoded
+    cost has: ``feature_costs``, encoded column names in ``features``, a conic or
+    first-order ``solver``, solver options); ``"encoded"``, ``"auto"``, a ``DataCost`` or a
+    dict are taken as given (:func:`otstab.datacost.as_cost`)."""
+    from .datacost import as_cost
+
+    if cost is not None:
+        dc = as_cost(cost)
+        return dc, ("encoded (given)" if dc is None else "DataCost (given)")
+    piped = bool(getattr(model, "steps", None)) and len(model.steps) > 1
+    if not (piped and isinstance(X, pd.DataFrame) and _has_encoders(model)):
+        return None, "encoded (default)"
+    if not _supported(model, loss):
+        return None, ("encoded (default: cost='auto' has no exact path for this model and "
+                      "loss yet)")
+    raw = set(map(str, X.columns))
+    named = [] if features is None else list(np.atleast_1d(np.asarray(features, dtype=object)))
+    if feature_costs is not None or any(not isinstance(f, str) or f not in raw
+                                        for f in named) \
+            or str(solver).lower() not in ("auto", "dual", "closed_form") or options:
+        return None, ("encoded (default: the call's feature_costs, encoded features, solver "
+                      "or solver options belong to the encoded cost)")
+    return DataCost(), ("auto (default for a Pipeline with encoders on a raw DataFrame: a "
+                        "DataCost on the data's own variables; cost='encoded' for the paper's "
+                        "cost)")
 
 
 def loss_kind(loss) -> str:

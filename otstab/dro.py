@@ -43,7 +43,7 @@ from otstab_solvers.dual import oracle_for
 from otstab_solvers.weights import chi2_solution, kl_dual_term, kl_weights, pmean, support_max
 from otstab_solvers.zero_one import DistanceOracle
 
-from . import datacost, datacost_certify, pipeline
+from . import datacost_certify, pipeline
 from ._results import ResultMixin
 from ._validation import check_scalar
 from .core import certify
@@ -286,7 +286,10 @@ def worst_case_risk(model, X, y, *, loss, eps: float, theta1: float = 1.0,
     eps = check_scalar(eps, "eps", low=0.0, allow_inf=True)
     _, theta1, theta2, divergence = check_common(0.0, theta1, theta2, divergence, solver)
     loss_obj = get_loss(loss)
-    data_cost = datacost.as_cost(cost)
+    data_cost, _how = datacost_certify.choose_cost(cost, model, X, loss_obj, features=features,
+                                                   feature_costs=feature_costs, solver=solver,
+                                                   options=tuple(solver_options))
+    cost = "encoded" if data_cost is None else data_cost  # the certificates' cost: this one
     if data_cost is not None:  # a cost on the raw variables (otstab.datacost_certify)
         if feature_costs is not None:
             raise ValidationError("feature_costs prices the encoded cost; with cost=DataCost "

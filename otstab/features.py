@@ -44,6 +44,7 @@ from .audit import reached, resolution_problem
 from .core import certify
 from .costs import check_feature_costs
 from .datacost import as_cost
+from .datacost_certify import choose_cost
 from .datacost_features import variable_units
 from .errors import SolverError, ValidationError
 from .inference import check_level
@@ -377,7 +378,12 @@ def feature_stability(model, X, y, *, loss, r, theta1: float = 1.0, theta2: floa
     if isinstance(loss_obj, ZeroOne) and r > 1.0:
         raise ValidationError(f"r is an error rate for loss='zero_one' and must be in [0, 1], "
                               f"got {r}")
-    data_cost = as_cost(cost)
+    if cost is None and groups is None:  # certify's default (otstab.datacost_certify)
+        data_cost = choose_cost(None, model, X, loss_obj, features=features,
+                                feature_costs=feature_costs, solver=solver,
+                                options=tuple(bound_opts))[0]
+    else:
+        data_cost = None if cost is None else as_cost(cost)
     spec = None
     if data_cost is not None:  # one unit per raw variable (otstab.datacost_features)
         if feature_costs is not None:

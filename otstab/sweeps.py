@@ -19,7 +19,7 @@ from ._progress import check_progress, progress_bar
 from ._results import FrameResult
 from ._validation import as_float_vector, renamed_kwargs
 from .core import certify
-from .datacost import as_cost
+from .datacost_certify import choose_cost
 from .errors import ValidationError
 from .inference import analytic, check_level
 from .losses import MulticlassHinge, PiecewiseLinear, ZeroOne, get_loss
@@ -115,8 +115,12 @@ def stability_curve(model, X, y, *, loss, r, theta1: float = 1.0, theta2: float 
     prob = resolve_model(model, X, y, loss=loss_obj, sample_weight=sample_weight)
     results = []
     linear = prob.scorer is not None and solver != "first_order"
-    if as_cost(cost) is None and linear and isinstance(loss_obj, (PiecewiseLinear,
-                                                                  MulticlassHinge)):
+    data_cost, _how = choose_cost(cost, model, X, loss_obj, features=features, solver=solver,
+                                  options=tuple(solver_options))
+    if data_cost is None:
+        cost = "encoded"  # every threshold's certify then uses the cost chosen here
+    if data_cost is None and linear and isinstance(loss_obj, (PiecewiseLinear,
+                                                              MulticlassHinge)):
         mask = feature_mask(prob.d, features, prob.feature_names)
         red = reduce_problem(prob, theta1, mask)
         program = None
