@@ -145,8 +145,8 @@ def instance(loss: str, n: int, d: int = D, *, keep_data: bool = True, seed: int
     key = (loss, n, d, seed)
     if key in _CACHE and (_CACHE[key].X is not None or not keep_data):
         return _CACHE[key]
-    from otstab.models import resolve_model
-    from otstab.reduction import reduce_problem
+    from otstab.modeling._models import resolve_model
+    from otstab.modeling._reduction import reduce_problem
 
     model, X, y = make_model_data(loss, n, d, seed)
     lo = loss_object(loss)

@@ -72,7 +72,7 @@ def _warm_imports():
         from otstab_solvers.conic import BACKENDS, ConicProgram
 
         import otstab  # noqa: F401
-        import otstab.models  # noqa: F401
+        import otstab.modeling._models  # noqa: F401
 
         c1 = np.column_stack([np.zeros(10), 1.0 - np.linspace(-1, 2, 10)])
         c2 = np.array([[0.0, 0.25]])

@@ -34,7 +34,7 @@ import pytest
 from _benchlib import fmt_n, full, measure, quick, record
 
 import otstab
-from otstab.models import per_sample_losses
+from otstab.modeling._models import per_sample_losses
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

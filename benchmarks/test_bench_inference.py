@@ -62,7 +62,7 @@ def test_se_cost(benchmark, case, with_se, n):
 @pytest.mark.parametrize("case", ("hinge-kl", "zero_one-kl"))
 def test_bootstrap_cost(benchmark, case, n):
     import otstab
-    from otstab.inference import Bootstrap
+    from otstab.solve._inference import Bootstrap
 
     a = _setup(case, n)
     benchmark.group = f"inference bootstrap-200 {case} n={fmt_n(n)}"

@@ -105,8 +105,8 @@ def run_method(benchmark, method: str, n: int, div: str, r: float = R01, *, slow
 
         res = measure(benchmark, run, slow=slow)
         # the model's own distances define the reference here
-        from otstab.models import resolve_model
-        from otstab.zero_one import linear_distances
+        from otstab.modeling._models import resolve_model
+        from otstab.solve._zero_one import linear_distances
 
         dm, _ = linear_distances(resolve_model(model, X, y, loss="zero_one"))
         ref = zero_one_reference(dm, r, div)

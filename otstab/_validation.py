@@ -203,6 +203,13 @@ def non_numeric_columns(df: pd.DataFrame) -> list:
             if not (pd.api.types.is_numeric_dtype(t) or pd.api.types.is_bool_dtype(t))]
 
 
+def is_categorical(v) -> bool:
+    """A pandas Categorical, or a Series / Index of categorical dtype."""
+    return isinstance(v, pd.Categorical) or (
+        isinstance(v, (pd.Series, pd.Index)) and isinstance(v.dtype, pd.CategoricalDtype)
+    )
+
+
 def as_one_dim(arr: np.ndarray, name: str) -> np.ndarray:
     """``arr`` as a non-empty 1-D array (a single row or column is flattened)."""
     if arr.ndim == 2 and 1 in arr.shape:

@@ -13,6 +13,7 @@ __all__ = [
     "InputTypeError",
     "NotFittedError",
     "IncompatibleLossError",
+    "DataChangedError",
     "SolverError",
     "SolverNotAvailableError",
 ]
@@ -36,3 +37,8 @@ class NotFittedError(ValidationError):
 
 class IncompatibleLossError(ValidationError):
     """The loss does not fit the model (e.g. hinge on a regressor)."""
+
+
+class DataChangedError(ValidationError):
+    """The data behind a result no longer matches the fingerprint taken when it was certified
+    (the caller's array, or the Dask source files or arrays, changed)."""

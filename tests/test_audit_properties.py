@@ -26,8 +26,8 @@ from sklearn.linear_model import LinearRegression, LogisticRegression, QuantileR
 from sklearn.svm import LinearSVC
 
 import otstab
-import otstab.piecewise as pw
-from otstab.losses import pinball
+import otstab.solve._piecewise as pw
+from otstab.modeling._losses import pinball
 
 TAU = 0.3  # the pinball level
 PRICES = [1e-6, 1e-3, 1.0, 1e3, 1e6, 1e12, math.inf]

@@ -31,11 +31,11 @@ from scipy.optimize import brentq
 from scipy.special import logsumexp, softmax
 
 import otstab
-import otstab.piecewise as pw
-import otstab.zero_one as zo
+import otstab.solve._piecewise as pw
+import otstab.solve._zero_one as zo
 from otstab.errors import SolverError
-from otstab.losses import epsilon_insensitive, pinball
-from otstab.reduction import Reduced
+from otstab.modeling._losses import epsilon_insensitive, pinball
+from otstab.modeling._reduction import Reduced
 
 LOSSES = ("hinge", "absolute", "pinball", "eps", "multiclass")
 DIVERGENCES = (("kl", 0.5), ("chi2", 2.0), ("kl", math.inf))
@@ -674,7 +674,7 @@ def test_zero_one_sampled_audit_equals_direct(monkeypatch, name, features, extra
     """Above AUDIT_DIRECT_MAX the 0/1 path takes the loss and squared move of every moved row
     from the scores (the reduced form) and re-scores only a sample with the model: the
     certificate must be the direct one (same value, Q*, risk, cost to rounding)."""
-    import otstab.audit as oa
+    import otstab.solve._audit as oa
 
     model, X, y = base_instance(name)
     kw = dict(loss="zero_one", r=_fc_threshold(name, "zero_one", model, X, y), se=None,
@@ -701,8 +701,8 @@ def test_zero_one_sampled_audit_refuses_a_wrong_reduced_form(monkeypatch):
     """Moved points that disagree with the scores the audit sums (here: Q*'s points are built
     halfway, so the model sees them correctly classified, while the reduced form says they
     cross the boundary) must not be passed off: the sampled check fails the audit."""
-    import otstab.audit as oa
-    import otstab.zero_one as oz
+    import otstab.solve._audit as oa
+    import otstab.solve._zero_one as oz
 
     model, X, y = base_instance("hinge")
     r = _fc_threshold("hinge", "zero_one", model, X, y)

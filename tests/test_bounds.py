@@ -21,8 +21,8 @@ import pytest
 
 import otstab
 from otstab import bounds
-from otstab.nonlinear import MLPModel
-from otstab.perturbation import perturbation_search
+from otstab.modeling._nonlinear import MLPModel
+from otstab.modeling._perturbation import perturbation_search
 
 sk_ens = pytest.importorskip("sklearn.ensemble")
 sk_nn = pytest.importorskip("sklearn.neural_network")
@@ -298,8 +298,8 @@ def test_caller_arrays_untouched_and_options_pass_through():
 
 
 def test_interval_downstream_certificate_verify_report_summary():
-    from otstab.certificate import make_certificate, verify_certificate  # noqa: PLC0415
-    from otstab.report import render_html  # noqa: PLC0415
+    from otstab.certificates import make_certificate, verify_certificate  # noqa: PLC0415
+    from otstab.reporting._report import render_html  # noqa: PLC0415
 
     X, y = _data(n=80, seed=7)
     model = _ensembles(2)[0].fit(X, y)
@@ -352,7 +352,7 @@ def test_verify_of_a_time_budgeted_certificate_passes():
     # issue 29: the bound under a time budget depends on the machine's speed, so verify of an
     # untouched certificate failed; it now recomputes without the time limit and checks that
     # the recorded bound is at most the recomputed one
-    from otstab.certificate import make_certificate, verify_certificate  # noqa: PLC0415
+    from otstab.certificates import make_certificate, verify_certificate  # noqa: PLC0415
 
     X, y = _data(n=40, d=3, seed=4)
     model = sk_ens.GradientBoostingClassifier(n_estimators=10, max_depth=2,
@@ -439,7 +439,7 @@ def test_verify_recomputes_budgeted_feature_scores_under_the_recorded_budgets():
     # a certificate whose feature table was scored under the tree bound's budgets: verify
     # scores the features under the recorded node_budget (equality) and, for a time budget,
     # without it (each recorded score_lower at most the recomputed one)
-    from otstab.certificate import make_certificate, verify_certificate  # noqa: PLC0415
+    from otstab.certificates import make_certificate, verify_certificate  # noqa: PLC0415
 
     model, X, y, kw = _budget_case()
     groups = {"a": ["x0", "x1"], "b": ["x2", "x3"]}

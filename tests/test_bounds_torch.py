@@ -9,8 +9,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import otstab  # noqa: E402
-from otstab.bounds import as_mlp, certified_distances  # noqa: E402
-from otstab.nonlinear import TorchModel  # noqa: E402
+from otstab.modeling._nonlinear import TorchModel  # noqa: E402
+from otstab.solve._bounds import as_mlp, certified_distances  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -23,12 +23,14 @@ from sklearn.preprocessing import OneHotEncoder, StandardScaler  # noqa: E402
 
 import otstab  # noqa: E402
 from otstab import certificate as C  # noqa: E402
+from otstab.certificates._make import _label_counts  # noqa: E402
 from otstab.datasets import make_toy  # noqa: E402
 from otstab.errors import ValidationError  # noqa: E402
-from otstab.losses import PiecewiseLinear, pinball  # noqa: E402
+from otstab.modeling._losses import PiecewiseLinear, pinball  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-SCHEMA = json.loads((ROOT / "otstab" / "schema" / "certificate.schema.json").read_text())
+SCHEMA = json.loads(
+    (ROOT / "otstab" / "certificates" / "schema" / "certificate.schema.json").read_text())
 
 
 def _validate(cert):
@@ -655,7 +657,7 @@ def test_bad_tolerances_are_rejected(toy, toy_cert, name, bad):
 
 def test_label_counts_treat_whole_float_labels_as_integers(toy, toy_cert):
     model, X, y = toy
-    assert C._label_counts(y) == C._label_counts(y.astype(float)) == {"0": 60, "1": 60}
+    assert _label_counts(y) == _label_counts(y.astype(float)) == {"0": 60, "1": 60}
     assert C.verify_certificate(toy_cert[0], model, X, y.astype(float)).ok
 
 

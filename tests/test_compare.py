@@ -11,7 +11,7 @@ import pytest  # noqa: E402
 from sklearn.linear_model import LinearRegression, LogisticRegression  # noqa: E402
 
 import otstab  # noqa: E402
-from otstab.comparison import compare, plot_compare  # noqa: E402
+from otstab.analysis._comparison import compare, plot_compare  # noqa: E402
 from otstab.errors import InputTypeError, ValidationError  # noqa: E402
 
 INF = math.inf

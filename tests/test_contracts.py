@@ -29,7 +29,7 @@ from sklearn.svm import SVC, NuSVC  # noqa: E402
 import otstab  # noqa: E402
 from otstab._validation import as_bool_vector, as_float_matrix, as_float_vector  # noqa: E402
 from otstab.errors import InputTypeError, ValidationError  # noqa: E402
-from otstab.models import per_sample_losses  # noqa: E402
+from otstab.modeling._models import per_sample_losses  # noqa: E402
 
 COLS = ["age", "income", "debt", "score"]
 KW = dict(r=0.45, theta1=1.0, theta2=0.5)

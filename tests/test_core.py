@@ -17,7 +17,7 @@ from otstab.errors import (
     SolverNotAvailableError,
     ValidationError,
 )
-from otstab.losses import epsilon_insensitive, pinball
+from otstab.modeling._losses import epsilon_insensitive, pinball
 
 THETAS = [0.2, 1.0, 5.0, math.inf]
 INF = math.inf
@@ -422,7 +422,7 @@ def test_inputs_are_not_mutated():
 
 
 def test_sampled_audit_agrees_with_direct_audit(monkeypatch):
-    import otstab.piecewise as core
+    import otstab.solve._piecewise as core
 
     model, X, y = multiclass_instance(3000, K=3, seed=21)
     direct = otstab.certify(model, X, y, loss="multiclass_hinge", r=1.4)
@@ -456,7 +456,7 @@ def test_linear_paths_run_on_one_blas_thread_and_restore_the_setting(monkeypatch
     setting back, also when the path raises."""
     from threadpoolctl import threadpool_limits
 
-    import otstab.core as core
+    import otstab.solve._core as core
 
     model, X, y = binary_instance(200)
     seen = []

@@ -16,7 +16,7 @@ from sklearn.tree import DecisionTreeClassifier
 import otstab
 from otstab import bounds, perturbation
 from otstab.errors import ValidationError
-from otstab.nonlinear import LinearDifferentiable
+from otstab.modeling._nonlinear import LinearDifferentiable
 
 CASES = [("hinge", 1.0), ("zero_one", 0.3), ("logistic", 0.8)]
 

@@ -19,8 +19,8 @@ from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import OneHotEncoder, OrdinalEncoder, StandardScaler
 
 import otstab
-from otstab.datacost import DataCost
 from otstab.errors import ValidationError
+from otstab.modeling._datacost import DataCost
 
 # ------------------------------------------------------------------------------------------
 # fixtures
@@ -477,7 +477,7 @@ def test_sample_weights_and_pickle():
     assert res.status == "optimal"
     wrong = pipe.predict(X) != np.asarray(y)
     # the weighted value from the same distances through the weighted 0/1 dual
-    from otstab.zero_one import _solve_and_build
+    from otstab.solve._zero_one import _solve_and_build
 
     d = np.asarray(res.info["dstar"])
     base = _solve_and_build(d, wrong, 0.55, 1.0, 0.25, "kl", "auto", None, None, None,

@@ -20,8 +20,8 @@ import otstab
 from otstab import certificate as C
 from otstab import report as R
 from otstab.cli import main
-from otstab.datacost import DataCost
 from otstab.errors import ValidationError
+from otstab.modeling._datacost import DataCost
 
 N = 200
 SPEC = DataCost(bounds={"age": (18, 75)}, switch={"purpose": 0.5}, immutable=["foreign_worker"])

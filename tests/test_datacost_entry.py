@@ -9,8 +9,8 @@ import pytest
 from test_datacost import SMALL_COST, _small
 
 import otstab
-from otstab.datacost import DataCost
 from otstab.errors import ValidationError
+from otstab.modeling._datacost import DataCost
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,8 @@ from sklearn.preprocessing import StandardScaler
 from test_datacost import SMALL_COST, _continuous_option, _small
 
 import otstab
-from otstab.datacost import DataCost
 from otstab.errors import ValidationError
+from otstab.modeling._datacost import DataCost
 
 
 def _softplus(t):
@@ -191,10 +191,10 @@ def test_mixed_logistic_equals_brute_force(divergence, theta2):
 def test_oracle_equals_brute_force_at_many_h():
     """The branch and bound's l_h and its right derivative (the loss at the maximiser) against
     the brute force, from no move (small h) to large moves."""
-    from otstab.datacost_linear import flip_problem, linear_parts, raw_frame
-    from otstab.datacost_smooth import LogisticOracle
-    from otstab.losses import get_loss
-    from otstab.models import resolve_model
+    from otstab.modeling._losses import get_loss
+    from otstab.modeling._models import resolve_model
+    from otstab.solve._datacost_linear import flip_problem, linear_parts, raw_frame
+    from otstab.solve._datacost_smooth import LogisticOracle
 
     pipe, X, y = _small(seed=1, n=10)
     cost = DataCost(**SMALL_COST)

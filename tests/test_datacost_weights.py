@@ -10,8 +10,8 @@ from test_datacost import SMALL_COST, _small
 
 import otstab
 from otstab._validation import check_random_state
-from otstab.datacost import DataCost
-from otstab.inference import Bootstrap
+from otstab.modeling._datacost import DataCost
+from otstab.solve._inference import Bootstrap
 
 SLOW = pytest.mark.slow
 CASES = [(loss, r, div, t2) for loss, r in (("hinge", 1.1), ("zero_one", 0.5))

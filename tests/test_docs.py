@@ -28,6 +28,7 @@ FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # file -> why it is slow (measured on the 2-core development machine)
 SLOW = {
     "worst_case.md": "cross-fitted regressions on German credit (minutes)",
+    "shift.md": "certifies Adult and prices four drift windows (about 20 s)",
 }
 
 # file -> why its blocks are not run here

@@ -9,7 +9,7 @@ from sklearn.linear_model import LinearRegression, LogisticRegression
 from sklearn.neural_network import MLPClassifier
 
 import otstab
-from otstab.dro import worst_case_risk
+from otstab.analysis._dro import worst_case_risk
 from otstab.errors import IncompatibleLossError, InputTypeError, ValidationError
 
 INF = math.inf

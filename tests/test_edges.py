@@ -120,7 +120,7 @@ def test_weighted_zero_one_at_r_one_dask():
     import dask
 
     from otstab import dask_path
-    from otstab.dask_path import NotDistributed
+    from otstab.solve._dask_path import NotDistributed
     model = otstab.LinearModel([1.0], 0.0)
     Xd, swd = da.from_array(X_W, chunks=(4, 1)), da.from_array(SW, chunks=3)
     with dask.config.set(scheduler="synchronous"):

@@ -215,7 +215,7 @@ def test_malformed_certificate_is_one_short_line_exit_2(tmp_path, name):
 
 
 def test_certificate_size_limit_is_documented_and_overridable(tmp_path, monkeypatch):
-    from otstab.certificate import MAX_CERTIFICATE_BYTES, read_certificate
+    from otstab.certificates import MAX_CERTIFICATE_BYTES, read_certificate
     from otstab.errors import ValidationError
 
     assert MAX_CERTIFICATE_BYTES == 64 << 20
@@ -295,8 +295,8 @@ def test_failed_backend_says_why_in_the_solver_log(capfd):
 
 @pytest.mark.parametrize("bad", ["0.9", b"0.9", True, None, [0.9]])
 def test_level_must_be_a_number(bad):
-    from otstab.certificate import make_certificate
-    from otstab.report import policy_gate
+    from otstab.certificates import make_certificate
+    from otstab.reporting._report import policy_gate
 
     m, X, y, base = _hinge_instance()
     res = otstab.certify(m, X, y, loss="hinge", r=2 * base, theta1=1.0, theta2=1.0)

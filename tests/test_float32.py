@@ -10,7 +10,7 @@ import pytest
 from sklearn.linear_model import LinearRegression, LogisticRegression
 
 import otstab
-import otstab.models as om
+import otstab.modeling._models as om
 
 N, D = 1500, 5
 

@@ -14,7 +14,7 @@ from sklearn.preprocessing import label_binarize
 
 import otstab
 from otstab.errors import ValidationError
-from otstab.groups import CRITERIA, per_class_frame, summary_frame
+from otstab.shift import CRITERIA, per_class_frame, summary_frame
 
 # ------------------------------------------------------------------------------------------
 # reference count tables (GROUPS.md; training counts of Sagawa et al. 2020)

@@ -16,9 +16,9 @@ import pytest
 
 import otstab
 from otstab.errors import ValidationError
-from otstab.inference import Bootstrap, Inference, influence, replicator
-from otstab.losses import get_loss
-from otstab.models import resolve_model
+from otstab.modeling._losses import get_loss
+from otstab.modeling._models import resolve_model
+from otstab.solve._inference import Bootstrap, Inference, influence, replicator
 
 BETA = np.array([1.0, -0.5, 0.25])
 MODEL = otstab.LinearModel(BETA, 0.1)
@@ -266,8 +266,12 @@ def test_stability_curve_bands_are_each_certificates_interval():
 @pytest.mark.parametrize("se", ["analytic",
                                 Bootstrap(n_resamples=20, random_state=2, interval="bca")])
 def test_certificate_records_and_verify_rechecks_uncertainty(se):
-    from otstab.certificate import make_certificate, validate_certificate, verify_certificate
-    from otstab.report import render_html
+    from otstab.certificates import (
+        make_certificate,
+        validate_certificate,
+        verify_certificate,
+    )
+    from otstab.reporting._report import render_html
 
     X, y = population(400, 10)
     res = otstab.certify(MODEL, X, y, loss="hinge", r=1.0, se=se)

@@ -24,8 +24,8 @@ from otstab_solvers.dual import AffineOracle, AffineRows, PiecewiseOracle, oracl
 import otstab
 from otstab import audit, core, reduction
 from otstab import zero_one as zo
-from otstab.models import resolve_model
-from otstab.results import Lazy, LazyInfo
+from otstab.modeling._models import resolve_model
+from otstab.solve._results import Lazy, LazyInfo
 
 INF = math.inf
 

@@ -30,7 +30,7 @@ from sklearn.tree import DecisionTreeClassifier  # noqa: E402
 
 from otstab import nonlinear  # noqa: E402
 from otstab.errors import IncompatibleLossError, ValidationError  # noqa: E402
-from otstab.perturbation import min_perturbation_distances, perturbation_search  # noqa: E402
+from otstab.modeling._perturbation import min_perturbation_distances, perturbation_search  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -429,7 +429,7 @@ def test_torch_module_distances(data):
 def test_certify_zero_one_nonlinear(data):
     """certify(loss='zero_one') on a tree uses the exact distances; Q*'s error rate is r."""
     import otstab
-    from otstab.zero_one import certify_distances
+    from otstab.solve._zero_one import certify_distances
 
     X, y = data
     tree = DecisionTreeClassifier(max_depth=4, random_state=0).fit(X, y)

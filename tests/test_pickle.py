@@ -9,7 +9,7 @@ import pytest
 from sklearn.neural_network import MLPClassifier
 
 import otstab
-import otstab.piecewise as pw
+import otstab.solve._piecewise as pw
 
 pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 

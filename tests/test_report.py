@@ -176,7 +176,7 @@ def audited(tmp_path_factory):
     from sklearn.pipeline import Pipeline
     from sklearn.preprocessing import OneHotEncoder, StandardScaler
 
-    from otstab.cli import _verify_command
+    from otstab.cli._commands import _verify_command
 
     df = otstab.datasets.load_german(raw=True)
     X, y = df.drop(columns="credit"), df["credit"]

@@ -208,7 +208,7 @@ def test_weighted_certificate_needs_its_weights():
     model, X, y = _binary()
     sw = np.arange(1.0, 41.0)
     res = otstab.certify(model, X, y, loss="hinge", r=1.5, sample_weight=sw)
-    from otstab.certificate import make_certificate
+    from otstab.certificates import make_certificate
     with pytest.raises(ValidationError, match="sample_weight"):
         make_certificate(res, model, X, y)
 
@@ -292,7 +292,7 @@ def test_auto_falls_back_to_conic_with_weights(monkeypatch, divergence):
     # solve the weighted program (equal to the dual's own weighted answer)
     from otstab_solvers.result import FAILED, DualSolution
 
-    import otstab.piecewise as pw
+    import otstab.solve._piecewise as pw
 
     model, X, y = _binary()
     sw = np.random.default_rng(12).uniform(0.0, 3.0, size=len(y))
@@ -404,7 +404,7 @@ def test_bootstrap_replicates_are_the_problem_on_the_resampled_rows(loss, r, wei
     # brute force: each replicate is certify on the rows drawn (uniformly, with replacement, by
     # the documented generator), with their own weights (the weighted 0/1 case failed when a
     # replicate reused the losses cached for the original rows)
-    from otstab.inference import Bootstrap
+    from otstab.solve._inference import Bootstrap
 
     model, X, y = _binary()
     sw = np.random.default_rng(16).uniform(0.0, 3.0, size=len(y)) if weighted else None
@@ -427,7 +427,7 @@ def test_weighted_analytic_se_agrees_with_the_weighted_bootstrap(loss, r, diverg
     # the influence-function SE of the ratio estimator, sqrt(sum p_i^2 IF_i^2), against the
     # standard deviation of the bootstrap over (row, weight) pairs (docs/inference.md); with
     # n_boot replicates the bootstrap SE is itself off by about 1/sqrt(2 n_boot) <= 3.2%
-    from otstab.inference import Bootstrap
+    from otstab.solve._inference import Bootstrap
 
     rng = np.random.default_rng(20)
     n = 5000
@@ -447,7 +447,7 @@ def test_weighted_analytic_se_agrees_with_the_weighted_bootstrap(loss, r, diverg
 def test_weighted_influence_equals_replicated_rows(loss, r, divergence):
     # the influence function is a property of P0 = sum p_i delta_{z_i}: every copy of a row in
     # the replicated data has the influence of that row under the integer weights
-    from otstab.inference import influence
+    from otstab.solve._inference import influence
 
     model, X, y = _binary()
     k = _counts(len(y), seed=17)

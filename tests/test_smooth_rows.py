@@ -26,7 +26,7 @@ from reference import measure_by_row
 from scipy.optimize import minimize_scalar
 
 import otstab
-import otstab.audit as oa
+import otstab.solve._audit as oa
 from otstab import smooth
 from otstab.errors import SolverError
 

@@ -11,7 +11,7 @@ from scipy.spatial.distance import cdist
 
 import otstab
 from otstab.errors import InputTypeError, ValidationError
-from otstab.subsets import _laplacian_eigvecs, _layout
+from otstab.shift._subsets import _laplacian_eigvecs, _layout
 
 nx = pytest.importorskip("networkx")
 

@@ -12,7 +12,7 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 
 import otstab
 from otstab.errors import ValidationError
-from otstab.train import (
+from otstab.training._train import (
     AdversarialLogisticRegression,
     TiltedLogisticRegression,
     harden,

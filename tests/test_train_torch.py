@@ -16,7 +16,7 @@ from otstab_solvers.smooth import LogisticOracle  # noqa: E402
 
 import otstab  # noqa: E402
 from otstab.errors import OtstabError, ValidationError  # noqa: E402
-from otstab.train_torch import (  # noqa: E402
+from otstab.training._train_torch import (  # noqa: E402
     AdversarialMLPClassifier,
     TiltedMLPClassifier,
     inner_maximise,
@@ -256,11 +256,12 @@ def test_bad_tilt_raises(data):
 
 def test_missing_torch_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)
-    monkeypatch.delitem(sys.modules, "otstab.train_torch")
+    monkeypatch.delitem(sys.modules, "otstab.training._train_torch")
     with pytest.raises(ImportError, match=r'pip install "otstab\[torch\]"'):
-        importlib.import_module("otstab.train_torch")
+        importlib.import_module("otstab.training._train_torch")
 
 
 def test_otstab_does_not_import_torch():
-    code = "import sys, otstab, otstab.train; assert 'torch' not in sys.modules"
+    code = ("import sys, otstab, otstab.training, otstab.training._train; "
+            "assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)

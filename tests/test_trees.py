@@ -28,7 +28,7 @@ import pytest
 
 import otstab
 from otstab import bounds
-from otstab.perturbation import perturbation_search
+from otstab.modeling._perturbation import perturbation_search
 
 E = pytest.importorskip("sklearn.ensemble")
 from sklearn.tree import DecisionTreeClassifier  # noqa: E402

@@ -192,46 +192,142 @@ def test_first_order_and_search_refuse_unknown_options():
 
 
 # ------------------------------------------------------------------------------------------
-# the layering: data flows one way
+# the layering: data flows one way (docs/architecture.md)
+
+# otstab's units, bottom to top: a top-level module, or a subpackage. Each unit imports only from
+# units of a lower layer; units of one layer do not import each other (otstab_solvers, a separate
+# package, is below all of them).
+LAYERS = [
+    {"errors"},
+    {"_validation", "_progress", "_results", "_stats", "datasets"},
+    {"scale"},
+    {"modeling"},
+    {"solve"},
+    {"analysis", "shift"},
+    {"training"},
+    {"certificates"},
+    {"reporting"},
+    {"cli"},
+    {"__main__"},
+]
+RANK = {unit: k for k, layer in enumerate(LAYERS) for unit in layer}
+# the layers whose modules import otstab only at module level: a function-level import of an
+# otstab module there would only hide a cycle
+STACK = {"modeling", "solve", "analysis", "training", "certificates"}
+# function-level imports that are allowed, with the reason
+LAZY_ALLOWED = {
+    # perturbation imports trees at module level; trees needs two float32 helpers only
+    # when it reads a model
+    ("modeling/_trees.py", "otstab.modeling._perturbation"),
+    # the example data sets are optional data
+    ("modeling/_pipeline.py", "otstab.datasets"),
+    # the report shows the command that reproduces it: the CLI's parser (the CLI imports
+    # the report lazily too, so that `otstab --help` stays fast)
+    ("reporting/_report.py", "otstab.cli._parser"),
+}
+
+
+def _unit(module: str) -> str:
+    """'otstab.solve._core' -> 'solve'; 'otstab.errors' -> 'errors'; 'otstab' -> 'otstab'."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+MODULES = {".".join(["otstab", *p.relative_to(ROOT / "otstab").with_suffix("").parts])
+           for p in (ROOT / "otstab").rglob("*.py")}
+
+
+def _targets(node, module: str, is_package: bool) -> list[str]:
+    """The otstab modules an import statement of ``module`` loads (absolute names)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names if a.name.split(".")[0] == "otstab"]
+    if node.level == 0:
+        return [node.module] if node.module.split(".")[0] == "otstab" else []
+    base = module.split(".")[: len(module.split(".")) - node.level + (1 if is_package else 0)]
+    if node.module:
+        # `from ..modeling import _losses` loads the module otstab.modeling._losses
+        package = ".".join(base + [node.module])
+        return [f"{package}.{a.name}" if f"{package}.{a.name}" in MODULES else package
+                for a in node.names]
+    out = []
+    for alias in node.names:  # `from .. import name`: a module, or a name of otstab/__init__
+        if ".".join(base) == "otstab" and alias.name in otstab._LAZY:
+            out.append(otstab._LAZY[alias.name])
+        elif ".".join(base) == "otstab" and alias.name == "__version__":
+            out.append("otstab.errors")  # the version string: the bottom of the stack
+        else:
+            out.append(".".join(base + [alias.name]))
+    return out
 
 
 def _module_imports():
-    """{module: (module-level otstab imports, function-level otstab imports)}."""
+    """{path under otstab/: (module, module-level otstab imports, function-level ones)}."""
     out = {}
-    for path in sorted((ROOT / "otstab").glob("*.py")):
+    for path in sorted((ROOT / "otstab").rglob("*.py")):
+        rel = path.relative_to(ROOT / "otstab").as_posix()
+        parts = ["otstab"] + rel[:-3].split("/")
+        is_package = parts[-1] == "__init__"
+        module = ".".join(parts[:-1] if is_package else parts)
         tree = ast.parse(path.read_text())
-        top, inner = set(), set()
         # imports under `if TYPE_CHECKING:` are for the type checker only, never run
         typing_only = {id(n) for block in tree.body if isinstance(block, ast.If)
                        and getattr(block.test, "id", None) == "TYPE_CHECKING"
                        for n in ast.walk(block)}
+        top, inner = set(), set()
         for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.level == 1 \
-                    and id(node) not in typing_only:
-                names = [node.module] if node.module else [a.name for a in node.names]
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in typing_only:
                 target = top if node in tree.body else inner
-                target.update(n.split(".")[0] for n in names)
-        out[path.stem] = (top, inner)
+                target.update(_targets(node, module, is_package))
+        out[rel] = (module, top, inner)
     return out
 
 
-def test_modelling_layers_import_only_downwards():
-    """No import cycle between otstab's modules and no function-level import of an otstab
-    module in the certificate stack (such imports only hide a cycle). Optional third-party
+def test_every_otstab_module_belongs_to_a_layer():
+    units = {_unit(m) for m, _, _ in _module_imports().values()} - {"otstab", "__init__"}
+    assert units <= set(RANK), sorted(units - set(RANK))
+    assert {p.name for p in (ROOT / "otstab").iterdir() if p.is_dir()
+            and (p / "__init__.py").exists()} <= set(RANK)
+
+
+def test_module_level_imports_go_down_the_layers():
+    """Between units, a module-level import goes to a strictly lower layer; inside one
+    subpackage any direction is allowed, without cycles."""
+    wrong = []
+    for rel, (module, top, _) in _module_imports().items():
+        src = _unit(module)
+        for target in top:
+            dst = _unit(target)
+            if dst != src and dst != "otstab" and RANK[dst] >= RANK.get(src, 0):
+                wrong.append(f"{rel} imports {target}")
+    assert not wrong, wrong
+
+
+def test_function_level_imports_hide_no_cycle():
+    """No function-level import of an otstab module in the certificate stack (such imports
+    only hide a cycle), and everywhere a function-level import goes down the layers too (or
+    stays in its subpackage), but for the listed exceptions. Optional third-party
     dependencies may still be imported lazily."""
-    graph = _module_imports()
-    modules = set(graph)
-    stack = {"params", "audit", "results", "models", "nonlinear", "losses", "reduction",
-             "perturbation", "piecewise", "zero_one", "smooth", "core", "features", "sweeps",
-             "inference", "certificate", "plot", "dro", "comparison", "train", "worst_case",
-             "datacost", "datacost_linear", "datacost_zero_one", "datacost_hinge",
-             "datacost_smooth", "datacost_inference", "datacost_certify",
-             "datacost_features"}
-    for name in sorted(stack & modules):
-        assert not (graph[name][1] & modules), (name, graph[name][1] & modules)
-    # topological order of the module-level imports (the package itself, "__init__", aside)
-    deps = {m: {d for d in graph[m][0] if d in modules and d != m} for m in modules
-            if m != "__init__"}
+    wrong = []
+    for rel, (module, _, inner) in _module_imports().items():
+        src = _unit(module)
+        for target in inner:
+            if (rel, target) in LAZY_ALLOWED:
+                continue
+            dst = _unit(target)
+            upward = dst != src and RANK[dst] >= RANK.get(src, 0)
+            if upward or src in STACK:
+                wrong.append(f"{rel} imports {target} in a function")
+    assert not wrong, wrong
+    # every exception is still needed
+    seen = {(rel, t) for rel, (_, _, inner) in _module_imports().items() for t in inner}
+    assert LAZY_ALLOWED <= seen, LAZY_ALLOWED - seen
+
+
+def test_no_import_cycle_between_modules():
+    """The module-level imports order the modules (a package's __init__ is its own node)."""
+    deps = {m: {t.removesuffix(".__init__") for t in top} - {m}
+            for m, top, _ in _module_imports().values()}
+    deps = {m: {t for t in ts if t in deps} for m, ts in deps.items()}
     done: set = set()
     while deps:
         ready = [m for m, ds in deps.items() if ds <= done]
@@ -239,3 +335,35 @@ def test_modelling_layers_import_only_downwards():
         for m in ready:
             done.add(m)
             del deps[m]
+
+
+def test_otstab_solvers_never_imports_otstab():
+    wrong = []
+    for path in sorted((ROOT / "otstab_solvers").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 \
+                else []
+            wrong += [f"{path.name}: {n}" for n in names if n.split(".")[0] == "otstab"]
+    assert not wrong, wrong
+
+
+def test_modules_of_the_flat_layout_still_import():
+    """`import otstab.losses`, `from otstab.certificate import make_certificate`: the module
+    paths of the flat layout load the module that moved (the same object)."""
+    import importlib
+
+    moved = {**otstab._SUBMODULES, **otstab._MOVED}
+    moved.pop("train_torch")  # needs torch
+    for old, new in moved.items():
+        assert importlib.import_module(f"otstab.{old}") is importlib.import_module(new), old
+        assert importlib.import_module(new).__spec__.name == new, old  # its own spec kept
+    # package data is still found through the package's spec
+    assert otstab.certificates.load_schema()["title"]
+    from otstab.certificate import make_certificate
+    from otstab.results import StabilityResult
+
+    assert make_certificate is otstab.certificates.make_certificate
+    assert StabilityResult is otstab.StabilityResult
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("otstab.no_such_module")

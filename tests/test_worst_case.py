@@ -21,13 +21,12 @@ from sklearn.linear_model import LinearRegression, QuantileRegressor
 
 import otstab
 from otstab.errors import InputTypeError, ValidationError
-from otstab.worst_case import (
+from otstab.reporting._plot import plot_conditional_shift, plot_worst_case
+from otstab.shift import (
     ConditionalShiftResult,
     WorstCaseResult,
     conditional_shift,
     conditional_shift_of_model,
-    plot_conditional_shift,
-    plot_worst_case,
     worst_subpopulation,
     worst_subpopulation_of_model,
 )
@@ -682,7 +681,7 @@ def test_public_names_via_package():
 
 
 def _per_sample_losses_or_skip():
-    from otstab.models import per_sample_losses
+    from otstab.modeling._models import per_sample_losses
 
     return per_sample_losses
 

@@ -278,9 +278,9 @@ def test_closed_form_on_the_smallest_prices_matches_the_full_sort(div, t2, ties)
 
 
 def test_row_prices_smallest_are_every_price_up_to_a_quantile(monkeypatch):
-    import otstab.zero_one as zo
-    from otstab.models import resolve_model
-    from otstab.zero_one import linear_prices
+    import otstab.solve._zero_one as zo
+    from otstab.modeling._models import resolve_model
+    from otstab.solve._zero_one import linear_prices
 
     model, X, y = _binary(n=5000, seed=4)
     prob = resolve_model(model, X, y, loss="zero_one")
@@ -305,7 +305,7 @@ def test_row_prices_smallest_are_every_price_up_to_a_quantile(monkeypatch):
 def test_compact_move_plans_give_the_same_certificate(monkeypatch, ties, t2):
     """Tied rows put last in Q*'s candidate rows (moved rows as a prefix, no array of their
     positions) against the plan with position arrays: the same certificate."""
-    import otstab.zero_one as zo
+    import otstab.solve._zero_one as zo
 
     rng = np.random.default_rng(9)
     n = 3000

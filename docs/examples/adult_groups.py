@@ -9,7 +9,7 @@ from sklearn.linear_model import LogisticRegression
 
 import otstab
 from otstab import datasets
-from otstab.groups import summary_frame
+from otstab.shift import summary_frame
 
 df = datasets.load_adult()
 raw = datasets.load_adult(raw=True)

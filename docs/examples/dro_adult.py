@@ -25,8 +25,8 @@ from sklearn.linear_model import LogisticRegression  # noqa: E402
 
 import otstab  # noqa: E402
 from otstab import datasets  # noqa: E402
-from otstab.comparison import compare, plot_compare  # noqa: E402
-from otstab.train import (  # noqa: E402
+from otstab.analysis import compare, plot_compare  # noqa: E402
+from otstab.training import (  # noqa: E402
     AdversarialLogisticRegression,
     TiltedLogisticRegression,
     select_by_validation,

@@ -1,0 +1,187 @@
+"""Fingerprints of in-memory X: results keep the caller's array, not a copy of it.
+
+``certify`` keeps a NumPy ``X`` by reference (a read-only view; no copy of n x d numbers) and
+takes a fingerprint of it in the pass that already reads it for the model's scores. Every later
+read of X through a result (``X_star``, ``to_frame``, the influence function, pickling) first
+recomputes the fingerprint and raises :class:`otstab.errors.DataChangedError` when the values
+changed (docs/guarantees.md, "Data ownership").
+
+The fingerprint: the rows are cut into groups of ``GROUP`` = 32 consecutive rows, and each
+group ``k`` gets the number ``g_k = sum_{i in k, j} u_(i mod 32) v_j x_ij`` for fixed
+pseudo-random weights ``u`` (32) and ``v`` (d) drawn from [1, 2) with random signs. It is
+computed as ``X.reshape(n / 32, 32 d) @ kron(u, v)`` over blocks of rows that the scores pass
+has just read (cache-resident): one more matrix-vector product, n / 32 numbers kept.
+
+What it detects: any change of the values of X (entries, rows moved or swapped, a column
+rescaled, NaN written in) that moves some ``g_k`` by more than the rounding of its float
+evaluation, i.e. any change of an entry by more than about ``1e-10`` times the mean magnitude
+of the entries of its group (for random ``u, v`` a change cancels within a group only on a set
+of measure zero). Smaller changes are below every tolerance of the audit and may pass
+unnoticed. Recomputing on unchanged data gives the same numbers bit for bit in practice; when
+it does not (another BLAS kernel), the difference is compared with a rigorous bound on the
+rounding of both evaluations, so unchanged data is never reported as changed.
+
+Results find the fingerprint of their ``X`` by identity (``fingerprint_of(res.X)``): the
+array view ``certify`` made is registered here and unregistered when it is freed. Arrays otstab
+made itself (a subset's rows, an unpickled result's X) have none and are not checked.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+
+import numpy as np
+
+from ..errors import DataChangedError
+
+__all__ = ["GROUP", "Fingerprint", "block_rows", "of_matrix", "register", "fingerprint_of",
+           "check"]
+
+#: rows per fingerprint group (n / GROUP numbers are kept: 1/32 of an n-vector)
+GROUP = 32
+#: bytes of X per block of the fingerprint pass (fits the cache beside the scores pass)
+BLOCK_BYTES = 1 << 20
+_SEED = 0x07AB5EED
+_EPS = 2.0 ** -53
+
+
+def block_rows(d: int) -> int:
+    """Rows per block of the fingerprint pass: a multiple of GROUP, about BLOCK_BYTES of X."""
+    return GROUP * max(1, BLOCK_BYTES // (8 * GROUP * max(d, 1)))
+
+
+@functools.lru_cache(maxsize=16)
+def _weights(d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(u, v, kron(u, v))``, fixed (read-only)."""
+    # its own generator (not np.random.default_rng, which callers may replace)
+    rng = np.random.Generator(np.random.PCG64(_SEED))
+    u = rng.uniform(1.0, 2.0, GROUP) * rng.choice((-1.0, 1.0), GROUP)
+    v = rng.uniform(1.0, 2.0, d) * rng.choice((-1.0, 1.0), d)
+    w = np.kron(u, v)  # w[i * d + j] = u_i v_j
+    for a in (u, v, w):
+        a.setflags(write=False)
+    return u, v, w
+
+
+def block64(block: np.ndarray, buf: np.ndarray | None) -> np.ndarray:
+    """``block`` as float64: itself, or cast into the C-ordered buffer ``buf`` (rows x d,
+    reused from block to block: no allocation per block). The fingerprint pass and its check
+    both read blocks through this, so that they compute the same way."""
+    if block.dtype == np.float64:
+        return block
+    assert buf is not None, "a buffer for blocks that are not float64"
+    out = buf[:block.shape[0]]
+    np.copyto(out, block)
+    return out
+
+
+class Fingerprint:
+    """The group sums ``values`` of an (n, d) matrix (see the module docstring)."""
+
+    __slots__ = ("n", "d", "values", "u", "v", "w", "__weakref__")
+
+    def __init__(self, n: int, d: int):
+        self.n, self.d = int(n), int(d)
+        self.u, self.v, self.w = _weights(self.d)
+        self.values = np.empty(-(-self.n // GROUP))
+
+    def fill(self, block: np.ndarray, start: int, out: np.ndarray | None = None) -> None:
+        """Fingerprint the float64 C-contiguous rows ``block`` of X starting at row ``start``
+        (a multiple of GROUP; only the last block of X may end inside a group)."""
+        out = self.values if out is None else out
+        m = block.shape[0]
+        k0, full = start // GROUP, m // GROUP
+        if not block.flags.c_contiguous and block.strides[0] == block.itemsize:
+            # Fortran-ordered rows (a DataFrame's values): the same sums as v (X_k^T u),
+            # read column by column (no transposing copy)
+            u, v = self.u, self.v
+            if full:
+                cols = block[:full * GROUP].T.reshape(self.d, full, GROUP)
+                np.dot(v, cols @ u, out=out[k0:k0 + full])
+            rest = m - full * GROUP
+            if rest:
+                out[k0 + full] = v @ (block[full * GROUP:].T @ u[:rest])
+            return
+        if full:
+            np.dot(block[:full * GROUP].reshape(full, GROUP * self.d), self.w,
+                   out=out[k0:k0 + full])
+        rest = m - full * GROUP
+        if rest:
+            out[k0 + full] = block[full * GROUP:].reshape(-1) @ self.w[:rest * self.d]
+
+    def changed_groups(self, X) -> np.ndarray:
+        """Indices of the groups whose values differ from ``values`` beyond rounding."""
+        n, d = self.n, self.d
+        if X.shape != (n, d):
+            return np.arange(self.values.size)
+        now = np.empty_like(self.values)
+        step = block_rows(d)
+        buf = np.empty((step, d)) if X.dtype != np.float64 else None
+        for s in range(0, n, step):
+            self.fill(block64(X[s:s + step], buf), s, now)
+        differ = np.flatnonzero(~(now == self.values))
+        if differ.size == 0:
+            return differ
+        # not bit-identical: compare with the rounding bound of both evaluations (each is a
+        # sum of at most GROUP d products: |error| <= gamma_{GROUP d} sum |u_i v_j x_ij|)
+        absw = np.abs(self.w)
+        scale = np.empty(differ.size)
+        last = self.values.size - 1
+        for c in range(0, differ.size, 512):  # full groups, 512 at a time
+            ks = differ[c:c + 512]
+            ks = ks[ks < last] if n % GROUP else ks
+            rows = (ks[:, None] * GROUP + np.arange(GROUP)).reshape(-1)
+            block = np.abs(np.asarray(X[rows], dtype=np.float64))
+            scale[c:c + ks.size] = block.reshape(ks.size, GROUP * d) @ absw
+        if n % GROUP and differ[-1] == last:  # the last group, shorter
+            rows = np.abs(np.asarray(X[last * GROUP:], dtype=np.float64)).reshape(-1)
+            scale[-1] = rows @ absw[:rows.size]
+        tol = 4.0 * (GROUP * d + 2) * _EPS * scale + 1e-300
+        return differ[~(np.abs(now[differ] - self.values[differ]) <= tol)]
+
+
+def of_matrix(X: np.ndarray) -> Fingerprint:
+    """The fingerprint of ``X`` in a pass of its own (paths without a scores pass)."""
+    n, d = X.shape
+    fp = Fingerprint(n, d)
+    step = block_rows(d)
+    buf = np.empty((step, d)) if X.dtype != np.float64 else None
+    for s in range(0, n, step):
+        fp.fill(block64(X[s:s + step], buf), s)
+    return fp
+
+
+_REGISTRY: dict[int, tuple[weakref.ref, Fingerprint]] = {}
+
+
+def register(X: np.ndarray, fp: Fingerprint) -> None:
+    """Attach ``fp`` to the array object ``X`` (until ``X`` is freed)."""
+    key = id(X)
+    _REGISTRY[key] = (weakref.ref(X), fp)
+    weakref.finalize(X, _REGISTRY.pop, key, None)
+
+
+def fingerprint_of(X) -> Fingerprint | None:
+    """The fingerprint registered for the array object ``X`` (None: not a caller's array)."""
+    entry = _REGISTRY.get(id(X))
+    if entry is None or entry[0]() is not X:
+        return None
+    return entry[1]
+
+
+def check(X, what: str = "X") -> None:
+    """Raise DataChangedError when ``X`` (a caller's array a result keeps by reference) no
+    longer has the values it had when it was certified; nothing for other arrays."""
+    fp = fingerprint_of(X) if isinstance(X, np.ndarray) else None
+    if fp is None:
+        return
+    bad = fp.changed_groups(X)
+    if bad.size:
+        k = int(bad[0])
+        first, last = k * GROUP, min((k + 1) * GROUP, fp.n) - 1
+        raise DataChangedError(
+            f"{what}: the evaluation data X changed since it was certified (first in rows "
+            f"{first}..{last}; {bad.size} of {fp.values.size} groups of {GROUP} rows differ). "
+            "certify keeps your array by reference, not a copy: certify again, or pass a copy "
+            "(X.copy()) if you change X in place afterwards")

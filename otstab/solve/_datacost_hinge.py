@@ -1,0 +1,210 @@
+"""Exact hinge-loss certificates of binary linear models under a :class:`otstab.DataCost`.
+
+The hinge loss ``max(0, 1 - y s(u))`` of a raw row ``u`` is ``max(0, m'_i + g)`` with
+``m'_i = 1 - y_i s(u_i)`` and ``g`` the score change in the direction ``-y_i`` (a sum over
+the raw variables, :mod:`otstab.datacost_linear`). Its d-transform separates: for ``h >= 0``
+
+    l_h(u_i) = max(0, h m'_i + sum_v psi_v(h)),   psi_v(h) = max_o (h g_o - theta1 c_o),
+
+each variable's best option found on its own: the levels (finite), ``k`` = the nearest
+integer (floor or ceil) to ``h |a_v| / (2 theta1 q_v)`` within its range, a continuous move
+``g = min(h / (2 theta1 Q_v), U_v)``. ``l_h`` is convex in ``h`` (a maximum of affine and
+convex functions of h), its one-sided derivatives are the hinge loss at the left and right
+maximisers, and the 1-D concave dual of :func:`otstab_solvers.dual.solve_dual` is maximised on
+it. Q* moves each sample to its maximiser at the optimal ``h``; where the maximiser jumps at
+``h`` (a kink) the samples' masses are split between the two maximisers so that the risk of
+Q* is r. The audit re-scores Q*'s raw rows with the model's ``decision_function`` and
+re-prices them with the cost.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pandas as pd
+from otstab_solvers.dual import solve_dual
+from otstab_solvers.result import OPTIMAL
+from otstab_solvers.weights import chi2_solution, kl_weights
+
+from ..errors import SolverError
+from . import _audit as audit
+from ._datacost_linear import DataCostView, encode, flip_problem, moved_rows
+from ._results import Lazy, StabilityResult
+
+__all__ = ["HingeOracle", "certify_datacost_hinge"]
+
+#: relative tolerance under which two options of a variable tie at h
+TIE = 1e-12
+
+
+class HingeOracle:
+    """``l_h`` of every sample (see the module doc), with one-sided derivatives."""
+
+    h_max = math.inf
+
+    def __init__(self, mprime, finite, integer, continuous, theta1):
+        self.m = mprime
+        self.n = mprime.size
+        self.fin, self.ints, self.conts = finite, integer, continuous
+        self.theta1 = theta1
+
+    def argmax(self, h, right=True):
+        """``(l_h, dl_h/dh on that side, d2, choices, steps, gains)``."""
+        n, t1 = self.n, self.theta1
+        total = h * self.m
+        slope = self.m.copy()
+        curv = np.zeros(n)
+        choices = np.full((n, len(self.fin)), -1, dtype=np.intp)
+        steps = np.zeros((n, len(self.ints)))
+        gains = np.zeros((n, len(self.conts)))
+        if math.isfinite(t1):
+            for j, (G, C) in enumerate(self.fin):
+                with np.errstate(invalid="ignore"):
+                    V = np.where(np.isfinite(C), h * G - t1 * C, -np.inf)
+                best = np.maximum(V.max(axis=1, initial=-np.inf), 0.0)
+                tol = TIE * (1.0 + np.abs(best) + h * np.abs(G).max(axis=1, initial=0.0))
+                tie = V >= (best - tol)[:, None]
+                key = np.where(tie, G if right else -G, -np.inf)
+                pick = np.argmax(key, axis=1)
+                g_pick = G[np.arange(n), pick]
+                stay_ok = best <= tol
+                use = tie[np.arange(n), pick] & ~(stay_ok & ((g_pick <= 0) if right
+                                                             else (g_pick >= 0)))
+                choices[:, j] = np.where(use, pick, -1)
+                total = total + best
+                slope = slope + np.where(use, g_pick, 0.0)
+            for j, (a, q, K) in enumerate(self.ints):
+                kr = np.where(q > 0, h * a / (2.0 * t1 * np.where(q > 0, q, 1.0)), 0.0)
+                lo = np.clip(np.floor(kr), 0, K)
+                hi = np.clip(np.floor(kr) + 1, 0, K)
+                vlo = h * a * lo - t1 * q * lo * lo
+                vhi = h * a * hi - t1 * q * hi * hi
+                tol = TIE * (1.0 + np.abs(vlo) + np.abs(vhi))
+                take_hi = (vhi > vlo + tol) | ((np.abs(vhi - vlo) <= tol) & right)
+                k = np.where(take_hi, hi, lo)
+                steps[:, j] = k
+                total = total + np.where(take_hi, vhi, vlo)
+                slope = slope + a * k
+            for j, (Q, U) in enumerate(self.conts):
+                free = h / (2.0 * t1 * Q)
+                g = np.minimum(free, U)
+                gains[:, j] = g
+                total = total + h * g - t1 * Q * g * g
+                slope = slope + g
+                inside = (free < U) if right else (free <= U)
+                curv = curv + np.where(inside & (U > 0), 1.0 / (2.0 * t1 * Q), 0.0)
+        pos = total > TIE * (1.0 + h * np.abs(self.m))
+        at0 = ~pos & (total >= -TIE * (1.0 + h * np.abs(self.m)))
+        lh = np.maximum(total, 0.0)
+        # max(0, L(h)): on the 0 side the move is none; at a tie the side decides
+        moving = pos | (at0 & ((slope > 0) if right else (slope < 0)))
+        d1 = np.where(moving, slope, 0.0)
+        d2 = np.where(moving & pos, curv, 0.0)
+        choices[~moving] = -1
+        steps[~moving] = 0.0
+        gains[~moving] = 0.0
+        return lh, d1, d2, choices, steps, gains
+
+    def evaluate(self, h, side="right"):
+        lh, d1, d2, *_ = self.argmax(h, side == "right")
+        return lh, d1, d2
+
+
+def certify_datacost_hinge(model, prob, rc, parts, frame, *, r, theta1, theta2, divergence,
+                           t_start):
+    """``certify(..., loss="hinge", cost=DataCost)`` of a binary linear classifier."""
+    n = prob.n
+    rows = np.arange(n)
+    y = prob.y.astype(np.float64)
+    mprime = 1.0 - y * prob.scores
+    coef = -y[:, None]
+    fin, ints, conts, layout = flip_problem(rc, parts, frame, coef, rows)
+    oracle = HingeOracle(mprime, fin, ints, conts, theta1)
+    loss0 = np.maximum(mprime, 0.0)
+    p = prob.p  # sample probabilities (None: uniform)
+    base = float(np.mean(loss0)) if p is None else float(np.dot(p, loss0))
+    if audit.reached(r, base):  # Q* = P0
+        res = _result(model, prob, rc, frame, frame.copy(), rows, np.ones(n), np.ones(n),
+                      loss0, loss0, np.zeros(n), 0.0, 0.0, None, r, theta1, theta2,
+                      divergence, t_start, None)
+        audit.mark_edge(res, "zero")
+        return res
+    sol = solve_dual(oracle, r, theta2, divergence, p=p)
+    if sol.status != OPTIMAL or not math.isfinite(sol.h):
+        raise SolverError(f"the hinge dual under the DataCost did not converge "
+                          f"({sol.native_status}); r may be unreachable")
+    h = float(sol.h)
+    left = oracle.argmax(h, right=False)
+    right = oracle.argmax(h, right=True)
+    lh = right[0]
+    if math.isinf(theta2):
+        w = np.ones(n)
+    elif divergence == "kl":
+        w = kl_weights(lh, theta2, p)
+    else:
+        w = chi2_solution(lh, theta2, p)[0]
+    pw = w / n if p is None else w * p  # each sample's share of the risk per unit loss
+    risk_left = float(np.sum(pw * left[1]))
+    gain = pw * (right[1] - left[1])
+    kinked = np.flatnonzero(gain > 0)
+    share = audit.shares_in_order(gain[kinked], r - risk_left)
+    frac = np.zeros(n)
+    frac[kinked] = share
+    XL = moved_rows(frame.copy(), rows, layout, left[3], left[4], left[5],
+                     np.ones(n, dtype=bool))
+    XR = moved_rows(frame.copy(), rows, layout, right[3], right[4], right[5],
+                     np.ones(n, dtype=bool))
+    # atoms: every sample at its left maximiser (mass 1 - frac), the split samples also at
+    # their right maximiser (mass frac); a sample moved whole goes to the right one
+    whole = np.flatnonzero(frac >= 1.0)
+    split = np.flatnonzero((frac > 0) & (frac < 1.0))
+    src = np.concatenate([rows, split])
+    mass = np.concatenate([np.where(frac >= 1.0, 1.0, 1.0 - frac), frac[split]])
+    first = XL.copy()
+    if whole.size:
+        for c in first.columns:
+            col = np.array(first[c].astype(object).to_numpy(), dtype=object)
+            col[whole] = XR[c].astype(object).to_numpy()[whole]
+            first[c] = pd.Series(col).astype(frame[c].dtype) if frame[c].dtype.kind in "iuf" \
+                else pd.Series(col)
+    star = pd.concat([first, XR.iloc[split]], ignore_index=True)
+    # the audit: the model's own scores of the raw rows, the cost of the moves
+    X0 = frame.iloc[src].reset_index(drop=True)
+    scores = np.asarray(model.decision_function(star), dtype=np.float64)
+    loss_star = np.maximum(1.0 - y[src] * scores, 0.0)
+    moved2 = rc.cost(X0, star)
+    wa = w[src]
+    alpha = None if divergence == "kl" or math.isinf(theta2) else \
+        chi2_solution(lh, theta2, p)[1]
+    res = _result(model, prob, rc, frame, star, src, mass, wa, loss0, loss_star, moved2,
+                  float(sol.value), h, alpha, r, theta1, theta2, divergence, t_start, sol)
+    why = audit.accept(res)
+    if why:
+        raise SolverError("the hinge certificate under the DataCost failed its audit on the "
+                          "model's own scores of Q*'s raw rows: " + "; ".join(why))
+    return res
+
+
+def _result(model, prob, rc, frame, star, src, mass, wa, loss0, loss_star, moved2, value, h,
+            alpha, r, theta1, theta2, divergence, t_start, sol):
+    sums = audit.audit_sums(loss0, loss_star, moved2, mass, wa, theta1, theta2, divergence,
+                            value, prob.p, src)
+    res = StabilityResult(
+        value=value, h=h, alpha=alpha, X_star=Lazy(lambda: encode(model, star)), weights=wa,
+        source=src, mass=mass, risk_base=sums["risk_base"], risk_star=sums["risk_star"],
+        total_mass=sums["total_mass"], primal_cost=sums["primal_cost"], gap=sums["gap"],
+        decomposition=sums["decomposition"], solver="dual", status="candidate",
+        solve_time=(sol.solve_time if sol is not None else 0.0), r=r, theta1=theta1,
+        theta2=theta2, divergence=divergence, loss="hinge",
+        dual_gap_bound=(sol.gap_bound if sol is not None else 0.0),
+        iterations=(sol.iterations if sol is not None else 0), split=bool(src.size > prob.n),
+        loss_star=loss_star, loss_base=loss0, X=prob.X,
+        feature_names=list(prob.feature_names), index=prob.index,
+        info={"moved2": moved2, "wall_time": time.perf_counter() - t_start,
+              "audit": {"method": "raw rows re-scored", "sample": int(src.size)},
+              "raw_view": DataCostView(rc, frame, None, np.zeros(0, dtype=bool), atoms=star)})
+    if prob.p is not None:  # as certify's other paths: for the certificate and inference
+        res.info["sample_weight"] = prob.p
+    return res

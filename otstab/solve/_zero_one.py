@@ -1,0 +1,1125 @@
+"""0/1 loss: exact certificates from the distance d*_i to the nearest misclassified point.
+
+For a linear binary classifier with margin m_i = y_i (w . x_i + b), d*_i = (m_i)_+^2 / ||w||^2;
+for a linear multiclass classifier d*_i = min_{k != y_i} ((s_y - s_k)_+)^2 / ||w_y - w_k||^2
+(norms restricted to the features allowed to move). ``l_h = (h - theta1 d*_i)_+`` and the dual
+is solved exactly in O(n log n) (:mod:`otstab_solvers.zero_one`).
+
+Q* moves each sample either to its nearest misclassified point or not at all, and reweights;
+when the optimum sits at a breakpoint (a tie between staying and moving) one sample's mass is
+split so that the error rate under Q* is exactly r. The nearest misclassified point is pushed a
+relative 1e-9 of its margin (plus a few hundred ulps of its scores) beyond the decision boundary
+so that it is misclassified by the model's own rule (ties at a score of 0 go to the negative
+class), which changes the cost by a relative 2e-9 (more only within rounding of the boundary).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+from otstab_solvers.blockwise import BlockwiseDual, distance_block, in_memory, weight_map_blocks
+from otstab_solvers.dual import solve_dual
+from otstab_solvers.result import OPTIMAL
+from otstab_solvers.weights import chi2_solution, kl_weights, phi, pmean
+from otstab_solvers.zero_one import solve_zero_one
+
+from .._validation import as_bool_vector, as_float_matrix, as_float_vector
+from ..errors import ValidationError
+from ..modeling._losses import ZeroOne, zero_one
+from ..modeling._models import Problem
+from ..modeling._nonlinear import LinearDifferentiable
+from ..modeling._params import check_common, check_options
+from ..modeling._perturbation import perturbation_search
+from . import _audit as audit
+from . import _bounds as bounds
+from ._results import Lazy, LazyInfo, StabilityResult
+
+__all__ = ["linear_distances", "move_prices", "NearPoints", "certify_distances",
+           "certify_zero_one_problem", "certify_zero_one_search", "SEARCH_OPTIONS"]
+
+PUSH = 1e-9
+EPS = float(np.finfo(float).eps)
+
+
+#: moved rows per block of the 0/1 audit (cache-sized temporaries): materialised points, and
+#: the reduced form's losses and moves
+MOVED_BLOCK = 4096
+REDUCED_BLOCK = 1 << 14
+#: rows of the strided subsample that places the price quantile of RowPrices.smallest
+SUBSAMPLE = 1 << 14
+#: a move plan keeps no array of positions when at most this many candidate rows (or this
+#: share of them) are tied at h: they are put last (_move_plan)
+TIED_LAST_MIN = 64
+TIED_LAST_SHARE = 0.01
+#: above audit.AUDIT_DIRECT_MAX rows the weak-duality check (:func:`_dual_at_h`) runs when at
+#: most 1 / DUAL_CHECK_SHARE of the rows move (its pass costs about 0.08 X @ coef per tenth
+#: of the rows for KL at n = 1e6)
+DUAL_CHECK_SHARE = 64
+
+
+def linear_distances(prob: Problem, mask: np.ndarray | None = None):
+    """d*_i and the nearest misclassified points for a linear classifier.
+
+    Returns ``(dstar, X_near)``; ``dstar`` is ``inf`` where no move along the allowed features
+    can change the prediction; ``X_near`` a :class:`NearPoints` (rows built on demand).
+    """
+    sc = prob.scorer
+    assert sc is not None, "a linear classifier"
+    X = prob.X
+    W = sc.W if mask is None else sc.W * mask[None, :]
+    S = prob.scores if prob.scores is not None else sc.scores(X)
+    # which samples are misclassified now (a boolean per row, over blocks of the scores)
+    loss0 = misclassified(prob, S)
+    if sc.task == "binary":
+        prices, near = _binary_near(prob, W, S, loss0, 1.0)
+        return prices.dstar(), near
+    y = prob.y.astype(np.intp)
+    sy = np.take_along_axis(S, y[:, None], axis=1)
+    gaps = np.maximum(sy - S, 0.0)  # (n, K): s_y - s_k
+    n, K = S.shape
+    # ||w_j - w_k||^2 of every pair of classes (K x K, from the differences: no cancellation
+    # of ||w_j||^2 + ||w_k||^2 - 2 w_j.w_k for close classes); a row's is looked up, never
+    # formed as an n x d array of differences
+    D = W[:, None, :] - W[None, :, :]
+    NK = np.einsum("jkd,jkd->jk", D, D)
+    d = np.full(n, np.inf)
+    kbest = np.zeros(n, dtype=np.intp)
+    for k in range(K):
+        nk = NK[y, k]  # ||w_y - w_k||^2
+        with np.errstate(divide="ignore", invalid="ignore"):
+            dk = np.where(nk > 0, gaps[:, k] ** 2 / np.where(nk > 0, nk, 1.0), np.inf)
+        dk = np.where(y == k, np.inf, dk)
+        better = dk < d
+        d = np.where(better, dk, d)
+        kbest = np.where(better, k, kbest)
+    d = np.where(loss0 > 0, 0.0, d)
+    nk = NK[y, kbest]
+    g = gaps[np.arange(n), kbest]
+    push = _push(g, np.abs(sy[:, 0]) + np.abs(S[np.arange(n), kbest]),
+                 np.abs(sc.b[y]) + np.abs(sc.b[kbest]))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        step = np.where((loss0 > 0) | ~np.isfinite(d) | (nk == 0), 0.0,
+                        (g + push) / np.where(nk > 0, nk, 1.0))
+    P = W @ sc.W.T  # P[k] = the scores' change along W_k (masked)
+
+    def moves(rows, c):
+        return -(c[:, None] * (P[y[rows]] - P[kbest[rows]])), c * c * nk[rows]
+    near = NearPoints(X, step, lambda rows: W[y[rows]] - W[kbest[rows]], moves, S, y)
+    near.misclassified = loss0
+    return d, near
+
+
+def linear_prices(prob: Problem, mask: np.ndarray | None, theta1: float):
+    """``(prices, X_near)`` of a binary linear classifier: the move prices ``a_i = theta1
+    d*_i`` as a :class:`RowPrices` (computed per block of rows, never stored) and the
+    nearest misclassified points (:class:`NearPoints`, with ``misclassified`` set)."""
+    sc = prob.scorer
+    assert sc is not None, "a linear classifier"
+    if sc.task != "binary":
+        raise ValueError("linear_prices needs a binary linear classifier")
+    W = sc.W if mask is None else sc.W * mask[None, :]
+    S = prob.scores if prob.scores is not None else sc.scores(prob.X)
+    return _binary_near(prob, W, S, misclassified(prob, S), theta1)
+
+
+def _binary_near(prob, W, S, wrong, theta1):
+    """:func:`linear_prices` given the (masked) weights, the scores and the misclassified
+    rows: the nearest misclassified point of row i is ``x_i - c_i w`` with
+    ``c_i = (max(m_i, 0) + push) / ||w||^2 * y_i`` (m the margin), at squared distance
+    ``d*_i = max(m_i, 0)^2 / ||w||^2`` (0 where misclassified)."""
+    sc, X = prob.scorer, prob.X
+    w = W[0]
+    nw = float(w @ w)
+    wv = float(w @ sc.W[0])  # the score's change along the (masked) direction w
+    near = NearPoints(X, None, lambda rows: w[None, :],
+                      lambda rows, c: (-(c * wv), c * c * nw), S, prob.y)
+    near.misclassified = wrong
+    prices = RowPrices(S, prob.y, wrong, nw, theta1)
+    if nw == 0.0:
+        near.c = np.zeros(X.shape[0])
+        return prices, near
+    y, b = prob.y, sc.b[0]
+
+    def step(rows):  # built for the rows Q* moves only (margins recomputed: not kept)
+        mrows = y[rows] * S[rows]
+        mr = np.maximum(mrows, 0.0)
+        c = (mr + _push(mr, np.abs(mrows), b)) / nw * y[rows]
+        return np.where(wrong[rows], 0.0, c)
+
+    near.c = step
+    return prices, near
+
+
+class RowPrices:
+    """The move prices ``a_i = theta1 d*_i`` of a binary linear classifier, computed from the
+    scores where they are needed (``d*_i = max(m_i, 0)^2 / ||w||^2`` with the margin
+    ``m_i = y_i s_i``; 0 where misclassified; ``inf`` for every correct row when ``w = 0``),
+    so that a 0/1 certificate holds no n-vector of distances or prices: the closed form gets
+    one sorted copy (:meth:`sorted`), Q* the rows below ``h`` (:meth:`near`). Every number is
+    the one an n-vector of ``d*`` would hold (the same operations, row by row)."""
+
+    BLOCK = 1 << 14
+
+    def __init__(self, S, y, wrong, nw: float, theta1: float):
+        self.S, self.y, self.wrong, self.nw, self.theta1 = S, y, wrong, float(nw), theta1
+        self.size = int(S.shape[0])
+
+    def _dstar(self, rows) -> np.ndarray:
+        if self.nw == 0.0:
+            return np.where(self.wrong[rows], 0.0, np.inf)
+        d = np.multiply(self.y[rows], self.S[rows])  # the margins; d* in one buffer
+        np.maximum(d, 0.0, out=d)
+        d *= d
+        d /= self.nw
+        d[self.wrong[rows]] = 0.0
+        return d
+
+    def __getitem__(self, rows) -> np.ndarray:
+        return move_prices(self._dstar(rows), self.theta1)
+
+    def _blocks(self):
+        return ((i, min(i + self.BLOCK, self.size)) for i in range(0, self.size, self.BLOCK))
+
+    def dstar(self) -> np.ndarray:
+        """All ``d*_i`` (an n-vector, built when asked for: ``res.info["dstar"]``)."""
+        out = np.empty(self.size)
+        for i, j in self._blocks():
+            out[i:j] = self._dstar(slice(i, j))
+        return out
+
+    def array(self) -> np.ndarray:
+        """All prices (an n-vector; the rare dense paths)."""
+        out = np.empty(self.size)
+        for i, j in self._blocks():
+            out[i:j] = self[i:j]
+        return out
+
+    def sorted(self) -> np.ndarray:
+        """The prices in ascending order (one n-vector, sorted in place)."""
+        out = self.array()
+        out.sort()
+        return out
+
+    def smallest(self, share: float) -> np.ndarray:
+        """Every price up to about the ``share`` quantile (with a margin), ascending: the
+        quantile's price is read off a strided subsample of :data:`SUBSAMPLE` rows, then a
+        counting pass and a writing pass keep the prices at most that one, and only those are
+        sorted. All prices when the margin reaches the largest."""
+        stride = max(1, self.size // SUBSAMPLE)
+        sub = self[0:self.size:stride]
+        sub.sort()
+        if stride == 1:  # (the subsample is every row: all prices, sorted)
+            return sub
+        m = sub.size
+        k = int(math.ceil((share + 0.01) * m + 4.0 * math.sqrt(m))) + 1
+        if k >= m or not math.isfinite(float(sub[k])):
+            return self.sorted()
+        tau = float(sub[k])
+        count = sum(int(np.count_nonzero(self[i:j] <= tau)) for i, j in self._blocks())
+        out = np.empty(count)
+        at = 0
+        for i, j in self._blocks():
+            ai = self[i:j]
+            part = ai[ai <= tau]
+            out[at:at + part.size] = part
+            at += part.size
+        out.sort()
+        return out
+
+    def near(self, h: float, tol: float = 1e-10):
+        """:func:`_near`: the rows with ``a_i <= h`` (up to the tie tolerance) and their
+        prices, over blocks: a counting pass, then one that writes them into arrays of that
+        size (row indices as int32 below 2^31 rows), so that no copy of them is made."""
+        thr = h + tol * h
+        count = sum(int(np.count_nonzero(self[i:j] <= thr)) for i, j in self._blocks())
+        cand = np.empty(count, dtype=row_index_dtype(self.size))
+        vals = np.empty(count)
+        at = 0
+        for i, j in self._blocks():
+            k, ak = _near(self[i:j], h, tol)
+            np.add(k, i, out=cand[at:at + k.size], casting="unsafe")
+            vals[at:at + k.size] = ak
+            at += k.size
+        return cand, vals
+
+    def finite(self):
+        """(any, all, count among the correctly classified rows) of finite prices."""
+        any_, all_, movable = False, True, 0
+        for i, j in self._blocks():
+            fin = np.isfinite(self[i:j])
+            any_ = any_ or bool(fin.any())
+            all_ = all_ and bool(fin.all())
+            movable += int(np.count_nonzero(fin & ~self.wrong[i:j]))
+        return any_, all_, movable
+
+
+def misclassified(prob: Problem, S=None) -> np.ndarray:
+    """A boolean per sample: misclassified by the model now (its 0/1 loss is 1). From the
+    problem's cached losses when its loss is 0/1 and they exist, else over blocks of the
+    scores ``S`` (no n-vector of float losses is made)."""
+    cached = prob.extra.get("base_losses") if isinstance(prob.loss, ZeroOne) else None
+    if cached is not None:
+        return cached > 0
+    S = prob.scores if S is None else S
+    n = S.shape[0]
+    out = np.empty(n, dtype=bool)
+    for s in range(0, n, REDUCED_BLOCK):
+        e = min(s + REDUCED_BLOCK, n)
+        out[s:e] = zero_one.values(S[s:e], prob.y[s:e]) > 0
+    return out
+
+
+def move_prices(dstar, theta1: float) -> np.ndarray:
+    """``a_i = theta1 d*_i``: the price of moving each sample to its nearest misclassified
+    point (``theta1 = inf``: 0 for a misclassified sample, ``inf`` for the others). With
+    ``theta1 = 1`` the prices are ``dstar`` itself (no copy; neither is written to)."""
+    if theta1 == 1.0:
+        return dstar
+    return dstar * theta1 if math.isfinite(theta1) else np.where(dstar > 0, np.inf, 0.0)
+
+
+class NearPoints:
+    """The nearest misclassified points ``x_i - c_i D_i`` of a linear classifier, built only
+    for the rows asked for (``near[rows]``): ``c`` per row (an array, or a function of the
+    rows), ``direction(rows)`` the rows' directions (one shared row for binary models). No
+    n x d array is formed."""
+
+    def __init__(self, X, c, direction, moves=None, scores=None, labels=None):
+        self.X, self.c, self.direction = X, c, direction
+        self.shape = X.shape
+        #: ``moves(rows, c) -> (change of the model's scores, squared move)`` of the rows with
+        #: steps ``c`` (None: not known from the scores); ``scores``, ``labels`` at the data
+        self.moves_fn, self.scores, self.labels = moves, scores, labels
+        #: which rows are misclassified now (booleans; set by :func:`linear_distances`)
+        self.misclassified = None
+
+    def steps(self, rows) -> np.ndarray:
+        """``c`` of ``rows`` (the signed step along each row's direction)."""
+        return self.c(rows) if callable(self.c) else self.c[rows]
+
+    def moves(self, rows):
+        """``(change of the model's scores, squared move)`` of ``rows`` moved to their
+        nearest points, from the scores (without forming the points)."""
+        return self.moves_fn(rows, self.steps(rows))
+
+    def reduced(self, rows):
+        """``(0/1 loss, squared move)`` at the moved points of ``rows``, from the scores."""
+        change, sq = self.moves(rows)
+        return zero_one.values(self.scores[rows] + change, self.labels[rows]), sq
+
+    def displacement(self, rows) -> np.ndarray:
+        """``x_near - x`` for ``rows``."""
+        return -self.steps(rows)[:, None] * self.direction(rows)
+
+    def __getitem__(self, rows) -> np.ndarray:
+        return self.X[rows] + self.displacement(rows)
+
+
+def _push(gap, score_scale, intercept_scale):
+    """How far past the decision boundary (in score units) a moved point is put so that the
+    model's own rule misclassifies it: a relative PUSH of the gap, plus a few hundred ulps of
+    the scores involved (their rounding when the model recomputes them). Relative to the gap
+    this costs 2 PUSH of the move's cost, and more only for samples within rounding of the
+    boundary (the audit then measures the cost of the point actually returned)."""
+    return PUSH * gap + 256.0 * EPS * (1.0 + score_scale + np.abs(intercept_scale))
+
+
+def row_index_dtype(n: int):
+    """The integer type of arrays of row indices among ``n`` rows: int32 below 2^31 rows
+    (half the memory of intp), else intp."""
+    return np.int32 if n < 2**31 else np.intp
+
+
+def _near(a, h, tol=1e-10):
+    """Rows with ``a_i <= h`` (up to the tie tolerance), the only rows Q* can move, and
+    their ``a``."""
+    cand = np.flatnonzero(a <= h + tol * h)  # a = inf never qualifies
+    return cand, a[cand]
+
+
+class _Weights:
+    """The weights of Q* over the n samples, kept compact: every row outside ``idx`` has the
+    weight ``base`` (its ``l_h`` is 0), the rows ``idx`` have ``vals``; or a dense array
+    (``dense``). Sums over all rows cost O(len(idx)) plus one pass over the summed array.
+
+    ``q`` (dense weights only): n times the sample probabilities (sample weights); the sums
+    and :meth:`at` then carry each row's share ``q_i`` of P0 (``sum_i q_i w_i = n``), so that
+    every ``sum / n`` below is the p-weighted sum."""
+
+    def __init__(self, n, *, base=None, idx=None, vals=None, dense=None, q=None):
+        self.n, self.base, self.idx, self.vals, self.dense = n, base, idx, vals, dense
+        self.q = q
+        self._qw = None if q is None or dense is None else q * dense
+        # compact with sample weights: q of the rows idx, and the q-mass of the other rows
+        self._qi = None if q is None or dense is not None else q[idx]
+        self._q_rest = None if self._qi is None else float(np.sum(q)) - float(np.sum(self._qi))
+        self._dots = {}
+
+    def at(self, pos):
+        """Weights of the rows ``idx[pos]`` (times their ``q`` with sample weights)."""
+        if self._qw is not None:
+            return self._qw[self.idx[pos]]
+        if self.dense is not None:
+            return self.dense[self.idx[pos]]
+        return self.vals[pos] if self._qi is None else self.vals[pos] * self._qi[pos]
+
+    def dot(self, x):
+        """sum_i w_i x_i (sum_i q_i w_i x_i with sample weights; remembered per array: the
+        plan and the audit both need it)."""
+        key = id(x)
+        if key not in self._dots:
+            if self._qw is not None:
+                val = float(np.dot(self._qw, x))
+            elif self.dense is not None:
+                val = float(np.dot(self.dense, x))
+            elif self._qi is None:  # the rows outside idx at the shared weight, idx at theirs
+                xi = x[self.idx]
+                # (a boolean x as a mask: no float copy of it)
+                vx = float(np.sum(self.vals, where=xi)) if xi.dtype == bool else \
+                    float(np.dot(self.vals, xi))
+                val = self.base * (float(np.sum(x)) - float(np.sum(xi))) + vx
+            else:
+                xi = x[self.idx]
+                val = self.base * (float(np.dot(self.q, x)) - float(np.dot(self._qi, xi))) \
+                    + float(np.dot(self.vals * self._qi, xi))
+            self._dots[key] = (x, val)  # keeps x alive, so its id is not reused
+        return self._dots[key][1]
+
+    def total(self):
+        if self._qw is not None:
+            return float(np.sum(self._qw))
+        if self.dense is not None:
+            return float(np.sum(self.dense))
+        if self._qi is not None:
+            return self.base * self._q_rest + float(np.dot(self._qi, self.vals))
+        return self.base * (self.n - self.idx.size) + float(np.sum(self.vals))
+
+    def phi_total(self, divergence):
+        """sum_i phi(w_i) (sum_i q_i phi(w_i) with sample weights)."""
+        if self._qw is not None:
+            return float(np.dot(self.q, phi(self.dense, divergence)))
+        if self.dense is not None:
+            return _phi_sum(self.dense, divergence)
+        phi_base = _phi_sum(np.array([self.base]), divergence)
+        if self._qi is not None:
+            return phi_base * self._q_rest + float(np.dot(self._qi, phi(self.vals, divergence)))
+        return phi_base * (self.n - self.idx.size) + _phi_sum(self.vals, divergence)
+
+    def array(self):
+        if self.dense is not None:
+            return self.dense
+        w = np.full(self.n, self.base)
+        w[self.idx] = self.vals
+        return w
+
+
+def _phi_sum(w, divergence):
+    """sum_i phi(w_i), each term accurate also for weights close to 1 (no ``sum w^2 - 2 sum w
+    + n`` style cancellation, which a large theta2 would turn into cost)."""
+    # over blocks of rows: phi's temporaries stay cache-sized
+    return sum((float(np.sum(phi(w[s:s + REDUCED_BLOCK], divergence)))
+                for s in range(0, w.size, REDUCED_BLOCK)), 0.0)
+
+
+def _move_plan(h, w, loss0, r, n, ac, tol=1e-10):
+    """Which samples Q* moves: ``(moved, split)`` as positions in ``w.idx`` (the rows with
+    ``a_i <= h``, whose ``a`` is ``ac``).
+
+    ``moved`` are the rows moved whole (``a_i < h``, plus tied rows ``a_i = h`` moved one by
+    one until the risk reaches r); ``split`` is ``None`` or ``(position, fraction moved)`` for
+    the one tied row whose mass is split. Works on the rows with ``a_i <= h`` only.
+
+    Compact weights (uniform samples) with few tied rows: the tied rows are first put last in
+    ``w.idx`` (and ``w.vals``), keeping their order, so that the moved rows are the first
+    ``moved`` positions (an int, no array of positions) and a split row the next one.
+    """
+    t = tol * h
+    cand = w.idx
+    below = ac < h - t
+    n_below = int(np.count_nonzero(below))
+    tied = np.flatnonzero(~below)
+    compact = w.dense is None and w.q is None and \
+        tied.size <= max(TIED_LAST_MIN, TIED_LAST_SHARE * cand.size)
+    if compact and tied.size:
+        _tied_last(w, below, tied, n_below)
+        tied = np.arange(n_below, cand.size)
+    moved = n_below if compact else np.flatnonzero(below)
+    del below
+    # the moved rows add their weight where they were classified correctly (loss 0 -> 1);
+    # over blocks of them (cache-sized gathers)
+    risk = w.dot(loss0)
+    for s in range(0, n_below, REDUCED_BLOCK):
+        mb = slice(s, min(s + REDUCED_BLOCK, n_below)) if compact else \
+            moved[s:s + REDUCED_BLOCK]
+        risk += float(np.sum(w.at(mb), where=~(loss0[cand[mb]] > 0)))
+    need = n * r - risk
+    split = None
+    if need > 0 and tied.size:
+        gain = w.at(tied) * (1.0 - loss0[cand[tied]])
+        cg = np.cumsum(gain)
+        full = cg <= need * (1 + 1e-15)
+        k = int(np.count_nonzero(full))  # (a prefix of the tied rows: the gains are >= 0)
+        if full.any():
+            if compact:  # the first k tied rows follow the moved ones
+                moved = n_below + k
+            else:
+                moved = np.concatenate([moved, tied[full]])
+                moved.sort()
+        if k < tied.size and gain[k] > 0:
+            before = cg[k - 1] if k > 0 else 0.0
+            split = (int(tied[k]), min(max((need - before) / gain[k], 0.0), 1.0))
+    return moved, split
+
+
+def _tied_last(w, below, tied, n_below):
+    """Put the tied positions ``tied`` (ascending) at the end of ``w.idx`` and ``w.vals``, in
+    their order, and the positions below ``h`` they displace into their places: only the
+    positions involved move (at most twice the tied ones). (``below``, like the prices, keeps
+    the old order: the plan reads neither again.)"""
+    size = w.idx.size
+    at = np.union1d(tied, np.arange(n_below, size))  # the holes below n_below, then the end
+    order = np.concatenate([at[below[at]], at[~below[at]]])
+    for arr in (w.idx, w.vals):
+        arr[at] = arr[order]
+
+
+def _unit(n, q):
+    """Every weight 1 (no reweighting)."""
+    if q is None:
+        return _Weights(n, base=1.0, idx=np.empty(0, dtype=np.intp), vals=np.empty(0))
+    return _Weights(n, idx=np.empty(0, dtype=np.intp), dense=np.ones(n), q=q)
+
+
+def _weights(a, h, sol, theta2, divergence, n, cand, ac, q=None):
+    """The weights of Q* at ``h`` (a :class:`_Weights`) and chi2's alpha. Samples with
+    ``a_i >= h`` have ``l_h = 0`` and share one weight, so only the rows ``cand`` (a superset
+    of ``a_i < h``) get their own (the KL closed form returns the shared weight; chi2 takes
+    the dual's exact alpha); otherwise the weights are computed densely. ``q``: n times the
+    sample probabilities (None: uniform); the weights are then computed densely with them."""
+    if q is not None:
+        # the weight map over blocks of rows (no n-vector of l_h): the rows with l_h = 0 share
+        # its weight at 0, the rows ``cand`` get their own
+        p = q / n
+        wm = weight_map_blocks(lambda s, e: np.maximum(h - a[s:e], 0.0), n, theta2,
+                               divergence, p=p)
+        del p
+        vals = wm(np.maximum(h - ac, 0.0))
+        return _Weights(n, base=float(wm(np.zeros(1))[0]), idx=cand, vals=vals, q=q), wm.alpha
+    if math.isinf(theta2):
+        return _Weights(n, base=1.0, idx=cand, vals=np.ones(cand.size)), \
+            (None if divergence == "kl" else 0.0)
+    info = sol.info if sol is not None else {}
+    if divergence == "kl" and info.get("unit_weight", 0.0) > 1e-250 and math.isfinite(h):
+        uw = float(info["unit_weight"])
+        # uw exp(max(h - a, 0) / theta2), in one buffer (the same numbers)
+        vals = np.subtract(h, ac)
+        np.maximum(vals, 0.0, out=vals)
+        vals /= theta2
+        np.exp(vals, out=vals)
+        vals *= uw
+        return _Weights(n, base=uw, idx=cand, vals=vals), None
+    if divergence == "chi2" and sol is not None and sol.alpha is not None \
+            and math.isfinite(h) and sol.solver == "zero_one_dual":
+        alpha = float(sol.alpha)
+        base = max(alpha / (2.0 * theta2) + 1.0, 0.0)
+        vals = np.maximum((np.maximum(h - ac, 0.0) + alpha) / (2.0 * theta2) + 1.0, 0.0)
+        w = _Weights(n, base=base, idx=cand, vals=vals)
+        if abs(w.total() / n - 1.0) <= 1e-13:
+            return w, alpha
+        # the dual's alpha belongs to a slightly different h: recompute it exactly below
+    shift = 0.0
+    if isinstance(a, RowPrices):  # the dense weights need every price
+        a = a.array()
+    if math.isfinite(h) and a.size and h >= float(a.max()):
+        # every sample moves (r = 1): l_h = h - a, and the weights depend on l_h only up to a
+        # constant (KL) or through l_h + alpha (chi2): use -a, without the rounding of h - a
+        lh, shift = -a, h
+    else:
+        lh = np.maximum(h - a, 0.0)
+    if divergence == "kl":
+        return _Weights(n, idx=cand, dense=kl_weights(lh, theta2)), None
+    w, alpha, _ = chi2_solution(lh, theta2)
+    return _Weights(n, idx=cand, dense=w), alpha - shift
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """What every answer of one 0/1 certificate shares (:func:`_finish`, :func:`_limit_result`):
+    the prices ``a`` and losses ``loss0`` of the samples, the question (``r``, ``theta1``,
+    ``theta2``, ``divergence``), the data ``X`` and the nearest misclassified points
+    ``X_near``, the labels ``y``, the model's loss function, the result's ``names`` and
+    ``index``, the start time, the distances ``dstar`` and the base risk."""
+
+    a: Any
+    loss0: np.ndarray
+    r: float
+    theta1: float
+    theta2: float
+    divergence: str
+    X: Any
+    X_near: Any
+    y: Any
+    losses_fn: Any
+    names: Any
+    index: Any
+    t_start: float
+    dstar: Any
+    base: float | None = None
+
+
+def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near, y, losses_fn,
+                     names, index, t_start, dstar, base=None, *, exact=True, value_lower=0.0,
+                     p=None):
+    """Edge cases, the exact 0/1 dual, Q* and its audit. ``exact=False`` when the distances
+    are upper bounds (a perturbation search): the answer is then an upper bound on R and
+    ``value_lower`` the certified lower bound passed to the audit. ``p``: the sample
+    probabilities (None: uniform)."""
+    n = a.size
+    rp = a if isinstance(a, RowPrices) else None  # prices computed per block (uniform P0)
+    if rp is not None and p is not None:
+        raise ValueError("RowPrices serve uniform samples only; pass the price array with p")
+    base = pmean(loss0, p) if base is None else base
+    q = None if p is None else p * n
+    # (any, all finite prices among the charged samples, the largest error rate reachable by
+    # moving alone): one pass, only if an edge case below asks
+    reach = Lazy(lambda: _reach(a, loss0, p))
+    method = "dual" if solver == "dual" else "closed_form"
+    no_moves = (np.empty(0, dtype=np.intp), None)
+    common = _Inputs(a=a, loss0=loss0, r=r, theta1=theta1, theta2=theta2,
+                     divergence=divergence, X=X, X_near=X_near, y=y, losses_fn=losses_fn,
+                     names=names, index=index, t_start=t_start, dstar=dstar, base=base)
+    if audit.reached(r, base):
+        message = f"r = {r:g} <= base error rate {base:.6g}: no perturbation is needed"
+        res = _finish(common, value=0.0, h=0.0, alpha=(0.0 if divergence == "chi2" else None),
+                      status="zero", message=message, plan=no_moves,
+                      w=_unit(n, q), solver_name="none", sol=None,
+                      log=[{"solver": "none", "status": "zero", "reason": message}])
+        audit.mark_edge(res, "zero")
+        return res
+    unreachable = None
+    if math.isinf(theta2) and r > reach()[2]:
+        unreachable = (f"r = {r:g} exceeds the largest error rate reachable by moving "
+                       "samples alone (theta2 = inf and some samples cannot be moved)")
+    if unreachable is None and base == 0.0 and not reach()[0]:
+        unreachable = ("no sample is misclassified and none can be moved "
+                       "(theta1 = inf, a zero model or masked features)")
+    if unreachable is None and r >= 1.0 and not reach()[1]:
+        if base > 0 and math.isfinite(theta2):
+            res = _limit_result(common, p=p)
+            audit.mark_edge(res, "limit")
+            return res
+        unreachable = "r = 1 needs every sample misclassified, which moving cannot achieve here"
+    if unreachable:
+        res = _finish(common, value=math.inf, h=math.nan, alpha=None, status="unreachable",
+                      message=unreachable, plan=no_moves, w=_unit(n, q),
+                      solver_name="none", sol=None,
+                      log=[{"solver": "none", "status": "unreachable", "reason": unreachable}])
+        audit.mark_edge(res, "unreachable")
+        return res
+
+    def attempt(how):
+        def thunk():
+            # (RowPrices: one sorted copy for the solve, freed before Q* is built)
+            if p is not None and r < 1.0:
+                sol = _weighted_dual(a, p, r, theta2, divergence)
+            elif rp is None:
+                sol = solve_zero_one(a, r, theta2, divergence, method=how, p=p)
+            elif how == "closed_form" and r < 1.0 and (divergence == "kl" or
+                                                       math.isinf(theta2)):
+                # Q* moves at most r n samples, the cheapest: their prices are all the closed
+                # form needs (sorted, with a margin; all of them when the margin is short)
+                sol = solve_zero_one(rp.smallest(r), r, theta2, divergence, method=how,
+                                     presorted=True, n=n)
+                if sol.native_status == "needs more prices":
+                    sol = solve_zero_one(rp.sorted(), r, theta2, divergence, method=how,
+                                         presorted=True)
+            else:
+                sol = solve_zero_one(rp.sorted(), r, theta2, divergence, method=how,
+                                     presorted=True)
+            if sol.status != OPTIMAL:
+                raise audit.Skip(f"0/1 {how} reported {sol.native_status!r}", sol.status)
+            cand, ac = _near(a, sol.h) if rp is None else rp.near(sol.h)
+            w, alpha = _weights(a, sol.h, sol, theta2, divergence, n, cand, ac, q)
+            plan = _move_plan(sol.h, w, loss0, r, n, ac)
+            # the dual objective at h from the rows that move (the audit's weak-duality check;
+            # at r = 1 the value is a closed form without h r - T(h): no check). One pass over
+            # those rows (an exp each for KL): done where the audit re-scores every row anyway
+            # or where few rows move, so that the large-n path keeps its cost
+            cheap = n <= audit.AUDIT_DIRECT_MAX or cand.size <= n // DUAL_CHECK_SHARE
+            dual_at_h = _dual_at_h(sol.h, r, theta2, divergence, n, cand, ac, alpha, p) \
+                if r < 1.0 and math.isfinite(sol.h) and cheap else None
+            del cand, ac  # (the weights keep the rows; their prices are not needed again)
+            res = _finish(common, value=float(sol.value), h=sol.h, alpha=alpha, status="candidate",
+                          message="", plan=plan, w=w, solver_name=sol.solver, sol=sol, log=[],
+                          dual_at_h=dual_at_h)
+            return res, exact, value_lower
+        return thunk
+
+    attempts = [(method, attempt(method))]
+    if solver == "auto" and method == "closed_form" and p is None:
+        attempts.append(("dual", attempt("dual")))  # the kink-exact dual on the distances
+    return audit.first_accepted(attempts, solver=solver)
+
+
+def _weighted_dual(a, p, r, theta2, divergence):
+    """The 0/1 dual with sample probabilities ``p``, summed over blocks of rows
+    (:class:`~otstab_solvers.blockwise.BlockwiseDual` of ``l_h = (h - a_i)_+``): no sorted copy
+    of the prices, no n-vector of ``l_h``; kink-exact like the dense dual it replaces."""
+    n = a.size
+    blocks = [distance_block(a[s:s + REDUCED_BLOCK], p[s:s + REDUCED_BLOCK])
+              for s in range(0, n, REDUCED_BLOCK)]
+    sol = solve_dual(BlockwiseDual(in_memory(blocks), n, 1.0), r, theta2, divergence)
+    sol.solver = "zero_one_dual"
+    return sol
+
+
+def _dual_at_h(h, r, theta2, divergence, n, cand, ac, alpha, p=None) -> float:
+    """``h r - T(h)`` from the rows ``cand`` (prices ``ac``, a superset of ``a_i < h``; every
+    other row has ``l_h = 0``): T is the divergence term of ``l_h = (h - a)_+`` (chi2 at the
+    builder's ``alpha``: any alpha gives a lower bound). Written in ``expm1`` / ``l + alpha``
+    form, so that a large theta2 does not cancel. O(|cand|)."""
+    lc = np.maximum(h - ac, 0.0)
+    pc = np.full(lc.size, 1.0 / n) if p is None else p[cand]
+    rest = (n - lc.size) / n if p is None else max(1.0 - float(np.sum(pc)), 0.0)
+    if math.isinf(theta2):
+        T = float(pc @ lc)
+    elif divergence == "kl":
+        M = float(lc.max()) if lc.size else 0.0
+        s = rest * math.expm1(-M / theta2) + float(pc @ np.expm1((lc - M) / theta2))
+        T = M + theta2 * math.log1p(s)
+    else:
+        two = 2.0 * theta2
+
+        def part(v):  # theta2 (w^2 - 1), w = ((l + alpha) / (2 theta2) + 1)_+
+            return np.where(v + two > 0, v + v * v / (2.0 * two), -theta2)
+        T = -alpha + rest * float(part(np.array([alpha]))[0]) + float(pc @ part(lc + alpha))
+    return h * r - T
+
+
+def _reach(a, loss0, p=None):
+    """``(any, all, top)``: whether any and whether every sample of positive probability has a
+    finite price, and the largest error rate reachable by moving alone (the misclassified
+    samples plus the correct ones that can move). ``a``: prices, or :class:`RowPrices`
+    (uniform samples; its rows per block)."""
+    n = a.size
+    if isinstance(a, RowPrices):
+        any_, all_, movable = a.finite()
+        return any_, all_, (float(np.sum(loss0)) + movable) / n
+    fin = np.isfinite(a)
+    live = fin if p is None else fin[p > 0]
+    movable = fin & (loss0 == 0)
+    if p is None:
+        top = (float(np.sum(loss0)) + int(np.count_nonzero(movable))) / n
+    else:
+        # 1 less the P0-mass of the rows that can never be misclassified (correct, no finite
+        # price): exactly 1 when there are none, although the normalised p may sum to 1 - 1 ulp
+        stuck = ~fin & (loss0 == 0) & (p > 0)
+        top = 1.0 - float(np.sum(p[stuck])) if stuck.any() else 1.0
+    return bool(live.any()), bool(live.all()), top
+
+
+def _limit_result(inputs, p=None):
+    a, loss0, theta2, divergence = inputs.a, inputs.loss0, inputs.theta2, inputs.divergence
+    n = a.size
+    A = loss0 > 0
+    if p is None:
+        w = _Weights(n, idx=np.empty(0, dtype=np.intp), dense=np.where(A, n / A.sum(), 0.0))
+        frac_A = A.sum() / n
+    else:  # the p-mass of the misclassified samples
+        A &= p > 0
+        frac_A = float(np.sum(p[A]))
+        w = _Weights(n, idx=np.empty(0, dtype=np.intp), dense=np.where(A, 1.0 / frac_A, 0.0),
+                     q=p * n)
+    value = theta2 * (math.log(1 / frac_A) if divergence == "kl" else (1 / frac_A - 1))
+    msg = ("r = 1 is attained only in the limit h -> inf, with all mass on the misclassified "
+           "samples")
+    return _finish(replace(inputs, X_near=None), value=value, h=math.inf, alpha=None,
+                   status="limit", message=msg, plan=(np.empty(0, dtype=np.intp), None), w=w,
+                   solver_name="none", sol=None,
+                   log=[{"solver": "none", "status": OPTIMAL, "reason": msg}])
+
+
+def _finish(inputs, *, value, h, alpha, status, message, plan, w, solver_name, sol, log,
+            dual_at_h=None):
+    """Q* and its audit (``inputs``: an :class:`_Inputs`).
+
+    Q* has one atom per sample (moved to its nearest misclassified point or not) plus one
+    extra atom for a split sample. Only the moved atoms differ from the data, so the audit
+    (cost, risk and mass of Q*) is summed over them and over the compact weights, with the
+    model's own loss recomputed at every moved point (above ``audit.AUDIT_DIRECT_MAX`` rows,
+    for linear models: from the moved scores, confirmed on ``audit.AUDIT_SAMPLE`` random moved
+    rows materialised and re-scored by the model, as the piecewise path does); the per-atom
+    arrays (``source``, ``mass``, ``weights``, ``loss_star``, ``X_star``) are built on first
+    access.
+    """
+    a, loss0, r, theta1, theta2 = inputs.a, inputs.loss0, inputs.r, inputs.theta1, inputs.theta2
+    divergence, X, X_near, y = inputs.divergence, inputs.X, inputs.X_near, inputs.y
+    losses_fn, names, index = inputs.losses_fn, inputs.names, inputs.index
+    t_start, dstar, base = inputs.t_start, inputs.dstar, inputs.base
+    n = a.size
+    moved_pos, split = plan
+    if isinstance(moved_pos, int):  # the first positions of w.idx (a split row next)
+        k_whole = moved_pos
+        if split is not None and split[0] != k_whole:
+            raise ValueError("a compact plan's split row follows its moved rows")
+        rows = w.idx[:k_whole + (split is not None)]
+    else:
+        k_whole = moved_pos.size
+        # the moved rows (the split row last), gathered without an array of their positions
+        rows = np.empty(k_whole + (split is not None), dtype=w.idx.dtype)
+        np.take(w.idx, moved_pos, out=rows[:k_whole], mode="clip")  # (valid positions;
+        # "clip" writes into ``out`` directly, "raise" would buffer a copy)
+        if split is not None:
+            rows[-1] = w.idx[split[0]]
+    moved = rows[:k_whole]
+
+    def w_rows(s, e):
+        """The weights of the moved atoms s..e (gathered per block)."""
+        if isinstance(moved_pos, int):  # (the split row, if any, is position k_whole)
+            return w.at(slice(s, min(e, rows.size)))
+        pos = moved_pos[s:min(e, k_whole)]
+        if split is not None and e > k_whole:
+            pos = np.append(pos, split[0])
+        return w.at(pos)
+
+    def moved_points(sel):
+        """(x, x*) of the moved rows ``rows[sel]``."""
+        rs = rows[sel]
+        Xr = X[rs]
+        return Xr, (Xr + X_near.displacement(rs) if isinstance(X_near, NearPoints)
+                    else np.asarray(X_near[rs], dtype=np.float64))
+
+    # the loss at every moved point and the squared distance moved, over blocks of rows,
+    # summed as they come (the moved points are not kept: X_star and the displacement
+    # rebuild them when asked; above AUDIT_DIRECT_MAX rows neither are the per-row losses)
+    f = split[1] if split is not None else 0.0  # the split atom (the last row) has mass f
+    q = w.q
+    acc = {"wd2": 0.0, "wdl": 0.0, "qdl": 0.0}
+
+    def accumulate(s, e, lm, dd):
+        """Add the moved atoms s..e (losses ``lm``, squared moves ``dd``) to the sums; the
+        split atom's share 1 - f that stays is taken back."""
+        wr = w_rows(s, e)
+        dlb = lm - loss0[rows[s:e]]  # the change of loss of each moved atom
+        acc["wd2"] += float(np.dot(wr, dd))
+        acc["wdl"] += float(np.dot(wr, dlb))
+        acc["qdl"] += float(np.sum(dlb)) if q is None else float(np.dot(q[rows[s:e]], dlb))
+        if split is not None and e == rows.size:
+            keep = 1.0 - f
+            qs = 1.0 if q is None else float(q[rows[-1]])
+            acc["wd2"] -= keep * float(wr[-1]) * float(dd[-1])
+            acc["wdl"] -= keep * float(wr[-1]) * float(dlb[-1])
+            acc["qdl"] -= keep * qs * float(dlb[-1])
+
+    audit_info = {"method": "direct", "sample": int(rows.size), "max_rel_error": 0.0}
+    reduced = X_near.reduced if isinstance(X_near, NearPoints) and X_near.moves_fn else None
+    if X is not None and X_near is not None and rows.size and reduced is not None \
+            and n > audit.AUDIT_DIRECT_MAX:
+        # large n: the loss and move of every moved row from the scores (the reduced form),
+        # confirmed on a random sample of moved rows materialised and re-scored by the model
+        for s in range(0, rows.size, REDUCED_BLOCK):
+            accumulate(s, min(s + REDUCED_BLOCK, rows.size), *reduced(rows[s:s + REDUCED_BLOCK]))
+
+        def loss_m():  # the loss at the moved points, for ``loss_star`` (built when asked)
+            out = np.empty(rows.size)
+            for s in range(0, rows.size, REDUCED_BLOCK):
+                out[s:s + REDUCED_BLOCK] = reduced(rows[s:s + REDUCED_BLOCK])[0]
+            return out
+
+        pick = audit.sample_positions(rows.size, audit.AUDIT_SAMPLE)
+        err = 0.0
+        # in blocks: the gathered rows, the moved rows and the moves stay cache-sized
+        step = audit.rows_per_block(X.shape[1], pick.size)
+        for s in range(0, pick.size, step):
+            pb = pick[s:s + step]
+            Xr, Xm = moved_points(pb)
+            direct_l, direct_d2 = audit.rescored(losses_fn, y[rows[pb]], Xr, Xm)
+            lm, dd = reduced(rows[pb])
+            err = max(err, audit.sampled_error(direct_l, lm, direct_d2, dd))
+        audit_info = {"method": "sampled", "sample": int(pick.size), "max_rel_error": err}
+    elif X is not None and X_near is not None and rows.size:
+        # (at most AUDIT_DIRECT_MAX rows: the per-row arrays are kept and summed whole, so
+        # that the sums do not depend on the block size)
+        lm_all = np.empty(rows.size)
+        d2 = np.empty(rows.size)
+        # cache-sized blocks of each n x d temporary; Dask: one gather
+        step = audit.rows_per_block(X.shape[1], MOVED_BLOCK) if isinstance(X, np.ndarray) \
+            else rows.size
+        for s in range(0, rows.size, step):
+            e = min(s + step, rows.size)
+            Xr, Xm = moved_points(slice(s, e))
+            lm_all[s:e], d2[s:e] = audit.rescored(losses_fn, y[rows[s:e]], Xr, Xm)
+        accumulate(0, rows.size, lm_all, d2)
+        loss_m = Lazy.of(lm_all)
+    else:
+        lm_all = np.ones(rows.size)
+        d2 = (dstar() if isinstance(dstar, Lazy) else dstar)[rows] if rows.size else \
+            np.zeros(0)
+        accumulate(0, rows.size, lm_all, np.where(np.isfinite(d2), d2, 0.0))
+        loss_m = Lazy.of(lm_all)
+    total = w.total()  # sum over atoms of mass * w: a split row's two atoms add up to its w
+    move_cost = 0.0 if math.isinf(theta1) else theta1 * acc["wd2"] / n
+    rew_cost = 0.0 if math.isinf(theta2) else theta2 * w.phi_total(divergence) / n
+    primal = move_cost + rew_cost
+    # risk: every atom at loss0, corrected on the moved atoms
+    risk_star = (w.dot(loss0) + acc["wdl"]) / n
+    base = float(np.mean(loss0)) if base is None else base
+    mdl = acc["qdl"]  # sum over the moved atoms of P0-mass * (change of loss)
+    moved_risk = base + mdl / n
+    if audit_info["max_rel_error"] > audit.SAMPLED_RTOL:  # the reduced form and the model
+        primal = math.inf                                  # disagree: never pass this off
+    gap = audit.relative_gap(primal, value)
+    if status == "unreachable":
+        primal, gap = math.nan, math.nan
+    n_atoms = n + (split is not None)
+
+    split_row = int(rows[-1]) if split is not None else None
+
+    def source():
+        src = np.arange(n_atoms)
+        if split is not None:
+            src[n] = split_row
+        return src
+
+    def mass():
+        out = np.ones(n_atoms)
+        if split is not None:
+            out[split_row], out[n] = 1.0 - f, f
+        return out
+
+    def weights():
+        wa = w.array()
+        return wa if split is None else np.concatenate([wa, wa[split_row:split_row + 1]])
+
+    def loss_star():
+        out = np.empty(n_atoms)
+        out[:n] = loss0  # (float or boolean losses)
+        k = moved.size
+        lm = loss_m()
+        out[moved] = lm[:k]
+        if split is not None:
+            out[n] = lm[k]
+        return out
+
+    def x_star():
+        if X is None:
+            return np.empty((n_atoms, 0))
+        out = np.empty((n_atoms, X.shape[1]))
+        out[:n] = X
+        if rows.size:
+            Xm = moved_points(slice(None))[1]
+            out[moved] = Xm[:moved.size]
+            if split is not None:
+                out[n] = Xm[-1]
+        return out
+
+    def displacement(atoms):
+        """x* - x of the atoms ``atoms`` (Q* built blockwise, :mod:`otstab.scale`)."""
+        atoms = np.asarray(atoms)
+        out = np.zeros((atoms.size, X.shape[1]))
+        if rows.size:
+            at = np.full(n_atoms, -1, dtype=np.intp)
+            at[moved] = np.arange(moved.size)
+            if split is not None:
+                at[n] = rows.size - 1
+            pos = at[atoms]
+            sel = pos >= 0
+            Xr, Xm = moved_points(pos[sel])
+            out[sel] = Xm - Xr
+        return out
+
+    return StabilityResult(
+        value=value, h=h, alpha=alpha, X_star=x_star, weights=weights, source=source,
+        mass=mass, risk_base=base, risk_star=risk_star, total_mass=total / n,
+        primal_cost=primal, gap=gap,
+        decomposition={"base": base, "corruption": moved_risk - base,
+                       "reweighting": risk_star - moved_risk, "cost_moving": move_cost,
+                       "cost_reweighting": rew_cost},
+        solver=solver_name, status=status,
+        solve_time=(sol.solve_time if sol is not None else 0.0), r=r, theta1=theta1,
+        theta2=theta2, divergence=divergence, loss="zero_one", message=message,
+        solver_log=log, dual_gap_bound=(sol.gap_bound if sol is not None else 0.0),
+        iterations=(sol.iterations if sol is not None else 0), split=split is not None,
+        loss_star=loss_star,
+        loss_base=loss0 if loss0.dtype == np.float64 else (lambda: loss0.astype(np.float64)),
+        X=X if X is not None else np.empty((n, 0)), feature_names=names, index=index,
+        info=LazyInfo({
+            "dstar": dstar, "wall_time": time.perf_counter() - t_start, "audit": audit_info,
+            **({"displacement": displacement} if X is not None and X_near is not None
+               else {}),
+            **({"value_rounding": sol.info["value_rounding"]}
+               if sol is not None and "value_rounding" in sol.info else {}),
+            # (l_h = h - a rounds to a few ulps of h)
+            **({"dual_at_h": dual_at_h, "dual_at_h_rounding": 8.0 * EPS * abs(h)}
+               if dual_at_h is not None else {})}),
+    )
+
+
+def certify_zero_one_problem(prob: Problem, r, theta1, theta2, divergence, mask, solver,
+                             t_start, **solver_options) -> StabilityResult:
+    """0/1 certificate of a linear classifier (called by :func:`otstab.certify`)."""
+    if solver not in ("auto", "dual", "closed_form"):
+        raise ValidationError(
+            f"solver={solver!r} does not apply to loss='zero_one' (use 'auto', 'closed_form' "
+            "or 'dual'): the 0/1 loss has no conic program, its dual is solved exactly"
+        )
+    check_options(solver_options, (), "the exact 0/1 path of a linear classifier")
+    assert prob.scorer is not None, "a linear classifier"
+    if prob.scorer.task == "binary" and prob.p is None:
+        # the prices per block of rows: the closed form sorts one copy, Q* takes the rows
+        # below h; d* itself is built only if ``res.info["dstar"]`` is read
+        a, X_near = linear_prices(prob, mask, theta1)
+        return _solve_and_build(a, X_near.misclassified, r, theta1, theta2, divergence,
+                                solver, prob.X, X_near, prob.y, prob.losses,
+                                prob.feature_names, prob.index, t_start, Lazy(a.dstar))
+    dstar, X_near = linear_distances(prob, mask)  # 0 where misclassified
+    loss0 = X_near.misclassified  # booleans (the float losses are built if asked for)
+    a = move_prices(dstar, theta1)
+    return _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, prob.X, X_near,
+                            prob.y, prob.losses, prob.feature_names, prob.index, t_start,
+                            dstar, p=prob.p)
+
+
+def certify_distances(dstar, r, *, theta1=1.0, theta2=0.25, divergence="kl", solver="auto",
+                      misclassified=None, X=None, X_nearest=None) -> StabilityResult:
+    """Exact 0/1-loss certificate for any classifier, from precomputed distances.
+
+    Parameters
+    ----------
+    dstar : array-like (n,)
+        Squared distance from each evaluation sample to the nearest misclassified point
+        (0 for misclassified samples; ``inf`` if it cannot be misclassified). For nonlinear
+        models these are usually upper bounds (see ``otstab.perturbation``), which makes the
+        certified value an upper bound on R as well.
+    r : float in [0, 1]
+        Error-rate threshold.
+    misclassified : array-like of bool (n,), optional
+        Which samples are misclassified now; default ``dstar == 0``.
+    X, X_nearest : arrays (n, d), optional
+        The samples and their nearest misclassified points, to build Q* as points.
+    """
+    t_start = time.perf_counter()
+    r, theta1, theta2, divergence = check_common(r, theta1, theta2, divergence)
+    if r > 1.0:
+        raise ValidationError(f"r is an error rate and must be in [0, 1], got {r}")
+    d = as_float_vector(dstar, "dstar", finite=False)
+    if not float(d.min()) >= 0.0:  # one pass: the min is NaN if any entry is
+        bad = np.flatnonzero(np.isnan(d) | (d < 0))[0]
+        raise ValidationError(f"dstar must be >= 0 (inf allowed), without NaN; got {d[bad]} "
+                              f"at index {bad}")
+    n = d.size
+    base = None
+    if misclassified is None:
+        wrong = d == 0
+        base = np.count_nonzero(wrong) / n
+        loss0 = wrong.astype(float)
+    else:
+        loss0 = as_bool_vector(misclassified, "misclassified").astype(float)
+        if loss0.shape != (n,):
+            raise ValidationError(
+                f"misclassified must have shape ({n},), got {loss0.shape}")
+    if (X is None) != (X_nearest is None):
+        raise ValidationError("pass both X and X_nearest, or neither")
+    Xa = Xn = None
+    if X is not None:
+        Xa = as_float_matrix(X, "X")
+        Xn = as_float_matrix(X_nearest, "X_nearest")
+        if Xa.shape != Xn.shape or Xa.shape[0] != n:
+            raise ValidationError(
+                f"X and X_nearest must both have shape ({n}, d); got {Xa.shape} and {Xn.shape}")
+    if solver not in ("auto", "dual", "closed_form"):
+        raise ValidationError(f"solver must be 'auto', 'closed_form' or 'dual', got {solver!r}")
+    if misclassified is not None:  # misclassified samples are at distance 0
+        d = np.where(loss0 > 0, 0.0, d)
+    # (without ``misclassified``, loss0 > 0 exactly where d == 0: nothing to zero)
+    if theta1 == 1.0:
+        a = d
+    else:
+        a = move_prices(d, theta1)
+
+    def losses_fn(Xs, ys):  # without a model, moved atoms are misclassified by construction
+        return None
+
+    names = [f"x{j}" for j in range(Xa.shape[1])] if Xa is not None else []
+    res = _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, None, None,
+                           None, losses_fn, names, None, t_start, d, base=base)
+    if Xa is not None:
+        assert Xn is not None and res.loss_star is not None and res.loss_base is not None
+        moved = res.loss_star > res.loss_base[res.source]
+        res.X = Xa
+        res.X_star = np.where(moved[:, None], Xn[res.source], Xa[res.source])
+        res.feature_names = names
+    return res
+
+
+#: options of the perturbation search (0/1 loss of a nonlinear classifier)
+SEARCH_OPTIONS = ("n_directions", "n_refine", "max_radius", "seed")
+
+
+def certify_zero_one_search(prob: Problem, *, r, theta1, theta2, divergence, mask, solver,
+                            **solver_options) -> StabilityResult:
+    """0/1 loss of a nonlinear classifier: perturbation distances, then the exact 0/1 dual.
+
+    Options ``n_directions``, ``n_refine``, ``max_radius`` and ``seed`` go to
+    :func:`otstab.perturbation.perturbation_search`. The distances are exact for decision trees
+    (and tree ensembles with one movable feature), upper bounds otherwise; R is nondecreasing in
+    every distance, so the answer is then an upper bound on R (``status = 'bounds'``). For
+    scikit-learn tree ensembles and MLPs, :mod:`otstab.bounds` proves lower bounds on the
+    distances (options ``max_nodes``, ``time_budget``, ``progress``), and the same dual on them
+    gives the certified ``value_lower``.
+    """
+    if r > 1.0:
+        raise ValidationError(
+            f"r is an error rate for loss='zero_one' and must be in [0, 1], got {r}")
+    if solver not in ("auto", "dual", "closed_form", "first_order"):
+        raise ValidationError(f"solver={solver!r} does not apply to loss='zero_one' (use "
+                              "'auto', 'closed_form' or 'dual')")
+    check_options(solver_options, SEARCH_OPTIONS + bounds.BOUND_OPTIONS,
+                  "the 0/1 loss of a nonlinear classifier (the perturbation search)")
+    bound_options = {k: solver_options.pop(k) for k in bounds.BOUND_OPTIONS
+                     if k in solver_options}
+    t_start = time.perf_counter()
+    model = prob.nonlinear if prob.nonlinear is not None else prob.model
+    if prob.nonlinear is None and prob.scorer is not None:
+        sc = prob.scorer
+        model = LinearDifferentiable(sc.W, sc.b, sc.task, sc.classes)
+    pr = perturbation_search(model, prob.X, prob.y, mask=mask, labels="internal",
+                             **solver_options)
+    loss0 = prob.losses(prob.X)
+    dstar = np.where(loss0 > 0, 0.0, pr.distances)
+    a = move_prices(dstar, theta1)
+    X_near = np.where(np.isfinite(pr.points), pr.points, prob.X)
+    value_lower, lower_info = 0.0, None
+    if not pr.exact:
+        lower = bounds.certified_distances(model, prob.X, prob.y, mask=mask, upper=dstar,
+                                           **bound_options)
+        if lower is not None:
+            dlow, lower_info = lower
+            value_lower = bounds.zero_one_lower_value(dlow, loss0, r, theta1, theta2,
+                                                      divergence, prob.p)
+    res = _solve_and_build(a, loss0, r, theta1, theta2, divergence,
+                           "dual" if solver == "dual" else "auto", prob.X, X_near, prob.y,
+                           prob.losses, prob.feature_names, prob.index, t_start, dstar,
+                           exact=bool(pr.exact), value_lower=value_lower, p=prob.p)
+    res.info.update({"perturbation_method": pr.method, "n_predictions": pr.n_predictions})
+    if lower_info is not None:
+        res.info["lower_bound"] = lower_info
+    if not pr.exact and res.status in ("unreachable", "optimal"):
+        # decided from distances the search could not prove minimal: only an upper bound
+        was = res.status
+        res.status, res.exact, res.value_upper = "bounds", False, res.value
+        res.value_lower = value_lower if was == "unreachable" else min(value_lower, res.value)
+    if not pr.exact and res.status == "bounds":
+        how = (f"the lower end is proved by {lower_info['method']} lower bounds on the "
+               "distances" if lower_info is not None else
+               "no certified lower bound is available for this model (value_lower = 0)")
+        how_found = ("search" if pr.method == "search"
+                     else f"{pr.method.replace('_', '-')} search")
+        note = (f"distances to misclassification found by a {how_found} are upper "
+                f"bounds, so the value is an upper bound on R (value_upper); {how}")
+        res.message = f"{res.message}; {note}" if res.message else note
+    return res
