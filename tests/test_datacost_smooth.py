@@ -272,3 +272,30 @@ def test_refusals():
         otstab.certify(pipe3, X, y3, loss="cross_entropy", r=1.5, cost="auto")
     with pytest.raises(ValidationError, match="cost=DataCost is exact for"):
         otstab.certify(pipe, X, y, loss="multiclass_hinge", r=1.5, cost="auto")
+
+
+def test_german_default_cost_is_auto_and_q_star_is_valid():
+    """No cost= for a Pipeline with encoders on raw data: the DataCost (auto), said so; Q*'s
+    raw rows are valid and, re-scored by the pipeline, reach r (hinge)."""
+    pipe, X, y, num, cat, _ = german_pipeline(rows=300)
+    r = 1.0
+    res = otstab.certify(pipe, X, y, loss="hinge", r=r)
+    assert res.status == "optimal" and res.info["cost_used"].startswith("auto (default")
+    assert res.value == pytest.approx(
+        otstab.certify(pipe, X, y, loss="hinge", r=r, cost="auto").value, rel=1e-12)
+    f = res.to_frame(raw=True)
+    rows = f[[f"{c}*" for c in X.columns]].copy()
+    rows.columns = list(X.columns)
+    rows = rows.astype({c: X[c].dtype for c in num})
+    enc = pipe.named_steps["pre"].named_transformers_["cat"]
+    for j, c in enumerate(cat):
+        assert set(rows[c]) <= set(enc.categories_[j])
+    for c in num:
+        assert np.all(rows[c].to_numpy() == np.round(rows[c].to_numpy()))
+    sgn = np.where(np.asarray(y)[f["source"]] == pipe.classes_[1], 1.0, -1.0)
+    loss = np.maximum(1 - sgn * pipe.decision_function(rows), 0)
+    w, m = f["weight"].to_numpy(), f["mass"].to_numpy()
+    assert float(np.sum(m * w * loss)) / len(X) >= r * (1 - 1e-8)
+    # the encoded cost only when asked for (or when the call needs it)
+    enc_res = otstab.certify(pipe, X, y, loss="hinge", r=r, feature_costs={"age": 2.0})
+    assert enc_res.info["cost_used"].startswith("encoded (default")
