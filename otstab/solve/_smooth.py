@@ -151,12 +151,11 @@ def _certify_first_order(prob, loss, r, theta1, theta2, divergence, mask, t_star
         message = sol.message + "; " + message
     # certified lower bound: the same dual on an over-estimate of l_h (sklearn MLPs)
     value_lower = 0.0
-    mlp = bounds.as_mlp(adapter)
-    if mlp is not None:
-        oracle = bounds.mlp_transform_upper(mlp, loss, prob.losses(prob.X), theta1, mask)
+    oracle, how = bounds.network_transform_upper(adapter, loss, prob.X, prob.y,
+                                                 prob.losses(prob.X), theta1, mask, sol.h)
+    if oracle is not None:
         value_lower = bounds.smooth_lower_value(oracle, r, theta2, divergence, p=prob.p)
-        message += ("; value_lower from a global Lipschitz over-estimate of l_h "
-                    "(otstab.bounds)")
+        message += f"; value_lower from {how} (otstab.bounds)"
     else:
         message += "; no certified lower bound for this model (value_lower = 0)"
 
