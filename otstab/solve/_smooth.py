@@ -381,6 +381,7 @@ def _certify_rows(prob, loss, oracle, moves, r, theta1, theta2, divergence, t_st
         at = SquaredAtPole(oracle, sol.info["g"], r) if pole else oracle
         cand = _build_rows(prob, at, moves, sol, loss, r, theta1, theta2, divergence,
                            t_start, exact)
+        getattr(oracle, "release", lambda: None)()  # (the logistic oracle's warm starts)
         cand.info["oracle"] = type(oracle).__name__
         return cand, exact, 0.0
 
@@ -512,7 +513,8 @@ def _build_rows(prob, oracle, moves, sol, loss, r, theta1, theta2, divergence, t
     def lh_block(s, e):
         return atoms.l_h(np.arange(s, e))
 
-    wm = weight_map_blocks(lh_block, n, theta2, divergence, p=p)  # (no n-vector of l_h)
+    wm = weight_map_blocks(lh_block, n, theta2, divergence, p=p,  # (no n-vector of l_h)
+                           alpha=sol.alpha)
 
     def qw(s, e):  # n P0-mass times weight of the samples s..e
         w = wm(lh_block(s, e))
