@@ -695,6 +695,12 @@ def grid_points(data) -> list[dict]:
     return sorted(out, key=lambda p: -p["ratio"])
 
 
+def _load_note(machine) -> str:
+    """``; load average at the end x, y, z`` when the record has it."""
+    la = machine.get("loadavg_at_end")
+    return "; load average at the end " + ", ".join(f"{x:.2f}" for x in la) if la else ""
+
+
 def section_grid(path=GRID_JSON) -> list[str]:
     """Issue 31's grid: every certificate as users call it against one pass (none when the
     record is absent); the headline is the worst point."""
@@ -724,7 +730,8 @@ def section_grid(path=GRID_JSON) -> list[str]:
            f"`benchmarks/test_bench_grid.py` (`{GRID_CMD}`), finished "
            f"{data.get('datetime', '?')} on {m.get('cpu_model', '?')} "
            f"({m.get('nproc', '?')} logical cores, shared with other processes: the timings "
-           f"are noisy, minima over up to 3 rounds); n = {n:,}, d = 50, default BLAS threads "
+           f"are noisy, minima over up to 3 rounds{_load_note(m)}); n = {n:,}, d = 50, "
+           "default BLAS threads "
            f"({pts[0].get('blas_threads', '?')}), X writable as a user passes it (not copied: "
            "fingerprinted, [guarantees.md](guarantees.md#data-ownership)). Each certificate "
            "is divided by its baseline measured in the same run: one `X @ coef` (hinge, "

@@ -93,6 +93,9 @@ _SUBMODULES = {
     "datacost_linear": "otstab.solve._datacost_linear",
     "datacost_zero_one": "otstab.solve._datacost_zero_one",
     "datacost_hinge": "otstab.solve._datacost_hinge",
+    "datacost_smooth": "otstab.solve._datacost_smooth",
+    "datacost_inference": "otstab.solve._datacost_inference",
+    "datacost_features": "otstab.analysis._datacost_features",
     "datacost_certify": "otstab.solve._datacost_certify",
 }
 # the other modules of the flat layout, still reachable as ``otstab.<name>`` (not in __all__)

@@ -132,12 +132,13 @@ class _ValuesBlock:
 
 
 def weight_map_blocks(values, n: int, theta2: float, divergence: str, p=None,
-                      top: float | None = None) -> WeightMap:
+                      top: float | None = None, alpha: float | None = None) -> WeightMap:
     """The :class:`~otstab_solvers.weights.WeightMap` of the ``n`` values of ``l_h`` given by
     ``values(s, e)`` (rows s..e), over blocks of rows: ``l_h`` itself is never held in memory.
     KL and theta2 = inf: :func:`~otstab_solvers.weights.kl_weight_map_blocks` (``top``: the
     largest value over the support, when known); chi2: alpha exact by the active-set steps of
-    :meth:`BlockwiseDual.chi2` (one pass each). The same weights as
+    :meth:`BlockwiseDual.chi2` (one pass each; ``alpha``: a guess to start them from, e.g.
+    the dual solution's). The same weights as
     :func:`~otstab_solvers.weights.weight_map` of the whole vector, up to the order of sums."""
     if divergence not in ("kl", "chi2"):
         raise ValueError(f"divergence must be 'kl' or 'chi2', got {divergence!r}")
@@ -150,7 +151,7 @@ def weight_map_blocks(values, n: int, theta2: float, divergence: str, p=None,
     blocks = [_ValuesBlock(values, s, min(s + size, n), None if p is None else p[s:s + size])
               for s in range(0, n, size)]
     dual = BlockwiseDual(in_memory(blocks), n, float(n) if p is None else 1.0, kinks=False)
-    term, _, _, alpha, shift, alpha_s = dual.chi2(0.0, "right", theta2)
+    term, _, _, alpha, shift, alpha_s = dual.chi2(0.0, "right", theta2, start=alpha)
     return WeightMap("chi2", theta2, shift, alpha_s, alpha, term, p is not None)
 
 
@@ -196,6 +197,22 @@ def block_kl(block, h, side, theta2):
             float(np.dot(pe, d2)), _pw(block, np.expm1(x)), mass)
 
 
+def block_chi2_active(block, h, side, theta2, shift, alpha):
+    """The part of :func:`block_chi2` that the active-set steps of alpha need: (count,
+    sum p, sum p (l - shift)) over the active rows (the same rows as :func:`block_chi2`)."""
+    lh = block_l(block, h, side)[0]
+    ls = lh - shift
+    act = ls + alpha > -2.0 * theta2
+    live = _live(block)
+    if live is not None:
+        act &= live
+    k = int(np.count_nonzero(act))
+    if block.p is None:
+        return k, float(k), float(np.dot(ls, act))
+    pa = np.where(act, block.p, 0.0)
+    return k, float(np.sum(pa)), float(np.dot(pa, ls))
+
+
 def block_chi2(block, h, side, theta2, shift, alpha):
     """chi2 partial sums over the active rows (``l - shift + alpha + 2 theta2 > 0``, rows of
     positive probability): (count, sum p, sum p s, sum p s^2, sum p w dl, sum p w d2l,
@@ -208,16 +225,22 @@ def block_chi2(block, h, side, theta2, shift, alpha):
     live = _live(block)
     if live is not None:
         act &= live
-    s, d1, d2, ls = s[act], d1[act], d2[act], ls[act]
-    p = None if block.p is None else block.p[act]
-    w = s / (2.0 * theta2) + 1.0
+    k = int(np.count_nonzero(act))
+    if k < act.size:  # the inactive rows count as zeros (a select, cheaper than a gather)
+        s, d1, d2, ls = (np.where(act, x, 0.0) for x in (s, d1, d2, ls))
+    p = block.p
+    w = s / (2.0 * theta2)
+    w += act  # s / (2 theta2) + 1 on the active rows, 0 elsewhere
     pw = w if p is None else p * w
+    ps = s if p is None else p * s
+    pd1 = d1 if p is None else p * d1
 
     def tot(x):
         return float(np.sum(x)) if p is None else float(np.dot(p, x))
 
-    return (int(s.size), float(s.size) if p is None else float(np.sum(p)), tot(s), tot(s * s),
-            float(np.dot(pw, d1)), float(np.dot(pw, d2)), tot(d1), tot(d1 * d1), tot(ls))
+    mass = float(k) if p is None else float(np.dot(p, act))
+    return (k, mass, float(np.sum(ps)), float(np.dot(ps, s)), float(np.dot(pw, d1)),
+            float(np.dot(pw, d2)), float(np.sum(pd1)), float(np.dot(pd1, d1)), tot(ls))
 
 
 def block_kinks(block, h_lo, side_lo, h_hi, side_hi):
@@ -293,24 +316,36 @@ class BlockwiseDual:
         var = max(Z2 / Z - mu * mu, 0.0)  # steers Newton only
         return theta2 * (M + log_mean), mu, Z3 / Z + var / theta2
 
-    def chi2(self, h, side, theta2):
+    def chi2(self, h, side, theta2, start: float | None = None):
         """(term, mu, curv, alpha, shift, alpha of the shifted values) of the chi2 dual at
         ``h`` (alpha exact, see the module docstring; the values are shifted by ``shift``,
         the largest ``l_h``, and the weights are ``((l_h - shift) + alpha_s) / (2 theta2) + 1``
-        where positive)."""
+        where positive). ``start``: a guess of alpha (e.g. the dual's, for Q*'s weights): the
+        steps start there when it is below the all-active start, so that a good guess takes
+        two steps. Newton on the convex ``f`` from the left of its root lands on its right (the
+        tangent lies below ``f``), from where the steps shrink the active set as usual."""
         N = self.total
         two = 2.0 * theta2
         shift, sl, _, _ = self.top(h, side)
-        alpha = -(sl - shift * N) / N  # every row active: sum p (l - shift + alpha) = 0
+        alpha = cold = -(sl - shift * N) / N  # every row active: sum p (l - shift + a) = 0
+        warm = start is not None and math.isfinite(start) and start + shift < cold
+        if warm:
+            alpha = start + shift
         count = None
         for _ in range(CHI2_MAX_STEPS):
-            q = _add(self.run(block_chi2, h, side, theta2, shift, alpha))
-            k, P, S, S2, swd, swd2, sd, sdd, SL = q
+            # the steps need three sums; the others come from one pass at the final alpha
+            k, P, SL = _add(self.run(block_chi2_active, h, side, theta2, shift, alpha))
+            if not P > 0.0:  # a guess below every row: start again from all rows
+                alpha, count, warm = cold, None, False
+                continue
             if count is not None and k >= count:
                 # the active set alpha was computed from did not shrink: alpha is exact (a set
                 # larger by rounding adds rows of weight ~0)
                 break
-            count = k
+            # f(alpha) = sum_A p (l - shift + alpha + 2 theta2) - 2 theta2 N < 0 at the guess:
+            # it was left of the root and the next set may be larger, so no stop next step
+            left = warm and SL + alpha * P + two * (P - N) < 0.0
+            count, warm = (None if left else k), False
             # sum_A p (l - shift + alpha' + 2 theta2) = 2 theta2 N, from the sums of l - shift
             # (not alpha + (2 theta2 (N - P) - S) / P: the first alpha, from every row, may be
             # 1e4 against 2 theta2 = 2e-6, whose rounding would stay in alpha)
@@ -318,6 +353,8 @@ class BlockwiseDual:
         else:  # pragma: no cover - the sets shrink at every step
             raise RuntimeError("chi2 alpha: the active set did not settle in "
                                f"{CHI2_MAX_STEPS} steps")
+        k, P, S, S2, swd, swd2, sd, sdd, SL = _add(self.run(block_chi2, h, side, theta2, shift,
+                                                           alpha))
         term = (S + S2 / (2.0 * two) - theta2 * (N - P)) / N - alpha
         mu = swd / N
         curv = (swd2 + max(sdd - sd * sd / P, 0.0) / two) / N

@@ -557,7 +557,7 @@ def solve_two_piece(oracle: PiecewiseOracle, r: float, theta2: float, divergence
             h_lo, h_hi = center * (1.0 - width), center * (1.0 + width)
             # the array's size from the subsample's share of kept keys, with room for twice
             # its sampling error (a counting pass first in the rare case that is too little)
-            k_sub = int(np.searchsorted(sub_keys, window_thresholds(c, h_lo, h_hi, umax,
+            k_sub = int(sub_keys.searchsorted(window_thresholds(c, h_lo, h_hi, umax,
                                                                     oracle.TIE)[1], "right"))
             size = int((k_sub + 2.0 * math.sqrt(k_sub) + 4) * n / m) + 1024
             view = SortedTwoPiece.window(lambda i, j, out: negated_keys(oracle, slice(i, j),

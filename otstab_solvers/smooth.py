@@ -47,6 +47,7 @@ import time
 import numpy as np
 from scipy.special import expit
 
+from .logistic_uniform import uniform_steps
 from .result import FAILED, INACCURATE, OPTIMAL, DualSolution
 
 __all__ = [
@@ -276,6 +277,9 @@ def logistic_dtransform(margins, c, h: float):
     n = m.size
     c = np.broadcast_to(np.asarray(c, dtype=np.float64), (n,))
     h = _check_h(h)
+    c0 = float(c[0]) if n else math.inf
+    if n and h > 0.0 and c.strides == (0,) and 0.0 < c0 < math.inf:
+        return _uniform_dtransform(m, c0, h)
     t = logistic_steps(m, c, h)
     u = t - m
     loss_star = _softplus(u)
@@ -286,6 +290,33 @@ def logistic_dtransform(margins, c, h: float):
     with np.errstate(divide="ignore", invalid="ignore"):
         denom = 2.0 * np.where(fin, c, 0.0) - h * s * (1.0 - s)
         d2 = np.where(fin & (c > 0), s * s / denom, 0.0)
+    return lh, loss_star, d2, t
+
+
+def _uniform_dtransform(m: np.ndarray, c: float, h: float, start=None, keep=None):
+    """:func:`logistic_dtransform` for one price ``c`` (finite, > 0) and ``h > 0``: the lean
+    Newton solve of :func:`~otstab_solvers.logistic_uniform.uniform_steps` (first iterates
+    ``start``, default its own), and :func:`logistic_steps` for the samples it does not
+    accept. ``keep(u)`` receives the roots ``u = t - m`` (a warm start for a later ``h``)."""
+    u, s, rest = uniform_steps(m, c, h, start)
+    T = h / (2.0 * c)
+    t = s * T
+    if rest.size:
+        mr = m[rest]
+        tr = logistic_steps(mr, np.broadcast_to(c, (rest.size,)), h)
+        t[rest] = tr
+        u[rest] = tr - mr
+        s[rest] = expit(u[rest])
+    if keep is not None:
+        keep(u)
+    loss_star = _softplus(u)
+    lh = h * loss_star
+    lh -= c * t * t
+    denom = s * (1.0 - s)
+    denom *= -h
+    denom += 2.0 * c
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d2 = s * s / denom
     return lh, loss_star, d2, t
 
 
@@ -354,13 +385,16 @@ class LogisticOracle:
         self.h_max = math.inf
         self._X = self._signs = self._direction = None
         self._cache: tuple | None = None
+        self._warm: dict | None = None  # block (start, stop) -> (h, its roots u, float32)
 
     @classmethod
     def of_scores(cls, scores, signs, direction_norm2, theta1, *,
-                  cache: bool = False) -> LogisticOracle:
+                  cache: bool = False, warm: bool = True) -> LogisticOracle:
         """The oracle of the margins ``m = y s`` of finite ``scores`` and labels ``signs`` in
         {-1, +1} (int8 is enough), computed for the rows each evaluation reads: neither array
-        is copied and no n-vector of margins is kept (:attr:`margins` builds one)."""
+        is copied and no n-vector of margins is kept (:attr:`margins` builds one). ``warm``:
+        :meth:`transform_rows` of a slice of rows starts from the roots of that slice at the
+        last ``h`` when it was within 10% (half an n-vector in all; :meth:`release`)."""
         scores = np.asarray(scores)
         if scores.ndim != 1 or np.shape(signs) != scores.shape:
             raise ValueError(f"scores and signs must be vectors of one length, got "
@@ -368,6 +402,8 @@ class LogisticOracle:
         self = object.__new__(cls)
         self._margins, self._scores, self._score_signs = None, scores, signs
         self._setup(scores.size, direction_norm2, theta1, cache)
+        if warm:  # blocks of rows read at a sequence of h: each started from its last roots
+            self._warm = {}
         return self
 
     @property
@@ -411,7 +447,33 @@ class LogisticOracle:
         """``(l_h, dl_h/dh, d2l_h/dh2, step)`` of the samples ``rows`` (a slice or indices),
         nothing kept: ``step`` is the margin decrease ``t`` of each maximiser, so that the
         maximiser is ``x - (y t / ||w_M||^2) w_M`` and its squared move ``t^2 / ||w_M||^2``."""
-        return logistic_dtransform(self._margins_of(rows), self.c[rows], h)
+        m = self._margins_of(rows)
+        if self.c.strides == (0,):  # one price for every sample: the lean uniform solve
+            c0 = float(self.c[0])
+            h = _check_h(h)
+            if self._warm is not None and isinstance(rows, slice) and h > 0.0 and m.size \
+                    and 0.0 < c0 < math.inf:
+                return self._warm_rows(m, c0, h, (rows.start, rows.stop))
+            return logistic_dtransform(m, np.broadcast_to(c0, m.shape), h)
+        return logistic_dtransform(m, self.c[rows], h)
+
+    def _warm_rows(self, m, c, h, key):
+        """The lean solve of a block of rows started from the roots it had at the last ``h``
+        when that was within 10% (kept in float32: a start within some 1e-7 of the root,
+        which one Halley step finishes)."""
+        assert self._warm is not None
+        last = self._warm.get(key)
+        start = last[1] if last is not None and abs(h - last[0]) <= 0.1 * h else None
+
+        def keep(u):
+            assert self._warm is not None
+            self._warm[key] = (h, u.astype(np.float32))
+        return _uniform_dtransform(m, c, h, start, keep)
+
+    def release(self) -> None:
+        """Drop the warm starts of :meth:`transform_rows` (half an n-vector)."""
+        if self._warm is not None:
+            self._warm.clear()
 
     def evaluate(self, h: float):
         """``(l_h, dl_h/dh, d2l_h/dh2)`` at ``h``, each of shape (n,)."""

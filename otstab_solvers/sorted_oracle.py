@@ -44,6 +44,9 @@ __all__ = ["SortedTwoPiece", "KeyRule", "KL_BLOCK", "window_thresholds"]
 
 #: keys per block of a KL evaluation (two buffers of 128 KB, kept in cache)
 KL_BLOCK = 1 << 14
+#: keys per block of the blocked prefix sums (:meth:`_Keys.at`): one sum per block is kept,
+#: and the keys up to a position inside a block are summed when asked (at most this many)
+PREFIX_BLOCK = 256
 
 
 class _Keys:
@@ -53,7 +56,7 @@ class _Keys:
     @classmethod
     def of_sorted(cls, nu) -> _Keys:
         """The keys of an ascending ``nu`` (``-inf`` keys, i.e. ``+inf`` in nu, sort last)."""
-        n_fin = int(np.searchsorted(nu, math.inf, side="left"))
+        n_fin = int(nu.searchsorted(math.inf, side="left"))
         # the largest |key| is at one end of the finite, sorted keys
         umax = max(abs(float(nu[0])), abs(float(nu[n_fin - 1]))) if n_fin else 0.0
         return cls(nu, n_fin, umax)
@@ -64,6 +67,7 @@ class _Keys:
         # sorted)
         self.sorted_from, self.front_max = sorted_from, front_max
         self._prefix = None
+        self._blocked = None  # (sums of the keys and squares before each block, the front's)
         self.buffers = None  # the KL evaluations' scratch (SortedTwoPiece._kl_buffers)
 
     def u(self, k: int) -> float:
@@ -93,16 +97,42 @@ class _Keys:
             self._prefix = (cu, cu2)
         return self._prefix
 
-    def at(self, q: int) -> tuple[float, float]:
+    def blocked(self):
+        """Blocked prefix sums: the sums of the keys ``u`` and of their squares before each
+        block of :data:`PREFIX_BLOCK` sorted keys (a window: of its sorted part), and the
+        front's sums; ``n / 128`` numbers instead of the ``2 n`` of :meth:`prefix`."""
+        if self._blocked is None:
+            lo, n_fin = self.sorted_from, self.n_fin
+            nf = self.nu[lo:n_fin]
+            nb = nf.size // PREFIX_BLOCK
+            full = nf[:nb * PREFIX_BLOCK].reshape(nb, PREFIX_BLOCK)
+            c1 = np.zeros(nb + 1)
+            c2 = np.zeros(nb + 1)
+            np.cumsum(full.sum(axis=1), out=c1[1:])
+            np.negative(c1, out=c1)  # sums of u = -nu
+            np.cumsum(np.einsum("ij,ij->i", full, full), out=c2[1:])
+            front = self.nu[:lo]
+            self._blocked = (c1, c2, (-float(np.sum(front)), float(np.dot(front, front))))
+        return self._blocked
+
+    def at(self, q: int, squares: bool = True) -> tuple[float, float]:
         """``(sum u, sum u^2)`` over the first ``q`` keys (of a window: ``q`` at least its
-        front, which every count inside its bracket is)."""
-        cu, cu2 = self.prefix()
+        front, which every count inside its bracket is), from the blocked prefix sums and at
+        most :data:`PREFIX_BLOCK` keys (``squares=False``: the second is 0.0, not summed)."""
+        c1, c2, front = self.blocked()
         lo = self.sorted_from
-        if not lo:
-            return float(cu[q]), float(cu2[q])
-        if q < lo:
+        if lo and q < lo:
             raise ValueError(f"the sums of the first {q} keys of a window that sorts from {lo}")
-        return self._front[0] + float(cu[q - lo]), self._front[1] + float(cu2[q - lo])
+        k = q - lo
+        if k > self.n_fin - lo:  # (as the full prefix arrays: 0 past the finite keys)
+            return 0.0, 0.0
+        j = k // PREFIX_BLOCK
+        rest = self.nu[lo + j * PREFIX_BLOCK:lo + k]
+        s1 = float(c1[j]) - float(np.sum(rest))
+        s2 = float(c2[j]) + float(np.dot(rest, rest)) if squares else 0.0
+        if not lo:
+            return s1, s2
+        return front[0] + s1, front[1] + s2
 
 
 class SortedTwoPiece:
@@ -287,12 +317,12 @@ class SortedTwoPiece:
         if A == 0.0:  # every l is B = 0: the piece with the larger (right) derivative wins
             if dA == 0.0:
                 return self.n_fin if (dB > 0) == (side == "right") else 0
-            return lo + int(np.searchsorted(nu, dB / dA, side="left")) if side == "right" \
+            return lo + int(nu.searchsorted(dB / dA, side="left")) if side == "right" \
                 else 0
         left, right = self.thresholds(h)
         if side == "right":
-            return lo + int(np.searchsorted(nu, right, side="right"))
-        return lo + int(np.searchsorted(nu, left, side="left"))
+            return lo + int(nu.searchsorted(right, side="right"))
+        return lo + int(nu.searchsorted(left, side="left"))
 
     def thresholds(self, h: float) -> tuple[float, float]:
         """``(left, right)`` at ``h > 0``: a sample is on the "move" piece on both sides of
@@ -320,8 +350,8 @@ class SortedTwoPiece:
             return 0, math.nan, math.nan, math.nan
         seg = self.nu[p_lo:p_hi]
         f = self.c if self.kind == "hinge" else 1.0 / self.scale  # kink > h <=> nu > f h
-        i0 = p_lo + int(np.searchsorted(seg, h_lo * f, side="right"))
-        i1 = p_lo + int(np.searchsorted(seg, h_hi * f, side="left"))
+        i0 = p_lo + int(seg.searchsorted(h_lo * f, side="right"))
+        i1 = p_lo + int(seg.searchsorted(h_hi * f, side="left"))
         while i0 < i1 and not self.kink(i0) > h_lo:
             i0 += 1
         while i1 > i0 and not self.kink(i1 - 1) < h_hi:
@@ -334,7 +364,7 @@ class SortedTwoPiece:
     def _head_sums(self, q: int):
         """(sum, sum of squares) of the first q sorted keys: from the prefix sums when they
         exist, else directly (one pass over the q keys, no n-sized arrays)."""
-        if self._sorted._prefix is not None:
+        if self._sorted._blocked is not None:
             return self._sorted.at(q)
         head = self.nu[:q]  # -u
         return -float(np.sum(head)), float(np.dot(head, head))
@@ -452,19 +482,23 @@ class SortedTwoPiece:
     def _chi2(self, p, A, B, dA, dB, d2, theta2):
         n = self.n
         two = 2.0 * theta2
+        self._whole("chi2")
+
+        def cu(q):  # the sum of the q largest keys (blocked prefix sums)
+            return self._sorted.at(q, squares=False)[0]
 
         def alpha_at(k):
             # with the top k active: sum_{top k} (l_i + alpha + 2 theta2) = 2 theta2 n (in
             # alpha itself: beta = alpha / (2 theta2) + 1 rounds near 1 for large theta2)
             q = min(k, p)
-            return (two * (n - k) - (A * float(self.cu[q]) + q * B)) / k
+            return (two * (n - k) - (A * cu(q) + q * B)) / k
 
         def valid(k):
             # l_k + alpha_k + 2 theta2 > 0  <=>  2 theta2 n > sum_{top k} l - k l_k (exact at k=1)
             q = min(k, p)
             if k <= p:  # every l = A u + B: B cancels (it may be 1e13 against 2 theta2 = 0.5)
-                return two * n > A * (float(self.cu[q]) - k * self._sorted.u(k - 1))
-            return two * n > (A * float(self.cu[q]) + q * B)
+                return two * n > A * (cu(q) - k * self._sorted.u(k - 1))
+            return two * n > (A * cu(q) + q * B)
 
         # the weights are positive on the top-kk values; validity is monotone in k
         if valid(n):

@@ -146,12 +146,12 @@ def solve_zero_one(a, r: float, theta2: float, divergence: str, *,
         sol.solver = "zero_one_dual"
         return sol
     s = a if presorted else np.sort(a)
-    j0 = int(np.searchsorted(s, 0.0, side="right"))  # samples misclassified at zero cost
+    j0 = int(s.searchsorted(0.0, side="right"))  # samples misclassified at zero cost
     if r <= j0 / n:
         return DualSolution(0.0, None if divergence == "kl" else 0.0, 0.0, OPTIMAL,
                             "zero_one_closed_form", "r <= base risk",
                             solve_time=time.perf_counter() - t0, gap_bound=0.0)
-    n_fin = int(np.searchsorted(s, np.inf, side="left"))  # sorted: the infinite ones are last
+    n_fin = int(s.searchsorted(np.inf, side="left"))  # sorted: the infinite ones are last
     if math.isinf(theta2):
         J = int(math.ceil(r * n - 1e-12 * n))
         J = max(J, 1)
@@ -221,8 +221,8 @@ def solve_zero_one(a, r: float, theta2: float, divergence: str, *,
             h = max(h, 0.0)
             # the value in closed form from the same prefix sum (no further pass)
             if math.isfinite(theta2):
-                j_in = int(np.searchsorted(s, h, side="left"))  # samples with a_i < h
-                n_tied = int(np.searchsorted(s, h, side="right")) - j_in
+                j_in = int(s.searchsorted(h, side="left"))  # samples with a_i < h
+                n_tied = int(s.searchsorted(h, side="right")) - j_in
                 # sum_i exp(l_h/theta2) = A + (n - j_in), A = exp(h/theta2) S_(j_in), in logs
                 log_a = (h / theta2 + b0 + math.log(prefix(j_in))) if j_in > 0 \
                     else -math.inf

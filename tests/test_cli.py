@@ -541,7 +541,7 @@ def german_files(tmp_path_factory):
     model = Pipeline([("pre", ct), ("clf", LogisticRegression(max_iter=2000))]).fit(X, y)
     joblib.dump(model, d / "model.joblib")
     df.to_csv(d / "german.csv", index=False)
-    res = otstab.certify(model, X, y, loss="zero_one", r=0.4)
+    res = otstab.certify(model, X, y, loss="zero_one", cost="encoded", r=0.4)
     base = ["certify", "--model", d / "model.joblib", "--data", d / "german.csv", "--target",
             "credit", "--trust-model", "--r", "0.4"]
     return d, base, res, list(X.columns)
@@ -758,13 +758,13 @@ def test_sample_weight_column_equals_the_library(weighted_file):
     d, wbase, df = weighted_file
     model = joblib.load(d / "model.joblib")
     X, y = df.drop(columns=["credit", "w"]), df["credit"]
-    ref = otstab.certify(model, X, y, loss="zero_one", r=0.4, sample_weight=df["w"])
-    unweighted = otstab.certify(model, X, y, loss="zero_one", r=0.4)
+    ref = otstab.certify(model, X, y, loss="zero_one", cost="encoded", r=0.4, sample_weight=df["w"])
+    unweighted = otstab.certify(model, X, y, loss="zero_one", cost="encoded", r=0.4)
     assert ref.value != pytest.approx(unweighted.value, rel=1e-4)  # the weights matter
     _gate_brackets(wbase, ref.value, "--sample-weight", "w")
     # with prices too
-    both = otstab.certify(model, X, y, loss="zero_one", r=0.4, sample_weight=df["w"],
-                          feature_costs={"age": math.inf})
+    both = otstab.certify(model, X, y, loss="zero_one", cost="encoded", r=0.4,
+                          sample_weight=df["w"], feature_costs={"age": math.inf})
     _gate_brackets(wbase, both.value, "--sample-weight", "w", "--feature-costs", "age=inf")
 
 
@@ -801,7 +801,7 @@ def test_weighted_certificate_verifies(weighted_file, tmp_path):
     # the weighted value, from the library on the same columns
     model = joblib.load(d / "model.joblib")
     ref = otstab.certify(model, df.drop(columns=["credit", "w"]), df["credit"], loss="zero_one",
-                         r=0.4, sample_weight=df["w"])
+                         cost="encoded", r=0.4, sample_weight=df["w"])
     assert cert["results"]["value"] == pytest.approx(ref.value, rel=1e-12)
     # verify reads the recorded weight column by default
     code, out, err = run(["verify", tmp_path / "c.json", "--model", d / "model.joblib",

@@ -387,8 +387,8 @@ def test_features_and_unsupported_combinations():
     for c in X.columns:
         if c != "u":
             assert (f[c].astype(str) == f[f"{c}*"].astype(str)).all()
-    with pytest.raises(ValidationError, match="loss='zero_one' and loss='hinge'"):
-        otstab.certify(pipe, X, y, loss="logistic", r=0.5, cost="auto")
+    with pytest.raises(ValidationError, match="cost=DataCost is exact for"):
+        otstab.certify(pipe, X, y, loss="squared", r=0.5, cost="auto")
     with pytest.raises(ValidationError, match="price"):
         otstab.certify(pipe, X, y, loss="zero_one", r=0.5, cost="auto",
                        feature_costs={"u": 2.0})
@@ -430,10 +430,15 @@ def test_german_q_star_is_a_valid_data_set(german):
     Z = np.asarray(res.X_star)
     onehot = [j for j, nm in enumerate(res.feature_names) if nm.startswith("cat__")]
     assert set(np.unique(Z[:, onehot])) <= {0.0, 1.0}
-    # cost="encoded" is the paper's cost, unchanged
-    a = otstab.certify(pipe, X, y, loss="zero_one", r=r, cost="encoded")
+    # the default for a Pipeline with encoders on a raw DataFrame is cost="auto", and the
+    # result says so; cost="encoded" is the paper's cost
+    a = otstab.certify(pipe, X, y, loss="zero_one", r=r, cost="auto")
     b = otstab.certify(pipe, X, y, loss="zero_one", r=r)
-    assert a.value == b.value
+    assert a.value == b.value and b.info["cost"] == a.info["cost"]
+    assert b.info["cost_used"].startswith("auto (default") and "transport cost" in b.summary()
+    enc = otstab.certify(pipe, X, y, loss="zero_one", r=r, cost="encoded")
+    assert enc.value != pytest.approx(b.value, rel=1e-3) and "cost" not in enc.info
+    assert enc.info["cost_used"] == "encoded (given)"
 
 
 @pytest.mark.parametrize("divergence, theta2", [("kl", 0.25), ("chi2", 1.0), ("kl", math.inf)])

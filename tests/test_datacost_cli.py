@@ -61,7 +61,7 @@ def test_certificate_stores_the_resolved_spec(german, certified):
     assert "purpose: categorical over" in block["description"]
     assert "foreign_worker: categorical, immutable" in block["description"]
     # an encoded-cost certificate has no cost block (older certificates look the same)
-    plain = otstab.certify(pipe, X, y, loss="zero_one", r=0.4)
+    plain = otstab.certify(pipe, X, y, loss="zero_one", r=0.4, cost="encoded")
     assert "cost" not in C.make_certificate(plain, pipe, X, y)["inputs"]
 
 

@@ -33,7 +33,7 @@ def german():
     model, X, y, num, cat, _ = german_pipeline(warn="error")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        res = otstab.certify(model, X, y, loss="zero_one", r=0.4)
+        res = otstab.certify(model, X, y, loss="zero_one", r=0.4, cost="encoded")
     return model, X, y, num, cat, res
 
 
@@ -83,7 +83,7 @@ def test_to_frame_raw_round_trips_through_the_pipeline(german):
 def test_raw_feature_names_select_their_encoded_columns(german):
     model, X, y, num, cat, res = german
     groups = pipeline.auto_groups(model, res.feature_names)
-    kw = dict(loss="zero_one", r=0.4)
+    kw = dict(loss="zero_one", r=0.4, cost="encoded")  # (the encoded columns' selection)
     assert otstab.certify(model, X, y, features=["duration"], **kw).value == \
         otstab.certify(model, X, y, features=["num__duration"], **kw).value
     assert otstab.certify(model, X, y, features=["purpose", "amount"], **kw).value == \
@@ -126,7 +126,7 @@ def test_ordinal_dropped_imputer_and_drop_first():
         ("ord", OrdinalEncoder(categories=[["low", "mid", "high"]]), ["grade"]),
         ("cat", OneHotEncoder(drop="first"), ["city"])], remainder="drop")
     model = Pipeline([("pre", ct), ("clf", LogisticRegression())]).fit(X, y)
-    res = otstab.certify(model, X, y, loss="hinge", r=1.0)
+    res = otstab.certify(model, X, y, loss="hinge", r=1.0, cost="encoded")
     groups = pipeline.auto_groups(model, res.feature_names)
     assert list(groups) == ["income", "grade", "city"]  # "note" is never read
     f = res.to_frame(raw=True)
@@ -142,7 +142,7 @@ def test_ordinal_dropped_imputer_and_drop_first():
     # the ordinal code rounds to the nearest category
     np.testing.assert_array_equal(Z[:, 1], np.clip(np.rint(res.X_star[moved, 1]), 0, 2))
     with pytest.raises(ValidationError, match="drops"):
-        otstab.certify(model, X, y, loss="hinge", r=1.0, features=["note"])
+        otstab.certify(model, X, y, loss="hinge", r=1.0, features=["note"], cost="encoded")
 
 
 def test_not_invertible_preprocessing_is_refused():

@@ -184,7 +184,8 @@ def audited(tmp_path_factory):
     cat = [c for c in X.columns if c not in num]
     ct = ColumnTransformer([("num", StandardScaler(), num), ("cat", OneHotEncoder(), cat)])
     model = Pipeline([("pre", ct), ("clf", LogisticRegression(max_iter=2000))]).fit(X, y)
-    res = otstab.certify(model, X, y, loss="zero_one", r=0.4)
+    # the report of the encoded cost (the DataCost report: tests/test_datacost_cli.py)
+    res = otstab.certify(model, X, y, loss="zero_one", r=0.4, cost="encoded")
     policy = _report.policy_gate(res, res.value / 2)
     cert = otstab.certificate.make_certificate(res, model, X, y, target="credit",
                                                extra={"policy": policy})

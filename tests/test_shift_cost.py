@@ -363,7 +363,7 @@ def test_pipeline_encoded_cost_is_the_models_input_space():
     ref = shift_cost(A, y0, B, y1, solver="conic")
     assert res.value == pytest.approx(ref.value, rel=1e-9)
     assert "num__u" in set(res.variables["variable"])
-    cert = certify(pipe, X0, y0, loss="zero_one", r=0.5)
+    cert = certify(pipe, X0, y0, loss="zero_one", r=0.5, cost="encoded")
     use = cert.budget_used(res)  # same reference data in the model's space: comparable
     assert use.outcome in ("certified_below_r", "not_certified")
 

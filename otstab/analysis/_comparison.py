@@ -103,16 +103,18 @@ class Comparison(FrameResult):
 
 def compare(models: dict, X, y, *, loss, r, settings=((1.0, 0.25),), divergence: str = "kl",
             n_resamples: int = 200, level: float = 0.95, random_state=0, solver: str = "auto",
-            features=None, feature_costs=None, sample_weight=None, progress=None,
+            features=None, feature_costs=None, sample_weight=None, cost=None, progress=None,
             **solver_options) -> Comparison:
     """Certify several models on the same data under several (theta1, theta2) settings.
 
     Parameters
     ----------
     models : dict {name: fitted model}
-    X, y, loss, r, divergence, solver, features, feature_costs, sample_weight :
+    X, y, loss, r, divergence, solver, features, feature_costs, sample_weight, cost :
         As in :func:`otstab.certify` (``features``: only these may move, e.g. one feature's
         stability score). With ``sample_weight`` the resampled rows keep their weights.
+        Under a ``DataCost`` the bootstrap draws keep the cost resolved on the full data
+        (each model's ``res.info["cost"]``: scales and levels are not re-estimated per draw).
     settings : list of (theta1, theta2) pairs
     n_resamples : int >= 0
         Bootstrap draws of the evaluation rows for ``se`` and the interval (0: none).
@@ -159,8 +161,10 @@ def compare(models: dict, X, y, *, loss, r, settings=((1.0, 0.25),), divergence:
             for t1, t2 in settings:
                 kw = dict(loss=loss, r=r, theta1=t1, theta2=t2, divergence=divergence,
                           solver=solver, features=features, feature_costs=feature_costs,
-                          se=None, **solver_options)
+                          se=None, cost=cost, **solver_options)
                 res = certify(model, X, y, sample_weight=sample_weight, **kw)
+                if isinstance(res.info, dict) and res.info.get("cost") is not None:
+                    kw["cost"] = res.info["cost"]  # the resolved spec, for every draw
                 bar.update()
                 boot = []
                 for i in draws:

@@ -45,7 +45,7 @@ from otstab_solvers.zero_one import DistanceOracle
 
 from .._results import ResultMixin
 from .._validation import check_scalar
-from ..errors import IncompatibleLossError, SolverError
+from ..errors import IncompatibleLossError, SolverError, ValidationError
 from ..modeling import _pipeline as pipeline
 from ..modeling._costs import check_feature_costs, scaled_problem
 from ..modeling._losses import MulticlassHinge, PiecewiseLinear, ZeroOne, get_loss
@@ -53,6 +53,7 @@ from ..modeling._models import resolve_model
 from ..modeling._nonlinear import SMOOTH_LOSSES, loss_name
 from ..modeling._params import check_common
 from ..modeling._reduction import feature_mask, reduce_problem
+from ..solve import _datacost_certify as datacost_certify
 from ..solve._core import certify
 from ..solve._results import StabilityResult
 from ..solve._smooth import linear_smooth_oracle, margin_oracle
@@ -252,7 +253,7 @@ def _solve(oracle, eps: float, theta2: float, divergence: str, p=None):
 
 def worst_case_risk(model, X, y, *, loss, eps: float, theta1: float = 1.0,
                     theta2: float = 0.25, divergence: str = "kl", solver: str = "auto",
-                    features=None, feature_costs=None, sample_weight=None,
+                    features=None, feature_costs=None, sample_weight=None, cost=None,
                     **solver_options) -> WorstCaseRisk:
     """The largest risk any distribution within OT cost ``eps`` of the data can cause.
 
@@ -269,6 +270,10 @@ def worst_case_risk(model, X, y, *, loss, eps: float, theta1: float = 1.0,
         weighted data, as ``certify`` prices it.
     eps : float in [0, inf]
         The OT budget (same units as ``certify``'s value).
+    cost : None or "encoded" (default), "auto", otstab.DataCost or its ``to_dict()``
+        The transport cost, as in :func:`otstab.certify`; under a ``DataCost`` the exact
+        oracles of ``certify``'s DataCost paths (0/1, hinge, logistic of linear classifiers;
+        :mod:`otstab.datacost_certify`), the budget priced in the data's own units.
     solver, **solver_options :
         Passed to the ``certify`` calls that build and audit Q*.
 
@@ -282,14 +287,27 @@ def worst_case_risk(model, X, y, *, loss, eps: float, theta1: float = 1.0,
     eps = check_scalar(eps, "eps", low=0.0, allow_inf=True)
     _, theta1, theta2, divergence = check_common(0.0, theta1, theta2, divergence, solver)
     loss_obj = get_loss(loss)
-    prob = resolve_model(model, X, y, loss=loss_obj, sample_weight=sample_weight)
-    mask = feature_mask(prob.d, pipeline.expand_features(model, features, prob.feature_names),
-                        prob.feature_names)
-    costs = check_feature_costs(feature_costs, prob.feature_names, model)
-    if costs is not None:  # certify's metric: solve in x~ = sqrt(c) x (otstab.costs)
-        prob, mask = scaled_problem(prob, costs, mask)
+    data_cost, _how = datacost_certify.choose_cost(cost, model, X, loss_obj, features=features,
+                                                   feature_costs=feature_costs, solver=solver,
+                                                   options=tuple(solver_options))
+    cost = "encoded" if data_cost is None else data_cost  # the certificates' cost: this one
+    if data_cost is not None:  # a cost on the raw variables (otstab.datacost_certify)
+        if feature_costs is not None:
+            raise ValidationError("feature_costs prices the encoded cost; with cost=DataCost "
+                                  "use DataCost(price={...})")
+        prob, oracle, slopes = datacost_certify.dro_oracle(
+            model, X, y, loss=loss_obj, cost=data_cost, theta1=theta1, features=features,
+            sample_weight=sample_weight)
+    else:
+        prob = resolve_model(model, X, y, loss=loss_obj, sample_weight=sample_weight)
+        mask = feature_mask(prob.d, pipeline.expand_features(model, features,
+                                                             prob.feature_names),
+                            prob.feature_names)
+        costs = check_feature_costs(feature_costs, prob.feature_names, model)
+        if costs is not None:  # certify's metric: solve in x~ = sqrt(c) x (otstab.costs)
+            prob, mask = scaled_problem(prob, costs, mask)
+        oracle, slopes = dro_oracle(prob, theta1, mask)
     p = prob.p
-    oracle, slopes = dro_oracle(prob, theta1, mask)
     base = pmean(prob.losses(prob.X), p)
     if slopes is None:
         w_sup = math.inf
@@ -302,7 +320,7 @@ def worst_case_risk(model, X, y, *, loss, eps: float, theta1: float = 1.0,
         return certify(model, X, y, loss=loss_obj, r=r, theta1=theta1, theta2=theta2,
                        divergence=divergence, features=features, solver=solver,
                        feature_costs=feature_costs, sample_weight=sample_weight,
-                       **solver_options)
+                       cost=cost, **solver_options)
 
     def done(**kw):
         return WorstCaseRisk(**common, **kw, solve_time=time.perf_counter() - t0)

@@ -42,12 +42,14 @@ from .._validation import check_random_state, renamed_kwargs
 from ..errors import SolverError, ValidationError
 from ..modeling import _pipeline as pipeline
 from ..modeling._costs import check_feature_costs
+from ..modeling._datacost import as_cost
 from ..modeling._losses import MulticlassHinge, PiecewiseLinear, ZeroOne, get_loss
 from ..modeling._models import resolve_model
 from ..modeling._params import check_common
 from ..modeling._reduction import reduce_problem
 from ..solve._audit import reached, resolution_problem
 from ..solve._core import certify
+from ..solve._datacost_certify import choose_cost
 from ..solve._inference import check_level
 from ..solve._piecewise import edge_kind, limit_weights
 from ..solve._smooth import certify_smooth
@@ -57,6 +59,7 @@ from ..solve._zero_one import (
     linear_distances,
     move_prices,
 )
+from ._datacost_features import variable_units
 
 __all__ = ["feature_stability", "FeatureStability"]
 
@@ -287,7 +290,7 @@ def feature_stability(model, X, y, *, loss, r, theta1: float = 1.0, theta2: floa
                       solver: str = "auto", level: float | None = None,
                       n_resamples: int = 200, random_state=0, top_k: int = 3, sample_weight=None,
                       feature_costs=None, progress=None, max_nodes=None, time_budget=None,
-                      node_budget=None, rtol=None) -> FeatureStability:
+                      node_budget=None, rtol=None, cost=None) -> FeatureStability:
     """Score each feature (or group of columns) by R_j(beta, r): lowest = most sensitive.
 
     ``score`` is ``otstab.certify(model, X, y, loss=loss, r=r, theta1=theta1, theta2=theta2,
@@ -334,6 +337,12 @@ def feature_stability(model, X, y, *, loss, r, theta1: float = 1.0, theta2: floa
     progress : None, True or False
         A progress bar on stderr while features are certified one by one and over the
         bootstrap replicates (None: only when stderr is a terminal).
+    cost : None or "encoded" (default), "auto", otstab.DataCost or its ``to_dict()``
+        The transport cost, as in :func:`otstab.certify`. Under a ``DataCost`` each raw
+        variable is scored by ``certify(..., cost=cost, features=[variable])``: only that
+        variable may move (its level, integer steps or value, at the cost's price); a
+        variable the cost makes immutable scores the reweighting-only value (``ignored``).
+        The cost is resolved once on the full data (:mod:`otstab.datacost_features`).
     max_nodes, time_budget, node_budget, rtol : optional
         The certified lower bound's options, as in :func:`otstab.certify` (0/1 loss of a
         tree ensemble; :func:`otstab.bounds.tree_lower_distances`), passed to each feature's
@@ -372,14 +381,30 @@ def feature_stability(model, X, y, *, loss, r, theta1: float = 1.0, theta2: floa
     if isinstance(loss_obj, ZeroOne) and r > 1.0:
         raise ValidationError(f"r is an error rate for loss='zero_one' and must be in [0, 1], "
                               f"got {r}")
-    units = _units(prob.feature_names, features, groups, model)
+    if cost is None and groups is None:  # certify's default (otstab.datacost_certify)
+        data_cost = choose_cost(None, model, X, loss_obj, features=features,
+                                feature_costs=feature_costs, solver=solver,
+                                options=tuple(bound_opts))[0]
+    else:
+        data_cost = None if cost is None else as_cost(cost)
+    spec = None
+    if data_cost is not None:  # one unit per raw variable (otstab.datacost_features)
+        if feature_costs is not None:
+            raise ValidationError("feature_costs prices the encoded cost; with cost=DataCost "
+                                  "use DataCost(price={...})")
+        units, data_frozen, spec = variable_units(model, X, prob, data_cost, features, groups)
+    else:
+        units = _units(prob.feature_names, features, groups, model)
     linear_exact = prob.scorer is not None and isinstance(
         loss_obj, (PiecewiseLinear, MulticlassHinge, ZeroOne)) and solver != "first_order"
     extreme = any(math.isfinite(t) and not MODERATE[0] <= t <= MODERATE[1]
                   for t in (theta1, theta2))
     costs = check_feature_costs(feature_costs, prob.feature_names, model)
     frozen = [costs is not None and bool(np.all(np.isinf(costs[cols]))) for _l, cols in units]
-    if costs is not None or (linear_exact and (extreme or prob.p is not None)):
+    if spec is not None:
+        frozen = data_frozen
+    if spec is not None or costs is not None or (linear_exact and (extreme or
+                                                                  prob.p is not None)):
         # far from moderate prices the one-pass scores are not audited per feature, and they
         # have no weighted or priced form: score each feature through certify (its Q*
         # audited, or refused like certify refuses)
@@ -391,8 +416,10 @@ def feature_stability(model, X, y, *, loss, r, theta1: float = 1.0, theta2: floa
             for (_label, cols), frz in zip(units, frozen):  # None: immutable, rw's score
                 results.append(None if frz else _Scored.of(certify(
                     model, X, y, loss=loss_obj, r=r, theta1=theta1, theta2=theta2,
-                    divergence=divergence, solver=solver, features=cols,
-                    sample_weight=sample_weight, feature_costs=feature_costs, **bound_opts)))
+                    divergence=divergence, solver=solver,
+                    features=cols if spec is None else [_label],
+                    sample_weight=sample_weight, feature_costs=feature_costs,
+                    **({} if spec is None else {"cost": spec}), **bound_opts)))
                 bar.update()
         rows = [rw if res is None else res.row for res in results]
         # the rows are certify's: no post-processing for linear models
@@ -451,6 +478,8 @@ def feature_stability(model, X, y, *, loss, r, theta1: float = 1.0, theta2: floa
         kwargs = dict(loss=loss_obj, r=r, theta1=theta1, theta2=theta2, divergence=divergence,
                       features=features, feature_groups=groups, solver=solver,
                       feature_costs=feature_costs, progress=False, **bound_opts)
+        if spec is not None:
+            kwargs["cost"] = spec
         _add_uncertainty(df, model, X, y, kwargs, rng, int(n_resamples), level, int(top_k),
                          prob.p, show)
         out.level, out.n_resamples, out.top_k = level, int(n_resamples), int(top_k)

@@ -24,6 +24,7 @@ from ..modeling._models import resolve_model
 from ..modeling._params import check_common
 from ..modeling._reduction import feature_mask, reduce_problem
 from ..solve._core import certify
+from ..solve._datacost_certify import choose_cost
 from ..solve._inference import analytic, check_level
 from ..solve._piecewise import solve_reduced
 
@@ -72,14 +73,14 @@ class StabilityCurve(FrameResult):
 @renamed_kwargs(confidence="level")
 def stability_curve(model, X, y, *, loss, r, theta1: float = 1.0, theta2: float = 0.25,
                     divergence: str = "kl", solver: str = "auto", features=None,
-                    level: float | None = None, sample_weight=None,
+                    level: float | None = None, sample_weight=None, cost=None,
                     progress=None, **solver_options) -> StabilityCurve:
     """R(beta, r) for every threshold in ``r`` (value versus r).
 
     Parameters
     ----------
-    model, X, y, loss, theta1, theta2, divergence, solver, features, sample_weight :
-        As in :func:`otstab.certify`.
+    model, X, y, loss, theta1, theta2, divergence, solver, features, sample_weight, cost :
+        As in :func:`otstab.certify` (``cost``: every threshold certified under it).
     r : array-like of float >= 0
         The thresholds.
     level : float in (0, 1), optional
@@ -112,10 +113,15 @@ def stability_curve(model, X, y, *, loss, r, theta1: float = 1.0, theta2: float 
     solver = solver.lower()
     loss_obj = get_loss(loss)
     prob = resolve_model(model, X, y, loss=loss_obj, sample_weight=sample_weight)
-    mask = feature_mask(prob.d, features, prob.feature_names)
     results = []
-    if prob.scorer is not None and isinstance(loss_obj, (PiecewiseLinear, MulticlassHinge)) \
-            and solver != "first_order":
+    linear = prob.scorer is not None and solver != "first_order"
+    data_cost, _how = choose_cost(cost, model, X, loss_obj, features=features, solver=solver,
+                                  options=tuple(solver_options))
+    if data_cost is None:
+        cost = "encoded"  # every threshold's certify then uses the cost chosen here
+    if data_cost is None and linear and isinstance(loss_obj, (PiecewiseLinear,
+                                                              MulticlassHinge)):
+        mask = feature_mask(prob.d, features, prob.feature_names)
         red = reduce_problem(prob, theta1, mask)
         program = None
         if solver not in ("auto", "dual"):  # one program for the sweep, weighted or not
@@ -137,7 +143,7 @@ def stability_curve(model, X, y, *, loss, r, theta1: float = 1.0, theta2: float 
                 results.append(certify(model, X, y, loss=loss_obj, r=float(rv), theta1=theta1,
                                        theta2=theta2, divergence=divergence, solver=solver,
                                        features=features, sample_weight=sample_weight,
-                                       **solver_options))
+                                       cost=cost, **solver_options))
                 bar.update()
     df = pd.DataFrame({
         "r": grid,

@@ -451,7 +451,7 @@ def verify_certificate(cert_or_path, model, X, y, *, rtol=None, atol=None, h_rto
                             "value_lower")
     try:
         new = certify(model, X, y, **kwargs, se=se_spec,
-                      **({} if data_cost is None else {"cost": data_cost}), **options)
+                      cost="encoded" if data_cost is None else data_cost, **options)
     except SolverError:
         raise
     except (OtstabError, ValueError, TypeError) as exc:
@@ -715,7 +715,8 @@ def _verify_features(report, fs: dict, model, X, y, kwargs: dict, tol: dict, bud
             model, X, y, loss=kwargs["loss"], r=kwargs["r"], theta1=kwargs["theta1"],
             theta2=kwargs["theta2"], divergence=kwargs["divergence"],
             feature_groups=fs.get("groups"), sample_weight=kwargs.get("sample_weight"),
-            feature_costs=kwargs.get("feature_costs"), **(budgets or {})).to_frame()
+            feature_costs=kwargs.get("feature_costs"), cost="encoded",
+            **(budgets or {})).to_frame()
     except SolverError:
         raise
     except (OtstabError, ValueError, TypeError) as exc:

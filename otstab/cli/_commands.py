@@ -94,22 +94,24 @@ def _print_features(table, top, out) -> None:
 
 
 def _report_grids(model, X, y, result):
-    """Theta-split grid and R-against-r curve for the report (zero_one / fast paths)."""
+    """Theta-split grid and R-against-r curve for the report (zero_one / fast paths), under
+    the result's own cost (its resolved DataCost spec, else the encoded cost)."""
     from ..reporting import _plot as _plot
 
+    cost = (result.info.get("cost") if isinstance(result.info, dict) else None) or "encoded"
     total = (0.0 if math.isinf(result.theta1) else 1 / result.theta1) + (
         0.0 if math.isinf(result.theta2) else 1 / result.theta2)
     grid = None
     if total > 0:
         grid = _plot.decomposition_grid(model, X, y, loss=result.loss, r=result.r, total=total,
-                                        divergence=result.divergence)
+                                        divergence=result.divergence, cost=cost)
     base, r = result.risk_base, result.r
     steps = [0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5]
     r_grid = [base + (r - base) * s for s in steps] if r > base else [r]
     if result.loss == "zero_one":
         r_grid = [v for v in r_grid if v <= 1.0]
     curve = _plot.value_curve(model, X, y, loss=result.loss, r=r_grid, theta1=result.theta1,
-                              theta2=result.theta2, divergence=result.divergence)
+                              theta2=result.theta2, divergence=result.divergence, cost=cost)
     return grid, curve
 
 
@@ -141,11 +143,11 @@ def _cmd_demo(args) -> int:
     say(f"Adult: logistic regression fitted on {len(X_train)} rows; evaluating on {len(X)} "
         f"rows x {X.shape[1]} features.")
     result = _run_library(certify, model, X, y, loss="zero_one", r=args.r, theta1=DEMO_THETA1,
-                          theta2=DEMO_THETA2)
+                          theta2=DEMO_THETA2, cost="encoded")
     groups = feature_groups(X)
     table = _run_library(feature_stability, model, X, y, loss="zero_one", r=args.r,
                          theta1=DEMO_THETA1, theta2=DEMO_THETA2,
-                         feature_groups=groups).to_frame()
+                         feature_groups=groups, cost="encoded").to_frame()
     cert = make_certificate(result, model, X, y, features=table, groups=groups,
                             target="income", model_file=model_path)
     cert_path = write_certificate(cert, out / "certificate.json")
@@ -257,7 +259,7 @@ def _cmd_certify(args) -> int:
     result = _run_library(certify, model, X, y, loss=loss, r=args.r, theta1=args.theta1,
                           theta2=args.theta2, divergence=args.divergence, solver=args.solver,
                           features=movable, se=se, feature_costs=costs,
-                          sample_weight=weights, **({} if cost is None else {"cost": cost}),
+                          sample_weight=weights, cost="encoded" if cost is None else cost,
                           **options)
     # with --json - / --card - stdout carries only that document
     out = sys.stderr if "-" in (args.json, args.card) else sys.stdout
@@ -285,7 +287,7 @@ def _cmd_certify(args) -> int:
         table = _run_library(feature_stability, model, X, y, loss=loss, r=args.r,
                              theta1=args.theta1, theta2=args.theta2,
                              divergence=args.divergence, feature_groups=groups,
-                             feature_costs=costs, sample_weight=weights,
+                             feature_costs=costs, sample_weight=weights, cost="encoded",
                              **options).to_frame()
         say(f"\nMost sensitive features (of {len(table)}; lower score = more sensitive):")
         if not args.quiet:

@@ -137,7 +137,7 @@ def run(args) -> int:
         result = _run_library(certify, model, X_ref, y_ref, loss=args.loss, r=args.r,
                               theta1=args.theta1, theta2=args.theta2,
                               divergence=args.divergence,
-                              **({} if cost is None else {"cost": cost}))
+                              cost="encoded" if cost is None else cost)
         shift = _run_library(shift_cost, X_ref, y_ref, X_cur, y_cur, theta1=args.theta1,
                              theta2=args.theta2, divergence=args.divergence, cost=cost,
                              model=model, solver=args.shift_solver, rtol=args.rtol)

@@ -279,7 +279,7 @@ def feature_stability(table, *, ax=None, top=15, annotate=True, title=None):
 
 
 def decomposition_grid(model, X, y, *, loss, r, total=5.0, splits=None, divergence="kl",
-                       solver="auto") -> pd.DataFrame:
+                       solver="auto", cost=None) -> pd.DataFrame:
     """Certify over a theta grid with ``1/theta1 + 1/theta2 = total`` fixed.
 
     The split ``s = (1/theta1) / total`` runs over ``splits`` (default 11 points from 0 to
@@ -310,7 +310,7 @@ def decomposition_grid(model, X, y, *, loss, r, total=5.0, splits=None, divergen
         theta1 = math.inf if s == 0 else 1.0 / (s * total)
         theta2 = math.inf if s == 1 else 1.0 / ((1.0 - s) * total)
         res = certify(model, X, y, loss=loss, r=r, theta1=theta1, theta2=theta2,
-                      divergence=divergence, solver=solver)
+                      divergence=divergence, solver=solver, cost=cost)
         dec = res.decomposition
         rows.append({"split": s, "theta1": theta1, "theta2": theta2, "value": res.value,
                      "risk_base": res.risk_base, "corruption": dec.get("corruption", 0.0),
@@ -385,14 +385,14 @@ def decomposition(grid, *, ax=None, show_value=True, title=None):
 
 
 def value_curve(model, X, y, *, loss, r, theta1=1.0, theta2=0.25, divergence="kl",
-                solver="auto") -> pd.DataFrame:
+                solver="auto", cost=None) -> pd.DataFrame:
     """``R(beta, r)`` over a grid of thresholds: :func:`otstab.stability_curve` (columns
-    ``r``, ``value``, ``h``, ``status``, ...)."""
+    ``r``, ``value``, ``h``, ``status``, ...; ``cost`` as in :func:`otstab.certify`)."""
     grid = np.asarray(r, dtype=float).reshape(-1)
     if grid.size == 0:
         raise ValidationError("r must be a non-empty sequence of thresholds")
     return _sc(model, X, y, r=grid, loss=loss, theta1=theta1, theta2=theta2,
-               divergence=divergence, solver=solver).to_frame()
+               divergence=divergence, solver=solver, cost=cost).to_frame()
 
 
 def _curve_frame(curve) -> pd.DataFrame:

@@ -8,7 +8,8 @@ Modules: ``_inputs`` (what worst_subpopulation and conditional_shift share),
 ``_worst_subpopulation``, ``_conditional_shift``, ``_group_metrics``, ``_diagnosis``,
 ``_selection``, ``_subsets``; and the cost of an observed shift in a certificate's units
 (``_shift_cost``: ``shift_cost``, ``ShiftCost``; it uses the OT transport program, not the
-certificate solvers) with its history (``_history``: ``History``, SQLite).
+certificate solvers; ``_shift_torch``: its dual's passes on a torch device, ``device=``) with
+its history (``_history``: ``History``, SQLite).
 """
 
 from ._conditional_shift import (

@@ -365,6 +365,55 @@ class _Problem:
             return np.where(D == 0.0, 0.0, math.inf)
         return self.t1 * D
 
+    # -- array hooks: the chunk arrays are ndarrays here; a device backend
+    # (otstab.shift._shift_torch) yields its own arrays and overrides these four, so that the
+    # plan's repair and pricing (_PlanBuilder, _variable_shares) are written once
+    chunk_entries = CHUNK_ENTRIES
+
+    @staticmethod
+    def host(x) -> np.ndarray:
+        """A chunk result as a NumPy array."""
+        return np.asarray(x)
+
+    @staticmethod
+    def dev(x):
+        """A NumPy array as a chunk array (on the device of the chunks)."""
+        return x
+
+    @staticmethod
+    def where(cond, a, b):
+        return np.where(cond, a, b)
+
+    def parts(self, rows, cols):
+        """Per-feature costs of local rows x local columns, shape (d, |rows|, |cols|)."""
+        return self.geo.parts(self.c.I[rows], self.c.J[cols])
+
+    @staticmethod
+    def chunk_cost(C):
+        """The cost block of a chunk as ``rows_of`` yielded it (a device backend may yield a
+        handle and compute the block only where it is used)."""
+        return C
+
+    def colmin(self, C) -> tuple[np.ndarray, np.ndarray]:
+        """Per column of a chunk: the row of least cost and that cost."""
+        k = np.argmin(C, axis=0)
+        return k, C[k, np.arange(C.shape[1])]
+
+    @property
+    def host_products(self) -> bool:
+        """Whether the passes make host BLAS products (the chunked, undense case)."""
+        return self._dense is None
+
+    def cost_scale(self) -> float:
+        """The typical pair cost (largest mean of the finite costs over the row chunks): the
+        dual's first temperature."""
+        scale = 0.0
+        for _, C in self.row_chunks():
+            fin = C[np.isfinite(C)]
+            if fin.size:
+                scale = max(scale, float(np.mean(fin)))
+        return scale
+
     def row_chunks(self):
         n, m = len(self.c.I), len(self.c.J)
         for s, e in _chunks(n, m, 1 if self._dense is not None else self.geo.d):
@@ -510,17 +559,17 @@ class _PlanBuilder:
         prob = self.prob
         c = prob.c
         n, m = len(c.I), len(c.J)
+        H = prob.host
         col = np.zeros(m)
         for _, _, G in self.rows_of():
-            col += G.sum(axis=0)
+            col += H(G.sum(0))
         # columns that received nothing: send q_j from the cheapest reference row
         empty = ~(col > 0)
         fix_rows = np.full(m, -1)
         if empty.any():
             best = np.full(m, math.inf)
             for rows, C, _ in self.rows_of():
-                k = np.argmin(C, axis=0)
-                val = C[k, np.arange(m)]
+                k, val = prob.colmin(prob.chunk_cost(C))
                 better = val < best
                 best[better] = val[better]
                 fix_rows[better] = rows[k[better]]
@@ -535,14 +584,16 @@ class _PlanBuilder:
         colsum = np.zeros(m)
         move = 0.0
         kept: list | None = [] if keep else None
+        scale_d = prob.dev(scale)
         for rows, C, G in self.rows_of():
-            G = G * scale[None, :]
-            rowsum[rows] += G.sum(axis=1)
-            colsum += G.sum(axis=0)
+            C = prob.chunk_cost(C)
+            G = G * scale_d[None, :]
+            rowsum[rows] += H(G.sum(1))
+            colsum += H(G.sum(0))
             with np.errstate(invalid="ignore"):
-                move += float(np.sum(np.where(G > 0, G * C, 0.0)))
+                move += float(prob.where(G > 0, G * C, 0.0).sum())
             if kept is not None:
-                kept.append((rows, G))
+                kept.append((rows, H(G)))
         extra = None
         balanced = math.isinf(prob.theta2)
         if empty.any() and not balanced:  # (theta2 = inf: the rank-one rounding fills them)
@@ -550,7 +601,7 @@ class _PlanBuilder:
             ii = fix_rows[jj]
             np.add.at(rowsum, ii, c.q[jj])
             colsum[jj] += c.q[jj]
-            Cfix = np.array([prob._cost(np.array([i]))[0, j] for i, j in zip(ii, jj)])
+            Cfix = np.array([float(prob._cost(np.array([i]))[0, j]) for i, j in zip(ii, jj)])
             move += float(np.sum(c.q[jj] * Cfix))
             extra = (ii, jj, c.q[jj].copy())
         rank1 = None
@@ -560,11 +611,13 @@ class _PlanBuilder:
             s = float(er.sum())
             if s > 0 and float(ec.sum()) > 0:
                 acc = 0.0
+                ec_d = prob.dev(ec)
                 for rows, C, _ in self.rows_of():
                     if er[rows].any():
+                        C = prob.chunk_cost(C)
                         with np.errstate(invalid="ignore"):
-                            W = er[rows][:, None] * ec[None, :] / s
-                            acc += float(np.sum(np.where(W > 0, W * C, 0.0)))
+                            W = prob.dev(er[rows])[:, None] * ec_d[None, :] / s
+                            acc += float(prob.where(W > 0, W * C, 0.0).sum())
                 move += acc
                 rowsum = rowsum + er * (float(ec.sum()) / s)
                 rank1 = (er, ec, s)
@@ -620,48 +673,67 @@ def _solve_conic(prob: _Problem, **options):
     return G, [y, -y], str(problem.status)
 
 
-def _solve_dual(prob: _Problem, rtol: float, max_stages: int = 12, maxiter: int = 500):
+class _TimeUp(Exception):
+    """The dual's time_limit has passed (raised from an evaluation, caught by _solve_dual)."""
+
+
+def _solve_dual(prob: _Problem, rtol: float, max_stages: int = 12, maxiter: int = 500,
+                time_limit: float | None = None):
+    """The smoothed semi-dual by L-BFGS at decreasing temperatures. ``time_limit`` (seconds):
+    stop L-BFGS once it has passed (keeping the best point evaluated) and start no further
+    temperature; the interval is certified as always (status ``bounds`` if it is wider than
+    ``rtol``)."""
     from scipy.optimize import minimize
 
+    if time_limit is not None and not (isinstance(time_limit, (int, float))
+                                       and time_limit > 0):
+        raise ValidationError(f"time_limit must be a positive number of seconds, got "
+                              f"{time_limit!r}")
+    t_end = math.inf if time_limit is None else time.perf_counter() + float(time_limit)
     c = prob.c
     m = len(c.J)
-    C0 = None
-    scale = 0.0
-    for _, C in prob.row_chunks():
-        fin = C[np.isfinite(C)]
-        if fin.size:
-            scale = max(scale, float(np.mean(fin)))
-        if C0 is None:
-            C0 = C
-    scale = max(scale, 1e-12)
+    scale = max(prob.cost_scale(), 1e-12)
     eps = scale
     v = np.zeros(m)
     best = None
     history = []
     for _stage in range(max_stages):
-        def fun(x, eps=eps):
+        seen: dict = {"val": -math.inf, "x": v, "nit": 0}
+
+        def fun(x, eps=eps, seen=seen):
+            if time.perf_counter() > t_end:
+                raise _TimeUp
             val, grad, _ = prob.smooth(x, eps)
+            if val > seen["val"]:
+                seen["val"], seen["x"] = val, x.copy()
             return -val, -grad
+
+        def count(_, seen=seen):
+            seen["nit"] += 1
         # the dense case makes no matrix products: BLAS threads would only busy-wait beside
         # L-BFGS-B's small vector operations (otstab.threads)
-        with one_blas_thread() if prob._dense is not None else contextlib.nullcontext():
+        with contextlib.nullcontext() if prob.host_products else one_blas_thread():
             # the gradient is q - (the smoothed plan's columns): a residual of the column
             # sums that the repair of the plan prices at about the typical cost, so it need
             # only be small against the interval this stage can reach (~ eps)
             gtol = 0.05 * max(rtol, min(1.0, eps / scale)) * float(c.q.sum()) / m
-            res = minimize(fun, v, jac=True, method="L-BFGS-B",
-                           options={"maxiter": maxiter, "gtol": gtol, "ftol": 1e-15})
-        v = res.x
+            try:
+                res = minimize(fun, v, jac=True, method="L-BFGS-B", callback=count,
+                               options={"maxiter": maxiter, "gtol": gtol, "ftol": 1e-15})
+                v, nit = res.x, int(res.nit)
+            except _TimeUp:
+                v, nit = seen["x"], seen["nit"]
+                log.info("shift_cost dual: time_limit reached at eps %.3g", eps)
         lower, vshift = prob.dual_value(v)
         plan = _PlanBuilder(prob, lambda v=v, eps=eps: prob.plan_rows(v, eps)).build(False)
         upper = math.inf if plan is None else \
             plan.move + _reweight_cost(plan.rowsum, c.p, prob.theta2, prob.div)
-        history.append({"eps": eps, "lower": lower, "upper": upper, "iters": int(res.nit)})
+        history.append({"eps": eps, "lower": lower, "upper": upper, "iters": nit})
         log.info("shift_cost dual: eps %.3g lower %.10g upper %.10g (%d iterations)", eps,
-                 lower, upper, res.nit)
+                 lower, upper, nit)
         if best is None or upper - lower < best[1] - best[0]:
             best = (lower, upper, v.copy(), eps)
-        if upper - lower <= rtol * max(abs(upper), 1e-300):
+        if upper - lower <= rtol * max(abs(upper), 1e-300) or time.perf_counter() > t_end:
             break
         # the interval shrinks about linearly with eps: aim at half the target width, at
         # most 64 times lower per stage (L-BFGS starts from this stage's v)
@@ -823,7 +895,7 @@ class ShiftCost(ResultMixin):
 def shift_cost(X_ref, y_ref, X_cur, y_cur, *, theta1: float = 1.0, theta2: float = 0.25,
                divergence: str = "kl", cost=None, model=None, sample_weight=None,
                sample_weight_cur=None, solver: str = "auto", rtol: float = 1e-6, by=None,
-               **solver_options) -> ShiftCost:
+               device=None, **solver_options) -> ShiftCost:
     """The cost ``S`` of the shift from ``(X_ref, y_ref)`` to ``(X_cur, y_cur)``.
 
     Parameters
@@ -854,6 +926,11 @@ def shift_cost(X_ref, y_ref, X_cur, y_cur, *, theta1: float = 1.0, theta2: float
     by : column name of X_ref, a named Series aligned with its rows (e.g. age bands), or a
         list of them, optional
         Also summarise the reweighting by these groups (``res.groups``).
+    device : None, "cpu", "cuda", "cuda:1", ... or a ``torch.device``, optional
+        Run the ``dual`` solver's passes with PyTorch on this device (``None``: NumPy).
+        Every pass is in float64 and the certified interval is computed by the same code
+        as the NumPy path (docs/shift.md, "Large samples on a GPU"). Needs ``torch``;
+        only the ``dual`` solver (explicit, or chosen by ``auto``) uses it.
 
     Returns
     -------
@@ -868,6 +945,12 @@ def shift_cost(X_ref, y_ref, X_cur, y_cur, *, theta1: float = 1.0, theta2: float
     if not isinstance(solver, str) or solver.lower() not in SOLVERS:
         raise ValidationError(f"solver must be one of {SOLVERS}, got {solver!r}")
     solver = solver.lower()
+    if device is not None and solver in ("conic", "pot"):
+        raise ValidationError(f"device= runs the 'dual' solver; solver={solver!r} does not "
+                              "use it (pass solver='dual' or 'auto')")
+    if device is not None:
+        from ._shift_torch import check_device
+        device = check_device(device)
     if not (isinstance(rtol, (int, float)) and 0 < rtol < 1):
         raise ValidationError(f"rtol must be in (0, 1), got {rtol!r}")
     n, m = len(X_ref), len(X_cur)
@@ -960,12 +1043,18 @@ def shift_cost(X_ref, y_ref, X_cur, y_cur, *, theta1: float = 1.0, theta2: float
     var_cost = np.zeros(geo.d)
     var_mass = np.zeros(geo.d)
     for cls in classes:
-        prob = _Problem(geo, cls, theta1, theta2, divergence)
+        prob: _Problem
         pairs = len(cls.I) * len(cls.J)
         name = solver
         if name == "auto":
             name = "conic" if pairs <= CONIC_MAX_PAIRS else "dual"
-        solvers_used.add(name)
+        if name == "dual" and device is not None:
+            from ._shift_torch import TorchProblem
+            prob = TorchProblem(geo, cls, theta1, theta2, divergence, device)
+            solvers_used.add(f"dual[{device}]")
+        else:
+            prob = _Problem(geo, cls, theta1, theta2, divergence)
+            solvers_used.add(name)
         keep = pairs <= PLAN_MAX_PAIRS
         if name in ("conic", "pot"):
             if name == "conic":
@@ -1030,27 +1119,30 @@ def _variable_shares(prob: _Problem, rows_of, plan: _Plan):
     if geo.d == 0:
         return vc, vm
     m = len(c.J)
-    step = max(1, CHUNK_ENTRIES // max(1, m * geo.d))
+    step = max(1, prob.chunk_entries // max(1, m * geo.d))
+    H, where = prob.host, prob.where
 
     def add(I_loc, J_loc, G):
-        parts = geo.parts(c.I[I_loc], c.J[J_loc])
+        parts = prob.parts(I_loc, J_loc)
         with np.errstate(invalid="ignore"):
-            vc[:] += np.sum(np.where(G[None] > 0, parts * G[None], 0.0), axis=(1, 2))
-        vm[:] += np.sum(np.where(parts > 0, G[None], 0.0), axis=(1, 2))
+            vc[:] += H(where(G[None] > 0, parts * G[None], 0.0).sum((1, 2)))
+        vm[:] += H(where(parts > 0, G[None], 0.0).sum((1, 2)))
 
+    scale = prob.dev(_col_scale(prob, rows_of, plan))
     for rows, _, G in rows_of():
         for s in range(0, len(rows), step):
             sub = rows[s:s + step]
-            add(sub, np.arange(m), G[s:s + step] * _col_scale(prob, rows_of, plan)[None, :])
+            add(sub, np.arange(m), G[s:s + step] * scale[None, :])
     if plan.extra is not None:
         ii, jj, mass = plan.extra
         for i, j, w in zip(ii, jj, mass):
-            add(np.array([i]), np.array([j]), np.array([[w]]))
+            add(np.array([i]), np.array([j]), prob.dev(np.array([[w]])))
     if plan.rank1 is not None:
         er, ec, s = plan.rank1
+        ec_d = prob.dev(ec)
         for rows, _, _ in rows_of():
             if er[rows].any():
-                add(rows, np.arange(m), er[rows][:, None] * ec[None, :] / s)
+                add(rows, np.arange(m), prob.dev(er[rows])[:, None] * ec_d[None, :] / s)
     return vc, vm
 
 
@@ -1061,7 +1153,7 @@ def _col_scale(prob, rows_of, plan):
     c = prob.c
     col = np.zeros(len(c.J))
     for _, _, G in rows_of():
-        col += G.sum(axis=0)
+        col += prob.host(G.sum(0))
     with np.errstate(divide="ignore", invalid="ignore"):
         scale = np.where(col > 0, c.q / col, 0.0)
     if math.isinf(prob.theta2):

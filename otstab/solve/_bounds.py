@@ -64,12 +64,15 @@ from ..modeling import _trees as trees
 from ..modeling._costs import Rescaled
 from ..modeling._nonlinear import as_model_input
 from ..modeling._perturbation import f32_above, f32_atmost, f32_edge, tree_boxes
+from . import _crown as crown
+from . import _relu_regions as relu_regions
 from ._audit import CANCEL_RTOL
 from ._refine import check_rtol, refine
 
 __all__ = ["LeafTable", "leaf_table", "tree_lower_distances", "mlp_lower_distances",
            "mlp_lipschitz", "mlp_transform_upper", "zero_one_lower_value",
-           "smooth_lower_value", "certified_distances", "BOUND_OPTIONS"]
+           "smooth_lower_value", "certified_distances", "network_transform_upper",
+           "BOUND_OPTIONS"]
 
 #: options of the lower bounds, accepted by ``certify`` next to the perturbation search's
 BOUND_OPTIONS = ("max_nodes", "time_budget", "node_budget", "progress", "steps", "rtol")
@@ -731,6 +734,22 @@ def mlp_transform_upper(adapter, loss: str, base, theta1: float, mask=None):
     return _QuadraticUpper(base, 0.0 if Lf == 0.0 else G * G / (4.0 * theta1))
 
 
+def network_transform_upper(adapter, loss, X, y, base, theta1, mask=None, h_ref=None):
+    """The tightest available over-estimate of the d-transform of a smooth loss of a network:
+    the nested-ball bound of :func:`otstab.solve._crown.smooth_oracle` (classifiers) and the global
+    one of :func:`mlp_transform_upper`, sample by sample the smaller; None when neither
+    applies. Returns ``(oracle, method)``."""
+    local = crown.smooth_oracle(adapter, loss, X, y, theta1, mask=mask, h_ref=h_ref)
+    mlp = as_mlp(adapter)
+    glob = None if mlp is None else mlp_transform_upper(mlp, loss, base, theta1, mask)
+    if local is None:
+        return glob, "a global Lipschitz over-estimate of l_h"
+    if glob is None:
+        return local, "linear bound propagation over nested balls (CROWN)"
+    return (crown.MinOracle(local, glob),
+            "linear bound propagation over nested balls (CROWN) and a global Lipschitz bound")
+
+
 class _QuadraticUpper:
     """``l_h = h l_i + c h^2``."""
 
@@ -873,6 +892,17 @@ def certified_distances(model, X, y, *, mask=None, upper=None, **options):
     bound) or ``None`` when no certified bound is available for this model."""
     y = np.asarray(y)
     mlp = as_mlp(model)
+    net = crown.as_network(model)  # linear bound propagation (otstab/solve/_crown.py)
+    if net is not None and net.task != "regression":
+        yi = (y > 0).astype(np.intp) if net.task == "binary" else y.astype(np.intp)
+        prev = None if mlp is None else mlp_lower_distances(mlp, X, yi, mask=mask,
+                                                            upper=upper)[0]
+        dlow, info = crown.lower_distances(net, X, yi, mask=mask, upper=upper, previous=prev,
+                                           **{k: v for k, v in options.items()
+                                              if k in ("steps", "time_budget")})
+        dlow, info = relu_regions.tighten(net, X, yi, upper, dlow, info, mask=mask)
+        info.pop("deadline", None)
+        return dlow, info
     if mlp is not None:
         yi = (y > 0).astype(np.intp) if mlp.task == "binary" else y.astype(np.intp)
         dlow, info = mlp_lower_distances(mlp, X, yi, mask=mask, upper=upper,

@@ -13,7 +13,6 @@ import functools
 import time
 
 from ..errors import ValidationError
-from ..modeling import _datacost as datacost
 from ..modeling import _pipeline as pipeline
 from ..modeling._costs import check_feature_costs, scaled_problem, unscale_result
 from ..modeling._losses import Loss, MulticlassHinge, PiecewiseLinear, ZeroOne, get_loss
@@ -23,7 +22,7 @@ from ..modeling._reduction import feature_mask, reduce_problem
 from ..modeling._threads import one_blas_thread
 from . import _dask_path as dask_path
 from . import _inference as inference
-from ._datacost_certify import certify_datacost
+from ._datacost_certify import certify_datacost, choose_cost
 from ._piecewise import solve_reduced
 from ._results import StabilityResult
 from ._smooth import certify_smooth
@@ -81,15 +80,20 @@ def certify(model, X, y, *, loss: str | Loss, r: float, theta1: float = 1.0,
         weights. With Dask input the weights may be a Dask array or Series aligned with X's
         rows (gathered on the gathered path, kept on the workers on the distributed one).
         Equal weights are the unweighted problem.
-    cost : None or "encoded" (default), "auto", otstab.DataCost or its ``to_dict()``
+    cost : None (default), "encoded", "auto", otstab.DataCost or its ``to_dict()``
         The transport cost. ``"encoded"``: the squared distance in the final estimator's
         input space (the paper's cost). ``"auto"`` or a ``DataCost``: a cost on the data's own
         variables, with Q* made of valid raw rows (:mod:`otstab.datacost`); exact for the 0/1
-        loss of linear classifiers and the hinge loss of binary ones (and Pipelines ending
-        in them: :mod:`otstab.datacost_zero_one`, :mod:`otstab.datacost_hinge`); for the 0/1
-        loss of tree classifiers (scikit-learn, XGBoost, LightGBM) a certified interval from
-        leaf boxes rewritten in the raw variables (:mod:`otstab.solve._datacost_trees`), exact when
-        every search completes.
+        loss of linear classifiers and the hinge and logistic losses of binary ones (and
+        Pipelines ending in them: :mod:`otstab.datacost_zero_one`,
+        :mod:`otstab.datacost_hinge`, :mod:`otstab.datacost_smooth`). None: ``"auto"`` when
+        a Pipeline with encoders (OneHotEncoder, OrdinalEncoder) gets a raw DataFrame and
+        those paths are exact for it and the loss, else ``"encoded"``; ``res.info
+        ["cost_used"]`` (and the summary) says which cost was used and why
+        (:func:`otstab.datacost_certify.choose_cost`). For the 0/1 loss of tree classifiers
+        (scikit-learn, XGBoost, LightGBM) under a given DataCost: a certified interval from
+        leaf boxes rewritten in the raw variables (:mod:`otstab.solve._datacost_trees`),
+        exact when every search completes.
     se : "analytic" (default), "bootstrap", ``otstab.inference.Bootstrap(n_resamples,
         random_state, interval, progress)`` or None
         Sampling uncertainty of R (``res.se``, ``res.ci(level)``,
@@ -113,12 +117,26 @@ def certify(model, X, y, *, loss: str | Loss, r: float, theta1: float = 1.0,
     r, theta1, theta2, divergence = check_common(r, theta1, theta2, divergence, solver)
     solver = solver.lower()
     loss_obj = get_loss(loss)
-    data_cost = datacost.as_cost(cost)
+    data_cost, how = choose_cost(cost, model, X, loss_obj, features=features,
+                                 feature_costs=feature_costs, solver=solver,
+                                 options=tuple(solver_options))
     if data_cost is not None:  # a cost on the raw variables (otstab.datacost_certify)
-        return certify_datacost(model, X, y, loss=loss_obj, r=r, theta1=theta1, theta2=theta2,
-                                divergence=divergence, solver=solver, features=features, se=se,
-                                feature_costs=feature_costs, sample_weight=sample_weight,
-                                t_start=t_start, cost=data_cost, **solver_options)
+        res = certify_datacost(model, X, y, loss=loss_obj, r=r, theta1=theta1, theta2=theta2,
+                               divergence=divergence, solver=solver, features=features, se=se,
+                               feature_costs=feature_costs, sample_weight=sample_weight,
+                               t_start=t_start, cost=data_cost, **solver_options)
+        res.info["cost_used"] = how
+        return res
+    res = _certify_encoded(model, X, y, loss_obj, r, theta1, theta2, divergence, solver,
+                           features, se, feature_costs, sample_weight, t_start,
+                           **solver_options)
+    res.info["cost_used"] = how
+    return res
+
+
+def _certify_encoded(model, X, y, loss_obj, r, theta1, theta2, divergence, solver, features,
+                     se, feature_costs, sample_weight, t_start, **solver_options):
+    """``certify`` under the encoded cost (the paper's)."""
     if dask_path.wants_distributed(X, loss_obj, model) and feature_costs is None \
             and se in ("analytic", None) and solver in ("auto", "dual"):
         # Dask data beyond DISTRIBUTED_MIN_ROWS rows: the scores stay on the workers and the

@@ -28,7 +28,7 @@ from otstab_solvers.dual import solve_dual
 from otstab_solvers.result import OPTIMAL
 from otstab_solvers.weights import chi2_solution, kl_weights
 
-from ..errors import SolverError, ValidationError
+from ..errors import SolverError
 from . import _audit as audit
 from ._datacost_linear import DataCostView, encode, flip_problem, moved_rows
 from ._results import Lazy, StabilityResult
@@ -115,9 +115,6 @@ class HingeOracle:
 def certify_datacost_hinge(model, prob, rc, parts, frame, *, r, theta1, theta2, divergence,
                            t_start):
     """``certify(..., loss="hinge", cost=DataCost)`` of a binary linear classifier."""
-    if prob.p is not None:
-        raise ValidationError("sample_weight with loss='hinge' and cost=DataCost is not "
-                              "available yet")
     n = prob.n
     rows = np.arange(n)
     y = prob.y.astype(np.float64)
@@ -126,14 +123,15 @@ def certify_datacost_hinge(model, prob, rc, parts, frame, *, r, theta1, theta2, 
     fin, ints, conts, layout = flip_problem(rc, parts, frame, coef, rows)
     oracle = HingeOracle(mprime, fin, ints, conts, theta1)
     loss0 = np.maximum(mprime, 0.0)
-    base = float(np.mean(loss0))
+    p = prob.p  # sample probabilities (None: uniform)
+    base = float(np.mean(loss0)) if p is None else float(np.dot(p, loss0))
     if audit.reached(r, base):  # Q* = P0
         res = _result(model, prob, rc, frame, frame.copy(), rows, np.ones(n), np.ones(n),
                       loss0, loss0, np.zeros(n), 0.0, 0.0, None, r, theta1, theta2,
                       divergence, t_start, None)
         audit.mark_edge(res, "zero")
         return res
-    sol = solve_dual(oracle, r, theta2, divergence)
+    sol = solve_dual(oracle, r, theta2, divergence, p=p)
     if sol.status != OPTIMAL or not math.isfinite(sol.h):
         raise SolverError(f"the hinge dual under the DataCost did not converge "
                           f"({sol.native_status}); r may be unreachable")
@@ -144,13 +142,14 @@ def certify_datacost_hinge(model, prob, rc, parts, frame, *, r, theta1, theta2, 
     if math.isinf(theta2):
         w = np.ones(n)
     elif divergence == "kl":
-        w = kl_weights(lh, theta2)
+        w = kl_weights(lh, theta2, p)
     else:
-        w = chi2_solution(lh, theta2)[0]
-    risk_left = float(np.mean(w * left[1]))
-    gain = w * (right[1] - left[1])
+        w = chi2_solution(lh, theta2, p)[0]
+    pw = w / n if p is None else w * p  # each sample's share of the risk per unit loss
+    risk_left = float(np.sum(pw * left[1]))
+    gain = pw * (right[1] - left[1])
     kinked = np.flatnonzero(gain > 0)
-    share = audit.shares_in_order(gain[kinked], n * (r - risk_left))
+    share = audit.shares_in_order(gain[kinked], r - risk_left)
     frac = np.zeros(n)
     frac[kinked] = share
     XL = moved_rows(frame.copy(), rows, layout, left[3], left[4], left[5],
@@ -178,7 +177,7 @@ def certify_datacost_hinge(model, prob, rc, parts, frame, *, r, theta1, theta2, 
     moved2 = rc.cost(X0, star)
     wa = w[src]
     alpha = None if divergence == "kl" or math.isinf(theta2) else \
-        (chi2_solution(lh, theta2)[1] if math.isfinite(theta2) else 0.0)
+        chi2_solution(lh, theta2, p)[1]
     res = _result(model, prob, rc, frame, star, src, mass, wa, loss0, loss_star, moved2,
                   float(sol.value), h, alpha, r, theta1, theta2, divergence, t_start, sol)
     why = audit.accept(res)
@@ -191,7 +190,7 @@ def certify_datacost_hinge(model, prob, rc, parts, frame, *, r, theta1, theta2, 
 def _result(model, prob, rc, frame, star, src, mass, wa, loss0, loss_star, moved2, value, h,
             alpha, r, theta1, theta2, divergence, t_start, sol):
     sums = audit.audit_sums(loss0, loss_star, moved2, mass, wa, theta1, theta2, divergence,
-                            value)
+                            value, prob.p, src)
     res = StabilityResult(
         value=value, h=h, alpha=alpha, X_star=Lazy(lambda: encode(model, star)), weights=wa,
         source=src, mass=mass, risk_base=sums["risk_base"], risk_star=sums["risk_star"],
@@ -206,4 +205,6 @@ def _result(model, prob, rc, frame, star, src, mass, wa, loss0, loss_star, moved
         info={"moved2": moved2, "wall_time": time.perf_counter() - t_start,
               "audit": {"method": "raw rows re-scored", "sample": int(src.size)},
               "raw_view": DataCostView(rc, frame, None, np.zeros(0, dtype=bool), atoms=star)})
+    if prob.p is not None:  # as certify's other paths: for the certificate and inference
+        res.info["sample_weight"] = prob.p
     return res

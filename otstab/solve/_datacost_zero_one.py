@@ -34,7 +34,7 @@ from ._datacost_linear import DataCostView, encode, flip_problem, moved_rows, pr
 from ._results import Lazy
 from ._zero_one import _solve_and_build, move_prices
 
-__all__ = ["certify_datacost_zero_one"]
+__all__ = ["certify_datacost_zero_one", "zero_one_distances"]
 
 PUSH = 1e-9
 EPS = float(np.finfo(float).eps)
@@ -91,6 +91,12 @@ def _distances(prob, rc, parts, frame, rows, need):
     for k, (sel, rk, layout, choices, steps, gains) in solved.items():
         moved_rows(out, rk, layout, choices, steps, gains, which[sel] == k)
     return best, out
+
+
+def zero_one_distances(prob, rc, parts, frame, rows):
+    """``d*`` of the correctly classified ``rows``: the exact least cost of a move the model
+    misclassifies (the knapsacks of the module doc)."""
+    return _distances(prob, rc, parts, frame, rows, np.zeros(prob.n))[0]
 
 
 def certify_datacost_zero_one(model, prob, rc, parts, frame, *, r, theta1, theta2, divergence,

@@ -229,7 +229,8 @@ def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, thet
     # l_h over blocks, a few passes, instead of an n-vector of it (the largest over the support
     # in O(K) for uniform samples)
     wm = weight_map_blocks(lambda s, e: oracle.values(h, slice(s, e)), n, theta2, divergence,
-                           p=p, top=oracle.values_max(h) if p is None else None)
+                           p=p, top=oracle.values_max(h) if p is None else None,
+                           alpha=sol.alpha)
 
     def lh_at(rows):
         """l_h of ``rows`` (recomputed: the same arithmetic, the same numbers)."""

@@ -169,6 +169,9 @@ class StabilityResult(ResultMixin):
             f"  base risk            {self.risk_base:.6g}",
             f"  R(beta, r)           {self.value:.6g}   [{self.status}, solver {self.solver}]",
         ]
+        used = self.info.get("cost_used") if isinstance(self.info, dict) else None
+        if used:
+            lines.append(f"  transport cost       {used}")
         if self.status == "bounds":
             lines += [
                 f"  certified interval   [{self.value_lower:.6g}, {self.value_upper:.6g}]"

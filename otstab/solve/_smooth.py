@@ -151,12 +151,11 @@ def _certify_first_order(prob, loss, r, theta1, theta2, divergence, mask, t_star
         message = sol.message + "; " + message
     # certified lower bound: the same dual on an over-estimate of l_h (sklearn MLPs)
     value_lower = 0.0
-    mlp = bounds.as_mlp(adapter)
-    if mlp is not None:
-        oracle = bounds.mlp_transform_upper(mlp, loss, prob.losses(prob.X), theta1, mask)
+    oracle, how = bounds.network_transform_upper(adapter, loss, prob.X, prob.y,
+                                                 prob.losses(prob.X), theta1, mask, sol.h)
+    if oracle is not None:
         value_lower = bounds.smooth_lower_value(oracle, r, theta2, divergence, p=prob.p)
-        message += ("; value_lower from a global Lipschitz over-estimate of l_h "
-                    "(otstab.bounds)")
+        message += f"; value_lower from {how} (otstab.bounds)"
     else:
         message += "; no certified lower bound for this model (value_lower = 0)"
 
@@ -382,6 +381,7 @@ def _certify_rows(prob, loss, oracle, moves, r, theta1, theta2, divergence, t_st
         at = SquaredAtPole(oracle, sol.info["g"], r) if pole else oracle
         cand = _build_rows(prob, at, moves, sol, loss, r, theta1, theta2, divergence,
                            t_start, exact)
+        getattr(oracle, "release", lambda: None)()  # (the logistic oracle's warm starts)
         cand.info["oracle"] = type(oracle).__name__
         return cand, exact, 0.0
 
@@ -513,7 +513,8 @@ def _build_rows(prob, oracle, moves, sol, loss, r, theta1, theta2, divergence, t
     def lh_block(s, e):
         return atoms.l_h(np.arange(s, e))
 
-    wm = weight_map_blocks(lh_block, n, theta2, divergence, p=p)  # (no n-vector of l_h)
+    wm = weight_map_blocks(lh_block, n, theta2, divergence, p=p,  # (no n-vector of l_h)
+                           alpha=sol.alpha)
 
     def qw(s, e):  # n P0-mass times weight of the samples s..e
         w = wm(lh_block(s, e))

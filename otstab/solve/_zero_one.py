@@ -36,6 +36,7 @@ from ..modeling._params import check_common, check_options
 from ..modeling._perturbation import perturbation_search
 from . import _audit as audit
 from . import _bounds as bounds
+from . import _neural_search as neural_search
 from ._refine import RTOL, ZeroOneDuals
 from ._results import Lazy, LazyInfo, StabilityResult
 
@@ -1090,6 +1091,7 @@ def certify_zero_one_search(prob: Problem, *, r, theta1, theta2, divergence, mas
         model = LinearDifferentiable(sc.W, sc.b, sc.task, sc.classes)
     pr = perturbation_search(model, prob.X, prob.y, mask=mask, labels="internal",
                              **solver_options)
+    pr = neural_search.refine_result(model, prob.X, prob.y, pr, mask, prob.losses)
     loss0 = prob.losses(prob.X)
     dstar = np.where(loss0 > 0, 0.0, pr.distances)
     a = move_prices(dstar, theta1)
@@ -1103,6 +1105,10 @@ def certify_zero_one_search(prob: Problem, *, r, theta1, theta2, divergence, mas
             duals=ZeroOneDuals(loss0, r, theta1, theta2, divergence, prob.p), **bound_options)
         if lower is not None:
             dlow, lower_info = lower
+            dstar, X_near = neural_search.adopt_points(  # closer points the bounds met
+                model, prob.X, prob.y, dstar, X_near, lower_info.pop("region_points", None),
+                prob.losses)
+            a = move_prices(dstar, theta1)
             value_lower = bounds.zero_one_lower_value(dlow, loss0, r, theta1, theta2,
                                                       divergence, prob.p)
     res = _solve_and_build(a, loss0, r, theta1, theta2, divergence,

@@ -1,0 +1,109 @@
+"""Certified intervals of MLPs (issue 30): value_lower / value_upper and the time it takes.
+
+- ``test_toy_mlp_interval`` (quick): ``make_classification`` (1,000 training rows, 300
+  evaluation rows, 6 features), ``MLPClassifier(16 relu)``; 0/1 at r = 0.3 and logistic at
+  r = base + 0.3, theta = (1, 0.5), KL.
+- ``test_adult_mlp_interval`` (full): the Adult MLP of the issue -- ``load_adult()``, a random
+  10,000 rows (``default_rng(0).permutation``) to train ``MLPClassifier((32,), relu,
+  random_state=0, max_iter=300)``, the next 500 to evaluate, theta = (1, 0.1), KL; 0/1 at
+  r = 0.3 and logistic at r = base + 0.3. Recorded: the ratio, the total time of ``certify``
+  and the time of the lower bound; ``test_adult_zero_one_ratio_against_time_budget``: the 0/1
+  ratio under ``time_budget`` = 0, 1, 5, 20 s. The found side of the logistic loss is the
+  paper's Adam loop (Algorithm 1, ``solver="first_order"``); ``value_upper`` is the cost of its
+  Q*.
+
+Targets (docs/bounds.md): 0/1 ratio >= 0.9 and logistic ratio >= 0.5, each within 60 s.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import numpy as np
+import pytest
+from _benchlib import _CACHE, full, quick, record
+
+KW = dict(theta1=1.0, divergence="kl")
+
+
+def _fit(X, y, hidden):
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.neural_network import MLPClassifier
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        return MLPClassifier(hidden, random_state=0, max_iter=300).fit(X, y)
+
+
+def toy():
+    if "toy_mlp" not in _CACHE:
+        from sklearn.datasets import make_classification
+
+        X, y = make_classification(1300, 6, n_informative=4, random_state=0)
+        _CACHE["toy_mlp"] = (_fit(X[:1000], y[:1000], (16,)), X[1000:], y[1000:])
+    return _CACHE["toy_mlp"]
+
+
+def adult():
+    if "adult_mlp" not in _CACHE:
+        from otstab.datasets import load_adult
+
+        df = load_adult()
+        X = df.drop(columns="income").to_numpy(float)
+        y = df["income"].to_numpy()
+        idx = np.random.default_rng(0).permutation(len(y))
+        tr, ev = idx[:10_000], idx[10_000:10_500]
+        _CACHE["adult_mlp"] = (_fit(X[tr], y[tr], (32,)), X[ev], y[ev])
+    return _CACHE["adult_mlp"]
+
+
+def base_logistic(m, X, y):
+    from otstab.modeling._nonlinear import MLPModel
+
+    ad = MLPModel(m).bind_loss("logistic")
+    return float(np.mean(ad.loss_values(X, np.where(y == m.classes_[1], 1, -1))))
+
+
+def run(m, X, y, loss, theta2, **opts):
+    import otstab
+
+    r = 0.3 if loss == "zero_one" else base_logistic(m, X, y) + 0.3
+    t0 = time.perf_counter()
+    res = otstab.certify(m, X, y, loss=loss, r=r, theta2=theta2, **KW, **opts)
+    wall = time.perf_counter() - t0
+    lb = res.info.get("lower_bound", {})
+    return {"loss": loss, "r": r, "value_lower": res.value_lower,
+            "value_upper": res.value_upper, "ratio": res.value_lower / res.value_upper,
+            "time_s": wall, "lower_time_s": lb.get("time"), "status": res.status,
+            "method": lb.get("method", res.message)}
+
+
+@quick
+@pytest.mark.parametrize("loss", ["zero_one", "logistic"])
+def test_toy_mlp_interval(benchmark, loss):
+    m, X, y = toy()
+    out = benchmark.pedantic(lambda: run(m, X, y, loss, 0.5), rounds=1, iterations=1)
+    record(benchmark, **out)
+    assert out["status"] == "bounds"
+    assert 0 < out["value_lower"] <= out["value_upper"]
+    assert out["ratio"] >= (0.9 if loss == "zero_one" else 0.5)
+
+
+@pytest.mark.parametrize("loss", [pytest.param(v, marks=full) for v in ("zero_one", "logistic")])
+def test_adult_mlp_interval(benchmark, loss):
+    m, X, y = adult()
+    out = benchmark.pedantic(lambda: run(m, X, y, loss, 0.1), rounds=1, iterations=1)
+    record(benchmark, **out)
+    assert out["status"] == "bounds"
+    assert out["ratio"] >= (0.9 if loss == "zero_one" else 0.5)
+    assert out["time_s"] <= 60.0
+
+
+@pytest.mark.parametrize("budget", [pytest.param(b, marks=full) for b in (0.0, 1.0, 5.0, 20.0)])
+def test_adult_zero_one_ratio_against_time_budget(benchmark, budget):
+    m, X, y = adult()
+    out = benchmark.pedantic(lambda: run(m, X, y, "zero_one", 0.1, time_budget=budget),
+                             rounds=1, iterations=1)
+    record(benchmark, time_budget=budget, **out)
+    assert out["value_lower"] <= out["value_upper"]

@@ -1,0 +1,149 @@
+"""The logistic d-transform when every sample shares one price ``c`` (the usual case).
+
+:func:`otstab_solvers.smooth.logistic_steps` solves, per sample, for the global maximiser of
+``h softplus(t - m) - c t**2`` by bracketed Newton on the monotone pieces of its stationarity
+equation, gathering and scattering the unfinished samples at every step. When ``c`` is one
+number (one ``||w_M||**2`` for every sample, as for any linear model without per-sample
+directions), the problem has a shape that makes a leaner solve possible:
+
+* in ``u = t - m`` (minus the moved margin) the stationarity condition reads
+  ``F(u) = T sigmoid(u) - u - m = 0`` with ``T = h / (2 c)``, and the step is
+  ``t = T sigmoid(u)`` (so ``0 < t < T`` and no cancellation in ``t = u + m``);
+* ``F' = T sigmoid'(u) - 1``: for ``T <= 4`` (the concave case) ``F`` is decreasing and the
+  root unique; for ``T > 4`` it decreases, increases on ``(-L, L)`` and decreases again
+  (``sigmoid'(L) = 1 / T``), so a margin outside ``[F_m(-L), F_m(L)]``
+  (``F_m(u) = T sigmoid(u) - u``, the margin whose root is ``u``) still has one root.
+
+:func:`uniform_steps` runs plain Newton iterations on ``F`` over the whole block at once (in
+place, no gathering), started one Newton step from ``t = 0``, until every step is below
+``1e-11 (1 + |u|)`` (quadratic convergence then leaves an error far below one ulp). A sample
+is *accepted* only if its last step was that small, ``|F'|`` there is at least ``1e-3`` (so
+the quadratic regime holds and the root is simple), its ``u`` lies in ``[-m, T - m]`` (where
+every root lies) and its margin has a unique root (concave case, or outside the band above).
+Every other sample (the band of two local maxima, slow or unconverged ones) is returned for
+the robust solve, which compares the local maxima: the result is the global maximiser either
+way, to machine precision.
+
+This module imports neither otstab nor the rest of otstab_solvers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.special import expit
+
+__all__ = ["uniform_steps"]
+
+#: relative size of the last Newton step for a sample to count as converged
+STEP_TOL = 1e-11
+#: smallest |F'| at an accepted root (below it the root is near a fold of F: robust solve)
+SLOPE_MIN = 1e-3
+MAX_ITER = 6
+#: largest step after which the Taylor estimate of the remaining error is trusted
+TAYLOR_STEP = 1e-6
+
+
+def uniform_steps(m: np.ndarray, c: float, h: float, start: np.ndarray | None = None):
+    """Newton on ``T sigmoid(u) - u - m = 0`` for every margin of ``m`` (one ``c``, finite and
+    > 0; ``h > 0``).
+
+    ``start``: first iterates (e.g. the roots at a nearby ``h``); default one Newton step
+    from ``t = 0``. Returns ``(u, s, rest)``: ``u`` the root (``t - m``), ``s = sigmoid(u)``
+    (the step is ``t = T s``), both of the shape of ``m``, and ``rest`` the indices of the
+    samples not accepted (module docstring), whose entries of ``u`` and ``s`` are meaningless
+    and must be recomputed by the robust solve.
+    """
+    T = h / (2.0 * c)
+    n = m.size
+    band = None
+    if T > 4.0:  # two local maxima for the margins in the band [F_m(-L), F_m(L)]
+        L = 2.0 * math.atanh(math.sqrt(1.0 - 4.0 / T))
+        sl = 1.0 / (1.0 + math.exp(L))  # sigmoid(-L)
+        lo_band = T * sl + L            # F_m(-L), the local minimum of F_m
+        hi_band = T * (1.0 - sl) - L    # F_m(L), the local maximum
+        pad = 1e-9 * (1.0 + abs(lo_band) + abs(hi_band))
+        band = (m >= lo_band - pad) & (m <= hi_band + pad)
+    if start is not None:  # a warm start (the roots at a nearby h), clipped to [-m, T - m]
+        u = np.add(start, m)
+        np.clip(u, 0.0, T, out=u)
+        u -= m
+        s = np.empty(n)
+    else:  # one Newton step from u = -m (t = 0), clipped to [-m, T - m]
+        s = expit(-m)
+        fp = s * (1.0 - s)
+        fp *= -T
+        fp += 1.0  # 1 - T sigmoid'(-m) = -F'(-m)
+        np.maximum(fp, 0.25, out=fp)
+        u = s * T
+        u /= fp
+        np.minimum(u, T, out=u)
+        u -= m
+    step = np.empty(n)
+    q = np.empty(n)
+    buf = np.empty(n)
+    if band is not None:  # these go to the robust solve: keep them still, out of the way
+        u[band] = 0.0
+    big = float(np.max(np.abs(m))) + T + 1.0 if n else 1.0
+    converged = False
+    for _ in range(MAX_ITER):
+        expit(u, out=s)
+        # F = T s - u - m, F' = T s (1 - s) - 1, F'' = T s (1 - s) (1 - 2 s). Halley's step
+        # is d / (1 - d q) with the Newton step d = F / F' and q = F'' / (2 F')
+        np.multiply(s, T, out=step)
+        np.subtract(1.0, s, out=buf)
+        buf *= step                  # T s (1 - s)
+        np.subtract(0.5, s, out=q)
+        q *= buf                     # F'' / 2
+        buf -= 1.0                   # F'
+        step -= u
+        step -= m                    # F
+        with np.errstate(divide="ignore", invalid="ignore"):
+            q /= buf                 # q
+            step /= buf              # d
+            np.multiply(step, q, out=buf)
+            np.subtract(1.0, buf, out=buf)
+            step /= buf              # Halley's step
+        if band is not None:
+            step[band] = 0.0
+        u -= step
+        np.abs(step, out=buf)
+        worst = float(buf.max()) if n else 0.0
+        if worst <= STEP_TOL:  # every step below STEP_TOL (1 + |u|) (NaN: not here)
+            converged = True
+            break
+        if worst <= TAYLOR_STEP:
+            # the error left after the step is below Newton's |q| step^2 (Halley's is smaller
+            # still): under a quarter ulp of 1 for every sample, no confirming iteration
+            buf *= buf
+            np.abs(q, out=q)
+            buf *= q
+            if band is not None:
+                buf[band] = 0.0
+            if float(buf.max()) <= 2.5e-17:
+                converged = True
+                break
+        if worst <= STEP_TOL * big and \
+                not np.any(np.abs(step) > STEP_TOL * (1.0 + np.abs(u))):
+            converged = True
+            break
+    # the accepted samples: small last step, |F'| >= SLOPE_MIN at the root, u in [-m, T - m]
+    # (sigmoid at the new u to second order in the last step: its error is O(step^3), far
+    # below an ulp)
+    ds = s * (1.0 - s)
+    slope = T * ds - 1.0
+    np.subtract(0.5, s, out=buf)
+    buf *= step
+    np.subtract(1.0, buf, out=buf)  # 1 - (1/2 - s) step
+    buf *= step
+    buf *= ds
+    s -= buf  # s - s' step + s'' step^2 / 2
+    ok = np.isfinite(step) if converged else \
+        np.abs(step) <= STEP_TOL * (1.0 + np.abs(u))
+    ok &= np.abs(slope) >= SLOPE_MIN
+    ok &= (u >= -m) & (u <= T - m)
+    if band is not None:
+        ok &= ~band
+    rest = np.flatnonzero(~ok)
+    return u, s, rest
