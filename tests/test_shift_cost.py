@@ -456,3 +456,23 @@ def test_chunked_passes_give_the_dense_answer(monkeypatch, div, theta2):
     conic = shift_cost(A, ya, B, yb, theta2=theta2, divergence=div, solver="conic")
     _inside(chunked, conic.value)
     _inside(dense, conic.value)
+
+
+@pytest.mark.parametrize("solver", ["conic", "dual"])
+@pytest.mark.parametrize("offset", [1e4, 1e6])
+def test_interval_is_certified_far_from_the_origin(solver, offset):
+    """The encoded cost is translation invariant, so data moved far from 0 have the same S.
+    The expansion |a|^2 + |b|^2 - 2 a.b used to round relative to |a|^2 (about 1e-4 per pair
+    at offset 1e6 against distances of 1e-6) and certified a value that the shift at offset 0
+    refutes; the interval at every offset must overlap the one at 0."""
+    rng = np.random.default_rng(3)
+    Xr = rng.normal(size=(60, 3))
+    Xc = Xr + 1e-3 * rng.normal(size=(60, 3))
+    y = rng.integers(0, 2, 60)
+    base = otstab.shift_cost(Xr, y, Xc, y, theta1=1.0, theta2=0.5, solver=solver)
+    far = otstab.shift_cost(Xr + offset, y, Xc + offset, y, theta1=1.0, theta2=0.5,
+                            solver=solver)
+    tol = 1e-9 * base.value_upper
+    assert far.value_lower <= base.value_upper + tol
+    assert base.value_lower <= far.value_upper + tol
+    assert far.value_upper <= 1.01 * base.value_upper  # and it stays informative

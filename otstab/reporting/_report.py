@@ -289,18 +289,19 @@ def _for_interface(text: str, interface: str) -> str:
 def bounds_kind(message: str = "", estimator: str = "") -> str:
     """What proved the certified side of a non-exact answer, read from the solver message
     (``res.message`` or the certificate's ``solver.message``): ``"tree"`` (branch and bound
-    over a tree ensemble's leaves), ``"mlp"`` (local Lipschitz bound of an MLP, 0/1 loss),
-    ``"mlp_smooth"`` (global Lipschitz over-estimate, smooth losses), ``"first_order_linear"``
+    over a tree ensemble's leaves), ``"mlp"`` (bounds of a network over each sample's ball,
+    0/1 loss), ``"mlp_smooth"`` (nested-ball and global Lipschitz over-estimate, smooth
+    losses), ``"first_order_linear"``
     (the first-order path of a linear model, which has an exact path), ``"first_order"`` (the
     first-order path, no lower bound, the model unknown), ``"none"`` (no certified lower bound
     for this model: ``value_lower = 0``) or ``"other"``."""
     message = message or ""
     if "tree ensemble" in message:
         return "tree"
-    if "local-Lipschitz (MLP)" in message:
-        return "mlp"
-    if "global Lipschitz" in message:
+    if "global Lipschitz" in message or "nested balls" in message:
         return "mlp_smooth"
+    if "local-Lipschitz (MLP)" in message or "linear bound propagation" in message:
+        return "mlp"
     if "first-order" in message and "no certified lower bound" in message:
         linear = any(k in estimator for k in ("linear_model", "svm", "LinearModel"))
         return "first_order_linear" if linear else "first_order"
@@ -338,15 +339,23 @@ def tighten_advice(kind: str, interface: str = "python", *, ratio=None, options=
             text += f", and a larger time budget: {_setting('time_budget', longer, interface)}"
         return text + " (docs/bounds.md)"
     if kind == "mlp":
-        return ("an MLP has no exact path, and no otstab setting closes this gap: value_lower "
-                "comes from a local Lipschitz bound of the network over each sample's ball "
-                "(docs/bounds.md), not from a search that more effort would finish. Gate on "
-                "value_lower; a threshold at or below it is certified, one above it is not "
-                "certifiable for this model with this bound")
+        text = ("a network has no exact path in general: value_lower comes from bounds of the "
+                "network over each sample's ball (a local Lipschitz bound and linear bound "
+                "propagation; for one hidden ReLU layer also its activation regions, exact for "
+                "samples with at most 8 units that can switch, 8192 regions in all; "
+                "docs/bounds.md)")
+        if "time_budget" in options:
+            longer = f"{10 * float(options['time_budget']):g}"
+            return (text + ". This run's time budget stopped that search early; a larger one "
+                    f"narrows the interval: {_setting('time_budget', longer, interface)}")
+        return (text + ", and no otstab setting closes this gap further. Gate on value_lower; "
+                "a threshold at or below it is certified, one above it is not certifiable "
+                "for this model with this bound")
     if kind == "mlp_smooth":
-        return ("value_lower comes from a global Lipschitz over-estimate of the smooth loss, "
-                "which is loose and has no setting that tightens it; the 0/1 loss has a "
-                "local bound that is much tighter: "
+        return ("value_lower comes from an over-estimate of the smooth loss over nested balls "
+                "around each sample (linear bound propagation) and a global Lipschitz "
+                "over-estimate beyond them, which no setting tightens; the 0/1 loss has a "
+                "much tighter bound: "
                 f"{_setting('loss', repr('zero_one'), interface)} (docs/bounds.md)")
     if kind == "first_order_linear":
         return ("the first-order path gives no certified lower bound (value_lower = 0), and "

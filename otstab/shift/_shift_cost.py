@@ -108,15 +108,29 @@ class _Encoded:
     kind = "encoded"
 
     def __init__(self, A: np.ndarray, B: np.ndarray, names: list[str]):
-        self.A, self.B, self.names = A, B, names
-        self.A2 = np.einsum("ij,ij->i", A, A)
-        self.B2 = np.einsum("ij,ij->i", B, B)
+        # the distances are computed on copies centred at the reference mean: the expansion
+        # |a|^2 + |b|^2 - 2 a.b rounds relative to |a|^2 + |b|^2 (see block_error), which an
+        # offset far from 0 would make large; the originals stay for keys() (equality of rows)
+        self.A_raw, self.B_raw, self.names = A, B, names
+        center = A.mean(axis=0) if len(A) else np.zeros(A.shape[1])
+        self.A, self.B = A - center, B - center
+        self.A2 = np.einsum("ij,ij->i", self.A, self.A)
+        self.B2 = np.einsum("ij,ij->i", self.B, self.B)
         self.d = A.shape[1]
+        self._B2max = float(self.B2.max()) if len(self.B2) else 0.0
 
     def block(self, I, J) -> np.ndarray:
         D = self.A2[I][:, None] + self.B2[J][None, :] - 2.0 * (self.A[I] @ self.B[J].T)
         np.maximum(D, 0.0, out=D)
         return D
+
+    def block_error(self, I) -> np.ndarray:
+        """Per row of ``I``, a bound on ``|block(I, J) - d(x_i, x'_j)|`` over every column: the
+        expansion ``|a|^2 + |b|^2 - 2 a.b`` cancels, its rounding is relative to
+        ``|a|^2 + |b|^2``, not to the distance (each dot product within ``d`` ulps of
+        ``sum |a_k b_k| <= (|a|^2 + |b|^2) / 2``, three more roundings for the sum; clipping at 0
+        only moves it closer): ``(2 d + 8) eps (|a_i|^2 + max_j |b_j|^2)``."""
+        return (2 * self.d + 8) * np.finfo(float).eps * (self.A2[I] + self._B2max)
 
     def exact_block(self, I, J) -> np.ndarray:
         """Direct differences (exact zeros for equal rows)."""
@@ -129,7 +143,7 @@ class _Encoded:
         return np.moveaxis(diff * diff, 2, 0)
 
     def keys(self):
-        return self.A, self.B
+        return self.A_raw, self.B_raw
 
 
 def pairwise_datacost(resolved, X0: pd.DataFrame, X1: pd.DataFrame):
@@ -365,6 +379,14 @@ class _Problem:
             return np.where(D == 0.0, 0.0, math.inf)
         return self.t1 * D
 
+    def cost_error(self) -> np.ndarray:
+        """Per local row, a bound on the rounding of ``_cost`` (``theta1 d`` by the cancelling
+        expansion of the encoded cost; 0 where the costs are computed directly)."""
+        err = getattr(self.geo, "block_error", None)
+        if self.zero_only or err is None:
+            return np.zeros(len(self.c.I))
+        return self.t1 * err(self.c.I)
+
     # -- array hooks: the chunk arrays are ndarrays here; a device backend
     # (otstab.shift._shift_torch) yields its own arrays and overrides these four, so that the
     # plan's repair and pricing (_PlanBuilder, _variable_shares) are written once
@@ -437,7 +459,7 @@ class _Problem:
         if math.isinf(self.theta2):
             if not np.all(np.isfinite(u)):
                 return -math.inf, v
-            val = float(q @ v - p @ u)
+            val = float(q @ v - p @ u) - float(p @ self.cost_error())
             return val - self._rounding(v, u, np.ones(len(u)), 0.0), v
         t2 = self.theta2
         fin = np.isfinite(u)
@@ -455,6 +477,12 @@ class _Problem:
         w[fin] = _dphi_star(u[fin] / t2, self.div)
         star = np.abs(_phi_star(u[fin] / t2, self.div))
         val = self._dual_terms(q @ v, u)
+        # the computed costs may be low by e_i (cost_error): the true u_i is at most u_i + e_i,
+        # and phi* is increasing and convex, so the objective is low by at most
+        # p_i phi*'((u_i + e_i) / theta2) e_i
+        e = self.cost_error()
+        if e.any():
+            val -= float(np.sum(p[fin] * _dphi_star((u[fin] + e[fin]) / t2, self.div) * e[fin]))
         return val - self._rounding(v, np.where(fin, u, 0.0), w,
                                     t2 * float(p[fin] @ star)), v
 
@@ -984,7 +1012,7 @@ def shift_cost(X_ref, y_ref, X_cur, y_cur, *, theta1: float = 1.0, theta2: float
         info["cost_spec"] = resolved.to_dict()
     if sample_weight is not None:
         info["sample_weight"] = p_all
-    A_enc = geo.A if isinstance(geo, _Encoded) else _try_encoded(model, X_ref)
+    A_enc = geo.A_raw if isinstance(geo, _Encoded) else _try_encoded(model, X_ref)
     if A_enc is not None:  # to check that R and S share the reference data (budget_used)
         info["ref_projection"] = A_enc @ _probe(A_enc.shape[1])
         info["ref_dim"] = A_enc.shape[1]
@@ -1078,7 +1106,8 @@ def shift_cost(X_ref, y_ref, X_cur, y_cur, *, theta1: float = 1.0, theta2: float
         lower += max(lo, 0.0)
         # the plan's cost is a sum of nonnegative terms (pairwise summation): 64 ulps
         # per doubling of the terms bounds its rounding
-        upper += (plan.move + r_k) * (1 + 64 * np.finfo(float).eps * math.log2(pairs + 2))
+        upper += (plan.move + r_k) * (1 + 64 * np.finfo(float).eps * math.log2(pairs + 2)) \
+            + float(plan.rowsum @ prob.cost_error())  # the costs' own rounding (cost_error)
         move += plan.move
         rew += r_k
         weights[cls.I] = plan.rowsum / cls.p
