@@ -26,6 +26,14 @@ _SESSION = {"skipped": [], "failed": [], "start": None, "limiter": None}
 BLAS_THREADS = int(os.environ.get("OTSTAB_BENCH_BLAS_THREADS", "1"))
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_auto_num_workers(config):
+    """One process for the benchmarks: pyproject's ``-n auto`` spreads the tests over every
+    core, but timings need the machine to themselves (and pytest-benchmark times nothing
+    under xdist). ``-n 2`` on the command line still distributes them."""
+    return 0
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "quick: quick benchmark subset (< 2 min): -m quick")
     config.addinivalue_line("markers", "full: full-suite size; runs only with OTSTAB_BENCH=full")
