@@ -451,8 +451,16 @@ def test_bounds_report_headline_gate_uncertainty_time(forest_bounds):
 
 def test_bounds_advice_follows_the_model(small_mlp):
     model, X, y, r = _forest()
-    # the search runs to the end: value_lower is R, nothing to tighten
-    full = otstab.certify(model, X, y, loss="zero_one", r=r, theta1=1.0, theta2=1.0)
+    # stopped by rtol (the default, 0.01): the advice is a smaller rtol
+    res = otstab.certify(model, X, y, loss="zero_one", r=r, theta1=1.0, theta2=1.0)
+    if res.info["lower_bound"].get("stopped") == "rtol" \
+            and res.value_lower < (1 - 1e-6) * res.value_upper:
+        text = _text(report.render_html(C.make_certificate(res, model, X, y), result=res))
+        assert "a smaller rtol narrows the interval: otstab.certify(..., rtol=0.001)" in text
+    advice = report.tighten_advice("tree", "cli", stopped="rtol", options={"rtol": 0.05})
+    assert "rtol = 0.05" in advice and "--rtol 0.005" in advice
+    # the search runs to the end (rtol=None): value_lower is R, nothing to tighten
+    full = otstab.certify(model, X, y, loss="zero_one", r=r, theta1=1.0, theta2=1.0, rtol=None)
     assert full.status == "bounds" and np.all(full.info["lower_bound"]["exact"])
     text = _text(report.render_html(C.make_certificate(full, model, X, y), result=full))
     assert "max_nodes=" not in text

@@ -311,11 +311,12 @@ def bounds_kind(message: str = "", estimator: str = "") -> str:
 
 
 def tighten_advice(kind: str, interface: str = "python", *, ratio=None, options=None,
-                   complete=None) -> str:
+                   complete=None, stopped=None) -> str:
     """Plain-text advice on narrowing a non-exact answer's interval, for the model at hand
     (``kind`` from :func:`bounds_kind`), with settings in the reader's interface.
     ``options``: the ``certify`` options used, when known; ``complete``: whether the tree
-    search finished for every sample, when known."""
+    search finished for every sample, when known; ``stopped``: what stopped the tree search
+    (``"rtol"``, ``"time_budget"``, ``"node_budget"``), when known."""
     options = options or {}
     if ratio is not None and ratio >= 1 - 1e-6:
         return ("the interval is already tight (value_lower / value_upper = "
@@ -326,6 +327,12 @@ def tighten_advice(kind: str, interface: str = "python", *, ratio=None, options=
                 "up to rounding; value_upper is higher because the returned Q* does not yet "
                 "use the closer points that search found (docs/bounds.md, Limitations): no "
                 "setting narrows the interval, and a gate on value_lower loses nothing")
+    if kind == "tree" and stopped == "rtol":
+        rtol = float(options.get("rtol", 0.01))
+        return ("the branch and bound stopped once value_lower reached (1 - rtol) value_upper "
+                f"(rtol = {rtol:g}: the samples that decide R were refined first); a smaller "
+                f"rtol narrows the interval: {_setting('rtol', f'{rtol / 10:g}', interface)} "
+                "(docs/bounds.md)")
     if kind == "tree":
         used = [f"{k} = {options[k]:g}" for k in ("max_nodes", "time_budget") if k in options]
         nodes = int(options.get("max_nodes", 200))
@@ -377,6 +384,12 @@ def tighten_advice(kind: str, interface: str = "python", *, ratio=None, options=
 def _result_kind(result) -> str:
     """:func:`bounds_kind` of a result object (or anything with ``message`` and ``solver``)."""
     return bounds_kind(getattr(result, "message", "") or "")
+
+
+def _search_stopped(result):
+    """What stopped the tree search (``"rtol"``, a budget; None when unknown or complete)."""
+    info = (getattr(result, "info", None) or {}).get("lower_bound")
+    return info.get("stopped") if isinstance(info, dict) else None
 
 
 def _search_complete(result):
@@ -449,7 +462,8 @@ def policy_gate(result, fail_under=None, *, require_exact=False, confidence=None
         return verdict("pass", f"{said} >= {fail_under:g}")
     if exact or upper < fail_under:  # R (or its confidence bound) is below the threshold
         return verdict("below", f"{said} < {fail_under:g}")
-    advice = tighten_advice(_result_kind(result), interface, complete=_search_complete(result))
+    advice = tighten_advice(_result_kind(result), interface, complete=_search_complete(result),
+                            stopped=_search_stopped(result))
     return verdict("not_certified",
                    f"{said} < {fail_under:g} <= value_upper = {upper:.6g}: R may be on either "
                    f"side; {advice}")
@@ -883,7 +897,8 @@ def _advice_html(cert: dict, result, interface: str) -> str:
     ratio = lo / up if up > 0 and math.isfinite(up) and math.isfinite(lo) else None
     text = tighten_advice(kind, interface, ratio=ratio,
                           options=inputs.get("solver_options") or {},
-                          complete=_search_complete(result))
+                          complete=_search_complete(result),
+                          stopped=_search_stopped(result))
     done = ""
     info = (getattr(result, "info", None) or {}).get("lower_bound") if result is not None \
         else None
