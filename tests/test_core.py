@@ -122,7 +122,8 @@ CONIC_CASES = [c for c in CASES if c[1] in (7, 200) and c[2] in (0.2, 1.0, INF)
                and c[3] in (0.2, 5.0, INF)]
 
 
-@pytest.mark.parametrize("div", ["kl", "chi2"])
+# chi2 (8 s) runs with the slow tests; kl keeps the brute-force check in the default run
+@pytest.mark.parametrize("div", ["kl", pytest.param("chi2", marks=pytest.mark.slow)])
 def test_clarabel_matches_brute_force(div):
     """Clarabel agrees to 1e-6 whenever it reports optimal; it may report a failure (then
     certify raises) on a few exp-cone instances, but on at most 10% of them."""
