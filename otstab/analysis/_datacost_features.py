@@ -37,6 +37,9 @@ def variable_units(model, X, prob, cost: DataCost, features=None, groups=None):
                                       + (pipeline.suggest(nm, names)
                                          or f"; the model's variables are {names[:12]}"))
     units = [(nm, list(rc.map.variable(nm).columns)) for nm in chosen]
-    frozen = [rc.variable(nm).immutable or not math.isfinite(rc.variable(nm).price)
-              for nm in chosen]
+    frozen = []
+    for nm in chosen:
+        var = rc.variable(nm)
+        assert var is not None  # chosen among the cost's variables above
+        frozen.append(var.immutable or not math.isfinite(var.price))
     return units, frozen, rc.to_dict()

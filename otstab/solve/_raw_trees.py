@@ -595,7 +595,8 @@ def _dive(smp: _RawSample, root, max_nodes: int) -> int:
     box, ev, nodes = root, smp.evaluate(np.arange(smp.raw.lo.shape[0]), *root), 1
     while ev is not None and not ev[2] and nodes + 2 <= max_nodes:
         kids = []
-        for child in smp.split(*box, ev[1], ev[3]):
+        blo, bhi, bmask = box  # a box: lower and upper ends, level mask
+        for child in smp.split(blo, bhi, bmask, ev[1], ev[3]):
             nodes += 1
             cev = smp.evaluate(ev[1], *child)
             if cev is not None:
@@ -625,7 +626,8 @@ def _search(smp: _RawSample, root, max_nodes: int, deadline: float):
         if time.perf_counter() > deadline:
             return min(key, smp.upper), False, nodes, True
         heapq.heappop(heap)
-        for child in smp.split(*box, ev[1], ev[3]):
+        blo, bhi, bmask = box  # a box: lower and upper ends, level mask
+        for child in smp.split(blo, bhi, bmask, ev[1], ev[3]):
             nodes += 1
             cev = smp.evaluate(ev[1], *child)
             if cev is not None:
