@@ -167,7 +167,8 @@ def test_theta1_inf_is_the_divergence_of_duplicated_rows(div):
     # a finite but huge theta1 tends to it (the same program with moves priced out)
     big = shift_cost(A, ya, B[perm], yb[perm], theta1=1e6, theta2=0.8, divergence=div,
                      solver="conic")
-    assert big.value == pytest.approx(expect, rel=1e-6)
+    # (rel 1e-5: Clarabel 0.6, the oldest allowed, solves this one to 2.7e-6)
+    assert big.value == pytest.approx(expect, rel=1e-5)
     # a current row with no identical reference row: no zero-cost shift
     B2 = B.copy()
     B2[0, 0] += 1e-3
