@@ -28,12 +28,15 @@ import math
 
 import numpy as np
 import pandas as pd
+from otstab_solvers.weights import chi2_solution, kl_weights
 
 from ..errors import ValidationError
 from ..modeling import _pipeline as pipeline
 from ..modeling._datacost import ResolvedCost
+from . import _audit as audit
 
-__all__ = ["linear_parts", "flip_problem", "moved_rows", "raw_frame", "selected_variables",
+__all__ = ["linear_parts", "flip_problem", "moved_rows", "split_at_kink", "raw_frame",
+           "selected_variables",
            "encode", "predict", "DataCostView"]
 
 
@@ -270,3 +273,45 @@ class DataCostView(pipeline.RawView):
         df.attrs["note"] = ("raw rows before and after the move; cost: the DataCost of the move "
                             "(result.info['cost_description'])")
         return df
+
+
+def split_at_kink(frame, rows, layout, left, right, lh, r, p, theta2, divergence):
+    """Q*'s raw atoms at the dual's optimal h, shared by the exact hinge and logistic paths:
+    the weights ``w`` at ``lh``, every sample at its left maximiser and, where the risk needs
+    it, part of its mass at its right maximiser (in order, until the risk is r). ``left`` and
+    ``right``: the oracle's answers (values at [1], moves at [3:6]). Returns ``(w, src, mass,
+    star, X0)``: per atom its source row, its mass, its raw row, and its source's raw row."""
+    n = len(rows)
+    if math.isinf(theta2):
+        w = np.ones(n)
+    elif divergence == "kl":
+        w = kl_weights(lh, theta2, p)
+    else:
+        w = chi2_solution(lh, theta2, p)[0]
+    pw = w / n if p is None else w * p  # each sample's share of the risk per unit loss
+    risk_left = float(np.sum(pw * left[1]))
+    gain = pw * (right[1] - left[1])
+    kinked = np.flatnonzero(gain > 0)
+    share = audit.shares_in_order(gain[kinked], r - risk_left)
+    frac = np.zeros(n)
+    frac[kinked] = share
+    XL = moved_rows(frame.copy(), rows, layout, left[3], left[4], left[5],
+                    np.ones(n, dtype=bool))
+    XR = moved_rows(frame.copy(), rows, layout, right[3], right[4], right[5],
+                    np.ones(n, dtype=bool))
+    # atoms: every sample at its left maximiser (mass 1 - frac), the split samples also at
+    # their right maximiser (mass frac); a sample moved whole goes to the right one
+    whole = np.flatnonzero(frac >= 1.0)
+    split = np.flatnonzero((frac > 0) & (frac < 1.0))
+    src = np.concatenate([rows, split])
+    mass = np.concatenate([np.where(frac >= 1.0, 1.0, 1.0 - frac), frac[split]])
+    first = XL.copy()
+    if whole.size:
+        for c in first.columns:
+            col = np.array(first[c].astype(object).to_numpy(), dtype=object)
+            col[whole] = XR[c].astype(object).to_numpy()[whole]
+            first[c] = pd.Series(col).astype(frame[c].dtype) if frame[c].dtype.kind in "iuf" \
+                else pd.Series(col)
+    star = pd.concat([first, XR.iloc[split]], ignore_index=True)
+    X0 = frame.iloc[src].reset_index(drop=True)
+    return w, src, mass, star, X0

@@ -40,14 +40,13 @@ import math
 import time
 
 import numpy as np
-import pandas as pd
 from otstab_solvers.dual import solve_dual
 from otstab_solvers.result import OPTIMAL
-from otstab_solvers.weights import chi2_solution, kl_weights
+from otstab_solvers.weights import chi2_solution
 
 from ..errors import SolverError
 from . import _audit as audit
-from ._datacost_linear import DataCostView, encode, flip_problem, moved_rows
+from ._datacost_linear import DataCostView, encode, flip_problem, split_at_kink
 from ._results import Lazy, StabilityResult
 
 __all__ = ["LogisticOracle", "certify_datacost_logistic"]
@@ -315,37 +314,8 @@ def certify_datacost_logistic(model, prob, rc, parts, frame, *, r, theta1, theta
     left = oracle.argmax(h, right=False, tie=Q_TIE)
     right = oracle.argmax(h, right=True, tie=Q_TIE)
     lh = right[0]
-    if math.isinf(theta2):
-        w = np.ones(n)
-    elif divergence == "kl":
-        w = kl_weights(lh, theta2, p)
-    else:
-        w = chi2_solution(lh, theta2, p)[0]
-    pw = w / n if p is None else w * p
-    risk_left = float(np.sum(pw * left[1]))
-    gain = pw * (right[1] - left[1])
-    kinked = np.flatnonzero(gain > 0)
-    share = audit.shares_in_order(gain[kinked], r - risk_left)
-    frac = np.zeros(n)
-    frac[kinked] = share
-    XL = moved_rows(frame.copy(), rows, layout, left[3], left[4], left[5],
-                    np.ones(n, dtype=bool))
-    XR = moved_rows(frame.copy(), rows, layout, right[3], right[4], right[5],
-                    np.ones(n, dtype=bool))
-    whole = np.flatnonzero(frac >= 1.0)
-    split = np.flatnonzero((frac > 0) & (frac < 1.0))
-    src = np.concatenate([rows, split])
-    mass = np.concatenate([np.where(frac >= 1.0, 1.0, 1.0 - frac), frac[split]])
-    first = XL.copy()
-    if whole.size:
-        for c in first.columns:
-            col = np.array(first[c].astype(object).to_numpy(), dtype=object)
-            col[whole] = XR[c].astype(object).to_numpy()[whole]
-            first[c] = pd.Series(col).astype(frame[c].dtype) if frame[c].dtype.kind in "iuf" \
-                else pd.Series(col)
-    star = pd.concat([first, XR.iloc[split]], ignore_index=True)
-    # the audit: the model's own scores of the raw rows, the cost of the moves
-    X0 = frame.iloc[src].reset_index(drop=True)
+    w, src, mass, star, X0 = split_at_kink(frame, rows, layout, left, right, lh, r, p,
+                                           theta2, divergence)
     scores = np.asarray(model.decision_function(star), dtype=np.float64)
     loss_star = _softplus(-y[src] * scores)
     moved2 = rc.cost(X0, star)
