@@ -67,6 +67,7 @@ from ..modeling._perturbation import f32_above, f32_atmost, f32_edge, tree_boxes
 from . import _crown as crown
 from . import _relu_regions as relu_regions
 from ._audit import CANCEL_RTOL
+from ._radius_key import radius_key
 from ._refine import check_rtol, refine
 
 __all__ = ["LeafTable", "leaf_table", "tree_lower_distances", "mlp_lower_distances",
@@ -316,6 +317,7 @@ class _Sample:
         # within it a tie, which argmax breaks towards the first class, is possible, so the
         # box is split until the model's predict decides it
         size = float(np.max(np.abs(table.base), initial=0)) + table.scale
+        self.size = size
         self.tol = 4 * (table.n_trees + 2) * np.finfo(np.float64).eps * size + 1e-15 + table.tol
 
     def evaluate(self, alive, blo, bhi):
@@ -351,6 +353,9 @@ class _Sample:
         bound = self.base + mins.sum(axis=0)
         if np.all(bound > self.tol):
             return None  # proved: no point of the box within U changes the prediction
+        # the margins as well: no input closer than the radius key can be misclassified
+        key = max(key, radius_key(dist, starts, self.marg[alive], self.base, self.tol,
+                                  self.size))
         single = starts.size == alive.size
         if single:
             # an input of the box closer than U lies, in every tree, in a leaf within U: the
