@@ -52,6 +52,7 @@ import pandas as pd
 from ..errors import InputTypeError, ValidationError
 from . import _bounds as bounds
 from ._datacost_linear import _key as level_key
+from ._radius_key import radius_key
 from ._refine import refine
 
 __all__ = ["RawTable", "raw_table", "raw_tree_distances"]
@@ -461,6 +462,7 @@ class _RawSample:
         self.marg = V[:, [y]] - V[:, others]
         self.base = raw.base[y] - raw.base[others]
         size = float(np.max(np.abs(raw.base), initial=0)) + raw.scale
+        self.size = size
         self.tol = 4 * (raw.n_trees + 2) * np.finfo(np.float64).eps * size + 1e-15 + raw.tol
         self.cs = raw.start[:-1]
         self.ncat = len(raw.cat)
@@ -503,6 +505,8 @@ class _RawSample:
         bound = self.base + mins.sum(axis=0)
         if np.all(bound > self.tol):
             return None
+        key = max(key, radius_key(dist, starts, self.marg[alive], self.base, self.tol,
+                                  self.size))
         single = starts.size == alive.size
         if single:
             rlo, rhi = lo.max(axis=0), hi.min(axis=0)
