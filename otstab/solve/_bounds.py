@@ -119,9 +119,14 @@ class LeafTable:
         """``F(X)`` from the table (checked against the model's own scores)."""
         C = self.comparable(X)
         out = np.tile(self.base, (X.shape[0], 1))
-        for L in range(self.lo.shape[0]):
-            inside = np.all((C > self.lo[L]) & (C <= self.hi[L]), axis=1)
-            out[inside] += self.value[L]
+        # blocks of leaves, a feature at a time (the sum's order is not the model's: this
+        # serves the checks against the model, which allow for rounding)
+        for s in range(0, self.lo.shape[0], 256):
+            lo, hi = self.lo[s:s + 256], self.hi[s:s + 256]
+            inside = np.ones((C.shape[0], lo.shape[0]), dtype=bool)
+            for j in np.flatnonzero(np.isfinite(lo).any(axis=0) | np.isfinite(hi).any(axis=0)):
+                inside &= (C[:, j:j + 1] > lo[:, j]) & (C[:, j:j + 1] <= hi[:, j])
+            out += inside.astype(np.float64) @ self.value[s:s + 256]
         return out
 
     def edges(self, lo, hi):
@@ -456,7 +461,7 @@ def _progress(done, total, t0, stream=sys.stderr):
 
 def tree_lower_distances(model, X, yi, *, mask=None, upper=None, max_nodes=200,
                          time_budget=None, node_budget=None, progress=False, weights=None,
-                         rtol=None, duals=None):
+                         rtol=None, duals=None, table=None):
     """Certified lower bounds ``dlow_i <= d*_i`` for a scikit-learn tree-ensemble classifier.
 
     Parameters
@@ -488,6 +493,8 @@ def tree_lower_distances(model, X, yi, *, mask=None, upper=None, max_nodes=200,
         The stopping rule of :func:`otstab.solve._refine.refine`: rounds of growing budgets for the
         samples that enter the 0/1 dual (``duals``: a :class:`otstab.solve._refine.ZeroOneDuals`),
         until ``value_lower >= (1 - rtol) value_upper``. None: ``max_nodes`` for every sample.
+    table : LeafTable, optional
+        The model's :func:`leaf_table` if already read (and checked) for these rows.
 
     Returns
     -------
@@ -513,7 +520,8 @@ def tree_lower_distances(model, X, yi, *, mask=None, upper=None, max_nodes=200,
     n, d = X.shape
     mv = np.ones(d, dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
     up = np.full(n, np.inf) if upper is None else np.asarray(upper, dtype=np.float64)
-    table = leaf_table(model, d, X)
+    if table is None:
+        table = leaf_table(model, d, X)
     yi = np.asarray(yi, dtype=np.intp)
     classes = np.asarray(model.classes_)
 
@@ -923,7 +931,8 @@ def certified_distances(model, X, y, *, mask=None, upper=None, **options):
         return None
     yi = (y > 0).astype(np.intp) if len(classes) == 2 else y.astype(np.intp)
     opts = {k: v for k, v in options.items()
-            if k in ("max_nodes", "time_budget", "node_budget", "progress", "rtol", "duals")}
+            if k in ("max_nodes", "time_budget", "node_budget", "progress", "rtol", "duals",
+                     "table")}
     if opts.get("duals") is None:
         opts.pop("rtol", None)
     try:

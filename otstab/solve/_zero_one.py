@@ -33,10 +33,10 @@ from ..modeling._losses import ZeroOne, zero_one
 from ..modeling._models import Problem
 from ..modeling._nonlinear import LinearDifferentiable
 from ..modeling._params import check_common, check_options
-from ..modeling._perturbation import perturbation_search
 from . import _audit as audit
 from . import _bounds as bounds
 from . import _neural_search as neural_search
+from . import _tree_found as tree_found
 from ._refine import RTOL, ZeroOneDuals
 from ._results import Lazy, LazyInfo, StabilityResult
 
@@ -1089,8 +1089,7 @@ def certify_zero_one_search(prob: Problem, *, r, theta1, theta2, divergence, mas
     if prob.nonlinear is None and prob.scorer is not None:
         sc = prob.scorer
         model = LinearDifferentiable(sc.W, sc.b, sc.task, sc.classes)
-    pr = perturbation_search(model, prob.X, prob.y, mask=mask, labels="internal",
-                             **solver_options)
+    pr, table = tree_found.tree_search(model, prob.X, prob.y, mask=mask, **solver_options)
     pr = neural_search.refine_result(model, prob.X, prob.y, pr, mask, prob.losses)
     loss0 = prob.losses(prob.X)
     dstar = np.where(loss0 > 0, 0.0, pr.distances)
@@ -1100,6 +1099,8 @@ def certify_zero_one_search(prob: Problem, *, r, theta1, theta2, divergence, mas
     if not pr.exact:
         # rtol: refine first the samples that decide R (otstab.solve._refine; default 0.01)
         bound_options.setdefault("rtol", RTOL)
+        if table is not None:
+            bound_options["table"] = table  # the leaf table read by the found side
         lower = bounds.certified_distances(
             model, prob.X, prob.y, mask=mask, upper=dstar,
             duals=ZeroOneDuals(loss0, r, theta1, theta2, divergence, prob.p), **bound_options)
