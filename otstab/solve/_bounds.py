@@ -14,7 +14,9 @@ under/over-estimates; each is a proof, not a heuristic:
   than the known upper bound ``U_i`` can flip the prediction, which is proved by the
   *independent-trees* bound: every class margin ``F_y - F_k`` is at least the sum over trees of
   the smallest leaf margin among the leaves the box can reach within distance ``U_i``. Boxes are
-  explored in order of a lower bound on their distance to ``x_i``, so at any moment the smallest
+  explored in order of a lower bound on their distance to ``x_i`` (the *radius key* of
+  :mod:`otstab.solve._radius_key`: the smallest radius at which that margin bound, over the
+  leaves within the radius, can reach the tie band), so at any moment the smallest
   key among the open boxes (capped at ``U_i``) is a certified lower bound on ``d*_i``; run to
   completion it is exact (distances are taken to the closure of the float64 inputs of a box,
   whose ends, for trees comparing ``float32(x)``, lie halfway between float32 values). A box

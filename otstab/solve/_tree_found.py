@@ -36,7 +36,7 @@ __all__ = ["TreeEvaluator", "found_distances"]
 try:  # the compiled walk; NumPy otherwise
     import numba
 except ImportError:  # pragma: no cover - numba is optional
-    numba = None
+    numba = None  # type: ignore[assignment]
 
 _KERNEL = None
 
