@@ -29,7 +29,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import InputTypeError
 from ..modeling import _perturbation as perturbation
+from ..modeling import _trees as trees
+from ..modeling._costs import Rescaled
+from ..modeling._nonlinear import as_model_input
+from . import _bounds as bounds
 
 __all__ = ["TreeEvaluator", "found_distances"]
 
@@ -39,6 +44,10 @@ except ImportError:  # pragma: no cover - numba is optional
     numba = None  # type: ignore[assignment]
 
 _KERNEL = None
+
+#: samples x trees from which the fast found side replaces the generic search (below it the
+#: generic search's ~4,000 predictions a sample are affordable and find points 5-20% closer)
+FAST_ABOVE = 200_000
 
 #: deepest tree the evaluator lays out as a complete binary tree (2^depth leaves per tree)
 MAX_DEPTH = 12
@@ -286,16 +295,13 @@ def found_distances(table, model_predict, X, yi, mv, thresholds, *, walk=True, k
 
 def tree_search(model, X, y, *, mask=None, **options):
     """:func:`otstab.modeling._perturbation.perturbation_search` (``labels="internal"``) for a
-    tree-ensemble classifier through :func:`found_distances`; the generic search for the
-    samples it leaves, and for every model it does not apply to (single decision trees, which
-    have an exact path; per-feature prices; one movable feature, whose line search is exact;
-    models without a leaf table). Returns ``(result, table)``: the
+    tree-ensemble classifier through :func:`found_distances` when samples x trees is at least
+    :data:`FAST_ABOVE`; the generic search for the samples it leaves, for smaller problems, and
+    for every model it does not apply to (single decision trees, which have an exact path;
+    per-feature prices; one movable feature, whose line search is exact; models without a
+    leaf table). Returns ``(result, table)``: the
     :class:`~otstab.solve._bounds.LeafTable` read (None where the generic search ran), for the
     lower bounds to reuse."""
-    from ..errors import InputTypeError  # noqa: PLC0415
-    from ..modeling._costs import Rescaled  # noqa: PLC0415
-    from ..modeling._nonlinear import as_model_input  # noqa: PLC0415
-    from . import _bounds as bounds  # noqa: PLC0415
 
     def generic():
         return perturbation.perturbation_search(model, X, y, mask=mask, labels="internal",
@@ -316,6 +322,8 @@ def tree_search(model, X, y, *, mask=None, **options):
         table = bounds.leaf_table(raw, d, X)
     except InputTypeError:
         return generic()
+    if X.shape[0] * table.n_trees < FAST_ABOVE:  # the generic search is affordable: tighter
+        return generic()[0], table
     classes = np.asarray(classes)
     yv = np.asarray(y)
     yi = (yv > 0).astype(np.intp) if len(classes) == 2 else yv.astype(np.intp)
@@ -324,8 +332,6 @@ def tree_search(model, X, y, *, mask=None, **options):
         return np.searchsorted(classes, raw.predict(as_model_input(raw, Z)))
 
     # the walk where it beats the library's own predict (LightGBM: about 3 times on one core)
-    from ..modeling import _trees as trees  # noqa: PLC0415
-
     out = found_distances(table, model_predict, X, yi, mv, thresholds,
                           walk=trees.library(raw) == "lightgbm")
     best, P, rows, walked, rest = out
