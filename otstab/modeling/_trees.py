@@ -127,7 +127,9 @@ def _xgb_trees(model, d: int):
                 his.append(hi)
                 vals.append(float(node["leaf"]))
                 continue
-            if "categories" in node or "split_condition" not in node:
+            # categorical: "categories", or (XGBoost >= 3) a list of categories as condition
+            if "categories" in node or not isinstance(node.get("split_condition"),
+                                                      (int, float)):
                 raise InputTypeError("XGBoost categorical splits are not supported by the "
                                      "certified tree bounds")
             j = feature(str(node["split"]))
