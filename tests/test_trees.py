@@ -99,6 +99,13 @@ def _dump_thresholds(model, d):
             out[j].append(float(np.nextafter(s, np.float32(-np.inf))))
             for c in node["children"]:
                 walk(c)
+        elif node.get("decision_type") == "==":  # LightGBM categorical: int(x) in a set;
+            # int truncates: the cells change at -1 and just below every c and c + 1
+            cats = [int(c) for c in str(node["threshold"]).split("||")]
+            out[int(node["split_feature"])] += [-1.0] + [
+                float(np.nextafter(float(v), -np.inf)) for c in cats for v in (c, c + 1)]
+            walk(node["left_child"])
+            walk(node["right_child"])
         elif "left_child" in node:  # LightGBM: |x| <= kZeroThreshold is read as 0, so
             # c(x) <= t for t in [0, kZ) is x <= kZ, for t in [-kZ, 0) it is x < -kZ
             t, kz = float(node["threshold"]), float(np.float32(1e-35))

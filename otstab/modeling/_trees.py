@@ -13,9 +13,13 @@ the libraries' documented dumps, in the convention of :class:`otstab.bounds.Leaf
 * **LightGBM** (``LGBMClassifier``, ``booster_.dump_model()``): a node sends x left when
   ``x <= threshold`` in float64, except that inputs with ``|x| <= 1e-35`` (its
   ``kZeroThreshold``) are read as 0: a threshold in ``[-1e-35, 1e-35)`` becomes the edge of
-  that band. Tree ``i`` adds to class ``i mod num_tree_per_iteration``.
-  Categorical splits, linear trees, averaged (random-forest) output and a missing-value rule
-  for zeros that routes zero against its threshold are refused.
+  that band. Tree ``i`` adds to class ``i mod num_tree_per_iteration``. A categorical split
+  (``decision_type "=="``, categories ``"c1||c2"``) sends x left when ``int(x)`` (truncated;
+  negative goes right) is in the set: the left child gets one box per run of consecutive
+  categories (``c <= x < c + 1``; ``-1 < x < 1`` for category 0), the right child one per gap
+  between them, so a leaf may be several disjoint boxes of its tree. Linear trees, averaged
+  (random-forest) output and a missing-value rule for zeros that routes zero against its
+  threshold (or applies to a categorical split) are refused.
 * **CatBoost** (``CatBoostClassifier``, binary and multiclass; ``save_model(path,
   format="json")``): oblivious trees, one float32 border per level; level ``k`` sets bit ``k``
   of the leaf index when ``float32(x) > border``, so the leaves are boxes on ``c = float32``
@@ -161,6 +165,43 @@ def _lgb_x_threshold(t: float) -> float:
     return t
 
 
+def _lgb_category_intervals(threshold: str, missing_type) -> list[tuple[float, float]]:
+    """The inputs a LightGBM categorical split sends left, as float64 intervals ``(a, b]``.
+
+    LightGBM reads the category as ``int(x)`` (truncation toward 0; a negative one, NaN
+    aside, goes right) and sends x left when it is in the set ``"c1||c2||..."``. Category
+    ``c >= 1`` is ``c <= x < c + 1``, i.e. ``(prev(c), prev(c + 1)]`` in float64; category 0
+    is ``-1 < x < 1``; runs of consecutive categories merge."""
+    if missing_type == "Zero":
+        raise InputTypeError("LightGBM categorical split with zeros as missing: not supported "
+                             "by the certified tree bounds")
+    try:
+        cats = sorted({int(c) for c in threshold.split("||")})
+    except ValueError as exc:
+        raise InputTypeError(f"LightGBM categorical split {threshold!r} not read") from exc
+    if not cats or cats[0] < 0 or cats[-1] >= 2 ** 31 - 1:
+        raise InputTypeError(f"LightGBM categorical split {threshold!r} not read")
+    runs: list[list[int]] = []
+    for c in cats:
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    return [(-1.0 if a == 0 else float(np.nextafter(float(a), -np.inf)),
+             float(np.nextafter(float(b + 1), -np.inf))) for a, b in runs]
+
+
+def _complement(parts: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The intervals ``(a, b]`` covering the real line outside the sorted disjoint ``parts``."""
+    out, start = [], -np.inf
+    for a, b in parts:
+        if a > start:
+            out.append((start, a))
+        start = b
+    out.append((start, np.inf))
+    return out
+
+
 def _lgb_trees(model, d: int):
     dump = model.booster_.dump_model()
     if dump.get("average_output"):
@@ -181,9 +222,24 @@ def _lgb_trees(model, d: int):
                 his.append(hi)
                 vals.append(float(node["leaf_value"]))
                 continue
+            if node.get("decision_type", "<=") == "==":  # categorical: a union of intervals
+                j = int(node["split_feature"])
+                if not 0 <= j < d:
+                    raise InputTypeError(f"LightGBM split on feature {j}, the data has {d}")
+                left = _lgb_category_intervals(str(node["threshold"]),
+                                               node.get("missing_type"))
+                for child, parts in ((node["left_child"], left),
+                                     (node["right_child"], _complement(left))):
+                    for a, b in parts:
+                        a, b = max(lo[j], a), min(hi[j], b)
+                        if a < b:
+                            cl, ch = lo.copy(), hi.copy()
+                            cl[j], ch[j] = a, b
+                            stack.append((child, cl, ch))
+                continue
             if node.get("decision_type", "<=") != "<=":
-                raise InputTypeError("LightGBM categorical splits are not supported by the "
-                                     "certified tree bounds")
+                raise InputTypeError(f"LightGBM split type {node.get('decision_type')!r} is "
+                                     "not supported by the certified tree bounds")
             j = int(node["split_feature"])
             t = _lgb_x_threshold(float(node["threshold"]))
             if not 0 <= j < d:
