@@ -13,7 +13,7 @@ re-scores Q*'s raw rows with the Pipeline itself and re-prices them with the cos
 
 Supported final estimators: the tree classifiers of :func:`otstab.bounds.leaf_table`
 (scikit-learn decision trees, random forests, extra trees, gradient boosting, histogram
-gradient boosting; XGBoost, LightGBM).
+gradient boosting; XGBoost, LightGBM, CatBoost).
 """
 
 from __future__ import annotations
