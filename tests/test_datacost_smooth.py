@@ -268,8 +268,8 @@ def test_refusals():
     y3 = np.where(X["u"] > 1, 2, np.asarray(y))
     pipe3 = Pipeline([("pre", pipe.named_steps["pre"]), ("clf", LogisticRegression())]).fit(
         X, y3)
-    with pytest.raises(ValidationError, match="binary classifiers"):
-        otstab.certify(pipe3, X, y3, loss="cross_entropy", r=1.5, cost="auto")
+    with pytest.raises(ValidationError, match="multiclass classifier"):
+        otstab.certify(pipe3, X, y3, loss="logistic", r=1.5, cost="auto")
     with pytest.raises(ValidationError, match="cost=DataCost is exact for"):
         otstab.certify(pipe, X, y, loss="multiclass_hinge", r=1.5, cost="auto")
 
