@@ -339,3 +339,29 @@ def test_certificate_round_trip_under_the_datacost():
     if res.status == "bounds":
         cert["results"]["value_lower"] = res.value_lower * 1.5 + 1e-3
         assert not verify_certificate(cert, pipe, Xe, ye).ok
+
+
+def test_bootstrap_replicates_the_enumerated_distances():
+    """se="bootstrap" under a DataCost: each replicate is the exact 0/1 dual on the drawn rows'
+    distances; with every search complete, these are the enumerated distances, so the
+    replicates equal certify_distances on the same draws."""
+    from otstab.solve._inference import Bootstrap, resample
+
+    X, y = _data(3)
+    pipe = _pipe("xgb", X, y, True)
+    Xe, ye = X.iloc[:14].reset_index(drop=True), y.iloc[:14].reset_index(drop=True)
+    spec = Bootstrap(n_resamples=12, random_state=3)
+    res = otstab.certify(pipe, Xe, ye, loss="zero_one", r=0.6, theta2=0.5,
+                         cost=DataCost(**COST), max_nodes=5000, rtol=None, se=spec)
+    assert res.status == "optimal"
+    wrong = np.asarray(pipe.predict(Xe) != ye)
+    right = np.flatnonzero(~wrong)
+    ref = _brute(pipe, Xe, ye, right, COST)
+    d = np.zeros(len(Xe))
+    d[right] = [ref[i] for i in right]
+    expect = resample(len(Xe), spec, lambda idx: otstab.certify_distances(
+        d[idx], 0.6, theta2=0.5, misclassified=wrong[idx]).value)
+    inf = res.inference
+    assert inf.method == "bootstrap"
+    np.testing.assert_allclose(inf.replicates, expect, rtol=1e-9)
+    assert inf.value == res.value

@@ -219,9 +219,6 @@ def certify_datacost(model, X, y, *, loss, r, theta1, theta2, divergence, solver
         if kind != "zero_one":
             raise ValidationError("cost=DataCost with a tree model: loss='zero_one' only in "
                                   "this version")
-        if spec not in ("analytic", None):
-            raise ValidationError("se='bootstrap' is not available for tree models under "
-                                  "cost=DataCost yet; use se='analytic' or None")
         prob = resolve_model(model, X, y, loss=loss, sample_weight=sample_weight)
         if prob.scorer is None:
             frame, cost = _restrict(raw_frame(model, X, prob), cost, features)
@@ -229,7 +226,16 @@ def certify_datacost(model, X, y, *, loss, r, theta1, theta2, divergence, solver
             res = certify_datacost_trees(model, prob, rc, frame, r=r, theta1=theta1,
                                          theta2=theta2, divergence=divergence, solver=solver,
                                          t_start=t_start, **solver_options)
-            res.inference = (lambda: inference.analytic(res)) if spec == "analytic" else None
+            if spec == "analytic":
+                res.inference = lambda: inference.analytic(res)  # type: ignore[assignment]
+            elif spec is None:
+                res.inference = None
+            else:  # each sample's found distance (exact where its search completed)
+                wrong = np.asarray(prob.losses(prob.X)) > 0
+                value = datacost_inference.zero_one_replicator(
+                    np.asarray(res.info["dstar"], dtype=np.float64), wrong, prob.p, r=r,
+                    theta1=theta1, theta2=theta2, divergence=divergence, solver=solver)
+                res.inference = datacost_inference.bootstrap(res, prob.n, prob.p, spec, value)
             return res
     prob, rc, parts, frame = prepare(model, X, y, loss=loss, cost=cost, features=features,
                                      sample_weight=sample_weight)
