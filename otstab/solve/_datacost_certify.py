@@ -138,17 +138,7 @@ def prepare(model, X, y, *, loss, cost: DataCost, features=None, sample_weight=N
         raise ValidationError(
             "cost=DataCost is exact for linear classifiers (a Pipeline ending in one) in this "
             "version; use cost='encoded' for other models")
-    frame = raw_frame(model, X, prob)
-    if features is not None:
-        keep = set(selected_variables(features))
-        extra = sorted(nm for nm in keep if nm not in frame.columns)
-        if extra:
-            raise ValidationError(f"features: unknown variable {extra[0]!r}"
-                                  + pipeline.suggest(extra[0], frame.columns))
-        d = cost.to_dict()
-        d["immutable"] = sorted(set(d["immutable"]) | {c for c in frame.columns
-                                                      if c not in keep})
-        cost = DataCost.from_dict(d)
+    frame, cost = _restrict(raw_frame(model, X, prob), cost, features)
     rc = cost.resolve(model, frame, prob.feature_names)
     parts = linear_parts(model, prob, rc, frame)
     return prob, rc, parts, frame
