@@ -99,13 +99,29 @@ def test_interval_holds_the_brute_force(divergence, theta2):
     assert brute <= res.value_upper * (1 + 1e-9)
     # how tight (not a promise): the candidates hold the maximisers here
     assert res.value_upper == pytest.approx(brute, rel=1e-6)
-    assert res.value_lower >= 0.8 * brute
+    assert res.value_lower >= 0.85 * brute
     _check_q_star(res, pipe, X, y, r)
 
 
+def test_dear_moves_are_exact():
+    """theta1 = inf (nothing moves) or dear enough that no move pays: the bound with pi from
+    the data is exact there, so both ends equal the reweighting-only R of the encoded path."""
+    pipe, X, y = _three_class()
+    cost = DataCost(**SMALL_COST, immutable=["u", "v"])
+    ref = otstab.certify(pipe, X, y, loss="cross_entropy", r=1.5, cost="encoded",
+                         theta1=math.inf)
+    assert ref.status == "optimal"
+    for theta1 in (math.inf, 30.0):
+        res = otstab.certify(pipe, X, y, loss="cross_entropy", r=1.5, cost=cost, theta1=theta1)
+        assert res.status == "optimal" and res.exact
+        assert res.value_lower == res.value_upper == res.value
+        assert res.value == pytest.approx(ref.value, rel=1e-9)
+
+
 def test_transforms_sandwich_the_brute_force():
-    """At many h: max_k l_h[phi(d_k)] <= l_h[CE] <= min of the two upper transforms, each
-    computed by the binary logistic branch and bound on the class's gains."""
+    """At many h: max_k l_h[phi(d_k)] <= l_h[CE] <= each upper transform (pi uniform, from
+    the data, random per sample), each computed by the binary logistic branch and bound on
+    the class's gains."""
     from otstab.modeling._losses import get_loss
     from otstab.modeling._models import resolve_model
     from otstab.solve._datacost_cross_entropy import class_slots
@@ -125,8 +141,9 @@ def test_transforms_sandwich_the_brute_force():
     log_e0 = np.logaddexp.reduce(S[rows[:, None], slots] - S[rows, yi][:, None], axis=1)
     ce, c = _enumerate(pipe, X, y, rc)
     theta1 = 1.7
+    pi = np.random.default_rng(0).dirichlet([0.5, 0.5], size=n)
     for h in (0.05, 0.5, 2.0, 8.0):
-        lo = up1 = up2 = -np.inf
+        lo = up1 = up2 = up3 = -np.inf
         for j in range(2):
             k = slots[:, j]
             coef = -np.eye(3)[yi]
@@ -138,10 +155,12 @@ def test_transforms_sandwich_the_brute_force():
                                                  theta1).argmax(h)[0])
             up2 = np.maximum(up2, LogisticOracle(log_e0, fin, ints, conts,
                                                  theta1).argmax(h)[0])
+            up3 = np.maximum(up3, LogisticOracle(z - np.log(pi[:, j]), fin, ints, conts,
+                                                 theta1).argmax(h)[0])
         ref = _brute_lh(ce, c, h, theta1)
         tol = 1e-9 * (1 + np.abs(ref))
         assert np.all(lo <= ref + tol)
-        assert np.all(ref <= np.minimum(up1, up2) + tol)
+        assert np.all(ref <= np.minimum(np.minimum(up1, up2), up3) + tol)
 
 
 def test_bootstrap_and_refusals():

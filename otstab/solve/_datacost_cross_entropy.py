@@ -8,17 +8,22 @@ row is ``CE(u) = log(1 + sum_{k != y} e^{d_k(u)})``, sandwiched by maxima of bin
 losses ``phi(t) = log(1 + e^t)`` (``E0_i = sum_k e^{d_k(u_i)}``, ``Delta_k = d_k(u) -
 d_k(u_i)``):
 
-    max_k phi(d_k(u)) <= CE(u) <= min(max_k phi(d_k(u) + log(K - 1)),
-                                      max_k phi(log E0_i + Delta_k))
+    max_k phi(d_k(u)) <= CE(u) <= max_k phi(d_k(u_i) - log pi_k + Delta_k)
+
+for any probability vector ``pi`` over the wrong classes (``sum_k a_k e^{Delta_k} <=
+max_k (a_k / pi_k) e^{Delta_k}``): uniform gives ``phi(d_k(u) + log(K - 1))``, ``pi_k``
+proportional to ``e^{d_k(u_i)}`` gives ``phi(log E0_i + Delta_k)``, and the softmax weights of
+the wrong classes at a row ``u*`` make the bound tight at ``u*``.
 
 A maximum over ``k`` commutes with the d-transform's maximum over moves, so each side's
 d-transform is a maximum over ``k`` of the exact binary logistic transforms of
 :mod:`otstab.solve._datacost_smooth` (:class:`MaxOracle`).
 
 * **value_lower**: the dual function is decreasing in ``l_h``, so at any ``h`` the dual
-  function of the smaller upper transform (each raised by its branch and bound's gap) is a
-  lower bound on R (weak duality); it is taken at the optimal ``h`` of both upper duals and
-  at the candidates' ``h``.
+  function of the smallest upper transform (each raised by its branch and bound's gap) is a
+  lower bound on R (weak duality). The transforms: ``pi`` uniform, ``pi`` from the data, and
+  ``pi`` from Q*'s rows (the upper end's); the bound is taken at the optimal ``h`` of the
+  first two duals, at the candidates' ``h`` and by a short bounded search near it.
 * **value_upper**: the cost of a valid Q* made of raw rows. Each sample gets a finite set of
   candidate rows: the maximising moves of every class's lower and upper transforms at those
   ``h`` (both sides of a kink), minorise-maximise steps from the best one (:func:`_mm_step`),
@@ -41,6 +46,7 @@ import numpy as np
 from otstab_solvers.dual import dual_objective, solve_dual
 from otstab_solvers.result import OPTIMAL
 from otstab_solvers.weights import chi2_solution, kl_weights
+from scipy.optimize import minimize_scalar
 
 from ..errors import SolverError
 from ..modeling._losses import SmoothLoss
@@ -54,6 +60,11 @@ __all__ = ["MaxOracle", "FiniteOracle", "certify_datacost_cross_entropy", "class
 #: minorise-maximise steps per round (:func:`_mm_step`)
 IMPROVE_ROUNDS = 1
 IMPROVE_STEPS = 2
+#: the search for a better h of the lower end: (from, to) times the candidates' h, and at
+#: most this many evaluations
+LOWER_SEARCH = (0.5, 1.2, 10)
+#: smallest weight of a wrong class in the third upper transform (its ``-log pi`` shift)
+PI_FLOOR = 1e-12
 #: relative distance under which two candidates (or two classes' transforms) tie at h
 TIE = 1e-12
 
@@ -149,7 +160,7 @@ def certify_datacost_cross_entropy(model, prob, rc, parts, frame, *, r, theta1, 
     shift = math.log(K - 1)
     # log sum_{k != y} e^{d_k} at the data: CE0 + log(1 - e^{-CE0})
     log_e0 = np.logaddexp.reduce(S[rows[:, None], slots] - S[rows, y][:, None], axis=1)
-    lower, upper, upper_e, layouts = [], [], [], []
+    lower, upper, upper_e, layouts, options = [], [], [], [], []
     for j in range(K - 1):
         k = slots[:, j]
         coef = -np.eye(K)[y]
@@ -160,12 +171,19 @@ def certify_datacost_cross_entropy(model, prob, rc, parts, frame, *, r, theta1, 
         upper.append(LogisticOracle(z + shift, fin, ints, conts, theta1))
         upper_e.append(LogisticOracle(log_e0, fin, ints, conts, theta1))
         layouts.append(layout)
+        options.append((fin, ints, conts))
+    d0 = S[rows[:, None], slots] - S[rows, y][:, None]  # (n, K - 1)
 
-    def lower_at(h):
-        """The certified lower bound on R at ``h``: the dual function of the smaller of the
-        two upper transforms (each raised by its branch and bound's gap)."""
+    def lower_at(h, pi=None):
+        """The certified lower bound on R at ``h``: the dual function of the smallest of the
+        upper transforms (each raised by its branch and bound's gap); ``pi`` (n, K - 1): a
+        probability vector per sample over its wrong classes for a third one (module doc)."""
+        groups = [upper, upper_e]
+        if pi is not None:
+            groups.append([LogisticOracle(d0[:, j] - np.log(pi[:, j]), *options[j], theta1)
+                           for j in range(K - 1)])
         ub = None
-        for group in (upper, upper_e):
+        for group in groups:
             outs = [o.argmax(h, True) for o in group]
             top = np.max([o[0] + o[6] for o in outs], axis=0)
             ub = top if ub is None else np.minimum(ub, top)
@@ -252,7 +270,18 @@ def certify_datacost_cross_entropy(model, prob, rc, parts, frame, *, r, theta1, 
     if why:
         raise SolverError("the cross-entropy certificate under the DataCost failed its audit "
                           "on the model's own scores of Q*'s raw rows: " + "; ".join(why))
-    lows[h] = lower_at(h)
+    pi = _wrong_class_weights(model, _pick_rows(cands, cr, rows), y, slots)
+    lows[h] = lower_at(h, pi)
+    if h > 0:  # weak duality holds at every h: a short search for a better one near h
+        seen: dict = {}
+
+        def neg(t):
+            seen[t] = lower_at(t, pi)
+            return -seen[t]
+        minimize_scalar(neg, bounds=(LOWER_SEARCH[0] * h, LOWER_SEARCH[1] * h),
+                        method="bounded", options={"maxiter": LOWER_SEARCH[2],
+                                                   "xatol": 1e-3 * h})
+        lows.update(seen)
     h_low = max(lows, key=lambda t: lows[t])
     value_lower = lows[h_low]
     res.info["lower_bound"] = {
@@ -273,6 +302,17 @@ def certify_datacost_cross_entropy(model, prob, rc, parts, frame, *, r, theta1, 
             "(value_lower)")
     res.message = f"{res.message}; {note}" if res.message else note
     return res
+
+
+def _wrong_class_weights(model, rows_, y, slots):
+    """``pi`` (n, K - 1): the softmax weights of each sample's wrong classes at the raw rows
+    ``rows_``, renormalised over them, floored at ``PI_FLOOR`` and renormalised (any
+    probability vector gives a valid upper transform; this one is tight at ``rows_``)."""
+    S = np.asarray(model.decision_function(rows_), dtype=np.float64)
+    W = S[np.arange(S.shape[0])[:, None], slots]
+    W = np.exp(W - W.max(axis=1, keepdims=True))
+    W = np.maximum(W / W.sum(axis=1, keepdims=True), PI_FLOOR)
+    return W / W.sum(axis=1, keepdims=True)
 
 
 def _priced(C, theta1):
