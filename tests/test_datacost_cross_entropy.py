@@ -29,9 +29,10 @@ def _three_class(seed=5, n=24):
     return pipe, X, y
 
 
-def _enumerate(pipe, X, y, rc):
+def _enumerate(pipe, X, y, rc, only=None):
     """(CE (n, m), cost (n, m)): every combination of colour, shape, size and k in 0..8 (u, v
-    immutable), its cross-entropy from predict_proba and its DataCost (inf: forbidden)."""
+    immutable), its cross-entropy from predict_proba and its DataCost (inf: forbidden; also
+    where a variable other than ``only`` changes, when given)."""
     cols = {v.name: v for v in rc.variables}
     combos = list(itertools.product(cols["colour"].levels, cols["shape"].levels,
                                     cols["size"].levels, range(0, 9)))
@@ -43,7 +44,14 @@ def _enumerate(pipe, X, y, rc):
     src = np.repeat(np.arange(n), m)
     P = pipe.predict_proba(F)
     ce = -np.log(P[np.arange(len(F)), np.searchsorted(pipe.classes_, y[src])])
-    return ce.reshape(n, m), rc.cost(X0, F).reshape(n, m)
+    c = rc.cost(X0, F)
+    if only is not None:
+        other = np.zeros(len(F), dtype=bool)
+        for nm in ("colour", "shape", "size", "k"):
+            if nm != only:
+                other |= (F[nm].to_numpy() != X0[nm].to_numpy())
+        c = np.where(other, np.inf, c)
+    return ce.reshape(n, m), c.reshape(n, m)
 
 
 def _brute_lh(ce, cost, h, theta1=1.0):
@@ -161,6 +169,27 @@ def test_transforms_sandwich_the_brute_force():
         tol = 1e-9 * (1 + np.abs(ref))
         assert np.all(lo <= ref + tol)
         assert np.all(ref <= np.minimum(np.minimum(up1, up2), up3) + tol)
+
+
+def test_feature_scores_carry_their_interval():
+    """feature_stability under the cost: each raw variable's score is certify's interval with
+    only that variable movable (score_lower, score_upper, exact), holding the brute force."""
+    pipe, X, y = _three_class()
+    cost = DataCost(**SMALL_COST, immutable=["u", "v"])
+    rc = cost.resolve(pipe, X)
+    r, theta2 = 1.5, 0.25
+    fs = otstab.feature_stability(pipe, X, y, loss="cross_entropy", r=r, cost=cost,
+                                  features=["shape"]).to_frame()
+    assert {"score_lower", "score_upper", "exact"} <= set(fs.columns)
+    for _, row in fs.iterrows():
+        ce, c = _enumerate(pipe, X, y, rc, only=row["feature"])
+        out = minimize_scalar(lambda h, ce=ce, c=c: -(h * r - _dual_term(
+                                  _brute_lh(ce, c, h), theta2, "kl")),
+                              bounds=(0.0, 5 * row["h"]), method="bounded",
+                              options={"xatol": 1e-12})
+        assert row["score_lower"] <= -out.fun * (1 + 1e-9)
+        assert -out.fun <= row["score_upper"] * (1 + 1e-9)
+        assert row["score"] == row["score_upper"]
 
 
 def test_bootstrap_and_refusals():
