@@ -52,7 +52,7 @@ from ..errors import SolverError
 from ..modeling._losses import SmoothLoss
 from . import _audit as audit
 from ._datacost_linear import flip_problem, moved_rows
-from ._datacost_smooth import Q_TIE, LogisticOracle, _result
+from ._datacost_smooth import Q_TIE, REL_TOL, LogisticOracle, _result
 
 __all__ = ["MaxOracle", "FiniteOracle", "certify_datacost_cross_entropy", "class_slots"]
 
@@ -185,7 +185,10 @@ def certify_datacost_cross_entropy(model, prob, rc, parts, frame, *, r, theta1, 
         ub = None
         for group in groups:
             outs = [o.argmax(h, True) for o in group]
-            top = np.max([o[0] + o[6] for o in outs], axis=0)
+            # + the branch and bound's own slack: cells within REL_TOL of the best are
+            # dropped, and the gap of those stopped at the float limit
+            top = np.max([o[0] + o[6] + REL_TOL * (1.0 + np.abs(o[0])) for o in outs],
+                         axis=0)
             ub = top if ub is None else np.minimum(ub, top)
         return max(float(dual_objective(ub, h, r, theta2, divergence, p)), 0.0)
 
