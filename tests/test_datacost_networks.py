@@ -1,11 +1,12 @@
 """MLP pipelines under a DataCost (otstab.solve._datacost_networks), checked by enumeration.
 
 A tiny pipeline (2 categorical variables of 3 levels, 1 integer, 1 continuous; one-hot and
-standard scaling; MLPClassifier with 6 hidden units). The brute force enumerates every level
-combination, the integers -6..11 (the data's are 0..5) and a fine grid of the continuous
-variable (step 0.02 on [-4, 4]), prices every grid row with the cost written out here (not
-otstab's), and scores it with the pipeline's own ``predict``: ``d_grid_i`` (the cheapest
-misclassified grid row) is at least ``d*_i`` and within the grid's resolution of it. Checked:
+standard scaling; MLPClassifier with 6 hidden units, relu or tanh). The brute force
+enumerates every level combination, the integers -6..11 (the data's are 0..5) and a fine
+grid of the continuous variable (step 0.02 on [-4, 4]), prices every grid row with the cost
+written out here (not otstab's), and scores it with the pipeline's own ``predict``:
+``d_grid_i`` (the cheapest misclassified grid row) is at least ``d*_i`` and within the
+grid's resolution of it. Checked:
 ``dlow_i <= d_grid_i``, ``dup_i >= d_grid_i - resolution``, ``value_lower <= V(d_grid)`` and
 ``value_upper >= V(d_grid - resolution)`` with V the exact 0/1 dual (and within 5% of
 ``V(d_grid)``: the search is good); Q*'s rows valid (levels among the data's, integers
@@ -37,7 +38,7 @@ STEP = 0.02  # the continuous variable's grid step
 
 
 @functools.lru_cache(maxsize=2)
-def _fitted(seed=0, n=200, hidden=(6,)):
+def _fitted(seed=0, n=200, hidden=(6,), activation="relu"):
     rng = np.random.default_rng(seed)
     df = pd.DataFrame({"a": rng.choice(["p", "q", "r"], n), "b": rng.choice(["u", "v", "w"], n),
                        "k": rng.integers(0, 6, n), "x": rng.normal(size=n)})
@@ -48,12 +49,12 @@ def _fitted(seed=0, n=200, hidden=(6,)):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         pipe = Pipeline([("pre", pre), ("mlp", sk_nn.MLPClassifier(
-            hidden, random_state=seed, max_iter=2000))]).fit(df, y)
+            hidden, activation=activation, random_state=seed, max_iter=2000))]).fit(df, y)
     return pipe, df.iloc[:25].reset_index(drop=True), y[:25]
 
 
-def _pipe():
-    pipe, X, y = _fitted()
+def _pipe(activation="relu"):
+    pipe, X, y = _fitted(activation=activation)
     return pipe, X.copy(), y.copy()
 
 
@@ -93,9 +94,9 @@ def _value(d, r):
     return solve_zero_one(TH1 * d, r, TH2, "kl", method="closed_form").value
 
 
-@pytest.mark.parametrize("immutable", [(), ("a",)])
-def test_interval_brackets_the_enumeration_and_q_star_is_valid(immutable):
-    pipe, X, y = _pipe()
+@pytest.mark.parametrize("immutable,activation", [((), "relu"), (("a",), "tanh")])
+def test_interval_brackets_the_enumeration_and_q_star_is_valid(immutable, activation):
+    pipe, X, y = _pipe(activation)
     r = 0.4
     cost = otstab.DataCost(immutable=list(immutable))
     res = otstab.certify(pipe, X, y, loss="zero_one", r=r, theta1=TH1, theta2=TH2, cost=cost)
@@ -108,7 +109,7 @@ def test_interval_brackets_the_enumeration_and_q_star_is_valid(immutable):
     assert np.all(dlow <= dup)
     assert res.value_lower <= _value(dg, r) + 1e-12
     assert res.value_upper >= _value(np.maximum(dg - slack, 0), r) - 1e-12
-    assert res.value_lower > 0  # not vacuous
+    assert res.value_lower >= 0.5 * _value(dg, r)  # not vacuous (0.96 on this toy)
     # the found side is a search, but a good one: within 5% of the grid's value, and its
     # distances within 10% of the grid's for 70% of the samples
     assert res.value_upper <= 1.05 * _value(dg, r)

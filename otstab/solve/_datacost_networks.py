@@ -26,6 +26,12 @@ immutables) that makes the Pipeline misclassify the row.
   network bounds certify (:func:`otstab.bounds.certified_distances`: CROWN, the activation
   regions of one hidden ReLU layer). Relaxing a block to real vectors and integers to reals only
   lowers the minimum, so ``dlow_i <= d*_i``.
+* **Lower side, tightened** (:func:`knapsack_lower`; binary networks of one hidden layer):
+  bisection on a budget ``B``: every valid raw move of DataCost ``<= B`` stays in an encoded
+  box (:func:`_box`), on which CROWN gives ``m(z) >= c + a . (z - z_i)``
+  (:func:`_linear_margin`); if the least DataCost of a valid move whose gain ``-a . dz``
+  reaches ``c`` (the linear DataCost knapsack, exact over levels, integers, bounds and
+  directions) exceeds ``B``, then ``d*_i > B``.
 * **Found side.** Valid raw rows scored by the Pipeline itself: every other level of each
   movable categorical / ordinal variable; along each numeric / integer variable, both ways
   (as its direction allows, inside its bounds), a geometric scan of steps ``2^k`` scales
@@ -55,6 +61,7 @@ from ..errors import ValidationError
 from ..modeling._costs import Rescaled
 from ..modeling._nonlinear import MLPModel
 from . import _bounds as bounds
+from . import _crown as crown
 from ._datacost_linear import DataCostView, encode, predict
 from ._datacost_trees import _moved_frame, final_estimator
 from ._datacost_zero_one import _raw_audit
@@ -116,6 +123,141 @@ def encoded_weights(model, rc, frame: pd.DataFrame, d: int) -> np.ndarray:
                 c = min(c, cost / n2)
         w[cols] = c
     return w
+
+
+def _level_codes(model, rc, frame):
+    """``{name: (cols, E (L, |cols|), cur (n,) level positions)}`` of the movable categorical
+    and ordinal variables (``E``: the pipeline's encoding of each level)."""
+    from ._datacost_linear import _level_index
+
+    out = {}
+    for v in rc.variables:
+        if v.kind in ("numeric", "integer") or v.immutable or not math.isfinite(v.price):
+            continue
+        cols = list(rc.map.variable(v.name).columns)
+        assert v.levels is not None
+        probe = frame.iloc[[0] * len(v.levels)].reset_index(drop=True)
+        probe[v.name] = pd.Series(list(v.levels), dtype=object)
+        E = encode(model, probe)[:, cols]
+        out[v.name] = (cols, E, _level_index(frame[v.name].to_numpy(), v.levels))
+    return out
+
+
+def _level_costs(v, cur):
+    """(n, L): the cost of each level from each sample's current one (0: itself; ``inf``
+    where the current value is not a level)."""
+    L = len(v.levels)
+    if v.kind == "categorical":
+        T = np.array([[0.0 if a == b else v.price * v.switch_cost(v.levels[a], v.levels[b])
+                       for b in range(L)] for a in range(L)])
+    else:
+        k = np.arange(L)
+        T = v.price * ((k[None, :] - k[:, None]) / v.scale) ** 2
+    C = np.full((cur.size, L), math.inf)
+    have = cur >= 0
+    C[have] = T[cur[have]]
+    return C
+
+
+def _box(rc, codes, Z, budget):
+    """Per sample, the encoded box every valid raw move of DataCost <= ``budget`` stays in
+    (directions and bounds dropped: a larger box): ``(lo, hi)`` (n, d)."""
+    lo, hi = Z.copy(), Z.copy()
+    for v in rc.variables:
+        if v.immutable or not math.isfinite(v.price):
+            continue
+        if v.kind in ("numeric", "integer"):
+            for j, sl in rc.map.slopes(v.name).items():
+                half = abs(float(sl)) * v.scale * np.sqrt(budget / v.price)
+                lo[:, j] -= half
+                hi[:, j] += half
+            continue
+        cols, E, cur = codes[v.name]
+        reach = _level_costs(v, cur) <= budget[:, None]  # (n, L)
+        for c, j in enumerate(cols):
+            e = np.where(reach, E[None, :, c], np.nan)
+            lo[:, j] = np.fmin(lo[:, j], np.nanmin(np.where(reach, e, np.inf), axis=1))
+            hi[:, j] = np.fmax(hi[:, j], np.nanmax(np.where(reach, e, -np.inf), axis=1))
+    return lo, hi
+
+
+def _linear_margin(net, Z, yint, lo, hi):
+    """A linear lower bound ``m(z) >= c + a . (z - Z_i)`` of the binary margin of a
+    one-hidden-layer network on the box ``[lo, hi]`` (CROWN with box pre-activation bounds).
+    Returns ``(c, a)``."""
+    W0, b0 = np.asarray(net.W[0]), np.asarray(net.b[0])
+    W1, b1 = np.asarray(net.W[1])[:, 0], float(np.asarray(net.b[1])[0])
+    cen, half = 0.5 * (lo + hi), 0.5 * (hi - lo)
+    pre = cen @ W0 + b0
+    rad = half @ np.abs(W0)
+    kl, cl, ku, cu = crown.relax(net.ops, net.acts[0], pre - rad - crown.ROUND * (
+        np.abs(pre) + rad), pre + rad + crown.ROUND * (np.abs(pre) + rad))
+    Lam = yint[:, None] * W1[None, :]
+    Lp, Ln = np.maximum(Lam, 0.0), np.minimum(Lam, 0.0)
+    coef = Lp * kl + Ln * ku
+    const = np.sum(Lp * cl + Ln * cu, axis=1) + yint * b1
+    a = coef @ W0.T
+    z0 = Z @ W0 + b0
+    c = np.sum(coef * z0, axis=1) + const
+    size = np.sum(np.abs(coef * z0), axis=1) + np.sum(np.abs(Lp * cl) + np.abs(Ln * cu), axis=1) \
+        + abs(b1)
+    return c - 1e-10 * (1.0 + size), a
+
+
+def _knapsack_costs(rc, codes, frame, Z, c, a):
+    """Per sample, the least DataCost of a valid raw move whose gain ``-a . dz`` reaches
+    ``c`` (the linear DataCost knapsack of :mod:`otstab_solvers.knapsack`, each sample with its
+    own linear function)."""
+    from otstab_solvers.knapsack import solve_batch
+
+    from ._datacost_linear import flip_problem
+
+    m = Z.shape[0]
+    parts: dict = {}
+    for v in rc.variables:
+        if v.immutable or not math.isfinite(v.price):
+            continue
+        if v.kind in ("numeric", "integer"):
+            sl = rc.map.slopes(v.name)
+            parts[v.name] = ("slope", sum(a[:, j] * float(s_) for j, s_ in sl.items()))
+            continue
+        cols, E, _ = codes[v.name]
+        fl = E @ a[:, cols].T  # (L, m)
+        fc = np.zeros((m, m))
+        fc[np.arange(m), np.arange(m)] = np.einsum("ij,ij->i", Z[:, cols], a[:, cols])
+        parts[v.name] = ("levels", fl, fc)
+    fin, ints, conts, _ = flip_problem(rc, parts, frame, -np.eye(m), np.arange(m))
+    return solve_batch(c, fin, ints, conts)[0]
+
+
+def knapsack_lower(model, rc, frame, Z, yint, dlow, dup, *, steps=12, chunk=256):
+    """Certified ``d*_i >= B`` by bisection on the budget ``B`` in ``[dlow_i, dup_i]``: the
+    box the budget reaches (:func:`_box`), CROWN's linear lower bound of the margin on it,
+    and the least DataCost of a valid move that drives that bound to 0 (a knapsack): if it
+    exceeds B, no valid move of cost <= B (all inside the box) flips the sample. Binary
+    one-hidden-layer networks; returns ``dlow`` unchanged otherwise."""
+    net = crown.as_network(MLPModel(final_estimator(model)))
+    if net is None or net.task != "binary" or len(net.W) != 2:
+        return dlow
+    codes = _level_codes(model, rc, frame)
+    lo = np.array(dlow, dtype=np.float64, copy=True)
+    hi = np.array(dup, dtype=np.float64, copy=True)
+    todo = np.flatnonzero(np.isfinite(hi) & (hi > lo * (1 + 1e-6)) & (hi > 0))
+    for s0 in range(0, todo.size, chunk):
+        idx = todo[s0:s0 + chunk]
+        sub = frame.iloc[idx].reset_index(drop=True)
+        Zs = Z[idx]
+        for _ in range(steps):
+            B = np.where(lo[idx] > 0, np.sqrt(lo[idx] * hi[idx]), 0.5 * hi[idx])
+            lb, ub = _box(rc, codes if not codes else
+                          {k: (cc, E, cur[idx]) for k, (cc, E, cur) in codes.items()}, Zs, B)
+            c, a = _linear_margin(net, Zs, yint[idx], lb, ub)
+            kap = _knapsack_costs(rc, {k: (cc, E, cur[idx]) for k, (cc, E, cur)
+                                       in codes.items()}, sub, Zs, c, a)
+            ok = (c > 0) & (kap > B * (1 + 1e-9))
+            lo[idx] = np.where(ok, B, lo[idx])
+            hi[idx] = np.where(ok, hi[idx], B)
+    return np.maximum(dlow, lo)
 
 
 def _proba_true(model, rows: pd.DataFrame, yi) -> np.ndarray:
@@ -373,6 +515,12 @@ def certify_datacost_network(model, prob, rc, frame, *, r, theta1, theta2, diver
                 dl, inf_ = got
                 dlow[rows] = np.minimum(dl, dup[rows])
                 info = {**inf_, "method": info["method"] + f" ({inf_.get('method')})"}
+            sub = frame.iloc[rows].reset_index(drop=True)
+            tight = knapsack_lower(model, rc, sub, Z[rows], yint[rows], dlow[rows], dup[rows])
+            if np.any(tight > dlow[rows]):
+                dlow[rows] = np.minimum(tight, dup[rows])
+                info["method"] += ("; raised by CROWN on the box a budget reaches and the "
+                                   "DataCost knapsack on its linear bound")
         else:  # nothing can move: no move flips anything
             dlow[rows] = dup[rows] = math.inf
     info["time"] = time.perf_counter() - t0
