@@ -32,6 +32,10 @@ immutables) that makes the Pipeline misclassify the row.
   (:func:`_linear_margin`); if the least DataCost of a valid move whose gain ``-a . dz``
   reaches ``c`` (the linear DataCost knapsack, exact over levels, integers, bounds and
   directions) exceeds ``B``, then ``d*_i > B``.
+* **Lower side, a split:** a move either changes a level (cost at least the sample's
+  cheapest switch, :func:`cheapest_switch`) or moves numeric variables only (cost at least
+  their certified weighted distance with the categorical columns fixed), so ``d*_i >= min``
+  of the two.
 * **Found side.** Valid raw rows scored by the Pipeline itself: every other level of each
   movable categorical / ordinal variable; along each numeric / integer variable, both ways
   (as its direction allows, inside its bounds), a geometric scan of steps ``2^k`` scales
@@ -39,7 +43,9 @@ immutables) that makes the Pipeline misclassify the row.
   along the direction of the numeric variables that lowers the margin fastest per unit of
   cost (the margin's gradient through the pipeline's slopes), scanned and bisected the same
   way; and the three single level switches that lower the true class's probability most,
-  their pairs (two variables), and the same line and ray searches from each of these.
+  their pairs (two variables), and the same line and ray searches from each of these; and
+  DeepFool steps in the numeric variables under the cost's metric (:func:`_deepfool`), from
+  the data and from those switches.
   The cheapest misclassified row of each sample is ``dup_i`` (its cost priced by
   :meth:`~otstab.modeling._datacost.ResolvedCost.cost` from the rows alone).
 
@@ -260,6 +266,31 @@ def knapsack_lower(model, rc, frame, Z, yint, dlow, dup, *, steps=12, chunk=256)
     return np.maximum(dlow, lo)
 
 
+def numeric_columns(rc, movable) -> np.ndarray:
+    """The movable encoded columns of numeric / integer variables (boolean, like
+    ``movable``)."""
+    out = np.zeros_like(np.asarray(movable, dtype=bool))
+    for v in _numeric(rc):
+        out[list(rc.map.variable(v.name).columns)] = True
+    return out & np.asarray(movable, dtype=bool)
+
+
+def cheapest_switch(rc, frame) -> np.ndarray:
+    """Per row, the least cost of changing the level of one categorical / ordinal variable
+    (``inf`` when none may change): a lower bound on the cost of any move that changes one."""
+    from ._datacost_linear import _level_index
+
+    out = np.full(len(frame), math.inf)
+    for v in rc.variables:
+        if v.kind in ("numeric", "integer") or v.immutable or not math.isfinite(v.price):
+            continue
+        cur = _level_index(frame[v.name].to_numpy(), v.levels)
+        C = _level_costs(v, cur)
+        C[np.arange(len(frame))[cur >= 0], cur[cur >= 0]] = math.inf
+        out = np.minimum(out, C.min(axis=1))
+    return out
+
+
 def _proba_true(model, rows: pd.DataFrame, yi) -> np.ndarray:
     P = np.asarray(model.predict_proba(rows))
     return P[np.arange(len(rows)), yi]
@@ -415,6 +446,70 @@ def _ray_search(model, rc, base: pd.DataFrame, y0):
             for j, k in enumerate(rows_ok)]
 
 
+def _deepfool(model, rc, base: pd.DataFrame, y0, iters=6):
+    """DeepFool steps in the movable numeric / integer variables under the cost's metric: at
+    the current point, the margin ``m`` and its gradient ``g`` (through the pipeline's slopes)
+    give the cheapest move to the linearised boundary, ``delta_v = -1.02 m g_v s_v^2 / p_v /
+    sum_u g_u^2 s_u^2 / p_u`` (zero against a direction, clipped to bounds); the segment from
+    the data to the last misclassified iterate is then bisected (integers rounded). Returns
+    ``[(row k, {variable: value})]`` of misclassified moved rows."""
+    num = _numeric(rc)
+    m = len(base)
+    if not num or m == 0:
+        return []
+    final = final_estimator(model)
+    classes = list(final.classes_)
+    y0 = np.asarray(y0)
+    yi = np.array([classes.index(c) for c in y0])
+    yint = np.where(yi == 1, 1, -1) if len(classes) == 2 else yi
+    slopes = [rc.map.slopes(v.name) for v in num]
+    if any(s_ is None for sl in slopes for s_ in sl.values()):
+        return []
+    x0 = np.stack([base[v.name].to_numpy(dtype=np.float64) for v in num], axis=1)
+    lo = np.stack([np.minimum(v.lo, x0[:, k]) for k, v in enumerate(num)], axis=1)
+    hi = np.stack([np.maximum(v.hi, x0[:, k]) for k, v in enumerate(num)], axis=1)
+    wv = np.array([v.scale ** 2 / v.price for v in num])
+    x = x0.copy()
+    found = np.zeros(m, dtype=bool)
+    best = x0.copy()
+
+    def frame_at(idx, xx, rnd=True):
+        P = base.iloc[idx].reset_index(drop=True)
+        for k, v in enumerate(num):
+            P[v.name] = np.round(xx[:, k]) if (rnd and v.kind == "integer") else xx[:, k]
+        return P
+
+    for _ in range(iters):
+        P = frame_at(np.arange(m), x, rnd=False)
+        mg, g = MLPModel(final).margin_and_grad(encode(model, P), yint)
+        G = np.stack([sum(g[:, j] * float(s_) for j, s_ in sl.items()) for sl in slopes], 1)
+        for k, v in enumerate(num):
+            if v.direction:
+                G[:, k] = np.where(-np.sign(G[:, k]) == v.direction, G[:, k], 0.0)
+        den = np.sum(G * G * wv, axis=1)
+        ok = den > 0
+        step = np.where(ok, -1.02 * np.maximum(mg, 0.0) / np.where(ok, den, 1.0), 0.0)
+        x = np.clip(x + step[:, None] * G * wv, lo, hi)
+        wr = _wrong(model, frame_at(np.arange(m), x), y0)
+        new = wr & ~found
+        best[new] = x[new]
+        found |= wr
+        if found.all():
+            break
+    idx = np.flatnonzero(found)
+    if idx.size == 0:
+        return []
+    lo_t, hi_t = np.zeros(idx.size), np.ones(idx.size)
+    D = best[idx] - x0[idx]
+    for _ in range(BISECT):
+        mid = 0.5 * (lo_t + hi_t)
+        wr = _wrong(model, frame_at(idx, x0[idx] + mid[:, None] * D), y0[idx])
+        hi_t, lo_t = np.where(wr, mid, hi_t), np.where(wr, lo_t, mid)
+    P = frame_at(idx, x0[idx] + hi_t[:, None] * D)
+    return [(int(k), {v.name: float(P[v.name].iloc[j]) for v in num})
+            for j, k in enumerate(idx)]
+
+
 def found_moves(model, rc, frame: pd.DataFrame, y0, rows):
     """The cheapest misclassified valid raw row found for each sample of ``rows`` (module
     doc): ``(dup, moves)`` with ``moves[i]`` a dict ``{variable: new value}`` (None and
@@ -446,6 +541,7 @@ def found_moves(model, rc, frame: pd.DataFrame, y0, rows):
     consider([(int(rows[k]), mv) for k, mv in _line_search(model, rc, base, rows, y0[rows])])
     # ... and along the margin's steepest direction per unit of cost
     consider([(int(rows[k]), mv) for k, mv in _ray_search(model, rc, base, y0[rows])])
+    consider([(int(rows[k]), mv) for k, mv in _deepfool(model, rc, base, y0[rows])])
     # from each sample's TOP most damaging single switches: pairs of them, and the numeric
     # searches from each
     if lv:
@@ -472,6 +568,8 @@ def found_moves(model, rc, frame: pd.DataFrame, y0, rows):
                   for j, mv in _line_search(model, rc, start, owner, y0[owner])])
         consider([(int(owner[j]), {**bases[j][1], **mv})
                   for j, mv in _ray_search(model, rc, start, y0[owner])])
+        consider([(int(owner[j]), {**bases[j][1], **mv})
+                  for j, mv in _deepfool(model, rc, start, y0[owner])])
     return dup, moves
 
 
@@ -516,6 +614,19 @@ def certify_datacost_network(model, prob, rc, frame, *, r, theta1, theta2, diver
                 dlow[rows] = np.minimum(dl, dup[rows])
                 info = {**inf_, "method": info["method"] + f" ({inf_.get('method')})"}
             sub = frame.iloc[rows].reset_index(drop=True)
+            # a move either switches some level (cost >= the sample's cheapest switch) or moves
+            # numeric variables only (cost >= their certified weighted distance)
+            num = numeric_columns(rc, mask)
+            if num.any() and num.sum() < mask.sum():
+                sw = cheapest_switch(rc, sub)
+                gn = bounds.certified_distances(adapter, Z[rows] * s, yint[rows], mask=num,
+                                                upper=up[rows], **opts)
+                if gn is not None:
+                    split = np.minimum(np.minimum(gn[0], sw), dup[rows])
+                    if np.any(split > dlow[rows]):
+                        dlow[rows] = np.maximum(dlow[rows], split)
+                        info["method"] += ("; raised by min(cheapest level switch, certified "
+                                           "numeric-only distance)")
             tight = knapsack_lower(model, rc, sub, Z[rows], yint[rows], dlow[rows], dup[rows])
             if np.any(tight > dlow[rows]):
                 dlow[rows] = np.minimum(tight, dup[rows])
