@@ -155,3 +155,12 @@ def test_smooth_losses_under_a_datacost_are_refused_clearly():
         otstab.certify(pipe, X, y, loss="logistic", r=1.0, cost="auto")
     assert math.isfinite(otstab.certify(pipe, X, y, loss="logistic", r=1.0,
                                         cost="encoded").value_upper)
+
+
+def test_time_budget_is_accepted_and_other_options_refused():
+    pipe, X, y = _pipe()
+    kw = dict(loss="zero_one", r=0.4, theta1=TH1, theta2=TH2, cost="auto")
+    res = otstab.certify(pipe, X.iloc[:8], y[:8], time_budget=0.0, **kw)
+    assert 0 <= res.value_lower <= res.value_upper
+    with pytest.raises(ValidationError, match="max_nodes"):
+        otstab.certify(pipe, X.iloc[:8], y[:8], max_nodes=5, **kw)
