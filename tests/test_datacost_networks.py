@@ -164,3 +164,12 @@ def test_time_budget_is_accepted_and_other_options_refused():
     assert 0 <= res.value_lower <= res.value_upper
     with pytest.raises(ValidationError, match="max_nodes"):
         otstab.certify(pipe, X.iloc[:8], y[:8], max_nodes=5, **kw)
+
+
+def test_rows_with_an_unseen_category_keep_a_zero_lower_bound():
+    pipe, X, y = _pipe()
+    rc = otstab.DataCost().resolve(pipe, X)
+    Y = X.copy()
+    Y.loc[3, "a"] = "zz"  # not a level of the encoder
+    odd = dn.off_level_rows(rc, Y)
+    assert odd.tolist() == [i == 3 for i in range(len(Y))]

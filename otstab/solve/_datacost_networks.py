@@ -36,6 +36,8 @@ immutables) that makes the Pipeline misclassify the row.
   cheapest switch, :func:`cheapest_switch`) or moves numeric variables only (cost at least
   their certified weighted distance with the categorical columns fixed), so ``d*_i >= min``
   of the two.
+* A row whose current category is not one of the variable's levels (an unseen category)
+  keeps ``dlow = 0``: the bounds above price level-to-level switches only.
 * **Found side.** Valid raw rows scored by the Pipeline itself: every other level of each
   movable categorical / ordinal variable; along each numeric / integer variable, both ways
   (as its direction allows, inside its bounds), a geometric scan of steps ``2^k`` scales
@@ -273,6 +275,20 @@ def numeric_columns(rc, movable) -> np.ndarray:
     for v in _numeric(rc):
         out[list(rc.map.variable(v.name).columns)] = True
     return out & np.asarray(movable, dtype=bool)
+
+
+def off_level_rows(rc, frame) -> np.ndarray:
+    """Rows whose value of some movable categorical / ordinal variable is not one of its
+    levels (an unseen category): the lower bounds here price level-to-level switches only, so
+    these rows get ``dlow = 0``."""
+    from ._datacost_linear import _level_index
+
+    out = np.zeros(len(frame), dtype=bool)
+    for v in rc.variables:
+        if v.kind in ("numeric", "integer") or v.immutable or not math.isfinite(v.price):
+            continue
+        out |= _level_index(frame[v.name].to_numpy(), v.levels) < 0
+    return out
 
 
 def cheapest_switch(rc, frame) -> np.ndarray:
@@ -634,6 +650,11 @@ def certify_datacost_network(model, prob, rc, frame, *, r, theta1, theta2, diver
                                    "DataCost knapsack on its linear bound")
         else:  # nothing can move: no move flips anything
             dlow[rows] = dup[rows] = math.inf
+    odd = off_level_rows(rc, frame)
+    if np.any(odd & (dlow > 0)):  # the bounds above read level-to-level costs only
+        dlow[odd] = 0.0
+        info["method"] += (f"; {int(odd.sum())} row(s) whose current category is not among the "
+                           "levels keep dlow = 0")
     info["time"] = time.perf_counter() - t0
     Xs = _moved_frame(frame, moves)
     a = move_prices(dup, theta1)
