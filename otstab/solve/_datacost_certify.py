@@ -25,6 +25,7 @@ from . import _inference as inference
 from ._datacost_cross_entropy import FiniteOracle, certify_datacost_cross_entropy
 from ._datacost_hinge import HingeOracle, certify_datacost_hinge
 from ._datacost_linear import flip_problem, linear_parts, raw_frame, selected_variables
+from ._datacost_networks import certify_datacost_network, is_network_model
 from ._datacost_smooth import LogisticOracle, certify_datacost_logistic
 from ._datacost_trees import TREE_OPTIONS, certify_datacost_trees, is_tree_model
 from ._datacost_zero_one import certify_datacost_zero_one, zero_one_distances
@@ -33,6 +34,8 @@ from ._zero_one import move_prices
 __all__ = ["certify_datacost", "prepare", "loss_oracle", "loss_kind", "dro_oracle",
            "choose_cost", "ENCODERS"]
 
+#: options of the network path under a DataCost (the certified side's time budget)
+NETWORK_OPTIONS = ("time_budget",)
 #: preprocessing steps that make a Pipeline's raw variables categorical or ordinal
 ENCODERS = ("categorical", "ordinal")
 
@@ -198,9 +201,10 @@ def certify_datacost(model, X, y, *, loss, r, theta1, theta2, divergence, solver
         raise ValidationError(f"solver={solver!r} does not apply to loss='zero_one' (use "
                               "'auto', 'closed_form' or 'dual')")
     tree = is_tree_model(model)
-    check_options(solver_options, TREE_OPTIONS if tree else (),
-                  "the tree path under a DataCost" if tree else "the exact 0/1 path under a "
-                  "DataCost")
+    network = is_network_model(model)
+    check_options(solver_options, TREE_OPTIONS if tree else NETWORK_OPTIONS if network else (),
+                  "the tree path under a DataCost" if tree else "the network path under a "
+                  "DataCost" if network else "the exact 0/1 path under a DataCost")
     if r > 1.0 and not (hinge or smooth):
         raise ValidationError(f"r is an error rate for loss='zero_one' and must be in [0, 1], "
                               f"got {r}")
@@ -227,6 +231,21 @@ def certify_datacost(model, X, y, *, loss, r, theta1, theta2, divergence, solver
                     theta1=theta1, theta2=theta2, divergence=divergence, solver=solver)
                 res.inference = datacost_inference.bootstrap(res, prob.n, prob.p, spec, value)
             return res
+    if network:  # MLP classifiers: a certified interval (otstab.solve._datacost_networks)
+        if kind != "zero_one":
+            raise ValidationError(f"cost=DataCost with a network: loss='zero_one' only in this "
+                                  f"version; loss={loss.name!r} needs cost='encoded'")
+        if spec not in ("analytic", None):
+            raise ValidationError("se='bootstrap' is not available for networks under "
+                                  "cost=DataCost yet; use se='analytic' or None")
+        prob = resolve_model(model, X, y, loss=loss, sample_weight=sample_weight)
+        frame, cost = _restrict(raw_frame(model, X, prob), cost, features)
+        rc = cost.resolve(model, frame, prob.feature_names)
+        res = certify_datacost_network(model, prob, rc, frame, r=r, theta1=theta1,
+                                       theta2=theta2, divergence=divergence, solver=solver,
+                                       t_start=t_start, **solver_options)
+        res.inference = (lambda: inference.analytic(res)) if spec == "analytic" else None
+        return res
     prob, rc, parts, frame = prepare(model, X, y, loss=loss, cost=cost, features=features,
                                      sample_weight=sample_weight)
     kept: dict = {}
