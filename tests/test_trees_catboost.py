@@ -74,6 +74,17 @@ def test_leaf_sums_equal_raw_formula_val(k, nan_mode):
     np.testing.assert_array_equal(model.classes_[np.argmax(table.scores(filled), axis=1)], pred)
 
 
+@pytest.mark.parametrize("labels", [[0.0, 1.0], ["no", "yes"], [-3, 5], [False, True]])
+def test_labels_of_any_type(labels):
+    X, y = make_data(4, 2, 2, n=40)
+    yl = np.array(labels)[y]
+    model = _cb(4, iterations=4).fit(X, yl)
+    table = bounds.leaf_table(model, 2, X)  # the JSON's class_names match classes_ by value
+    assert list(model.classes_) == sorted(labels)
+    np.testing.assert_array_equal(model.classes_[np.argmax(table.scores(X), axis=1)],
+                                  np.ravel(model.predict(X)))
+
+
 def test_what_is_not_read_is_refused():
     X, y = make_data(2, 3, 2, n=60)
     Xc = pd.DataFrame(X, columns=["a", "b", "c"])

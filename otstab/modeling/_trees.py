@@ -398,9 +398,11 @@ def external_layout(model, d: int):
 def _cb_layout(model, d: int, K: int):
     trees, dim, js = _cb_trees(model, d)
     names = js.get("model_info", {}).get("class_params", {}).get("class_names")
-    if names is not None and [str(c) for c in names] != [str(c) for c in model.classes_]:
+    classes = list(model.classes_)
+    if names is not None and (len(names) != len(classes) or not all(
+            a == b or str(a) == str(b) for a, b in zip(names, classes))):
         raise InputTypeError("CatBoost: the classes of the model's JSON export "
-                             f"{names} are not its classes_ {list(model.classes_)}")
+                             f"{names} are not its classes_ {classes}")
     if (K == 2 and dim != 1) or (K > 2 and dim != K):
         raise InputTypeError(f"CatBoost: {dim} score columns for {K} classes (a "
                              "multi-label or one-vs-all loss?) are not read")
