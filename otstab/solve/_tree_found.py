@@ -329,7 +329,8 @@ def tree_search(model, X, y, *, mask=None, **options):
     yi = (yv > 0).astype(np.intp) if len(classes) == 2 else yv.astype(np.intp)
 
     def model_predict(Z):
-        return np.searchsorted(classes, raw.predict(as_model_input(raw, Z)))
+        # (CatBoost's multiclass predict is a column)
+        return np.searchsorted(classes, np.asarray(raw.predict(as_model_input(raw, Z))).ravel())
 
     # the walk where it beats the library's own predict (LightGBM: about 3 times on one core)
     out = found_distances(table, model_predict, X, yi, mv, thresholds,
