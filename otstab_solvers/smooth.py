@@ -47,7 +47,7 @@ import time
 import numpy as np
 from scipy.special import expit
 
-from .logistic_uniform import uniform_steps
+from .logistic_uniform import two_branch_steps, uniform_steps
 from .result import FAILED, INACCURATE, OPTIMAL, DualSolution
 
 __all__ = [
@@ -301,6 +301,11 @@ def _uniform_dtransform(m: np.ndarray, c: float, h: float, start=None, keep=None
     u, s, rest = uniform_steps(m, c, h, start)
     T = h / (2.0 * c)
     t = s * T
+    if rest.size:  # both branches by Newton first, the robust solve for what is left
+        ub, sb, okb = two_branch_steps(m[rest], c, h)
+        got = rest[okb]
+        u[got], s[got], t[got] = ub[okb], sb[okb], T * sb[okb]
+        rest = rest[~okb]
     if rest.size:
         mr = m[rest]
         tr = logistic_steps(mr, np.broadcast_to(c, (rest.size,)), h)
@@ -469,6 +474,12 @@ class LogisticOracle:
             assert self._warm is not None
             self._warm[key] = (h, u.astype(np.float32))
         return _uniform_dtransform(m, c, h, start, keep)
+
+    def may_switch(self, h: float) -> bool:
+        """Whether ``l_h`` may have a switching point at ``h``: only where the inner problem
+        is not concave for some sample, ``h > 8 c_i`` (``T > 4``, :func:`logistic_steps`)."""
+        c = self.c[:1] if self.c.strides == (0,) else self.c
+        return bool(c.size) and h > 8.0 * float(np.min(c))
 
     def release(self) -> None:
         """Drop the warm starts of :meth:`transform_rows` (half an n-vector)."""
