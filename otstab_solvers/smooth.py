@@ -293,11 +293,13 @@ def logistic_dtransform(margins, c, h: float):
     return lh, loss_star, d2, t
 
 
-def _uniform_dtransform(m: np.ndarray, c: float, h: float, start=None, keep=None):
+def _uniform_dtransform(m: np.ndarray, c: float, h: float, start=None, keep=None,
+                        steps_only: bool = False):
     """:func:`logistic_dtransform` for one price ``c`` (finite, > 0) and ``h > 0``: the lean
     Newton solve of :func:`~otstab_solvers.logistic_uniform.uniform_steps` (first iterates
     ``start``, default its own), and :func:`logistic_steps` for the samples it does not
-    accept. ``keep(u)`` receives the roots ``u = t - m`` (a warm start for a later ``h``)."""
+    accept. ``keep(u)`` receives the roots ``u = t - m`` (a warm start for a later ``h``).
+    ``steps_only``: ``(None, None, None, t)``, the steps alone."""
     u, s, rest = uniform_steps(m, c, h, start)
     T = h / (2.0 * c)
     t = s * T
@@ -314,6 +316,8 @@ def _uniform_dtransform(m: np.ndarray, c: float, h: float, start=None, keep=None
         s[rest] = expit(u[rest])
     if keep is not None:
         keep(u)
+    if steps_only:
+        return None, None, None, t
     loss_star = _softplus(u)
     lh = h * loss_star
     lh -= c * t * t
@@ -462,7 +466,18 @@ class LogisticOracle:
             return logistic_dtransform(m, np.broadcast_to(c0, m.shape), h)
         return logistic_dtransform(m, self.c[rows], h)
 
-    def _warm_rows(self, m, c, h, key):
+    def step_rows(self, h: float, rows: slice):
+        """``(None, None, None, step)``: the fourth output of :meth:`transform_rows` alone
+        (for Q*'s build: no loss nor derivatives computed)."""
+        if self.c.strides == (0,) and self._warm is not None:
+            c0 = float(self.c[0])
+            h = _check_h(h)
+            m = self._margins_of(rows)
+            if h > 0.0 and m.size and 0.0 < c0 < math.inf:
+                return self._warm_rows(m, c0, h, (rows.start, rows.stop), steps_only=True)
+        return self.transform_rows(h, rows)
+
+    def _warm_rows(self, m, c, h, key, steps_only: bool = False):
         """The lean solve of a block of rows started from the roots it had at the last ``h``
         when that was within 10% (kept in float32: a start within some 1e-7 of the root,
         which one Halley step finishes)."""
@@ -473,7 +488,7 @@ class LogisticOracle:
         def keep(u):
             assert self._warm is not None
             self._warm[key] = (h, u.astype(np.float32))
-        return _uniform_dtransform(m, c, h, start, keep)
+        return _uniform_dtransform(m, c, h, start, keep, steps_only)
 
     def may_switch(self, h: float) -> bool:
         """Whether ``l_h`` may have a switching point at ``h``: only where the inner problem

@@ -539,9 +539,10 @@ def _build_rows(prob, oracle, moves, sol, loss, r, theta1, theta2, divergence, t
     ``h_concave``), which the result's message says."""
     n, p, h = prob.n, prob.p, float(sol.h)
     Z = None
+    step_rows = getattr(oracle, "step_rows", oracle.transform_rows)
     for s in range(0, n, ROWS_BLOCK):
         rows = slice(s, min(s + ROWS_BLOCK, n))  # (a slice: the oracle's warm starts apply)
-        zb = moves.steps(oracle.transform_rows(h, rows), rows)
+        zb = moves.steps(step_rows(h, rows), rows)
         if Z is None:
             Z = np.empty((n, zb.shape[1]))
         Z[rows] = zb
@@ -564,17 +565,16 @@ def _build_rows(prob, oracle, moves, sol, loss, r, theta1, theta2, divergence, t
         w = wm(lh_block(s, e))
         return w if p is None else p[s:e] * n * w
 
-    risk = sum(float(qw(s, e) @ loss_h[s:e]) for s, e in bounds) / n
-    del loss_h
     note = ""
-    if h > 0 and oracle.switching and abs(risk - r) > 1e-12 * r \
-            and getattr(oracle, "may_switch", lambda _h: True)(h):
+    if h > 0 and oracle.switching and getattr(oracle, "may_switch", lambda _h: True)(h) \
+            and abs(sum(float(qw(s, e) @ loss_h[s:e]) for s, e in bounds) / n - r) > 1e-12 * r:
         switch = _switch(oracle, atoms, qw, bounds, h, r)
         if switch is not None:
             main, extra, note = switch
             atoms = _RowAtoms(prob, moves, _Steps(moves.D, Z, main=main, extra=extra), h,
                               theta1)
             atoms.lh_cache = lh  # (l_h of a sample is from its step at h either way)
+    del loss_h
     if not exact:
         note = (f"multinomial cross-entropy above h_concave = {oracle.h_concave:.4g}: l_h is "
                 "the best of several local maxima, so the dual value is not certified; the "
