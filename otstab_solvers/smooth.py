@@ -394,7 +394,7 @@ class LogisticOracle:
         self.h_max = math.inf
         self._X = self._signs = self._direction = None
         self._cache: tuple | None = None
-        self._warm: dict | None = None  # block (start, stop) -> (h, its roots u, float32)
+        self._warm: dict | None = None  # block (start, stop) -> (h, its roots u)
 
     @classmethod
     def of_scores(cls, scores, signs, direction_norm2, theta1, *,
@@ -403,7 +403,7 @@ class LogisticOracle:
         {-1, +1} (int8 is enough), computed for the rows each evaluation reads: neither array
         is copied and no n-vector of margins is kept (:attr:`margins` builds one). ``warm``:
         :meth:`transform_rows` of a slice of rows starts from the roots of that slice at the
-        last ``h`` when it was within 10% (half an n-vector in all; :meth:`release`)."""
+        last ``h`` when it was within 10% (an n-vector in all; :meth:`release`)."""
         scores = np.asarray(scores)
         if scores.ndim != 1 or np.shape(signs) != scores.shape:
             raise ValueError(f"scores and signs must be vectors of one length, got "
@@ -479,15 +479,16 @@ class LogisticOracle:
 
     def _warm_rows(self, m, c, h, key, steps_only: bool = False):
         """The lean solve of a block of rows started from the roots it had at the last ``h``
-        when that was within 10% (kept in float32: a start within some 1e-7 of the root,
-        which one Halley step finishes)."""
+        when that was within 10% (kept in float64: the search's last steps move h by some
+        1e-9 or less, so the start is within about that of the root, and one Halley step
+        finishes it with Newton's error estimate far below an ulp: no confirming step)."""
         assert self._warm is not None
         last = self._warm.get(key)
         start = last[1] if last is not None and abs(h - last[0]) <= 0.1 * h else None
 
         def keep(u):
             assert self._warm is not None
-            self._warm[key] = (h, u.astype(np.float32))
+            self._warm[key] = (h, u)  # (not written to after this call)
         return _uniform_dtransform(m, c, h, start, keep, steps_only)
 
     def may_switch(self, h: float) -> bool:
@@ -497,7 +498,7 @@ class LogisticOracle:
         return bool(c.size) and h > 8.0 * float(np.min(c))
 
     def release(self) -> None:
-        """Drop the warm starts of :meth:`transform_rows` (half an n-vector)."""
+        """Drop the warm starts of :meth:`transform_rows` (an n-vector)."""
         if self._warm is not None:
             self._warm.clear()
 
