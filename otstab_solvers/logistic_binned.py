@@ -28,7 +28,7 @@ from .dual import solve_dual
 from .result import OPTIMAL
 from .smooth import LogisticOracle
 
-__all__ = ["binned_margins", "binned_guess", "BINS", "MIN_N"]
+__all__ = ["binned_margins", "binned_root", "binned_guess", "BINS", "MIN_N"]
 
 #: number of equal-width bins of the margins
 BINS = 1 << 12
@@ -82,14 +82,21 @@ def binned_margins(margins_of, n: int, p=None, bins: int = BINS):
     return points[order], mass[order] / mass.sum()
 
 
-def binned_guess(margins_of, n: int, direction_norm2: float, theta1: float, r: float,
-                 theta2: float, divergence: str, p=None, bins: int = BINS) -> float | None:
-    """The root ``h_c`` of the logistic dual on the binned margins (:func:`binned_margins`),
-    or None when that dual has no positive root (r at or below the binned base risk, or the
-    search failed): the caller then searches the exact dual from scratch."""
-    rep, mass = binned_margins(margins_of, n, p, bins)
-    oracle = LogisticOracle(rep, direction_norm2, theta1)
+def binned_root(points, mass, direction_norm2: float, theta1: float, r: float, theta2: float,
+                divergence: str) -> float | None:
+    """The root of the logistic dual on weighted margins ``points`` (probabilities ``mass``,
+    e.g. from :func:`binned_margins`), or None when that dual has no positive root (r at or
+    below its base risk, or the search failed)."""
+    oracle = LogisticOracle(points, direction_norm2, theta1)
     sol = solve_dual(oracle, r, theta2, divergence, p=mass, tol=1e-12)
     if sol.status != OPTIMAL or not (sol.h > 0.0 and math.isfinite(sol.h)):
         return None
     return float(sol.h)
+
+
+def binned_guess(margins_of, n: int, direction_norm2: float, theta1: float, r: float,
+                 theta2: float, divergence: str, p=None, bins: int = BINS) -> float | None:
+    """The root ``h_c`` of the logistic dual on the binned margins (:func:`binned_margins`,
+    :func:`binned_root`), or None: the caller then searches the exact dual from scratch."""
+    points, mass = binned_margins(margins_of, n, p, bins)
+    return binned_root(points, mass, direction_norm2, theta1, r, theta2, divergence)
