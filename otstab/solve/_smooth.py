@@ -546,14 +546,20 @@ def _build_rows(prob, oracle, moves, sol, loss, r, theta1, theta2, divergence, t
         if Z is None:
             Z = np.empty((n, zb.shape[1]))
         Z[rows] = zb
+    getattr(oracle, "release", lambda: None)()  # (the warm starts: not read again)
     atoms = _RowAtoms(prob, moves, _Steps(moves.D, Z), h, theta1)
     bounds = list(atoms.steps.blocks())
-    # each sample's loss at its maximiser and l_h, from the reduced form once (two n-vectors,
-    # dropped after the audit): the weights, the risk and the audit read them
-    loss_h, lh = np.empty(n), np.empty(n)
+    # each sample's l_h (and, where l_h can switch at h, its loss at the maximiser), from the
+    # reduced form once (an n-vector, two with the losses, dropped after the audit): the
+    # weights, the risk and the audit read them
+    may_switch = h > 0 and oracle.switching and \
+        getattr(oracle, "may_switch", lambda _h: True)(h)
+    loss_h, lh = np.empty(n if may_switch else 0), np.empty(n)
     for s, e in bounds:
-        loss_h[s:e], d2 = atoms.reduced(np.arange(s, e), Z[s:e])
-        lh[s:e] = atoms.l_of(loss_h[s:e], d2)
+        loss_b, d2 = atoms.reduced(np.arange(s, e), Z[s:e])
+        lh[s:e] = atoms.l_of(loss_b, d2)
+        if may_switch:
+            loss_h[s:e] = loss_b
     atoms.lh_cache = lh
 
     def lh_block(s, e):
@@ -566,8 +572,8 @@ def _build_rows(prob, oracle, moves, sol, loss, r, theta1, theta2, divergence, t
         return w if p is None else p[s:e] * n * w
 
     note = ""
-    if h > 0 and oracle.switching and getattr(oracle, "may_switch", lambda _h: True)(h) \
-            and abs(sum(float(qw(s, e) @ loss_h[s:e]) for s, e in bounds) / n - r) > 1e-12 * r:
+    if may_switch and \
+            abs(sum(float(qw(s, e) @ loss_h[s:e]) for s, e in bounds) / n - r) > 1e-12 * r:
         switch = _switch(oracle, atoms, qw, bounds, h, r)
         if switch is not None:
             main, extra, note = switch
