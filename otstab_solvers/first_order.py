@@ -219,6 +219,20 @@ class _Inner:
         self.method = method
         self.screen = screen
         self._tol = tol
+        #: projection radius of the moves (None: none); set per inner solve
+        self.radius: float | None = None
+
+    def _project(self, Z, X0):
+        """``Z`` moved onto the ball of :attr:`radius` around ``X0`` where it lies outside."""
+        if self.radius is None or not math.isfinite(self.radius):
+            return Z
+        D = Z - X0
+        nrm = np.sqrt(np.sum(D * D, axis=1))
+        over = nrm > self.radius
+        if not over.any():
+            return Z
+        return np.where(over[:, None], X0 + D * (self.radius / np.where(over, nrm, 1.0))[:, None],
+                        Z)
 
     def solve(self, h: float, starts: list[np.ndarray], tol: float | None = None):
         """Best local maximum per sample over the start points. Returns (Z, loss, grad, J).
@@ -253,7 +267,7 @@ class _Inner:
 
     def _init(self, h, Z, X0, y) -> dict:
         th = self.theta1
-        Z = Z.copy()
+        Z = self._project(Z.copy(), X0)
         loss, grad = self.lg(Z, y)
         D = Z - X0
         J = h * loss - th * np.sum(D * D, axis=1)
@@ -289,7 +303,7 @@ class _Inner:
                 step = lr[a, None] * mh / (np.sqrt(vh) + 1e-30)
             else:
                 step = (lr[a] / (2.0 * th))[:, None] * G[a]
-            Zn = Z[a] + step * mv
+            Zn = self._project(Z[a] + step * mv, st["X0"][a])
             ln, gn = self.lg(Zn, st["y"][a])
             Dn = Zn - st["X0"][a]
             Jn = h * ln - th * np.sum(Dn * Dn, axis=1)
@@ -357,7 +371,7 @@ def solve_first_order(loss_and_grad, X, y, *, r, theta1=1.0, theta2=0.25, diverg
                       inner_tol=1e-5, max_outer=None, tol=1e-4, h_init=None, outer_lr=0.05,
                       starts="auto", random_starts=0, screen_steps=5, inner_method="adam",
                       h_cap=1e8, seed=0, verbose=False, callback=None,
-                      weights=None) -> FirstOrderSolution:
+                      weights=None, extra_starts=None, max_move=None) -> FirstOrderSolution:
     """Solve the stability dual with gradient-based inner maximisation.
 
     Parameters
@@ -435,6 +449,14 @@ def solve_first_order(loss_and_grad, X, y, *, r, theta1=1.0, theta2=0.25, diverg
         shared-direction start) is then p-weighted; integer weights give the same problem as
         the rows replicated that many times. The atoms' shares stay per sample: atom ``a``
         carries ``p[atom_source[a]] * atom_share[a]`` of P0.
+    extra_starts : callable, optional
+        ``extra_starts(h) -> list of (n, d) arrays``: more start points for the inner solve at
+        ``h`` (screened like the other extra starts), e.g. hints from a certified bound.
+    max_move : callable, optional
+        ``max_move(h) -> float``: every iterate is projected onto the ball of this radius
+        around its sample (projected ascent). Sound only when no maximiser of the inner
+        problem lies beyond it, e.g. ``h G / theta1`` for a loss with Lipschitz constant
+        ``G`` in the movable coordinates (beyond it ``h l - theta1 t^2 < h l(x_i)``).
 
     Returns
     -------
@@ -482,6 +504,9 @@ def solve_first_order(loss_and_grad, X, y, *, r, theta1=1.0, theta2=0.25, diverg
     h_cap = _scalar(h_cap, "h_cap", low=0.0, low_open=True)
     if callback is not None and not callable(callback):
         raise TypeError("callback must be callable or None")
+    for nm, fn in (("extra_starts", extra_starts), ("max_move", max_move)):
+        if fn is not None and not callable(fn):
+            raise TypeError(f"{nm} must be callable or None")
     p = _probabilities(weights, n)
 
     sd = _std(X[:, mv > 0], p) if np.any(mv > 0) else np.zeros(0)
@@ -526,6 +551,7 @@ def solve_first_order(loss_and_grad, X, y, *, r, theta1=1.0, theta2=0.25, diverg
             Z, loss, grad = X.copy(), loss0.copy(), grad0.copy()
             lh = h * loss
         else:
+            inner.radius = None if max_move is None else float(max_move(h))
             Z, loss, grad, lh = inner.solve(h, start_points(h, refs), tol=loose)
         if not np.all(np.isfinite(lh)):
             # the inner problem diverged (unbounded d-transform): h is too large
@@ -563,6 +589,11 @@ def solve_first_order(loss_and_grad, X, y, *, r, theta1=1.0, theta2=0.25, diverg
             scale = max(scale, 1e-3 * xscale)
             R = rng.standard_normal(X.shape) * mv * (scale / math.sqrt(max(mv.sum(), 1.0)))
             pts.append(X + R)
+        if extra_starts is not None:
+            for P in extra_starts(h):
+                P = np.asarray(P, dtype=np.float64)
+                if P.shape == X.shape and np.all(np.isfinite(P)):
+                    pts.append(X + (P - X) * mv)
         return pts
 
     bar = _progress(max_outer, verbose, f"first-order ({outer})")

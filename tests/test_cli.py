@@ -947,6 +947,18 @@ def test_certify_rtol_is_recorded_and_verified(tmp_path):
     assert code == 0, stdout + stderr
     code, _, stderr = run([*cmd, "--rtol", "1.5"])
     assert code == 2 and "--rtol" in stderr, stderr
+    # --rtol none: rtol=None (every sample gets max_nodes boxes), recorded as null
+    full = otstab.certify(model, X, y, loss="zero_one", r=0.4, theta1=1.0, theta2=0.5,
+                          rtol=None)
+    code, _, stderr = run([*cmd, "--rtol", "None", "--json", tmp_path / "rn.json", "--quiet"])
+    assert code == 0, stderr
+    cert = json.loads((tmp_path / "rn.json").read_text())
+    assert cert["inputs"]["solver_options"] == {"rtol": None}
+    assert cert["results"]["value_lower"] == full.value_lower
+    code, stdout, stderr = run(["verify", tmp_path / "rn.json", *base])
+    assert code == 0, stdout + stderr
+    code, _, stderr = run([*cmd, "--rtol", "nan"])
+    assert code == 2 and "--rtol" in stderr, stderr
 
 
 def test_tree_budget_flags_on_a_model_without_that_bound_name_the_flag(demo):

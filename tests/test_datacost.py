@@ -11,7 +11,13 @@ import pickle
 import numpy as np
 import pandas as pd
 import pytest
-from german import german_pipeline
+from german import (
+    GERMAN_COST,
+    assert_german_constraints,
+    assert_valid_rows,
+    german_pipeline,
+    star_rows,
+)
 from otstab_solvers.knapsack import solve_one
 from sklearn.compose import ColumnTransformer
 from sklearn.linear_model import LogisticRegression
@@ -398,8 +404,7 @@ def test_features_and_unsupported_combinations():
 
 def test_german_q_star_is_a_valid_data_set(german):
     pipe, X, y, num, cat = german
-    cost = DataCost(immutable=["age", "personal_status_sex"], bounds={"amount": (250, None)},
-                    increase_only=["duration"])
+    cost = DataCost(**GERMAN_COST)
     r = 0.4
     res = otstab.certify(pipe, X, y, loss="zero_one", r=r, cost=cost)
     assert res.status == "optimal"
@@ -407,18 +412,9 @@ def test_german_q_star_is_a_valid_data_set(german):
     f = res.to_frame(raw=True)
     mv = f[f["loss*"] > f["loss"]]
     assert len(mv) > 20
-    rows = mv[[f"{c}*" for c in X.columns]].copy()
-    rows.columns = list(X.columns)
-    rows = rows.astype({c: X[c].dtype for c in num})
-    enc = pipe.named_steps["pre"].named_transformers_["cat"]
-    for j, c in enumerate(cat):
-        assert set(rows[c]) <= set(enc.categories_[j])
-    for c in num:
-        assert np.all(rows[c].to_numpy() == np.round(rows[c].to_numpy()))
-    for c in ("age", "personal_status_sex"):
-        assert (rows[c].to_numpy() == mv[c].to_numpy()).all()
-    assert np.all(rows["amount"] >= np.minimum(250, mv["amount"]))
-    assert np.all(rows["duration"] >= mv["duration"])
+    rows = star_rows(mv, X, num)
+    assert_valid_rows(rows, pipe, num, cat)
+    assert_german_constraints(rows, mv)
     # re-scored by the pipeline itself: every moved row is misclassified, Q* reaches r
     pred = pipe.predict(rows)
     assert np.all(pred != np.asarray(y)[mv["source"]])
@@ -553,15 +549,11 @@ def test_adult_q_star_is_a_valid_data_set():
     assert res.status == "optimal"
     f = res.to_frame(raw=True)
     mv = f[f["loss*"] > f["loss"]]
-    rows = mv[[f"{c}*" for c in X.columns]].copy()
-    rows.columns = list(X.columns)
-    rows = rows.astype({c: X[c].dtype for c in num})
-    enc = pipe.named_steps["pre"].named_transformers_["cat"]
-    for j, c in enumerate(cat):
-        assert set(rows[c]) <= set(enc.categories_[j])
+    rows = star_rows(mv, X, num)
+    assert_valid_rows(rows, pipe, num, cat)
     for c in num:
         v = rows[c].to_numpy()
-        assert np.all(v == np.round(v)) and v.min() >= X[c].min() and v.max() <= X[c].max()
+        assert v.min() >= X[c].min() and v.max() <= X[c].max()
     for c in fixed:
         assert (rows[c].to_numpy() == mv[c].to_numpy()).all()
     pred = pipe.predict(rows)

@@ -9,7 +9,13 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from german import german_pipeline
+from german import (
+    GERMAN_COST,
+    assert_german_constraints,
+    assert_valid_rows,
+    german_pipeline,
+    star_rows,
+)
 from scipy.optimize import minimize_scalar
 from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import Pipeline
@@ -235,25 +241,15 @@ def test_continuous_data_keeps_the_encoded_numbers():
 
 def test_german_logistic_q_star_is_a_valid_data_set():
     pipe, X, y, num, cat, _ = german_pipeline(rows=300)
-    cost = DataCost(immutable=["age", "personal_status_sex"], bounds={"amount": (250, None)},
-                    increase_only=["duration"])
+    cost = DataCost(**GERMAN_COST)
     r = 0.75
     res = otstab.certify(pipe, X, y, loss="logistic", r=r, cost=cost)
     assert res.status == "optimal"
     assert sorted(res.info["cost"]["immutable"]) == ["age", "personal_status_sex"]
     f = res.to_frame(raw=True)
-    rows = f[[f"{c}*" for c in X.columns]].copy()
-    rows.columns = list(X.columns)
-    rows = rows.astype({c: X[c].dtype for c in num})
-    enc = pipe.named_steps["pre"].named_transformers_["cat"]
-    for j, c in enumerate(cat):
-        assert set(rows[c]) <= set(enc.categories_[j])
-    for c in num:
-        assert np.all(rows[c].to_numpy() == np.round(rows[c].to_numpy()))
-    for c in ("age", "personal_status_sex"):
-        assert (rows[c].to_numpy() == f[c].to_numpy()).all()
-    assert np.all(rows["amount"] >= np.minimum(250, f["amount"]))
-    assert np.all(rows["duration"] >= f["duration"])
+    rows = star_rows(f, X, num)
+    assert_valid_rows(rows, pipe, num, cat)
+    assert_german_constraints(rows, f)
     assert (f["cost"] > 0).sum() > 10
     # re-scored by the pipeline's own predict_proba: Q* reaches r
     proba = pipe.predict_proba(rows)
@@ -268,8 +264,8 @@ def test_refusals():
     y3 = np.where(X["u"] > 1, 2, np.asarray(y))
     pipe3 = Pipeline([("pre", pipe.named_steps["pre"]), ("clf", LogisticRegression())]).fit(
         X, y3)
-    with pytest.raises(ValidationError, match="binary classifiers"):
-        otstab.certify(pipe3, X, y3, loss="cross_entropy", r=1.5, cost="auto")
+    with pytest.raises(ValidationError, match="multiclass classifier"):
+        otstab.certify(pipe3, X, y3, loss="logistic", r=1.5, cost="auto")
     with pytest.raises(ValidationError, match="cost=DataCost is exact for"):
         otstab.certify(pipe, X, y, loss="multiclass_hinge", r=1.5, cost="auto")
 
@@ -284,14 +280,8 @@ def test_german_default_cost_is_auto_and_q_star_is_valid():
     assert res.value == pytest.approx(
         otstab.certify(pipe, X, y, loss="hinge", r=r, cost="auto").value, rel=1e-12)
     f = res.to_frame(raw=True)
-    rows = f[[f"{c}*" for c in X.columns]].copy()
-    rows.columns = list(X.columns)
-    rows = rows.astype({c: X[c].dtype for c in num})
-    enc = pipe.named_steps["pre"].named_transformers_["cat"]
-    for j, c in enumerate(cat):
-        assert set(rows[c]) <= set(enc.categories_[j])
-    for c in num:
-        assert np.all(rows[c].to_numpy() == np.round(rows[c].to_numpy()))
+    rows = star_rows(f, X, num)
+    assert_valid_rows(rows, pipe, num, cat)
     sgn = np.where(np.asarray(y)[f["source"]] == pipe.classes_[1], 1.0, -1.0)
     loss = np.maximum(1 - sgn * pipe.decision_function(rows), 0)
     w, m = f["weight"].to_numpy(), f["mass"].to_numpy()

@@ -12,7 +12,13 @@ import warnings
 import numpy as np
 import pandas as pd
 import pytest
-from german import german_pipeline
+from german import (
+    GERMAN_COST,
+    assert_german_constraints,
+    assert_valid_rows,
+    german_pipeline,
+    star_rows,
+)
 from sklearn.compose import ColumnTransformer
 from sklearn.ensemble import HistGradientBoostingClassifier, RandomForestClassifier
 from sklearn.pipeline import Pipeline
@@ -269,8 +275,7 @@ def test_german_tree_pipelines_are_not_degenerate(kind):
     pipe, tp, X, y, num, cat = _german_tree(kind)
     Xe, ye = X.iloc[:40].reset_index(drop=True), y.iloc[:40].reset_index(drop=True)
     r = 0.6
-    cost = DataCost(immutable=["age", "personal_status_sex"], bounds={"amount": (250, None)},
-                    increase_only=["duration"])
+    cost = DataCost(**GERMAN_COST)
     # theta2 = 1: reweighting alone is dear, so Q* moves rows (checked below)
     res = otstab.certify(tp, Xe, ye, loss="zero_one", r=r, theta2=1.0, cost=cost, max_nodes=60)
     lin = otstab.certify(pipe, Xe, ye, loss="zero_one", r=r, theta2=1.0, cost=cost)
@@ -283,16 +288,9 @@ def test_german_tree_pipelines_are_not_degenerate(kind):
     f = res.to_frame(raw=True)
     mv = f[f["loss*"] > f["loss"]]
     assert len(mv) > 0
-    rows = mv[[f"{c}*" for c in X.columns]].copy()
-    rows.columns = list(X.columns)
-    rows = rows.astype({c: X[c].dtype for c in num})
-    enc_cat = tp.named_steps["pre"].named_transformers_["cat"]
-    for j, c in enumerate(cat):
-        assert set(rows[c]) <= set(enc_cat.categories_[j])
-    for c in ("age", "personal_status_sex"):
-        assert (rows[c].to_numpy() == mv[c].to_numpy()).all()
-    assert np.all(rows["amount"] >= np.minimum(250, mv["amount"]))
-    assert np.all(rows["duration"] >= mv["duration"])
+    rows = star_rows(mv, X, num)
+    assert_valid_rows(rows, tp, num, cat, integral=False)
+    assert_german_constraints(rows, mv)
     assert np.all(tp.predict(rows) != np.asarray(ye)[mv["source"]])
     assert sorted(res.info["cost"]["immutable"]) == ["age", "personal_status_sex"]
 
@@ -339,3 +337,29 @@ def test_certificate_round_trip_under_the_datacost():
     if res.status == "bounds":
         cert["results"]["value_lower"] = res.value_lower * 1.5 + 1e-3
         assert not verify_certificate(cert, pipe, Xe, ye).ok
+
+
+def test_bootstrap_replicates_the_enumerated_distances():
+    """se="bootstrap" under a DataCost: each replicate is the exact 0/1 dual on the drawn rows'
+    distances; with every search complete, these are the enumerated distances, so the
+    replicates equal certify_distances on the same draws."""
+    from otstab.solve._inference import Bootstrap, resample
+
+    X, y = _data(3)
+    pipe = _pipe("xgb", X, y, True)
+    Xe, ye = X.iloc[:14].reset_index(drop=True), y.iloc[:14].reset_index(drop=True)
+    spec = Bootstrap(n_resamples=12, random_state=3)
+    res = otstab.certify(pipe, Xe, ye, loss="zero_one", r=0.6, theta2=0.5,
+                         cost=DataCost(**COST), max_nodes=5000, rtol=None, se=spec)
+    assert res.status == "optimal"
+    wrong = np.asarray(pipe.predict(Xe) != ye)
+    right = np.flatnonzero(~wrong)
+    ref = _brute(pipe, Xe, ye, right, COST)
+    d = np.zeros(len(Xe))
+    d[right] = [ref[i] for i in right]
+    expect = resample(len(Xe), spec, lambda idx: otstab.certify_distances(
+        d[idx], 0.6, theta2=0.5, misclassified=wrong[idx]).value)
+    inf = res.inference
+    assert inf.method == "bootstrap"
+    np.testing.assert_allclose(inf.replicates, expect, rtol=1e-9)
+    assert inf.value == res.value

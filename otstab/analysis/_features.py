@@ -425,8 +425,10 @@ def feature_stability(model, X, y, *, loss, r, theta1: float = 1.0, theta2: floa
                     **({} if spec is None else {"cost": spec}), **bound_opts)))
                 bar.update()
         rows = [rw if res is None else res.row for res in results]
-        # the rows are certify's: no post-processing for linear models
-        linear_exact = prob.scorer is not None
+        # the rows are certify's: no post-processing for linear models (whose scores carry
+        # their interval when certify's is one: the multiclass cross-entropy under a DataCost)
+        linear_exact = prob.scorer is not None and all(res is None or res.exact
+                                                       for res in results)
     elif not linear_exact:
         base_losses = prob.losses(prob.X)
         rw = _reweighting_only(base_losses, r, theta2, divergence)

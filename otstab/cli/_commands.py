@@ -35,6 +35,7 @@ from ._parser import (
     EXIT_NOT_CERTIFIED,
     EXIT_OK,
     EXIT_SOLVER,
+    NO_RTOL,
     BadInput,
     _one_line,
     build_parser,
@@ -256,6 +257,8 @@ def _cmd_certify(args) -> int:
     # the tree bound's budgets: recorded in the certificate's solver_options for verify
     options = {k: getattr(args, k) for k in ("max_nodes", "time_budget", "node_budget",
                                              "rtol") if getattr(args, k) is not None}
+    if options.get("rtol") == NO_RTOL:  # --rtol none: rtol=None (recorded as null)
+        options["rtol"] = None
     result = _run_library(certify, model, X, y, loss=loss, r=args.r, theta1=args.theta1,
                           theta2=args.theta2, divergence=args.divergence, solver=args.solver,
                           features=movable, se=se, feature_costs=costs,

@@ -106,6 +106,19 @@ def _tolerance(text: str) -> float:
 
 _tolerance.__name__ = "tolerance"
 
+#: ``--rtol none``: the tree search's ``rtol=None`` (every sample gets --max-nodes boxes)
+NO_RTOL = "none"
+
+
+def _rtol(text: str):
+    """``--rtol``: a number >= 0, or ``none`` (``rtol=None``)."""
+    if text.strip().lower() == NO_RTOL:
+        return NO_RTOL
+    return _tolerance(text)
+
+
+_rtol.__name__ = "rtol"
+
 
 def _positive_int(text: str) -> int:
     try:
@@ -199,10 +212,12 @@ def build_parser() -> argparse.ArgumentParser:
     cert.add_argument("--max-nodes", type=_positive_int, default=None, metavar="N",
                       help="tree ensembles (zero_one): at most N boxes per sample for the "
                            "certified lower bound (default 200)")
-    cert.add_argument("--rtol", type=_tolerance, default=None, metavar="R",
+    cert.add_argument("--rtol", type=_rtol, default=None, metavar="R",
                       help="tree ensembles (zero_one): stop refining the certified lower "
                            "bound once value_lower >= (1 - R) value_upper (default 0.01; 0: "
-                           "refine every sample that enters the dual up to --max-nodes)")
+                           "refine every sample that enters the dual up to --max-nodes; "
+                           "'none': every sample gets --max-nodes boxes in one round, "
+                           "Python's rtol=None)")
     cert.add_argument("--cost", choices=("auto", "encoded"), default=None,
                       help="transport cost: 'encoded' (the default: squared distance in the "
                            "model's input space, the paper's cost) or 'auto' (a DataCost on "

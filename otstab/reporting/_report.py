@@ -799,76 +799,69 @@ def _raw_section(result, top=8) -> list[str]:
     if got is None:
         return []
     frame, shares, changes = got
-    parts = ['<h2 id="raw-qstar">Most sensitive distribution Q*, in the data\'s own columns'
-             '</h2>',
-             f"<p>{result.n_atoms} atoms over {result.n} samples. The moves of Q* mapped back "
+    intro = (f"<p>{result.n_atoms} atoms over {result.n} samples. The moves of Q* mapped back "
              "to the raw columns and units of the data "
              "(scalers inverted exactly; a moved one-hot block is shown as the category whose "
              "indicator is largest after the move &mdash; a moved point generally has "
              "fractional indicators, listed in the Q* file's '&lt;column&gt;* indicators' "
              "columns). Share of moving cost: how much of the cost of moving samples falls on "
-             "each raw column.</p>"]
-    shown = shares[shares > 0].head(10)
-    if len(shown):
-        parts.append(_table([(k, float(v)) for k, v in shown.items()],
-                            header=["raw column", "share of moving cost"]))
-    if changes:
-        parts.append('<p class="lead">The most moved samples (weighted squared move):</p>')
-        parts.append("<table><tr><th>sample</th><th>weight</th><th>change</th></tr>" + "".join(
-            f"<tr><td>{html.escape(i)}</td><td class=\"num\">{w}</td><td>{c}</td></tr>"
-            for i, w, c in changes) + "</table>")
+             "each raw column.</p>")
+    rows = "".join(f"<tr><td>{html.escape(i)}</td><td class=\"num\">{w}</td><td>{c}</td></tr>"
+                   for i, w, c in changes)
     top2 = list(shares.index[:2])  # the two raw columns with the largest share (or first)
-    if len(top2) == 2:
-        wm = np.asarray(result.weights, dtype=float) * np.asarray(result.mass, dtype=float)
-        drawn: list[int] = []
-        png = figure_png(lambda ax: _raw_plot(ax, frame, top2[0], top2[1], wm, drawn=drawn),
-                         figsize=(7.0, 5.0))
-        many = [c for c in top2 if not pd.api.types.is_numeric_dtype(frame[c])
-                and frame[c].astype(str).nunique() > RAW_PLOT_LEVELS]
-        other = (f" Of {' and '.join(many)}, the {RAW_PLOT_LEVELS - 1} most frequent "
-                 "categories are shown; the others are drawn together as (other)."
-                 if many else "")
-        moved = bool(np.nansum(shares.to_numpy(float)) > 0)
-        arrows = _arrow_caption(drawn[0], moved) if drawn else "arrows: moves"
-        parts.append(_figure(png, f"Q* on the two raw columns that carry most of the moving "
-                                  f"cost: {top2[0]} and {top2[1]}. Crosses: evaluation data; "
-                                  f"discs: Q* (area proportional to weight); {arrows}.{other}",
-                             "Q* on raw columns"))
-    return parts
+    many = [c for c in top2 if not pd.api.types.is_numeric_dtype(frame[c])
+            and frame[c].astype(str).nunique() > RAW_PLOT_LEVELS]
+    other = (f" Of {' and '.join(many)}, the {RAW_PLOT_LEVELS - 1} most frequent "
+             "categories are shown; the others are drawn together as (other)."
+             if many else "")
+    return _qstar_parts(result, frame, shares, intro=intro, word="raw column",
+                        changes_lead="weighted squared move", changes_rows=rows,
+                        changes_id="", top2=top2,
+                        moved=bool(np.nansum(shares.to_numpy(float)) > 0), other=other)
 
 
 def _datacost_section(result, frame, shares, changes) -> list[str]:
     """The raw Q* section of a result certified under a DataCost: moves in the data's
     units, the share of the cost per variable, the most moved samples."""
-    parts = ['<h2 id="raw-qstar">Most sensitive distribution Q*, in the data\'s own columns'
-             '</h2>',
-             f"<p>{result.n_atoms} atoms over {result.n} samples. Q* is a data set: every "
+    intro = (f"<p>{result.n_atoms} atoms over {result.n} samples. Q* is a data set: every "
              "moved row takes levels among its variable's levels, integers stay integers, "
              "values stay inside their bounds and immutable variables do not change; the "
              "audit re-scored these rows with the model and re-priced them with the cost. "
              "Share of moving cost: how much of the cost of moving samples (the DataCost) "
-             "falls on each variable.</p>"]
+             "falls on each variable.</p>")
+    rows = "".join(f"<tr><td>{html.escape(i)}</td><td class=\"num\">{w}</td><td>"
+                   f"{html.escape(c).replace('-&gt;', '&rarr;')}</td></tr>"
+                   for i, w, c in changes)
+    return _qstar_parts(result, frame, shares, intro=intro, word="variable",
+                        changes_lead="weighted cost of the move", changes_rows=rows,
+                        changes_id=' id="raw-changes"',
+                        top2=list(shares[shares > 0].index[:2]), moved=True, other="")
+
+
+def _qstar_parts(result, frame, shares, *, intro, word, changes_lead, changes_rows,
+                 changes_id, top2, moved, other) -> list[str]:
+    """The raw Q* section: heading, intro, the share of moving cost per column, the most
+    moved samples and the figure on the two columns that carry most of the cost."""
+    parts = ['<h2 id="raw-qstar">Most sensitive distribution Q*, in the data\'s own columns'
+             '</h2>', intro]
     shown = shares[shares > 0].head(10)
     if len(shown):
         parts.append(_table([(k, float(v)) for k, v in shown.items()],
-                            header=["variable", "share of moving cost"]))
-    if changes:
-        parts.append('<p class="lead">The most moved samples (weighted cost of the move):</p>')
-        parts.append('<table id="raw-changes"><tr><th>sample</th><th>weight</th><th>change'
-                     '</th></tr>' + "".join(
-                         f"<tr><td>{html.escape(i)}</td><td class=\"num\">{w}</td><td>"
-                         f"{html.escape(c).replace('-&gt;', '&rarr;')}</td></tr>"
-                         for i, w, c in changes) + "</table>")
-    top2 = list(shown.index[:2])
+                            header=[word, "share of moving cost"]))
+    if changes_rows:
+        parts.append(f'<p class="lead">The most moved samples ({changes_lead}):</p>')
+        parts.append(f"<table{changes_id}><tr><th>sample</th><th>weight</th><th>change</th>"
+                     f"</tr>{changes_rows}</table>")
     if len(top2) == 2:
         wm = np.asarray(result.weights, dtype=float) * np.asarray(result.mass, dtype=float)
         drawn: list[int] = []
         png = figure_png(lambda ax: _raw_plot(ax, frame, top2[0], top2[1], wm, drawn=drawn),
                          figsize=(7.0, 5.0))
-        arrows = _arrow_caption(drawn[0], True) if drawn else "arrows: moves"
-        parts.append(_figure(png, f"Q* on the two variables that carry most of the moving "
+        arrows = _arrow_caption(drawn[0], moved) if drawn else "arrows: moves"
+        plural = "raw columns" if word == "raw column" else "variables"
+        parts.append(_figure(png, f"Q* on the two {plural} that carry most of the moving "
                                   f"cost: {top2[0]} and {top2[1]}. Crosses: evaluation data; "
-                                  f"discs: Q* (area proportional to weight); {arrows}.",
+                                  f"discs: Q* (area proportional to weight); {arrows}.{other}",
                              "Q* on raw columns"))
     return parts
 

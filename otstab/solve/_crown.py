@@ -603,6 +603,27 @@ class TransformUpper:
         use = tv > val
         return np.where(use, tv, val), np.where(use, td1, d1), np.where(use, td2, d2)
 
+    def argmax_radius(self, h):
+        """Per sample, the distance ``t`` from ``x_i`` at which the over-estimate of
+        ``h l - theta1 t^2`` is largest (a hint for the search: where the bound says a better
+        point may lie, never a claim that one does)."""
+        h = float(h)
+        t1, a, b = self.t1, self.inner, self.radii
+        if not math.isfinite(t1):
+            return np.zeros(self.n)
+        t = np.clip(h * self.g / (2 * t1), a, b)
+        lin = h * (self.A + self.g * (t - a)) - t1 * t * t
+        flat = h * self.B - t1 * a * a
+        use_lin = lin <= flat
+        pieces = np.where(use_lin, lin, flat)
+        j = np.argmax(pieces, axis=1)
+        r = np.arange(self.n)
+        val, tj = pieces[r, j], np.where(use_lin, t, a)[r, j]
+        rJ, BJ, G = self.radii[:, -1], self.B[:, -1], self.G
+        tt = np.maximum(rJ, h * G / (2 * t1))
+        tv = h * (BJ + G * (tt - rJ)) - t1 * tt * tt
+        return np.where(tv > val, tt, tj)
+
 
 def transform_upper(net: Network, loss: str, X, y, theta1, *, G, h_ref, mask=None, n_radii=24,
                     optimize=0):

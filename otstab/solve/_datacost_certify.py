@@ -1,8 +1,9 @@
 """``certify(..., cost=DataCost)``: the checks and the preparation shared by the exact
 DataCost certificates of linear classifiers, then the loss's own path
 (:mod:`otstab.datacost_zero_one` for ``loss="zero_one"``, :mod:`otstab.datacost_hinge` for
-``loss="hinge"``, :mod:`otstab.datacost_smooth` for ``loss="logistic"``; their shared linear
-pieces: :mod:`otstab.datacost_linear`).
+``loss="hinge"``, :mod:`otstab.datacost_smooth` for ``loss="logistic"``,
+:mod:`otstab.solve._datacost_cross_entropy` for the multiclass cross-entropy (a certified
+interval); their shared linear pieces: :mod:`otstab.datacost_linear`).
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from ..modeling._models import resolve_model
 from ..modeling._params import check_options
 from . import _datacost_inference as datacost_inference
 from . import _inference as inference
+from ._datacost_cross_entropy import FiniteOracle, certify_datacost_cross_entropy
 from ._datacost_hinge import HingeOracle, certify_datacost_hinge
 from ._datacost_linear import flip_problem, linear_parts, raw_frame, selected_variables
+from ._datacost_networks import certify_datacost_network, is_network_model
 from ._datacost_smooth import LogisticOracle, certify_datacost_logistic
 from ._datacost_trees import TREE_OPTIONS, certify_datacost_trees, is_tree_model
 from ._datacost_zero_one import certify_datacost_zero_one, zero_one_distances
@@ -31,6 +34,8 @@ from ._zero_one import move_prices
 __all__ = ["certify_datacost", "prepare", "loss_oracle", "loss_kind", "dro_oracle",
            "choose_cost", "ENCODERS"]
 
+#: options of the network path under a DataCost (the certified side's time budget)
+NETWORK_OPTIONS = ("time_budget",)
 #: preprocessing steps that make a Pipeline's raw variables categorical or ordinal
 ENCODERS = ("categorical", "ordinal")
 
@@ -99,8 +104,8 @@ def loss_kind(loss) -> str:
         return "logistic"
     raise ValidationError(
         f"cost=DataCost is exact for loss='zero_one', 'hinge', 'logistic' and "
-        f"'cross_entropy' (binary) of linear models in this version; loss={loss.name!r} "
-        "needs cost='encoded'")
+        f"'cross_entropy' (binary; multiclass: a certified interval) of linear models in this "
+        f"version; loss={loss.name!r} needs cost='encoded'")
 
 
 def dro_oracle(model, X, y, *, loss, cost: DataCost, theta1, features=None,
@@ -136,17 +141,7 @@ def prepare(model, X, y, *, loss, cost: DataCost, features=None, sample_weight=N
         raise ValidationError(
             "cost=DataCost is exact for linear classifiers (a Pipeline ending in one) in this "
             "version; use cost='encoded' for other models")
-    frame = raw_frame(model, X, prob)
-    if features is not None:
-        keep = set(selected_variables(features))
-        extra = sorted(nm for nm in keep if nm not in frame.columns)
-        if extra:
-            raise ValidationError(f"features: unknown variable {extra[0]!r}"
-                                  + pipeline.suggest(extra[0], frame.columns))
-        d = cost.to_dict()
-        d["immutable"] = sorted(set(d["immutable"]) | {c for c in frame.columns
-                                                      if c not in keep})
-        cost = DataCost.from_dict(d)
+    frame, cost = _restrict(raw_frame(model, X, prob), cost, features)
     rc = cost.resolve(model, frame, prob.feature_names)
     parts = linear_parts(model, prob, rc, frame)
     return prob, rc, parts, frame
@@ -206,9 +201,10 @@ def certify_datacost(model, X, y, *, loss, r, theta1, theta2, divergence, solver
         raise ValidationError(f"solver={solver!r} does not apply to loss='zero_one' (use "
                               "'auto', 'closed_form' or 'dual')")
     tree = is_tree_model(model)
-    check_options(solver_options, TREE_OPTIONS if tree else (),
-                  "the tree path under a DataCost" if tree else "the exact 0/1 path under a "
-                  "DataCost")
+    network = is_network_model(model)
+    check_options(solver_options, TREE_OPTIONS if tree else NETWORK_OPTIONS if network else (),
+                  "the tree path under a DataCost" if tree else "the network path under a "
+                  "DataCost" if network else "the exact 0/1 path under a DataCost")
     if r > 1.0 and not (hinge or smooth):
         raise ValidationError(f"r is an error rate for loss='zero_one' and must be in [0, 1], "
                               f"got {r}")
@@ -217,9 +213,6 @@ def certify_datacost(model, X, y, *, loss, r, theta1, theta2, divergence, solver
         if kind != "zero_one":
             raise ValidationError("cost=DataCost with a tree model: loss='zero_one' only in "
                                   "this version")
-        if spec not in ("analytic", None):
-            raise ValidationError("se='bootstrap' is not available for tree models under "
-                                  "cost=DataCost yet; use se='analytic' or None")
         prob = resolve_model(model, X, y, loss=loss, sample_weight=sample_weight)
         if prob.scorer is None:
             frame, cost = _restrict(raw_frame(model, X, prob), cost, features)
@@ -227,18 +220,49 @@ def certify_datacost(model, X, y, *, loss, r, theta1, theta2, divergence, solver
             res = certify_datacost_trees(model, prob, rc, frame, r=r, theta1=theta1,
                                          theta2=theta2, divergence=divergence, solver=solver,
                                          t_start=t_start, **solver_options)
-            res.inference = (lambda: inference.analytic(res)) if spec == "analytic" else None
+            if spec == "analytic":
+                res.inference = lambda: inference.analytic(res)  # type: ignore[assignment]
+            elif spec is None:
+                res.inference = None
+            else:  # each sample's found distance (exact where its search completed)
+                wrong = np.asarray(prob.losses(prob.X)) > 0
+                value = datacost_inference.zero_one_replicator(
+                    np.asarray(res.info["dstar"], dtype=np.float64), wrong, prob.p, r=r,
+                    theta1=theta1, theta2=theta2, divergence=divergence, solver=solver)
+                res.inference = datacost_inference.bootstrap(res, prob.n, prob.p, spec, value)
             return res
+    if network:  # MLP classifiers: a certified interval (otstab.solve._datacost_networks)
+        if kind != "zero_one":
+            raise ValidationError(f"cost=DataCost with a network: loss='zero_one' only in this "
+                                  f"version; loss={loss.name!r} needs cost='encoded'")
+        if spec not in ("analytic", None):
+            raise ValidationError("se='bootstrap' is not available for networks under "
+                                  "cost=DataCost yet; use se='analytic' or None")
+        prob = resolve_model(model, X, y, loss=loss, sample_weight=sample_weight)
+        frame, cost = _restrict(raw_frame(model, X, prob), cost, features)
+        rc = cost.resolve(model, frame, prob.feature_names)
+        res = certify_datacost_network(model, prob, rc, frame, r=r, theta1=theta1,
+                                       theta2=theta2, divergence=divergence, solver=solver,
+                                       t_start=t_start, **solver_options)
+        res.inference = (lambda: inference.analytic(res)) if spec == "analytic" else None
+        return res
     prob, rc, parts, frame = prepare(model, X, y, loss=loss, cost=cost, features=features,
                                      sample_weight=sample_weight)
+    kept: dict = {}
     if smooth:
-        if prob.scorer.task != "binary":
+        if prob.scorer.task != "binary" and loss.name != "cross_entropy":
             raise ValidationError(
-                f"loss={loss.name!r} with cost=DataCost is exact for binary classifiers in this "
-                "version; a multiclass model needs cost='encoded'")
-        res = certify_datacost_logistic(model, prob, rc, parts, frame, r=r, theta1=theta1,
-                                        theta2=theta2, divergence=divergence, t_start=t_start,
-                                        loss_name=loss.name)
+                "loss='logistic' with cost=DataCost needs a binary classifier; a multiclass "
+                "model takes loss='cross_entropy' (a certified interval) or cost='encoded'")
+        if prob.scorer.task == "binary":
+            res = certify_datacost_logistic(model, prob, rc, parts, frame, r=r, theta1=theta1,
+                                            theta2=theta2, divergence=divergence,
+                                            t_start=t_start, loss_name=loss.name)
+        else:  # a certified interval (otstab.solve._datacost_cross_entropy)
+            res = certify_datacost_cross_entropy(model, prob, rc, parts, frame, r=r,
+                                                 theta1=theta1, theta2=theta2,
+                                                 divergence=divergence, t_start=t_start,
+                                                 keep=kept)
         res.info["cost"] = rc.to_dict()
         res.info["cost_description"] = rc.describe()
     elif hinge:
@@ -259,14 +283,22 @@ def certify_datacost(model, X, y, *, loss, r, theta1, theta2, divergence, solver
     else:  # a bootstrap over the rows, each replicate by the same exact path
         res.inference = _bootstrap(res, prob, rc, parts, frame, spec, loss=loss, r=r,
                                    theta1=theta1, theta2=theta2, divergence=divergence,
-                                   solver=solver)
+                                   solver=solver, kept=kept)
     return res
 
 
 def _bootstrap(res, prob, rc, parts, frame, spec, *, loss, r, theta1, theta2, divergence,
-               solver):
-    """``se="bootstrap"``: :mod:`otstab.datacost_inference`."""
+               solver, kept=None):
+    """``se="bootstrap"``: :mod:`otstab.datacost_inference`. ``kept``: what the multiclass
+    cross-entropy path kept (its candidates' oracle: each replicate solves the exact dual on
+    the drawn rows' candidates, an upper value, as ``value_upper`` is)."""
     n, p = prob.n, prob.p
+    if kept and "oracle" in kept:
+        fo = kept["oracle"]
+        value = datacost_inference.oracle_replicator(
+            lambda idx: FiniteOracle(fo.A[idx], fo.B[idx]), kept["loss0"], p, r=r,
+            theta2=theta2, divergence=divergence)
+        return datacost_inference.bootstrap(res, n, p, spec, value)
     if isinstance(loss, ZeroOne):
         dstar = np.asarray(res.info["dstar"], dtype=np.float64)
         wrong = np.asarray(prob.losses(prob.X)) > 0

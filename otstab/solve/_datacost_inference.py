@@ -9,6 +9,13 @@ takes the drawn rows' parts and solves the exact 1-D dual on them (the 0/1 dual 
 oracle of the drawn rows); the cost stays the one resolved on the full evaluation data (its
 scales, levels and observed bounds are not re-estimated per replicate). A sample weight
 travels with its row, renormalised over the rows drawn.
+
+Tree models: each replicate takes the drawn rows' found distances (the upper ends of the
+raw branch and bound, exact where a sample's search completed), so a replicate is the found
+(upper) value of the drawn rows, as with the encoded cost, where each replicate re-runs the
+search; the multiclass cross-entropy: the candidates' exact dual on the drawn rows (upper
+values too). :func:`otstab.solve._inference.bootstrap` says so in the note when the
+certificate is not exact.
 """
 
 from __future__ import annotations

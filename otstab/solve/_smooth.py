@@ -53,6 +53,7 @@ from ..modeling._nonlinear import SMOOTH_LOSSES, LinearDifferentiable, loss_name
 from ..modeling._params import check_options
 from . import _audit as audit
 from . import _bounds as bounds
+from . import _neural_found as neural_found
 from ._piecewise import edge_kind, edge_result
 from ._results import StabilityResult
 
@@ -131,11 +132,11 @@ def certify_smooth(prob, *, r, theta1, theta2, divergence, mask=None, solver="au
         raise ValidationError("solver='dual' needs a linear model; use 'auto' or 'first_order'")
     check_options(solver_options, FIRST_ORDER_OPTIONS, "the first-order solver")
     return _certify_first_order(prob, loss, r, theta1, theta2, divergence, mask, t_start,
-                                **solver_options)
+                                stronger=solver == "auto", **solver_options)
 
 
 def _certify_first_order(prob, loss, r, theta1, theta2, divergence, mask, t_start,
-                         **solver_options):
+                         stronger=False, **solver_options):
     if prob.scorer is not None:
         sc = prob.scorer
         adapter = LinearDifferentiable(sc.W, sc.b, sc.task, sc.classes).bind_loss(loss)
@@ -162,7 +163,16 @@ def _certify_first_order(prob, loss, r, theta1, theta2, divergence, mask, t_star
     else:
         message += "; no certified lower bound for this model (value_lower = 0)"
 
-    def attempt():
+    # the found side of networks: a second, stronger search; the cheaper audited Q* is kept
+    # (otstab/solve/_neural_found.py); solver="first_order" keeps the paper's loop alone
+    sols = [("first_order", sol)]
+    if stronger and prob.scorer is None:
+        sol2 = neural_found.stronger_search(adapter, prob, oracle, sol, r=r, theta1=theta1,
+                                            theta2=theta2, divergence=divergence, mask=mask)
+        if sol2 is not None and sol2.status != "unreachable":
+            sols.append(("first_order+restarts", sol2))
+
+    def attempt(sol, search):
         src = sol.atom_source
         res = audit.audit_points(prob, sol.atom_X, src, sol.atom_share, sol.atom_weight,
                                  theta1, theta2, divergence, sol.value)
@@ -175,12 +185,20 @@ def _certify_first_order(prob, loss, r, theta1, theta2, divergence, mask, t_star
             feature_names=prob.feature_names, index=prob.index,
             info={"trace": sol.trace, "n_grad_evals": sol.n_grad_evals, "n_calls": sol.n_calls,
                   "h_split": sol.h_split, "outer": sol.outer,
-                  "solver_primal_cost": sol.primal_cost,
+                  "solver_primal_cost": sol.primal_cost, "search": search,
                   "wall_time": time.perf_counter() - t_start, **sol.info},
             **res)
         return cand, False, value_lower
 
-    return audit.first_accepted([("first_order", attempt)], solver="first_order")
+    built = [attempt(s, name) for name, s in sols]
+    if len(built) > 1:
+        found = ", ".join(f"{name}: {c[0].primal_cost:.6g}" for (name, _), c in zip(sols, built))
+        for c in built:
+            c[0].info["found_costs"] = found
+    order = sorted(range(len(built)), key=lambda k: (
+        built[k][0].primal_cost if math.isfinite(built[k][0].primal_cost) else math.inf, k))
+    return audit.first_accepted([(sols[k][0], lambda k=k: built[k]) for k in order],
+                                solver="first_order")
 
 
 def _zero_direction(oracle) -> bool:
