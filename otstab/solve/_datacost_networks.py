@@ -70,7 +70,7 @@ from ..modeling._costs import Rescaled
 from ..modeling._nonlinear import MLPModel
 from . import _bounds as bounds
 from . import _crown as crown
-from ._datacost_linear import DataCostView, encode, predict
+from ._datacost_linear import DataCostView, _level_index, encode, flip_problem, predict
 from ._datacost_trees import _moved_frame, final_estimator
 from ._datacost_zero_one import _raw_audit
 from ._zero_one import _solve_and_build, move_prices
@@ -136,7 +136,6 @@ def encoded_weights(model, rc, frame: pd.DataFrame, d: int) -> np.ndarray:
 def _level_codes(model, rc, frame):
     """``{name: (cols, E (L, |cols|), cur (n,) level positions)}`` of the movable categorical
     and ordinal variables (``E``: the pipeline's encoding of each level)."""
-    from ._datacost_linear import _level_index
 
     out = {}
     for v in rc.variables:
@@ -218,7 +217,6 @@ def _knapsack_costs(rc, codes, frame, Z, c, a):
     own linear function)."""
     from otstab_solvers.knapsack import solve_batch
 
-    from ._datacost_linear import flip_problem
 
     m = Z.shape[0]
     parts: dict = {}
@@ -281,7 +279,6 @@ def off_level_rows(rc, frame) -> np.ndarray:
     """Rows whose value of some movable categorical / ordinal variable is not one of its
     levels (an unseen category): the lower bounds here price level-to-level switches only, so
     these rows get ``dlow = 0``."""
-    from ._datacost_linear import _level_index
 
     out = np.zeros(len(frame), dtype=bool)
     for v in rc.variables:
@@ -294,7 +291,6 @@ def off_level_rows(rc, frame) -> np.ndarray:
 def cheapest_switch(rc, frame) -> np.ndarray:
     """Per row, the least cost of changing the level of one categorical / ordinal variable
     (``inf`` when none may change): a lower bound on the cost of any move that changes one."""
-    from ._datacost_linear import _level_index
 
     out = np.full(len(frame), math.inf)
     for v in rc.variables:
