@@ -804,6 +804,10 @@ def section_elsewhere() -> list[str]:
         "[bounds.md](bounds.md); gradient-boosted trees at production size (XGBoost, "
         "LightGBM, 300 trees of depth 6, 5,000 rows; `benchmarks/test_bench_trees.py`) in "
         "[bounds.md](bounds.md#gradient-boosted-trees-at-production-size).",
+        "- Tree ensembles side by side with dtai-veritas (its L-infinity robustness search "
+        "against otstab's L2 branch and bound: time per sample, cross-checks, veritas as an "
+        "upper-bound seed; `benchmarks/test_bench_veritas.py`) in "
+        "[bounds.md](bounds.md#side-by-side-with-dtai-veritas-benchmarkstest_bench_veritaspy).",
         "- Standard errors and confidence intervals: coverage, analytic vs bootstrap SE and "
         "their cost, in [inference.md](inference.md).",
         "- End-to-end certificate cost against one `X @ coef`, peak memory, and Dask runs, in "

@@ -42,7 +42,12 @@ try:
     import lightgbm
 except ImportError:  # pragma: no cover - optional
     lightgbm = None
-EXTERNAL = tuple(n for n, mod in (("XGBoost", xgboost), ("LightGBM", lightgbm)) if mod)
+try:
+    import catboost
+except ImportError:  # pragma: no cover - optional
+    catboost = None
+EXTERNAL = tuple(n for n, mod in (("XGBoost", xgboost), ("LightGBM", lightgbm),
+                                  ("CatBoost", catboost)) if mod)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -56,6 +61,8 @@ def sk_thresholds(model, d):
     feats, thrs = [], []
     if type(model).__name__ in ("XGBClassifier", "LGBMClassifier"):
         return _dump_thresholds(model, d)
+    if type(model).__name__ == "CatBoostClassifier":
+        return _catboost_thresholds(model, d)
     if hasattr(model, "_predictors"):
         for it in model._predictors:
             for pr in it:
@@ -92,6 +99,13 @@ def _dump_thresholds(model, d):
             out[j].append(float(np.nextafter(s, np.float32(-np.inf))))
             for c in node["children"]:
                 walk(c)
+        elif node.get("decision_type") == "==":  # LightGBM categorical: int(x) in a set;
+            # int truncates: the cells change at -1 and just below every c and c + 1
+            cats = [int(c) for c in str(node["threshold"]).split("||")]
+            out[int(node["split_feature"])] += [-1.0] + [
+                float(np.nextafter(float(v), -np.inf)) for c in cats for v in (c, c + 1)]
+            walk(node["left_child"])
+            walk(node["right_child"])
         elif "left_child" in node:  # LightGBM: |x| <= kZeroThreshold is read as 0, so
             # c(x) <= t for t in [0, kZ) is x <= kZ, for t in [-kZ, 0) it is x < -kZ
             t, kz = float(node["threshold"]), float(np.float32(1e-35))
@@ -109,6 +123,26 @@ def _dump_thresholds(model, d):
             walk(info["tree_structure"])
         kind = "f64"
     return [np.unique(np.array(t, dtype=np.float64)) for t in out], kind
+
+
+def _catboost_thresholds(model, d):
+    """CatBoost's float borders per feature (its JSON export's ``features_info``: every border
+    of the model's quantization, a superset of those its trees use, which only refines the
+    grid): a level sends x right when ``float32(x) > border`` (float32 borders)."""
+    import json  # noqa: PLC0415
+    import os  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_model(os.path.join(tmp, "m.json"), format="json")
+        with open(os.path.join(tmp, "m.json")) as fh:
+            info = json.load(fh)["features_info"]
+    out = [np.zeros(0) for _ in range(d)]
+    for f in info["float_features"]:
+        b = np.asarray(f["borders"], dtype=np.float64)
+        assert np.all(b == b.astype(np.float32))  # float32 values, compared with float32(x)
+        out[int(f["flat_feature_index"])] = np.unique(b)
+    return out, "f32"
 
 
 def _f32_up(v):
@@ -154,7 +188,7 @@ def exact_distances(model, X, y, mask=None, predict=None):
     X = np.asarray(X, dtype=np.float64)
     n, d = X.shape
     mv = np.ones(d, dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
-    predict = predict or model.predict
+    predict = predict or (lambda Z: np.ravel(model.predict(Z)))  # CatBoost: one column
     thresholds, kind = sk_thresholds(model, d)
     axes = [_axis_cells(T, kind) for T in thresholds]
     out = np.full(n, np.inf)
@@ -209,6 +243,9 @@ def make_model(lib, seed):
         "LightGBM": lambda: lightgbm.LGBMClassifier(n_estimators=6, max_depth=3, num_leaves=8,
                                                     min_child_samples=2, min_data_in_bin=1,
                                                     n_jobs=1, verbose=-1, random_state=seed),
+        "CatBoost": lambda: catboost.CatBoostClassifier(iterations=6, depth=3, thread_count=1,
+                                                        verbose=0, allow_writing_files=False,
+                                                        random_seed=seed),
     }[lib]()
 
 
@@ -244,7 +281,7 @@ def check_against_enumeration(model, X, y, mask=None, max_nodes=20000):
         np.testing.assert_allclose(np.sqrt(found.distances), np.sqrt(exact), rtol=0,
                                    atol=step * X.shape[1])
     ok = np.isfinite(found.points).all(axis=1)
-    assert np.all(model.predict(found.points[ok]) != y[ok])
+    assert np.all(np.ravel(model.predict(found.points[ok])) != y[ok])
     # the search's distance is its point's (a rounded x + t u once undercut the infimum)
     np.testing.assert_allclose(found.distances[ok], np.sum((found.points[ok] - X[ok]) ** 2,
                                                            axis=1), rtol=1e-12, atol=0)
@@ -399,7 +436,8 @@ def test_external_layout_reproduces_the_raw_margins(lib, k):
     raw = trees.raw_margins(model, Z)
     np.testing.assert_allclose(table.scores(Z), raw, rtol=0, atol=1e-5 * (1 + np.abs(raw).max()))
     np.testing.assert_array_equal(np.argmax(table.scores(Z[:200]), axis=1),
-                                  np.searchsorted(model.classes_, model.predict(Z[:200])))
+                                  np.searchsorted(model.classes_,
+                                                  np.ravel(model.predict(Z[:200]))))
 
 
 def test_external_layout_that_disagrees_is_refused(monkeypatch):
@@ -441,7 +479,7 @@ def test_catboost_is_named_and_refused_by_the_bounds():
     X, y = make_data(3, 2, 2, n=30)
     inner = make_model("GradientBoosting", 3).fit(X, y)
 
-    class CatBoostClassifier:  # stands for the real one (not installed here): by class name
+    class CatBoostClassifier:  # named like CatBoost's, without its JSON export: refused
         classes_ = inner.classes_
 
         def predict(self, Z):

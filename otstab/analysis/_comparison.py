@@ -25,6 +25,7 @@ from .._progress import check_progress, progress_bar
 from .._results import FrameResult
 from .._validation import as_sample_weight, check_random_state, check_scalar
 from ..errors import InputTypeError, ValidationError
+from ..modeling._nonlinear import label_column
 from ..modeling._params import check_common
 from ..solve._core import certify
 
@@ -53,7 +54,7 @@ def _take(X, idx):
 def _accuracy(model, X, y) -> float:
     if not hasattr(model, "classes_") or not hasattr(model, "predict"):
         return math.nan
-    return float(np.mean(np.asarray(model.predict(X)) == np.asarray(y)))
+    return float(np.mean(label_column(model.predict(X)) == np.asarray(y)))
 
 
 def _interval(values: np.ndarray, level: float):

@@ -505,9 +505,15 @@ def as_model_input(model, X):
     return X
 
 
+def label_column(pred) -> np.ndarray:
+    """Predicted labels as a vector: CatBoost's multiclass ``predict`` returns one column."""
+    pred = np.asarray(pred)
+    return pred[:, 0] if pred.ndim == 2 and pred.shape[1] == 1 else pred
+
+
 def _encode_predictions(pred, classes, task) -> np.ndarray:
     lookup = {c.item() if hasattr(c, "item") else c: k for k, c in enumerate(classes)}
-    codes = np.array([lookup.get(v, -1) for v in np.asarray(pred).tolist()], dtype=np.intp)
+    codes = np.array([lookup.get(v, -1) for v in label_column(pred).tolist()], dtype=np.intp)
     if task == "binary":
         return np.where(codes == 1, 1.0, -1.0)
     return codes
@@ -632,5 +638,5 @@ def zero_one_loss(model, X, y) -> np.ndarray:
     y = np.asarray(y)
     if y.shape != (X.shape[0],):
         raise ValidationError(f"y must have shape ({X.shape[0]},), got {y.shape}")
-    pred = np.asarray(model.predict(as_model_input(model, X)))
+    pred = label_column(model.predict(as_model_input(model, X)))
     return (pred != y).astype(np.float64)

@@ -128,7 +128,7 @@ def _to_indices(values, classes, name="y") -> np.ndarray:
     lookup = _classes_lookup(classes)
     out = np.empty(len(values), dtype=np.intp)
     bad = []
-    for i, v in enumerate(np.asarray(values).tolist()):
+    for i, v in enumerate(nonlinear.label_column(values).tolist()):
         k = lookup.get(v)
         if k is None:
             bad.append(v)
@@ -777,7 +777,7 @@ def _ensemble_thresholds(model, d: int):
     """
     feats: list[np.ndarray] = []
     thrs: list[np.ndarray] = []
-    if trees.library(model) in ("xgboost", "lightgbm"):
+    if trees.library(model) in ("xgboost", "lightgbm", "catboost"):
         try:
             layout = trees.external_layout(model, d)[0]
         except Exception:  # noqa: BLE001 - not readable: the generic search applies

@@ -91,9 +91,9 @@ def certify(model, X, y, *, loss: str | Loss, r: float, theta1: float = 1.0,
         those paths are exact for it and the loss, else ``"encoded"``; ``res.info
         ["cost_used"]`` (and the summary) says which cost was used and why
         (:func:`otstab.datacost_certify.choose_cost`). For the 0/1 loss of tree classifiers
-        (scikit-learn, XGBoost, LightGBM) under a given DataCost: a certified interval from
-        leaf boxes rewritten in the raw variables (:mod:`otstab.solve._datacost_trees`),
-        exact when every search completes.
+        (scikit-learn, XGBoost, LightGBM, CatBoost) under a given DataCost: a certified
+        interval from leaf boxes rewritten in the raw variables
+        (:mod:`otstab.solve._datacost_trees`), exact when every search completes.
     se : "analytic" (default), "bootstrap", ``otstab.inference.Bootstrap(n_resamples,
         random_state, interval, progress)`` or None
         Sampling uncertainty of R (``res.se``, ``res.ci(level)``,

@@ -33,6 +33,7 @@ from otstab_solvers.weights import chi2_solution, kl_weights
 from ..errors import ValidationError
 from ..modeling import _pipeline as pipeline
 from ..modeling._datacost import ResolvedCost
+from ..modeling._nonlinear import label_column
 from . import _audit as audit
 
 __all__ = ["linear_parts", "flip_problem", "moved_rows", "split_at_kink", "raw_frame",
@@ -52,8 +53,8 @@ def encode(model, frame: pd.DataFrame) -> np.ndarray:
 def predict(model, frame: pd.DataFrame) -> np.ndarray:
     """``model.predict`` on raw rows (a model fitted without column names gets an array)."""
     if getattr(model, "steps", None) or getattr(model, "feature_names_in_", None) is not None:
-        return np.asarray(model.predict(frame))
-    return np.asarray(model.predict(frame.to_numpy(dtype=np.float64)))
+        return label_column(model.predict(frame))
+    return label_column(model.predict(frame.to_numpy(dtype=np.float64)))
 
 
 def linear_parts(model, prob, rc: ResolvedCost, frame: pd.DataFrame) -> dict:

@@ -13,7 +13,7 @@ re-scores Q*'s raw rows with the Pipeline itself and re-prices them with the cos
 
 Supported final estimators: the tree classifiers of :func:`otstab.bounds.leaf_table`
 (scikit-learn decision trees, random forests, extra trees, gradient boosting, histogram
-gradient boosting; XGBoost, LightGBM).
+gradient boosting; XGBoost, LightGBM, CatBoost).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from ..modeling import _trees as trees
-from ..modeling._nonlinear import as_model_input
+from ..modeling._nonlinear import as_model_input, label_column
 from . import _bounds as bounds
 from ._datacost_linear import DataCostView, encode, predict
 from ._datacost_zero_one import _raw_audit
@@ -50,7 +50,7 @@ def final_estimator(model):
 def is_tree_model(model) -> bool:
     """Whether ``model`` (or a Pipeline's last step) is a tree classifier this path reads."""
     final = final_estimator(model)
-    return type(final).__name__ in _SK_TREES or trees.library(final) in ("xgboost", "lightgbm")
+    return type(final).__name__ in _SK_TREES or trees.library(final) is not None
 
 
 def _moved_frame(frame: pd.DataFrame, found) -> pd.DataFrame:
@@ -109,7 +109,7 @@ def certify_datacost_trees(model, prob, rc, frame, *, r, theta1, theta2, diverge
         raw = raw_table(final, rc, frame, enc, Z)
 
         def wrong_fn(Zc, which):
-            pred = np.asarray(final.predict(as_model_input(final, Zc)))
+            pred = label_column(final.predict(as_model_input(final, Zc)))
             return pred != classes[yi[rows[which]]]
 
         def decide_fn(k, moved):
