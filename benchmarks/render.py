@@ -676,7 +676,7 @@ def grid_points(data) -> list[dict]:
     base, points = {}, []
     for b in data.get("benchmarks", []):
         info = b.get("extra_info", {})
-        if info.get("suite") != "grid":
+        if info.get("suite") != "grid" or info.get("role") == "features":
             continue
         if info.get("role") == "baseline":
             base[(info["part"], info["input"], int(info["n"]))] = b["stats"]["min"]
@@ -765,6 +765,15 @@ def section_grid(path=GRID_JSON) -> list[str]:
                 "same benchmark on the code that copied X (hinge, 0/1 and multiclass; "
                 "logistic not rerun), same machine, the same evening (its own timestamp is in "
                 "the file)."]
+    for b in data.get("benchmarks", []):  # feature_stability against one certificate
+        info = b.get("extra_info", {})
+        if info.get("suite") == "grid" and info.get("role") == "features":
+            ratio = b["stats"]["min"] / info["one_certificate"]
+            out += ["", f"`feature_stability` of the logistic model, all {info['features']} "
+                    f"features (r middle ({info['r']:.4g}), kl, theta2 = 0.25, float64): "
+                    f"{b['stats']['min']:.2f} s against {info['one_certificate']:.3f} s for "
+                    f"one certificate in the same test: **{ratio:.1f}x** (target 5x: "
+                    + ("met" if ratio <= 5 else "not met") + ")."]
     out += ["", "| loss | r | price | input | time (ms) | baseline (ms) | ratio | target | "
             "peak memory (n-vectors) | memory target |",
             "|---|---|---|---|---|---|---|---|---|---|"]

@@ -279,6 +279,7 @@ class BlockwiseDual:
         self.h_max = float(h_max)  # l_h finite for 0 <= h < h_max
         self.passes = 0
         self.prefix = self  # solve_dual evaluates an oracle's ``prefix`` by ``reduce``
+        self._alpha: float | None = None  # chi2's alpha at the last evaluation
 
     def run(self, func, *args):
         self.passes += 1
@@ -297,7 +298,9 @@ class BlockwiseDual:
             return sl / N, sd / N, sd2 / N, None, (h, side)
         if divergence == "kl":
             return (*self.kl(h, side, theta2), None, (h, side))
-        term, mu, curv, alpha = self.chi2(h, side, theta2)[:4]
+        # alpha moves little between the search's points: the last one starts the steps
+        term, mu, curv, alpha = self.chi2(h, side, theta2, start=self._alpha)[:4]
+        self._alpha = alpha
         return term, mu, curv, alpha, (h, side)
 
     def kl(self, h, side, theta2):

@@ -24,6 +24,18 @@ Every other sample (the band of two local maxima, slow or unconverged ones) is r
 the robust solve, which compares the local maxima: the result is the global maximiser either
 way, to machine precision.
 
+:func:`two_branch_steps` solves those returned samples first, vectorised: for ``T > 4`` the
+stationary points that are local maxima lie on the two decreasing branches of ``F``, the left
+one ``u < -L`` (``F`` convex there) and the right one ``u > L`` (``F`` concave); Newton's
+method started at ``u = -m`` (where ``F > 0``) and at ``u = T - m`` (where ``F < 0``) stays on
+its branch and converges monotonically to its root (the tangent of a convex decreasing
+function lies below it, that of a concave one above). The two local maxima are compared as
+:func:`otstab_solvers.smooth.logistic_steps` compares them (the far one, the right branch,
+unless the near one is strictly larger). A sample is accepted when both roots converged
+(last step below ``STEP_TOL (1 + |u|)``) and ``|F'|`` at the chosen one is at least
+``SLOPE_MIN``; the others (near a fold of ``F``, where Newton slows down) go to the robust
+bracketed solve.
+
 This module imports neither otstab nor the rest of otstab_solvers.
 """
 
@@ -34,7 +46,7 @@ import math
 import numpy as np
 from scipy.special import expit
 
-__all__ = ["uniform_steps"]
+__all__ = ["uniform_steps", "two_branch_steps"]
 
 #: relative size of the last Newton step for a sample to count as converged
 STEP_TOL = 1e-11
@@ -147,3 +159,70 @@ def uniform_steps(m: np.ndarray, c: float, h: float, start: np.ndarray | None = 
         ok &= ~band
     rest = np.flatnonzero(~ok)
     return u, s, rest
+
+
+#: Newton iterations of :func:`two_branch_steps` on each branch
+BRANCH_ITER = 30
+
+
+def _branch_root(m: np.ndarray, T: float, u: np.ndarray):
+    """Newton on ``T sigmoid(u) - u - m`` from ``u`` (in place), on one monotone branch:
+    ``(u, converged)``; only the unconverged samples are iterated (compacted)."""
+    done = np.zeros(m.size, dtype=bool)
+    ix = np.arange(m.size)
+    ui, mi = u, m
+    for _ in range(BRANCH_ITER):
+        s = expit(ui)
+        fp = T * s * (1.0 - s) - 1.0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            step = (T * s - ui - mi) / fp
+        ui = ui - step
+        fin = np.abs(step) <= STEP_TOL * (1.0 + np.abs(ui))
+        if fin.any():
+            u[ix[fin]] = ui[fin]
+            done[ix[fin]] = True
+            keep = ~fin & np.isfinite(ui)
+            ix, ui, mi = ix[keep], ui[keep], mi[keep]
+        if not ix.size:
+            break
+    return u, done
+
+
+def two_branch_steps(m: np.ndarray, c: float, h: float):
+    """The global maximiser of ``h softplus(t - m) - c t**2`` (one ``c``, finite and > 0;
+    ``h > 0``) for margins that may have two local maxima (module docstring): ``(u, s, ok)``
+    with ``u = t - m``, ``s = sigmoid(u)`` and ``ok`` the accepted samples (the entries of the
+    others are meaningless)."""
+    T = h / (2.0 * c)
+    m = np.asarray(m, dtype=np.float64)
+    if T <= 4.0:  # one decreasing branch
+        u, ok = _branch_root(m, T, T - m)
+    else:
+        # the left branch has a root iff m >= F_m(-L), the right one iff m <= F_m(L); a
+        # sample within 1e-9 of either end goes to the robust solve (a fold: slow Newton)
+        L = 2.0 * math.atanh(math.sqrt(1.0 - 4.0 / T))
+        sl = 1.0 / (1.0 + math.exp(L))  # sigmoid(-L)
+        lo_band, hi_band = T * sl + L, T * (1.0 - sl) - L
+        pad = 1e-9 * (1.0 + abs(lo_band) + abs(hi_band))
+        has_near = m >= lo_band + pad
+        has_far = m <= hi_band - pad
+        ok = has_near | has_far
+        ok &= (np.abs(m - lo_band) > pad) & (np.abs(m - hi_band) > pad)
+        u = np.zeros(m.size)
+        v = np.full(m.size, -np.inf)
+        for has, start in ((has_far, T - m), (has_near, -m)):
+            idx = np.flatnonzero(has)
+            if not idx.size:
+                continue
+            mi = m[idx]
+            ui, conv = _branch_root(mi, T, start[idx])
+            ok[idx[~conv]] = False
+            with np.errstate(over="ignore", invalid="ignore"):
+                vi = h * np.logaddexp(0.0, ui) - c * (ui + mi) ** 2
+            # the far root first; the near one where strictly larger (as logistic_steps)
+            better = vi > v[idx]
+            u[idx[better]], v[idx[better]] = ui[better], vi[better]
+    s = expit(u)
+    ok &= np.abs(T * s * (1.0 - s) - 1.0) >= SLOPE_MIN
+    ok &= (u >= -m) & (u <= T - m) & np.isfinite(u)
+    return u, s, ok

@@ -47,7 +47,7 @@ import time
 import numpy as np
 from scipy.special import expit
 
-from .logistic_uniform import uniform_steps
+from .logistic_uniform import two_branch_steps, uniform_steps
 from .result import FAILED, INACCURATE, OPTIMAL, DualSolution
 
 __all__ = [
@@ -293,14 +293,21 @@ def logistic_dtransform(margins, c, h: float):
     return lh, loss_star, d2, t
 
 
-def _uniform_dtransform(m: np.ndarray, c: float, h: float, start=None, keep=None):
+def _uniform_dtransform(m: np.ndarray, c: float, h: float, start=None, keep=None,
+                        steps_only: bool = False):
     """:func:`logistic_dtransform` for one price ``c`` (finite, > 0) and ``h > 0``: the lean
     Newton solve of :func:`~otstab_solvers.logistic_uniform.uniform_steps` (first iterates
     ``start``, default its own), and :func:`logistic_steps` for the samples it does not
-    accept. ``keep(u)`` receives the roots ``u = t - m`` (a warm start for a later ``h``)."""
+    accept. ``keep(u)`` receives the roots ``u = t - m`` (a warm start for a later ``h``).
+    ``steps_only``: ``(None, None, None, t)``, the steps alone."""
     u, s, rest = uniform_steps(m, c, h, start)
     T = h / (2.0 * c)
     t = s * T
+    if rest.size:  # both branches by Newton first, the robust solve for what is left
+        ub, sb, okb = two_branch_steps(m[rest], c, h)
+        got = rest[okb]
+        u[got], s[got], t[got] = ub[okb], sb[okb], T * sb[okb]
+        rest = rest[~okb]
     if rest.size:
         mr = m[rest]
         tr = logistic_steps(mr, np.broadcast_to(c, (rest.size,)), h)
@@ -309,6 +316,8 @@ def _uniform_dtransform(m: np.ndarray, c: float, h: float, start=None, keep=None
         s[rest] = expit(u[rest])
     if keep is not None:
         keep(u)
+    if steps_only:
+        return None, None, None, t
     loss_star = _softplus(u)
     lh = h * loss_star
     lh -= c * t * t
@@ -385,7 +394,7 @@ class LogisticOracle:
         self.h_max = math.inf
         self._X = self._signs = self._direction = None
         self._cache: tuple | None = None
-        self._warm: dict | None = None  # block (start, stop) -> (h, its roots u, float32)
+        self._warm: dict | None = None  # block (start, stop) -> (h, its roots u)
 
     @classmethod
     def of_scores(cls, scores, signs, direction_norm2, theta1, *,
@@ -394,7 +403,7 @@ class LogisticOracle:
         {-1, +1} (int8 is enough), computed for the rows each evaluation reads: neither array
         is copied and no n-vector of margins is kept (:attr:`margins` builds one). ``warm``:
         :meth:`transform_rows` of a slice of rows starts from the roots of that slice at the
-        last ``h`` when it was within 10% (half an n-vector in all; :meth:`release`)."""
+        last ``h`` when it was within 10% (an n-vector in all; :meth:`release`)."""
         scores = np.asarray(scores)
         if scores.ndim != 1 or np.shape(signs) != scores.shape:
             raise ValueError(f"scores and signs must be vectors of one length, got "
@@ -457,21 +466,39 @@ class LogisticOracle:
             return logistic_dtransform(m, np.broadcast_to(c0, m.shape), h)
         return logistic_dtransform(m, self.c[rows], h)
 
-    def _warm_rows(self, m, c, h, key):
+    def step_rows(self, h: float, rows: slice):
+        """``(None, None, None, step)``: the fourth output of :meth:`transform_rows` alone
+        (for Q*'s build: no loss nor derivatives computed)."""
+        if self.c.strides == (0,) and self._warm is not None:
+            c0 = float(self.c[0])
+            h = _check_h(h)
+            m = self._margins_of(rows)
+            if h > 0.0 and m.size and 0.0 < c0 < math.inf:
+                return self._warm_rows(m, c0, h, (rows.start, rows.stop), steps_only=True)
+        return self.transform_rows(h, rows)
+
+    def _warm_rows(self, m, c, h, key, steps_only: bool = False):
         """The lean solve of a block of rows started from the roots it had at the last ``h``
-        when that was within 10% (kept in float32: a start within some 1e-7 of the root,
-        which one Halley step finishes)."""
+        when that was within 10% (kept in float64: the search's last steps move h by some
+        1e-9 or less, so the start is within about that of the root, and one Halley step
+        finishes it with Newton's error estimate far below an ulp: no confirming step)."""
         assert self._warm is not None
         last = self._warm.get(key)
         start = last[1] if last is not None and abs(h - last[0]) <= 0.1 * h else None
 
         def keep(u):
             assert self._warm is not None
-            self._warm[key] = (h, u.astype(np.float32))
-        return _uniform_dtransform(m, c, h, start, keep)
+            self._warm[key] = (h, u)  # (not written to after this call)
+        return _uniform_dtransform(m, c, h, start, keep, steps_only)
+
+    def may_switch(self, h: float) -> bool:
+        """Whether ``l_h`` may have a switching point at ``h``: only where the inner problem
+        is not concave for some sample, ``h > 8 c_i`` (``T > 4``, :func:`logistic_steps`)."""
+        c = self.c[:1] if self.c.strides == (0,) else self.c
+        return bool(c.size) and h > 8.0 * float(np.min(c))
 
     def release(self) -> None:
-        """Drop the warm starts of :meth:`transform_rows` (half an n-vector)."""
+        """Drop the warm starts of :meth:`transform_rows` (an n-vector)."""
         if self._warm is not None:
             self._warm.clear()
 

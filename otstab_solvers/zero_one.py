@@ -25,7 +25,7 @@ import numpy as np
 
 from .dual import solve_dual
 from .result import FAILED, OPTIMAL, DualSolution
-from .sorted_oracle import SortedTwoPiece
+from .sorted_oracle import SortedTwoPiece, _Keys
 from .weights import chi2_alpha, chi2_dual_term, kl_dual_term
 
 __all__ = ["DistanceOracle", "solve_zero_one", "zero_one_objective"]
@@ -43,7 +43,10 @@ class DistanceOracle:
     def __init__(self, a, *, presorted: bool = False):
         self.a = np.asarray(a, dtype=np.float64)
         self.n = self.a.size
-        self.prefix = SortedTwoPiece(-self.a, "distance", presorted=presorted)
+        # the keys u = -a in the ascending order of -u: a itself when presorted (no copy),
+        # else one sorted copy (not -(-a) through a temporary: one n-vector less at the peak)
+        nu = self.a if presorted else np.sort(self.a)
+        self.prefix = SortedTwoPiece(None, "distance", _sorted=_Keys.of_sorted(nu))
 
     def evaluate(self, h, *, side="right", with_pieces=False):
         a = self.a

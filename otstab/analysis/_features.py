@@ -10,8 +10,10 @@ feature by letting the whole block move (``feature_groups=``; the score is then
 For linear models with a piecewise-linear or 0/1 loss every feature is scored from one pass
 over the data: the reduced form keeps its ``c1`` and only ``c2`` changes
 (``c2_k = a_kj^2 / (4 theta1)``), and for the 0/1 loss ``d*_ij = m_i^2 / beta_j^2`` shares one
-sort of the margins across all features. Smooth losses and nonlinear models run one certify
-per feature.
+sort of the margins across all features. A binary logistic linear model (n >= 2^16, no
+sample weights, moderate prices) shares its margins across features, one or two exact passes
+per feature (:mod:`otstab.analysis._features_logistic`). Other smooth losses and nonlinear
+models run one certify per feature.
 
 A feature whose move cannot change any loss (``ignored``: for linear models all its
 coefficients are zero, or equal across classes for a multiclass model; ``theta1 = inf``
@@ -60,6 +62,7 @@ from ..solve._zero_one import (
     move_prices,
 )
 from ._datacost_features import variable_units
+from ._features_logistic import logistic_feature_scores
 
 __all__ = ["feature_stability", "FeatureStability"]
 
@@ -431,6 +434,7 @@ def feature_stability(model, X, y, *, loss, r, theta1: float = 1.0, theta2: floa
         rw = _reweighting_only(base_losses, r, theta2, divergence)
         results = _nonlinear_results(prob, units, r, theta1, theta2, divergence, solver, show,
                                      bound_opts)
+        # (a binary logistic linear model: the units share its margins, _features_logistic)
         rows = [res.row for res in results]
     elif bound_opts:  # the one-pass scores are exact: no lower bound to budget
         raise ValidationError(f"unknown solver option(s) {sorted(bound_opts)} for the exact "
@@ -573,9 +577,16 @@ def _nonlinear_results(prob, units, r, theta1, theta2, divergence, solver, show=
     out = []
     zero_one = isinstance(prob.loss, ZeroOne)
     loss0 = prob.losses(prob.X) if zero_one and prob.scorer is None else None
+    shared = None
+    if not zero_one and solver in ("auto", "dual") and not options:
+        shared = logistic_feature_scores(prob, units, r, theta1, theta2, divergence, MODERATE)
     log.debug("feature_stability: %d features certified one by one", len(units))
     with progress_bar(len(units), "feature_stability", show) as bar:
-        for _label, cols in units:
+        for i, (_label, cols) in enumerate(units):
+            if shared is not None and shared[i] is not None:
+                out.append(_Scored(shared[i], True, shared[i][0], shared[i][0]))
+                bar.update()
+                continue
             mask = np.zeros(prob.d, dtype=bool)
             mask[cols] = True
             path = certify_zero_one_search if zero_one else certify_smooth

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+from otstab_solvers import logistic_binned
 from otstab_solvers.blockwise import BlockwiseDual, RowsBlock, in_memory, weight_map_blocks
 from otstab_solvers.dual import solve_dual
 from otstab_solvers.first_order import solve_first_order
@@ -68,6 +69,8 @@ SWITCH_STEP = 1e-9
 #: rows per block of the margin / residual path (its dual sums and Q*'s audit): the logistic
 #: d-transform's vectorised Newton keeps some 40 temporaries of a block (8192 rows: 2.6 MB)
 ROWS_BLOCK = 1 << 13
+#: relative half-width of the window of h searched around the binned logistic dual's root
+BINNED_WINDOW = 1e-2
 
 
 def linear_smooth_oracle(W, b, task: str, X, y, *, loss: str, theta1: float, mask=None):
@@ -390,7 +393,10 @@ def _certify_rows(prob, loss, oracle, moves, r, theta1, theta2, divergence, t_st
             sol = solve_squared(dual, r, 1.0 / oracle.h_max, theta2, divergence,
                                 **solver_options)
         else:
-            sol = solve_dual(dual, r, theta2, divergence, **solver_options)
+            sol = _solve_logistic_binned(oracle, dual, n, p, r, theta2, divergence,
+                                         solver_options)
+            if sol is None:
+                sol = solve_dual(dual, r, theta2, divergence, **solver_options)
         blocks.clear()  # (the kept evaluations of chi2)
         if sol.status != OPTIMAL:
             raise audit.Skip(f"dual reported {sol.native_status!r}", sol.status)
@@ -404,6 +410,30 @@ def _certify_rows(prob, loss, oracle, moves, r, theta1, theta2, divergence, t_st
         return cand, exact, 0.0
 
     return audit.first_accepted([("dual", attempt)], solver="dual")
+
+
+def _solve_logistic_binned(oracle, dual, n, p, r, theta2, divergence, solver_options):
+    """The exact dual of a logistic oracle with one price, searched from the root of the dual
+    on binned margins (:mod:`otstab_solvers.logistic_binned`): a window of
+    :data:`BINNED_WINDOW` around it, the exact search's own stopping rule. None where it does
+    not apply (per-sample prices, small n, a caller's ``h_init``) or the root is not in the
+    window (the caller then searches from scratch)."""
+    if not isinstance(oracle, LogisticOracle) or n < logistic_binned.MIN_N \
+            or oracle.c.strides != (0,) or not 0.0 < float(oracle.c[0]) < math.inf \
+            or "h_init" in solver_options:
+        return None
+    h_c = logistic_binned.binned_guess(
+        lambda s, e: oracle._margins_of(slice(s, e)), n, float(oracle.direction_norm2[0]),
+        oracle.theta1, r, theta2, divergence, p=p)
+    if h_c is None:
+        return None
+    window = (h_c * (1.0 - BINNED_WINDOW), h_c * (1.0 + BINNED_WINDOW))
+    sol = solve_dual(dual, r, theta2, divergence, bracket=window, h_init=h_c,
+                     **solver_options)
+    if sol.status != OPTIMAL:
+        return None
+    sol.info["binned_h"] = h_c
+    return sol
 
 
 class _Steps:
@@ -482,11 +512,19 @@ class _RowAtoms:
         loss = self.prob.losses_from_scores(moved, self.prob.y[src])
         return loss, np.einsum("iq,iq->i", st @ self.moves.G, st)
 
+    #: each sample's ``l_h`` while the build holds it (None: recomputed on each read)
+    lh_cache: np.ndarray | None = None
+
+    def l_of(self, loss, d2):
+        """``h loss - theta1 d2``: ``l_h`` from a maximiser's loss and squared move."""
+        return self.h * loss - (0.0 if math.isinf(self.theta1) else self.theta1 * d2)
+
     def l_h(self, src):
         """``l_h`` of the samples ``src`` at h: ``h l(x*) - theta1 ||x* - x||^2`` at their
         maximiser at h."""
-        loss, d2 = self.reduced(src, self.steps.Z[src])
-        return self.h * loss - (0.0 if math.isinf(self.theta1) else self.theta1 * d2)
+        if self.lh_cache is not None:
+            return self.lh_cache[src]
+        return self.l_of(*self.reduced(src, self.steps.Z[src]))
 
     def points(self, src, st):
         """(x, x*) of atoms with source rows ``src`` and steps ``st`` (x* in float64)."""
@@ -519,40 +557,55 @@ def _build_rows(prob, oracle, moves, sol, loss, r, theta1, theta2, divergence, t
     ``h_concave``), which the result's message says."""
     n, p, h = prob.n, prob.p, float(sol.h)
     Z = None
+    step_rows = getattr(oracle, "step_rows", oracle.transform_rows)
     for s in range(0, n, ROWS_BLOCK):
-        rows = np.arange(s, min(s + ROWS_BLOCK, n))
-        zb = moves.steps(oracle.transform_rows(h, rows), rows)
+        rows = slice(s, min(s + ROWS_BLOCK, n))  # (a slice: the oracle's warm starts apply)
+        zb = moves.steps(step_rows(h, rows), rows)
         if Z is None:
             Z = np.empty((n, zb.shape[1]))
-        Z[s:s + rows.size] = zb
+        Z[rows] = zb
+    getattr(oracle, "release", lambda: None)()  # (the warm starts: not read again)
     atoms = _RowAtoms(prob, moves, _Steps(moves.D, Z), h, theta1)
     bounds = list(atoms.steps.blocks())
+    # each sample's l_h (and, where l_h can switch at h, its loss at the maximiser), from the
+    # reduced form once (an n-vector, two with the losses, dropped after the audit): the
+    # weights, the risk and the audit read them
+    may_switch = h > 0 and oracle.switching and \
+        getattr(oracle, "may_switch", lambda _h: True)(h)
+    loss_h, lh = np.empty(n if may_switch else 0), np.empty(n)
+    for s, e in bounds:
+        loss_b, d2 = atoms.reduced(np.arange(s, e), Z[s:e])
+        lh[s:e] = atoms.l_of(loss_b, d2)
+        if may_switch:
+            loss_h[s:e] = loss_b
+    atoms.lh_cache = lh
 
     def lh_block(s, e):
-        return atoms.l_h(np.arange(s, e))
+        return lh[s:e]
 
-    wm = weight_map_blocks(lh_block, n, theta2, divergence, p=p,  # (no n-vector of l_h)
-                           alpha=sol.alpha)
+    wm = weight_map_blocks(lh_block, n, theta2, divergence, p=p, alpha=sol.alpha)
 
     def qw(s, e):  # n P0-mass times weight of the samples s..e
         w = wm(lh_block(s, e))
         return w if p is None else p[s:e] * n * w
 
-    risk = sum(float(qw(s, e) @ atoms.reduced(np.arange(s, e), Z[s:e])[0])
-               for s, e in bounds) / n
     note = ""
-    if h > 0 and oracle.switching and abs(risk - r) > 1e-12 * r:
+    if may_switch and \
+            abs(sum(float(qw(s, e) @ loss_h[s:e]) for s, e in bounds) / n - r) > 1e-12 * r:
         switch = _switch(oracle, atoms, qw, bounds, h, r)
         if switch is not None:
             main, extra, note = switch
             atoms = _RowAtoms(prob, moves, _Steps(moves.D, Z, main=main, extra=extra), h,
                               theta1)
+            atoms.lh_cache = lh  # (l_h of a sample is from its step at h either way)
+    del loss_h
     if not exact:
         note = (f"multinomial cross-entropy above h_concave = {oracle.h_concave:.4g}: l_h is "
                 "the best of several local maxima, so the dual value is not certified; the "
                 "cost of the returned Q* (value_upper) is an upper bound on R, see "
                 "docs/nonlinear.md")
     res = _audit_rows(prob, atoms, wm, theta1, theta2, divergence, float(sol.value))
+    atoms.lh_cache = None
     audit_info = res.pop("audit")
     weights = lambda: wm(atoms.l_h(atoms.steps.source()))  # noqa: E731
     return StabilityResult(
