@@ -5,6 +5,11 @@
 - ``test_toy_mlp_interval`` (quick): ``make_classification`` (1,000 training rows, 300
   evaluation rows, 6 features), ``MLPClassifier(16 relu)``; 0/1 at r = 0.3 and logistic at
   r = base + 0.3, theta = (1, 0.5), KL.
+- ``test_paper_toy_mlp_interval`` (quick): the paper's toy (Sec. 3 and App. C,
+  :func:`otstab.datasets.make_toy`, 100 rows per class to train its two-layer MLP,
+  ``MLPClassifier(16 relu)``, another 100 per class to evaluate); 0/1 at r = 0.3 with
+  theta = (1, 0.25) (App. C) and the cross-entropy at r = 0.5 with the three prices of Sec. 3
+  (1/theta1 + 1/theta2 = 5), KL.
 - ``test_adult_mlp_interval`` (full): the Adult MLP of the issue -- ``load_adult()``, a random
   10,000 rows (``default_rng(0).permutation``) to train ``MLPClassifier((32,), relu,
   random_state=0, max_iter=300)``, the next 500 to evaluate, theta = (1, 0.1), KL; 0/1 at
@@ -49,6 +54,22 @@ def toy():
         X, y = make_classification(1300, 6, n_informative=4, random_state=0)
         _CACHE["toy_mlp"] = (_fit(X[:1000], y[:1000], (16,)), X[1000:], y[1000:])
     return _CACHE["toy_mlp"]
+
+
+def paper_toy():
+    if "paper_toy_mlp" not in _CACHE:
+        from otstab.datasets import make_toy
+
+        Xtr, ytr = make_toy(100, random_state=0)
+        X, y = make_toy(100, random_state=1)
+        from sklearn.exceptions import ConvergenceWarning
+        from sklearn.neural_network import MLPClassifier
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            m = MLPClassifier((16,), random_state=0, max_iter=1000).fit(Xtr, ytr)
+        _CACHE["paper_toy_mlp"] = (m, X, y)
+    return _CACHE["paper_toy_mlp"]
 
 
 def adult():
@@ -103,6 +124,31 @@ def test_toy_mlp_interval(benchmark, loss):
     assert out["status"] == "bounds"
     assert 0 < out["value_lower"] <= out["value_upper"]
     assert out["ratio"] >= (0.9 if loss == "zero_one" else 0.5)
+
+
+@quick
+@pytest.mark.parametrize("loss, r, theta1, theta2", [
+    ("zero_one", 0.3, 1.0, 0.25), ("logistic", 0.5, float("inf"), 0.2),
+    ("logistic", 0.5, 0.2, float("inf")), ("logistic", 0.5, 0.4, 0.4)])
+def test_paper_toy_mlp_interval(benchmark, loss, r, theta1, theta2):
+    import otstab
+
+    m, X, y = paper_toy()
+
+    def go():
+        t0 = time.perf_counter()
+        res = otstab.certify(m, X, y, loss=loss, r=r, theta1=theta1, theta2=theta2,
+                             divergence="kl")
+        return res, time.perf_counter() - t0
+
+    res, wall = benchmark.pedantic(go, rounds=1, iterations=1)
+    ratio = res.value_lower / res.value_upper
+    record(benchmark, loss=loss, r=r, theta1=theta1, theta2=theta2,
+           value_lower=res.value_lower, value_upper=res.value_upper, ratio=ratio, time_s=wall,
+           status=res.status)
+    assert 0 < res.value_lower <= res.value_upper
+    # the issue's targets (0.9 for 0/1, 0.5 for smooth losses), less a margin for other BLAS
+    assert ratio >= (0.85 if loss == "zero_one" else 0.45)
 
 
 @pytest.mark.parametrize("loss", [pytest.param(v, marks=full) for v in ("zero_one", "logistic")])
