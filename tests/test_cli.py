@@ -896,15 +896,18 @@ def _forest_cmd(tmp_path):
 def test_certify_node_budget_is_recorded_and_verified(tmp_path):
     model, X, y = _forest_files(tmp_path)
     base, cmd = _forest_cmd(tmp_path)
+    # rtol=None: the node budget, not rtol, stops the search (the radius key makes the
+    # bound tight within rtol long before 60 boxes on this forest)
     budgeted = otstab.certify(model, X, y, loss="zero_one", r=0.4, theta1=1.0, theta2=0.5,
-                              node_budget=300, max_nodes=50)
+                              node_budget=60, max_nodes=50, rtol=None)
     assert budgeted.info["lower_bound"]["stopped"] == "node_budget"
     assert budgeted.value_lower > 0
-    code, _, stderr = run([*cmd, "--node-budget", "300", "--max-nodes", "50",
+    code, _, stderr = run([*cmd, "--node-budget", "60", "--max-nodes", "50", "--rtol", "none",
                            "--json", tmp_path / "nb.json", "--quiet"])
     assert code == 0, stderr
     cert = json.loads((tmp_path / "nb.json").read_text())
-    assert cert["inputs"]["solver_options"] == {"max_nodes": 50, "node_budget": 300}
+    assert cert["inputs"]["solver_options"] == {"max_nodes": 50, "node_budget": 60,
+                                                "rtol": None}
     assert cert["results"]["value_lower"] == budgeted.value_lower
     code, stdout, stderr = run(["verify", tmp_path / "nb.json", *base])
     assert code == 0, stdout + stderr

@@ -376,11 +376,12 @@ def forest_bounds():
 
     model, X, y, r = _forest()
     t0 = time.perf_counter()
-    # a budget of 5 boxes per sample leaves the search unfinished: a wide interval
+    # one box per sample leaves the search unfinished: an interval with a real gap (the
+    # radius key certifies a positive distance from the root box alone; ratio about 0.83)
     res = otstab.certify(model, X, y, loss="zero_one", r=r, theta1=1.0, theta2=1.0,
-                         max_nodes=5)
+                         max_nodes=1)
     took = time.perf_counter() - t0
-    assert res.status == "bounds" and 0 < res.value_lower < 0.5 * res.value_upper
+    assert res.status == "bounds" and 0 < res.value_lower < 0.95 * res.value_upper
     return model, X, y, r, res, took
 
 
