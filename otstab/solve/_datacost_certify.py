@@ -79,8 +79,10 @@ def choose_cost(cost, model, X, loss, *, features=None, feature_costs=None, solv
     if not (piped and isinstance(X, pd.DataFrame) and _has_encoders(model)):
         return None, "encoded (default)"
     if not _supported(model, loss):
-        return None, ("encoded (default: cost='auto' has no exact path for this model and "
-                      "loss yet)")
+        return None, ("encoded (default: cost='auto' is the default only where it is exact, "
+                      "for linear models; with the 0/1 loss, tree and MLP pipelines take "
+                      "cost='auto' for a certified interval on the data's own variables, "
+                      "where the encoded cost moves one-hot indicators by fractions)")
     raw = set(map(str, X.columns))
     named = [] if features is None else list(np.atleast_1d(np.asarray(features, dtype=object)))
     if feature_costs is not None or any(not isinstance(f, str) or f not in raw
