@@ -70,8 +70,8 @@ from ..modeling._costs import Rescaled
 from ..modeling._nonlinear import MLPModel
 from . import _bounds as bounds
 from . import _crown as crown
-from ._datacost_linear import DataCostView, _level_index, encode, flip_problem, predict
-from ._datacost_trees import _moved_frame, final_estimator
+from ._datacost_linear import _level_index, encode, flip_problem, predict
+from ._datacost_trees import _moved_frame, final_estimator, finish_raw_bounds
 from ._datacost_zero_one import _raw_audit
 from ._zero_one import _solve_and_build, move_prices
 
@@ -667,16 +667,8 @@ def certify_datacost_network(model, prob, rc, frame, *, r, theta1, theta2, diver
         res.value_lower = value_lower if was == "unreachable" else min(value_lower, res.value)
     _raw_audit(res, model, prob, rc, frame, Xs)
     res.info["lower_bound"] = {**info, "dlow": dlow}
-    res.info["cost"] = rc.to_dict()
-    res.info["cost_description"] = rc.describe()
-    if prob.p is not None:
-        res.info["sample_weight"] = prob.p
-    if res.status == "bounds":
-        note = ("distances to misclassification under the DataCost: valid raw rows the "
-                "Pipeline misclassifies give the upper end (value_upper); the network bounds on "
-                "a weighted encoded distance that never exceeds the DataCost prove the lower "
-                "end (value_lower)")
-        res.message = f"{res.message}; {note}" if res.message else note
-    res.info["wall_time"] = time.perf_counter() - t_start
-    assert isinstance(res.info.get("raw_view"), DataCostView)
-    return res
+    return finish_raw_bounds(
+        res, prob, rc, t_start,
+        "distances to misclassification under the DataCost: valid raw rows the Pipeline "
+        "misclassifies give the upper end (value_upper); the network bounds on a weighted "
+        "encoded distance that never exceeds the DataCost prove the lower end (value_lower)")

@@ -152,14 +152,21 @@ def certify_datacost_trees(model, prob, rc, frame, *, r, theta1, theta2, diverge
         method += (f"; the time budget stopped it after {info['node_budget']} boxes: "
                    f"node_budget={info['node_budget']} reproduces it on any machine")
     res.info["lower_bound"] = {**info, "method": method, "dlow": dlow}
+    return finish_raw_bounds(
+        res, prob, rc, t_start,
+        "distances to misclassification under the DataCost: the found rows give the upper end "
+        "(value_upper), the branch and bound over raw boxes proves the lower end (value_lower)")
+
+
+def finish_raw_bounds(res, prob, rc, t_start, note):
+    """The common end of the raw-row 0/1 paths of models without an exact one (trees,
+    networks): the cost and its description, the sample weights, the note of a ``bounds``
+    result (how each end was obtained) and the wall time."""
     res.info["cost"] = rc.to_dict()
     res.info["cost_description"] = rc.describe()
     if prob.p is not None:
         res.info["sample_weight"] = prob.p
     if res.status == "bounds":
-        note = ("distances to misclassification under the DataCost: the found rows give the "
-                "upper end (value_upper), the branch and bound over raw boxes proves the lower "
-                "end (value_lower)")
         res.message = f"{res.message}; {note}" if res.message else note
     res.info["wall_time"] = time.perf_counter() - t_start
     assert isinstance(res.info.get("raw_view"), DataCostView)
