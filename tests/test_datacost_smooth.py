@@ -289,3 +289,18 @@ def test_german_default_cost_is_auto_and_q_star_is_valid():
     # the encoded cost only when asked for (or when the call needs it)
     enc_res = otstab.certify(pipe, X, y, loss="hinge", r=r, feature_costs={"age": 2.0})
     assert enc_res.info["cost_used"].startswith("encoded (default")
+
+
+def test_edges_before_the_dual():
+    """r at or below the base logistic risk: Q* = P0 (status zero, value 0); nothing may move
+    or be reweighted (theta1 = theta2 = inf): a clear error, not a number."""
+    pipe, X, y = _small()
+    cost = DataCost(**SMALL_COST)
+    sign = np.where(np.asarray(y) == pipe.classes_[1], 1.0, -1.0)
+    base = float(np.mean(_softplus(-sign * pipe.decision_function(X))))
+    res = otstab.certify(pipe, X, y, loss="logistic", r=0.5 * base, cost=cost)
+    assert res.status == "zero" and res.value == 0.0
+    assert res.risk_base == pytest.approx(base, rel=1e-12)
+    with pytest.raises(otstab.errors.SolverError, match="nothing can move"):
+        otstab.certify(pipe, X, y, loss="logistic", r=base + 0.1, theta1=math.inf,
+                       theta2=math.inf, cost=cost)

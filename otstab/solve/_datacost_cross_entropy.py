@@ -52,7 +52,7 @@ from ..errors import SolverError
 from ..modeling._losses import SmoothLoss
 from . import _audit as audit
 from ._datacost_linear import flip_problem, moved_rows
-from ._datacost_smooth import Q_TIE, REL_TOL, LogisticOracle, _result
+from ._datacost_smooth import Q_TIE, REL_TOL, LogisticOracle, _result, zero_or_stuck
 
 __all__ = ["MaxOracle", "FiniteOracle", "certify_datacost_cross_entropy", "class_slots"]
 
@@ -148,14 +148,10 @@ def certify_datacost_cross_entropy(model, prob, rc, parts, frame, *, r, theta1, 
     p = prob.p
     loss0 = SmoothLoss("cross_entropy").values(S, y)
     base = float(np.mean(loss0)) if p is None else float(np.dot(p, loss0))
-    if audit.reached(r, base):  # Q* = P0
-        res = _result(model, prob, rc, frame, frame.copy(), rows, np.ones(n), np.ones(n),
-                      loss0, loss0, np.zeros(n), 0.0, 0.0, None, r, theta1, theta2,
-                      divergence, t_start, None, loss_name)
-        audit.mark_edge(res, "zero")
-        return res
-    if not math.isfinite(theta1) and math.isinf(theta2):
-        raise SolverError("theta1 = theta2 = inf: nothing can move, r is unreachable")
+    zero = zero_or_stuck(model, prob, rc, frame, rows, loss0, base, r, theta1, theta2,
+                         divergence, t_start, loss_name)
+    if zero is not None:
+        return zero
     slots = class_slots(y, K)
     shift = math.log(K - 1)
     # log sum_{k != y} e^{d_k} at the data: CE0 + log(1 - e^{-CE0})

@@ -298,14 +298,10 @@ def certify_datacost_logistic(model, prob, rc, parts, frame, *, r, theta1, theta
     p = prob.p
     loss0 = _softplus(z)
     base = float(np.mean(loss0)) if p is None else float(np.dot(p, loss0))
-    if audit.reached(r, base):  # Q* = P0
-        res = _result(model, prob, rc, frame, frame.copy(), rows, np.ones(n), np.ones(n),
-                      loss0, loss0, np.zeros(n), 0.0, 0.0, None, r, theta1, theta2,
-                      divergence, t_start, None, loss_name)
-        audit.mark_edge(res, "zero")
-        return res
-    if not math.isfinite(theta1) and math.isinf(theta2):
-        raise SolverError("theta1 = theta2 = inf: nothing can move, r is unreachable")
+    zero = zero_or_stuck(model, prob, rc, frame, rows, loss0, base, r, theta1, theta2,
+                         divergence, t_start, loss_name)
+    if zero is not None:
+        return zero
     sol = solve_dual(oracle, r, theta2, divergence, p=p)
     if sol.status != OPTIMAL or not math.isfinite(sol.h):
         raise SolverError(f"the logistic dual under the DataCost did not converge "
@@ -331,6 +327,22 @@ def certify_datacost_logistic(model, prob, rc, parts, frame, *, r, theta1, theta
         raise SolverError("the logistic certificate under the DataCost failed its audit on the "
                           "model's own scores of Q*'s raw rows: " + "; ".join(why))
     return res
+
+
+def zero_or_stuck(model, prob, rc, frame, rows, loss0, base, r, theta1, theta2, divergence,
+                  t_start, loss_name):
+    """The edges before the dual: Q* = P0 (status ``zero``) when the base risk already
+    reaches r, an error when nothing can move or be reweighted; None otherwise."""
+    n = prob.n
+    if audit.reached(r, base):  # Q* = P0
+        res = _result(model, prob, rc, frame, frame.copy(), rows, np.ones(n), np.ones(n),
+                      loss0, loss0, np.zeros(n), 0.0, 0.0, None, r, theta1, theta2,
+                      divergence, t_start, None, loss_name)
+        audit.mark_edge(res, "zero")
+        return res
+    if not math.isfinite(theta1) and math.isinf(theta2):
+        raise SolverError("theta1 = theta2 = inf: nothing can move, r is unreachable")
+    return None
 
 
 def _result(model, prob, rc, frame, star, src, mass, wa, loss0, loss_star, moved2, value, h,
