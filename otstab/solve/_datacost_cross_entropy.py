@@ -45,7 +45,7 @@ import math
 import numpy as np
 from otstab_solvers.dual import dual_objective, solve_dual
 from otstab_solvers.result import OPTIMAL
-from otstab_solvers.weights import chi2_solution, kl_weights
+from otstab_solvers.weights import weights_at
 from scipy.optimize import minimize_scalar
 
 from ..errors import SolverError
@@ -239,12 +239,7 @@ def certify_datacost_cross_entropy(model, prob, rc, parts, frame, *, r, theta1, 
     h = float(sol.h)
     lh, cl = fo.pick(h, False, Q_TIE)
     _, cr = fo.pick(h, True, Q_TIE)
-    if math.isinf(theta2):
-        w = np.ones(n)
-    elif divergence == "kl":
-        w = kl_weights(lh, theta2, p)
-    else:
-        w = chi2_solution(lh, theta2, p)[0]
+    w, alpha = weights_at(lh, theta2, divergence, p)  # alpha: chi2's multiplier
     pw = w / n if p is None else w * p
     aL, aR = A[rows, cl], A[rows, cr]
     gain = pw * (aR - aL)
@@ -260,8 +255,7 @@ def certify_datacost_cross_entropy(model, prob, rc, parts, frame, *, r, theta1, 
     X0 = frame.iloc[src].reset_index(drop=True)
     loss_star = _ce(model, star, y[src])
     moved2 = rc.cost(X0, star)
-    alpha = None if divergence == "kl" or math.isinf(theta2) else \
-        chi2_solution(lh, theta2, p)[1]
+    alpha = None if math.isinf(theta2) else alpha
     res = _result(model, prob, rc, frame, star, src, mass, w[src], loss0, loss_star, moved2,
                   float(sol.value), h, alpha, r, theta1, theta2, divergence, t_start, sol,
                   loss_name)

@@ -28,7 +28,7 @@ import math
 
 import numpy as np
 import pandas as pd
-from otstab_solvers.weights import chi2_solution, kl_weights
+from otstab_solvers.weights import weights_at
 
 from ..errors import ValidationError
 from ..modeling import _pipeline as pipeline
@@ -283,12 +283,7 @@ def split_at_kink(frame, rows, layout, left, right, lh, r, p, theta2, divergence
     ``right``: the oracle's answers (values at [1], moves at [3:6]). Returns ``(w, src, mass,
     star, X0)``: per atom its source row, its mass, its raw row, and its source's raw row."""
     n = len(rows)
-    if math.isinf(theta2):
-        w = np.ones(n)
-    elif divergence == "kl":
-        w = kl_weights(lh, theta2, p)
-    else:
-        w = chi2_solution(lh, theta2, p)[0]
+    w = weights_at(lh, theta2, divergence, p)[0]
     pw = w / n if p is None else w * p  # each sample's share of the risk per unit loss
     risk_left = float(np.sum(pw * left[1]))
     gain = pw * (right[1] - left[1])

@@ -71,9 +71,12 @@ from ..modeling._nonlinear import MLPModel
 from . import _bounds as bounds
 from . import _crown as crown
 from ._datacost_linear import _level_index, encode, flip_problem, predict
-from ._datacost_trees import _moved_frame, final_estimator, finish_raw_bounds
-from ._datacost_zero_one import _raw_audit
-from ._zero_one import _solve_and_build, move_prices
+from ._datacost_trees import (
+    _moved_frame,
+    final_estimator,
+    finish_raw_bounds,
+    raw_distances_result,
+)
 
 __all__ = ["certify_datacost_network", "is_network_model", "encoded_weights",
            "found_moves"]
@@ -652,20 +655,12 @@ def certify_datacost_network(model, prob, rc, frame, *, r, theta1, theta2, diver
         info["method"] += (f"; {int(odd.sum())} row(s) whose current category is not among the "
                            "levels keep dlow = 0")
     info["time"] = time.perf_counter() - t0
-    Xs = _moved_frame(frame, moves)
-    a = move_prices(dup, theta1)
     value_lower = bounds.zero_one_lower_value(dlow, loss0, r, theta1, theta2, divergence,
                                               prob.p)
     exact = bool(np.all(dlow[rows] >= dup[rows])) if rows.size else True
-    res = _solve_and_build(a, loss0, r, theta1, theta2, divergence,
-                           "dual" if solver == "dual" else "auto", None, None, None,
-                           lambda Xm, ym: None, list(prob.feature_names), prob.index, t_start,
-                           dup, exact=exact, value_lower=value_lower, p=prob.p)
-    if not exact and res.status in ("unreachable", "optimal"):
-        was = res.status
-        res.status, res.exact, res.value_upper = "bounds", False, res.value
-        res.value_lower = value_lower if was == "unreachable" else min(value_lower, res.value)
-    _raw_audit(res, model, prob, rc, frame, Xs)
+    res = raw_distances_result(model, prob, rc, frame, moves, dup, loss0, r, theta1, theta2,
+                               divergence, solver, t_start, exact=exact,
+                               value_lower=value_lower)
     res.info["lower_bound"] = {**info, "dlow": dlow}
     return finish_raw_bounds(
         res, prob, rc, t_start,

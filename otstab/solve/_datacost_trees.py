@@ -31,7 +31,7 @@ from ._datacost_linear import DataCostView, encode, predict
 from ._datacost_zero_one import _raw_audit
 from ._raw_trees import raw_table, raw_tree_distances
 from ._refine import RTOL, ZeroOneDuals, check_rtol
-from ._zero_one import _solve_and_build, move_prices
+from ._zero_one import _solve_and_build, demote_unproved, move_prices
 
 __all__ = ["certify_datacost_trees", "is_tree_model", "TREE_OPTIONS"]
 
@@ -134,19 +134,11 @@ def certify_datacost_trees(model, prob, rc, frame, *, r, theta1, theta2, diverge
         info = {**info_s, "exact": np.ones(n, dtype=bool)}
         info["exact"][rows] = info_s["exact"]
     exact = bool(np.all(info["exact"]))
-    Xs = _moved_frame(frame, found)
-    a = move_prices(dstar, theta1)
     value_lower = 0.0 if exact else bounds.zero_one_lower_value(
         dlow, loss0, r, theta1, theta2, divergence, prob.p)
-    res = _solve_and_build(a, loss0, r, theta1, theta2, divergence,
-                           "dual" if solver == "dual" else "auto", None, None, None,
-                           lambda Xm, ym: None, list(prob.feature_names), prob.index, t_start,
-                           dstar, exact=exact, value_lower=value_lower, p=prob.p)
-    if not exact and res.status in ("unreachable", "optimal"):
-        was = res.status
-        res.status, res.exact, res.value_upper = "bounds", False, res.value
-        res.value_lower = value_lower if was == "unreachable" else min(value_lower, res.value)
-    _raw_audit(res, model, prob, rc, frame, Xs)
+    res = raw_distances_result(model, prob, rc, frame, found, dstar, loss0, r, theta1, theta2,
+                               divergence, solver, t_start, exact=exact,
+                               value_lower=value_lower)
     method = "branch-and-bound over raw boxes (tree ensemble under a DataCost)"
     if info["stopped"] == "time_budget":
         method += (f"; the time budget stopped it after {info['node_budget']} boxes: "
@@ -156,6 +148,22 @@ def certify_datacost_trees(model, prob, rc, frame, *, r, theta1, theta2, diverge
         res, prob, rc, t_start,
         "distances to misclassification under the DataCost: the found rows give the upper end "
         "(value_upper), the branch and bound over raw boxes proves the lower end (value_lower)")
+
+
+def raw_distances_result(model, prob, rc, frame, moves, dist, loss0, r, theta1, theta2,
+                         divergence, solver, t_start, *, exact, value_lower):
+    """The 0/1 answer from found raw moves (``moves``, their costs ``dist``) of a model without
+    an exact path (trees, networks): the exact dual on these distances, demoted to ``bounds``
+    where they are not proved minimal (:func:`demote_unproved`), Q*'s raw rows re-scored by
+    the model (:func:`_raw_audit`)."""
+    res = _solve_and_build(move_prices(dist, theta1), loss0, r, theta1, theta2, divergence,
+                           "dual" if solver == "dual" else "auto", None, None, None,
+                           lambda Xm, ym: None, list(prob.feature_names), prob.index, t_start,
+                           dist, exact=exact, value_lower=value_lower, p=prob.p)
+    if not exact:
+        demote_unproved(res, value_lower)
+    _raw_audit(res, model, prob, rc, frame, _moved_frame(frame, moves))
+    return res
 
 
 def finish_raw_bounds(res, prob, rc, t_start, note):

@@ -1062,6 +1062,16 @@ def certify_distances(dstar, r, *, theta1=1.0, theta2=0.25, divergence="kl", sol
 SEARCH_OPTIONS = ("n_directions", "n_refine", "max_radius", "seed")
 
 
+def demote_unproved(res, value_lower) -> None:
+    """A result decided from distances a search could not prove minimal is only an upper
+    bound: an ``optimal`` or ``unreachable`` status becomes ``bounds``, with the found value
+    as ``value_upper`` and the certified ``value_lower`` (at most the found value)."""
+    if res.status in ("unreachable", "optimal"):
+        was = res.status
+        res.status, res.exact, res.value_upper = "bounds", False, res.value
+        res.value_lower = value_lower if was == "unreachable" else min(value_lower, res.value)
+
+
 def certify_zero_one_search(prob: Problem, *, r, theta1, theta2, divergence, mask, solver,
                             **solver_options) -> StabilityResult:
     """0/1 loss of a nonlinear classifier: perturbation distances, then the exact 0/1 dual.
@@ -1119,11 +1129,8 @@ def certify_zero_one_search(prob: Problem, *, r, theta1, theta2, divergence, mas
     res.info.update({"perturbation_method": pr.method, "n_predictions": pr.n_predictions})
     if lower_info is not None:
         res.info["lower_bound"] = lower_info
-    if not pr.exact and res.status in ("unreachable", "optimal"):
-        # decided from distances the search could not prove minimal: only an upper bound
-        was = res.status
-        res.status, res.exact, res.value_upper = "bounds", False, res.value
-        res.value_lower = value_lower if was == "unreachable" else min(value_lower, res.value)
+    if not pr.exact:
+        demote_unproved(res, value_lower)
     if not pr.exact and res.status == "bounds":
         how = (f"the lower end is proved by {lower_info['method']} lower bounds on the "
                "distances" if lower_info is not None else
