@@ -23,6 +23,7 @@ import math
 import os
 import time
 import tracemalloc
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -323,3 +324,27 @@ def require_api(*names):
             missing.append(f"{name} ({type(exc).__name__}: {exc})")
     if missing:
         pytest.skip("otstab API not available yet: " + "; ".join(missing))
+
+
+def tree_case(lib, trees, depth, n_eval, seed=0):
+    """(model, Xe, ye): an XGBoost or LightGBM classifier (``trees`` of ``depth``, one thread)
+    fitted on 4,000 rows of ``make_classification`` (20 features, 10 informative) and the
+    next ``n_eval`` rows to evaluate; skipped where the library is absent."""
+    from sklearn.datasets import make_classification
+
+    X, y = make_classification(n_samples=4000 + n_eval, n_features=20, n_informative=10,
+                               random_state=seed)
+    Xt, yt, Xe, ye = X[:4000], y[:4000], X[4000:], y[4000:]
+    if lib == "xgboost":
+        xgb = pytest.importorskip("xgboost")
+        model = xgb.XGBClassifier(n_estimators=trees, max_depth=depth, random_state=seed,
+                                  n_jobs=1)
+    else:
+        lgb = pytest.importorskip("lightgbm")
+        model = lgb.LGBMClassifier(n_estimators=trees, max_depth=depth,
+                                   num_leaves=2 ** depth, random_state=seed, verbose=-1,
+                                   n_jobs=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.fit(Xt, yt)
+    return model, Xe, ye

@@ -14,39 +14,18 @@ from __future__ import annotations
 
 import os
 import time
-import warnings
 
 import numpy as np
 import pytest
+from _benchlib import tree_case
 
 import otstab
 
 FULL = os.environ.get("OTSTAB_BENCH") == "full"
 
 
-def _case(lib, trees, depth, n_eval, seed=0):
-    from sklearn.datasets import make_classification
-
-    X, y = make_classification(n_samples=4000 + n_eval, n_features=20, n_informative=10,
-                               random_state=seed)
-    Xt, yt, Xe, ye = X[:4000], y[:4000], X[4000:], y[4000:]
-    if lib == "xgboost":
-        xgb = pytest.importorskip("xgboost")
-        model = xgb.XGBClassifier(n_estimators=trees, max_depth=depth, random_state=seed,
-                                  n_jobs=1)
-    else:
-        lgb = pytest.importorskip("lightgbm")
-        model = lgb.LGBMClassifier(n_estimators=trees, max_depth=depth,
-                                   num_leaves=2 ** depth, random_state=seed, verbose=-1,
-                                   n_jobs=1)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model.fit(Xt, yt)
-    return model, Xe, ye
-
-
 def _run(lib, trees, depth, n_eval, **options):
-    model, X, y = _case(lib, trees, depth, n_eval)
+    model, X, y = tree_case(lib, trees, depth, n_eval)
     base = float(np.mean(model.predict(X) != y))
     r = base + 0.1
     t0 = time.perf_counter()

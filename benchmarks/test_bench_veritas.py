@@ -34,10 +34,10 @@ import contextlib
 import io
 import os
 import time
-import warnings
 
 import numpy as np
 import pytest
+from _benchlib import tree_case
 
 from otstab import bounds
 from otstab.modeling._perturbation import perturbation_search
@@ -48,23 +48,8 @@ FULL = os.environ.get("OTSTAB_BENCH") == "full"
 
 
 def _case(lib, trees, depth, n_rows, seed=0):
-    from sklearn.datasets import make_classification
-
-    X, y = make_classification(n_samples=4000 + 4 * n_rows, n_features=20, n_informative=10,
-                               random_state=seed)
-    Xt, yt, Xe, ye = X[:4000], y[:4000], X[4000:], y[4000:]
-    if lib == "xgboost":
-        xgb = pytest.importorskip("xgboost")
-        model = xgb.XGBClassifier(n_estimators=trees, max_depth=depth, random_state=seed,
-                                  n_jobs=1)
-    else:
-        lgb = pytest.importorskip("lightgbm")
-        model = lgb.LGBMClassifier(n_estimators=trees, max_depth=depth,
-                                   num_leaves=2 ** depth, random_state=seed, verbose=-1,
-                                   n_jobs=1)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model.fit(Xt, yt)
+    """The first ``n_rows`` correctly classified of 4 ``n_rows`` evaluation rows."""
+    model, Xe, ye = tree_case(lib, trees, depth, 4 * n_rows, seed)
     right = np.flatnonzero(model.predict(Xe) == ye)[:n_rows]
     return model, Xe[right], ye[right]
 
