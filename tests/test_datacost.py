@@ -575,13 +575,8 @@ def _brute_hinge_value(pipe, X, y, rc, r, theta1, theta2, divergence, h_hint):
     s0 = pipe.decision_function(X)
     mp = 1.0 - sign * s0
     cols = {v.name: v for v in rc.variables}
-    combos = list(itertools.product(cols["colour"].levels, cols["shape"].levels,
-                                    cols["size"].levels, range(0, 9)))
-    m, n = len(combos), len(X)
-    X0 = X.iloc[np.repeat(np.arange(n), m)].reset_index(drop=True)
-    F = X0.copy()
-    for k, nm in enumerate(("colour", "shape", "size", "k")):
-        F[nm] = [c[k] for c in combos] * n
+    n = len(X)
+    X0, F, m = _every_level(X, cols, np.arange(n))
     src = np.repeat(np.arange(n), m)
     gain = (-sign[src] * (pipe.decision_function(F) - s0[src])).reshape(n, m)
     cost = rc.cost(X0, F).reshape(n, m)

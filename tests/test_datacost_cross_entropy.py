@@ -3,7 +3,6 @@
 against brute force over every combination of levels scored by the pipeline's own
 predict_proba, the sandwich of the d-transforms at many h, Q* as a valid data set."""
 
-import itertools
 import math
 
 import numpy as np
@@ -11,7 +10,7 @@ import pytest
 from scipy.optimize import minimize_scalar
 from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import Pipeline
-from test_datacost import SMALL_COST, _small
+from test_datacost import SMALL_COST, _every_level, _small
 from test_datacost_smooth import _dual_term
 
 import otstab
@@ -34,13 +33,8 @@ def _enumerate(pipe, X, y, rc, only=None):
     immutable), its cross-entropy from predict_proba and its DataCost (inf: forbidden; also
     where a variable other than ``only`` changes, when given)."""
     cols = {v.name: v for v in rc.variables}
-    combos = list(itertools.product(cols["colour"].levels, cols["shape"].levels,
-                                    cols["size"].levels, range(0, 9)))
-    m, n = len(combos), len(X)
-    X0 = X.iloc[np.repeat(np.arange(n), m)].reset_index(drop=True)
-    F = X0.copy()
-    for k, nm in enumerate(("colour", "shape", "size", "k")):
-        F[nm] = [c[k] for c in combos] * n
+    n = len(X)
+    X0, F, m = _every_level(X, cols, np.arange(n))
     src = np.repeat(np.arange(n), m)
     P = pipe.predict_proba(F)
     ce = -np.log(P[np.arange(len(F)), np.searchsorted(pipe.classes_, y[src])])

@@ -3,7 +3,6 @@ branch-and-bound d-transform against brute force over every combination of level
 the pipeline's own decision_function (the continuous variables moved on a fine grid of their
 total gain, then refined), and the certificates' value and Q* against it."""
 
-import itertools
 import math
 
 import numpy as np
@@ -20,7 +19,7 @@ from scipy.optimize import minimize_scalar
 from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import StandardScaler
-from test_datacost import SMALL_COST, _continuous_option, _small
+from test_datacost import SMALL_COST, _continuous_option, _every_level, _small
 
 import otstab
 from otstab.errors import ValidationError
@@ -38,13 +37,8 @@ def _combos(pipe, X, y, rc):
     sign = np.where(np.asarray(y) == pipe.classes_[1], 1.0, -1.0)
     s0 = pipe.decision_function(X)
     cols = {v.name: v for v in rc.variables}
-    combos = list(itertools.product(cols["colour"].levels, cols["shape"].levels,
-                                    cols["size"].levels, range(0, 9)))
-    m, n = len(combos), len(X)
-    X0 = X.iloc[np.repeat(np.arange(n), m)].reset_index(drop=True)
-    F = X0.copy()
-    for k, nm in enumerate(("colour", "shape", "size", "k")):
-        F[nm] = [c[k] for c in combos] * n
+    n = len(X)
+    X0, F, m = _every_level(X, cols, np.arange(n))
     src = np.repeat(np.arange(n), m)
     gain = (-sign[src] * (pipe.decision_function(F) - s0[src])).reshape(n, m)
     cost = rc.cost(X0, F).reshape(n, m)
