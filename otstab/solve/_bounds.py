@@ -68,6 +68,7 @@ from ..modeling._nonlinear import as_model_input
 from ..modeling._perturbation import f32_above, f32_atmost, f32_edge, tree_boxes
 from . import _crown as crown
 from . import _relu_regions as relu_regions
+from . import _tree_kernel as tree_kernel
 from ._audit import CANCEL_RTOL
 from ._radius_key import radius_key
 from ._refine import check_rtol, refine
@@ -463,7 +464,7 @@ def _progress(done, total, t0, stream=sys.stderr):
 
 def tree_lower_distances(model, X, yi, *, mask=None, upper=None, max_nodes=200,
                          time_budget=None, node_budget=None, progress=False, weights=None,
-                         rtol=None, duals=None, table=None):
+                         rtol=None, duals=None, table=None, compiled=None):
     """Certified lower bounds ``dlow_i <= d*_i`` for a scikit-learn tree-ensemble classifier.
 
     Parameters
@@ -497,6 +498,9 @@ def tree_lower_distances(model, X, yi, *, mask=None, upper=None, max_nodes=200,
         until ``value_lower >= (1 - rtol) value_upper``. None: ``max_nodes`` for every sample.
     table : LeafTable, optional
         The model's :func:`leaf_table` if already read (and checked) for these rows.
+    compiled : bool, optional
+        The compiled, parallel search of :mod:`otstab.solve._tree_kernel` (same bounds as the
+        NumPy search; None: whenever numba is installed).
 
     Returns
     -------
@@ -536,13 +540,32 @@ def tree_lower_distances(model, X, yi, *, mask=None, upper=None, max_nodes=200,
         smp = _Sample(table, X[i], int(yi[i]), mv, upper, predict, weights)
         return (*_branch_and_bound(smp, budget, dl), upper)
 
+    search_many = None
+    if compiled is None:
+        compiled = tree_kernel.available()
+    if compiled:  # the compiled, parallel search (otstab/solve/_tree_kernel.py)
+        kt = tree_kernel.KernelTable(table, mv, weights)
+
+        def search_many(ids, budgets, dl, uppers):
+            low, ex, used, status = tree_kernel.search_batch(kt, X, yi, ids, budgets, uppers)
+            out = []
+            for q, i in enumerate(ids):
+                if status[q] == tree_kernel.FALLBACK:  # a tie only the model's predict
+                    # decides: this sample by the NumPy path, same budget (no deadline, so
+                    # that a node budget reproduces it)
+                    out.append(search(int(i), int(budgets[q]), math.inf, float(uppers[q])))
+                else:
+                    out.append((float(low[q]), bool(ex[q]), int(used[q]), False,
+                                float(uppers[q])))
+            return out
+
     def bar(done):
         if progress and (done % 50 == 0 or done == n):
             _progress(min(done, n), n, t0)
 
     dlow, exact, info = refine(n, search, up.copy(), duals, rtol=check_rtol(rtol),
                                max_nodes=max_nodes, node_budget=node_budget, deadline=deadline,
-                               progress=bar)
+                               progress=bar, search_many=search_many)
     return dlow, {"exact": exact, "time": time.perf_counter() - t0, **info}
 
 

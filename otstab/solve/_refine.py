@@ -78,16 +78,46 @@ class ZeroOneDuals:
         return float(sol.value), h
 
 
+#: boxes per chunk of a batched round: the deadline is checked between chunks
+CHUNK_NODES = 16384
+
+
+def _one_by_one(search):
+    """A batched ``search_many`` from a per-sample ``search``: samples in order until one is
+    stopped by the deadline (the prefix done is returned)."""
+
+    def many(ids, budgets, deadline, uppers):
+        out = []
+        for i, b, u in zip(ids, budgets, uppers):
+            res = search(int(i), int(b), deadline, float(u))
+            out.append(res)
+            if res[3]:
+                break
+        return out
+
+    return many
+
+
 def refine(n, search, up, duals, *, rtol, max_nodes, node_budget=None, deadline=math.inf,
-           skip=None, first=FIRST_NODES, progress=None):
+           skip=None, first=FIRST_NODES, progress=None, search_many=None):
     """Run ``search(i, budget, deadline, upper) -> (low, exact, used, timed_out, up_i)`` over
     the samples in rounds (module doc). ``up``: the found distances (improved in place by the
     searches); ``duals``: a :class:`ZeroOneDuals` (None with ``rtol=None``); ``skip``: samples
     not to search (``dlow = up``, e.g. misclassified ones at 0).
 
+    ``search_many(ids, budgets, deadline, uppers)``: the same for several samples at once (a
+    compiled, parallel search), returning the list of their results in order, possibly only a
+    prefix (it stops after a sample the deadline stopped). A round is run in chunks of about
+    :data:`CHUNK_NODES` boxes with the deadline checked between chunks; the result is the
+    sequential one's: each sample's budget is ``max(1, min(budget, node_budget - total))``
+    with ``total`` the boxes of the samples before it (a chunk that a node budget could cut
+    runs one sample at a time), and once a budget is spent the samples not yet searched get
+    their root box only. So a time-stopped run is reproduced by its ``node_budget``.
+
     Returns ``(dlow, exact, info)``; ``info``: ``nodes``, ``rounds``, ``stopped``
     (``"rtol"``, ``"time_budget"``, ``"node_budget"`` or None), ``node_budget`` (the budget
     that reproduces a time-stopped run)."""
+    many = search_many if search_many is not None else _one_by_one(search)
     up = np.asarray(up, dtype=np.float64)
     dlow = np.zeros(n)
     exact = np.zeros(n, dtype=bool)
@@ -95,47 +125,68 @@ def refine(n, search, up, duals, *, rtol, max_nodes, node_budget=None, deadline=
     if skip is not None:
         dlow[skip] = up[skip]
         exact[skip] = True
-    total = 0
-    stopped, reproduce = None, None
+    st = {"total": 0, "stopped": None, "reproduce": None, "done": 0}
     rounds = 0
-    done = 0
     budget = int(max_nodes) if rtol is None else min(int(first), int(max_nodes))
     todo = np.flatnonzero(~exact & (up > 0))
     exact[(up == 0) & ~exact] = True
     todo = todo[np.argsort(up[todo], kind="stable")]
-    while todo.size:
-        rounds += 1
-        for i in todo:
-            if stopped is not None:
-                b = 1
-            elif node_budget is not None:
-                b = max(1, min(budget, node_budget - total))
-            else:
-                b = budget
-            if stopped is not None and given[i] > 0:
-                continue  # (a budget ran out: keep what earlier rounds proved)
-            low, ex, used, timed_out, up_i = search(int(i), b,
-                                                   deadline if stopped is None else math.inf,
-                                                   float(up[i]))
+
+    def take(ids, budgets, results):
+        """Record the results of the samples ``ids`` (in order); False once a budget ran out
+        (the rest of ``ids`` is then left to the stopped mode)."""
+        for i, b, res in zip(ids, budgets, results):
+            low, ex, used, timed_out, up_i = res
             up[i] = min(up[i], up_i)
             dlow[i] = max(dlow[i], min(low, up[i]))
             exact[i] = exact[i] or ex
             given[i] = b
-            total += used
-            done += 1
-            if stopped is None:
-                if timed_out:
-                    stopped, reproduce = "time_budget", total
-                elif node_budget is not None and total >= node_budget:
-                    stopped, reproduce = "node_budget", node_budget
+            st["total"] += used
+            st["done"] += 1
             if progress is not None:
-                progress(done)
-        if stopped is not None or rtol is None or budget >= max_nodes:
+                progress(st["done"])
+            if st["stopped"] is None:
+                if timed_out:
+                    st["stopped"], st["reproduce"] = "time_budget", st["total"]
+                elif node_budget is not None and st["total"] >= node_budget:
+                    st["stopped"], st["reproduce"] = "node_budget", node_budget
+                if st["stopped"] is not None:
+                    return False
+        return True
+
+    while todo.size:
+        rounds += 1
+        pos = 0
+        while pos < todo.size:
+            if st["stopped"] is not None:
+                # a budget ran out: the samples not yet searched get their root box only
+                rest = todo[pos:]
+                rest = rest[given[rest] == 0]
+                if rest.size:
+                    ones = np.ones(rest.size, dtype=np.int64)
+                    take(rest, ones, many(rest, ones, math.inf, up[rest]))
+                break
+            if time.perf_counter() > deadline and search_many is not None:
+                st["stopped"], st["reproduce"] = "time_budget", st["total"]
+                continue
+            size = max(1, CHUNK_NODES // max(budget, 1))
+            ids = todo[pos:pos + size]
+            if node_budget is not None and \
+                    node_budget - st["total"] < ids.size * (budget + 1):
+                ids = ids[:1]  # the node budget may cut this chunk: one at a time
+                b = max(1, min(budget, node_budget - st["total"]))
+            else:
+                b = budget
+            budgets = np.full(ids.size, b, dtype=np.int64)
+            results = many(ids, budgets, deadline, up[ids])
+            take(ids[:len(results)], budgets, results)
+            pos += len(results)
+        if st["stopped"] is not None or rtol is None or budget >= max_nodes:
             break
         lower, hl = duals(dlow)
         upper, hu = duals(up)
         if math.isfinite(upper) and lower >= (1.0 - rtol) * upper:
-            stopped = "rtol"
+            st["stopped"] = "rtol"
             break
         budget = min(4 * budget, int(max_nodes))
         h = max(hl, hu)
@@ -145,8 +196,8 @@ def refine(n, search, up, duals, *, rtol, max_nodes, node_budget=None, deadline=
         todo = np.flatnonzero(matters & ~exact & (given < budget))
         todo = todo[np.argsort(-(up[todo] - dlow[todo]), kind="stable")]
         if time.perf_counter() > deadline:
-            stopped, reproduce = "time_budget", total
+            st["stopped"], st["reproduce"] = "time_budget", st["total"]
             break
     np.minimum(dlow, up, out=dlow)
-    return dlow, exact, {"nodes": total, "rounds": rounds, "stopped": stopped,
-                         "node_budget": reproduce}
+    return dlow, exact, {"nodes": st["total"], "rounds": rounds, "stopped": st["stopped"],
+                         "node_budget": st["reproduce"]}
