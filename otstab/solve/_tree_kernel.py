@@ -80,47 +80,44 @@ def f32_atmost(v):  # pragma: no cover - compiled
     return np.float64(c)
 
 @_jit
-def radius_key(dist, tree_start, m, T, marg, base, tol, size):  # pragma: no cover
+def radius_key(dist, leaves, MARG, tree_start, m, T, base, tol, size):  # pragma: no cover
     """:func:`otstab.solve._radius_key.radius_key` on ``dist[:m]`` (grouped by tree,
-    groups at ``tree_start[:T]``) and ``marg[:m]``."""
-    K1 = marg.shape[1]
-    order = np.empty(m, dtype=np.int64)
-    for t in range(T):
-        s = tree_start[t]
-        e = tree_start[t + 1] if t + 1 < T else m
-        # stable insertion sort by distance (a tree meets few leaves of a box)
-        for q in range(s, e):
-            v = dist[q]
-            p = q
-            while p > s and dist[order[p - 1]] > v:
-                order[p] = order[p - 1]
-                p -= 1
-            order[p] = q
-    d_s = np.empty(m)
-    run = np.empty((m, K1))
+    groups at ``tree_start[:T]``, each in leaf order) and the margins ``MARG[leaves[:m]]``.
+
+    The same quantities without the per-tree sort: ``key0`` is the largest over trees of the
+    nearest leaf's distance; a tree's running minimum at ``key0`` is the minimum over its
+    leaves within ``key0``; the leaves beyond (the events) are taken in the order of a stable
+    sort by distance of their positions (tree, then leaf order), which is the NumPy order
+    (by distance, then tree, then leaf), and each lowers its tree's running minimum."""
+    K1 = MARG.shape[1]
     key0 = -np.inf
     for t in range(T):
         s = tree_start[t]
         e = tree_start[t + 1] if t + 1 < T else m
+        dmin = np.inf
         for q in range(s, e):
-            d_s[q] = dist[order[q]]
-            for k in range(K1):
-                v = marg[order[q], k]
-                run[q, k] = v if q == s or v < run[q - 1, k] else run[q - 1, k]
-        if d_s[s] > key0:
-            key0 = d_s[s]
+            if dist[q] < dmin:
+                dmin = dist[q]
+        if dmin > key0:
+            key0 = dmin
+    cur = np.empty((T, K1))
     bound0 = np.zeros(K1)
-    inside = np.zeros(m, dtype=np.bool_)
+    n_ev = 0
     for t in range(T):
         s = tree_start[t]
         e = tree_start[t + 1] if t + 1 < T else m
-        last = s
-        for q in range(s, e):
-            if d_s[q] <= key0:
-                inside[q] = True
-                last = q
         for k in range(K1):
-            bound0[k] += run[last, k]
+            v = np.inf
+            for q in range(s, e):
+                if dist[q] <= key0:
+                    u = MARG[leaves[q], k]
+                    if u < v:
+                        v = u
+            cur[t, k] = v
+            bound0[k] += v
+        for q in range(s, e):
+            if not dist[q] <= key0:
+                n_ev += 1
     for k in range(K1):
         bound0[k] = base[k] + bound0[k]
     thr = tol + 8.0 * (m + T + 2) * _EPS * size
@@ -132,33 +129,56 @@ def radius_key(dist, tree_start, m, T, marg, base, tol, size):  # pragma: no cov
         else:
             rho[k] = np.inf
             allfin = False
-    n_ev = m - int(inside.sum())
     if n_ev > 0 and not allfin:
         ev = np.empty(n_ev, dtype=np.int64)
-        c = 0
-        for q in range(m):
-            if not inside[q]:
-                ev[c] = q
-                c += 1
+        evt = np.empty(n_ev, dtype=np.int64)
         dev = np.empty(n_ev)
-        for q in range(n_ev):
-            dev[q] = d_s[ev[q]]
+        c = 0
+        for t in range(T):
+            s = tree_start[t]
+            e = tree_start[t + 1] if t + 1 < T else m
+            for q in range(s, e):
+                if not dist[q] <= key0:
+                    ev[c] = q
+                    evt[c] = t
+                    dev[c] = dist[q]
+                    c += 1
         o = np.argsort(dev, kind="mergesort")
         for k in range(K1):
             if rho[k] < np.inf:
                 continue
+            for t in range(T):
+                cur[t, 0] = np.inf
+            # the running minima again, restricted to the leaves within key0
+            for t in range(T):
+                s = tree_start[t]
+                e = tree_start[t + 1] if t + 1 < T else m
+                v = np.inf
+                for q in range(s, e):
+                    if dist[q] <= key0:
+                        u = MARG[leaves[q], k]
+                        if u < v:
+                            v = u
+                cur[t, 0] = v
             cum = 0.0
             for q in range(n_ev):
                 p = ev[o[q]]
-                cum += run[p, k] - run[p - 1, k]
+                t = evt[o[q]]
+                u = MARG[leaves[p], k]
+                if u < cur[t, 0]:
+                    cum += u - cur[t, 0]
+                    cur[t, 0] = u
+                else:
+                    cum += 0.0
                 if bound0[k] + cum <= thr:
-                    rho[k] = d_s[p]
+                    rho[k] = dev[o[q]]
                     break
     key = np.inf
     for k in range(K1):
         if rho[k] < key:
             key = rho[k]
     return key if key < np.inf else key0
+
 
 @_jit
 def evaluate(LO, HI, A, B, TREE, MARG, base, x, w, upper, tol, size, f32, T,
@@ -192,12 +212,16 @@ def evaluate(LO, HI, A, B, TREE, MARG, base, x, w, upper, tol, size, f32, T,
                 min(B[leaf, j], eb[j]) == min(B[leaf, j], peb[j]):
             s = pdist[q]  # the leaf's closure within the box is the parent's
         else:
+            # (a partial sum of nonnegative terms at or above upper stays there: the leaf
+            # is dropped either way, so the sum stops)
             s = 0.0
             for jj in range(dm):
                 a = max(A[leaf, jj], ea[jj])
                 b = min(B[leaf, jj], eb[jj])
                 g = max(max(a - x[jj], x[jj] - b), 0.0)
                 s += g * g * w[jj]
+                if not s < upper:
+                    break
         if s < upper:
             out[m] = leaf
             dist[m] = s
@@ -242,11 +266,7 @@ def evaluate(LO, HI, A, B, TREE, MARG, base, x, w, upper, tol, size, f32, T,
             wrong = True
     if safe:
         return -1, 0.0, False, False
-    marg = np.empty((m, K1))
-    for q in range(m):
-        for k in range(K1):
-            marg[q, k] = MARG[out[q], k]
-    rk = radius_key(dist, tree_start, m, T, marg, base, tol, size)
+    rk = radius_key(dist, out, MARG, tree_start, m, T, base, tol, size)
     if rk > key:
         key = rk
     single = m == T
