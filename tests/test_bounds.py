@@ -317,30 +317,34 @@ def test_interval_downstream_certificate_verify_report_summary():
     assert "(certified)" in res.summary()
 
 
-def test_time_budget_cut_is_reproduced_by_its_node_budget(monkeypatch):
+def test_time_budget_cut_is_reproduced_by_its_node_budget(monkeypatch, compiled=False,
+                                                          time_budget=40):
     # a fake clock that advances one second per reading stops the search mid-way, at a point
     # that depends on the clock alone; the node_budget it reports reproduces the same bounds
+    # (the NumPy search here; the compiled one: tests/test_tree_kernel.py)
     X, y = _data(n=40, d=4, seed=3)
     model = sk_ens.GradientBoostingClassifier(n_estimators=15, max_depth=3,
                                               random_state=0).fit(X, y)
     up = perturbation_search(model, X, y).distances
-    full, info_full = bounds.tree_lower_distances(model, X, y, upper=up, max_nodes=60)
+    full, info_full = bounds.tree_lower_distances(model, X, y, upper=up, max_nodes=60,
+                                                  compiled=compiled)
     assert info_full["stopped"] is None and info_full["node_budget"] is None
     ticks = itertools.count()
     monkeypatch.setattr(bounds.time, "perf_counter", lambda: float(next(ticks)))
     cut, info = bounds.tree_lower_distances(model, X, y, upper=up, max_nodes=60,
-                                            time_budget=40)
+                                            time_budget=time_budget, compiled=compiled)
     monkeypatch.undo()
     assert info["stopped"] == "time_budget"
     assert 1 < info["node_budget"] < info_full["nodes"]
     again, info2 = bounds.tree_lower_distances(model, X, y, upper=up, max_nodes=60,
-                                               node_budget=info["node_budget"])
+                                               node_budget=info["node_budget"],
+                                               compiled=compiled)
     np.testing.assert_array_equal(again, cut)
     np.testing.assert_array_equal(info2["exact"], info["exact"])
     assert np.all(cut <= full) and np.any(cut < full)  # the cut was real, and sound
     for nb in (1, 10, 100, 10 ** 6):  # more boxes never lower a bound
         dl, _ = bounds.tree_lower_distances(model, X, y, upper=up, max_nodes=60,
-                                            node_budget=nb)
+                                            node_budget=nb, compiled=compiled)
         assert np.all(dl <= full)
         if nb == 10 ** 6:
             np.testing.assert_array_equal(dl, full)

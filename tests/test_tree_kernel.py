@@ -174,3 +174,11 @@ def test_a_time_stopped_chunked_run_is_reproduced_by_its_node_budget(monkeypatch
                             node_budget=cut[2]["node_budget"])
     np.testing.assert_array_equal(seq[0], cut[0])
     assert math.isfinite(float(np.sum(cut[0])))
+
+
+def test_compiled_time_budget_cut_is_reproduced_by_its_node_budget(monkeypatch):
+    from test_bounds import test_time_budget_cut_is_reproduced_by_its_node_budget as check
+
+    # a chunk a sample: the fake clock (a second a reading) is read between chunks
+    monkeypatch.setattr(refine_mod, "CHUNK_NODES", 60)
+    check(monkeypatch, compiled=True, time_budget=20)

@@ -4,7 +4,7 @@
 R depends on a sample's distance only through ``l_h = (h - theta1 d_i)_+``: a sample whose
 certified ``theta1 dlow_i`` is at or above the dual's ``h`` (of the lower and of the upper
 dual) does not enter the value at that h. So the searches run in rounds: every sample first
-gets a few boxes (``first``, in order of its found distance), then, while
+gets its root box (``first``, in order of its found distance), then, while
 ``value_lower < (1 - rtol) value_upper``, the samples that enter either dual
 (``theta1 dlow_i < max(h_lower, h_upper)``) and are not solved get four times the boxes of
 their last round (up to ``max_nodes``), the widest gap ``dup_i - dlow_i`` first. A round
@@ -30,7 +30,7 @@ from ..errors import ValidationError
 __all__ = ["refine", "ZeroOneDuals", "check_rtol", "FIRST_NODES", "RTOL"]
 
 #: boxes per sample in the first round
-FIRST_NODES = 8
+FIRST_NODES = 1
 
 #: the default stopping rule of certify: stop once value_lower >= (1 - RTOL) value_upper
 RTOL = 0.01
@@ -167,7 +167,8 @@ def refine(n, search, up, duals, *, rtol, max_nodes, node_budget=None, deadline=
                     take(rest, ones, many(rest, ones, math.inf, up[rest]))
                 break
             if time.perf_counter() > deadline and search_many is not None:
-                st["stopped"], st["reproduce"] = "time_budget", st["total"]
+                # (before any box: every sample gets its root box, as node_budget=1 gives)
+                st["stopped"], st["reproduce"] = "time_budget", max(st["total"], 1)
                 continue
             size = max(1, CHUNK_NODES // max(budget, 1))
             ids = todo[pos:pos + size]
