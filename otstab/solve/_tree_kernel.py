@@ -418,10 +418,20 @@ def search_one(LO, HI, A, B, TREE, MARG, base, x, w, sqw, upper, tol, size, f32,
                                    -1, out, dist, tree_start, mbuf, bound)
     if m < 0:
         return upper, True, 1, DONE
+    # the root's leaves (every later box's are among them), copied together: the rows a box
+    # reads lie close in memory; local indices keep the leaf order (and so the tree groups)
+    sel = out[:m].copy()
+    LO = LO[sel]
+    HI = HI[sel]
+    A = A[sel]
+    B = B[sel]
+    TREE = TREE[sel]
+    MARG = MARG[sel]
     nb = 0  # boxes pushed (the heap's counter)
     BLO[0], BHI[0], EA[0], EB[0] = blo, bhi, blo, bhi
     KEY[0], SINGLE[0], UNC[0] = key, single, unc
-    pool[:m] = out[:m]
+    for q in range(m):
+        pool[q] = q
     pool_d[:m] = dist[:m]
     OFF[0], LEN[0] = 0, m
     used = m
