@@ -95,6 +95,18 @@ def tree_smooth_model(prob):
     return None
 
 
+def _priced(theta1, d2):
+    """``theta1 d2`` with 0 for no move (also when ``theta1 = inf``)."""
+    d2 = np.asarray(d2, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        return np.where(d2 > 0, theta1 * d2, 0.0)
+
+
+def _key(h, ev):
+    """The largest ``h A_j - B_j`` of a box's lines."""
+    return float(np.max(h * ev[0] - ev[1]))
+
+
 def _ce_bound(M):
     """``log(1 + sum_k exp(-M_k))`` over the last axis (an upper bound of the loss when ``M``
     are lower bounds of the margins), rounded up."""
@@ -140,9 +152,11 @@ class SmoothSearch:
     # -- boxes --------------------------------------------------------------------------------
     def evaluate(self, alive, blo, bhi):
         """``(A, B, alive, single, info, point)`` of the box ``blo < c(x) <= bhi``, or None
-        when no input lies in it. ``A``: an upper bound of the loss over the box; ``B``:
-        ``theta1`` times a lower bound of the distance from x to it; ``single``: one leaf per
-        tree (``A`` is then the loss of every input of the box up to the rounding band);
+        when no input lies in it. ``A``, ``B``: arrays of lines covering the box, ``l(z) <=
+        A_j`` for every input z of the box with ``theta1 c(x, z) >= B_j`` and below the next
+        ``B`` (shells by distance: a point at distance delta lies, in every tree, in a leaf
+        within delta, so its margins are bounded by those leaves alone); ``single``: one leaf
+        per tree (``A`` is then the loss of every input of the box up to the rounding band);
         ``point``: an input of the box near x (movable coordinates) or None."""
         self.nodes += 1
         table = self.table
@@ -161,8 +175,8 @@ class SmoothSearch:
         b = np.minimum(self.b[alive], eb)
         gap = np.maximum(np.maximum(a - self.x, self.x - b), 0.0)
         dist = (gap * gap) @ self.w
-        key = float(np.max(np.minimum.reduceat(dist, starts)))
-        mins = np.minimum.reduceat(self.marg[alive], starts, axis=0)
+        marg = self.marg[alive]
+        mins = np.minimum.reduceat(marg, starts, axis=0)
         bound = self.base + mins.sum(axis=0)
         single = starts.size == alive.size
         if single:
@@ -172,12 +186,43 @@ class SmoothSearch:
                 return None
             ra, rb = table.edges(rlo, rhi)
             rgap = np.maximum(np.maximum(ra - self.x, self.x - rb), 0.0)
-            key = max(key, float((rgap * rgap) @ self.w))
+            key = max(float(np.max(dist)), float((rgap * rgap) @ self.w))
+            A = np.atleast_1d(_ce_bound(bound - self.tol))
+            B = self._price(np.array([key]))
         else:
             point = self.nearest_input(blo, bhi)
-        A = float(_ce_bound(bound - self.tol))
-        B = self._price(key)
+            A, B = self._shells(dist, marg, starts)
         return A, B, alive, single, (mins, starts, lo, hi, bound), point
+
+    def _shells(self, dist, marg, starts):
+        """Lines ``(A_j, B_j)``: with the leaves sorted by distance, ``A_j`` bounds the loss
+        by the leaves up to the j-th (every tree present) and ``B_j`` prices its distance."""
+        m = dist.size
+        group = np.zeros(m, dtype=np.intp)
+        group[starts[1:]] = 1
+        group = np.cumsum(group)
+        idx = np.arange(m)
+        by_tree = np.lexsort((idx, dist, group))  # per tree, by distance (ties: index)
+        v = marg[by_tree]
+        span = 2.0 * float(np.max(np.abs(v))) + 1.0
+        off = span * (group[-1] - group[by_tree]).astype(np.float64)[:, None]
+        run = np.minimum.accumulate(v + off, axis=0) - off  # running minimum per tree
+        first = np.ones(m, dtype=bool)
+        first[1:] = group[by_tree][1:] != group[by_tree][:-1]
+        delta = run.copy()
+        delta[1:] -= np.where(first[1:, None], 0.0, run[:-1])
+        d_leaf = np.empty_like(delta)
+        d_leaf[by_tree] = delta
+        f_leaf = np.empty(m, dtype=bool)
+        f_leaf[by_tree] = first
+        order = np.lexsort((idx, dist))  # all leaves by distance (the same ties)
+        total = self.base + np.cumsum(d_leaf[order], axis=0)
+        present = np.cumsum(f_leaf[order])
+        ds = dist[order]
+        last = np.ones(m, dtype=bool)
+        last[:-1] = ds[1:] > ds[:-1]  # the last of each run of equal distances
+        ok = last & (present == self.n_trees)
+        return _ce_bound(total[ok] - self.tol), self._price(ds[ok])
 
     def nearest_input(self, lo, hi):
         """An input with ``lo < c(z) <= hi`` near x (movable coordinates), or None when the
@@ -196,9 +241,8 @@ class SmoothSearch:
         return np.where(ok, pt, base)
 
     def _price(self, dist):
-        if dist <= 0.0:
-            return 0.0
-        return self.theta1 * dist * (1.0 - B_ROUND)
+        """``theta1`` times squared distances, rounded down (0 stays 0)."""
+        return _priced(self.theta1, dist) * (1.0 - B_ROUND)
 
     def split(self, blo, bhi, alive, info):
         """Split the box on an edge of the most damaging leaf of the most spread tree (the
@@ -246,7 +290,7 @@ class SmoothSearch:
         ev = self.evaluate(np.arange(self.idx.size), *self.root)
         if ev is None:  # pragma: no cover - the root holds x itself
             raise AssertionError("the root box holds no input")
-        heap = [(-(h * ev[0] - ev[1]), 0, self.root, ev)]
+        heap = [(-_key(h, ev), 0, self.root, ev)]
         counter, used = 1, 1
         exact = False
         while heap:
@@ -261,9 +305,10 @@ class SmoothSearch:
                 used += 1
                 cev = self.evaluate(top[2], *child)
                 if cev is not None:
-                    heapq.heappush(heap, (-(h * cev[0] - cev[1]), counter, child, cev))
+                    heapq.heappush(heap, (-_key(h, cev), counter, child, cev))
                     counter += 1
-        lines = np.array([(e[3][0], e[3][1]) for e in heap])
+        lines = np.column_stack([np.concatenate([e[3][0] for e in heap]),
+                                 np.concatenate([e[3][1] for e in heap])])
         top_entries = heapq.nsmallest(TOP_POINTS, heap)
         points = [e[3][5] for e in top_entries if e[3][5] is not None]
         return lines, points, exact
@@ -371,7 +416,7 @@ class _Found:
         Z = np.asarray(Z, dtype=np.float64)
         A = np.asarray(self.prob.losses(Z, self.prob.y[rows]), dtype=np.float64)
         diff = Z - self.prob.X[rows]
-        B = self.theta1 * np.einsum("ij,ij->i", diff, diff)
+        B = _priced(self.theta1, np.einsum("ij,ij->i", diff, diff))
         for i in np.unique(rows):
             at = np.flatnonzero(rows == i)
             Ai = np.concatenate([self.A[i], A[at]])
@@ -424,7 +469,8 @@ def certify_tree_smooth(prob, *, r, theta1, theta2, divergence, mask=None, solve
                            loss=loss)
     searches = [SmoothSearch(table, X[i], int(yi[i]), mv, w[mv], theta1) for i in range(n)]
     # the largest loss a sample can reach: the bound of its root box (every leaf)
-    lmax = np.array([sm.evaluate(np.arange(sm.idx.size), *sm.root)[0] for sm in searches])
+    lmax = np.array([float(np.max(sm.evaluate(np.arange(sm.idx.size), *sm.root)[0]))
+                     for sm in searches])
     top = pmean(lmax, p) if math.isinf(theta2) else float(np.max(lmax[p > 0] if p is not None
                                                                    else lmax))
     if r > top * (1.0 + 1e-12):
