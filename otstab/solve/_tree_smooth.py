@@ -75,6 +75,8 @@ MAX_LINES = 48
 TOP_POINTS = 6
 #: rounds at most (the last ones only while the found points do not reach r)
 MAX_ROUNDS = 10
+#: relative move of h below which a round at the full budget is not repeated
+H_MOVE = 0.02
 #: share of the total weighted gap the refined samples of a round cover
 GAP_SHARE = 0.9
 #: relative rounding allowance of a loss bound A and a distance bound B
@@ -469,8 +471,8 @@ def certify_tree_smooth(prob, *, r, theta1, theta2, divergence, mask=None, solve
                            loss=loss)
     searches = [SmoothSearch(table, X[i], int(yi[i]), mv, w[mv], theta1) for i in range(n)]
     # the largest loss a sample can reach: the bound of its root box (every leaf)
-    lmax = np.array([float(np.max(sm.evaluate(np.arange(sm.idx.size), *sm.root)[0]))
-                     for sm in searches])
+    roots = [sm.evaluate(np.arange(sm.idx.size), *sm.root) for sm in searches]
+    lmax = np.array([float(np.max(ev[0])) for ev in roots])
     top = pmean(lmax, p) if math.isinf(theta2) else float(np.max(lmax[p > 0] if p is not None
                                                                    else lmax))
     if r > top * (1.0 + 1e-12):
@@ -481,12 +483,17 @@ def certify_tree_smooth(prob, *, r, theta1, theta2, divergence, mask=None, solve
                            t_start, loss=loss)
     found = _Found(prob, loss0, theta1)
     deadline = math.inf if time_budget is None else t_start + float(time_budget)
-    h = _initial_h(searches, lmax, loss0)
-    lines: list = [None] * n
+    # the root boxes' lines are a first over-estimate: its dual's h starts the search
+    lines: list = [merged(ev[0], ev[1]) for ev in roots]
+    total = n
+    sol_root = solve_dual(FiniteOracle(*_padded(lines, max(a.size for a, _ in lines))), r,
+                          theta2, divergence, p=p)
+    h = float(sol_root.h) if _ok(sol_root) and sol_root.h > 0 else \
+        _initial_h(searches, lmax, loss0)
     exact = np.zeros(n, dtype=bool)
     budget = min(FIRST_NODES, max_nodes)
     todo = np.arange(n)
-    total, rounds, stopped = 0, 0, None
+    rounds, stopped = 0, None
     sol_u = sol_l = None
     value_lower = 0.0
     log = []
@@ -511,10 +518,6 @@ def certify_tree_smooth(prob, *, r, theta1, theta2, divergence, mask=None, solve
             new_points.append(_to_prob(pts, X[i], mv, s))
         if new_rows:  # one call of the model per round (its predict has a fixed cost)
             found.add(np.concatenate(new_rows), np.concatenate(new_points))
-        if any(v is None for v in lines):  # a budget stopped the first round: root boxes
-            for i in np.flatnonzero([v is None for v in lines]):
-                A0 = np.array([lmax[i]])
-                lines[i] = (A0, np.zeros(1))
         sol_u = solve_dual(found.oracle(), r, theta2, divergence, p=p)
         lower = FiniteOracle(*_padded(lines, max(a.size for a, _ in lines)))
         sol_l = solve_dual(lower, r, theta2, divergence, p=p,
@@ -529,12 +532,15 @@ def certify_tree_smooth(prob, *, r, theta1, theta2, divergence, mask=None, solve
             sys.stderr.flush()
         if stopped or rounds >= MAX_ROUNDS:
             break
-        if _ok(sol_u) and (budget >= max_nodes or (
-                rtol is not None and value_lower >= (1.0 - rtol) * upper)):
+        if _ok(sol_u) and rtol is not None and value_lower >= (1.0 - rtol) * upper:
             break
         # the next round: the upper end's h (or, while r is out of the candidates' reach, a
-        # larger one: higher losses), a larger budget on the samples that carry the gap
-        h = float(sol_u.h) if _ok(sol_u) else 4.0 * h
+        # larger one: higher losses), a larger budget on the samples that carry the gap;
+        # at the full budget only while h still moves
+        h_next = float(sol_u.h) if _ok(sol_u) else 4.0 * h
+        if _ok(sol_u) and budget >= max_nodes and abs(h_next - h) <= H_MOVE * h:
+            break
+        h = h_next
         budget = min(budget * GROWTH, max_nodes)
         todo = _gap_samples(lower, found.oracle(), h, theta2, divergence, p) \
             if _ok(sol_u) and rtol is not None else np.arange(n)
