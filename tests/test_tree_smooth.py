@@ -68,11 +68,13 @@ def library_margins(model, Z):
     return np.column_stack([np.zeros(out.size), out]) if out.ndim == 1 else out
 
 
-def exact_lines(model, X, y, mask=None):
-    """Per sample: (loss of every reachable cell, squared distance to it), enumerated."""
+def exact_lines(model, X, y, mask=None, prices=None):
+    """Per sample: (loss of every reachable cell, priced squared distance to it), enumerated
+    (``prices``: per-feature prices of the squared moves, default 1)."""
     X = np.asarray(X, dtype=np.float64)
     n, d = X.shape
     mv = np.ones(d, dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
+    prices = np.ones(d) if prices is None else np.asarray(prices, dtype=np.float64)
     thresholds, kind = sk_thresholds(model, d)
     axes = [[c for c in _axis_cells(T, kind) if c is not None] for T in thresholds]
     # an input of each cell: its first comparison value (or last, or 0)
@@ -93,7 +95,7 @@ def exact_lines(model, X, y, mask=None):
             cl, ch = lo[j][grid[:, j]], hi[j][grid[:, j]]
             if mv[j]:
                 gap = np.maximum(np.maximum(cl - X[i, j], X[i, j] - ch), 0.0)
-                dist += gap * gap
+                dist += prices[j] * gap * gap
             else:
                 c = float(np.float32(X[i, j])) if kind == "f32" else X[i, j]
                 first = np.array([a[2] for a in axes[j]])[grid[:, j]]
@@ -103,28 +105,36 @@ def exact_lines(model, X, y, mask=None):
     return out
 
 
-def exact_R(lines, r, theta1, theta2, divergence):
+def exact_R(lines, r, theta1, theta2, divergence, p=None):
     """R of the enumerated finite d-transform: the exact dual, and the best of a grid of h
     (each a lower bound by weak duality) as a check on the solver."""
     width = max(a.size for a, _ in lines)
     A = np.zeros((len(lines), width))
     B = np.full((len(lines), width), np.inf)
     for i, (a, dd) in enumerate(lines):
-        A[i, :a.size], B[i, :a.size] = a, theta1 * dd
+        A[i, :a.size] = a
+        B[i, :a.size] = np.where(dd > 0, theta1 * np.where(dd > 0, dd, 1.0), 0.0)
     fo = FiniteOracle(A, B)
-    sol = solve_dual(fo, r, theta2, divergence)
+    sol = solve_dual(fo, r, theta2, divergence, p=p)
     assert sol.status == "optimal" and math.isfinite(sol.value)
     for h in sol.h * np.array([0.5, 0.9, 0.99, 1.01, 1.1, 2.0]):
-        assert dual_objective(fo.evaluate(h)[0], h, r, theta2, divergence) <= \
+        assert dual_objective(fo.evaluate(h)[0], h, r, theta2, divergence, p) <= \
             sol.value * (1 + 1e-9) + 1e-15
     return float(sol.value)
 
 
 def check(model, X, y, *, r_above=0.15, theta1=1.0, theta2=1.0, divergence="kl", mask=None,
-          loss="logistic", **options):
-    res0 = otstab.certify(model, X, y, loss=loss, r=0.0)
-    r = res0.risk_base + r_above
-    lines = exact_lines(model, X, y, mask)
+          loss="logistic", prices=None, sample_weight=None, **options):
+    S0 = library_margins(model, X)
+    yi0 = np.searchsorted(model.classes_, y)
+    loss0 = np.logaddexp.reduce(S0 - S0[np.arange(len(y)), yi0][:, None], axis=1)
+    p = None if sample_weight is None else sample_weight / sample_weight.sum()
+    r = float(np.mean(loss0) if p is None else p @ loss0) + r_above
+    lines = exact_lines(model, X, y, mask, prices)
+    if prices is not None:
+        options["feature_costs"] = list(prices)
+    if sample_weight is not None:
+        options["sample_weight"] = sample_weight
     res = otstab.certify(model, X, y, loss=loss, r=r, theta1=theta1, theta2=theta2,
                          divergence=divergence, features=None if mask is None else
                          list(np.flatnonzero(mask)), **options)
@@ -133,7 +143,7 @@ def check(model, X, y, *, r_above=0.15, theta1=1.0, theta2=1.0, divergence="kl",
             np.mean([a.max() for a, _ in lines])
         assert r > top
         return res, math.inf
-    R = exact_R(lines, r, theta1, theta2, divergence)
+    R = exact_R(lines, r, theta1, theta2, divergence, p)
     assert res.status in ("optimal", "bounds")
     # certified ends; an optimal answer is R within the audit's tolerance (AUDIT_RTOL)
     slack = 2e-6 if res.status == "optimal" else 1e-9
@@ -143,10 +153,15 @@ def check(model, X, y, *, r_above=0.15, theta1=1.0, theta2=1.0, divergence="kl",
     S = library_margins(model, res.X_star)
     yi = np.searchsorted(model.classes_, y)[res.source]
     lossq = np.logaddexp.reduce(S - S[np.arange(len(yi)), yi][:, None], axis=1)
-    mass = res.mass / len(y)
+    mass = res.mass / len(y) if p is None else res.mass * p[res.source]
     assert float(np.sum(mass * res.weights * lossq)) >= r * (1 - 1e-6)
-    move = np.sum((res.X_star - np.asarray(X, dtype=np.float64)[res.source]) ** 2, axis=1)
-    cost = theta1 * float(np.sum(mass * res.weights * move))
+    c = np.ones(X.shape[1]) if prices is None else np.asarray(prices)
+    move = np.sum(c * (res.X_star - np.asarray(X, dtype=np.float64)[res.source]) ** 2, axis=1)
+    if math.isinf(theta1):
+        assert np.all(move == 0)
+        cost = 0.0
+    else:
+        cost = theta1 * float(np.sum(mass * res.weights * move))
     if divergence == "kl" and math.isfinite(theta2):
         w = res.weights
         cost += theta2 * float(np.sum(mass * np.where(w > 0, w * np.log(np.where(w > 0, w, 1)),
@@ -186,6 +201,36 @@ def test_only_moving_and_exact_when_searched_to_the_end():
     res, R = check(model, X, y, theta2=math.inf, max_nodes=4096, rtol=0.0)
     assert res.status == "optimal"
     np.testing.assert_allclose(res.value, R, rtol=1e-6)
+
+
+@pytest.mark.parametrize("lib", ["GradientBoosting", "XGBoost"])
+def test_feature_prices_and_sample_weights_against_enumeration(lib):
+    if lib not in BOOSTED:
+        pytest.skip("not installed")
+    X, y = make_data(7, 2, 2)
+    model = boosted(lib, 7).fit(X, y)
+    check(model, X, y, prices=[4.0, 0.5])
+    sw = np.random.default_rng(7).uniform(0.5, 2.0, len(y))
+    check(model, X, y, sample_weight=sw, theta2=math.inf)
+
+
+def test_only_reweighting_is_exact_and_r_beyond_reach_is_unreachable():
+    X, y = make_data(8, 2, 2)
+    model = boosted("XGBoost" if "XGBoost" in BOOSTED else "GradientBoosting", 8).fit(X, y)
+    res, R = check(model, X, y, theta1=math.inf, r_above=0.05)
+    assert res.status == "optimal"
+    np.testing.assert_allclose(res.value, R, rtol=1e-6)
+    res = otstab.certify(model, X, y, loss="logistic", r=50.0)
+    assert res.status == "unreachable" and "exceeds the largest loss" in res.message
+
+
+def test_node_budget_is_deterministic_and_still_sound():
+    X, y = make_data(9, 2, 2)
+    model = boosted("GradientBoosting", 9, trees=8).fit(X, y)
+    a, R = check(model, X, y, node_budget=40)
+    b = otstab.certify(model, X, y, loss="logistic", r=a.r, theta2=1.0, node_budget=40)
+    assert (a.value_lower, a.value_upper) == (b.value_lower, b.value_upper)
+    assert a.info["lower_bound"]["stopped"] == "node_budget"
 
 
 def test_forests_are_refused_and_exponential_loss_too():

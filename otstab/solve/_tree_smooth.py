@@ -469,10 +469,13 @@ def certify_tree_smooth(prob, *, r, theta1, theta2, divergence, mask=None, solve
     if edge is not None:
         return edge_result(prob, loss0, r, theta1, theta2, divergence, edge, t_start,
                            loss=loss)
-    searches = [SmoothSearch(table, X[i], int(yi[i]), mv, w[mv], theta1) for i in range(n)]
-    # the largest loss a sample can reach: the bound of its root box (every leaf)
-    roots = [sm.evaluate(np.arange(sm.idx.size), *sm.root) for sm in searches]
-    lmax = np.array([float(np.max(ev[0])) for ev in roots])
+    if can_move:
+        searches = [SmoothSearch(table, X[i], int(yi[i]), mv, w[mv], theta1) for i in range(n)]
+        # the largest loss a sample can reach: the bound of its root box (every leaf)
+        roots = [sm.evaluate(np.arange(sm.idx.size), *sm.root) for sm in searches]
+        lmax = np.array([float(np.max(ev[0])) for ev in roots])
+    else:  # only reweighting: l_h = h l(x_i) exactly (the model's own loss), no search
+        searches, roots, lmax = [], [], loss0.copy()
     top = pmean(lmax, p) if math.isinf(theta2) else float(np.max(lmax[p > 0] if p is not None
                                                                    else lmax))
     if r > top * (1.0 + 1e-12):
@@ -484,15 +487,16 @@ def certify_tree_smooth(prob, *, r, theta1, theta2, divergence, mask=None, solve
     found = _Found(prob, loss0, theta1)
     deadline = math.inf if time_budget is None else t_start + float(time_budget)
     # the root boxes' lines are a first over-estimate: its dual's h starts the search
-    lines: list = [merged(ev[0], ev[1]) for ev in roots]
-    total = n
+    lines: list = [merged(ev[0], ev[1]) for ev in roots] if can_move else \
+        [(loss0[i:i + 1].copy(), np.zeros(1)) for i in range(n)]
+    total = len(roots)
     sol_root = solve_dual(FiniteOracle(*_padded(lines, max(a.size for a, _ in lines))), r,
                           theta2, divergence, p=p)
-    h = float(sol_root.h) if _ok(sol_root) and sol_root.h > 0 else \
+    h = float(sol_root.h) if _ok(sol_root) and sol_root.h > 0 or not can_move else \
         _initial_h(searches, lmax, loss0)
-    exact = np.zeros(n, dtype=bool)
+    exact = np.full(n, not can_move)
     budget = min(FIRST_NODES, max_nodes)
-    todo = np.arange(n)
+    todo = np.arange(n) if can_move else np.zeros(0, dtype=np.intp)
     rounds, stopped = 0, None
     sol_u = sol_l = None
     value_lower = 0.0
@@ -530,7 +534,7 @@ def certify_tree_smooth(prob, *, r, theta1, theta2, divergence, mask=None, solve
             sys.stderr.write(f"  tree interval: round {rounds} [{value_lower:.6g}, "
                              f"{upper:.6g}] {total} boxes {time.perf_counter() - t_start:.1f}s\n")
             sys.stderr.flush()
-        if stopped or rounds >= MAX_ROUNDS:
+        if stopped or rounds >= MAX_ROUNDS or not can_move:
             break
         if _ok(sol_u) and rtol is not None and value_lower >= (1.0 - rtol) * upper:
             break
