@@ -29,6 +29,16 @@ E = pytest.importorskip("sklearn.ensemble")
 BOOSTED = ("GradientBoosting", "HistGradientBoosting") + EXTERNAL
 
 
+@pytest.fixture(autouse=True)
+def _one_openmp_thread():
+    """Histogram gradient boosting predicts with OpenMP threads, whose start-up dominates
+    these small calls on a busy machine: one thread keeps the tests fast."""
+    from threadpoolctl import threadpool_limits  # noqa: PLC0415
+
+    with threadpool_limits(limits=1, user_api="openmp"):
+        yield
+
+
 def boosted(lib, seed, trees=6):
     if lib == "GradientBoosting":
         return E.GradientBoostingClassifier(n_estimators=trees, max_depth=2, random_state=seed)
@@ -254,3 +264,34 @@ def test_envelope_keeps_the_maximum_for_every_h():
             full = np.max(h * A - B)
             assert np.max(h * A[keep] - B[keep]) == pytest.approx(full, abs=1e-12)
             assert np.max(h * A2 - B2) >= full - 1e-12
+
+
+def test_shells_against_a_plain_loop_over_distances():
+    """Each shell's line against the bound written out: for every distance d at which every
+    tree has a leaf within d, base + the sum over trees of the smallest margin among its leaves
+    within d (3 classes, all leaves of the root box)."""
+    from otstab.solve._bounds import leaf_table  # noqa: PLC0415
+    from otstab.solve._tree_smooth import SmoothSearch, _ce_bound  # noqa: PLC0415
+
+    X, y = make_data(1, 2, 3, n=30)
+    model = boosted("GradientBoosting", 1, trees=5).fit(X, y)
+    table = leaf_table(model, 2, X)
+    for i in range(0, 30, 7):
+        sm = SmoothSearch(table, X[i], int(y[i]), np.ones(2, bool), np.ones(2), 1.0)
+        gap = np.maximum(np.maximum(sm.a - sm.x, sm.x - sm.b), 0.0)
+        dist = (gap * gap).sum(axis=1)
+        starts = np.flatnonzero(np.r_[True, sm.tree[1:] != sm.tree[:-1]])
+        A, B = sm._shells(dist, sm.marg, starts)
+        ref = []
+        for d in np.unique(dist):
+            inside = dist <= d
+            if len(np.unique(sm.tree[inside])) < sm.n_trees:
+                continue
+            tot = sm.base + sum(sm.marg[inside & (sm.tree == t)].min(axis=0)
+                                for t in np.unique(sm.tree))
+            ref.append((float(_ce_bound(tot - sm.tol)), d))
+        ref = np.array(ref)
+        assert len(A) == len(ref)
+        assert np.all(A >= ref[:, 0]) and np.all(B <= ref[:, 1])
+        np.testing.assert_allclose(A, ref[:, 0], rtol=1e-12)
+        np.testing.assert_allclose(B, ref[:, 1], rtol=1e-11)

@@ -206,9 +206,15 @@ class SmoothSearch:
         idx = np.arange(m)
         by_tree = np.lexsort((idx, dist, group))  # per tree, by distance (ties: index)
         v = marg[by_tree]
-        span = 2.0 * float(np.max(np.abs(v))) + 1.0
-        off = span * (group[-1] - group[by_tree]).astype(np.float64)[:, None]
-        run = np.minimum.accumulate(v + off, axis=0) - off  # running minimum per tree
+        # the running minimum per tree, exactly: on the ranks of the values (integers, exact
+        # in float64), each tree's ranks lifted above all later trees' so that the minimum
+        # restarts at every tree, then mapped back to the values themselves
+        srt = np.argsort(v, axis=0, kind="stable")
+        rank = np.empty(v.shape, dtype=np.float64)
+        np.put_along_axis(rank, srt, np.arange(m, dtype=np.float64)[:, None], axis=0)
+        off = float(m) * (group[-1] - group[by_tree]).astype(np.float64)[:, None]
+        run_rank = (np.minimum.accumulate(rank + off, axis=0) - off).astype(np.intp)
+        run = np.take_along_axis(np.take_along_axis(v, srt, axis=0), run_rank, axis=0)
         first = np.ones(m, dtype=bool)
         first[1:] = group[by_tree][1:] != group[by_tree][:-1]
         delta = run.copy()
@@ -224,7 +230,10 @@ class SmoothSearch:
         last = np.ones(m, dtype=bool)
         last[:-1] = ds[1:] > ds[:-1]  # the last of each run of equal distances
         ok = last & (present == self.n_trees)
-        return _ce_bound(total[ok] - self.tol), self._price(ds[ok])
+        # the rounding of the cumulative sums (m terms) on top of the sums' band
+        tol = self.tol + (m + 2) * np.finfo(np.float64).eps * (
+            np.abs(self.base) + np.abs(d_leaf).sum(axis=0))
+        return _ce_bound(total[ok] - tol), self._price(ds[ok])
 
     def nearest_input(self, lo, hi):
         """An input with ``lo < c(z) <= hi`` near x (movable coordinates), or None when the
