@@ -295,3 +295,20 @@ def test_shells_against_a_plain_loop_over_distances():
         assert np.all(A >= ref[:, 0]) and np.all(B <= ref[:, 1])
         np.testing.assert_allclose(A, ref[:, 0], rtol=1e-12)
         np.testing.assert_allclose(B, ref[:, 1], rtol=1e-11)
+
+
+def test_feature_stability_of_a_boosted_model():
+    """feature_stability takes the logistic loss of boosted trees (one certificate per
+    feature, the tree path); a feature no tree splits on (constant in training) is ignored."""
+    X, y = make_data(10, 2, 2, n=30)
+    X = np.column_stack([X, np.zeros(len(y))])
+    model = boosted("GradientBoosting", 10).fit(X, y)
+    r = otstab.certify(model, X, y, loss="logistic", r=0.0).risk_base + 0.1
+    fs = otstab.feature_stability(model, X, y, loss="logistic", r=r).to_frame()
+    used = {int(f) for est in np.ravel(model.estimators_) for f in est.tree_.feature if f >= 0}
+    ignored = dict(zip(fs["feature"], fs["ignored"]))
+    assert 2 not in used and 0 in used
+    assert all(bool(ignored[f"x{j}"]) == (j not in used) for j in range(3))
+    one = otstab.certify(model, X, y, loss="logistic", r=r, features=[0])
+    score = dict(zip(fs["feature"], fs["score"]))["x0"]
+    assert one.value_lower <= score * (1 + 1e-9) and score <= one.value_upper * (1 + 1e-9)

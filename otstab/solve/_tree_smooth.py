@@ -62,7 +62,8 @@ from ._piecewise import edge_kind, edge_result
 from ._refine import check_rtol
 from ._results import StabilityResult
 
-__all__ = ["tree_smooth_model", "certify_tree_smooth", "SmoothSearch", "MAX_NODES"]
+__all__ = ["tree_smooth_model", "certify_tree_smooth", "unused_features", "SmoothSearch",
+           "MAX_NODES"]
 
 #: boxes per sample (all rounds' last run) by default
 MAX_NODES = 256
@@ -107,6 +108,15 @@ def _priced(theta1, d2):
 def _key(h, ev):
     """The largest ``h A_j - B_j`` of a box's lines."""
     return float(np.max(h * ev[0] - ev[1]))
+
+
+def unused_features(prob) -> np.ndarray:
+    """Boolean (d,): the features no tree of the boosted ensemble of ``prob`` splits on
+    (moving them changes no margin)."""
+    adapter, s = tree_smooth_model(prob)
+    X = prob.X if s is None else prob.nonlinear.back(prob.X)
+    table = leaf_table(adapter.model, prob.d, np.asarray(X, dtype=np.float64))
+    return ~(np.isfinite(table.lo).any(axis=0) | np.isfinite(table.hi).any(axis=0))
 
 
 def _ce_bound(M):
