@@ -312,3 +312,19 @@ def test_feature_stability_of_a_boosted_model():
     one = otstab.certify(model, X, y, loss="logistic", r=r, features=[0])
     score = dict(zip(fs["feature"], fs["score"]))["x0"]
     assert one.value_lower <= score * (1 + 1e-9) and score <= one.value_upper * (1 + 1e-9)
+
+
+def test_a_time_budget_is_reproduced_by_the_node_budget_it_reports():
+    X, y = make_data(11, 2, 2, n=30)
+    model = boosted("GradientBoosting", 11, trees=12).fit(X, y)
+    r = otstab.certify(model, X, y, loss="logistic", r=0.0).risk_base + 0.15
+    for budget in (0.0, 0.05):
+        a = otstab.certify(model, X, y, loss="logistic", r=r, time_budget=budget)
+        info = a.info["lower_bound"]
+        if info["stopped"] is None:
+            continue
+        assert info["stopped"] == "time_budget" and info["node_budget"] == info["nodes"]
+        b = otstab.certify(model, X, y, loss="logistic", r=r, node_budget=info["node_budget"])
+        assert b.info["lower_bound"]["nodes"] == info["nodes"]
+        assert (a.value_lower, a.value_upper) == (b.value_lower, b.value_upper)
+        assert "node_budget=" in a.message

@@ -301,8 +301,10 @@ class SmoothSearch:
         lo2[j] = s
         return (lo1, hi1), (lo2, hi2)
 
-    def run(self, h: float, budget: int, deadline: float = math.inf):
-        """Best-first search at ``h`` from the root box for at most ``budget`` boxes.
+    def run(self, h: float, budget: int, deadline: float = math.inf, limit: float = math.inf):
+        """Best-first search at ``h`` from the root box for at most ``budget`` boxes (and at
+        most ``limit`` boxes, or until ``deadline``: the same stopping point for a deadline
+        and for ``limit`` = the boxes it had examined, the checks coming in the same order).
 
         Returns ``(lines, points, exact)``: ``lines`` (m, 2) the ``(A, B)`` of boxes covering
         the input space (``l_h <= max (h A - B)`` for every h), ``points`` the inputs (movable
@@ -319,7 +321,7 @@ class SmoothSearch:
             if top[3]:
                 exact = True
                 break
-            if used >= budget or time.perf_counter() > deadline:
+            if used >= budget or used >= limit or time.perf_counter() > deadline:
                 break
             heapq.heappop(heap)
             for child in self.split(*box, top[2], top[4]):
@@ -525,6 +527,8 @@ def certify_tree_smooth(prob, *, r, theta1, theta2, divergence, mask=None, solve
         new_rows: list = []
         new_points: list = []
         for i in todo:
+            # (the stops are checked before and after each sample's search, and inside it:
+            # a time budget stops where node_budget = the boxes examined stops again)
             if node_budget is not None and total >= node_budget:
                 stopped = "node_budget"
                 break
@@ -533,12 +537,19 @@ def certify_tree_smooth(prob, *, r, theta1, theta2, divergence, mask=None, solve
                 break
             sm = searches[i]
             sm.nodes = 0
-            L, pts, ex = sm.run(h, budget, deadline)
+            L, pts, ex = sm.run(h, budget, deadline,
+                                math.inf if node_budget is None else node_budget - total)
             total += sm.nodes
             A, B = merged(L[:, 0], L[:, 1])
             lines[i], exact[i] = (A, B), ex
             new_rows.append(np.full(len(pts), i))
             new_points.append(_to_prob(pts, X[i], mv, s))
+            if node_budget is not None and total >= node_budget:
+                stopped = "node_budget"
+                break
+            if time.perf_counter() > deadline:
+                stopped = "time_budget"
+                break
         if new_rows:  # one call of the model per round (its predict has a fixed cost)
             found.add(np.concatenate(new_rows), np.concatenate(new_points))
         sol_u = solve_dual(found.oracle(), r, theta2, divergence, p=p)
@@ -573,7 +584,9 @@ def certify_tree_smooth(prob, *, r, theta1, theta2, divergence, mask=None, solve
         raise SolverError(
             f"the logistic / cross-entropy certificate of the tree ensemble found no points "
             f"that reach r = {r:g} ({sol_u.native_status}); the certified lower end is "
-            f"{value_lower:.6g}: raise max_nodes, or lower r")
+            f"{value_lower:.6g}"
+            + (f"; the {stopped.replace('_', ' ')} stopped the search after {total} boxes"
+               if stopped else "") + ": raise max_nodes or the budget, or lower r")
     res = _build(prob, found, sol_u, loss, loss0, r, theta1, theta2, divergence, t_start)
     why = audit.accept(res)
     if why:
@@ -588,6 +601,8 @@ def certify_tree_smooth(prob, *, r, theta1, theta2, divergence, mask=None, solve
                       "margins), exact dual of the finite over-estimate of l_h",
             "value": value_lower, "h": float(sol_l.h) if _ok(sol_l) else None,
             "nodes": int(total), "rounds": rounds, "stopped": stopped,
+            # node_budget = this reproduces the interval on any machine (None: nothing cut)
+            "node_budget": int(total) if stopped else None,
             "exact": exact.copy(), "log": log}
     res.info["lower_bound"] = info
     res.info["candidates"] = int(sum(a.size for a in found.A))
@@ -606,7 +621,8 @@ def certify_tree_smooth(prob, *, r, theta1, theta2, divergence, mask=None, solve
             "end (value_upper), the exact dual of an over-estimate of l_h from leaf boxes the "
             "certified lower end (value_lower)")
     if stopped:
-        note += f"; the {stopped} stopped the search after {total} boxes"
+        note += (f"; the {stopped.replace('_', ' ')} stopped the search after {total} boxes "
+                 f"(node_budget={total} reproduces it on any machine)")
     res.message = f"{res.message}; {note}" if res.message else note
     return res
 
