@@ -556,7 +556,9 @@ def certify_tree_smooth(prob, *, r, theta1, theta2, divergence, mask=None, solve
         lower = FiniteOracle(*_padded(lines, max(a.size for a, _ in lines)))
         sol_l = solve_dual(lower, r, theta2, divergence, p=p,
                            h_init=sol_u.h if _ok(sol_u) else None)
-        value_lower = _lower_value(lower, sol_l, sol_u, r, theta2, divergence, p)
+        # every round's over-estimate is a proof of its own: the best one stands
+        value_lower = max(value_lower, _lower_value(lower, sol_l, sol_u, r, theta2,
+                                                    divergence, p))
         upper = float(sol_u.value) if _ok(sol_u) else math.inf
         log.append({"round": rounds, "nodes": int(total), "h": h, "lower": value_lower,
                     "upper": upper})
