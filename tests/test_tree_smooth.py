@@ -328,3 +328,24 @@ def test_a_time_budget_is_reproduced_by_the_node_budget_it_reports():
         assert b.info["lower_bound"]["nodes"] == info["nodes"]
         assert (a.value_lower, a.value_upper) == (b.value_lower, b.value_upper)
         assert "node_budget=" in a.message
+
+
+@pytest.mark.slow
+def test_campaign_against_enumeration():
+    """Seeds x libraries x prices x thresholds, binary and 3-class: the interval always holds
+    the enumerated R (rounded data every third seed: ties with the thresholds)."""
+    cases = 0
+    for seed in range(12):
+        lib = BOOSTED[seed % len(BOOSTED)]
+        k = 2 if seed % 2 == 0 else 3
+        X, y = make_data(100 + seed, 2, k, n=20)
+        if len(np.unique(y)) < k:
+            continue
+        model = boosted(lib, seed, trees=4 + seed % 5).fit(X, y)
+        loss = "logistic" if k == 2 else "cross_entropy"
+        for theta1, theta2, div, r_above in ((1.0, 0.25, "kl", 0.05), (3.0, 1.0, "chi2", 0.3),
+                                             (0.5, math.inf, "kl", 0.1)):
+            check(model, X, y, loss=loss, theta1=theta1, theta2=theta2, divergence=div,
+                  r_above=r_above, max_nodes=64)
+            cases += 1
+    assert cases >= 24
