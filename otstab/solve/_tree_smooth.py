@@ -202,7 +202,7 @@ class SmoothSearch:
             A = np.atleast_1d(_ce_bound(bound - self.tol))
             B = self._price(np.array([key]))
         else:
-            point = self.nearest_input(blo, bhi)
+            point = None  # (the input nearest x, for the top boxes only: run())
             A, B = self._shells(dist, marg, starts)
         return A, B, alive, single, (mins, starts, lo, hi, bound), point
 
@@ -333,7 +333,11 @@ class SmoothSearch:
         lines = np.column_stack([np.concatenate([e[3][0] for e in heap]),
                                  np.concatenate([e[3][1] for e in heap])])
         top_entries = heapq.nsmallest(TOP_POINTS, heap)
-        points = [e[3][5] for e in top_entries if e[3][5] is not None]
+        points = []
+        for e in top_entries:
+            pt = e[3][5] if e[3][3] else self.nearest_input(*e[2])
+            if pt is not None:
+                points.append(pt)
         return lines, points, exact
 
 
@@ -353,8 +357,10 @@ def envelope(A, B, limit=MAX_LINES):
     # at h = 0 the line with the smallest B (ties: the largest A) is on top; any line with a
     # smaller A is below it for every h >= 0
     order = fin[np.lexsort((-A[fin], B[fin]))]
-    first = order[0]
-    keep = fin[(A[fin] > A[first]) | (fin == first)]
+    # the Pareto front first (a line with a larger B and no larger A is below one before it)
+    a_sorted = A[order]
+    best_before = np.maximum.accumulate(np.r_[-np.inf, a_sorted[:-1]])
+    keep = order[a_sorted > best_before]
     # sort by slope, ties: smallest B only
     keep = keep[np.lexsort((B[keep], A[keep]))]
     hull: list[int] = []
