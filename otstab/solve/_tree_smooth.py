@@ -158,21 +158,25 @@ class SmoothSearch:
             table.tol
         d_mv = self.x.size
         self._cut_order = (np.repeat(np.arange(d_mv), 2), np.tile([True, False], d_mv))
-        self.root = (np.full(d_mv, -np.inf), np.full(d_mv, np.inf))
+        # the root box and its edges (blo, bhi, ea, eb)
+        self.root = (np.full(d_mv, -np.inf), np.full(d_mv, np.inf), np.full(d_mv, -np.inf),
+                     np.full(d_mv, np.inf))
         self.nodes = 0
 
     # -- boxes --------------------------------------------------------------------------------
-    def evaluate(self, alive, blo, bhi):
+    def evaluate(self, alive, blo, bhi, ea=None, eb=None):
         """``(A, B, alive, single, info, point)`` of the box ``blo < c(x) <= bhi``, or None
         when no input lies in it. ``A``, ``B``: arrays of lines covering the box, ``l(z) <=
         A_j`` for every input z of the box with ``theta1 c(x, z) >= B_j`` and below the next
         ``B`` (shells by distance: a point at distance delta lies, in every tree, in a leaf
         within delta, so its margins are bounded by those leaves alone); ``single``: one leaf
         per tree (``A`` is then the loss of every input of the box up to the rounding band);
-        ``point``: an input of the box near x (movable coordinates) or None."""
+        ``point``: an input of a one-leaf-per-tree box near x (movable coordinates).
+        ``ea``, ``eb``: the box's :meth:`LeafTable.edges` when known."""
         self.nodes += 1
         table = self.table
-        ea, eb = table.edges(blo, bhi)
+        if ea is None:
+            ea, eb = table.edges(blo, bhi)
         lo = np.maximum(self.lo[alive], blo)
         hi = np.minimum(self.hi[alive], bhi)
         meet = np.all(lo < hi, axis=1)
@@ -265,7 +269,7 @@ class SmoothSearch:
         """``theta1`` times squared distances, rounded down (0 stays 0)."""
         return _priced(self.theta1, dist) * (1.0 - B_ROUND)
 
-    def split(self, blo, bhi, alive, info):
+    def split(self, blo, bhi, ea0, eb0, alive, info):
         """Split the box on an edge of the most damaging leaf of the most spread tree (the
         rule of the 0/1 bounds, on the class margin that bounds the loss most)."""
         mins, starts, lo, hi, bound = info
@@ -295,11 +299,12 @@ class SmoothSearch:
             np.sqrt(self.w[js])
         pick = int(np.argmax(np.where(valid, g, -np.inf)))
         j, s = int(js[pick]), float(cut[pick])
-        lo1, hi1 = blo.copy(), bhi.copy()
-        hi1[j] = s
-        lo2, hi2 = blo.copy(), bhi.copy()
-        lo2[j] = s
-        return (lo1, hi1), (lo2, hi2)
+        e_s = float(ea[pick] if upper_side[pick] else eb[pick])  # the edge of s
+        lo1, hi1, eb1 = blo.copy(), bhi.copy(), eb0.copy()
+        hi1[j], eb1[j] = s, e_s
+        lo2, hi2, ea2 = blo.copy(), bhi.copy(), ea0.copy()
+        lo2[j], ea2[j] = s, e_s
+        return (lo1, hi1, ea0, eb1), (lo2, hi2, ea2, eb0)
 
     def run(self, h: float, budget: int, deadline: float = math.inf, limit: float = math.inf):
         """Best-first search at ``h`` from the root box for at most ``budget`` boxes (and at
@@ -335,7 +340,7 @@ class SmoothSearch:
         top_entries = heapq.nsmallest(TOP_POINTS, heap)
         points = []
         for e in top_entries:
-            pt = e[3][5] if e[3][3] else self.nearest_input(*e[2])
+            pt = e[3][5] if e[3][3] else self.nearest_input(*e[2][:2])
             if pt is not None:
                 points.append(pt)
         return lines, points, exact
