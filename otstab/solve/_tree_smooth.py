@@ -528,7 +528,10 @@ def certify_tree_smooth(prob, *, r, theta1, theta2, divergence, mask=None, solve
         _initial_h(searches, lmax, loss0)
     exact = np.full(n, not can_move)
     budget = min(FIRST_NODES, max_nodes)
-    todo = np.arange(n) if can_move else np.zeros(0, dtype=np.intp)
+    # every sample in the first round, those with the largest gap at the root's h first
+    todo = _gap_samples(FiniteOracle(*_padded(lines, max(a.size for a, _ in lines))),
+                        found.oracle(), h, theta2, divergence, p, share=1.0) if can_move \
+        else np.zeros(0, dtype=np.intp)
     rounds, stopped = 0, None
     sol_u = sol_l = None
     value_lower = 0.0
@@ -685,10 +688,11 @@ def _lower_value(lower, sol_l, sol_u, r, theta2, divergence, p) -> float:
     return max(best, 0.0)
 
 
-def _gap_samples(lower, upper, h, theta2, divergence, p):
-    """The samples whose gap ``p_i w_i (upper l_h - found l_h)`` at ``h`` covers GAP_SHARE of
-    the total (largest first). (A search that ended exact at another h may not be at this
-    one: ``exact`` is not read.)"""
+def _gap_samples(lower, upper, h, theta2, divergence, p, share=GAP_SHARE):
+    """The samples whose gap ``p_i w_i (upper l_h - found l_h)`` at ``h`` covers ``share`` of
+    the total, largest first (the order of the next round: under a budget the samples that
+    matter most are refined first). (A search that ended exact at another h may not be at
+    this one: ``exact`` is not read.)"""
     lu = lower.evaluate(h)[0]
     lf = upper.evaluate(h)[0]
     wts, _ = weights_at(lf, theta2, divergence, p)
@@ -696,12 +700,14 @@ def _gap_samples(lower, upper, h, theta2, divergence, p):
     pw = wts / n if p is None else wts * p
     gap = pw * np.maximum(lu - lf, 0.0)
     tot = float(gap.sum())
+    order = np.argsort(-gap, kind="stable")
+    if share >= 1.0:
+        return order
     if not tot > 0:
         return np.zeros(0, dtype=np.intp)
-    order = np.argsort(-gap, kind="stable")
     cum = np.cumsum(gap[order])
-    k = int(np.searchsorted(cum, GAP_SHARE * tot)) + 1
-    return np.sort(order[:k])
+    k = int(np.searchsorted(cum, share * tot)) + 1
+    return order[:k]
 
 
 def _build(prob, found, sol, loss, loss0, r, theta1, theta2, divergence, t_start):
