@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from otstab_solvers import logistic_binned
+from otstab_solvers import logistic_binned, logistic_pass
 from otstab_solvers.blockwise import BlockwiseDual, RowsBlock, in_memory, weight_map_blocks
 from otstab_solvers.dual import solve_dual
 from otstab_solvers.first_order import solve_first_order
@@ -46,7 +46,7 @@ from otstab_solvers.smooth import (
     SquaredOracle,
     solve_squared,
 )
-from otstab_solvers.weights import phi, weights_at
+from otstab_solvers.weights import WeightMap, phi, weights_at
 
 from ..errors import IncompatibleLossError, ValidationError
 from ..modeling._nonlinear import SMOOTH_LOSSES, LinearDifferentiable, loss_name
@@ -413,8 +413,9 @@ def _certify_rows(prob, loss, oracle, moves, r, theta1, theta2, divergence, t_st
 
 
 def _solve_logistic_binned(oracle, dual, n, p, r, theta2, divergence, solver_options):
-    """The exact dual of a logistic oracle with one price, searched from the root of the dual
-    on binned margins (:mod:`otstab_solvers.logistic_binned`): a window of
+    """The exact dual of a logistic oracle with one price, solved from the root of the dual
+    on binned margins (:mod:`otstab_solvers.logistic_binned`): one exact pass there and
+    Newton steps (:func:`otstab_solvers.logistic_pass.solve_at_root`), else a window of
     :data:`BINNED_WINDOW` around it, the exact search's own stopping rule. None where it does
     not apply (per-sample prices, small n, a caller's ``h_init``) or the root is not in the
     window (the caller then searches from scratch)."""
@@ -427,6 +428,13 @@ def _solve_logistic_binned(oracle, dual, n, p, r, theta2, divergence, solver_opt
         oracle.theta1, r, theta2, divergence, p=p)
     if h_c is None:
         return None
+    # one exact pass at h_c, a Newton step where its derivative is not yet small enough
+    sol = logistic_pass.solve_at_root(oracle, n, h_c, r, theta2, divergence, p=p)
+    if sol is not None:
+        sol.info["binned_h"] = h_c
+        dual.passes += sol.info.pop("passes")
+        del sol.info["g"], sol.info["moved"]
+        return sol
     window = (h_c * (1.0 - BINNED_WINDOW), h_c * (1.0 + BINNED_WINDOW))
     sol = solve_dual(dual, r, theta2, divergence, bracket=window, h_init=h_c,
                      **solver_options)
@@ -514,6 +522,9 @@ class _RowAtoms:
 
     #: each sample's ``l_h`` while the build holds it (None: recomputed on each read)
     lh_cache: np.ndarray | None = None
+    #: (loss at x*, ||x* - x||^2) of atoms 0..n-1 from the reduced form while the build holds
+    #: them, when every atom is its sample at its step at h (None: recomputed on each read)
+    reduced_cache: tuple | None = None
 
     def l_of(self, loss, d2):
         """``h loss - theta1 d2``: ``l_h`` from a maximiser's loss and squared move."""
@@ -572,18 +583,25 @@ def _build_rows(prob, oracle, moves, sol, loss, r, theta1, theta2, divergence, t
     # weights, the risk and the audit read them
     may_switch = h > 0 and oracle.switching and \
         getattr(oracle, "may_switch", lambda _h: True)(h)
-    loss_h, lh = np.empty(n if may_switch else 0), np.empty(n)
+    # (the loss at each maximiser and its squared move are kept for the audit's sums too: two
+    # n-vectors, read instead of a second reduced form of every atom)
+    loss_h, d2_h, lh = np.empty(n), np.empty(n), np.empty(n)
     for s, e in bounds:
-        loss_b, d2 = atoms.reduced(np.arange(s, e), Z[s:e])
-        lh[s:e] = atoms.l_of(loss_b, d2)
-        if may_switch:
-            loss_h[s:e] = loss_b
+        loss_h[s:e], d2_h[s:e] = atoms.reduced(np.arange(s, e), Z[s:e])
+        lh[s:e] = atoms.l_of(loss_h[s:e], d2_h[s:e])
     atoms.lh_cache = lh
 
     def lh_block(s, e):
         return lh[s:e]
 
-    wm = weight_map_blocks(lh_block, n, theta2, divergence, p=p, alpha=sol.alpha)
+    kl_sums = sol.info.pop("kl_weights", None)
+    if kl_sums is not None and p is None and divergence == "kl" and math.isfinite(theta2):
+        # the normalisation of the exact pass at h (logistic_pass): the audit's mass of Q*
+        # checks it against these l_h
+        top, z, term = kl_sums
+        wm = WeightMap("kl", theta2, top, n / z, None, term)
+    else:
+        wm = weight_map_blocks(lh_block, n, theta2, divergence, p=p, alpha=sol.alpha)
 
     def qw(s, e):  # n P0-mass times weight of the samples s..e
         w = wm(lh_block(s, e))
@@ -598,14 +616,16 @@ def _build_rows(prob, oracle, moves, sol, loss, r, theta1, theta2, divergence, t
             atoms = _RowAtoms(prob, moves, _Steps(moves.D, Z, main=main, extra=extra), h,
                               theta1)
             atoms.lh_cache = lh  # (l_h of a sample is from its step at h either way)
-    del loss_h
+    if atoms.m == n and not atoms.steps.main_rows.size:  # every atom at its step at h
+        atoms.reduced_cache = (loss_h, d2_h)
+    del loss_h, d2_h
     if not exact:
         note = (f"multinomial cross-entropy above h_concave = {oracle.h_concave:.4g}: l_h is "
                 "the best of several local maxima, so the dual value is not certified; the "
                 "cost of the returned Q* (value_upper) is an upper bound on R, see "
                 "docs/nonlinear.md")
     res = _audit_rows(prob, atoms, wm, theta1, theta2, divergence, float(sol.value))
-    atoms.lh_cache = None
+    atoms.lh_cache = atoms.reduced_cache = None
     audit_info = res.pop("audit")
     weights = lambda: wm(atoms.l_h(atoms.steps.source()))  # noqa: E731
     return StabilityResult(
@@ -686,13 +706,19 @@ def _audit_rows(prob, atoms, wm, theta1, theta2, divergence, value) -> dict:
 
     for s, e in atoms.steps.blocks(cells if direct else ROWS_BLOCK):
         idx = np.arange(s, e)
-        src, st = atoms.steps.rows_steps(idx)
-        if direct:  # the sums from the model
-            loss_s, d2_s, block_err = model_check(src, st)
-            err = max(err, block_err)
+        if not direct and atoms.reduced_cache is not None:
+            # every atom is its sample at its step at h (mass 1): the build's reduced form
+            src = slice(s, e)
+            loss_s, d2_s = atoms.reduced_cache[0][src], atoms.reduced_cache[1][src]
+            mass = np.ones(e - s)
         else:
-            loss_s, d2_s = atoms.reduced(src, st)
-        mass = atoms.steps.mass(idx)
+            src, st = atoms.steps.rows_steps(idx)
+            if direct:  # the sums from the model
+                loss_s, d2_s, block_err = model_check(src, st)
+                err = max(err, block_err)
+            else:
+                loss_s, d2_s = atoms.reduced(src, st)
+            mass = atoms.steps.mass(idx)
         pm = mass / n if p is None else mass * p[src]
         w = wm(atoms.l_h(src))
         pmw = pm * w
