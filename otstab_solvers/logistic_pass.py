@@ -57,36 +57,37 @@ BLOCK = 1 << 13
 
 
 class _Kept:
-    """Rows ``s..e`` of the last pass's ``l_h``, ``dl`` and ``d2l`` as a block of
-    :class:`BlockwiseDual` (``p``: their probabilities)."""
+    """Block ``k`` of the last pass's ``l_h``, ``dl`` and ``d2l`` as a block of
+    :class:`BlockwiseDual` (``p``: its rows' probabilities)."""
 
-    def __init__(self, store, s, e, p):
-        self.store, self.s, self.e, self.p = store, s, e, p
+    def __init__(self, store, k, p):
+        self.store, self.k, self.p = store, k, p
 
     def evaluate(self, h, side="right", with_pieces=True):
-        lh, d1, d2 = self.store
-        return lh[self.s:self.e], d1[self.s:self.e], d2[self.s:self.e], None
+        return (*self.store[self.k], None)
 
 
 class _Pass:
-    """Exact passes of the logistic dual over the blocks of an oracle's rows."""
+    """Exact passes of the logistic dual over the blocks of an oracle's rows. Each block's
+    arrays of the last pass are kept as the oracle returned them (the oracle may keep the
+    same arrays: no copy)."""
 
     def __init__(self, oracle, n, theta2, divergence, p, block):
         self.oracle, self.n, self.theta2, self.divergence, self.p = \
             oracle, n, theta2, divergence, p
         self.bounds = [(s, min(s + block, n)) for s in range(0, n, block)]
-        # plain KL keeps l_h alone (for the expm1 sum); the others every derivative
+        # plain KL keeps l_h alone (for the expm1 sum), theta2 = inf nothing (its sums are
+        # plain); the others every derivative
         self.plain_kl = p is None and divergence == "kl" and math.isfinite(theta2)
-        self.lh = np.empty(n)
-        self.d1 = None if self.plain_kl else np.empty(n)
-        self.d2 = None if self.plain_kl else np.empty(n)
+        self.plain_mean = p is None and math.isinf(theta2)
+        self.store: list = [None] * len(self.bounds)
         self.passes = 0
         self.moved = math.nan
         self.kl_weights: tuple | None = None  # plain KL: (largest l_h / theta2, sum e, term)
         self.dual = None
-        if not self.plain_kl:
-            blocks = [_Kept((self.lh, self.d1, self.d2), s, e, None if p is None else p[s:e])
-                      for s, e in self.bounds]
+        if not (self.plain_kl or self.plain_mean):
+            blocks = [_Kept(self.store, k, None if p is None else p[s:e])
+                      for k, (s, e) in enumerate(self.bounds)]
             self.dual = BlockwiseDual(in_memory(blocks), n, n if p is None else 1.0,
                                       kinks=False)
 
@@ -94,22 +95,32 @@ class _Pass:
         """``(F, g, curv, alpha)`` of the exact dual at ``h`` (and :attr:`moved`: the
         P0-mean loss at the maximisers)."""
         self.passes += 1
-        oracle, lh = self.oracle, self.lh
-        if not self.plain_kl:
+        oracle, store = self.oracle, self.store
+        if self.plain_mean:  # theta2 = inf: the means of l_h, dl and d2l
+            sl = sd1 = sd2 = 0.0
             for s, e in self.bounds:
-                self.lh[s:e], self.d1[s:e], self.d2[s:e] = \
-                    oracle.transform_rows(h, slice(s, e))[:3]
+                lb, d1, d2 = oracle.transform_rows(h, slice(s, e))[:3]
+                sl += float(np.sum(lb))
+                sd1 += float(np.sum(d1))
+                sd2 += float(np.sum(d2))
+            N = float(self.n)
+            self.moved = sd1 / N
+            return h * r - sl / N, r - sd1 / N, sd2 / N, None  # (as BlockwiseDual.reduce)
+        if not self.plain_kl:
+            moved = 0.0
+            for k, (s, e) in enumerate(self.bounds):
+                store[k] = lb, d1, d2 = oracle.transform_rows(h, slice(s, e))[:3]
+                moved += float(np.sum(d1)) if self.p is None else float(np.dot(self.p[s:e], d1))
             term, mu, curv, alpha, _ = self.dual.reduce(h, "right", self.theta2,
                                                         self.divergence)
-            self.moved = float(np.sum(self.d1)) / self.n if self.p is None else \
-                float(np.dot(self.p, self.d1))
+            self.moved = moved / self.n if self.p is None else moved
             return h * r - term, r - mu, curv, alpha
         theta2 = self.theta2
         parts = []
         moved = 0.0
-        for s, e in self.bounds:
+        for k, (s, e) in enumerate(self.bounds):
             lb, d1, d2 = oracle.transform_rows(h, slice(s, e))[:3]
-            lh[s:e] = lb
+            store[k] = lb
             moved += float(np.sum(d1))
             a = lb / theta2
             m = float(a.max())
@@ -126,8 +137,8 @@ class _Pass:
         N = float(self.n)
         if Z > 0.5 * N:  # every l / theta2 close to the largest: expm1 keeps the accuracy
             em1 = 0.0
-            for s, e in self.bounds:
-                em1 += float(np.sum(np.expm1(np.maximum(lh[s:e] / theta2 - M, -700.0))))
+            for lb in store:
+                em1 += float(np.sum(np.expm1(np.maximum(lb / theta2 - M, -700.0))))
             log_mean = math.log1p(em1 / N)
         else:
             log_mean = math.log(Z / N)
@@ -139,10 +150,13 @@ class _Pass:
 
 
 def solve_at_root(oracle, n: int, h_c: float, r: float, theta2: float, divergence: str, *,
-                  p=None, block: int = BLOCK, g_rtol: float = G_RTOL) -> DualSolution | None:
+                  p=None, block: int = BLOCK, g_rtol: float = G_RTOL,
+                  keep_values: bool = False) -> DualSolution | None:
     """The exact dual of a logistic ``oracle`` (``transform_rows(h, rows)``) solved from the
     binned root ``h_c`` (module docstring), or None: the caller then searches. ``p``: the
-    sample probabilities (None: uniform); ``g_rtol``: the derivative accepted, relative to r.
+    sample probabilities (None: uniform); ``g_rtol``: the derivative accepted, relative to r;
+    ``keep_values``: the oracle keeps each block's loss at the maximiser with its steps
+    (``LogisticOracle.keep_values``, one more n-vector, for Q*'s build).
     ``info``: ``passes`` (the exact passes made), ``g`` (the derivative at ``h``: the most
     sensitive distribution there has the risk ``r - g``), ``moved`` (the P0-mean loss at the
     maximisers) and ``kl_weights``."""
@@ -150,6 +164,16 @@ def solve_at_root(oracle, n: int, h_c: float, r: float, theta2: float, divergenc
     if not (h_c > 0.0 and math.isfinite(h_c)):
         return None
     run = _Pass(oracle, n, theta2, divergence, p, block)
+    if keep_values:
+        oracle.keep_values = True
+    try:
+        return _newton(run, h_c, r, g_rtol, t0)
+    finally:  # (the pass's arrays: BlockwiseDual refers to itself, so not freed at once)
+        run.store.clear()
+
+
+def _newton(run, h_c, r, g_rtol, t0):
+    """The steps of :func:`solve_at_root` from ``h_c``."""
     h = h_c
     for _ in range(MAX_NEWTON + 1):
         F, g, curv, alpha = run.at(h, r)

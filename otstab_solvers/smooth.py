@@ -314,9 +314,10 @@ def _uniform_dtransform(m: np.ndarray, c: float, h: float, start=None, keep=None
     """:func:`logistic_dtransform` for one price ``c`` (finite, > 0) and ``h > 0``: the lean
     Newton solve of :func:`~otstab_solvers.logistic_uniform.uniform_steps` (first iterates
     ``start``, default its own), and :func:`logistic_steps` for the samples it does not
-    accept. ``keep(u, t)`` receives the roots ``u = t - m`` (a warm start for a later ``h``) and
-    the steps ``t`` (read again at the same ``h`` by :meth:`LogisticOracle.step_rows`).
-    ``steps_only``: ``(None, None, None, t)``, the steps alone."""
+    accept. ``keep(u, t, lh, loss)`` receives the roots ``u = t - m`` (a warm start for a later
+    ``h``), the steps ``t`` (read again at the same ``h`` by :meth:`LogisticOracle.step_rows`),
+    ``l_h`` and the loss at the maximiser (None with ``steps_only``). ``steps_only``:
+    ``(None, None, None, t)``, the steps alone."""
     u, s, rest = uniform_steps(m, c, h, start)
     T = h / (2.0 * c)
     t = s * T
@@ -331,9 +332,9 @@ def _uniform_dtransform(m: np.ndarray, c: float, h: float, start=None, keep=None
         t[rest] = tr
         u[rest] = tr - mr
         s[rest] = expit(u[rest])
-    if keep is not None:
-        keep(u, t)
     if steps_only:
+        if keep is not None:
+            keep(u, t, None, None)
         return None, None, None, t
     loss_star = _softplus_at(u, s)
     lh = h * loss_star
@@ -343,6 +344,8 @@ def _uniform_dtransform(m: np.ndarray, c: float, h: float, start=None, keep=None
     denom += 2.0 * c
     with np.errstate(divide="ignore", invalid="ignore"):
         d2 = s * s / denom
+    if keep is not None:
+        keep(u, t, lh, loss_star)
     return lh, loss_star, d2, t
 
 
@@ -513,9 +516,10 @@ class LogisticOracle:
         else:  # a block read at a new h: from the table of this h's steps
             start = self._table(c, h).start(m)
 
-        def keep(u, t):
+        def keep(u, t, lh, loss):
             assert self._warm is not None
-            self._warm[key] = (h, t)  # (not written to after this call)
+            # (not written to after this call); the loss too where asked
+            self._warm[key] = (h, t, loss) if self.keep_values else (h, t, None)
         return _uniform_dtransform(m, c, h, start, keep, steps_only)
 
     def _table(self, c: float, h: float) -> StepTable:
@@ -533,6 +537,23 @@ class LogisticOracle:
         table = StepTable(lo, hi, lambda g: _uniform_dtransform(g, c, h, steps_only=True)[3])
         self._step_table = (h, table)
         return table
+
+    #: :meth:`transform_rows` of a slice keeps its loss at the maximiser with its steps (one
+    #: more n-vector), for :meth:`kept` (set by the caller)
+    keep_values = False
+
+    def kept(self, h: float, rows: slice, *, drop: bool = False):
+        """``(loss at the maximiser, step)`` of the slice ``rows`` as its last read at ``h``
+        kept them (:attr:`keep_values`), or None. ``drop``: forget them (read once)."""
+        if self._warm is None:
+            return None
+        key = (rows.start, rows.stop)
+        last = self._warm.get(key)
+        if last is None or last[0] != h or last[2] is None:
+            return None
+        if drop:
+            del self._warm[key]
+        return last[2], last[1]
 
     def may_switch(self, h: float) -> bool:
         """Whether ``l_h`` may have a switching point at ``h``: only where the inner problem

@@ -1,6 +1,7 @@
 """The exact logistic dual at the binned root (otstab_solvers.logistic_pass), the table of
-steps that starts a block's Newton iterations (logistic_uniform.StepTable) and the softplus
-from the sigmoid (smooth._softplus_at).
+steps that starts a block's Newton iterations (logistic_uniform.StepTable), the softplus
+from the sigmoid (smooth._softplus_at) and Q*'s build from the losses the pass kept (the
+audit's sampled atoms re-scored by the model check them).
 
 Each is checked against an independent computation: the dual against the plain bracketed
 search on the dense oracle (:func:`solve_dual` on stored margins, its own d-transform), the
@@ -15,6 +16,7 @@ import math
 
 import mpmath
 import numpy as np
+import otstab_solvers.logistic_binned as lb
 import pytest
 from otstab_solvers import logistic_pass
 from otstab_solvers.dual import solve_dual
@@ -22,6 +24,9 @@ from otstab_solvers.logistic_binned import binned_guess
 from otstab_solvers.logistic_uniform import StepTable, uniform_steps
 from otstab_solvers.smooth import LogisticOracle, _softplus_at, logistic_steps
 from scipy.special import expit
+
+import otstab
+from otstab.errors import SolverError
 
 PRICES = [("kl", 0.25), ("chi2", 0.25), ("kl", math.inf), ("chi2", math.inf)]
 
@@ -106,3 +111,63 @@ def test_softplus_from_the_sigmoid():
     got = _softplus_at(u, expit(u))
     # (below 1e-300 the sigmoid underflows to 0 before the loss does: an absolute 1e-300)
     np.testing.assert_allclose(got, ref, rtol=2e-15, atol=1e-300)
+
+
+def _binary(n=3000, d=4, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, d))
+    coef = rng.standard_normal(d) / 2
+    y = np.where(X @ coef + 0.5 * rng.standard_normal(n) > 0, 1, -1)
+    return otstab.LinearModel(coef, 0.2), X, y
+
+
+@pytest.mark.parametrize("divergence,theta2", PRICES[:3])
+def test_sampled_audit_of_the_kept_losses_equals_direct(monkeypatch, divergence, theta2):
+    """Through the pass at the binned root, Q*'s build takes each sample's loss at its
+    maximiser from the pass (LogisticOracle.kept); above AUDIT_DIRECT_MAX the audit sums
+    those and re-scores a sample with the model: the certificate is the direct audit's."""
+    import otstab.solve._audit as oa
+
+    model, X, y = _binary()
+    monkeypatch.setattr(lb, "MIN_N", 0)
+    kw = dict(loss="logistic", r=1.0, theta1=0.7, theta2=theta2, divergence=divergence,
+              se=None)
+    direct = otstab.certify(model, X, y, **kw)
+    monkeypatch.setattr(oa, "AUDIT_DIRECT_MAX", 0)
+    monkeypatch.setattr(oa, "AUDIT_SAMPLE", 97)
+    sampled = otstab.certify(model, X, y, **kw)
+    assert "binned_h" in sampled.info
+    assert direct.info["audit"]["method"] == "direct"
+    assert sampled.info["audit"]["method"] == "sampled"
+    assert sampled.info["audit"]["max_rel_error"] <= 1e-12
+    assert (sampled.status, sampled.value, sampled.h) == (direct.status, direct.value, direct.h)
+    for f in ("risk_star", "total_mass", "primal_cost"):
+        assert getattr(sampled, f) == pytest.approx(getattr(direct, f), rel=1e-12, abs=1e-15)
+    np.testing.assert_allclose(sampled.loss_star, direct.loss_star, rtol=1e-13)
+
+
+def test_sampled_audit_refuses_wrong_kept_losses(monkeypatch):
+    """Kept losses that disagree with the model at Q*'s points (here 1 % too high) must not
+    be passed off: the sampled check fails the audit."""
+    from otstab_solvers import smooth
+
+    import otstab.solve._audit as oa
+
+    model, X, y = _binary(seed=1)
+    monkeypatch.setattr(lb, "MIN_N", 0)
+    monkeypatch.setattr(oa, "AUDIT_DIRECT_MAX", 0)
+    honest = smooth.LogisticOracle.kept
+
+    def inflated(self, h, rows, **kw):
+        got = honest(self, h, rows, **kw)
+        return None if got is None else (got[0] * 1.01, got[1])
+
+    monkeypatch.setattr(smooth.LogisticOracle, "kept", inflated)
+    # theta2 = inf: unit weights, so the mass and the cost of Q* do not read the losses
+    kw = dict(loss="logistic", r=1.0, theta1=0.7, theta2=math.inf, divergence="kl", se=None)
+    with pytest.raises(SolverError, match="audit"):
+        otstab.certify(model, X, y, **kw)
+    # what stopped it is the sampled check: the kept sums alone are consistent
+    monkeypatch.setattr(oa, "SAMPLED_RTOL", math.inf)
+    res = otstab.certify(model, X, y, **kw)
+    assert res.info["audit"]["max_rel_error"] >= 1e-3  # (relative to 1 + loss)
