@@ -10,6 +10,7 @@ sensitive distribution Q* built from it and decides the status.
 from __future__ import annotations
 
 import functools
+import math
 import time
 
 from ..errors import ValidationError
@@ -23,7 +24,7 @@ from ..modeling._threads import one_blas_thread
 from . import _dask_path as dask_path
 from . import _inference as inference
 from ._datacost_certify import certify_datacost, choose_cost
-from ._piecewise import solve_reduced
+from ._piecewise import reweighting_only_result, solve_reduced
 from ._results import StabilityResult
 from ._smooth import certify_smooth
 from ._zero_one import certify_distances, certify_zero_one_problem, certify_zero_one_search
@@ -213,6 +214,10 @@ def _solve(prob, loss_obj, r, theta1, theta2, divergence, solver, mask, t_start,
 
 def _dispatch(prob, loss_obj, r, theta1, theta2, divergence, solver, mask, t_start,
               **solver_options) -> StabilityResult:
+    if prob.scorer is None and math.isinf(theta1):
+        # nothing moves: the model is only evaluated at the data, and the reweighting dual
+        # of its own losses is exact (no search, no bounds)
+        return reweighting_only_result(prob, r, theta1, theta2, divergence, t_start)
     if isinstance(loss_obj, ZeroOne):
         if prob.scorer is not None and solver != "first_order":
             return certify_zero_one_problem(prob, r, theta1, theta2, divergence, mask, solver,
