@@ -87,14 +87,16 @@ def certify(model, X, y, *, loss: str | Loss, r: float, theta1: float = 1.0,
         variables, with Q* made of valid raw rows (:mod:`otstab.datacost`); exact for the 0/1
         loss of linear classifiers and the hinge and logistic losses of binary ones (and
         Pipelines ending in them: :mod:`otstab.datacost_zero_one`,
-        :mod:`otstab.datacost_hinge`, :mod:`otstab.datacost_smooth`). None: ``"auto"`` when
-        a Pipeline with encoders (OneHotEncoder, OrdinalEncoder) gets a raw DataFrame and
-        those paths are exact for it and the loss, else ``"encoded"``; ``res.info
-        ["cost_used"]`` (and the summary) says which cost was used and why
-        (:func:`otstab.datacost_certify.choose_cost`). For the 0/1 loss of tree classifiers
-        (scikit-learn, XGBoost, LightGBM, CatBoost) under a given DataCost: a certified
-        interval from leaf boxes rewritten in the raw variables
-        (:mod:`otstab.solve._datacost_trees`), exact when every search completes.
+        :mod:`otstab.datacost_hinge`, :mod:`otstab.datacost_smooth`). For the 0/1 loss of
+        tree classifiers (scikit-learn, XGBoost, LightGBM, CatBoost) under a DataCost: a
+        certified interval from leaf boxes rewritten in the raw variables
+        (:mod:`otstab.solve._datacost_trees`), exact when every search completes. None:
+        ``"auto"`` when a Pipeline with encoders (OneHotEncoder, OrdinalEncoder) gets a raw
+        DataFrame and those paths answer its final estimator and the loss (linear models;
+        tree classifiers with the 0/1 loss, where the encoded cost collapses: a fraction of
+        a one-hot indicator crosses a split), else ``"encoded"``; ``res.info["cost_used"]``
+        (and the summary) says which cost was used and why
+        (:func:`otstab.datacost_certify.choose_cost`).
     se : "analytic" (default), "bootstrap", ``otstab.inference.Bootstrap(n_resamples,
         random_state, interval, progress)`` or None
         Sampling uncertainty of R (``res.se``, ``res.ci(level)``,
