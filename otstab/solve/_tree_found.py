@@ -57,26 +57,52 @@ def _kernel():
     """The numba walk (compiled on first use), or None without numba."""
     global _KERNEL
     if _KERNEL is None and numba is not None:
-        @numba.njit(nogil=True, cache=False)
-        def walk(C, feat, thr, leafval, base, depth, out):  # pragma: no cover - compiled
-            n = C.shape[0]
-            T = feat.shape[0]
-            K = base.shape[0]
-            first = (1 << depth) - 1
-            for r in range(n):
-                for k in range(K):
-                    out[r, k] = base[k]
-            for b0 in range(0, n, 256):  # a block of rows stays in cache over the trees
-                b1 = min(n, b0 + 256)
-                for t in range(T):
-                    for r in range(b0, b1):
-                        node = 0
-                        for _ in range(depth):  # branchless: right iff c > threshold
-                            node = 2 * node + 1 + (C[r, feat[t, node]] > thr[t, node])
-                        for k in range(K):
-                            out[r, k] += leafval[t, node - first, k]
-        _KERNEL = walk
+        _KERNEL = _compile()
     return _KERNEL
+
+
+def _compile():  # pragma: no cover - compiled
+    @numba.njit(parallel=True, nogil=True, cache=False)
+    def walk(C, feat, thr, leafval, base, depth, out):
+        """``out[r] = base + sum over trees t (in order) of leafval[t, leaf of C[r]]``;
+        tree ``t`` a complete binary tree of ``depth[t]`` levels (heap order).
+
+        Blocks of rows in parallel (``prange``); in a block, a tree at a time and a level at a
+        time over the rows (independent loads the processor overlaps, where a row at a time
+        is a chain of dependent ones); the sum of each row is in tree order whatever the
+        blocks, so the scores do not depend on the number of threads."""
+        n = C.shape[0]
+        T = feat.shape[0]
+        K = base.shape[0]
+        nb = (n + _BLOCK - 1) // _BLOCK
+        for b in numba.prange(nb):
+            b0 = b * _BLOCK
+            m = min(n, b0 + _BLOCK) - b0
+            node = np.empty(m, dtype=np.int64)
+            acc = np.empty((m, K))
+            for r in range(m):
+                for k in range(K):
+                    acc[r, k] = base[k]
+            for t in range(T):
+                for r in range(m):
+                    node[r] = 0
+                first = (1 << depth[t]) - 1
+                for _ in range(depth[t]):  # branchless: right iff c > threshold
+                    for r in range(m):
+                        nd = node[r]
+                        node[r] = 2 * nd + 1 + (C[b0 + r, feat[t, nd]] > thr[t, nd])
+                for r in range(m):
+                    leaf = node[r] - first
+                    for k in range(K):
+                        acc[r, k] += leafval[t, leaf, k]
+            for r in range(m):
+                for k in range(K):
+                    out[b0 + r, k] = acc[r, k]
+    return walk
+
+
+#: rows of a block of the walk (a block's rows stay in cache over the trees)
+_BLOCK = 256
 
 
 def _build_tree(lo, hi, val):
@@ -99,22 +125,21 @@ def _build_tree(lo, hi, val):
             leaf[node] = int(ids[0])
             continue
         L, H = lo[ids], hi[ids]
-        found = None
-        # the split at this node bounds every leaf below it on its feature
-        for j in np.flatnonzero(np.all(np.isfinite(L) | np.isfinite(H), axis=0)):
-            free = L[:, j] == L[:, j].min()  # the lowest leaves: on the left
-            for t in np.unique(H[:, j][np.isfinite(H[:, j]) & (H[:, j] >= np.max(H[free, j]))]):
-                go_left = H[:, j] <= t
-                if go_left.all() or not go_left.any():
-                    continue
-                if np.all(L[~go_left, j] >= t):
-                    found = (int(j), float(t), go_left)
-                    break
-            if found is not None:
-                break
-        if found is None:
+        # a split (j, t) of these leaves: t one of their upper ends, no leaf with
+        # L_j < t < H_j (each leaf on one side); the most even one (the walk's depth: the
+        # original trees' own splits, where first-found splits can make a tree deeper)
+        with np.errstate(invalid="ignore"):
+            cut = np.any((L[None, :, :] < H[:, None, :]) & (H[:, None, :] < H[None, :, :]),
+                         axis=1)  # (candidate leaf a, feature j): t = H[a, j] cuts a leaf
+            n_left = np.sum(H[None, :, :] <= H[:, None, :], axis=1)
+        m = ids.size
+        ok = np.isfinite(H) & ~cut & (n_left > 0) & (n_left < m)
+        if not ok.any():
             return None
-        j, t, go_left = found
+        even = np.where(ok, np.minimum(n_left, m - n_left), -1)
+        a, j = np.unravel_index(int(np.argmax(even)), even.shape)  # ties: the first (a, j)
+        j, t = int(j), float(H[a, j])
+        go_left = H[:, j] <= t
         feat[node], thr[node] = j, t
         a, b = new(), new()
         left[node], right[node] = a, b
@@ -143,8 +168,13 @@ class TreeEvaluator:
 
     def __init__(self, table, feat, thr, leafval, depth):
         self.table = table
-        self.feat, self.thr, self.leafval, self.depth = feat, thr, leafval, int(depth)
+        self.feat, self.thr, self.leafval, self.depth = feat, thr, leafval, depth
         self.base = np.asarray(table.base, dtype=np.float64)
+        # binary models: F = (0, margin); the walk sums the margin alone
+        self.binary = self.base.size == 2 and self.base[0] == 0 and not leafval[:, :, 0].any()
+        if self.binary:
+            self.leafval = np.ascontiguousarray(leafval[:, :, 1:])
+            self.base = self.base[1:]
         self.rows = 0
 
     @classmethod
@@ -159,10 +189,10 @@ class TreeEvaluator:
             if part is None:
                 return None
             parts.append(part)
-        depth = max(_depth(p) for p in parts)
+        tdepth = np.array([max(_depth(p), 1) for p in parts], dtype=np.int64)  # per tree
+        depth = int(tdepth.max())
         if depth > MAX_DEPTH:
             return None
-        depth = max(depth, 1)
         T, K = len(parts), table.value.shape[1]
         feat = np.zeros((T, 2 ** depth - 1), dtype=np.int64)
         thr = np.full((T, 2 ** depth - 1), np.inf)  # padding: always left
@@ -172,14 +202,18 @@ class TreeEvaluator:
             while stack:
                 node, pos, dep = stack.pop()
                 if f[node] < 0:
-                    while dep < depth:  # down the left edge of the padding
+                    while dep < tdepth[t]:  # down the left edge of the padding
                         pos, dep = 2 * pos + 1, dep + 1
-                    leafval[t, pos - (2 ** depth - 1)] = val[leaf[node]]
+                    leafval[t, pos - (2 ** int(tdepth[t]) - 1)] = val[leaf[node]]
                     continue
                 feat[t, pos], thr[t, pos] = f[node], th[node]
                 stack.append((int(lf[node]), 2 * pos + 1, dep + 1))
                 stack.append((int(rt[node]), 2 * pos + 2, dep + 1))
-        ev = cls(table, feat, thr, leafval, depth)
+        # trees that compare float32 values (XGBoost, scikit-learn) with float32 thresholds:
+        # the walk in float32 (half the memory traffic), the same comparisons
+        if table.f32 and np.array_equal(thr.astype(np.float32).astype(np.float64), thr):
+            thr = thr.astype(np.float32)
+        ev = cls(table, feat, thr, leafval, tdepth)
         Xc = np.asarray(X_check[:256], dtype=np.float64)
         if not np.allclose(ev.scores(Xc), table.scores(Xc), rtol=0,
                            atol=1e-9 * (1.0 + table.scale)):
@@ -187,18 +221,24 @@ class TreeEvaluator:
         ev.rows = 0
         return ev
 
-    def scores(self, Z):
+    def _walk(self, Z):
         Z = np.asarray(Z, dtype=np.float64)
         self.rows += Z.shape[0]
         with np.errstate(over="ignore", invalid="ignore"):
-            C = np.ascontiguousarray(self.table.comparable(Z))
+            C = np.ascontiguousarray(self.table.comparable(Z), dtype=self.thr.dtype)
         out = np.empty((Z.shape[0], self.base.size))
         _kernel()(C, self.feat, self.thr, self.leafval, self.base, self.depth, out)
         return out
 
+    def scores(self, Z):
+        out = self._walk(Z)
+        return np.c_[np.zeros(out.shape[0]), out] if self.binary else out
+
     def predict(self, Z):
         """Class indices (argmax of the scores; ties to the first class, like the models)."""
-        return np.argmax(self.scores(Z), axis=1)
+        if self.binary:
+            return (self._walk(Z)[:, 0] > 0).astype(np.intp)
+        return np.argmax(self._walk(Z), axis=1)
 
 
 def _neighbours(X, yi, pred0, idx, mv, k):
