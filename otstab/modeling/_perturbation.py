@@ -719,19 +719,29 @@ def _direction_search(pred, X, yi, idx, mv, rng, best, P, n_directions, max_radi
     _update(best, P, rows, t, U, X)
 
 
-def _refine_random(pred, X, yi, idx, mv, rng, best, P, n_refine, tol, n_per_round=8):
-    """Perturb each sample's best direction, scan up to its best radius; keep improvements."""
+def _refine_random(pred, X, yi, idx, mv, rng, best, P, n_refine, tol, n_per_round=8,
+                   keyed=False):
+    """Perturb each sample's best direction, scan up to its best radius; keep improvements.
+
+    ``keyed``: the random directions of a sample do not depend on which other samples are
+    refined (drawn for every row of X, then selected), so refining a subset gives each of its
+    samples the point that refining all of them gives."""
     grid = np.linspace(0.05, 1.0, 20)
+    every = None
     for rnd in range(n_refine):
         rows0 = idx[np.isfinite(best[idx]) & (best[idx] > 0)]
+        if keyed:
+            every = _random_units(rng, X.shape[0] * n_per_round, mv).reshape(
+                n_per_round, X.shape[0], -1)
         if rows0.size == 0:
             return
         base = P[rows0] - X[rows0]
         rad = np.sqrt(np.sum(base * base, axis=1))
         U0 = base / rad[:, None]
         sigma = 0.5 / (rnd + 1)
-        U = np.tile(U0, (n_per_round, 1)) + sigma * _random_units(
+        noise = every[:, rows0].reshape(-1, X.shape[1]) if every is not None else _random_units(
             rng, rows0.size * n_per_round, mv)
+        U = np.tile(U0, (n_per_round, 1)) + sigma * noise
         U = U * mv[None, :]
         U /= np.maximum(np.sqrt(np.sum(U * U, axis=1)), 1e-300)[:, None]
         rows = np.tile(rows0, n_per_round)
