@@ -62,6 +62,7 @@ except ImportError:  # pragma: no cover - numba is optional
     numba = None  # type: ignore[assignment]
 
 _KERNEL = None
+_prange = numba.prange if numba is not None else range
 _log = logging.getLogger(__name__)
 
 #: samples x trees from which the fast found side replaces the generic search (below it the
@@ -80,44 +81,50 @@ def _kernel():
     return _KERNEL
 
 
-def _compile():  # pragma: no cover - compiled
-    @numba.njit(parallel=True, nogil=True, cache=False)
-    def walk(C, feat, thr, leafval, base, depth, out):
-        """``out[r] = base + sum over trees t (in order) of leafval[t, leaf of C[r]]``;
-        tree ``t`` a complete binary tree of ``depth[t]`` levels (heap order).
+def _walk(C, feat, thr, leafval, base, depth, out):  # pragma: no cover - compiled
+    """``out[r] = base + sum over trees t (in order) of leafval[t, leaf of C[r]]``;
+    tree ``t`` a complete binary tree of ``depth[t]`` levels (heap order).
 
-        Blocks of rows in parallel (``prange``); in a block, a tree at a time and a level at a
-        time over the rows (independent loads the processor overlaps, where a row at a time
-        is a chain of dependent ones); the sum of each row is in tree order whatever the
-        blocks, so the scores do not depend on the number of threads."""
-        n = C.shape[0]
-        T = feat.shape[0]
-        K = base.shape[0]
-        nb = (n + _BLOCK - 1) // _BLOCK
-        for b in numba.prange(nb):
-            b0 = b * _BLOCK
-            m = min(n, b0 + _BLOCK) - b0
-            node = np.empty(m, dtype=np.int64)
-            acc = np.empty((m, K))
+    Blocks of rows in parallel (``prange``); in a block, a tree at a time and a level at a
+    time over the rows (independent loads the processor overlaps, where a row at a time
+    is a chain of dependent ones); the sum of each row is in tree order whatever the
+    blocks, so the scores do not depend on the number of threads."""
+    n = C.shape[0]
+    T = feat.shape[0]
+    K = base.shape[0]
+    nb = (n + _BLOCK - 1) // _BLOCK
+    for b in _prange(nb):
+        b0 = b * _BLOCK
+        m = min(n, b0 + _BLOCK) - b0
+        node = np.empty(m, dtype=np.int64)
+        acc = np.empty((m, K))
+        for r in range(m):
+            for k in range(K):
+                acc[r, k] = base[k]
+        for t in range(T):
             for r in range(m):
-                for k in range(K):
-                    acc[r, k] = base[k]
-            for t in range(T):
+                node[r] = 0
+            first = (1 << depth[t]) - 1
+            for _ in range(depth[t]):  # branchless: right iff c > threshold
                 for r in range(m):
-                    node[r] = 0
-                first = (1 << depth[t]) - 1
-                for _ in range(depth[t]):  # branchless: right iff c > threshold
-                    for r in range(m):
-                        nd = node[r]
-                        node[r] = 2 * nd + 1 + (C[b0 + r, feat[t, nd]] > thr[t, nd])
-                for r in range(m):
-                    leaf = node[r] - first
-                    for k in range(K):
-                        acc[r, k] += leafval[t, leaf, k]
+                    nd = node[r]
+                    node[r] = 2 * nd + 1 + (C[b0 + r, feat[t, nd]] > thr[t, nd])
             for r in range(m):
+                leaf = node[r] - first
                 for k in range(K):
-                    out[b0 + r, k] = acc[r, k]
-    return walk
+                    acc[r, k] += leafval[t, leaf, k]
+        for r in range(m):
+            for k in range(K):
+                out[b0 + r, k] = acc[r, k]
+
+
+def _compile():
+    """numba's compilation of :func:`_walk`, cached on disk where numba finds a place for it
+    (the compilation takes seconds), else compiled in each process."""
+    try:
+        return numba.njit(parallel=True, nogil=True, cache=True)(_walk)
+    except Exception:  # noqa: BLE001 - no cache locator (a read-only installation)
+        return numba.njit(parallel=True, nogil=True, cache=False)(_walk)
 
 
 #: rows of a block of the walk (a block's rows stay in cache over the trees)
