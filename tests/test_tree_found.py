@@ -133,3 +133,23 @@ def test_found_side_without_numba_uses_the_models_predict(lib, monkeypatch):
     best, P, rows, walked, rest, _ = tree_found.found_distances(table, predict, X, yi, mv, thr)
     assert walked == 0 and rows > X.shape[0]  # every probe by the model's own predict
     _check_found(model, X, y, best, P, exact_distances(model, X, y))
+
+
+@pytest.mark.parametrize("lib", [lib for lib in ENSEMBLES if lib in ("GradientBoosting",
+                                                                       "XGBoost")])
+def test_line_probes_do_not_depend_on_the_block_sizes(lib):
+    from otstab.modeling import _perturbation as perturbation
+    model, X, y = _fit(lib, 6, 3, 2, n=30)
+    _, predict, yi, _, thr = _found_inputs(model, X, y)
+    rng = np.random.default_rng(1)
+    B = X + rng.normal(size=X.shape)
+    f32 = perturbation._compares_float32(model)
+    for j in range(3):
+        sign = rng.choice([-1.0, 1.0], size=X.shape[0])
+        limit = rng.uniform(0.1, 3.0, size=X.shape[0])
+        runs = [perturbation._line_first_wrong(predict, B, yi, j, thr[j], X[:, j], sign, limit,
+                                               block=bl, first_block=fb, f32=f32)
+                for fb, bl in ((1, 1), (4, 32), (32, 32))]
+        assert np.isfinite(runs[0]).any()
+        for v in runs[1:]:
+            np.testing.assert_array_equal(v, runs[0])
