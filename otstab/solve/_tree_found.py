@@ -44,6 +44,7 @@ benchmark's XGBoost at 300 trees, 5,000 rows, a margin of 16 cost 1.5% on ``valu
 from __future__ import annotations
 
 import logging
+import threading
 
 import numpy as np
 
@@ -62,6 +63,9 @@ except ImportError:  # pragma: no cover - numba is optional
     numba = None  # type: ignore[assignment]
 
 _KERNEL = None
+#: one walk at a time: each already uses every core, and numba's fallback threading layer
+#: (workqueue, where neither OpenMP nor TBB is installed) aborts on concurrent launches
+_WALK_LOCK = threading.Lock()
 _prange = numba.prange if numba is not None else range
 _log = logging.getLogger(__name__)
 
@@ -253,7 +257,8 @@ class TreeEvaluator:
         with np.errstate(over="ignore", invalid="ignore"):
             C = np.ascontiguousarray(self.table.comparable(Z), dtype=self.thr.dtype)
         out = np.empty((Z.shape[0], self.base.size))
-        _kernel()(C, self.feat, self.thr, self.leafval, self.base, self.depth, out)
+        with _WALK_LOCK:
+            _kernel()(C, self.feat, self.thr, self.leafval, self.base, self.depth, out)
         return out
 
     def scores(self, Z):
