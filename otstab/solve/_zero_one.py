@@ -486,6 +486,8 @@ def _tied_last(w, below, tied, n_below):
     at = np.union1d(tied, np.arange(n_below, size))  # the holes below n_below, then the end
     order = np.concatenate([at[below[at]], at[~below[at]]])
     for arr in (w.idx, w.vals):
+        if arr.strides == (0,):  # one weight broadcast over the rows: every order is the same
+            continue
         arr[at] = arr[order]
 
 
@@ -512,7 +514,9 @@ def _weights(a, h, sol, theta2, divergence, n, cand, ac, q=None):
         vals = wm(np.maximum(h - ac, 0.0))
         return _Weights(n, base=float(wm(np.zeros(1))[0]), idx=cand, vals=vals, q=q), wm.alpha
     if math.isinf(theta2):
-        return _Weights(n, base=1.0, idx=cand, vals=np.ones(cand.size)), \
+        # every weight 1: one read-only number broadcast over the rows (no array of ones,
+        # which at r near 1 is an n-vector)
+        return _Weights(n, base=1.0, idx=cand, vals=np.broadcast_to(1.0, (cand.size,))), \
             (None if divergence == "kl" else 0.0)
     info = sol.info if sol is not None else {}
     if divergence == "kl" and info.get("unit_weight", 0.0) > 1e-250 and math.isfinite(h):
