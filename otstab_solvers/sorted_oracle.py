@@ -666,6 +666,54 @@ class SortedTwoPiece:
                       "wd": scale * (dB * E1 - dA * Enu), "d": dB * p_l - dA * Snu,
                       "phi": phi_sum, "T": theta2 * (M - L)}
 
+    def chi2_sums(self, h: float, theta2: float):
+        """:meth:`moving_sums` for chi2 (the fully sorted view): the same ``(rule, sums)``,
+        the weights ``((l_h + alpha) / (2 theta2) + 1)_+`` at the view's own ``alpha`` at
+        ``h`` (the right side, as the dual's term), in one pass over the samples that move
+        (no exp; the weights of the others are that of ``l_h = 0``). ``sums`` also holds
+        ``alpha`` and ``T_abs`` (the sum of the absolute terms of ``T``, its rounding scale).
+        """
+        if self.kind != "hinge":
+            raise ValueError("chi2_sums serves the hinge kind")
+        self._whole("chi2_sums")
+        n = self.n
+        p_l, p_r = self.count(h, "left"), self.count(h, "right")
+        A, B, dA, dB, d2 = self.coefficients(h)
+        alpha = float(self._chi2(p_r, A, B, dA, dB, d2, theta2)[3])
+        left, right = self.thresholds(h)
+        rule = KeyRule(left, right, 0.0, 0.0, 0.0, 1.0, dA, dB, alpha=alpha, A=A, B=B,
+                       theta2=theta2)
+        two = 2.0 * theta2
+        x, e = self._kl_buffers()
+        W = WD = PHI = T = T_abs = Snu = 0.0
+        nu = self.nu
+        for s in range(0, p_l, KL_BLOCK):
+            nb = nu[s:min(s + KL_BLOCK, p_l)]
+            wb = _chi2_weights(nb, A, B, alpha, theta2, e)
+            W += float(wb.sum())
+            Snu += float(nb.sum())
+            db = np.multiply(nb, -dA, out=x[:nb.size])  # the loss at the moved point
+            db += dB
+            WD += float(wb @ db)
+            # T's terms theta2 (w^2 - 1) = v + v^2 / (4 theta2) (v = l + alpha; -theta2 where
+            # the weight is 0), and phi = (w - 1)^2, written without w - 1 ~ 0 cancelling
+            v = np.multiply(nb, -A, out=x[:nb.size])
+            v += B
+            np.maximum(v, 0.0, out=v)
+            v += alpha
+            act = v + two > 0.0
+            tv = np.where(act, v + v * v / (2.0 * two), -theta2)
+            T += float(tv.sum())
+            T_abs += float(np.abs(tv).sum())
+            dv = np.where(act, v / two, -1.0)  # w - 1
+            PHI += float(dv @ dv)
+        v0 = alpha  # every other sample: l_h = 0
+        t0 = v0 + v0 * v0 / (2.0 * two) if v0 + two > 0.0 else -theta2
+        T = (T + (n - p_l) * t0) / n - alpha
+        T_abs = (T_abs + (n - p_l) * abs(t0)) / n + abs(alpha)
+        return rule, {"p_l": p_l, "p_r": p_r, "w": W, "wd": WD, "d": dB * p_l - dA * Snu,
+                      "phi": PHI, "T": T, "T_abs": T_abs, "alpha": alpha}
+
 
 @dataclass(frozen=True)
 class KeyRule:
@@ -689,6 +737,12 @@ class KeyRule:
     dA: float
     dB: float
     unit: bool = False
+    #: chi2 (:meth:`SortedTwoPiece.chi2_sums`): the weight is ``((l_h + alpha) / (2 theta2) +
+    #: 1)_+`` with ``l_h = max(A u + B, 0)``; None: KL or unit weights
+    alpha: float | None = None
+    A: float = 0.0
+    B: float = 0.0
+    theta2: float = math.inf
 
     def moving(self, nu: np.ndarray) -> np.ndarray:
         return nu < self.left
@@ -700,17 +754,35 @@ class KeyRule:
         """The weights of samples with keys ``nu``."""
         if self.unit:
             return np.ones(np.shape(nu))
+        if self.alpha is not None:
+            return _chi2_weights(nu, self.A, self.B, self.alpha, self.theta2,
+                                 np.empty(np.shape(nu)))
         x = _exponents(nu, self.k1, self.k0, self.x0, np.empty(np.shape(nu)))
         np.exp(x, out=x)
         x *= self.scale
         return x
 
     def stay_weight(self) -> float:
+        if self.alpha is not None:
+            return max(self.alpha / (2.0 * self.theta2) + 1.0, 0.0)
         return 1.0 if self.unit else self.scale * math.exp(self.x0)
 
     def loss_moved(self, nu: np.ndarray) -> np.ndarray:
         """``dA u + dB`` (``u = -nu``): the loss at the moved point of a moving sample."""
         return self.dB - self.dA * nu
+
+
+def _chi2_weights(nu, A, B, alpha, theta2, buf):
+    """chi2 weights ``((l + alpha) / (2 theta2) + 1)_+`` of the keys ``nu`` in ``buf``, with
+    ``l = max(A u + B, 0)`` (``u = -nu``; the arithmetic of the keyed sums)."""
+    w = np.multiply(nu, -A, out=buf[:np.size(nu)])
+    w += B
+    np.maximum(w, 0.0, out=w)
+    w += alpha
+    w *= 1.0 / (2.0 * theta2)
+    w += 1.0
+    np.maximum(w, 0.0, out=w)
+    return w
 
 
 def _exponents(nu, k1, k0, floor, buf):
