@@ -47,6 +47,8 @@ KL_BLOCK = 1 << 14
 #: keys per block of the blocked prefix sums (:meth:`_Keys.at`): one sum per block is kept,
 #: and the keys up to a position inside a block are summed when asked (at most this many)
 PREFIX_BLOCK = 256
+#: the sums of this many recent KL passes are kept for :meth:`SortedTwoPiece.moving_sums`
+_KL_SUMS_KEPT = 4
 #: a KL evaluation sums ``expm1`` in a second pass (instead of taking ``log(Z / n)``) only when
 #: ``Z / n``, the mean of the shifted weights, is within this share of one (see :meth:`_kl`)
 EXPM1_SHARE = 1.0 / 16.0
@@ -186,6 +188,8 @@ class SortedTwoPiece:
         self._sorted = _sorted
         self.nu, self.n_fin, self.umax = _sorted.nu, _sorted.n_fin, _sorted.umax
         self.n = self.nu.size
+        #: the sums of recent KL passes that :meth:`moving_sums` reads again (``_kl``)
+        self._kl_sums: dict = {}
 
     @classmethod
     def window(cls, fill, n: int, c: float, h_lo: float, h_hi: float, umax: float, *,
@@ -421,16 +425,24 @@ class SortedTwoPiece:
         else:
             x, e = self._kl_buffers()
             k1, k0, floor = self._exponent_map(p, A, B, theta2, M)
-            Z1 = S1 = S2 = 0.0
+            Z1 = S1 = S2 = Enu = Ex = Snu = 0.0
             for s in range(0, p, KL_BLOCK):
                 nb = nu_all[s:min(s + KL_BLOCK, p)]
                 xb, eb = _exponents(nb, k1, k0, floor, x), e[:nb.size]
                 np.exp(xb, out=eb)
                 Z1 += float(eb.sum())
+                # (what moving_sums sums at this h: read there instead of a pass of its own)
+                Enu += float(eb @ nb)
+                Ex += float(eb @ xb)
+                Snu += float(nb.sum())
                 dev = np.subtract(nb, c, out=xb)
                 S1 += float(eb @ dev)
                 np.multiply(eb, dev, out=eb)
                 S2 += float(eb @ dev)
+        if A != 0.0:
+            if len(self._kl_sums) >= _KL_SUMS_KEPT:
+                self._kl_sums.pop(next(iter(self._kl_sums)))
+            self._kl_sums[(p, A, B, theta2)] = (M, Z1, Enu, Ex, Snu)
         e0 = math.exp(max(-M, -700.0))
         Z = Z1 + (n - p) * e0
         Zu = -(S1 + c * Z1)  # sum e u
@@ -441,9 +453,10 @@ class SortedTwoPiece:
             # 2.5 times the cost of the exp pass). log(Z / n) is off by a few ulps of 1 (Z's
             # relative rounding), log1p of the expm1 sums by a few ulps of |log(Z / n)|, and
             # both are added to M: further from one (|log(Z / n)| > EXPM1_SHARE, so M >
-            # EXPM1_SHARE too) the pass would shrink the rounding of M + log(Z / n) by at most
-            # a factor 1 + 1 / EXPM1_SHARE, which a term near the base risk (M ~ 0.18, Z / n ~
-            # 0.87 at theta2 = 0.25) paid for with 1.4 X @ coef at n = 1e6
+            # EXPM1_SHARE too) the pass would shrink the rounding of M + log(Z / n) by a
+            # factor of at most about 1 + c / EXPM1_SHARE (c: the few ulps), and near the
+            # base risk (M ~ 0.18, Z / n ~ 0.87 at theta2 = 0.25, n = 1e6) it took 12 ms of an
+            # evaluation's 22
             if A == 0.0:
                 zm1 = p * math.expm1(max(B / theta2 - M, -700.0))
             else:
@@ -634,7 +647,15 @@ class SortedTwoPiece:
         k1, k0, x0 = -A / theta2, B / theta2 - M, max(-M, -700.0)
         x, e = self._kl_buffers()
         Z = E1 = Enu = Ex = Snu = 0.0
-        for s in range(0, p_r, KL_BLOCK):
+        known = self._kl_sums.get((p_r, A, B, theta2)) if p_l == p_r else None
+        if known is not None and known[0] == M:
+            # the solver's pass at this very h (no tied sample: every one of the p samples
+            # moves on both sides) summed the same blocks with the same exponents (the floor
+            # x0 binds no moving sample: their l_h exceeds the tie tolerance, far above the
+            # rounding of x), so its sums are these, bit for bit
+            _, Z, Enu, Ex, Snu = known
+            E1 = Z
+        for s in range(0, p_r if known is None else 0, KL_BLOCK):
             stop = min(s + KL_BLOCK, p_r)
             nb = nu[s:stop]
             xb, eb = _exponents(nb, k1, k0, x0, x), e[:nb.size]

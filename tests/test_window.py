@@ -252,6 +252,33 @@ def test_chi2_sums_and_key_rule_match_dense_chi2(theta2, kind):
         assert sums["T"] == pytest.approx(T, rel=1e-11, abs=1e-12 * sums["T_abs"])
 
 
+@pytest.mark.parametrize("theta2", [0.05, 1.0, 1e6])
+@pytest.mark.parametrize("windowed", [False, True])
+def test_moving_sums_reuse_the_solver_pass_bit_for_bit(theta2, windowed):
+    """moving_sums at an h the KL evaluation has just summed (no tied sample) reads that
+    pass's sums (issue 31: one exp pass less per certificate): the same numbers, bit for
+    bit, as its own pass; a tied h or another h makes its own pass."""
+    rng = np.random.default_rng(13)
+    n, c = 5000, 0.6
+    u = np.round(rng.standard_normal(n), 2)  # (ties at some kinks)
+    _, full, win = views(u, c, 0.2, 0.9)
+    view = win if windowed else full
+    kink = float(np.sort(-u)[np.searchsorted(np.sort(-u), 0.5 * c)]) / c  # a tied key's kink
+    tied = []
+    for h in (0.2512, 0.5037, 0.8071, kink):
+        view._kl_sums.clear()
+        fresh = view.moving_sums(h, theta2)[1]
+        view.reduce(h, "right", theta2, "kl")
+        assert (fresh["p_r"], h, c * h * h, theta2) in view._kl_sums
+        again = view.moving_sums(h, theta2)[1]
+        assert again == fresh  # (dicts of floats: equal bit for bit)
+        tied.append(fresh["p_l"] < fresh["p_r"])
+    assert tied == [False, False, False, True]
+    view.reduce(0.3, "right", theta2, "kl")  # (another h: its own pass)
+    if not windowed:
+        assert view.moving_sums(0.31, theta2)[1] == full.moving_sums(0.31, theta2)[1]
+
+
 def test_moving_sums_sums_phi_per_sample_when_weights_are_near_one():
     """At theta2 = 1e12 every weight is 1 + O(1e-12): phi ~ 1e-25 per sample, and the pass's
     sums (of size n) would cancel to rounding; given a tight phi_atol the sum is per sample."""
