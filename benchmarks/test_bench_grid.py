@@ -125,10 +125,6 @@ def test_grid(benchmark, loss, rpoint, price, kind, n):
     if kind != "float64" and not bl.FULL and benchmark.disabled:
         pytest.skip("correctness-only quick run: float32 and DataFrame inputs are covered by "
                     "tests/test_float32.py and tests/test_no_copy.py")
-    if loss == "logistic" and (rpoint, price) != ("middle", "kl") and not bl.FULL \
-            and benchmark.disabled:
-        pytest.skip("correctness-only quick run: one logistic point (each takes seconds: a "
-                    "Newton solve per sample and pass)")
     model, X, y, base, top = _data(loss, n, kind)
     divergence, theta2 = PRICES[price]
     r = base + R_POINTS[rpoint] * (top - base)

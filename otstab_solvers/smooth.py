@@ -47,7 +47,7 @@ import time
 import numpy as np
 from scipy.special import expit
 
-from .logistic_uniform import two_branch_steps, uniform_steps
+from .logistic_uniform import StepTable, two_branch_steps, uniform_steps
 from .result import FAILED, INACCURATE, OPTIMAL, DualSolution
 
 __all__ = [
@@ -69,6 +69,22 @@ __all__ = [
 def _softplus(u: np.ndarray) -> np.ndarray:
     """log(1 + exp(u)), stable for all u."""
     return np.logaddexp(0.0, u)
+
+
+def _softplus_at(u: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """``log(1 + exp(u))`` from ``s = sigmoid(u)`` (to an ulp or two): ``max(u, 0) +
+    log1p(q)`` with ``q = exp(-|u|)`` the ratio of the smaller of ``s`` and ``1 - s`` to the
+    larger (``1 - s`` is exact where ``s >= 1/2``; where ``q`` is below the rounding of ``s``
+    it is added to ``u``, far above it): one ``log1p`` per sample instead of ``logaddexp``'s
+    exponential and logarithm."""
+    r = np.subtract(1.0, s)
+    q = np.minimum(s, r)
+    np.maximum(s, r, out=r)
+    q /= r
+    np.log1p(q, out=q)
+    np.maximum(u, 0.0, out=r)
+    q += r
+    return q
 
 
 def _as_vector(v, name: str, copy: bool = True) -> np.ndarray:
@@ -298,8 +314,10 @@ def _uniform_dtransform(m: np.ndarray, c: float, h: float, start=None, keep=None
     """:func:`logistic_dtransform` for one price ``c`` (finite, > 0) and ``h > 0``: the lean
     Newton solve of :func:`~otstab_solvers.logistic_uniform.uniform_steps` (first iterates
     ``start``, default its own), and :func:`logistic_steps` for the samples it does not
-    accept. ``keep(u)`` receives the roots ``u = t - m`` (a warm start for a later ``h``).
-    ``steps_only``: ``(None, None, None, t)``, the steps alone."""
+    accept. ``keep(u, t, lh, loss)`` receives the roots ``u = t - m`` (a warm start for a later
+    ``h``), the steps ``t`` (read again at the same ``h`` by :meth:`LogisticOracle.step_rows`),
+    ``l_h`` and the loss at the maximiser (None with ``steps_only``). ``steps_only``:
+    ``(None, None, None, t)``, the steps alone."""
     u, s, rest = uniform_steps(m, c, h, start)
     T = h / (2.0 * c)
     t = s * T
@@ -314,11 +332,11 @@ def _uniform_dtransform(m: np.ndarray, c: float, h: float, start=None, keep=None
         t[rest] = tr
         u[rest] = tr - mr
         s[rest] = expit(u[rest])
-    if keep is not None:
-        keep(u)
     if steps_only:
+        if keep is not None:
+            keep(u, t, None, None)
         return None, None, None, t
-    loss_star = _softplus(u)
+    loss_star = _softplus_at(u, s)
     lh = h * loss_star
     lh -= c * t * t
     denom = s * (1.0 - s)
@@ -326,6 +344,8 @@ def _uniform_dtransform(m: np.ndarray, c: float, h: float, start=None, keep=None
     denom += 2.0 * c
     with np.errstate(divide="ignore", invalid="ignore"):
         d2 = s * s / denom
+    if keep is not None:
+        keep(u, t, lh, loss_star)
     return lh, loss_star, d2, t
 
 
@@ -394,7 +414,11 @@ class LogisticOracle:
         self.h_max = math.inf
         self._X = self._signs = self._direction = None
         self._cache: tuple | None = None
-        self._warm: dict | None = None  # block (start, stop) -> (h, its roots u)
+        self._warm: dict | None = None  # block (start, stop) -> (h, its steps t)
+        #: (smallest, largest margin): the range of the table of steps (computed on first
+        #: need; a caller that knows it may set it)
+        self.margin_range: tuple | None = None
+        self._step_table: tuple | None = None  # (h, StepTable)
 
     @classmethod
     def of_scores(cls, scores, signs, direction_norm2, theta1, *,
@@ -481,15 +505,55 @@ class LogisticOracle:
         """The lean solve of a block of rows started from the roots it had at the last ``h``
         when that was within 10% (kept in float64: the search's last steps move h by some
         1e-9 or less, so the start is within about that of the root, and one Halley step
-        finishes it with Newton's error estimate far below an ulp: no confirming step)."""
+        finishes it with Newton's error estimate far below an ulp: no confirming step).
+        ``steps_only`` at the very ``h`` of the last solve: its steps, as they were kept."""
         assert self._warm is not None
         last = self._warm.get(key)
-        start = last[1] if last is not None and abs(h - last[0]) <= 0.1 * h else None
+        if steps_only and last is not None and last[0] == h:
+            return None, None, None, last[1]  # this h's maximisers (Q*'s build after a pass)
+        if last is not None and abs(h - last[0]) <= 0.1 * h:
+            start = last[1] - m
+        else:  # a block read at a new h: from the table of this h's steps
+            start = self._table(c, h).start(m)
 
-        def keep(u):
+        def keep(u, t, lh, loss):
             assert self._warm is not None
-            self._warm[key] = (h, u)  # (not written to after this call)
+            # (not written to after this call); the loss too where asked
+            self._warm[key] = (h, t, loss) if self.keep_values else (h, t, None)
         return _uniform_dtransform(m, c, h, start, keep, steps_only)
+
+    def _table(self, c: float, h: float) -> StepTable:
+        """The :class:`~otstab_solvers.logistic_uniform.StepTable` of ``h`` over the range
+        of the margins (one per ``h``: the last is kept)."""
+        if self._step_table is not None and self._step_table[0] == h:
+            return self._step_table[1]
+        if self.margin_range is None:
+            lo, hi = math.inf, -math.inf
+            for s in range(0, self.n, 1 << 16):
+                mb = self._margins_of(slice(s, min(s + (1 << 16), self.n)))
+                lo, hi = min(lo, float(mb.min())), max(hi, float(mb.max()))
+            self.margin_range = (lo, hi)
+        lo, hi = self.margin_range
+        table = StepTable(lo, hi, lambda g: _uniform_dtransform(g, c, h, steps_only=True)[3])
+        self._step_table = (h, table)
+        return table
+
+    #: :meth:`transform_rows` of a slice keeps its loss at the maximiser with its steps (one
+    #: more n-vector), for :meth:`kept` (set by the caller)
+    keep_values = False
+
+    def kept(self, h: float, rows: slice, *, drop: bool = False):
+        """``(loss at the maximiser, step)`` of the slice ``rows`` as its last read at ``h``
+        kept them (:attr:`keep_values`), or None. ``drop``: forget them (read once)."""
+        if self._warm is None:
+            return None
+        key = (rows.start, rows.stop)
+        last = self._warm.get(key)
+        if last is None or last[0] != h or last[2] is None:
+            return None
+        if drop:
+            del self._warm[key]
+        return last[2], last[1]
 
     def may_switch(self, h: float) -> bool:
         """Whether ``l_h`` may have a switching point at ``h``: only where the inner problem
@@ -501,6 +565,7 @@ class LogisticOracle:
         """Drop the warm starts of :meth:`transform_rows` (an n-vector)."""
         if self._warm is not None:
             self._warm.clear()
+        self._step_table = None
 
     def evaluate(self, h: float):
         """``(l_h, dl_h/dh, d2l_h/dh2)`` at ``h``, each of shape (n,)."""

@@ -287,7 +287,7 @@ def test_german_default_cost_is_auto_and_q_star_is_valid():
 
 def test_edges_before_the_dual():
     """r at or below the base logistic risk: Q* = P0 (status zero, value 0); nothing may move
-    or be reweighted (theta1 = theta2 = inf): a clear error, not a number."""
+    or be reweighted (theta1 = theta2 = inf): unreachable, as under the encoded cost."""
     pipe, X, y = _small()
     cost = DataCost(**SMALL_COST)
     sign = np.where(np.asarray(y) == pipe.classes_[1], 1.0, -1.0)
@@ -295,6 +295,37 @@ def test_edges_before_the_dual():
     res = otstab.certify(pipe, X, y, loss="logistic", r=0.5 * base, cost=cost)
     assert res.status == "zero" and res.value == 0.0
     assert res.risk_base == pytest.approx(base, rel=1e-12)
-    with pytest.raises(otstab.errors.SolverError, match="nothing can move"):
-        otstab.certify(pipe, X, y, loss="logistic", r=base + 0.1, theta1=math.inf,
-                       theta2=math.inf, cost=cost)
+    for c in (cost, "encoded"):
+        res = otstab.certify(pipe, X, y, loss="logistic", r=base + 0.1, theta1=math.inf,
+                             theta2=math.inf, cost=c)
+        assert res.status == "unreachable" and math.isinf(res.value)
+
+
+@pytest.mark.parametrize("loss", ["hinge", "logistic", "cross_entropy"])
+def test_reweighting_only_edges_match_the_encoded_cost(loss):
+    """theta1 = inf (nothing moves, so the cost is irrelevant): above the largest loss r is
+    unreachable, at it the limit value theta2 log(1 / P(A)), below it the reweighting dual --
+    the DataCost answers equal the encoded cost's, which decide these edges the same way for
+    every model."""
+    if loss == "cross_entropy":
+        from test_datacost_cross_entropy import _three_class
+        pipe, X, y = _three_class()
+        S = pipe.predict_log_proba(X)
+        loss0 = -S[np.arange(len(X)), np.searchsorted(pipe.classes_, y)]
+    else:
+        pipe, X, y = _small()
+        sign = np.where(np.asarray(y) == pipe.classes_[1], 1.0, -1.0)
+        m = sign * pipe.decision_function(X)
+        loss0 = np.maximum(1.0 - m, 0.0) if loss == "hinge" else _softplus(-m)
+    top = float(loss0.max())
+    cost = DataCost(**SMALL_COST)
+    for r, want in ((1.1 * top, "unreachable"), (top, "optimal"),
+                    (0.5 * (top + loss0.mean()), "optimal")):
+        got = [otstab.certify(pipe, X, y, loss=loss, r=r, theta1=math.inf, theta2=0.5,
+                              cost=c) for c in (cost, "encoded")]
+        assert [g.status for g in got] == [want, want]
+        if want == "unreachable":
+            assert all(math.isinf(g.value) for g in got)
+        else:
+            assert got[0].value == pytest.approx(got[1].value, rel=1e-9)
+            assert got[0].risk_star == pytest.approx(r, rel=1e-9)

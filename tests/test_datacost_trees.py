@@ -28,6 +28,8 @@ from test_trees import sk_thresholds
 import otstab
 from otstab.errors import ValidationError
 from otstab.modeling._datacost import DataCost
+from otstab.modeling._losses import get_loss
+from otstab.solve._datacost_certify import choose_cost
 
 xgboost = pytest.importorskip("xgboost")
 lightgbm = pytest.importorskip("lightgbm")
@@ -306,6 +308,25 @@ def test_german_encoded_collapses():
     lower = res.value_lower if res.status == "bounds" else res.value
     enc_up = enc.value_upper if enc.status == "bounds" else enc.value
     assert enc_up < 0.1 * lower
+
+
+def test_tree_pipelines_default_to_the_datacost():
+    """No cost= for a tree Pipeline with encoders on raw data and the 0/1 loss: the DataCost
+    (the encoded cost collapses there: test_german_encoded_collapses), said so, the same
+    answer as cost="auto"; the tree search's options keep it; an option of the encoded
+    search, or a smooth loss, keeps the encoded cost."""
+    _, tp, X, y, _, _ = _german_tree("hgb")
+    Xe, ye = X.iloc[:30].reset_index(drop=True), y.iloc[:30].reset_index(drop=True)
+    base = float(np.mean(tp.predict(Xe) != ye))
+    res = otstab.certify(tp, Xe, ye, loss="zero_one", r=base + 0.1, max_nodes=40)
+    assert res.info["cost_used"].startswith("auto (default")
+    assert res.value_lower > 0
+    zero_one, logistic = get_loss("zero_one"), get_loss("logistic")
+    assert choose_cost(None, tp, Xe, zero_one, options=("max_nodes", "rtol"))[0] is not None
+    assert choose_cost(None, tp, Xe, zero_one, options=("n_directions",))[0] is None
+    assert choose_cost(None, tp, Xe, logistic)[0] is None
+    # worst_case_risk's exact oracles are the linear models': encoded there
+    assert choose_cost(None, tp, Xe, zero_one, trees_too=False)[0] is None
 
 
 # slow: runs in the newest-versions environment only (xgboost 2.0, the oldest allowed, lacks

@@ -289,7 +289,8 @@ def worst_case_risk(model, X, y, *, loss, eps: float, theta1: float = 1.0,
     loss_obj = get_loss(loss)
     data_cost, _how = datacost_certify.choose_cost(cost, model, X, loss_obj, features=features,
                                                    feature_costs=feature_costs, solver=solver,
-                                                   options=tuple(solver_options))
+                                                   options=tuple(solver_options),
+                                                   trees_too=False)
     cost = "encoded" if data_cost is None else data_cost  # the certificates' cost: this one
     if data_cost is not None:  # a cost on the raw variables (otstab.datacost_certify)
         if feature_costs is not None:

@@ -5,15 +5,20 @@ d-transform of the unit ``J`` (its columns) is the one of the margins ``m_i = y_
 the price ``c_J = theta1 / sum_{j in J} w_j^2``, the same for every sample
 (:class:`otstab_solvers.smooth.LogisticOracle`). So every unit shares the model's scores and
 the binned margins (:mod:`otstab_solvers.logistic_binned`, binned once), and each unit costs
-the binned dual (``O(K)`` per evaluation) and one or two exact passes over the margins:
+the binned dual (``O(K)`` per evaluation) and one or two exact passes over the margins
+(:func:`otstab_solvers.logistic_pass.solve_at_root`):
 
 1. ``h_c``, the root of the dual on the binned margins;
-2. the exact ``l_h``, loss at the maximiser and ``d2 l_h / dh2`` of every sample at ``h_c``:
-   the dual ``F(h_c) = h_c r - T(l_h)`` (``T`` the divergence term, exact: the weights of
-   :func:`otstab_solvers.weights.weight_map`), its derivative ``g = r - E_w[loss*]`` and
+2. the exact dual at ``h_c`` in one pass over the margins (each sample's ``l_h``, loss at the
+   maximiser and ``d2 l_h / dh2``, summed over blocks, never held together): ``F(h_c) = h_c r
+   - T(l_h)`` (``T`` the divergence term, exact), its derivative ``g = r - E_w[loss*]`` and
    curvature;
-3. if ``|g| > 1e-9 r`` one Newton step ``h_1 = h_c + g / curv`` (warm-started) and the
-   same at ``h_1``.
+3. if ``|g| > 1e-9 r`` a Newton step ``h_1 = h_c + g / curv`` (warm-started) and the same at
+   ``h_1`` (up to three steps within 1 % of ``h_c``).
+
+Each unit's pass starts its Newton iterations from a table of the exact steps of its ``h``
+(:class:`otstab_solvers.logistic_uniform.StepTable`), over the range of the margins found
+once for all units.
 
 The score is accepted when ``|g| <= 1e-9 r`` at its ``h`` (:data:`G_RTOL`; the most
 sensitive distribution there has the risk ``r - g``, which certify's audit would accept
@@ -33,9 +38,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from otstab_solvers import logistic_binned
+from otstab_solvers import logistic_binned, logistic_pass
 from otstab_solvers.smooth import LogisticOracle
-from otstab_solvers.weights import weight_map
 
 from ..modeling._nonlinear import loss_name
 from ..solve._piecewise import edge_kind
@@ -67,34 +71,6 @@ def _applies(prob, r, theta1, theta2, moderate) -> bool:
     return edge_kind(None, r, theta2, True, None, stats=prob.loss_stats()) is None
 
 
-def _at(oracle, h, n, r, theta2, divergence, lh, d1, d2):
-    """(F, g, curv, risk of Q*, moved risk) of the exact dual at ``h`` (fills ``lh``, ``d1``
-    and ``d2``: each sample's l_h, loss at the maximiser and d2 l_h / dh2)."""
-    for s in range(0, n, BLOCK):
-        e = min(s + BLOCK, n)
-        lh[s:e], d1[s:e], d2[s:e] = oracle.transform_rows(h, slice(s, e))[:3]
-    wm = weight_map(lh, theta2, divergence)
-    w = wm(lh)
-
-    def dot(a, b):  # (einsum, not a BLAS dot: no threads spawned on a busy machine)
-        return float(np.einsum("i,i->", a, b))
-
-    risk = dot(w, d1) / n
-    moved = float(np.sum(d1)) / n
-    g = r - risk
-    if math.isinf(theta2):
-        curv = float(np.sum(d2)) / n
-    elif divergence == "kl":  # E_w d2 + Var_w(d1) / theta2
-        dev = d1 - risk
-        dev *= dev
-        curv = dot(w, d2) / n + dot(w, dev) / n / theta2
-    else:  # chi2: E_w d2 + the variance of d1 over the active samples / (2 theta2)
-        da = d1[w > 0]
-        da -= da.mean()
-        curv = (dot(w, d2) + dot(da, da) / (2.0 * theta2)) / n
-    return h * r - wm.term, g, curv, risk, moved
-
-
 def logistic_feature_scores(prob, units, r, theta1, theta2, divergence, moderate):
     """``[(score, h, share_moving, share_reweighting) or None]`` for ``units`` (``[(label,
     columns)]``; None: certify that unit on its own), or None where this path does not apply
@@ -106,8 +82,8 @@ def logistic_feature_scores(prob, units, r, theta1, theta2, divergence, moderate
     points, mass = logistic_binned.binned_margins(
         lambda s, e: signs[s:e] * scores[s:e], n)
     base = prob.loss_stats()[0]
-    lh, d1, d2 = np.empty(n), np.empty(n), np.empty(n)
     W = prob.scorer.W[0]
+    m_range = None
     out: list = []
     for _label, cols in units:
         a = float(np.sum(W[cols] ** 2))
@@ -116,19 +92,19 @@ def logistic_feature_scores(prob, units, r, theta1, theta2, divergence, moderate
         if h is None:
             out.append(None)
             continue
-        oracle = LogisticOracle.of_scores(scores, signs, a, theta1)  # (warm: the 2nd pass)
-        F, g, curv, risk, moved = _at(oracle, h, n, r, theta2, divergence, lh, d1, d2)
-        if abs(g) > G_RTOL * abs(r) and curv > 0:
-            h1 = h + g / curv
-            if h1 > 0:
-                h = h1
-                F, g, curv, risk, moved = _at(oracle, h, n, r, theta2, divergence, lh, d1, d2)
-        if not (abs(g) <= G_RTOL * abs(r) and math.isfinite(F)):
+        oracle = LogisticOracle.of_scores(scores, signs, a, theta1)  # (warm: a 2nd pass)
+        if m_range is not None:
+            oracle.margin_range = m_range  # (one range for every unit's table of steps)
+        sol = logistic_pass.solve_at_root(oracle, n, h, r, theta2, divergence, block=BLOCK,
+                                          g_rtol=G_RTOL)
+        m_range = oracle.margin_range
+        if sol is None or not math.isfinite(sol.value):
             out.append(None)
             continue
+        risk, moved = r - sol.info["g"], sol.info["moved"]
         excess = risk - base
         if excess > 0:
-            out.append((F, h, (moved - base) / excess, (risk - moved) / excess))
+            out.append((sol.value, sol.h, (moved - base) / excess, (risk - moved) / excess))
         else:
-            out.append((F, h, 0.0, 0.0))
+            out.append((sol.value, sol.h, 0.0, 0.0))
     return out

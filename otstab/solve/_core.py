@@ -10,6 +10,7 @@ sensitive distribution Q* built from it and decides the status.
 from __future__ import annotations
 
 import functools
+import math
 import time
 
 from ..errors import ValidationError
@@ -23,7 +24,7 @@ from ..modeling._threads import one_blas_thread
 from . import _dask_path as dask_path
 from . import _inference as inference
 from ._datacost_certify import certify_datacost, choose_cost
-from ._piecewise import solve_reduced
+from ._piecewise import reweighting_only_result, solve_reduced
 from ._results import StabilityResult
 from ._smooth import certify_smooth
 from ._zero_one import certify_distances, certify_zero_one_problem, certify_zero_one_search
@@ -86,14 +87,16 @@ def certify(model, X, y, *, loss: str | Loss, r: float, theta1: float = 1.0,
         variables, with Q* made of valid raw rows (:mod:`otstab.datacost`); exact for the 0/1
         loss of linear classifiers and the hinge and logistic losses of binary ones (and
         Pipelines ending in them: :mod:`otstab.datacost_zero_one`,
-        :mod:`otstab.datacost_hinge`, :mod:`otstab.datacost_smooth`). None: ``"auto"`` when
-        a Pipeline with encoders (OneHotEncoder, OrdinalEncoder) gets a raw DataFrame and
-        those paths are exact for it and the loss, else ``"encoded"``; ``res.info
-        ["cost_used"]`` (and the summary) says which cost was used and why
-        (:func:`otstab.datacost_certify.choose_cost`). For the 0/1 loss of tree classifiers
-        (scikit-learn, XGBoost, LightGBM, CatBoost) under a given DataCost: a certified
-        interval from leaf boxes rewritten in the raw variables
-        (:mod:`otstab.solve._datacost_trees`), exact when every search completes.
+        :mod:`otstab.datacost_hinge`, :mod:`otstab.datacost_smooth`). For the 0/1 loss of
+        tree classifiers (scikit-learn, XGBoost, LightGBM, CatBoost) under a DataCost: a
+        certified interval from leaf boxes rewritten in the raw variables
+        (:mod:`otstab.solve._datacost_trees`), exact when every search completes. None:
+        ``"auto"`` when a Pipeline with encoders (OneHotEncoder, OrdinalEncoder) gets a raw
+        DataFrame and those paths answer its final estimator and the loss (linear models;
+        tree classifiers with the 0/1 loss, where the encoded cost collapses: a fraction of
+        a one-hot indicator crosses a split), else ``"encoded"``; ``res.info["cost_used"]``
+        (and the summary) says which cost was used and why
+        (:func:`otstab.datacost_certify.choose_cost`).
     se : "analytic" (default), "bootstrap", ``otstab.inference.Bootstrap(n_resamples,
         random_state, interval, progress)`` or None
         Sampling uncertainty of R (``res.se``, ``res.ci(level)``,
@@ -213,6 +216,10 @@ def _solve(prob, loss_obj, r, theta1, theta2, divergence, solver, mask, t_start,
 
 def _dispatch(prob, loss_obj, r, theta1, theta2, divergence, solver, mask, t_start,
               **solver_options) -> StabilityResult:
+    if prob.scorer is None and math.isinf(theta1):
+        # nothing moves: the model is only evaluated at the data, and the reweighting dual
+        # of its own losses is exact (no search, no bounds)
+        return reweighting_only_result(prob, r, theta1, theta2, divergence, t_start)
     if isinstance(loss_obj, ZeroOne):
         if prob.scorer is not None and solver != "first_order":
             return certify_zero_one_problem(prob, r, theta1, theta2, divergence, mask, solver,

@@ -50,12 +50,17 @@ def _has_encoders(model) -> bool:
     return rmap is not None and any(v.kind in ENCODERS for v in rmap.variables)
 
 
-def _supported(model, loss) -> bool:
-    """Whether the DataCost paths are exact for this Pipeline's final estimator and loss."""
+def _supported(model, loss, trees_too=True) -> bool:
+    """Whether the DataCost paths answer this Pipeline's final estimator and loss as well as
+    the encoded cost does: exactly (linear models), or, for tree classifiers and the 0/1 loss
+    (``trees_too``), with a certified interval on valid raw rows that is as fast and as tight
+    as the encoded cost's on one-hot data (module doc of :mod:`._datacost_trees`)."""
     try:
         kind = loss_kind(loss)
     except ValidationError:
         return False
+    if trees_too and is_tree_model(model):
+        return kind == "zero_one"
     est = model.steps[-1][1]
     classes = getattr(est, "classes_", None)
     if getattr(est, "coef_", None) is None or classes is None:
@@ -64,30 +69,35 @@ def _supported(model, loss) -> bool:
 
 
 def choose_cost(cost, model, X, loss, *, features=None, feature_costs=None, solver="auto",
-                options=()) -> tuple[DataCost | None, str]:
+                options=(), trees_too=True) -> tuple[DataCost | None, str]:
     """``(cost, how)``: the cost a call uses and how it was chosen. ``cost=None`` (the
     default) is ``"auto"`` when a Pipeline with encoders (OneHotEncoder, OrdinalEncoder) gets
-    a raw DataFrame and the DataCost paths are exact for its final estimator and the loss,
-    and the encoded cost otherwise (also when the call asks for something only the encoded
-    cost has: ``feature_costs``, encoded column names in ``features``, a conic or
-    first-order ``solver``, solver options); ``"encoded"``, ``"auto"``, a ``DataCost`` or a
-    dict are taken as given (:func:`otstab.datacost.as_cost`)."""
+    a raw DataFrame and the DataCost paths answer its final estimator and the loss (exactly
+    for linear models; tree classifiers with the 0/1 loss, unless ``trees_too`` is False,
+    with a certified interval), and the encoded cost otherwise (also when the call asks for
+    something only the encoded cost has: ``feature_costs``, encoded column names in
+    ``features``, a conic or first-order ``solver``, solver options other than the tree
+    search's); ``"encoded"``, ``"auto"``, a ``DataCost`` or a dict are taken as given
+    (:func:`otstab.datacost.as_cost`)."""
     if cost is not None:
         dc = as_cost(cost)
         return dc, ("encoded (given)" if dc is None else "DataCost (given)")
     piped = bool(getattr(model, "steps", None)) and len(model.steps) > 1
     if not (piped and isinstance(X, pd.DataFrame) and _has_encoders(model)):
         return None, "encoded (default)"
-    if not _supported(model, loss):
-        return None, ("encoded (default: cost='auto' is the default only where it is exact, "
-                      "for linear models; with the 0/1 loss, tree and MLP pipelines take "
-                      "cost='auto' for a certified interval on the data's own variables, "
-                      "where the encoded cost moves one-hot indicators by fractions)")
+    if not _supported(model, loss, trees_too):
+        return None, ("encoded (default: cost='auto' is the default only where it is exact "
+                      "(linear models) or, for tree classifiers with the 0/1 loss, a tight "
+                      "certified interval; with the 0/1 loss, MLP pipelines take cost='auto' "
+                      "for a certified interval on the data's own variables, where the "
+                      "encoded cost moves one-hot indicators by fractions)")
     raw = set(map(str, X.columns))
     named = [] if features is None else list(np.atleast_1d(np.asarray(features, dtype=object)))
+    allowed = TREE_OPTIONS if trees_too and is_tree_model(model) else ()
     if feature_costs is not None or any(not isinstance(f, str) or f not in raw
                                         for f in named) \
-            or str(solver).lower() not in ("auto", "dual", "closed_form") or options:
+            or str(solver).lower() not in ("auto", "dual", "closed_form") \
+            or not set(options) <= set(allowed):
         return None, ("encoded (default: the call's feature_costs, encoded features, solver "
                       "or solver options belong to the encoded cost)")
     return DataCost(), ("auto (default for a Pipeline with encoders on a raw DataFrame: a "

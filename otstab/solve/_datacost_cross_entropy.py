@@ -52,7 +52,8 @@ from ..errors import SolverError
 from ..modeling._losses import SmoothLoss
 from . import _audit as audit
 from ._datacost_linear import flip_problem, moved_rows
-from ._datacost_smooth import Q_TIE, REL_TOL, LogisticOracle, _result, zero_or_stuck
+from ._datacost_result import edges_before_dual, raw_result
+from ._datacost_smooth import Q_TIE, REL_TOL, LogisticOracle
 
 __all__ = ["MaxOracle", "FiniteOracle", "certify_datacost_cross_entropy", "class_slots"]
 
@@ -147,11 +148,10 @@ def certify_datacost_cross_entropy(model, prob, rc, parts, frame, *, r, theta1, 
     K = S.shape[1]
     p = prob.p
     loss0 = SmoothLoss("cross_entropy").values(S, y)
-    base = float(np.mean(loss0)) if p is None else float(np.dot(p, loss0))
-    zero = zero_or_stuck(model, prob, rc, frame, rows, loss0, base, r, theta1, theta2,
-                         divergence, t_start, loss_name)
-    if zero is not None:
-        return zero
+    edge = edges_before_dual(model, prob, rc, frame, loss0, r, theta1, theta2, divergence,
+                             t_start, loss_name)
+    if edge is not None:
+        return edge
     slots = class_slots(y, K)
     shift = math.log(K - 1)
     # log sum_{k != y} e^{d_k} at the data: CE0 + log(1 - e^{-CE0})
@@ -256,9 +256,9 @@ def certify_datacost_cross_entropy(model, prob, rc, parts, frame, *, r, theta1, 
     loss_star = _ce(model, star, y[src])
     moved2 = rc.cost(X0, star)
     alpha = None if math.isinf(theta2) else alpha
-    res = _result(model, prob, rc, frame, star, src, mass, w[src], loss0, loss_star, moved2,
-                  float(sol.value), h, alpha, r, theta1, theta2, divergence, t_start, sol,
-                  loss_name)
+    res = raw_result(model, prob, rc, frame, star, src, mass, w[src], loss0, loss_star, moved2,
+                     float(sol.value), h, alpha, r, theta1, theta2, divergence, t_start, sol,
+                     loss_name)
     why = audit.accept(res)
     if why:
         raise SolverError("the cross-entropy certificate under the DataCost failed its audit "

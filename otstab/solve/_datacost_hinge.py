@@ -20,7 +20,6 @@ re-prices them with the cost.
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 from otstab_solvers.dual import solve_dual
@@ -29,8 +28,8 @@ from otstab_solvers.weights import chi2_solution
 
 from ..errors import SolverError
 from . import _audit as audit
-from ._datacost_linear import DataCostView, encode, flip_problem, split_at_kink
-from ._results import Lazy, StabilityResult
+from ._datacost_linear import flip_problem, split_at_kink
+from ._datacost_result import edges_before_dual, raw_result
 
 __all__ = ["HingeOracle", "certify_datacost_hinge"]
 
@@ -123,13 +122,10 @@ def certify_datacost_hinge(model, prob, rc, parts, frame, *, r, theta1, theta2, 
     oracle = HingeOracle(mprime, fin, ints, conts, theta1)
     loss0 = np.maximum(mprime, 0.0)
     p = prob.p  # sample probabilities (None: uniform)
-    base = float(np.mean(loss0)) if p is None else float(np.dot(p, loss0))
-    if audit.reached(r, base):  # Q* = P0
-        res = _result(model, prob, rc, frame, frame.copy(), rows, np.ones(n), np.ones(n),
-                      loss0, loss0, np.zeros(n), 0.0, 0.0, None, r, theta1, theta2,
-                      divergence, t_start, None)
-        audit.mark_edge(res, "zero")
-        return res
+    edge = edges_before_dual(model, prob, rc, frame, loss0, r, theta1, theta2, divergence,
+                             t_start, "hinge")
+    if edge is not None:
+        return edge
     sol = solve_dual(oracle, r, theta2, divergence, p=p)
     if sol.status != OPTIMAL or not math.isfinite(sol.h):
         raise SolverError(f"the hinge dual under the DataCost did not converge "
@@ -146,33 +142,11 @@ def certify_datacost_hinge(model, prob, rc, parts, frame, *, r, theta1, theta2, 
     wa = w[src]
     alpha = None if divergence == "kl" or math.isinf(theta2) else \
         chi2_solution(lh, theta2, p)[1]
-    res = _result(model, prob, rc, frame, star, src, mass, wa, loss0, loss_star, moved2,
-                  float(sol.value), h, alpha, r, theta1, theta2, divergence, t_start, sol)
+    res = raw_result(model, prob, rc, frame, star, src, mass, wa, loss0, loss_star, moved2,
+                     float(sol.value), h, alpha, r, theta1, theta2, divergence, t_start, sol,
+                     "hinge")
     why = audit.accept(res)
     if why:
         raise SolverError("the hinge certificate under the DataCost failed its audit on the "
                           "model's own scores of Q*'s raw rows: " + "; ".join(why))
-    return res
-
-
-def _result(model, prob, rc, frame, star, src, mass, wa, loss0, loss_star, moved2, value, h,
-            alpha, r, theta1, theta2, divergence, t_start, sol):
-    sums = audit.audit_sums(loss0, loss_star, moved2, mass, wa, theta1, theta2, divergence,
-                            value, prob.p, src)
-    res = StabilityResult(
-        value=value, h=h, alpha=alpha, X_star=Lazy(lambda: encode(model, star)), weights=wa,
-        source=src, mass=mass, risk_base=sums["risk_base"], risk_star=sums["risk_star"],
-        total_mass=sums["total_mass"], primal_cost=sums["primal_cost"], gap=sums["gap"],
-        decomposition=sums["decomposition"], solver="dual", status="candidate",
-        solve_time=(sol.solve_time if sol is not None else 0.0), r=r, theta1=theta1,
-        theta2=theta2, divergence=divergence, loss="hinge",
-        dual_gap_bound=(sol.gap_bound if sol is not None else 0.0),
-        iterations=(sol.iterations if sol is not None else 0), split=bool(src.size > prob.n),
-        loss_star=loss_star, loss_base=loss0, X=prob.X,
-        feature_names=list(prob.feature_names), index=prob.index,
-        info={"moved2": moved2, "wall_time": time.perf_counter() - t_start,
-              "audit": {"method": "raw rows re-scored", "sample": int(src.size)},
-              "raw_view": DataCostView(rc, frame, None, np.zeros(0, dtype=bool), atoms=star)})
-    if prob.p is not None:  # as certify's other paths: for the certificate and inference
-        res.info["sample_weight"] = prob.p
     return res

@@ -37,7 +37,6 @@ cost.
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 from otstab_solvers.dual import solve_dual
@@ -46,8 +45,8 @@ from otstab_solvers.weights import chi2_solution
 
 from ..errors import SolverError
 from . import _audit as audit
-from ._datacost_linear import DataCostView, encode, flip_problem, split_at_kink
-from ._results import Lazy, StabilityResult
+from ._datacost_linear import flip_problem, split_at_kink
+from ._datacost_result import edges_before_dual, raw_result
 
 __all__ = ["LogisticOracle", "certify_datacost_logistic"]
 
@@ -297,11 +296,10 @@ def certify_datacost_logistic(model, prob, rc, parts, frame, *, r, theta1, theta
     oracle = LogisticOracle(z, fin, ints, conts, theta1)
     p = prob.p
     loss0 = _softplus(z)
-    base = float(np.mean(loss0)) if p is None else float(np.dot(p, loss0))
-    zero = zero_or_stuck(model, prob, rc, frame, rows, loss0, base, r, theta1, theta2,
-                         divergence, t_start, loss_name)
-    if zero is not None:
-        return zero
+    edge = edges_before_dual(model, prob, rc, frame, loss0, r, theta1, theta2, divergence,
+                             t_start, loss_name)
+    if edge is not None:
+        return edge
     sol = solve_dual(oracle, r, theta2, divergence, p=p)
     if sol.status != OPTIMAL or not math.isfinite(sol.h):
         raise SolverError(f"the logistic dual under the DataCost did not converge "
@@ -318,9 +316,9 @@ def certify_datacost_logistic(model, prob, rc, parts, frame, *, r, theta1, theta
     wa = w[src]
     alpha = None if divergence == "kl" or math.isinf(theta2) else \
         chi2_solution(lh, theta2, p)[1]
-    res = _result(model, prob, rc, frame, star, src, mass, wa, loss0, loss_star, moved2,
-                  float(sol.value), h, alpha, r, theta1, theta2, divergence, t_start, sol,
-                  loss_name)
+    res = raw_result(model, prob, rc, frame, star, src, mass, wa, loss0, loss_star, moved2,
+                     float(sol.value), h, alpha, r, theta1, theta2, divergence, t_start, sol,
+                     loss_name)
     res.info["bb_gap"] = float(max(left[6].max(initial=0.0), right[6].max(initial=0.0)))
     why = audit.accept(res)
     if why:
@@ -329,40 +327,3 @@ def certify_datacost_logistic(model, prob, rc, parts, frame, *, r, theta1, theta
     return res
 
 
-def zero_or_stuck(model, prob, rc, frame, rows, loss0, base, r, theta1, theta2, divergence,
-                  t_start, loss_name):
-    """The edges before the dual: Q* = P0 (status ``zero``) when the base risk already
-    reaches r, an error when nothing can move or be reweighted; None otherwise."""
-    n = prob.n
-    if audit.reached(r, base):  # Q* = P0
-        res = _result(model, prob, rc, frame, frame.copy(), rows, np.ones(n), np.ones(n),
-                      loss0, loss0, np.zeros(n), 0.0, 0.0, None, r, theta1, theta2,
-                      divergence, t_start, None, loss_name)
-        audit.mark_edge(res, "zero")
-        return res
-    if not math.isfinite(theta1) and math.isinf(theta2):
-        raise SolverError("theta1 = theta2 = inf: nothing can move, r is unreachable")
-    return None
-
-
-def _result(model, prob, rc, frame, star, src, mass, wa, loss0, loss_star, moved2, value, h,
-            alpha, r, theta1, theta2, divergence, t_start, sol, loss_name):
-    sums = audit.audit_sums(loss0, loss_star, moved2, mass, wa, theta1, theta2, divergence,
-                            value, prob.p, src)
-    res = StabilityResult(
-        value=value, h=h, alpha=alpha, X_star=Lazy(lambda: encode(model, star)), weights=wa,
-        source=src, mass=mass, risk_base=sums["risk_base"], risk_star=sums["risk_star"],
-        total_mass=sums["total_mass"], primal_cost=sums["primal_cost"], gap=sums["gap"],
-        decomposition=sums["decomposition"], solver="dual", status="candidate",
-        solve_time=(sol.solve_time if sol is not None else 0.0), r=r, theta1=theta1,
-        theta2=theta2, divergence=divergence, loss=loss_name,
-        dual_gap_bound=(sol.gap_bound if sol is not None else 0.0),
-        iterations=(sol.iterations if sol is not None else 0), split=bool(src.size > prob.n),
-        loss_star=loss_star, loss_base=loss0, X=prob.X,
-        feature_names=list(prob.feature_names), index=prob.index,
-        info={"moved2": moved2, "wall_time": time.perf_counter() - t_start,
-              "audit": {"method": "raw rows re-scored", "sample": int(src.size)},
-              "raw_view": DataCostView(rc, frame, None, np.zeros(0, dtype=bool), atoms=star)})
-    if prob.p is not None:
-        res.info["sample_weight"] = prob.p
-    return res

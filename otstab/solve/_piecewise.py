@@ -19,11 +19,18 @@ from typing import Any, cast
 import numpy as np
 from otstab_solvers import conic as _conic
 from otstab_solvers.blockwise import BlockwiseDual, affine_blocks, in_memory, weight_map_blocks
-from otstab_solvers.dual import AffineRows, negated_keys, refine, solve_dual, solve_two_piece
+from otstab_solvers.dual import (
+    AffineRows,
+    negated_keys,
+    oracle_for,
+    refine,
+    solve_dual,
+    solve_two_piece,
+)
 from otstab_solvers.result import OPTIMAL, DualSolution
-from otstab_solvers.weights import phi, pmean, support_max
+from otstab_solvers.weights import phi, pmean, support_max, weights_at
 
-from ..errors import SolverNotAvailableError
+from ..errors import SolverError, SolverNotAvailableError
 from ..modeling._models import Problem
 from ..modeling._params import check_options
 from ..modeling._reduction import Reduced
@@ -677,4 +684,43 @@ def edge_result(prob, losses, r, theta1, theta2, divergence, edge, t_start,
         **fields, **res,
     )
     audit.mark_edge(out, kind)
+    return out
+
+
+def reweighting_only_result(prob, r, theta1, theta2, divergence, t_start,
+                            **fields) -> StabilityResult:
+    """The answer when no sample can move (``theta1 = inf``), for any model: R is the
+    reweighting dual of the data's own losses (``l_h = h * loss``), exact whatever the model,
+    since the model is only evaluated at the data. Edges as :func:`edge_result`; otherwise Q*
+    is the data reweighted by the dual's weights, audited on the model's own losses."""
+    losses = prob.losses(prob.X)
+    edge = edge_kind(losses, r, theta2, False, prob.p)
+    if edge is not None:
+        return edge_result(prob, losses, r, theta1, theta2, divergence, edge, t_start, **fields)
+    n = prob.n
+    # max(0, h * loss) = h * loss (losses are >= 0): the hinge shape, sorted once
+    oracle = oracle_for(np.column_stack([losses, np.zeros(n)]), np.zeros((1, 2)))
+    sol = solve_dual(oracle, r, theta2, divergence, p=prob.p)
+    if sol.status != OPTIMAL:
+        raise SolverError(f"the reweighting-only dual (theta1 = inf) failed "
+                          f"({sol.native_status})")
+    h = float(sol.h)
+    w, alpha = weights_at(h * losses, theta2, divergence, prob.p)
+    src, mass = np.arange(n), np.ones(n)
+    res = audit.audit_points(prob, prob.X, src, mass, w, theta1, theta2, divergence,
+                             float(sol.value))
+    fields.setdefault("loss", prob.loss.name)
+    out = StabilityResult(
+        value=float(sol.value), h=h, alpha=alpha, X_star=prob.X, weights=w, source=src,
+        mass=mass, solver="dual", status="candidate", solve_time=sol.solve_time, r=r,
+        theta1=theta1, theta2=theta2, divergence=divergence,
+        message="theta1 = inf: no sample moves; R is the reweighting dual of the data's own "
+                "losses, exact for any model",
+        X=prob.X, feature_names=prob.feature_names, index=prob.index,
+        info={"wall_time": time.perf_counter() - t_start, "reweighting_only": True},
+        dual_gap_bound=sol.gap_bound, iterations=sol.iterations, **fields, **res)
+    why = audit.accept(out)
+    if why:
+        raise SolverError("the reweighting-only certificate (theta1 = inf) failed its audit: "
+                          + "; ".join(why))
     return out

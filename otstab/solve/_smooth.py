@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from otstab_solvers import logistic_binned
+from otstab_solvers import logistic_binned, logistic_pass
 from otstab_solvers.blockwise import BlockwiseDual, RowsBlock, in_memory, weight_map_blocks
 from otstab_solvers.dual import solve_dual
 from otstab_solvers.first_order import solve_first_order
@@ -46,7 +46,7 @@ from otstab_solvers.smooth import (
     SquaredOracle,
     solve_squared,
 )
-from otstab_solvers.weights import phi, weights_at
+from otstab_solvers.weights import WeightMap, phi, weights_at
 
 from ..errors import IncompatibleLossError, ValidationError
 from ..modeling._nonlinear import SMOOTH_LOSSES, LinearDifferentiable, loss_name
@@ -413,8 +413,9 @@ def _certify_rows(prob, loss, oracle, moves, r, theta1, theta2, divergence, t_st
 
 
 def _solve_logistic_binned(oracle, dual, n, p, r, theta2, divergence, solver_options):
-    """The exact dual of a logistic oracle with one price, searched from the root of the dual
-    on binned margins (:mod:`otstab_solvers.logistic_binned`): a window of
+    """The exact dual of a logistic oracle with one price, solved from the root of the dual
+    on binned margins (:mod:`otstab_solvers.logistic_binned`): one exact pass there and
+    Newton steps (:func:`otstab_solvers.logistic_pass.solve_at_root`), else a window of
     :data:`BINNED_WINDOW` around it, the exact search's own stopping rule. None where it does
     not apply (per-sample prices, small n, a caller's ``h_init``) or the root is not in the
     window (the caller then searches from scratch)."""
@@ -427,6 +428,14 @@ def _solve_logistic_binned(oracle, dual, n, p, r, theta2, divergence, solver_opt
         oracle.theta1, r, theta2, divergence, p=p)
     if h_c is None:
         return None
+    # one exact pass at h_c, a Newton step where its derivative is not yet small enough
+    sol = logistic_pass.solve_at_root(oracle, n, h_c, r, theta2, divergence, p=p,
+                                      block=ROWS_BLOCK, keep_values=True)
+    if sol is not None:
+        sol.info["binned_h"] = h_c
+        dual.passes += sol.info.pop("passes")
+        del sol.info["g"], sol.info["moved"]
+        return sol
     window = (h_c * (1.0 - BINNED_WINDOW), h_c * (1.0 + BINNED_WINDOW))
     sol = solve_dual(dual, r, theta2, divergence, bracket=window, h_init=h_c,
                      **solver_options)
@@ -510,10 +519,18 @@ class _RowAtoms:
         S = self.prob.scores[src]
         moved = S + (shift[:, 0] if S.ndim == 1 else shift)
         loss = self.prob.losses_from_scores(moved, self.prob.y[src])
-        return loss, np.einsum("iq,iq->i", st @ self.moves.G, st)
+        return loss, self.moved2_of(st)
+
+    def moved2_of(self, st):
+        """``||x* - x||^2`` of atoms with steps ``st``: ``Z' G Z``."""
+        return np.einsum("iq,iq->i", st @ self.moves.G, st)
 
     #: each sample's ``l_h`` while the build holds it (None: recomputed on each read)
     lh_cache: np.ndarray | None = None
+    #: the loss at x* of atoms 0..n-1 (the reduced form's, or the logistic pass's) while the
+    #: build holds it, when every atom is its sample at its step at h (None: recomputed on
+    #: each read)
+    reduced_cache: np.ndarray | None = None
 
     def l_of(self, loss, d2):
         """``h loss - theta1 d2``: ``l_h`` from a maximiser's loss and squared move."""
@@ -558,32 +575,52 @@ def _build_rows(prob, oracle, moves, sol, loss, r, theta1, theta2, divergence, t
     n, p, h = prob.n, prob.p, float(sol.h)
     Z = None
     step_rows = getattr(oracle, "step_rows", oracle.transform_rows)
-    for s in range(0, n, ROWS_BLOCK):
+    # the loss at each maximiser (kept for the audit's sums too: an n-vector, read instead of
+    # a second reduced form of every atom; the squared moves follow from the steps)
+    loss_h = np.empty(n)
+    # the logistic pass at h kept each block's loss at its maximiser (logistic_pass): the
+    # reduced form takes it (the audit's sampled atoms check it against the model)
+    kept = getattr(oracle, "kept", None)
+    starts = range(0, n, ROWS_BLOCK)
+    passed = kept is not None and all(
+        kept(h, slice(s, min(s + ROWS_BLOCK, n))) is not None for s in starts)
+    for s in starts:
         rows = slice(s, min(s + ROWS_BLOCK, n))  # (a slice: the oracle's warm starts apply)
-        zb = moves.steps(step_rows(h, rows), rows)
+        if passed:  # (each block's kept arrays dropped once read)
+            loss_h[rows], t = kept(h, rows, drop=True)
+            zb = moves.steps((None, None, None, t), rows)
+        else:
+            zb = moves.steps(step_rows(h, rows), rows)
         if Z is None:
             Z = np.empty((n, zb.shape[1]))
         Z[rows] = zb
     getattr(oracle, "release", lambda: None)()  # (the warm starts: not read again)
     atoms = _RowAtoms(prob, moves, _Steps(moves.D, Z), h, theta1)
     bounds = list(atoms.steps.blocks())
-    # each sample's l_h (and, where l_h can switch at h, its loss at the maximiser), from the
-    # reduced form once (an n-vector, two with the losses, dropped after the audit): the
-    # weights, the risk and the audit read them
+    # each sample's l_h from the reduced form once (dropped after the audit): the weights,
+    # the risk and the audit read them
     may_switch = h > 0 and oracle.switching and \
         getattr(oracle, "may_switch", lambda _h: True)(h)
-    loss_h, lh = np.empty(n if may_switch else 0), np.empty(n)
+    lh = np.empty(n)
     for s, e in bounds:
-        loss_b, d2 = atoms.reduced(np.arange(s, e), Z[s:e])
-        lh[s:e] = atoms.l_of(loss_b, d2)
-        if may_switch:
-            loss_h[s:e] = loss_b
+        if passed:
+            d2 = atoms.moved2_of(Z[s:e])
+        else:
+            loss_h[s:e], d2 = atoms.reduced(np.arange(s, e), Z[s:e])
+        lh[s:e] = atoms.l_of(loss_h[s:e], d2)
     atoms.lh_cache = lh
 
     def lh_block(s, e):
         return lh[s:e]
 
-    wm = weight_map_blocks(lh_block, n, theta2, divergence, p=p, alpha=sol.alpha)
+    kl_sums = sol.info.pop("kl_weights", None)
+    if kl_sums is not None and p is None and divergence == "kl" and math.isfinite(theta2):
+        # the normalisation of the exact pass at h (logistic_pass): the audit's mass of Q*
+        # checks it against these l_h
+        top, z, term = kl_sums
+        wm = WeightMap("kl", theta2, top, n / z, None, term)
+    else:
+        wm = weight_map_blocks(lh_block, n, theta2, divergence, p=p, alpha=sol.alpha)
 
     def qw(s, e):  # n P0-mass times weight of the samples s..e
         w = wm(lh_block(s, e))
@@ -598,6 +635,8 @@ def _build_rows(prob, oracle, moves, sol, loss, r, theta1, theta2, divergence, t
             atoms = _RowAtoms(prob, moves, _Steps(moves.D, Z, main=main, extra=extra), h,
                               theta1)
             atoms.lh_cache = lh  # (l_h of a sample is from its step at h either way)
+    if atoms.m == n and not atoms.steps.main_rows.size:  # every atom at its step at h
+        atoms.reduced_cache = loss_h
     del loss_h
     if not exact:
         note = (f"multinomial cross-entropy above h_concave = {oracle.h_concave:.4g}: l_h is "
@@ -605,7 +644,7 @@ def _build_rows(prob, oracle, moves, sol, loss, r, theta1, theta2, divergence, t
                 "cost of the returned Q* (value_upper) is an upper bound on R, see "
                 "docs/nonlinear.md")
     res = _audit_rows(prob, atoms, wm, theta1, theta2, divergence, float(sol.value))
-    atoms.lh_cache = None
+    atoms.lh_cache = atoms.reduced_cache = None
     audit_info = res.pop("audit")
     weights = lambda: wm(atoms.l_h(atoms.steps.source()))  # noqa: E731
     return StabilityResult(
@@ -677,22 +716,33 @@ def _audit_rows(prob, atoms, wm, theta1, theta2, divergence, value) -> dict:
     risk = tot = move = moved_risk = ph = err = 0.0
     cells = audit.rows_per_block(prob.d, ROWS_BLOCK)
 
-    def model_check(src, st):
+    def model_check(src, st, idx=None):
         """The model's loss and the move at the atoms' points, and their largest relative
-        disagreement with the reduced form."""
-        loss_r, d2_r = atoms.reduced(src, st)
+        disagreement with the reduced form (the kept one for atoms ``idx`` where the build
+        holds it)."""
+        if idx is not None and atoms.reduced_cache is not None:
+            loss_r, d2_r = atoms.reduced_cache[idx], atoms.moved2_of(st)
+        else:
+            loss_r, d2_r = atoms.reduced(src, st)
         loss_s, d2_s = audit.rescored(prob.losses, prob.y[src], *atoms.points(src, st))
         return loss_s, d2_s, audit.sampled_error(loss_s, loss_r, d2_s, d2_r)
 
     for s, e in atoms.steps.blocks(cells if direct else ROWS_BLOCK):
         idx = np.arange(s, e)
-        src, st = atoms.steps.rows_steps(idx)
-        if direct:  # the sums from the model
-            loss_s, d2_s, block_err = model_check(src, st)
-            err = max(err, block_err)
+        if not direct and atoms.reduced_cache is not None:
+            # every atom is its sample at its step at h (mass 1): the build's reduced form
+            src = slice(s, e)
+            loss_s = atoms.reduced_cache[src]
+            d2_s = atoms.moved2_of(atoms.steps.Z[src])
+            mass = np.ones(e - s)
         else:
-            loss_s, d2_s = atoms.reduced(src, st)
-        mass = atoms.steps.mass(idx)
+            src, st = atoms.steps.rows_steps(idx)
+            if direct:  # the sums from the model
+                loss_s, d2_s, block_err = model_check(src, st)
+                err = max(err, block_err)
+            else:
+                loss_s, d2_s = atoms.reduced(src, st)
+            mass = atoms.steps.mass(idx)
         pm = mass / n if p is None else mass * p[src]
         w = wm(atoms.l_h(src))
         pmw = pm * w
@@ -705,7 +755,8 @@ def _audit_rows(prob, atoms, wm, theta1, theta2, divergence, value) -> dict:
     if not direct:
         pick = audit.sample_positions(m, audit.AUDIT_SAMPLE)
         for s in range(0, pick.size, cells):
-            err = max(err, model_check(*atoms.steps.rows_steps(pick[s:s + cells]))[2])
+            idx = pick[s:s + cells]
+            err = max(err, model_check(*atoms.steps.rows_steps(idx), idx)[2])
         info = {"method": "sampled", "sample": int(pick.size), "max_rel_error": err}
     move_cost = 0.0 if math.isinf(theta1) else theta1 * move
     rew_cost = 0.0 if math.isinf(theta2) else theta2 * ph

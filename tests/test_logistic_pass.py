@@ -1,0 +1,173 @@
+"""The exact logistic dual at the binned root (otstab_solvers.logistic_pass), the table of
+steps that starts a block's Newton iterations (logistic_uniform.StepTable), the softplus
+from the sigmoid (smooth._softplus_at) and Q*'s build from the losses the pass kept (the
+audit's sampled atoms re-scored by the model check them).
+
+Each is checked against an independent computation: the dual against the plain bracketed
+search on the dense oracle (:func:`solve_dual` on stored margins, its own d-transform), the
+steps against the robust bracketed solve (:func:`logistic_steps`), the softplus against a
+50-digit evaluation. Certificates through the new path are compared with the plain search in
+tests/test_logistic_binned.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import mpmath
+import numpy as np
+import otstab_solvers.logistic_binned as lb
+import pytest
+from otstab_solvers import logistic_pass
+from otstab_solvers.dual import solve_dual
+from otstab_solvers.logistic_binned import binned_guess
+from otstab_solvers.logistic_uniform import StepTable, uniform_steps
+from otstab_solvers.smooth import LogisticOracle, _softplus_at, logistic_steps
+from scipy.special import expit
+
+import otstab
+from otstab.errors import SolverError
+
+PRICES = [("kl", 0.25), ("chi2", 0.25), ("kl", math.inf), ("chi2", math.inf)]
+
+
+def _margins(n=20_000, seed=0):
+    rng = np.random.default_rng(seed)
+    s = rng.normal(0.8, 2.0, n)
+    y = np.where(rng.random(n) < 0.85, 1, -1).astype(np.int8)
+    return s, y
+
+
+@pytest.mark.parametrize("divergence,theta2", PRICES)
+@pytest.mark.parametrize("weighted", [False, True])
+def test_solve_at_root_equals_the_plain_search(divergence, theta2, weighted):
+    s, y = _margins()
+    n = s.size
+    a, theta1, r = 0.9, 1.0, 1.1
+    p = None
+    if weighted:
+        p = np.random.default_rng(1).uniform(0.1, 2.0, n)
+        p /= p.sum()
+    ref = solve_dual(LogisticOracle(y * s, a, theta1), r, theta2, divergence, p=p)
+    h_c = binned_guess(lambda i, j: y[i:j] * s[i:j], n, a, theta1, r, theta2, divergence, p=p)
+    oracle = LogisticOracle.of_scores(s, y, a, theta1)
+    sol = logistic_pass.solve_at_root(oracle, n, h_c, r, theta2, divergence, p=p, block=4096)
+    assert ref.status == sol.status == "optimal"
+    assert sol.value == pytest.approx(ref.value, rel=1e-12)
+    assert sol.h == pytest.approx(ref.h, rel=1e-9)
+    assert sol.info["passes"] <= 2
+    # the kept steps are the maximisers at the returned h (the robust solve's, to rounding)
+    t = np.concatenate([oracle.step_rows(sol.h, slice(i, min(i + 4096, n)))[3]
+                        for i in range(0, n, 4096)])
+    np.testing.assert_allclose(t, logistic_steps(y * s, theta1 / a, sol.h), rtol=1e-12,
+                               atol=1e-14)
+
+
+@pytest.mark.parametrize("divergence,theta2", PRICES[:3])
+def test_solve_at_root_newton_steps_and_refusal(divergence, theta2):
+    """A start 1e-4 off takes Newton steps to the same root; one outside the window (5 %
+    off) is refused (None: the caller searches)."""
+    s, y = _margins(seed=2)
+    n = s.size
+    a, theta1, r = 0.9, 1.0, 1.1
+    ref = solve_dual(LogisticOracle(y * s, a, theta1), r, theta2, divergence)
+    oracle = LogisticOracle.of_scores(s, y, a, theta1)
+    sol = logistic_pass.solve_at_root(oracle, n, ref.h * (1 + 1e-4), r, theta2, divergence)
+    assert sol is not None and sol.info["passes"] >= 2
+    assert sol.value == pytest.approx(ref.value, rel=1e-12)
+    assert sol.h == pytest.approx(ref.h, rel=1e-9)
+    assert sol.gap_bound <= 1e-10 * sol.value
+    far = logistic_pass.solve_at_root(LogisticOracle.of_scores(s, y, a, theta1), n,
+                                      ref.h * 1.05, r, theta2, divergence)
+    assert far is None
+
+
+@pytest.mark.parametrize("h", [0.05, 1.6, 6.4, 40.0])
+def test_step_table_starts_near_the_root(h):
+    """The table's start is close to the roots outside the two-maxima band (spacing^2 |t''|
+    / 8: larger where t* bends sharply, near T = 4), and the lean solve from it gives the
+    robust solve's steps."""
+    rng = np.random.default_rng(3)
+    m = np.concatenate([rng.normal(1.0, 2.0, 30_000), [-25.0, 25.0]])
+    c = 1.0
+    exact = logistic_steps(m, c, h)
+    table = StepTable(m.min(), m.max(), lambda g: logistic_steps(g, c, h))
+    u0 = table.start(m)
+    u, sg, rest = uniform_steps(m, c, h, u0)
+    ok = np.setdiff1d(np.arange(m.size), rest)
+    assert ok.size > 0.9 * m.size
+    # away from the band (where the step jumps between two maxima) the start is close
+    err = np.abs(u0[ok] + m[ok] - exact[ok])
+    assert np.median(err) <= 1e-6 and np.quantile(err, 0.99) <= 1e-4
+    np.testing.assert_allclose((u + m)[ok], exact[ok], rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(sg[ok], expit(u[ok]), rtol=1e-14)
+
+
+def test_softplus_from_the_sigmoid():
+    rng = np.random.default_rng(4)
+    u = np.concatenate([rng.normal(0, 4, 3000), rng.uniform(-740, 740, 300),
+                        [0.0, 1e-300, -1e-300, 36.7, -36.7, 700.0, -700.0]])
+    ref = np.array([float(mpmath.log1p(mpmath.exp(mpmath.mpf(float(x))))) for x in u])
+    got = _softplus_at(u, expit(u))
+    # (below 1e-300 the sigmoid underflows to 0 before the loss does: an absolute 1e-300)
+    np.testing.assert_allclose(got, ref, rtol=2e-15, atol=1e-300)
+
+
+def _binary(n=3000, d=4, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, d))
+    coef = rng.standard_normal(d) / 2
+    y = np.where(X @ coef + 0.5 * rng.standard_normal(n) > 0, 1, -1)
+    return otstab.LinearModel(coef, 0.2), X, y
+
+
+@pytest.mark.parametrize("divergence,theta2", PRICES[:3])
+def test_sampled_audit_of_the_kept_losses_equals_direct(monkeypatch, divergence, theta2):
+    """Through the pass at the binned root, Q*'s build takes each sample's loss at its
+    maximiser from the pass (LogisticOracle.kept); above AUDIT_DIRECT_MAX the audit sums
+    those and re-scores a sample with the model: the certificate is the direct audit's."""
+    import otstab.solve._audit as oa
+
+    model, X, y = _binary()
+    monkeypatch.setattr(lb, "MIN_N", 0)
+    kw = dict(loss="logistic", r=1.0, theta1=0.7, theta2=theta2, divergence=divergence,
+              se=None)
+    direct = otstab.certify(model, X, y, **kw)
+    monkeypatch.setattr(oa, "AUDIT_DIRECT_MAX", 0)
+    monkeypatch.setattr(oa, "AUDIT_SAMPLE", 97)
+    sampled = otstab.certify(model, X, y, **kw)
+    assert "binned_h" in sampled.info
+    assert direct.info["audit"]["method"] == "direct"
+    assert sampled.info["audit"]["method"] == "sampled"
+    assert sampled.info["audit"]["max_rel_error"] <= 1e-12
+    assert (sampled.status, sampled.value, sampled.h) == (direct.status, direct.value, direct.h)
+    for f in ("risk_star", "total_mass", "primal_cost"):
+        assert getattr(sampled, f) == pytest.approx(getattr(direct, f), rel=1e-12, abs=1e-15)
+    np.testing.assert_allclose(sampled.loss_star, direct.loss_star, rtol=1e-13)
+
+
+def test_sampled_audit_refuses_wrong_kept_losses(monkeypatch):
+    """Kept losses that disagree with the model at Q*'s points (here 1 % too high) must not
+    be passed off: the sampled check fails the audit."""
+    from otstab_solvers import smooth
+
+    import otstab.solve._audit as oa
+
+    model, X, y = _binary(seed=1)
+    monkeypatch.setattr(lb, "MIN_N", 0)
+    monkeypatch.setattr(oa, "AUDIT_DIRECT_MAX", 0)
+    honest = smooth.LogisticOracle.kept
+
+    def inflated(self, h, rows, **kw):
+        got = honest(self, h, rows, **kw)
+        return None if got is None else (got[0] * 1.01, got[1])
+
+    monkeypatch.setattr(smooth.LogisticOracle, "kept", inflated)
+    # theta2 = inf: unit weights, so the mass and the cost of Q* do not read the losses
+    kw = dict(loss="logistic", r=1.0, theta1=0.7, theta2=math.inf, divergence="kl", se=None)
+    with pytest.raises(SolverError, match="audit"):
+        otstab.certify(model, X, y, **kw)
+    # what stopped it is the sampled check: the kept sums alone are consistent
+    monkeypatch.setattr(oa, "SAMPLED_RTOL", math.inf)
+    res = otstab.certify(model, X, y, **kw)
+    assert res.info["audit"]["max_rel_error"] >= 1e-3  # (relative to 1 + loss)
