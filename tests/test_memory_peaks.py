@@ -82,17 +82,20 @@ def test_a_missed_window_is_freed_before_the_next(monkeypatch):
     of the n keys at a large r) are freed before the next window's are written (the hinge KL
     certificate at r near the largest loss peaked at 3.1 n-vectors, 2.2 now)."""
     from otstab_solvers import dual as sd
-    from test_sorted_oracle import hinge_form
 
-    n = 200_000
+    n = 100_000
     u = np.random.default_rng(4).standard_normal(n)
-    oracle = sd.oracle_for(*hinge_form(u, 0.5), sorted_view=False)
+    # l_h = max(0, u h + 0.5 h^2): the hinge shape
+    oracle = sd.oracle_for(np.column_stack([np.zeros(n), u]), np.array([[0.0, 0.5]]),
+                           sorted_view=False)
     monkeypatch.setattr(sd, "WINDOW_MIN_N", 0)
     monkeypatch.setattr(sd, "WINDOW_WIDTHS", (1e-9, 0.5))  # the first one misses
+    monkeypatch.setattr(sd, "WINDOW_SUBSAMPLE", 4096)
     r = float(np.mean(np.maximum(u * 5.0 + 0.5 * 25.0, 0.0)))  # (h* = 8: every key kept)
     sol, peak = _peak_vectors(lambda: sd.solve_two_piece(oracle, r, 0.25, "kl"), n)
     tries = sol.info["window"]["tries"]
     assert [t["status"] for t in tries][-1] == "optimal" and len(tries) == 2
     kept = tries[-1]["kept"] / n  # the last window's keys (the view the solution holds)
     assert kept > 0.9
-    assert peak < kept + 0.5, (peak, kept)  # (1.37 here; 2.54 with both windows alive)
+    # (1.72 here, the subsample's keys included; 3.04 with both windows alive)
+    assert peak < kept + 0.9, (peak, kept)
