@@ -169,7 +169,8 @@ class RowPrices:
     def __init__(self, S, y, wrong, nw: float, theta1: float):
         self.S, self.y, self.wrong, self.nw, self.theta1 = S, y, wrong, float(nw), theta1
         self.size = int(S.shape[0])
-        self._sub = None  # the sorted strided subsample of the prices (:meth:`_subsample`)
+        #: the sorted strided subsample of the prices and its stride (:meth:`_subsample`)
+        self._sub: tuple[np.ndarray, int] | None = None
 
     def _dstar(self, rows) -> np.ndarray:
         if self.nw == 0.0:
