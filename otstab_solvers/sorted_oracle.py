@@ -706,6 +706,7 @@ class SortedTwoPiece:
                        theta2=theta2)
         two = 2.0 * theta2
         x, e = self._kl_buffers()
+        t3, flag = np.empty(x.size), np.empty(x.size, dtype=bool)  # (no block temporaries)
         W = WD = PHI = T = T_abs = Snu = 0.0
         nu = self.nu
         for s in range(0, p_l, KL_BLOCK):
@@ -722,11 +723,15 @@ class SortedTwoPiece:
             v += B
             np.maximum(v, 0.0, out=v)
             v += alpha
-            act = v + two > 0.0
-            tv = np.where(act, v + v * v / (2.0 * two), -theta2)
+            off = np.less_equal(v, -two, out=flag[:nb.size])  # weight 0
+            tv = np.multiply(v, v, out=t3[:nb.size])
+            tv *= 1.0 / (2.0 * two)
+            tv += v
+            np.copyto(tv, -theta2, where=off)
             T += float(tv.sum())
-            T_abs += float(np.abs(tv).sum())
-            dv = np.where(act, v / two, -1.0)  # w - 1
+            T_abs += float(np.abs(tv, out=tv).sum())
+            dv = np.multiply(v, 1.0 / two, out=tv)  # w - 1
+            np.copyto(dv, -1.0, where=off)
             PHI += float(dv @ dv)
         v0 = alpha  # every other sample: l_h = 0
         t0 = v0 + v0 * v0 / (2.0 * two) if v0 + two > 0.0 else -theta2
