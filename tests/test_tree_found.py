@@ -73,3 +73,83 @@ def test_fast_found_points_are_misclassified_and_not_below_exact(lib, k, monkeyp
     np.testing.assert_allclose(res.distances[ok],
                                np.sum((res.points[ok] - X[ok]) ** 2, axis=1), rtol=1e-12)
     assert np.all(np.isinf(res.distances[~ok]))
+
+
+def _found_inputs(model, X, y):
+    """What tree_search hands to found_distances: (table, predict, yi, mv, thresholds)."""
+    from otstab.modeling import _perturbation as perturbation
+    d = X.shape[1]
+    classes = np.asarray(model.classes_)
+    yi = np.searchsorted(classes, y)
+    table = bounds.leaf_table(model, d, X)
+    thresholds = perturbation._ensemble_thresholds(model, d)
+
+    def predict(Z):
+        return np.searchsorted(classes, np.ravel(model.predict(Z)))
+
+    return table, predict, yi, np.ones(d, dtype=bool), thresholds
+
+
+def _check_found(model, X, y, best, P, exact):
+    ok = np.isfinite(best) & (best > 0)
+    assert np.all(best >= exact * (1 - 1e-12))
+    assert np.all(np.ravel(model.predict(P[ok])) != y[ok])
+    np.testing.assert_allclose(best[ok], np.sum((P[ok] - X[ok]) ** 2, axis=1), rtol=1e-12)
+
+
+@pytest.mark.parametrize("lib", [lib for lib in ENSEMBLES if lib in (
+    "GradientBoosting", "XGBoost", "LightGBM")])
+def test_budgeted_found_side_equals_the_full_one_on_the_samples_it_refines(lib):
+    from otstab.solve._refine import ZeroOneDuals
+    model, X, y = _fit(lib, 4, 3, 2, n=40)
+    table, predict, yi, mv, thr = _found_inputs(model, X, y)
+    loss0 = (predict(X) != yi).astype(float)
+    duals = ZeroOneDuals(loss0, loss0.mean() + 0.2, 1.0, 0.25, "kl")
+    # (the model's predict: the walk has its own test, and compiles slowly)
+    full = tree_found.found_distances(table, predict, X, yi, mv, thr, walk=False)
+    part = tree_found.found_distances(table, predict, X, yi, mv, thr, walk=False, duals=duals,
+                                      margin=1.0)
+    refined = part[5]
+    correct = loss0 == 0
+    assert full[5][correct].all()  # without duals: every correct sample
+    assert refined.any() and (correct & ~refined).any()  # a real selection
+    np.testing.assert_array_equal(part[0][refined], full[0][refined])
+    np.testing.assert_array_equal(part[1][refined], full[1][refined])
+    assert np.all(part[0] >= full[0])  # the others keep their first-pass points
+    _, h = duals(part[0])
+    assert np.all(part[0][correct & ~refined] >= h)  # none left out could enter the dual
+    exact = exact_distances(model, X, y)
+    for best, P in ((full[0], full[1]), (part[0], part[1])):
+        _check_found(model, X, y, best, P, exact)
+
+
+@pytest.mark.parametrize("lib", [lib for lib in ENSEMBLES if lib in ("XGBoost", "LightGBM")])
+def test_found_side_without_numba_uses_the_models_predict(lib, monkeypatch):
+    model, X, y = _fit(lib, 5, 3, 2, n=24)
+    table, predict, yi, mv, thr = _found_inputs(model, X, y)
+    monkeypatch.setattr(tree_found, "numba", None)
+    monkeypatch.setattr(tree_found, "_KERNEL", None)
+    assert tree_found.TreeEvaluator.build(table, X) is None
+    best, P, rows, walked, rest, _ = tree_found.found_distances(table, predict, X, yi, mv, thr)
+    assert walked == 0 and rows > X.shape[0]  # every probe by the model's own predict
+    _check_found(model, X, y, best, P, exact_distances(model, X, y))
+
+
+@pytest.mark.parametrize("lib", [lib for lib in ENSEMBLES if lib in ("GradientBoosting",
+                                                                       "XGBoost")])
+def test_line_probes_do_not_depend_on_the_block_sizes(lib):
+    from otstab.modeling import _perturbation as perturbation
+    model, X, y = _fit(lib, 6, 3, 2, n=30)
+    _, predict, yi, _, thr = _found_inputs(model, X, y)
+    rng = np.random.default_rng(1)
+    B = X + rng.normal(size=X.shape)
+    f32 = perturbation._compares_float32(model)
+    for j in range(3):
+        sign = rng.choice([-1.0, 1.0], size=X.shape[0])
+        limit = rng.uniform(0.1, 3.0, size=X.shape[0])
+        runs = [perturbation._line_first_wrong(predict, B, yi, j, thr[j], X[:, j], sign, limit,
+                                               block=bl, first_block=fb, f32=f32)
+                for fb, bl in ((1, 1), (4, 32), (32, 32))]
+        assert np.isfinite(runs[0]).any()
+        for v in runs[1:]:
+            np.testing.assert_array_equal(v, runs[0])

@@ -55,6 +55,7 @@ from ..solve._datacost_certify import choose_cost
 from ..solve._inference import check_level
 from ..solve._piecewise import edge_kind, limit_weights
 from ..solve._smooth import certify_smooth
+from ..solve._tree_smooth import certify_tree_smooth, tree_smooth_model, unused_features
 from ..solve._zero_one import (
     certify_zero_one_problem,
     certify_zero_one_search,
@@ -589,7 +590,9 @@ def _nonlinear_results(prob, units, r, theta1, theta2, divergence, solver, show=
                 continue
             mask = np.zeros(prob.d, dtype=bool)
             mask[cols] = True
-            path = certify_zero_one_search if zero_one else certify_smooth
+            path = certify_zero_one_search if zero_one else certify_tree_smooth \
+                if tree_smooth_model(prob) is not None and solver != "first_order" \
+                else certify_smooth
             out.append(_Scored.of(path(prob, r=r, theta1=theta1, theta2=theta2,
                                        divergence=divergence, mask=mask, solver=solver,
                                        **(options or {})),
@@ -605,6 +608,10 @@ def _nonlinear_ignored(prob, units, loss_obj, results):
     correctly classified sample is ``inf``)."""
     if isinstance(loss_obj, ZeroOne):
         return [res is None or not res.movable for res in results]
+    if tree_smooth_model(prob) is not None:  # boosted trees: no split on the unit's columns
+        unused = unused_features(prob)
+        return [res is None or bool(np.all(unused[cols])) for (_label, cols), res in
+                zip(units, results)]
     _, grad = prob.nonlinear.loss_and_grad(prob.X, prob.y)
     return [res is None or not np.any(grad[:, cols])
             for (_label, cols), res in zip(units, results)]

@@ -24,6 +24,7 @@ from scipy.special import expit
 
 from .._validation import align_columns, as_float_matrix
 from ..errors import IncompatibleLossError, InputTypeError, NotFittedError, ValidationError
+from . import _tree_margins as tree_margins
 
 __all__ = [
     "as_model_input",
@@ -550,7 +551,9 @@ class LinearDifferentiable(DifferentiableModel):
 class PredictOnlyModel(DifferentiableModel):
     """Any fitted classifier with ``predict`` and ``classes_`` (trees, forests, kernel SVMs...).
 
-    Only ``loss="zero_one"`` is available (no gradients).
+    Only ``loss="zero_one"`` is available (no gradients), except for boosted tree ensembles,
+    whose raw margins also give ``loss="logistic"`` / ``"cross_entropy"``
+    (:mod:`otstab.modeling._tree_margins`; solved by :mod:`otstab.solve._tree_smooth`).
     """
 
     differentiable = False
@@ -570,8 +573,31 @@ class PredictOnlyModel(DifferentiableModel):
         pred = np.asarray(self.model.predict(as_model_input(self.model, X)))
         return _encode_predictions(pred, self.classes, self.task)
 
+    @property
+    def margins(self) -> bool:
+        """Whether the model has raw margins (a boosted tree ensemble): the smooth losses."""
+        return tree_margins.has_margins(self.model)
+
+    def bind_loss(self, loss) -> DifferentiableModel:
+        name = loss_name(loss)
+        if name in ("logistic", "cross_entropy") and self.margins:
+            if name == "logistic" and self.task != "binary":
+                raise IncompatibleLossError(f"loss 'logistic' does not fit a {self.task} "
+                                            "model; use 'cross_entropy'")
+            self.loss_name = name
+            return self
+        if name in ("logistic", "cross_entropy"):
+            raise IncompatibleLossError(f"loss {name!r}: " + tree_margins.refusal(self.model))
+        return super().bind_loss(loss)
+
     def outputs(self, X):
-        raise IncompatibleLossError(f"{type(self.model).__name__} has no differentiable outputs")
+        """The raw margins of a boosted tree ensemble (binary: the log-odds of
+        ``classes[1]``; multiclass: the K logits)."""
+        if not self.margins:
+            raise IncompatibleLossError(f"{type(self.model).__name__} has no differentiable "
+                                        "outputs")
+        S = tree_margins.raw_scores(self.model, as_model_input(self.model, X))
+        return S[:, 1] - S[:, 0] if self.task == "binary" else S
 
     def margin_and_grad(self, X, y):
         raise IncompatibleLossError(f"{type(self.model).__name__} has no gradient")

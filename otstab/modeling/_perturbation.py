@@ -719,19 +719,29 @@ def _direction_search(pred, X, yi, idx, mv, rng, best, P, n_directions, max_radi
     _update(best, P, rows, t, U, X)
 
 
-def _refine_random(pred, X, yi, idx, mv, rng, best, P, n_refine, tol, n_per_round=8):
-    """Perturb each sample's best direction, scan up to its best radius; keep improvements."""
+def _refine_random(pred, X, yi, idx, mv, rng, best, P, n_refine, tol, n_per_round=8,
+                   keyed=False):
+    """Perturb each sample's best direction, scan up to its best radius; keep improvements.
+
+    ``keyed``: the random directions of a sample do not depend on which other samples are
+    refined (drawn for every row of X, then selected), so refining a subset gives each of its
+    samples the point that refining all of them gives."""
     grid = np.linspace(0.05, 1.0, 20)
+    every = None
     for rnd in range(n_refine):
         rows0 = idx[np.isfinite(best[idx]) & (best[idx] > 0)]
+        if keyed:
+            every = _random_units(rng, X.shape[0] * n_per_round, mv).reshape(
+                n_per_round, X.shape[0], -1)
         if rows0.size == 0:
             return
         base = P[rows0] - X[rows0]
         rad = np.sqrt(np.sum(base * base, axis=1))
         U0 = base / rad[:, None]
         sigma = 0.5 / (rnd + 1)
-        U = np.tile(U0, (n_per_round, 1)) + sigma * _random_units(
+        noise = every[:, rows0].reshape(-1, X.shape[1]) if every is not None else _random_units(
             rng, rows0.size * n_per_round, mv)
+        U = np.tile(U0, (n_per_round, 1)) + sigma * noise
         U = U * mv[None, :]
         U /= np.maximum(np.sqrt(np.sum(U * U, axis=1)), 1e-300)[:, None]
         rows = np.tile(rows0, n_per_round)
@@ -837,7 +847,8 @@ def _compares_float32(model) -> bool:
     return trees.compares_float32(model)
 
 
-def _line_first_wrong(pred, B, y_rows, j, T, start, sign, limit, block=32, f32=True):
+def _line_first_wrong(pred, B, y_rows, j, T, start, sign, limit, block=32, f32=True,
+                      first_block=4):
     """Nearest probe on the lines ``B[r] + (v - B[r, j]) e_j`` that is misclassified.
 
     Probes, in order of distance from ``start[r]`` in direction ``sign[r]``: ``start`` itself,
@@ -846,7 +857,9 @@ def _line_first_wrong(pred, B, y_rows, j, T, start, sign, limit, block=32, f32=T
     none is misclassified). ``T`` is not empty: ``_search`` keeps the features that no split
     uses fixed. ``f32``: the trees compare ``float32(v) <= t`` (probes are the float64 inputs
     nearest each threshold on either side, and ``start`` lies on the side of its float32
-    value), else ``v <= t`` in float64 (probes ``nextafter(t)`` and ``t``).
+    value), else ``v <= t`` in float64 (probes ``nextafter(t)`` and ``t``). The probes go in
+    blocks of ``first_block``, doubling up to ``block`` (most lines flip within a few probes;
+    the answer does not depend on the block sizes, only the number of predictions does).
     """
     m = B.shape[0]
     out = np.full(m, np.nan)
@@ -860,10 +873,11 @@ def _line_first_wrong(pred, B, y_rows, j, T, start, sign, limit, block=32, f32=T
     first_up = np.searchsorted(T, cstart, side="left")       # thresholds >= c(start)
     last_down = first_up - 1                                  # thresholds < c(start)
     avail = np.where(sign > 0, T.size - first_up, last_down + 1) + 1  # + the start itself
-    k0 = np.zeros(m, dtype=np.intp)
+    k0 = 0  # the probes before this block (the same for every open line)
+    size = max(1, min(int(first_block), int(block)))
     open_ = np.arange(m)
     while open_.size:
-        kk = np.arange(block)[None, :] + k0[open_][:, None]           # probe number, 0 = start
+        kk = np.arange(size)[None, :] + k0                            # probe number, 0 = start
         valid = kk < avail[open_][:, None]
         sg = sign[open_][:, None]
         ti = np.where(sg > 0, first_up[open_][:, None] + kk - 1, last_down[open_][:, None] - kk + 1)
@@ -885,7 +899,8 @@ def _line_first_wrong(pred, B, y_rows, j, T, start, sign, limit, block=32, f32=T
         if h.size:
             out[open_[h]] = vals[h, np.argmax(W[h], axis=1)]
         more = ~has & valid[:, -1]
-        k0[open_] += block
+        k0 += size
+        size = min(2 * size, int(block))
         open_ = open_[more]
     return out
 

@@ -27,6 +27,7 @@ from ._datacost_certify import certify_datacost, choose_cost
 from ._piecewise import reweighting_only_result, solve_reduced
 from ._results import StabilityResult
 from ._smooth import certify_smooth
+from ._tree_smooth import certify_tree_smooth, tree_smooth_model
 from ._zero_one import certify_distances, certify_zero_one_problem, certify_zero_one_search
 
 __all__ = ["certify", "certify_distances", "check_common", "SOLVERS", "DIVERGENCES"]
@@ -227,6 +228,11 @@ def _dispatch(prob, loss_obj, r, theta1, theta2, divergence, solver, mask, t_sta
         return certify_zero_one_search(prob, r=r, theta1=theta1, theta2=theta2,
                                        divergence=divergence, mask=mask, solver=solver,
                                        **solver_options)
+    if solver != "first_order" and tree_smooth_model(prob) is not None:
+        # logistic / cross-entropy of a boosted tree ensemble (otstab/solve/_tree_smooth.py)
+        return certify_tree_smooth(prob, r=r, theta1=theta1, theta2=theta2,
+                                   divergence=divergence, mask=mask, solver=solver,
+                                   **solver_options)
     if prob.scorer is None or not isinstance(loss_obj, (PiecewiseLinear, MulticlassHinge)) \
             or solver == "first_order":
         return certify_smooth(prob, r=r, theta1=theta1, theta2=theta2,

@@ -1159,9 +1159,12 @@ def certify_zero_one_search(prob: Problem, *, r, theta1, theta2, divergence, mas
     if prob.nonlinear is None and prob.scorer is not None:
         sc = prob.scorer
         model = LinearDifferentiable(sc.W, sc.b, sc.task, sc.classes)
-    pr, table = tree_found.tree_search(model, prob.X, prob.y, mask=mask, **solver_options)
-    pr = neural_search.refine_result(model, prob.X, prob.y, pr, mask, prob.losses)
     loss0 = prob.losses(prob.X)
+    # (the dual's h tells the tree found side which samples to refine)
+    pr, table = tree_found.tree_search(
+        model, prob.X, prob.y, mask=mask,
+        duals=ZeroOneDuals(loss0, r, theta1, theta2, divergence, prob.p), **solver_options)
+    pr = neural_search.refine_result(model, prob.X, prob.y, pr, mask, prob.losses)
     dstar = np.where(loss0 > 0, 0.0, pr.distances)
     a = move_prices(dstar, theta1)
     X_near = np.where(np.isfinite(pr.points), pr.points, prob.X)
