@@ -560,6 +560,7 @@ def solve_two_piece(oracle: PiecewiseOracle, r: float, theta2: float, divergence
             k_sub = int(sub_keys.searchsorted(window_thresholds(c, h_lo, h_hi, umax,
                                                                     oracle.TIE)[1], "right"))
             size = int((k_sub + 2.0 * math.sqrt(k_sub) + 4) * n / m) + 1024
+            view = None  # (a missed window's keys are freed before the next one's are written)
             view = SortedTwoPiece.window(lambda i, j, out: negated_keys(oracle, slice(i, j),
                                                                          out),
                                          n, c, h_lo, h_hi, umax, size=min(size, n),
@@ -577,6 +578,7 @@ def solve_two_piece(oracle: PiecewiseOracle, r: float, theta2: float, divergence
                 sol.info["view"] = view
                 return sol
     t0 = time.perf_counter()
+    view = None  # (as above)
     view = sorted_view_of(oracle)
     sol = solve_dual(view, r, theta2, divergence, tol=tol, max_iter=max_iter)
     sol.solve_time = time.perf_counter() - t0

@@ -47,6 +47,11 @@ KL_BLOCK = 1 << 14
 #: keys per block of the blocked prefix sums (:meth:`_Keys.at`): one sum per block is kept,
 #: and the keys up to a position inside a block are summed when asked (at most this many)
 PREFIX_BLOCK = 256
+#: the sums of this many recent KL passes are kept for :meth:`SortedTwoPiece.moving_sums`
+_KL_SUMS_KEPT = 4
+#: a KL evaluation sums ``expm1`` in a second pass (instead of taking ``log(Z / n)``) only when
+#: ``Z / n``, the mean of the shifted weights, is within this share of one (see :meth:`_kl`)
+EXPM1_SHARE = 1.0 / 16.0
 
 
 class _Keys:
@@ -183,6 +188,8 @@ class SortedTwoPiece:
         self._sorted = _sorted
         self.nu, self.n_fin, self.umax = _sorted.nu, _sorted.n_fin, _sorted.umax
         self.n = self.nu.size
+        #: the sums of recent KL passes that :meth:`moving_sums` reads again (``_kl``)
+        self._kl_sums: dict = {}
 
     @classmethod
     def window(cls, fill, n: int, c: float, h_lo: float, h_hi: float, umax: float, *,
@@ -418,23 +425,38 @@ class SortedTwoPiece:
         else:
             x, e = self._kl_buffers()
             k1, k0, floor = self._exponent_map(p, A, B, theta2, M)
-            Z1 = S1 = S2 = 0.0
+            Z1 = S1 = S2 = Enu = Ex = Snu = 0.0
             for s in range(0, p, KL_BLOCK):
                 nb = nu_all[s:min(s + KL_BLOCK, p)]
                 xb, eb = _exponents(nb, k1, k0, floor, x), e[:nb.size]
                 np.exp(xb, out=eb)
                 Z1 += float(eb.sum())
+                # (what moving_sums sums at this h: read there instead of a pass of its own)
+                Enu += float(eb @ nb)
+                Ex += float(eb @ xb)
+                Snu += float(nb.sum())
                 dev = np.subtract(nb, c, out=xb)
                 S1 += float(eb @ dev)
                 np.multiply(eb, dev, out=eb)
                 S2 += float(eb @ dev)
+        if A != 0.0:
+            if len(self._kl_sums) >= _KL_SUMS_KEPT:
+                self._kl_sums.pop(next(iter(self._kl_sums)))
+            self._kl_sums[(p, A, B, theta2)] = (M, Z1, Enu, Ex, Snu)
         e0 = math.exp(max(-M, -700.0))
         Z = Z1 + (n - p) * e0
         Zu = -(S1 + c * Z1)  # sum e u
         mu = (dA * Zu + dB * Z1) / Z
-        if Z > 0.5 * n:
+        if Z > (1.0 - EXPM1_SHARE) * n:
             # every l / theta2 is close to the largest: log(Z / n) would keep only the rounding
-            # of Z / n ~ 1 (times theta2); sum expm1 instead (one more pass over the prefix)
+            # of Z / n ~ 1 (times theta2); sum expm1 instead (one more pass over the prefix, at
+            # 2.5 times the cost of the exp pass). log(Z / n) is off by a few ulps of 1 (Z's
+            # relative rounding), log1p of the expm1 sums by a few ulps of |log(Z / n)|, and
+            # both are added to M: further from one (|log(Z / n)| > EXPM1_SHARE, so M >
+            # EXPM1_SHARE too) the pass would shrink the rounding of M + log(Z / n) by a
+            # factor of at most about 1 + c / EXPM1_SHARE (c: the few ulps), and near the
+            # base risk (M ~ 0.18, Z / n ~ 0.87 at theta2 = 0.25, n = 1e6) it took 12 ms of an
+            # evaluation's 22
             if A == 0.0:
                 zm1 = p * math.expm1(max(B / theta2 - M, -700.0))
             else:
@@ -625,7 +647,15 @@ class SortedTwoPiece:
         k1, k0, x0 = -A / theta2, B / theta2 - M, max(-M, -700.0)
         x, e = self._kl_buffers()
         Z = E1 = Enu = Ex = Snu = 0.0
-        for s in range(0, p_r, KL_BLOCK):
+        known = self._kl_sums.get((p_r, A, B, theta2)) if p_l == p_r else None
+        if known is not None and known[0] == M:
+            # the solver's pass at this very h (no tied sample: every one of the p samples
+            # moves on both sides) summed the same blocks with the same exponents (the floor
+            # x0 binds no moving sample: their l_h exceeds the tie tolerance, far above the
+            # rounding of x), so its sums are these, bit for bit
+            _, Z, Enu, Ex, Snu = known
+            E1 = Z
+        for s in range(0, p_r if known is None else 0, KL_BLOCK):
             stop = min(s + KL_BLOCK, p_r)
             nb = nu[s:stop]
             xb, eb = _exponents(nb, k1, k0, x0, x), e[:nb.size]
@@ -657,6 +687,59 @@ class SortedTwoPiece:
                       "wd": scale * (dB * E1 - dA * Enu), "d": dB * p_l - dA * Snu,
                       "phi": phi_sum, "T": theta2 * (M - L)}
 
+    def chi2_sums(self, h: float, theta2: float):
+        """:meth:`moving_sums` for chi2 (the fully sorted view): the same ``(rule, sums)``,
+        the weights ``((l_h + alpha) / (2 theta2) + 1)_+`` at the view's own ``alpha`` at
+        ``h`` (the right side, as the dual's term), in one pass over the samples that move
+        (no exp; the weights of the others are that of ``l_h = 0``). ``sums`` also holds
+        ``alpha`` and ``T_abs`` (the sum of the absolute terms of ``T``, its rounding scale).
+        """
+        if self.kind != "hinge":
+            raise ValueError("chi2_sums serves the hinge kind")
+        self._whole("chi2_sums")
+        n = self.n
+        p_l, p_r = self.count(h, "left"), self.count(h, "right")
+        A, B, dA, dB, d2 = self.coefficients(h)
+        alpha = float(self._chi2(p_r, A, B, dA, dB, d2, theta2)[3])
+        left, right = self.thresholds(h)
+        rule = KeyRule(left, right, 0.0, 0.0, 0.0, 1.0, dA, dB, alpha=alpha, A=A, B=B,
+                       theta2=theta2)
+        two = 2.0 * theta2
+        x, e = self._kl_buffers()
+        t3, flag = np.empty(x.size), np.empty(x.size, dtype=bool)  # (no block temporaries)
+        W = WD = PHI = T = T_abs = Snu = 0.0
+        nu = self.nu
+        for s in range(0, p_l, KL_BLOCK):
+            nb = nu[s:min(s + KL_BLOCK, p_l)]
+            wb = _chi2_weights(nb, A, B, alpha, theta2, e)
+            W += float(wb.sum())
+            Snu += float(nb.sum())
+            db = np.multiply(nb, -dA, out=x[:nb.size])  # the loss at the moved point
+            db += dB
+            WD += float(wb @ db)
+            # T's terms theta2 (w^2 - 1) = v + v^2 / (4 theta2) (v = l + alpha; -theta2 where
+            # the weight is 0), and phi = (w - 1)^2, written without w - 1 ~ 0 cancelling
+            v = np.multiply(nb, -A, out=x[:nb.size])
+            v += B
+            np.maximum(v, 0.0, out=v)
+            v += alpha
+            off = np.less_equal(v, -two, out=flag[:nb.size])  # weight 0
+            tv = np.multiply(v, v, out=t3[:nb.size])
+            tv *= 1.0 / (2.0 * two)
+            tv += v
+            np.copyto(tv, -theta2, where=off)
+            T += float(tv.sum())
+            T_abs += float(np.abs(tv, out=tv).sum())
+            dv = np.multiply(v, 1.0 / two, out=tv)  # w - 1
+            np.copyto(dv, -1.0, where=off)
+            PHI += float(dv @ dv)
+        v0 = alpha  # every other sample: l_h = 0
+        t0 = v0 + v0 * v0 / (2.0 * two) if v0 + two > 0.0 else -theta2
+        T = (T + (n - p_l) * t0) / n - alpha
+        T_abs = (T_abs + (n - p_l) * abs(t0)) / n + abs(alpha)
+        return rule, {"p_l": p_l, "p_r": p_r, "w": W, "wd": WD, "d": dB * p_l - dA * Snu,
+                      "phi": PHI, "T": T, "T_abs": T_abs, "alpha": alpha}
+
 
 @dataclass(frozen=True)
 class KeyRule:
@@ -680,6 +763,12 @@ class KeyRule:
     dA: float
     dB: float
     unit: bool = False
+    #: chi2 (:meth:`SortedTwoPiece.chi2_sums`): the weight is ``((l_h + alpha) / (2 theta2) +
+    #: 1)_+`` with ``l_h = max(A u + B, 0)``; None: KL or unit weights
+    alpha: float | None = None
+    A: float = 0.0
+    B: float = 0.0
+    theta2: float = math.inf
 
     def moving(self, nu: np.ndarray) -> np.ndarray:
         return nu < self.left
@@ -691,17 +780,35 @@ class KeyRule:
         """The weights of samples with keys ``nu``."""
         if self.unit:
             return np.ones(np.shape(nu))
+        if self.alpha is not None:
+            return _chi2_weights(nu, self.A, self.B, self.alpha, self.theta2,
+                                 np.empty(np.shape(nu)))
         x = _exponents(nu, self.k1, self.k0, self.x0, np.empty(np.shape(nu)))
         np.exp(x, out=x)
         x *= self.scale
         return x
 
     def stay_weight(self) -> float:
+        if self.alpha is not None:
+            return max(self.alpha / (2.0 * self.theta2) + 1.0, 0.0)
         return 1.0 if self.unit else self.scale * math.exp(self.x0)
 
     def loss_moved(self, nu: np.ndarray) -> np.ndarray:
         """``dA u + dB`` (``u = -nu``): the loss at the moved point of a moving sample."""
         return self.dB - self.dA * nu
+
+
+def _chi2_weights(nu, A, B, alpha, theta2, buf):
+    """chi2 weights ``((l + alpha) / (2 theta2) + 1)_+`` of the keys ``nu`` in ``buf``, with
+    ``l = max(A u + B, 0)`` (``u = -nu``; the arithmetic of the keyed sums)."""
+    w = np.multiply(nu, -A, out=buf[:np.size(nu)])
+    w += B
+    np.maximum(w, 0.0, out=w)
+    w += alpha
+    w *= 1.0 / (2.0 * theta2)
+    w += 1.0
+    np.maximum(w, 0.0, out=w)
+    return w
 
 
 def _exponents(nu, k1, k0, floor, buf):

@@ -98,6 +98,18 @@ class _PrefixSums:
         return float(self.cum[b]) + float(self._values(b * self.BLOCK, j).sum())
 
 
+def _sum_below(h: float, s: np.ndarray, j: int) -> float:
+    """``sum_{i < j} (h - s_i)`` over blocks of :data:`_PrefixSums.BLOCK` prices (``s``
+    ascending, ``s_i < h`` for ``i < j``: the samples with ``l_h = h - s_i > 0``)."""
+    step = _PrefixSums.BLOCK * _PrefixSums.CHUNK
+    buf = np.empty(min(step, j))
+    total = 0.0
+    for i in range(0, j, step):
+        part = np.subtract(h, s[i:min(i + step, j)], out=buf[:min(step, j - i)])
+        total += float(part.sum())
+    return total
+
+
 def solve_zero_one(a, r: float, theta2: float, divergence: str, *,
                    method: str = "closed_form", presorted: bool = False,
                    p=None, n: int | None = None) -> DualSolution:
@@ -253,8 +265,10 @@ def solve_zero_one(a, r: float, theta2: float, divergence: str, *,
                                     iterations=1, gap_bound=0.0,
                                     solve_time=time.perf_counter() - t0, info=info)
     alpha = None if divergence == "kl" else 0.0
-    if partial:  # (theta2 = inf) the samples not held have l_h = 0
-        value = h * r - float(np.sum(np.maximum(h - s, 0.0))) / n
+    if math.isinf(theta2):
+        # (partial: the samples not held have l_h = 0) the mean of l_h = (h - a)_+ over
+        # blocks of the sorted prices below h (no n-vector of l_h: at r near 1 it was two)
+        value = h * r - _sum_below(h, s, int(s.searchsorted(h, side="left"))) / n
     else:
         value = float(zero_one_objective(a, h, r, theta2, divergence))
     return DualSolution(h, alpha, value, OPTIMAL, "zero_one_closed_form", "closed form",

@@ -51,3 +51,51 @@ def test_distance_oracle_keys_are_the_sorted_prices():
     np.testing.assert_array_equal(fresh.nu, a)
     assert view.n_fin == fresh.n_fin == 997
     assert view.umax == fresh.umax == a[996]
+
+
+def test_zero_one_moving_only_near_the_largest_rate_peak():
+    """0/1 at theta2 = inf with r near 1 moves almost every sample: the closed form's value is
+    summed over blocks of the sorted prices (it made two n-vectors of ``(h - a)_+``) and the
+    unit weights are one broadcast number (an n-vector of ones): 4.3 n-vectors before, about
+    3 now (the scores, the moved rows' indices and prices, and the audit's sample). The value
+    equals the closed form ``h r - mean((h - a)_+)`` over every price."""
+    n, d = 250_000, 20
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((n, d))
+    coef = rng.standard_normal(d) / np.sqrt(d)
+    y = np.where(X @ coef + 0.3 * rng.standard_normal(n) > 0, 1, -1)
+    model = otstab.LinearModel(coef, 0.1)
+    kw = dict(loss="zero_one", r=0.95, theta1=1.0, theta2=np.inf)
+    otstab.certify(model, X[:500], y[:500], **kw)  # (the first call imports what it needs)
+    res, peak = _peak_vectors(lambda: otstab.certify(model, X, y, **kw), n)
+    assert res.status == "optimal"
+    assert peak < 3.3, peak
+    m = y * (X @ coef + 0.1)
+    a = np.maximum(m, 0.0) ** 2 / float(coef @ coef)  # the prices theta1 d*_i
+    assert res.h == np.sort(a)[int(np.ceil(0.95 * n)) - 1]
+    ref = res.h * 0.95 - float(np.mean(np.maximum(res.h - a, 0.0)))
+    assert res.value == pytest.approx(ref, rel=1e-12)
+
+
+def test_a_missed_window_is_freed_before_the_next(monkeypatch):
+    """solve_two_piece widens a window that misses the root: the missed window's keys (most
+    of the n keys at a large r) are freed before the next window's are written (the hinge KL
+    certificate at r near the largest loss peaked at 3.1 n-vectors, 2.2 now)."""
+    from otstab_solvers import dual as sd
+
+    n = 100_000
+    u = np.random.default_rng(4).standard_normal(n)
+    # l_h = max(0, u h + 0.5 h^2): the hinge shape
+    oracle = sd.oracle_for(np.column_stack([np.zeros(n), u]), np.array([[0.0, 0.5]]),
+                           sorted_view=False)
+    monkeypatch.setattr(sd, "WINDOW_MIN_N", 0)
+    monkeypatch.setattr(sd, "WINDOW_WIDTHS", (1e-9, 0.5))  # the first one misses
+    monkeypatch.setattr(sd, "WINDOW_SUBSAMPLE", 4096)
+    r = float(np.mean(np.maximum(u * 5.0 + 0.5 * 25.0, 0.0)))  # (h* = 8: every key kept)
+    sol, peak = _peak_vectors(lambda: sd.solve_two_piece(oracle, r, 0.25, "kl"), n)
+    tries = sol.info["window"]["tries"]
+    assert [t["status"] for t in tries][-1] == "optimal" and len(tries) == 2
+    kept = tries[-1]["kept"] / n  # the last window's keys (the view the solution holds)
+    assert kept > 0.9
+    # (1.72 here, the subsample's keys included; 3.04 with both windows alive)
+    assert peak < kept + 0.9, (peak, kept)

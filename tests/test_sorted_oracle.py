@@ -177,3 +177,34 @@ def test_rescaled_distances_match_dense():
         assert got.value == pytest.approx(ref.value, rel=1e-10)
     with pytest.raises(ValueError, match="scale"):
         base.with_scale(0.0)
+
+
+@pytest.mark.parametrize("theta2", [0.25, 4.0, 1e4])
+def test_kl_term_against_high_precision_either_side_of_the_expm1_pass(theta2):
+    """The KL term of a sorted view (its log(Z / n) when Z / n is below 1 - EXPM1_SHARE, the
+    expm1 pass above) equals a 50-digit evaluation at h where Z / n lies on either side of
+    that share (the near-base regime of issue 31 sits between 0.5 and 15/16)."""
+    from decimal import Decimal
+
+    import hp_dual
+    from otstab_solvers import sorted_oracle
+
+    rng = np.random.default_rng(31)
+    n, c = 1500, 0.05
+    u = rng.standard_normal(n)
+    view = SortedTwoPiece(u, "hinge", c)
+    shares = set()
+    for h in (1e-4, 3e-3, 0.02, 0.1, 0.5):
+        term = view.reduce(h, "right", theta2, "kl")[0]
+        with hp_dual._ctx():
+            lh, _ = hp_dual._pieces("hinge", [Decimal(float(k)) for k in u], Decimal(c),
+                                    Decimal(h))
+            p = [Decimal(1) / n] * n
+            exact = float(hp_dual._term_and_weights(lh, p, Decimal(theta2), "kl")[0])
+        lmax = float(np.max(np.maximum(u * h + c * h * h, 0.0)))
+        zn = float(np.mean(np.exp((np.maximum(u * h + c * h * h, 0.0) - lmax) / theta2)))
+        shares.add(zn > 1.0 - sorted_oracle.EXPM1_SHARE)
+        # a few ulps of the largest l_h (the shift M, times theta2) and of the term itself
+        assert term == pytest.approx(exact, rel=1e-13, abs=64 * np.finfo(float).eps * lmax)
+    # (both branches at theta2 = 0.25 and 4; the expm1 pass alone at 1e4)
+    assert shares == ({True} if theta2 > 100 else {True, False})

@@ -216,6 +216,69 @@ def test_moving_sums_and_key_rule_match_dense_sums(theta2, windowed, kind):
                                                 abs=1e-300 if atol == 0 else 1e-9 * n)
 
 
+@pytest.mark.parametrize("theta2", [0.01, 0.25, 4.0, 1e6])
+@pytest.mark.parametrize("kind", ["gauss", "ties"])
+def test_chi2_sums_and_key_rule_match_dense_chi2(theta2, kind):
+    """chi2's keyed sums (issue 31: chi2 certificates above the direct audit were built over
+    blocks of rows, half the certificate's time) against the dense chi2 solution of l_h
+    (``chi2_solution``: its own active-set alpha): the weights of every sample, alpha, and
+    over the samples that move the weights, weight times loss at the moved point, that loss,
+    phi; the dual's term T."""
+    from otstab_solvers.weights import chi2_dual_term, chi2_solution
+
+    rng = np.random.default_rng(12)
+    n, c = 800, 0.6
+    u = keys(rng, n, kind)
+    _, full, win = views(u, c, 0.1, 0.2)
+    with pytest.raises(ValueError, match="fully sorted"):
+        win.chi2_sums(0.15, theta2)
+    for h in (0.05, 0.5, 3.0):
+        rule, sums = full.chi2_sums(h, theta2)
+        nu = -u
+        assert sums["p_l"] == np.count_nonzero(rule.moving(nu)) == full.count(h, "left")
+        assert sums["p_r"] - sums["p_l"] == np.count_nonzero(rule.tied(nu))
+        lh = np.maximum(u * h + c * h * h, 0.0)
+        w, alpha, _ = chi2_solution(lh, theta2)
+        assert sums["alpha"] == pytest.approx(alpha, rel=1e-11, abs=1e-12 * theta2)
+        np.testing.assert_allclose(rule.weights(nu), w, rtol=1e-11, atol=1e-12)
+        assert rule.stay_weight() == pytest.approx(max(alpha / (2 * theta2) + 1, 0.0),
+                                                   rel=1e-11, abs=1e-12)
+        m = rule.moving(nu)
+        d = u + 2.0 * c * h
+        for key, ref in (("w", w[m].sum()), ("wd", (w * d)[m].sum()), ("d", d[m].sum()),
+                         ("phi", phi(w[m], "chi2").sum())):
+            assert sums[key] == pytest.approx(ref, rel=1e-10, abs=1e-12 * n), key
+        T = chi2_dual_term(lh, theta2)
+        assert sums["T"] == pytest.approx(T, rel=1e-11, abs=1e-12 * sums["T_abs"])
+
+
+@pytest.mark.parametrize("theta2", [0.05, 1.0, 1e6])
+@pytest.mark.parametrize("windowed", [False, True])
+def test_moving_sums_reuse_the_solver_pass_bit_for_bit(theta2, windowed):
+    """moving_sums at an h the KL evaluation has just summed (no tied sample) reads that
+    pass's sums (issue 31: one exp pass less per certificate): the same numbers, bit for
+    bit, as its own pass; a tied h or another h makes its own pass."""
+    rng = np.random.default_rng(13)
+    n, c = 5000, 0.6
+    u = np.round(rng.standard_normal(n), 2)  # (ties at some kinks)
+    _, full, win = views(u, c, 0.2, 0.9)
+    view = win if windowed else full
+    kink = float(np.sort(-u)[np.searchsorted(np.sort(-u), 0.5 * c)]) / c  # a tied key's kink
+    tied = []
+    for h in (0.2512, 0.5037, 0.8071, kink):
+        view._kl_sums.clear()
+        fresh = view.moving_sums(h, theta2)[1]
+        view.reduce(h, "right", theta2, "kl")
+        assert (fresh["p_r"], h, c * h * h, theta2) in view._kl_sums
+        again = view.moving_sums(h, theta2)[1]
+        assert again == fresh  # (dicts of floats: equal bit for bit)
+        tied.append(fresh["p_l"] < fresh["p_r"])
+    assert tied == [False, False, False, True]
+    view.reduce(0.3, "right", theta2, "kl")  # (another h: its own pass)
+    if not windowed:
+        assert view.moving_sums(0.31, theta2)[1] == full.moving_sums(0.31, theta2)[1]
+
+
 def test_moving_sums_sums_phi_per_sample_when_weights_are_near_one():
     """At theta2 = 1e12 every weight is 1 + O(1e-12): phi ~ 1e-25 per sample, and the pass's
     sums (of size n) would cancel to rounding; given a tight phi_atol the sum is per sample."""

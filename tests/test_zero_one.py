@@ -345,3 +345,43 @@ def test_compact_move_plans_give_the_same_certificate(monkeypatch, ties, t2):
         np.testing.assert_allclose(c.mass, a.mass, rtol=1e-9, atol=0)
         np.testing.assert_array_equal(c.weights, a.weights)
         np.testing.assert_array_equal(c.X_star, a.X_star)
+
+
+def test_row_prices_write_into_arrays_sized_from_the_subsample(monkeypatch):
+    """RowPrices.smallest and .near write the prices (and rows) they keep in one pass into
+    arrays sized from the strided subsample (issue 31: a counting pass over every price came
+    first); when the estimate falls short they count and write again: the same arrays as
+    the dense prices give (``_near``, the sorted prefix) either way."""
+    import otstab.solve._zero_one as zo
+    from otstab.modeling._models import resolve_model
+
+    model, X, y = _binary(n=5000, seed=4)
+    prob = resolve_model(model, X, y, loss="zero_one")
+    monkeypatch.setattr(zo, "SUBSAMPLE", 500)
+    for short in (False, True):
+        rp, _ = zo.linear_prices(prob, None, 1.0)
+        rp.BLOCK = 333
+        a = rp.array()
+        everything = np.sort(a)
+        fin = everything[np.isfinite(everything)]
+        passes = []
+        honest = rp._dstar
+        monkeypatch.setattr(rp, "_dstar", lambda rows, passes=passes, honest=honest:
+                            passes.append(1) or honest(rows))
+        if short:
+            monkeypatch.setattr(rp, "_estimate", lambda thr: 3)
+        for share in (0.1, 0.4):
+            held = rp.smallest(share)
+            np.testing.assert_array_equal(held, everything[:held.size])
+            assert everything[held.size] > held[-1]
+        for h in (0.0, float(fin[fin.size // 3]), float(fin[-1]), 1e9):
+            del passes[:]
+            cand, ac = rp.near(h)
+            ref_c, ref_a = zo._near(a, h)
+            np.testing.assert_array_equal(cand, ref_c)
+            np.testing.assert_array_equal(ac, ref_a)
+            blocks = -(-5000 // 333)
+            if not short and h < fin[-1]:  # one pass and the strided subsample (at the
+                assert len(passes) <= blocks + 1, len(passes)  # largest, a count first)
+            elif short:
+                assert len(passes) >= 2 * blocks

@@ -35,8 +35,8 @@ import numpy as np
 
 from ..errors import DataChangedError
 
-__all__ = ["GROUP", "Fingerprint", "block_rows", "of_matrix", "register", "fingerprint_of",
-           "check"]
+__all__ = ["GROUP", "Fingerprint", "block_rows", "column_major", "of_matrix", "register",
+           "fingerprint_of", "check"]
 
 #: rows per fingerprint group (n / GROUP numbers are kept: 1/32 of an n-vector)
 GROUP = 32
@@ -110,6 +110,22 @@ class Fingerprint:
         if rest:
             out[k0 + full] = block[full * GROUP:].reshape(-1) @ self.w[:rest * self.d]
 
+    def fill_columns(self, X: np.ndarray, out: np.ndarray | None = None,
+                     work: np.ndarray | None = None) -> None:
+        """Fingerprint a whole column-major float64 ``X`` (a DataFrame's values): the same
+        sums, grouped as ``g_k = sum_i u_i (X v)_(32 k + i)``, from one matrix-vector product
+        that streams each column (blocks of rows of a column-major X cost more than two whole
+        passes). ``X v`` is written into ``work`` (an n-vector, e.g. the scores' buffer before
+        they are computed; None: a new one)."""
+        out = self.values if out is None else out
+        t = np.dot(X, self.v, out=work)
+        full = self.n // GROUP
+        if full:
+            np.dot(t[:full * GROUP].reshape(full, GROUP), self.u, out=out[:full])
+        rest = self.n - full * GROUP
+        if rest:
+            out[full] = t[full * GROUP:] @ self.u[:rest]
+
     def changed_groups(self, X) -> np.ndarray:
         """Indices of the groups whose values differ from ``values`` beyond rounding."""
         n, d = self.n, self.d
@@ -118,8 +134,11 @@ class Fingerprint:
         now = np.empty_like(self.values)
         step = block_rows(d)
         buf = np.empty((step, d)) if X.dtype != np.float64 else None
-        for s in range(0, n, step):
-            self.fill(block64(X[s:s + step], buf), s, now)
+        if column_major(X):  # (as it was taken: the same products, the same numbers)
+            self.fill_columns(X, now)
+        else:
+            for s in range(0, n, step):
+                self.fill(block64(X[s:s + step], buf), s, now)
         differ = np.flatnonzero(~(now == self.values))
         if differ.size == 0:
             return differ
@@ -141,10 +160,19 @@ class Fingerprint:
         return differ[~(np.abs(now[differ] - self.values[differ]) <= tol)]
 
 
+def column_major(X) -> bool:
+    """Whether ``X`` is a column-major float64 matrix (not also row-major): fingerprinted by
+    :meth:`Fingerprint.fill_columns`."""
+    return X.dtype == np.float64 and X.flags.f_contiguous and not X.flags.c_contiguous
+
+
 def of_matrix(X: np.ndarray) -> Fingerprint:
     """The fingerprint of ``X`` in a pass of its own (paths without a scores pass)."""
     n, d = X.shape
     fp = Fingerprint(n, d)
+    if column_major(X):
+        fp.fill_columns(X)
+        return fp
     step = block_rows(d)
     buf = np.empty((step, d)) if X.dtype != np.float64 else None
     for s in range(0, n, step):

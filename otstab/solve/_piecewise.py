@@ -220,7 +220,8 @@ def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, thet
     # the sorted view the dual came from (solve_two_piece; an n-vector of keys): the keyed
     # builder takes it over and frees it once its sums are taken; no result keeps it
     if sol.info.get("view") is not None and n > AUDIT_DIRECT_MAX and prob.p is None and \
-            h > 0 and (divergence == "kl" or math.isinf(theta2)):
+            h > 0 and (divergence == "kl" or math.isinf(theta2) or
+                       sol.info["view"].domain is None):
         return _build_keyed(prob, red, sol, sol.info.pop("view"), oracle, r, theta1, theta2,
                             divergence, t_start)
     sol.info.pop("view", None)
@@ -413,7 +414,8 @@ def _candidate(prob, red, sol, atoms, res, moved2, split: bool, question: _Quest
 def _build_keyed(prob, red, sol, view, oracle, r, theta1, theta2, divergence,
                  t_start) -> StabilityResult:
     """:func:`build_result` from the sorted view the dual came from (a hinge-shaped form,
-    uniform samples, KL or theta2 = inf, above ``AUDIT_DIRECT_MAX`` rows).
+    uniform samples, KL, chi2 or theta2 = inf, above ``AUDIT_DIRECT_MAX`` rows; chi2 from its
+    fully sorted view, :meth:`~otstab_solvers.sorted_oracle.SortedTwoPiece.chi2_sums`).
 
     The view gives Q* as a rule on each sample's key (:class:`~otstab_solvers.sorted_oracle.
     KeyRule`: which samples move, their weights and losses at the moved points) and the
@@ -425,11 +427,17 @@ def _build_keyed(prob, red, sol, view, oracle, r, theta1, theta2, divergence,
     h = float(sol.h)
     n = red.n
     value = min(float(sol.value), h * r)  # (F(h) <= h r: the losses are nonnegative)
-    rule, sums = view.moving_sums(h, theta2, phi_atol=_PHI_RTOL * abs(value) * n / theta2)
+    chi2 = divergence == "chi2" and not math.isinf(theta2)
+    if chi2:  # (a fully sorted view: chi2 sorts every key)
+        rule, sums = view.chi2_sums(h, theta2)
+    else:
+        rule, sums = view.moving_sums(h, theta2, phi_atol=_PHI_RTOL * abs(value) * n / theta2)
     # the rounding of the keyed sums' T: a few ulps of the terms of l_h, and for KL that of
-    # log(Z / n) (Z a sum of n exponentials, without the expm1 pass of the solver's sums)
+    # log(Z / n) (Z a sum of n exponentials, without the expm1 pass of the solver's sums);
+    # for chi2 a few ulps of its terms per halving of the sum
     dual_rounding = 8.0 * EPS * (h * view.umax + view.c * h * h) + (
-        0.0 if math.isinf(theta2) else 32.0 * EPS * theta2 * max(1.0, math.log2(n)))
+        0.0 if math.isinf(theta2) else
+        32.0 * EPS * max(1.0, math.log2(n)) * (sums["T_abs"] if chi2 else theta2))
     del view
     k_move = oracle._hinge_piece
     k_stay = 1 - k_move
@@ -450,8 +458,8 @@ def _build_keyed(prob, red, sol, view, oracle, r, theta1, theta2, divergence,
     sums_.move = d2 * (sums["w"] + float(frac @ t_w)) / n
     sums_.moved_risk = (sums["d"] + float(frac @ t_d)) / n
     sums_.phi = 0.0 if math.isinf(theta2) else (
-        sums["phi"] + float(np.sum(phi(t_w, "kl"))) + n_stay * float(phi(np.array([w0]),
-                                                                        "kl")[0])) / n
+        sums["phi"] + float(np.sum(phi(t_w, divergence))) + n_stay * float(
+            phi(np.array([w0]), divergence)[0])) / n
     res = sums_.result(prob, theta1, theta2, value)
     t_up, t_split = t_rows[up], t_rows[split]
 
@@ -498,7 +506,8 @@ def _build_keyed(prob, red, sol, view, oracle, r, theta1, theta2, divergence,
     moved2 = lambda: red.sq_displacement(atoms()[0], atoms()[1], h)  # noqa: E731
     return _candidate(prob, red, sol, atoms, res, moved2, bool(split.any()),
                       _Question(r, theta1, theta2, divergence, t_start),
-                      _Answer(h, value, None if divergence == "kl" else 0.0,
+                      _Answer(h, value, sums["alpha"] if chi2 else
+                              (None if divergence == "kl" else 0.0),
                               h * r - sums["T"], dual_rounding))
 
 

@@ -169,6 +169,8 @@ class RowPrices:
     def __init__(self, S, y, wrong, nw: float, theta1: float):
         self.S, self.y, self.wrong, self.nw, self.theta1 = S, y, wrong, float(nw), theta1
         self.size = int(S.shape[0])
+        #: the sorted strided subsample of the prices and its stride (:meth:`_subsample`)
+        self._sub: tuple[np.ndarray, int] | None = None
 
     def _dstar(self, rows) -> np.ndarray:
         if self.nw == 0.0:
@@ -177,7 +179,7 @@ class RowPrices:
         np.maximum(d, 0.0, out=d)
         d *= d
         d /= self.nw
-        d[self.wrong[rows]] = 0.0
+        np.copyto(d, 0.0, where=self.wrong[rows])
         return d
 
     def __getitem__(self, rows) -> np.ndarray:
@@ -206,46 +208,100 @@ class RowPrices:
         out.sort()
         return out
 
+    def _subsample(self) -> tuple[np.ndarray, int]:
+        """``(sorted prices of every stride-th row, stride)`` (:data:`SUBSAMPLE` rows; kept:
+        it sizes the arrays of :meth:`smallest` and :meth:`near`)."""
+        stride = max(1, self.size // SUBSAMPLE)
+        if self._sub is None or self._sub[1] != stride:
+            sub = self[0:self.size:stride]
+            sub.sort()
+            self._sub = (sub, stride)
+        return self._sub
+
+    def _estimate(self, thr: float) -> int | None:
+        """How many prices are at most ``thr``, from above: the subsample's count scaled to
+        all rows with room for twice its sampling error (as the hinge windows' arrays; None:
+        no subsample, or the estimate reaches every row)."""
+        if self._sub is None or self._sub[1] == 1:
+            return None
+        sub = self._sub[0]
+        k = int(sub.searchsorted(thr, side="right"))
+        size = int((k + 2.0 * math.sqrt(k) + 4) * self.size / sub.size) + 1024
+        return size if size < self.size else None
+
     def smallest(self, share: float) -> np.ndarray:
         """Every price up to about the ``share`` quantile (with a margin), ascending: the
-        quantile's price is read off a strided subsample of :data:`SUBSAMPLE` rows, then a
-        counting pass and a writing pass keep the prices at most that one, and only those are
+        quantile's price is read off a strided subsample of :data:`SUBSAMPLE` rows, then one
+        writing pass keeps the prices at most that one (into an array sized from the
+        subsample; a counting pass first when that proves too small), and only those are
         sorted. All prices when the margin reaches the largest."""
-        stride = max(1, self.size // SUBSAMPLE)
-        sub = self[0:self.size:stride]
-        sub.sort()
+        sub, stride = self._subsample()
         if stride == 1:  # (the subsample is every row: all prices, sorted)
-            return sub
+            return sub.copy()
         m = sub.size
         k = int(math.ceil((share + 0.01) * m + 4.0 * math.sqrt(m))) + 1
         if k >= m or not math.isfinite(float(sub[k])):
             return self.sorted()
         tau = float(sub[k])
-        count = sum(int(np.count_nonzero(self[i:j] <= tau)) for i, j in self._blocks())
-        out = np.empty(count)
+        size = self._estimate(tau)
+        if size is None:  # (the margin reaches about every row: all of them, one pass)
+            return self.sorted()
+        out = self._write_below(tau, size)
+        if out is None:
+            out = self._write_below(tau, sum(int(np.count_nonzero(self[i:j] <= tau))
+                                             for i, j in self._blocks()))
+        assert out is not None  # (sized by the count)
+        out.sort()
+        return out
+
+    def _write_below(self, tau: float, size: int | None) -> np.ndarray | None:
+        """The prices at most ``tau`` in row order, in an array of ``size`` (None: it is too
+        small, or no size)."""
+        if size is None:
+            return None
+        out = np.empty(size)
         at = 0
         for i, j in self._blocks():
             ai = self[i:j]
             part = ai[ai <= tau]
+            if at + part.size > size:
+                return None
             out[at:at + part.size] = part
             at += part.size
-        out.sort()
+        out.resize(at, refcheck=False)  # (the estimate's spare room given back)
         return out
 
     def near(self, h: float, tol: float = 1e-10):
         """:func:`_near`: the rows with ``a_i <= h`` (up to the tie tolerance) and their
-        prices, over blocks: a counting pass, then one that writes them into arrays of that
-        size (row indices as int32 below 2^31 rows), so that no copy of them is made."""
+        prices, over blocks, written into arrays sized from the strided subsample (row
+        indices as int32 below 2^31 rows; a counting pass first when that proves too
+        small, or for small data), so that no copy of them is made."""
         thr = h + tol * h
-        count = sum(int(np.count_nonzero(self[i:j] <= thr)) for i, j in self._blocks())
-        cand = np.empty(count, dtype=row_index_dtype(self.size))
-        vals = np.empty(count)
+        self._subsample()
+        got = self._write_near(h, tol, self._estimate(thr))
+        if got is None:
+            got = self._write_near(h, tol, sum(int(np.count_nonzero(self[i:j] <= thr))
+                                               for i, j in self._blocks()))
+        assert got is not None  # (sized by the count)
+        self._sub = None  # (Q*'s rows are the last use of the subsample)
+        return got
+
+    def _write_near(self, h, tol, size):
+        """:meth:`near` into arrays of ``size`` rows (None: too small, or no size)."""
+        if size is None:
+            return None
+        cand = np.empty(size, dtype=row_index_dtype(self.size))
+        vals = np.empty(size)
         at = 0
         for i, j in self._blocks():
             k, ak = _near(self[i:j], h, tol)
+            if at + k.size > size:
+                return None
             np.add(k, i, out=cand[at:at + k.size], casting="unsafe")
             vals[at:at + k.size] = ak
             at += k.size
+        cand.resize(at, refcheck=False)
+        vals.resize(at, refcheck=False)
         return cand, vals
 
     def finite(self):
@@ -486,6 +542,8 @@ def _tied_last(w, below, tied, n_below):
     at = np.union1d(tied, np.arange(n_below, size))  # the holes below n_below, then the end
     order = np.concatenate([at[below[at]], at[~below[at]]])
     for arr in (w.idx, w.vals):
+        if arr.strides == (0,):  # one weight broadcast over the rows: every order is the same
+            continue
         arr[at] = arr[order]
 
 
@@ -512,7 +570,9 @@ def _weights(a, h, sol, theta2, divergence, n, cand, ac, q=None):
         vals = wm(np.maximum(h - ac, 0.0))
         return _Weights(n, base=float(wm(np.zeros(1))[0]), idx=cand, vals=vals, q=q), wm.alpha
     if math.isinf(theta2):
-        return _Weights(n, base=1.0, idx=cand, vals=np.ones(cand.size)), \
+        # every weight 1: one read-only number broadcast over the rows (no array of ones,
+        # which at r near 1 is an n-vector)
+        return _Weights(n, base=1.0, idx=cand, vals=np.broadcast_to(1.0, (cand.size,))), \
             (None if divergence == "kl" else 0.0)
     info = sol.info if sol is not None else {}
     if divergence == "kl" and info.get("unit_weight", 0.0) > 1e-250 and math.isfinite(h):
