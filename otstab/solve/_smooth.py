@@ -756,7 +756,8 @@ def _audit_rows(prob, atoms, wm, theta1, theta2, divergence, value) -> dict:
         pick = audit.sample_positions(m, audit.AUDIT_SAMPLE)
         for s in range(0, pick.size, cells):
             idx = pick[s:s + cells]
-            err = max(err, model_check(*atoms.steps.rows_steps(idx), idx)[2])
+            src_i, st_i = atoms.steps.rows_steps(idx)
+            err = max(err, model_check(src_i, st_i, idx)[2])
         info = {"method": "sampled", "sample": int(pick.size), "max_rel_error": err}
     move_cost = 0.0 if math.isinf(theta1) else theta1 * move
     rew_cost = 0.0 if math.isinf(theta2) else theta2 * ph
