@@ -803,9 +803,16 @@ def section_elsewhere() -> list[str]:
         "`value_lower / value_upper` and the time it costs on Adult, in "
         "[bounds.md](bounds.md); gradient-boosted trees at production size (XGBoost, "
         "LightGBM, 300 trees of depth 6, 5,000 rows; `benchmarks/test_bench_trees.py`; "
-        "ratio 0.135 in 210 s and 0.165 in 595 s at a 120 s budget, load 5-9, the issue's 0.9 "
-        "in 120 s not met) in "
+        "ratio 0.365 in 145 s and 0.426 in 137 s with the compiled branch and bound at a 120 s "
+        "budget for the certified side, on an idle machine (0.135 and 0.165 before), the "
+        "issue's 0.9 in 120 s not met) in "
         "[bounds.md](bounds.md#gradient-boosted-trees-at-production-size).",
+        "- Boosted trees with the logistic loss on their margins (`test_trees_logistic_quick`: "
+        "XGBoost / LightGBM, 30 trees of depth 4, 300 rows, r = base log-loss + 0.1): ratio "
+        "0.995 in 26.3 s and 0.999 in 17.7 s at load 6.5; 100 trees of depth 5 on 500 rows: "
+        "0.514 at a 120 s budget; 300 trees of depth 6 on 1,000 rows: 0.088 at a 120 s budget, "
+        "in [bounds.md](bounds.md"
+        "#boosted-trees-logistic-and-cross-entropy-otstabsolve_tree_smoothpy).",
         "- Tree ensembles side by side with dtai-veritas (its L-infinity robustness search "
         "against otstab's L2 branch and bound: time per sample, cross-checks, veritas as an "
         "upper-bound seed; `benchmarks/test_bench_veritas.py`) in "
