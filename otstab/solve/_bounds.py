@@ -75,7 +75,8 @@ from ._audit import CANCEL_RTOL
 from ._radius_key import radius_key
 from ._refine import check_rtol, refine
 
-__all__ = ["LeafTable", "leaf_table", "tree_lower_distances", "mlp_lower_distances",
+__all__ = ["LeafTable", "leaf_table", "sample_leaves", "tree_lower_distances",
+           "mlp_lower_distances",
            "mlp_lipschitz", "mlp_transform_upper", "zero_one_lower_value",
            "smooth_lower_value", "certified_distances", "network_transform_upper",
            "BOUND_OPTIONS"]
@@ -297,6 +298,23 @@ def leaf_table(model, d: int, X_check: np.ndarray | None = None) -> LeafTable:
     return table
 
 
+def sample_leaves(table: LeafTable, x, y: int, mv):
+    """The leaves one sample can reach, restricted to its movable features ``mv``: ``(idx,
+    lo, hi, a, b, x_mv, tree, marg, base)`` with ``idx`` the leaves that hold ``x`` in every
+    fixed feature, their bounds ``lo < c(x) <= hi`` and float64 closures ``[a, b]`` on the
+    movable features, ``x``'s movable coordinates, each leaf's tree, its class margins
+    ``F_y - F_k`` (k != y) and the base margins."""
+    a, b = table.leaf_edges()  # float64 boxes [a, b] holding each leaf
+    fixed = ~mv
+    cx = table.comparable(x[None, :])[0]  # fixed features: exactly the leaves holding x
+    ok = np.all((table.lo[:, fixed] < cx[fixed]) & (cx[fixed] <= table.hi[:, fixed]), axis=1)
+    idx = np.flatnonzero(ok)
+    V = table.value[idx]
+    others = [k for k in range(table.value.shape[1]) if k != y]
+    return (idx, table.lo[idx][:, mv], table.hi[idx][:, mv], a[idx][:, mv], b[idx][:, mv],
+            x[mv], table.tree[idx], V[:, [y]] - V[:, others], table.base[y] - table.base[others])
+
+
 class _Sample:
     """The leaves reachable from one sample, in a form the branch and bound works on."""
 
@@ -304,20 +322,8 @@ class _Sample:
         self.upper, self.predict, self.y, self.mv, self.x_full = upper, predict, y, mv, x
         # per-feature prices of the squared distance (feature_costs; default 1)
         self.w = np.ones(int(mv.sum())) if weights is None else np.asarray(weights)[mv]
-        a, b = table.leaf_edges()  # float64 boxes [a, b] holding each leaf
-        fixed = ~mv
-        cx = table.comparable(x[None, :])[0]  # fixed features: exactly the leaves holding x
-        ok = np.all((table.lo[:, fixed] < cx[fixed]) & (cx[fixed] <= table.hi[:, fixed]), axis=1)
-        self.idx = np.flatnonzero(ok)
-        self.lo, self.hi = table.lo[self.idx][:, mv], table.hi[self.idx][:, mv]
-        self.a, self.b = a[self.idx][:, mv], b[self.idx][:, mv]
-        self.x = x[mv]
-        self.tree = table.tree[self.idx]
-        # margins F_y - F_k per leaf (k != y), and the base margin
-        V = table.value[self.idx]
-        others = [k for k in range(table.value.shape[1]) if k != y]
-        self.marg = V[:, [y]] - V[:, others]
-        self.base = table.base[y] - table.base[others]
+        (self.idx, self.lo, self.hi, self.a, self.b, self.x, self.tree, self.marg,
+         self.base) = sample_leaves(table, x, y, mv)
         self.n_trees = table.n_trees
         self.table = table
         d_mv = self.x.size

@@ -121,6 +121,29 @@ class FiniteOracle:
         top, c = self.pick(h, side == "right")
         return top, self.A[np.arange(self.n), c], np.zeros(self.n)
 
+    def split_at(self, h, r, theta2, divergence, p=None, tie=Q_TIE):
+        """Q* of the dual at ``h`` as candidates: every sample at its left candidate, and
+        where the left and right candidates differ, shares moved to the right one in order
+        until the risk is exactly r. Returns ``(w, alpha, src, mass, which, l_h)``: the
+        weights and chi2 multiplier at h, each atom's sample, mass and candidate column."""
+        n = self.n
+        rows = np.arange(n)
+        lh, cl = self.pick(h, False, tie)
+        _, cr = self.pick(h, True, tie)
+        w, alpha = weights_at(lh, theta2, divergence, p)  # alpha: chi2's multiplier
+        pw = w / n if p is None else w * p
+        aL, aR = self.A[rows, cl], self.A[rows, cr]
+        gain = pw * (aR - aL)
+        kinked = np.flatnonzero(gain > 0)
+        frac = np.zeros(n)
+        frac[kinked] = audit.shares_in_order(gain[kinked], r - float(np.sum(pw * aL)))
+        split = np.flatnonzero((frac > 0) & (frac < 1.0))
+        first = np.where(frac >= 1.0, cr, cl)
+        src = np.concatenate([rows, split])
+        mass = np.concatenate([np.where(frac >= 1.0, 1.0, 1.0 - frac), frac[split]])
+        which = np.concatenate([first, cr[split]])
+        return w, alpha, src, mass, which, lh
+
 
 def class_slots(y, K):
     """``(n, K - 1)`` other classes of each sample, in increasing order."""
@@ -237,20 +260,7 @@ def certify_datacost_cross_entropy(model, prob, rc, parts, frame, *, r, theta1, 
         raise SolverError(f"the cross-entropy dual on the candidate rows did not converge "
                           f"({sol.native_status}); r may be out of their reach")
     h = float(sol.h)
-    lh, cl = fo.pick(h, False, Q_TIE)
-    _, cr = fo.pick(h, True, Q_TIE)
-    w, alpha = weights_at(lh, theta2, divergence, p)  # alpha: chi2's multiplier
-    pw = w / n if p is None else w * p
-    aL, aR = A[rows, cl], A[rows, cr]
-    gain = pw * (aR - aL)
-    kinked = np.flatnonzero(gain > 0)
-    frac = np.zeros(n)
-    frac[kinked] = audit.shares_in_order(gain[kinked], r - float(np.sum(pw * aL)))
-    split = np.flatnonzero((frac > 0) & (frac < 1.0))
-    first = np.where(frac >= 1.0, cr, cl)
-    src = np.concatenate([rows, split])
-    mass = np.concatenate([np.where(frac >= 1.0, 1.0, 1.0 - frac), frac[split]])
-    which = np.concatenate([first, cr[split]])
+    w, alpha, src, mass, which, lh = fo.split_at(h, r, theta2, divergence, p)
     star = _pick_rows(cands, which, src)
     X0 = frame.iloc[src].reset_index(drop=True)
     loss_star = _ce(model, star, y[src])
@@ -263,6 +273,7 @@ def certify_datacost_cross_entropy(model, prob, rc, parts, frame, *, r, theta1, 
     if why:
         raise SolverError("the cross-entropy certificate under the DataCost failed its audit "
                           "on the model's own scores of Q*'s raw rows: " + "; ".join(why))
+    _, cr = fo.pick(h, True, Q_TIE)
     pi = _wrong_class_weights(model, _pick_rows(cands, cr, rows), y, slots)
     lows[h] = lower_at(h, pi)
     if h > 0:  # weak duality holds at every h: a short search for a better one near h

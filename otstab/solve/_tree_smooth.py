@@ -55,9 +55,8 @@ from ..modeling._costs import Rescaled
 from ..modeling._nonlinear import PredictOnlyModel, as_model_input
 from ..modeling._params import check_options
 from . import _audit as audit
-from ._bounds import BOUND_OPTIONS, VALUE_SLACK, LeafTable, leaf_table
+from ._bounds import BOUND_OPTIONS, VALUE_SLACK, LeafTable, leaf_table, sample_leaves
 from ._datacost_cross_entropy import FiniteOracle
-from ._datacost_smooth import Q_TIE
 from ._piecewise import edge_kind, edge_result
 from ._refine import check_rtol
 from ._results import StabilityResult
@@ -137,20 +136,8 @@ class SmoothSearch:
     def __init__(self, table: LeafTable, x, y: int, mv, w, theta1: float):
         self.table, self.x_full, self.mv, self.theta1 = table, x, mv, theta1
         self.w = np.asarray(w, dtype=np.float64)
-        a, b = table.leaf_edges()
-        fixed = ~mv
-        cx = table.comparable(x[None, :])[0]
-        ok = np.all((table.lo[:, fixed] < cx[fixed]) & (cx[fixed] <= table.hi[:, fixed]),
-                    axis=1)
-        self.idx = np.flatnonzero(ok)
-        self.lo, self.hi = table.lo[self.idx][:, mv], table.hi[self.idx][:, mv]
-        self.a, self.b = a[self.idx][:, mv], b[self.idx][:, mv]
-        self.x = x[mv]
-        self.tree = table.tree[self.idx]
-        V = table.value[self.idx]
-        others = [k for k in range(table.value.shape[1]) if k != y]
-        self.marg = V[:, [y]] - V[:, others]
-        self.base = table.base[y] - table.base[others]
+        (self.idx, self.lo, self.hi, self.a, self.b, self.x, self.tree, self.marg,
+         self.base) = sample_leaves(table, x, y, mv)
         self.n_trees = table.n_trees
         size = float(np.max(np.abs(table.base), initial=0)) + table.scale
         # the rounding band of the model's own sum and of this one (as in the 0/1 bounds)
@@ -713,23 +700,9 @@ def _gap_samples(lower, upper, h, theta2, divergence, p, share=GAP_SHARE):
 def _build(prob, found, sol, loss, loss0, r, theta1, theta2, divergence, t_start):
     """Q* of the candidates' dual at its h (split at a kink so that its risk is r)."""
     n, p = prob.n, prob.p
-    rows = np.arange(n)
     fo = found.oracle()
     h = float(sol.h)
-    lh, cl = fo.pick(h, False, Q_TIE)
-    _, cr = fo.pick(h, True, Q_TIE)
-    wts, alpha = weights_at(lh, theta2, divergence, p)
-    pw = wts / n if p is None else wts * p
-    aL, aR = fo.A[rows, cl], fo.A[rows, cr]
-    gain = pw * (aR - aL)
-    kinked = np.flatnonzero(gain > 0)
-    frac = np.zeros(n)
-    frac[kinked] = audit.shares_in_order(gain[kinked], r - float(np.sum(pw * aL)))
-    split = np.flatnonzero((frac > 0) & (frac < 1.0))
-    first = np.where(frac >= 1.0, cr, cl)
-    src = np.concatenate([rows, split])
-    mass = np.concatenate([np.where(frac >= 1.0, 1.0, 1.0 - frac), frac[split]])
-    which = np.concatenate([first, cr[split]])
+    wts, alpha, src, mass, which, lh = fo.split_at(h, r, theta2, divergence, p)
     X_star = found.points(which, src)
     res = audit.audit_points(prob, X_star, src, mass, wts[src], theta1, theta2, divergence,
                              float(sol.value))
