@@ -99,7 +99,7 @@ def _check_found(model, X, y, best, P, exact):
 
 @pytest.mark.parametrize("lib", [lib for lib in ENSEMBLES if lib in (
     "GradientBoosting", "XGBoost", "LightGBM")])
-def test_budgeted_found_side_equals_the_full_one_on_the_samples_it_refines(lib):
+def test_budgeted_found_side_equals_the_full_one_on_the_samples_it_refines(lib, capsys):
     from otstab.solve._refine import ZeroOneDuals
     model, X, y = _fit(lib, 4, 3, 2, n=40)
     table, predict, yi, mv, thr = _found_inputs(model, X, y)
@@ -108,7 +108,13 @@ def test_budgeted_found_side_equals_the_full_one_on_the_samples_it_refines(lib):
     # (the model's predict: the walk has its own test, and compiles slowly)
     full = tree_found.found_distances(table, predict, X, yi, mv, thr, walk=False)
     part = tree_found.found_distances(table, predict, X, yi, mv, thr, walk=False, duals=duals,
-                                      margin=1.0)
+                                      margin=1.0, progress=True)
+    # progress=True: the four stages on stderr, and the same answer as without it
+    assert "found side (40 rows)" in capsys.readouterr().err
+    again = tree_found.found_distances(table, predict, X, yi, mv, thr, walk=False,
+                                       duals=duals, margin=1.0)
+    assert capsys.readouterr().err == ""
+    np.testing.assert_array_equal(again[0], part[0])
     refined = part[5]
     correct = loss0 == 0
     assert full[5][correct].all()  # without duals: every correct sample

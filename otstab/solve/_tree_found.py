@@ -45,9 +45,11 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import numpy as np
 
+from .._progress import progress_bar
 from ..errors import InputTypeError
 from ..modeling import _perturbation as perturbation
 from ..modeling import _trees as trees
@@ -335,14 +337,29 @@ def _selected(duals, best, idx, done, margin):
 
 
 def found_distances(table, model_predict, X, yi, mv, thresholds, *, walk=True, k=8, steps=16,
-                    n_refine=2, seed=0, duals=None, margin=None):
+                    n_refine=2, seed=0, duals=None, margin=None, progress=False):
     """Upper ends ``d_i`` (squared distances of points the model misclassifies) for the
     samples the model classifies rightly, by the steps of the module doc. ``duals``: a
     :class:`otstab.solve._refine.ZeroOneDuals` to refine only the samples that can enter the
     dual (module doc, "budget"); None refines every sample. Returns ``(best (n,), P (n, d),
     n_model_rows, n_walked_rows, rest, refined (n,))``: ``rest`` the correct samples left to
     the generic search (no point found, or the model disagreed), ``refined`` the samples that
-    went through the whole refinement."""
+    went through the whole refinement. ``progress``: a bar of the four stages on stderr
+    (bisection, first shrink, refinement rounds, the model's check), each also logged."""
+    with progress_bar(4, f"found side ({X.shape[0]} rows)", bool(progress)) as bar:
+        return _found_distances(table, model_predict, X, yi, mv, thresholds, walk, k, steps,
+                                n_refine, seed, duals, margin, bar)
+
+
+def _found_distances(table, model_predict, X, yi, mv, thresholds, walk, k, steps, n_refine,
+                     seed, duals, margin, bar):
+    t0 = time.perf_counter()
+
+    def stage(name, m):
+        bar.update(1)
+        _log.info("tree found side: %s (%d samples) done at %.1f s", name, m,
+                 time.perf_counter() - t0)
+
     ev = TreeEvaluator.build(table, X) if walk else None
     n, d = X.shape
     model_rows = [0]
@@ -364,9 +381,11 @@ def found_distances(table, model_predict, X, yi, mv, thresholds, *, walk=True, k
     nbr = _neighbours(X, yi, pred0, idx, mv, k)
     b, Pb = _bisect_segments(pred, X, yi, idx, mv, nbr, steps)
     best[idx], P[idx] = b[idx], Pb[idx]
+    stage("bisection", idx.size)
     f32 = table.f32
     perturbation._coordinate_shrink(pred, X, yi, idx, mv, thresholds, best, P, sweeps=1,
                                     f32=f32)
+    stage("first shrink", idx.size)
     # the refinement, for the samples that can enter the dual (all without duals), in rounds
     # while h lets more in: every step is per sample (keyed random directions), so a refined
     # sample gets the point it gets when every sample is refined
@@ -384,6 +403,7 @@ def found_distances(table, model_predict, X, yi, mv, thresholds, *, walk=True, k
             perturbation._coordinate_shrink(pred, X, yi, todo, mv, thresholds, best, P,
                                             f32=f32)
         todo = idx[:0] if duals is None else _selected(duals, best, idx, done, margin)
+    stage("refinement", int(done.sum()))
     # the model's own predict on every final point
     have = idx[np.isfinite(best[idx])]
     agree = by_model(P[have]) != yi[have] if have.size else np.zeros(0, dtype=bool)
@@ -393,17 +413,19 @@ def found_distances(table, model_predict, X, yi, mv, thresholds, *, walk=True, k
     rest = idx[~np.isfinite(best[idx])]
     ok = idx[np.isfinite(best[idx])]
     best[ok] = np.sum((P[ok] - X[ok]) ** 2, axis=1)
+    stage("the model's check", have.size)
     return best, P, model_rows[0], 0 if ev is None else ev.rows, rest, done
 
 
-def tree_search(model, X, y, *, mask=None, duals=None, **options):
+def tree_search(model, X, y, *, mask=None, duals=None, progress=False, **options):
     """:func:`otstab.modeling._perturbation.perturbation_search` (``labels="internal"``) for a
     tree-ensemble classifier through :func:`found_distances` when samples x trees is at least
     :data:`FAST_ABOVE`; the generic search for the samples it leaves, for smaller problems, and
     for every model it does not apply to (single decision trees, which have an exact path;
     per-feature prices; one movable feature, whose line search is exact; models without a
     leaf table). ``duals`` (a :class:`otstab.solve._refine.ZeroOneDuals`): refine only the
-    samples that can enter the 0/1 dual (:func:`found_distances`). Returns
+    samples that can enter the 0/1 dual (:func:`found_distances`); ``progress``: its stages
+    on stderr. Returns
     ``(result, table)``: the :class:`~otstab.solve._bounds.LeafTable` read (None where the
     generic search ran), for the lower bounds to reuse."""
 
@@ -438,7 +460,8 @@ def tree_search(model, X, y, *, mask=None, duals=None, **options):
 
     # the walk where it beats the library's own predict (LightGBM: about 3 times on one core)
     out = found_distances(table, model_predict, X, yi, mv, thresholds,
-                          walk=trees.library(raw) == "lightgbm", duals=duals)
+                          walk=trees.library(raw) == "lightgbm", duals=duals,
+                          progress=progress)
     best, P, rows, walked, rest, refined = out
     _log.debug("tree found side: %d samples refined of %d, %d rows walked, %d predicted",
                int(refined.sum()), X.shape[0], walked, rows)

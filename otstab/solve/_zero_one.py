@@ -1163,7 +1163,8 @@ def certify_zero_one_search(prob: Problem, *, r, theta1, theta2, divergence, mas
     # (the dual's h tells the tree found side which samples to refine)
     pr, table = tree_found.tree_search(
         model, prob.X, prob.y, mask=mask,
-        duals=ZeroOneDuals(loss0, r, theta1, theta2, divergence, prob.p), **solver_options)
+        duals=ZeroOneDuals(loss0, r, theta1, theta2, divergence, prob.p),
+        progress=bool(bound_options.get("progress", False)), **solver_options)
     pr = neural_search.refine_result(model, prob.X, prob.y, pr, mask, prob.losses)
     dstar = np.where(loss0 > 0, 0.0, pr.distances)
     a = move_prices(dstar, theta1)
