@@ -396,6 +396,22 @@ def accept(res, *, exact: bool = True, value_lower: float = 0.0) -> list[str]:
     return []
 
 
+def close_interval(res, value_lower: float, r: float) -> bool:
+    """An audited answer whose certified lower end came from elsewhere (a dual of an
+    over-estimate): True, with ``value_lower = value_upper = value``, when it meets the
+    audited value within the audit's tolerance; otherwise the answer becomes ``bounds``
+    (``value_upper`` the audited value, ``value_lower`` the certified end, capped by it) and
+    False."""
+    tol = tolerance(res.value, res.h, r)
+    if value_lower >= res.value - tol:
+        res.value_lower = res.value_upper = res.value
+        return True
+    res.status, res.exact = BOUNDS, False
+    res.value_upper = res.value
+    res.value_lower = min(value_lower, res.value)
+    return False
+
+
 def mark_edge(res, kind: str) -> None:
     """Status and bounds of an answer decided before solving (``zero``, ``unreachable``,
     ``limit``); the limit case is audited like any other answer."""

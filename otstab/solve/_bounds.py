@@ -75,7 +75,8 @@ from ._audit import CANCEL_RTOL
 from ._radius_key import radius_key
 from ._refine import check_rtol, refine
 
-__all__ = ["LeafTable", "leaf_table", "sample_leaves", "tree_lower_distances",
+__all__ = ["LeafTable", "leaf_table", "sample_leaves", "worst_leaf",
+           "tree_lower_distances",
            "mlp_lower_distances",
            "mlp_lipschitz", "mlp_transform_upper", "zero_one_lower_value",
            "smooth_lower_value", "certified_distances", "network_transform_upper",
@@ -315,6 +316,24 @@ def sample_leaves(table: LeafTable, x, y: int, mv):
             x[mv], table.tree[idx], V[:, [y]] - V[:, others], table.base[y] - table.base[others])
 
 
+def worst_leaf(marg, alive, mins, starts, bound):
+    """The split rule of the tree branch and bounds: ``(worst, rows)``, the position (in
+    ``alive``) of the leaf with the smallest margin, on the class whose margin bound is
+    lowest, within the tree whose reachable leaves spread that margin most (trees with one
+    leaf left are skipped).
+    ``marg``: the sample's leaf margins (leaves x classes), ``alive``: the leaves meeting the
+    box, grouped by tree from ``starts``; ``mins``: each tree's smallest margin per class;
+    ``bound``: the box's margin bound per class; ``rows``: that tree's positions."""
+    k = int(np.argmin(bound))
+    col = marg[alive, k]
+    maxs = np.maximum.reduceat(col, starts)
+    ends = np.r_[starts[1:], alive.size]
+    spread = np.where(ends - starts > 1, maxs - mins[:, k], -1.0)  # trees with 2+ leaves
+    t = int(np.argmax(spread))
+    rows = np.arange(starts[t], ends[t])
+    return int(rows[int(np.argmin(col[rows]))]), rows
+
+
 class _Sample:
     """The leaves reachable from one sample, in a form the branch and bound works on."""
 
@@ -402,15 +421,7 @@ class _Sample:
     def split(self, blo, bhi, alive, info):
         """Split the box on an edge of the most damaging leaf of the most spread tree."""
         mins, starts, lo, hi, bound = info
-        k = int(np.argmin(bound))
-        col = self.marg[alive, k]
-        maxs = np.maximum.reduceat(col, starts)
-        ends = np.r_[starts[1:], alive.size]
-        spread = np.where(ends - starts > 1, maxs - mins[:, k], -1.0)  # trees with 2+ leaves
-        t = int(np.argmax(spread))
-        end = ends[t]
-        rows = np.arange(starts[t], end)
-        worst = rows[int(np.argmin(col[rows]))]
+        worst, _ = worst_leaf(self.marg, alive, mins, starts, bound)
         # candidate cuts: each edge of the worst leaf inside the box, in the order (feature,
         # lower edge then upper edge); the one that moves its half farthest from x wins
         js, upper_side = self._cut_order

@@ -293,13 +293,8 @@ def certify_datacost_cross_entropy(model, prob, rc, parts, frame, *, r, theta1, 
                   "log(1 + E0 e^{d_k - d_k(x)})]) >= l_h[CE] (weak duality)",
         "h": h_low, "value": value_lower}
     res.info["candidates"] = len(cands)
-    tol = audit.tolerance(res.value, res.h, r)
-    if value_lower >= res.value - tol:
-        res.value_lower = res.value_upper = res.value
+    if audit.close_interval(res, value_lower, r):
         return res
-    res.status, res.exact = audit.BOUNDS, False
-    res.value_upper = res.value
-    res.value_lower = min(value_lower, res.value)
     note = ("multiclass cross-entropy under the DataCost: Q* (valid raw rows, the best of "
             "each class's logistic maximisers, improved locally) gives the upper end "
             "(value_upper), the dual of a loss proved >= CE the certified lower end "

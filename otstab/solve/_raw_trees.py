@@ -543,14 +543,7 @@ class _RawSample:
 
     def split(self, blo, bhi, bmask, alive, info):
         mins, starts, lo, hi, M, bound = info
-        k = int(np.argmin(bound))
-        col = self.marg[alive, k]
-        maxs = np.maximum.reduceat(col, starts)
-        ends = np.r_[starts[1:], alive.size]
-        spread = np.where(ends - starts > 1, maxs - mins[:, k], -1.0)
-        t = int(np.argmax(spread))
-        rows = np.arange(starts[t], ends[t])
-        worst = rows[int(np.argmin(col[rows]))]
+        worst, _ = bounds.worst_leaf(self.marg, alive, mins, starts, bound)
         best, choice = -np.inf, None
         x = self.x
         is_int = self.raw.is_int

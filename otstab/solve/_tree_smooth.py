@@ -55,7 +55,14 @@ from ..modeling._costs import Rescaled
 from ..modeling._nonlinear import PredictOnlyModel, as_model_input
 from ..modeling._params import check_options
 from . import _audit as audit
-from ._bounds import BOUND_OPTIONS, VALUE_SLACK, LeafTable, leaf_table, sample_leaves
+from ._bounds import (
+    BOUND_OPTIONS,
+    VALUE_SLACK,
+    LeafTable,
+    leaf_table,
+    sample_leaves,
+    worst_leaf,
+)
 from ._datacost_cross_entropy import FiniteOracle
 from ._piecewise import edge_kind, edge_result
 from ._refine import check_rtol
@@ -260,14 +267,7 @@ class SmoothSearch:
         """Split the box on an edge of the most damaging leaf of the most spread tree (the
         rule of the 0/1 bounds, on the class margin that bounds the loss most)."""
         mins, starts, lo, hi, bound = info
-        k = int(np.argmin(bound))
-        col = self.marg[alive, k]
-        maxs = np.maximum.reduceat(col, starts)
-        ends = np.r_[starts[1:], alive.size]
-        spread = np.where(ends - starts > 1, maxs - mins[:, k], -1.0)
-        t = int(np.argmax(spread))
-        rows = np.arange(starts[t], ends[t])
-        worst = rows[int(np.argmin(col[rows]))]
+        worst, rows = worst_leaf(self.marg, alive, mins, starts, bound)
         js, upper_side = self._cut_order
         cut = np.where(upper_side, lo[worst][js], hi[worst][js])
         valid = (blo[js] < cut) & (cut < bhi[js])
@@ -530,11 +530,8 @@ def certify_tree_smooth(prob, *, r, theta1, theta2, divergence, mask=None, solve
         for i in todo:
             # (the stops are checked before and after each sample's search, and inside it:
             # a time budget stops where node_budget = the boxes examined stops again)
-            if node_budget is not None and total >= node_budget:
-                stopped = "node_budget"
-                break
-            if time.perf_counter() > deadline:
-                stopped = "time_budget"
+            stopped = _stop(node_budget, total, deadline)
+            if stopped:
                 break
             sm = searches[i]
             sm.nodes = 0
@@ -545,11 +542,8 @@ def certify_tree_smooth(prob, *, r, theta1, theta2, divergence, mask=None, solve
             lines[i], exact[i] = (A, B), ex
             new_rows.append(np.full(len(pts), i))
             new_points.append(_to_prob(pts, X[i], mv, s))
-            if node_budget is not None and total >= node_budget:
-                stopped = "node_budget"
-                break
-            if time.perf_counter() > deadline:
-                stopped = "time_budget"
+            stopped = _stop(node_budget, total, deadline)
+            if stopped:
                 break
         if new_rows:  # one call of the model per round (its predict has a fixed cost)
             found.add(np.concatenate(new_rows), np.concatenate(new_points))
@@ -613,13 +607,8 @@ def certify_tree_smooth(prob, *, r, theta1, theta2, divergence, mask=None, solve
         res.value_lower = min(res.value_lower, value_lower) if value_lower > 0 else \
             res.value_lower
         return res
-    tol = audit.tolerance(res.value, res.h, r)
-    if value_lower >= res.value - tol:
-        res.value_lower = res.value_upper = res.value
+    if audit.close_interval(res, value_lower, r):
         return res
-    res.status, res.exact = audit.BOUNDS, False
-    res.value_upper = res.value
-    res.value_lower = min(value_lower, res.value)
     note = (f"{loss} loss of a tree ensemble: the audited Q* of real points gives the upper "
             "end (value_upper), the exact dual of an over-estimate of l_h from leaf boxes the "
             "certified lower end (value_lower)")
@@ -628,6 +617,15 @@ def certify_tree_smooth(prob, *, r, theta1, theta2, divergence, mask=None, solve
                  f"(node_budget={total} reproduces it on any machine)")
     res.message = f"{res.message}; {note}" if res.message else note
     return res
+
+
+def _stop(node_budget, total, deadline):
+    """``"node_budget"`` or ``"time_budget"`` when that budget is spent, else None."""
+    if node_budget is not None and total >= node_budget:
+        return "node_budget"
+    if time.perf_counter() > deadline:
+        return "time_budget"
+    return None
 
 
 def _ok(sol) -> bool:
