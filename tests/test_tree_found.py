@@ -159,3 +159,125 @@ def test_line_probes_do_not_depend_on_the_block_sizes(lib):
         assert np.isfinite(runs[0]).any()
         for v in runs[1:]:
             np.testing.assert_array_equal(v, runs[0])
+
+
+@pytest.mark.parametrize("lib", ENSEMBLES)
+@pytest.mark.parametrize("compiled", [False, True])
+def test_points_the_search_ends_on_are_misclassified_at_the_exact_distance(lib, compiled):
+    # issue 29: a completed branch and bound ends on a box with one leaf per tree whose
+    # intersection the model misclassifies; its input nearest x_i is a real point at d*_i
+    if compiled:
+        pytest.importorskip("numba")
+    seen = 0
+    for seed in (0, 1):
+        model, X, y = _fit(lib, seed, 2, 2)
+        exact = exact_distances(model, X, y)
+        yi = np.searchsorted(model.classes_, y)
+        dlow, info = bounds.tree_lower_distances(model, X, yi, upper=np.full(len(y), np.inf),
+                                                 max_nodes=10 ** 5, compiled=compiled)
+        P = info.get("region_points")
+        has = np.zeros(len(y), dtype=bool) if P is None else np.isfinite(P).all(axis=1)
+        assert np.all(info["exact"][has])
+        # every sample with a finite exact distance got its point (the search completed)
+        np.testing.assert_array_equal(has, np.isfinite(exact))
+        d = np.sum((P[has] - X[has]) ** 2, axis=1)
+        np.testing.assert_allclose(d, exact[has], rtol=1e-7, atol=0)
+        np.testing.assert_allclose(dlow[has], exact[has], rtol=1e-7, atol=0)
+        assert np.all(np.ravel(model.predict(P[has])) != y[has])
+        seen += int(np.sum(exact[has] > 0))
+    assert seen > 0
+
+
+def _loose_case():
+    """An XGBoost model whose fast found side is loose (6 features, 60 trees of depth 4)."""
+    xgb = pytest.importorskip("xgboost")
+    from test_bounds import _data
+    X, y = _data(n=80, d=6, seed=0)
+    model = xgb.XGBClassifier(n_estimators=60, max_depth=4, random_state=0, n_jobs=1)
+    model.fit(X, y)
+    base = float(np.mean(model.predict(X) != y))
+    return model, X, y, dict(r=base + 0.15, loss="zero_one", theta1=1.0, theta2=0.5)
+
+
+def test_certify_adopts_the_points_the_searches_end_on(monkeypatch):
+    import otstab
+    from otstab.solve import _core as core
+    from otstab.solve import _zero_one as zero_one
+    monkeypatch.setattr(tree_found, "FAST_ABOVE", 0)  # the fast found side at this size
+    model, X, y, kw = _loose_case()
+    res = otstab.certify(model, X, y, **kw)
+    real = zero_one.certify_zero_one_search
+    monkeypatch.setattr(core, "certify_zero_one_search",
+                        lambda *a, **k: real(*a, adopt_points=False, **k))
+    before = otstab.certify(model, X, y, **kw)
+    monkeypatch.undo()
+    assert before.value_lower == res.value_lower  # the certified side is the same
+    # the found side alone was loose; with the searches' points the interval closes
+    assert res.value_upper < 0.9 * before.value_upper
+    assert res.value_lower <= res.value_upper <= res.value_lower * (1 + 1e-6)
+    Q = res.to_frame()
+    moved = Q["distance2"].to_numpy() > 0
+    assert moved.any()  # the atoms Q* moves are misclassified, at their distances
+    star = Q.loc[moved, [f"x{j}*" for j in range(X.shape[1])]].to_numpy()
+    src = Q.loc[moved, "source"].to_numpy()
+    assert np.all(model.predict(star) != y[src])
+    np.testing.assert_allclose(np.sum((star - X[src]) ** 2, axis=1),
+                               Q.loc[moved, "distance2"].to_numpy(), rtol=1e-9)
+
+
+def test_verify_of_a_time_stopped_certificate_with_adopted_points(monkeypatch):
+    # the points the searches end on depend on where the time budget stopped them (here
+    # value_upper differs from the unlimited run's: fewer searches completed): the
+    # certificate records the node_budget that reproduces the cut, and verify recomputes there
+    import itertools
+
+    import otstab
+    from otstab.certificates import make_certificate, verify_certificate
+    from otstab.solve import _bounds as bounds_mod
+    monkeypatch.setattr(tree_found, "FAST_ABOVE", 0)
+    model, X, y, kw = _loose_case()
+    full = otstab.certify(model, X, y, **kw)
+    clock = bounds_mod.time.perf_counter
+    for budget in range(4, 40, 2):  # a clock that advances a second a reading
+        ticks = itertools.count()
+        monkeypatch.setattr(bounds_mod.time, "perf_counter", lambda t=ticks: float(next(t)))
+        cut = otstab.certify(model, X, y, **kw, time_budget=float(budget))
+        monkeypatch.setattr(bounds_mod.time, "perf_counter", clock)
+        if cut.info["lower_bound"]["stopped"] == "time_budget" and \
+                cut.value_upper != full.value_upper:
+            break
+    else:  # pragma: no cover - the case is meant to have such a cut
+        raise AssertionError("no time budget cut the search where it changes value_upper")
+    lb = cut.info["lower_bound"]
+    assert cut.value_lower < full.value_lower  # a real cut
+    assert full.value_lower <= full.value_upper < cut.value_upper
+    cert = make_certificate(cut, model, X, y, solver_options={"time_budget": float(budget)})
+    assert cert["inputs"]["solver_options"] == {"time_budget": float(budget),
+                                                "node_budget": lb["node_budget"]}
+    rep = verify_certificate(cert, model, X, y)
+    assert rep.ok, rep
+    # without the recorded node budget the recomputation runs further: another value
+    cert["inputs"]["solver_options"] = {"time_budget": float(budget)}
+    assert not verify_certificate(cert, model, X, y).ok
+
+
+def test_neighbours_read_a_capped_reference_set():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(60, 3))
+    pred0 = (X[:, 0] > 0).astype(np.intp)
+    yi = pred0.copy()
+    idx = np.arange(60)
+    mv = np.ones(3, dtype=bool)
+    ref = tree_found._reference_rows(pred0, 5)
+    assert ref.size == 10 and all(np.sum(pred0[ref] == c) == 5 for c in (0, 1))
+    nbr = tree_found._neighbours(X, yi, pred0, idx, mv, 3, cap=5)
+    assert np.all(np.isin(nbr, ref))
+    for i in idx:  # the nearest reference rows of the other class, in order
+        other = ref[pred0[ref] != yi[i]]
+        d2 = np.sum((X[other] - X[i]) ** 2, axis=1)
+        np.testing.assert_array_equal(nbr[i], other[np.argsort(d2, kind="stable")[:3]])
+    full = tree_found._neighbours(X, yi, pred0, idx, mv, 3)  # below the cap: every row
+    for i in idx:
+        other = np.flatnonzero(pred0 != yi[i])
+        d2 = np.sum((X[other] - X[i]) ** 2, axis=1)
+        np.testing.assert_array_equal(full[i], other[np.argsort(d2, kind="stable")[:3]])

@@ -593,9 +593,13 @@ def _nonlinear_results(prob, units, r, theta1, theta2, divergence, solver, show=
             path = certify_zero_one_search if zero_one else certify_tree_smooth \
                 if tree_smooth_model(prob) is not None and solver != "first_order" \
                 else certify_smooth
+            # (under a time budget no point of the bounds' searches is adopted: verify
+            # recomputes each score without the limit, and the scores must reproduce)
+            extra = {} if not zero_one else {
+                "adopt_points": (options or {}).get("time_budget") is None}
             out.append(_Scored.of(path(prob, r=r, theta1=theta1, theta2=theta2,
                                        divergence=divergence, mask=mask, solver=solver,
-                                       **(options or {})),
+                                       **extra, **(options or {})),
                                   loss0))
             bar.update()
     return out

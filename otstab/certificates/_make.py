@@ -326,7 +326,7 @@ def make_certificate(result, model, X, y, *, features=None, groups=None, movable
             ],
             "solver_requested": solver or (
                 "first_order" if result.solver == "first_order" else "auto"),
-            "solver_options": dict(solver_options or {}),
+            "solver_options": _reproducing(solver_options, info),
             "sample_weight": weights,
             "feature_costs": _costs_info(info),
         },
@@ -350,6 +350,20 @@ def make_certificate(result, model, X, y, *, features=None, groups=None, movable
     if cost_block is not None:  # absent for the encoded cost (older certificates: same)
         cert["inputs"]["cost"] = cost_block
     return _strict(cert)
+
+
+def _reproducing(solver_options, info) -> dict:
+    """The solver options as given, with the ``node_budget`` that reproduces a certified
+    side the time budget stopped (``info["lower_bound"]``): the searches' points adopted by
+    the found side depend on where it stopped, so :func:`verify_certificate` recomputes it
+    at that node budget."""
+    opts = dict(solver_options or {})
+    lb = info.get("lower_bound") if isinstance(info, dict) else None
+    if opts.get("time_budget") is not None and "node_budget" not in opts and \
+            isinstance(lb, dict) and lb.get("stopped") == "time_budget" and \
+            lb.get("node_budget") is not None:
+        opts["node_budget"] = int(lb["node_budget"])
+    return opts
 
 
 def _raw_frame_of(model, X):

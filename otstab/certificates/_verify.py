@@ -443,7 +443,9 @@ def verify_certificate(cert_or_path, model, X, y, *, rtol=None, atol=None, h_rto
     options = dict(inputs.get("solver_options") or {})
     # a time budget stops the certified lower bound wherever the machine's speed had it: the
     # recomputation runs without it (max_nodes and node_budget, which are deterministic,
-    # still apply), a search at least as thorough, so its bound must be at least the file's
+    # still apply), a search at least as thorough, so its bound must be at least the file's;
+    # where the time budget stopped the search, make_certificate records the node_budget
+    # that reproduces it (and the points the search met, adopted by the found side)
     timed = options.pop("time_budget", None) is not None
     if timed:
         report.notes.append("the certificate's lower bound was computed under a time budget: "
@@ -481,8 +483,14 @@ def verify_certificate(cert_or_path, model, X, y, *, rtol=None, atol=None, h_rto
 
     fs = cert["results"].get("feature_stability")
     if fs is not None and check_features:
-        # the tree bound's deterministic budgets apply to each feature's score too
+        # the tree bound's deterministic budgets apply to each feature's score too; under a
+        # time budget the scores are recomputed with an unlimited one (no search point is
+        # adopted under a time budget: otstab.analysis._features), not with the node budget
+        # that reproduces the main result
         budgets = {k: options[k] for k in ("max_nodes", "node_budget", "rtol") if k in options}
+        if timed:
+            budgets.pop("node_budget", None)
+            budgets["time_budget"] = math.inf
         _verify_features(report, fs, model, X, y, kwargs, tol, budgets, lower_at_least=timed)
     elif fs is not None:
         report.notes.append("the feature scores were not recomputed (check_features=False)")

@@ -67,7 +67,8 @@ from ..errors import InputTypeError, ValidationError
 from ..modeling import _trees as trees
 from ..modeling._costs import Rescaled
 from ..modeling._nonlinear import as_model_input
-from ..modeling._perturbation import f32_above, f32_atmost, f32_edge, tree_boxes
+from ..modeling._perturbation import (f32_above, f32_atmost, f32_edge, f32_first_input,
+                                      f32_last_input, tree_boxes)
 from . import _crown as crown
 from . import _relu_regions as relu_regions
 from . import _tree_kernel as tree_kernel
@@ -345,6 +346,7 @@ class _Sample:
          self.base) = sample_leaves(table, x, y, mv)
         self.n_trees = table.n_trees
         self.table = table
+        self.found = None  # the input of the box a completed search ended on (point())
         d_mv = self.x.size
         self._cut_order = (np.repeat(np.arange(d_mv), 2), np.tile([True, False], d_mv))
         # a margin bound must clear the rounding of the model's own sum of the leaf values
@@ -412,6 +414,27 @@ class _Sample:
             key = max(key, rdist)
         return key, alive, single, (mins, starts, lo, hi, bound)
 
+    def point(self, blo, bhi, alive):
+        """The input nearest ``x`` (full coordinates) of the intersection of the box with the
+        leaves ``alive`` (one per tree: a box the search ends on), or None when it holds no
+        input: ``x``'s own coordinate where it lies in the intersection, else the nearest
+        input inside (for float32 comparisons the first input past the float32 edge)."""
+        lo = np.maximum(self.lo[alive], blo).max(axis=0)
+        hi = np.minimum(self.hi[alive], bhi).min(axis=0)
+        c = self.table.comparable(self.x[None, :])[0]
+        if self.table.f32:
+            with np.errstate(over="ignore", invalid="ignore"):
+                p = np.where(c <= lo, f32_first_input(lo), np.where(c > hi, f32_last_input(hi),
+                                                                     self.x))
+        else:
+            p = np.where(c <= lo, np.nextafter(lo, np.inf), np.where(c > hi, hi, self.x))
+        cp = self.table.comparable(p[None, :])[0]
+        if not np.all((cp > lo) & (cp <= hi) & np.isfinite(p)):
+            return None
+        z = self.x_full.copy()
+        z[self.mv] = p
+        return z
+
     def _right(self, p) -> bool:
         """The model's own prediction at the input with movable coordinates ``p``."""
         z = self.x_full.copy()
@@ -456,6 +479,7 @@ def _branch_and_bound(smp: _Sample, max_nodes: int, deadline: float):
     while heap:
         key, _, box, ev = heap[0]
         if ev[2]:  # a box with one leaf per tree whose prediction may change: exact
+            smp.found = smp.point(*box, ev[1])  # (its misclassified input nearest x)
             return min(key, smp.upper), True, nodes, False
         if nodes >= max_nodes:
             return min(key, smp.upper), False, nodes, False
@@ -555,9 +579,27 @@ def tree_lower_distances(model, X, yi, *, mask=None, upper=None, max_nodes=200,
     t0 = time.perf_counter()
     deadline = math.inf if time_budget is None else t0 + float(time_budget)
 
+    # the inputs of the boxes the completed searches end on (one leaf per tree, misclassified:
+    # real points at the exact distance), for the found side (otstab.solve._zero_one)
+    points = np.full((n, d), np.nan)
+
+    def adopt(i, smp, upper):
+        """The point of a search that ended on a box with one leaf per tree: kept, and its
+        distance returned as the sample's new upper end (when below ``upper``)."""
+        z = smp.found
+        if z is None:
+            return upper
+        gap = (z - X[i])[mv]
+        dz = float((gap * gap) @ smp.w)
+        if not dz < upper:
+            return upper
+        points[i] = z
+        return dz
+
     def search(i, budget, dl, upper):
         smp = _Sample(table, X[i], int(yi[i]), mv, upper, predict, weights)
-        return (*_branch_and_bound(smp, budget, dl), upper)
+        res = _branch_and_bound(smp, budget, dl)
+        return (*res, adopt(i, smp, upper))
 
     search_many = None
     if compiled is None:
@@ -566,16 +608,24 @@ def tree_lower_distances(model, X, yi, *, mask=None, upper=None, max_nodes=200,
         kt = tree_kernel.KernelTable(table, mv, weights)
 
         def search_many(ids, budgets, dl, uppers):
-            low, ex, used, status = tree_kernel.search_batch(kt, X, yi, ids, budgets, uppers)
+            boxes = np.empty((len(ids), 2, int(mv.sum())))
+            low, ex, used, status = tree_kernel.search_batch(kt, X, yi, ids, budgets, uppers,
+                                                             boxes=boxes)
             out = []
             for q, i in enumerate(ids):
                 if status[q] == tree_kernel.FALLBACK:  # a tie only the model's predict
                     # decides: this sample by the NumPy path, same budget (no deadline, so
                     # that a node budget reproduces it)
                     out.append(search(int(i), int(budgets[q]), math.inf, float(uppers[q])))
-                else:
-                    out.append((float(low[q]), bool(ex[q]), int(used[q]), False,
-                                float(uppers[q])))
+                    continue
+                up_i = float(uppers[q])
+                if ex[q] and low[q] < up_i:  # ended on a box with one leaf per tree
+                    smp = _Sample(table, X[i], int(yi[i]), mv, up_i, predict, weights)
+                    ev = smp.evaluate(np.arange(smp.idx.size), boxes[q, 0], boxes[q, 1])
+                    if ev is not None and ev[2]:
+                        smp.found = smp.point(boxes[q, 0], boxes[q, 1], ev[1])
+                        up_i = adopt(int(i), smp, up_i)
+                out.append((float(low[q]), bool(ex[q]), int(used[q]), False, up_i))
             return out
 
     def bar(done):
@@ -585,7 +635,10 @@ def tree_lower_distances(model, X, yi, *, mask=None, upper=None, max_nodes=200,
     dlow, exact, info = refine(n, search, up.copy(), duals, rtol=check_rtol(rtol),
                                max_nodes=max_nodes, node_budget=node_budget, deadline=deadline,
                                progress=bar, search_many=search_many)
-    return dlow, {"exact": exact, "time": time.perf_counter() - t0, **info}
+    out = {"exact": exact, "time": time.perf_counter() - t0, **info}
+    if np.isfinite(points).all(axis=1).any():
+        out["region_points"] = points
+    return dlow, out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -984,6 +1037,8 @@ def certified_distances(model, X, y, *, mask=None, upper=None, **options):
                                           **opts)
     except InputTypeError:
         return None
+    if weights is not None:  # (points in the caller's x, the problem's are rescaled)
+        info.pop("region_points", None)
     method = "branch-and-bound (tree ensemble)"
     if info["stopped"] == "time_budget":
         method = (f"branch-and-bound (tree ensemble; the time budget stopped it after "

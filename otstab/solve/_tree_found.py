@@ -274,22 +274,44 @@ class TreeEvaluator:
         return np.argmax(self._walk(Z), axis=1)
 
 
-def _neighbours(X, yi, pred0, idx, mv, k):
+#: rows of each predicted class that the neighbour search reads (evenly spaced over the rows
+#: of that class; all of them below): over all rows the search is quadratic, 330 s at 1e5
+NEIGHBOUR_ROWS = 2048
+
+
+def _reference_rows(pred0, cap):
+    """Per predicted class, up to ``cap`` of its rows, evenly spaced (deterministic)."""
+    out = []
+    for c in np.unique(pred0):
+        rows = np.flatnonzero(pred0 == c)
+        if rows.size > cap:
+            rows = rows[np.linspace(0, rows.size - 1, cap).round().astype(np.intp)]
+        out.append(rows)
+    return np.sort(np.concatenate(out))
+
+
+def _neighbours(X, yi, pred0, idx, mv, k, cap=None):
     """Per sample of ``idx``: up to ``k`` rows of X predicted as another class than its label,
-    nearest first (masked squared distance); -1 where there are fewer."""
+    nearest first (masked squared distance) among the reference rows
+    (:func:`_reference_rows`, ``cap`` a class; default :data:`NEIGHBOUR_ROWS`); -1 where there
+    are fewer."""
+    ref = _reference_rows(pred0, NEIGHBOUR_ROWS if cap is None else int(cap))
     Xm = X[:, mv]
+    Rm = Xm[ref]
     sq = np.sum(Xm * Xm, axis=1)
+    sr = sq[ref]
+    pr = pred0[ref]
     out = np.full((idx.size, k), -1, dtype=np.intp)
+    kk = min(k, ref.size)
     for s in range(0, idx.size, 512):
         rows = idx[s:s + 512]
-        D2 = sq[rows][:, None] - 2.0 * Xm[rows] @ Xm.T + sq[None, :]
-        D2[pred0[None, :] == yi[rows][:, None]] = np.inf
-        kk = min(k, X.shape[0])
+        D2 = sq[rows][:, None] - 2.0 * Xm[rows] @ Rm.T + sr[None, :]
+        D2[pr[None, :] == yi[rows][:, None]] = np.inf
         nn = np.argpartition(D2, kk - 1, axis=1)[:, :kk]
         dn = np.take_along_axis(D2, nn, axis=1)
-        o = np.argsort(dn, axis=1)
+        o = np.argsort(dn, axis=1, kind="stable")
         nn, dn = np.take_along_axis(nn, o, axis=1), np.take_along_axis(dn, o, axis=1)
-        out[s:s + rows.size, :kk] = np.where(np.isfinite(dn), nn, -1)
+        out[s:s + rows.size, :kk] = np.where(np.isfinite(dn), ref[nn], -1)
     return out
 
 
@@ -322,9 +344,13 @@ def _bisect_segments(pred, X, yi, idx, mv, nbr, steps):
     return best, P
 
 
-#: a sample's search is refined when ``theta1 d_i < MARGIN h`` after the cheap first pass
+#: a sample's search is refined when ``theta1 d_i < MARGIN h`` after its first shrink sweep
 #: (the refinement shrinks some distances by 10 times and more; module doc, "budget")
-MARGIN = 64.0
+MARGIN = 8.0
+
+#: a sample gets the first shrink sweep when ``theta1 d_i < SHRINK_MARGIN h`` after the
+#: bisection (module doc, "budget")
+SHRINK_MARGIN = 32.0
 
 
 def _selected(duals, best, idx, done, margin):
@@ -337,7 +363,8 @@ def _selected(duals, best, idx, done, margin):
 
 
 def found_distances(table, model_predict, X, yi, mv, thresholds, *, walk=True, k=8, steps=16,
-                    n_refine=2, seed=0, duals=None, margin=None, progress=False):
+                    n_refine=2, seed=0, duals=None, margin=None, shrink_margin=None,
+                    progress=False):
     """Upper ends ``d_i`` (squared distances of points the model misclassifies) for the
     samples the model classifies rightly, by the steps of the module doc. ``duals``: a
     :class:`otstab.solve._refine.ZeroOneDuals` to refine only the samples that can enter the
@@ -348,11 +375,11 @@ def found_distances(table, model_predict, X, yi, mv, thresholds, *, walk=True, k
     (bisection, first shrink, refinement rounds, the model's check), each also logged."""
     with progress_bar(4, f"found side ({X.shape[0]} rows)", bool(progress)) as bar:
         return _found_distances(table, model_predict, X, yi, mv, thresholds, walk, k, steps,
-                                n_refine, seed, duals, margin, bar)
+                                n_refine, seed, duals, margin, shrink_margin, bar)
 
 
 def _found_distances(table, model_predict, X, yi, mv, thresholds, walk, k, steps, n_refine,
-                     seed, duals, margin, bar):
+                     seed, duals, margin, shrink_margin, bar):
     t0 = time.perf_counter()
 
     def stage(name, m):
@@ -377,32 +404,48 @@ def _found_distances(table, model_predict, X, yi, mv, thresholds, walk, k, steps
     mv = mv & np.array([T.size > 0 for T in thresholds])
     if idx.size == 0 or not mv.any():
         return best, P, model_rows[0], 0, idx[:0], np.zeros(n, dtype=bool)
-    # the cheap pass, every sample: bisection to the neighbours, one shrink sweep
+    # the bisection to the neighbours, every sample
     nbr = _neighbours(X, yi, pred0, idx, mv, k)
     b, Pb = _bisect_segments(pred, X, yi, idx, mv, nbr, steps)
     best[idx], P[idx] = b[idx], Pb[idx]
     stage("bisection", idx.size)
+    # then, in rounds while h lets more in, the first shrink sweep for the samples with
+    # theta1 d_i < shrink_margin h, and the refinement for those of them with theta1 d_i <
+    # margin h (all of them without duals): every step is per sample (keyed random
+    # directions), so a refined sample gets the point it gets when every sample is refined
     f32 = table.f32
-    perturbation._coordinate_shrink(pred, X, yi, idx, mv, thresholds, best, P, sweeps=1,
-                                    f32=f32)
-    stage("first shrink", idx.size)
-    # the refinement, for the samples that can enter the dual (all without duals), in rounds
-    # while h lets more in: every step is per sample (keyed random directions), so a refined
-    # sample gets the point it gets when every sample is refined
-    rng = np.random.default_rng(seed)
     margin = MARGIN if margin is None else float(margin)
+    shrink_margin = max(SHRINK_MARGIN if shrink_margin is None else float(shrink_margin),
+                        margin)
+    shrunk = np.zeros(n, dtype=bool)
     done = np.zeros(n, dtype=bool)
-    todo = idx if duals is None else _selected(duals, best, idx, done, margin)
-    while todo.size:
+    first = True
+    while True:
+        todo1 = idx[~shrunk[idx]] if duals is None else _selected(duals, best, idx, shrunk,
+                                                                  shrink_margin)
+        if todo1.size:
+            shrunk[todo1] = True
+            perturbation._coordinate_shrink(pred, X, yi, todo1, mv, thresholds, best, P,
+                                            sweeps=1, f32=f32)
+        if first:
+            stage("first shrink", int(shrunk.sum()))
+        cand = idx[shrunk[idx]]
+        todo = cand[~done[cand]] if duals is None else _selected(duals, best, cand, done,
+                                                                 margin)
+        if not todo1.size and not todo.size:
+            break
+        first = False
+        if not todo.size:
+            continue
         done[todo] = True
         perturbation._coordinate_shrink(pred, X, yi, todo, mv, thresholds, best, P, sweeps=2,
                                         f32=f32)
         if n_refine:
-            perturbation._refine_random(pred, X, yi, todo, mv, rng, best, P, n_refine, 1e-6,
-                                        keyed=True)
+            # (a generator afresh each round: row i's directions are those of one round)
+            perturbation._refine_random(pred, X, yi, todo, mv, np.random.default_rng(seed),
+                                        best, P, n_refine, 1e-6, keyed=True)
             perturbation._coordinate_shrink(pred, X, yi, todo, mv, thresholds, best, P,
                                             f32=f32)
-        todo = idx[:0] if duals is None else _selected(duals, best, idx, done, margin)
     stage("refinement", int(done.sum()))
     # the model's own predict on every final point
     have = idx[np.isfinite(best[idx])]
@@ -458,9 +501,9 @@ def tree_search(model, X, y, *, mask=None, duals=None, progress=False, **options
         # (CatBoost's multiclass predict is a column)
         return np.searchsorted(classes, np.asarray(raw.predict(as_model_input(raw, Z))).ravel())
 
-    # the walk where it beats the library's own predict (LightGBM: about 3 times on one core)
+    # the walk for XGBoost and LightGBM (module doc: it beats their own predict)
     out = found_distances(table, model_predict, X, yi, mv, thresholds,
-                          walk=trees.library(raw) == "lightgbm", duals=duals,
+                          walk=trees.library(raw) in ("xgboost", "lightgbm"), duals=duals,
                           progress=progress)
     best, P, rows, walked, rest, refined = out
     _log.debug("tree found side: %d samples refined of %d, %d rows walked, %d predicted",

@@ -386,8 +386,9 @@ def heap_less(keys, a, b):
 
 @_jit
 def search_one(LO, HI, A, B, TREE, MARG, base, x, w, sqw, upper, tol, size, f32, T,
-               root, max_nodes):  # pragma: no cover - compiled
-    """``(bound, exact, nodes, status)`` of one sample (the NumPy ``_branch_and_bound``)."""
+               root, max_nodes, pbox):  # pragma: no cover - compiled
+    """``(bound, exact, nodes, status)`` of one sample (the NumPy ``_branch_and_bound``);
+    ``pbox``: the box a search ends on with one leaf per tree (its ``blo``, ``bhi``)."""
     dm = x.shape[0]
     K1 = MARG.shape[1]
     L = root.shape[0]
@@ -447,6 +448,8 @@ def search_one(LO, HI, A, B, TREE, MARG, base, x, w, sqw, upper, tol, size, f32,
         top = heap[0]
         ktop = KEY[top]
         if SINGLE[top]:
+            pbox[0] = BLO[top]
+            pbox[1] = BHI[top]
             return min(ktop, upper), True, nodes, FALLBACK if UNC[top] else DONE
         if nodes >= max_nodes:
             return min(ktop, upper), False, nodes, DONE
@@ -545,7 +548,7 @@ def search_one(LO, HI, A, B, TREE, MARG, base, x, w, sqw, upper, tol, size, f32,
 
 @_jit
 def batch(LO, HI, A, B, TREE, MARG, BASE, FLO, FHI, XM, CF, Y, UP, BUD, w, sqw, tol,
-          size, f32, T, r0, r1, low, exact, used, status):  # pragma: no cover - compiled
+          size, f32, T, r0, r1, low, exact, used, status, PBOX):  # pragma: no cover
     """The rows ``r0 <= i < r1`` of a batch, one after the other (without the GIL)."""
     L = LO.shape[0]
     nf = FLO.shape[1]
@@ -564,7 +567,7 @@ def batch(LO, HI, A, B, TREE, MARG, BASE, FLO, FHI, XM, CF, Y, UP, BUD, w, sqw, 
                 c += 1
         y = Y[i]
         b, ex, nd, st = search_one(LO, HI, A, B, TREE, MARG[y], BASE[y], XM[i], w, sqw,
-                                   UP[i], tol, size, f32, T, keep[:c], BUD[i])
+                                   UP[i], tol, size, f32, T, keep[:c], BUD[i], PBOX[i])
         low[i] = b
         exact[i] = ex
         used[i] = nd
@@ -608,11 +611,12 @@ class KernelTable:
         self.table = table
 
 
-def search_batch(kt: KernelTable, X, yi, idx, budgets, upper):
+def search_batch(kt: KernelTable, X, yi, idx, budgets, upper, boxes=None):
     """The branch and bound of the samples ``idx`` (rows of X, labels yi), each with its
     box budget and known upper bound, in parallel. Returns ``(low, exact, used, status)``;
     ``status[i] == FALLBACK``: a tie the kernel cannot decide (module doc): rerun that sample
-    with the NumPy path."""
+    with the NumPy path. ``boxes`` (k, 2, movable features), optional: filled with the box
+    ``(blo, bhi)`` a search ended on with one leaf per tree (rows of the others untouched)."""
     kern = batch
     idx = np.asarray(idx, dtype=np.intp)
     X = np.asarray(X, dtype=np.float64)
@@ -626,11 +630,12 @@ def search_batch(kt: KernelTable, X, yi, idx, budgets, upper):
     up = np.ascontiguousarray(np.asarray(upper, dtype=np.float64))
     bud = np.ascontiguousarray(np.asarray(budgets, dtype=np.int64))
     Y = np.ascontiguousarray(np.asarray(yi, dtype=np.int64)[idx])
+    pbox = np.empty((k, 2, XM.shape[1])) if boxes is None else boxes
 
     def run(i):
         kern(kt.LO, kt.HI, kt.A, kt.B, kt.TREE, kt.MARG, kt.BASE, kt.FLO, kt.FHI, XM, CF, Y,
              up, bud, kt.w, kt.sqw, float(kt.tol), float(kt.size), kt.f32, kt.T, i, i + 1,
-             low, exact, used, status)
+             low, exact, used, status, pbox)
 
     workers = threads()
     if workers <= 1 or k <= 1:

@@ -1133,7 +1133,7 @@ def demote_unproved(res, value_lower) -> None:
 
 
 def certify_zero_one_search(prob: Problem, *, r, theta1, theta2, divergence, mask, solver,
-                            **solver_options) -> StabilityResult:
+                            adopt_points=True, **solver_options) -> StabilityResult:
     """0/1 loss of a nonlinear classifier: perturbation distances, then the exact 0/1 dual.
 
     Options ``n_directions``, ``n_refine``, ``max_radius`` and ``seed`` go to
@@ -1142,7 +1142,10 @@ def certify_zero_one_search(prob: Problem, *, r, theta1, theta2, divergence, mas
     every distance, so the answer is then an upper bound on R (``status = 'bounds'``). For
     scikit-learn tree ensembles and MLPs, :mod:`otstab.bounds` proves lower bounds on the
     distances (options ``max_nodes``, ``time_budget``, ``progress``), and the same dual on them
-    gives the certified ``value_lower``.
+    gives the certified ``value_lower``. ``adopt_points``: the misclassified inputs the lower
+    bounds' searches end on (tree boxes with one leaf per tree, MLP regions), re-checked by
+    the model, replace farther found points (deterministic under a node budget, which
+    reproduces a time-stopped search).
     """
     if r > 1.0:
         raise ValidationError(
@@ -1180,8 +1183,9 @@ def certify_zero_one_search(prob: Problem, *, r, theta1, theta2, divergence, mas
             duals=ZeroOneDuals(loss0, r, theta1, theta2, divergence, prob.p), **bound_options)
         if lower is not None:
             dlow, lower_info = lower
+            met = lower_info.pop("region_points", None)
             dstar, X_near = neural_search.adopt_points(  # closer points the bounds met
-                model, prob.X, prob.y, dstar, X_near, lower_info.pop("region_points", None),
+                model, prob.X, prob.y, dstar, X_near, met if adopt_points else None,
                 prob.losses)
             a = move_prices(dstar, theta1)
             value_lower = bounds.zero_one_lower_value(dlow, loss0, r, theta1, theta2,
