@@ -67,8 +67,14 @@ from ..errors import InputTypeError, ValidationError
 from ..modeling import _trees as trees
 from ..modeling._costs import Rescaled
 from ..modeling._nonlinear import as_model_input
-from ..modeling._perturbation import (f32_above, f32_atmost, f32_edge, f32_first_input,
-                                      f32_last_input, tree_boxes)
+from ..modeling._perturbation import (
+    f32_above,
+    f32_atmost,
+    f32_edge,
+    f32_first_input,
+    f32_last_input,
+    tree_boxes,
+)
 from . import _crown as crown
 from . import _relu_regions as relu_regions
 from . import _tree_kernel as tree_kernel
