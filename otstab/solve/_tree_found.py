@@ -315,8 +315,17 @@ def _neighbours(X, yi, pred0, idx, mv, k, cap=None):
     return out
 
 
-def _bisect_segments(pred, X, yi, idx, mv, nbr, steps):
-    """Flip points on the segments ``x_i -> x_j`` (j in nbr): ``(best (idx,), points)``."""
+#: the bisection: ``COARSE`` halvings on every segment, then the rest of ``steps`` on the
+#: ``KEEP`` segments of each sample whose coarse flip point is nearest (76 rows a sample with
+#: 8 neighbours and 16 steps, where every segment to the end took 136)
+COARSE, KEEP = 6, 2
+
+
+def _bisect_segments(pred, X, yi, idx, mv, nbr, steps, coarse=None, keep=None):
+    """Flip points on the segments ``x_i -> x_j`` (j in nbr): ``(best (idx,), points)``
+    (:data:`COARSE`, :data:`KEEP`; per sample: the segments of the others do not matter)."""
+    coarse = COARSE if coarse is None else int(coarse)
+    keep = KEEP if keep is None else int(keep)
     rows_i = np.repeat(idx, nbr.shape[1])
     rows_j = nbr.reshape(-1)
     ok = rows_j >= 0
@@ -329,11 +338,20 @@ def _bisect_segments(pred, X, yi, idx, mv, nbr, steps):
     yr = yi[rows_i]
     # the far end must be wrong for the walk too (it is for the model)
     good = pred(A + U) != yr
-    for _ in range(steps):
-        mid = 0.5 * (lo + hi)
-        wrong = pred(A + mid[:, None] * U) != yr
-        hi = np.where(wrong, mid, hi)
-        lo = np.where(wrong, lo, mid)
+    live = np.arange(rows_i.size)
+    for step in range(steps):
+        if step == min(coarse, steps) and keep < nbr.shape[1]:
+            # the KEEP segments of each sample whose flip point is nearest so far
+            d2c = np.where(good, hi * hi * np.sum(U * U, axis=1), np.inf)
+            order = np.lexsort((d2c, rows_i))  # by sample, then distance (stable)
+            first = np.r_[0, np.flatnonzero(np.diff(rows_i[order])) + 1]
+            rank = np.arange(order.size) - np.repeat(first, np.diff(np.r_[first,
+                                                                           order.size]))
+            live = np.sort(order[(rank < keep) & np.isfinite(d2c[order])])
+        mid = 0.5 * (lo[live] + hi[live])
+        wrong = pred(A[live] + mid[:, None] * U[live]) != yr[live]
+        hi[live] = np.where(wrong, mid, hi[live])
+        lo[live] = np.where(wrong, lo[live], mid)
     Pt = A + hi[:, None] * U
     d2 = np.where(good, np.sum((Pt - A) ** 2, axis=1), np.inf)
     best = np.full(X.shape[0], np.inf)
