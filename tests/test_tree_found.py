@@ -97,22 +97,27 @@ def _check_found(model, X, y, best, P, exact):
     np.testing.assert_allclose(best[ok], np.sum((P[ok] - X[ok]) ** 2, axis=1), rtol=1e-12)
 
 
-@pytest.mark.parametrize("lib", [lib for lib in ENSEMBLES if lib in (
-    "GradientBoosting", "XGBoost", "LightGBM")])
-def test_budgeted_found_side_equals_the_full_one_on_the_samples_it_refines(lib, capsys):
+@pytest.mark.parametrize("lib,walk", [(lib, walk) for lib in ENSEMBLES for walk in (
+    False, True) if lib in ("GradientBoosting", "XGBoost", "LightGBM") and (
+    lib != "GradientBoosting" or not walk)])
+def test_budgeted_found_side_equals_the_full_one_on_the_samples_it_refines(lib, walk, capsys):
     from otstab.solve._refine import ZeroOneDuals
+    if walk:
+        pytest.importorskip("numba")
     model, X, y = _fit(lib, 4, 3, 2, n=40)
     table, predict, yi, mv, thr = _found_inputs(model, X, y)
     loss0 = (predict(X) != yi).astype(float)
     duals = ZeroOneDuals(loss0, loss0.mean() + 0.2, 1.0, 0.25, "kl")
-    # (the model's predict: the walk has its own test, and compiles slowly)
-    full = tree_found.found_distances(table, predict, X, yi, mv, thr, walk=False)
-    part = tree_found.found_distances(table, predict, X, yi, mv, thr, walk=False, duals=duals,
-                                      margin=1.0, progress=True)
+    # the reference: every sample through every stage, with the same scorer (the walk, as
+    # XGBoost and LightGBM get it, or the model's predict); margins of 1 h (refinement) and
+    # 2 h (first shrink sweep) so that the budget selects
+    full = tree_found.found_distances(table, predict, X, yi, mv, thr, walk=walk)
+    part = tree_found.found_distances(table, predict, X, yi, mv, thr, walk=walk, duals=duals,
+                                      margin=1.0, shrink_margin=2.0, progress=True)
     # progress=True: the four stages on stderr, and the same answer as without it
     assert "found side (40 rows)" in capsys.readouterr().err
-    again = tree_found.found_distances(table, predict, X, yi, mv, thr, walk=False,
-                                       duals=duals, margin=1.0)
+    again = tree_found.found_distances(table, predict, X, yi, mv, thr, walk=walk,
+                                       duals=duals, margin=1.0, shrink_margin=2.0)
     assert capsys.readouterr().err == ""
     np.testing.assert_array_equal(again[0], part[0])
     refined = part[5]

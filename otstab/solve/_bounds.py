@@ -22,7 +22,10 @@ under/over-estimates; each is a proof, not a heuristic:
   whose ends, for trees comparing ``float32(x)``, lie halfway between float32 values). A box
   that meets one leaf per tree within ``U_i`` is decided by the model's own ``predict`` at the
   input of the leaves' intersection nearest ``x_i``. ``max_nodes`` and ``time_budget`` stop
-  the search; the bound is reported at whatever point it stops. With numba the same search
+  the search; the bound is reported at whatever point it stops. A search that completes on
+  such a box has found a real misclassified input at the exact distance ``d*_i``
+  (``_Sample.point``): it is returned (``info["region_points"]``) for the found side to adopt
+  and its distance becomes the sample's upper end. With numba the same search
   runs compiled and in parallel over samples (:mod:`otstab.solve._tree_kernel`; same bounds,
   ties handed back to this module's search, which asks the model).
 * **MLPs, 0/1 loss** (:func:`mlp_lower_distances`; scikit-learn ``MLPClassifier`` through
