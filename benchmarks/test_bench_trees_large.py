@@ -3,10 +3,16 @@ interval within 10 minutes, with progress").
 
 XGBoost and LightGBM, 500 trees of depth 6 fitted on 4,000 rows of ``make_classification`` (20
 features), 100,000 evaluation rows, 0/1 loss, r = base error + 0.1, theta = (1, 0.25), KL,
-``time_budget=300`` for the certified lower bound and ``progress=True`` (the bars go to
-stderr; ``-s`` shows them). Checks the interval (``value_lower <= value_upper``, both finite)
-and prints one line with the wall time against the issue's 10 minutes. Full size only
-(``OTSTAB_BENCH=full``); docs/bounds.md has the figures measured here.
+``time_budget=200`` for the certified lower bound and ``progress=True`` (the bars go to
+stderr; ``-s`` shows them: the found side's four stages, then the lower bounds' samples).
+Checks the interval (``value_lower <= value_upper``, both finite) and prints one line with
+the wall time, the certified side's time and the load against the issue's 10 minutes. Full
+size only (``OTSTAB_BENCH=full python -m pytest benchmarks/test_bench_trees_large.py -m full
+-s --benchmark-disable``; about 11 minutes a library at load 7); docs/bounds.md has the
+figures measured here. Where the time goes (XGBoost, load 6 to 7): the found side about
+350 s (the walk's rows, ``otstab/solve/_tree_found.py``), the certified side's first round,
+one root box for each of the 1e5 samples, 240 to 290 s whatever the time budget (it runs to
+the end so that every sample has a positive bound).
 """
 
 from __future__ import annotations
