@@ -582,8 +582,9 @@ def merge_groups(LO, HI, A, B, MARG, x, w, upper, starts, cap):  # pragma: no co
 
     ``LO, HI, A, B, MARG``: the leaves of one sample (rows), grouped by tree, the groups
     starting at ``starts`` (``starts[-1]`` = rows). Rounds: the groups not yet frozen are
-    paired in order (1st with 2nd, 3rd with 4th, ...); a pair becomes one group whose leaves
-    are the nonempty intersections of a leaf of each (boxes: the larger lower threshold and
+    paired in order of their number of leaves (the two smallest, the next two, ...: trees
+    with one leaf within ``upper`` collapse into one constant group); a pair becomes one
+    group whose leaves are the nonempty intersections of a leaf of each (boxes: the larger lower threshold and
     edge, the smaller upper threshold and edge; margin: the sum) closer than ``upper``, unless
     there would be more than ``cap`` of them: then both are frozen, unmerged. Every input
     lies in one leaf of each tree, so in exactly one leaf of each group, whose margin is the
@@ -601,23 +602,27 @@ def merge_groups(LO, HI, A, B, MARG, x, w, upper, starts, cap):  # pragma: no co
         n_new = 0
         G2 = 0
         merged_any = False
+        sizes = np.empty(G, dtype=np.int64)
         for g in range(G):
-            if frozen[g]:
+            sizes[g] = starts[g + 1] - starts[g]
+        for g0 in np.argsort(sizes, kind="mergesort"):
+            if frozen[g0]:
                 continue
             if prev < 0:
-                prev = g
+                prev = g0
                 continue
-            c = _pair_count(LO, HI, A, B, x, w, upper, starts[prev], starts[prev + 1],
-                            starts[g], starts[g + 1], cap)
+            g1, g2 = min(prev, g0), max(prev, g0)
+            prev = -1
+            c = _pair_count(LO, HI, A, B, x, w, upper, starts[g1], starts[g1 + 1],
+                            starts[g2], starts[g2 + 1], cap)
             if c <= cap:
-                kind[prev], kind[g] = 1, 2
-                partner[prev] = g
-                counts[prev] = c
+                kind[g1], kind[g2] = 1, 2
+                partner[g1] = g2
+                counts[g1] = c
                 merged_any = True
             else:
-                frozen[prev] = True
-                frozen[g] = True
-            prev = -1
+                frozen[g1] = True
+                frozen[g2] = True
         if not merged_any:
             return LO, HI, A, B, MARG, starts
         for g in range(G):
