@@ -13,6 +13,9 @@ function of the budget alone, so the bounds stay deterministic; ``node_budget`` 
 box of every round, and more boxes never lower a bound (each round keeps the best of its
 own and the previous bound).
 
+With ``reach`` (the tree bounds pass 1.25) a round searches a sample only out to
+``reach * h / theta1``: beyond, no sample enters either dual at that h.
+
 ``rtol=None`` gives every sample ``max_nodes`` boxes in one round, in order of its found
 distance (the behaviour before the rule).
 """

@@ -29,6 +29,16 @@ that sample with the NumPy path at the same budget. So the kernel's bounds are t
 path's (up to the order of float64 sums, and never less sound), and the model decides every
 tie, as before. Such ties are rare for boosted trees (margins exactly in a band of width about
 ``1e-5``) and common only for forests voting exactly half and half.
+
+**Merged trees** (:func:`merge_groups`, :func:`search_merged`; ``KernelTable(merge=cap)``,
+off by default, the NumPy path has no counterpart): per sample, the trees' leaves within
+``U_i`` are paired into groups whose leaves are the nonempty intersections of a leaf of
+each (the larger lower threshold and edge, the smaller upper ones, the margins summed; the
+distance to an intersection is exact for the separable costs), a pair left unmerged when it
+would have more than ``cap`` intersections; the same search then runs with the groups in
+place of the trees. Every input lies in exactly one leaf of every group, with the margin the
+trees' sum, so the bounds stay sound and, at the root box, the margin bound is at least the
+independent-trees one (a group's minimum is at least the sum of its trees' minima).
 """
 
 from __future__ import annotations
@@ -584,11 +594,12 @@ def merge_groups(LO, HI, A, B, MARG, x, w, upper, starts, cap):  # pragma: no co
     starting at ``starts`` (``starts[-1]`` = rows). Rounds: the groups not yet frozen are
     paired in order of their number of leaves (the two smallest, the next two, ...: trees
     with one leaf within ``upper`` collapse into one constant group); a pair becomes one
-    group whose leaves are the nonempty intersections of a leaf of each (boxes: the larger lower threshold and
-    edge, the smaller upper threshold and edge; margin: the sum) closer than ``upper``, unless
-    there would be more than ``cap`` of them: then both are frozen, unmerged. Every input
-    lies in one leaf of each tree, so in exactly one leaf of each group, whose margin is the
-    sum of the trees'. Returns ``(LO, HI, A, B, MARG, starts)`` of the groups."""
+    group whose leaves are the nonempty intersections of a leaf of each (boxes: the larger
+    lower threshold and edge, the smaller upper threshold and edge; margin: the sum) closer
+    than ``upper``, unless there would be more than ``cap`` of them: then both are frozen,
+    unmerged. Every input lies in one leaf of each tree, so in exactly one leaf of each
+    group, whose margin is the sum of the trees'. Returns ``(LO, HI, A, B, MARG, starts)``
+    of the groups."""
     dm = x.shape[0]
     K1 = MARG.shape[1]
     frozen = np.zeros(starts.shape[0] - 1, dtype=np.bool_)
