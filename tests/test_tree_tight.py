@@ -119,3 +119,25 @@ def test_merged_certificate_holds_the_enumerated_value(monkeypatch):
         ref = otstab.certify_distances(exact, 0.5, theta1=1.0, theta2=0.5, misclassified=wrong)
         assert res.value_lower <= ref.value * (1 + 1e-9) + 1e-12
         assert ref.value <= res.value_upper * (1 + 1e-9) + 1e-12
+
+
+@pytest.mark.skipif(not tree_kernel.available(), reason="numba")
+def test_merged_bounds_with_fixed_features_and_prices():
+    X, y = make_data(4, 3, 2, n=12)
+    model = make_model("GradientBoosting", 4).fit(X, y)
+    yi = np.searchsorted(model.classes_, y)
+    mask = np.array([True, False, True])
+    exact = exact_distances(model, X, y, mask)
+    for kw in ({"mask": mask}, {"weights": np.array([0.3, 1.0, 3.0])}):
+        ref = exact if "mask" in kw else None
+        for nodes in (1, 20000):
+            lo, info = bounds.tree_lower_distances(model, X, yi, max_nodes=nodes,
+                                                   compiled=True, merge=16, **kw)
+            lo0, info0 = bounds.tree_lower_distances(model, X, yi, max_nodes=nodes,
+                                                     compiled=False, **kw)
+            if ref is not None:
+                assert np.all(lo <= ref * (1 + REL))
+            done = info["exact"] & info0["exact"]
+            np.testing.assert_allclose(lo[done], lo0[done], rtol=REL, atol=0)
+            if nodes == 1:
+                assert np.all(lo >= lo0 * (1 - REL))
