@@ -20,12 +20,16 @@ This module does not import otstab.
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 
-from .dual import PiecewiseOracle
+from .blockwise import BlockwiseDual, block_kl, block_l
+from .dual import WINDOW_MIN_N, WINDOW_SUBSAMPLE, WINDOW_WIDTHS, PiecewiseOracle, solve_dual
+from .result import OPTIMAL, DualSolution
 
-__all__ = ["MulticlassRows", "MulticlassOracle", "multiclass_blocks", "BLOCK"]
+__all__ = ["MulticlassRows", "MulticlassOracle", "MulticlassDual", "multiclass_blocks",
+           "solve_multiclass", "BLOCK"]
 
 #: rows per block: the (B, K) temporaries of a block stay in the cache
 BLOCK = 1 << 13
@@ -59,14 +63,21 @@ class MulticlassRows:
     def block(self, sel) -> tuple[np.ndarray, np.ndarray]:
         """``(c1, c2)`` of the rows ``sel`` (a slice or an index array), each (B, K): the
         numbers of :meth:`materialize` (``(1 + s_k) - s_y``, 0 at the label)."""
-        S = self.S[sel]
+        return self.block_at(sel)[:2]
+
+    def block_at(self, sel):
+        """``(c1, c2, flat)``: :meth:`block` and the flat positions ``K i + y_i`` of each
+        row's label in the (B, K) arrays."""
+        S = np.ascontiguousarray(self.S[sel])
         y = self.labels[sel]
-        ar = np.arange(S.shape[0])
-        sy = S[ar, y]
+        K = self.K
+        flat = np.arange(0, K * S.shape[0], K)
+        flat += y
+        sy = S.reshape(-1).take(flat)
         c1 = np.add(1.0, S)
         c1 -= sy[:, None]
-        c1[ar, y] = 0.0
-        return c1, self.C.take(y, axis=0)
+        c1.reshape(-1)[flat] = 0.0
+        return c1, self.C.take(y, axis=0), flat
 
     def piece(self, k: int, rows) -> np.ndarray:
         """``c1[rows, k]`` (a fresh array)."""
@@ -116,6 +127,34 @@ class MulticlassRows:
                 lo, hi = min(lo, float(c1.min())), max(hi, float(c1.max()))
             self._range = (lo, hi)
         return self._range
+
+
+def _colmax(V: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """The largest entry of each row of ``V`` (B, K), written into ``out``: column by column
+    (a reduction along a short last axis is slow in NumPy)."""
+    np.copyto(out, V[:, 0])
+    for k in range(1, V.shape[1]):
+        np.maximum(out, V[:, k], out=out)
+    return out
+
+
+def _top(V: np.ndarray, scale: float, out: np.ndarray):
+    """``(vmax, piece, many)`` of the rows of ``V`` (B, K): the largest value (into ``out``),
+    the first piece that reaches it, and the rows where another piece is within twice
+    ``scale`` of it (there the caller applies its tie rule; elsewhere the piece is the only
+    one within the tie tolerance of the largest value)."""
+    m, K = V.shape
+    vmax = out
+    np.copyto(vmax, V[:, 0])
+    kk = np.zeros(m, dtype=np.intp)
+    sec = np.full(m, -np.inf)
+    for k in range(1, K):
+        v = V[:, k]
+        np.copyto(kk, k, where=v > vmax)
+        np.maximum(sec, np.minimum(v, vmax), out=sec)
+        np.maximum(vmax, v, out=vmax)
+    sec += 2.0 * scale
+    return vmax, kk, np.flatnonzero(sec >= vmax)
 
 
 class MulticlassOracle(PiecewiseOracle):
@@ -209,9 +248,9 @@ class MulticlassOracle(PiecewiseOracle):
         for sel, at in parts:
             c1, c2 = self.rows.block(sel)
             c1 *= h
-            c2 = c2 * hh
+            c2 *= hh
             c1 += c2
-            np.max(c1, axis=1, out=out[at])
+            _colmax(c1, out[at])
         return out
 
     def values_max(self, h: float) -> float:
@@ -229,45 +268,60 @@ class MulticlassOracle(PiecewiseOracle):
         return top
 
     def scan(self, h: float, tol: float | None = None, rows=None):
-        """:meth:`PiecewiseOracle.scan` (the same tie rule and numbers), a block at a time."""
+        """:meth:`PiecewiseOracle.scan` (the same tie rule and numbers), a block at a time:
+        the rows where one piece alone is near the largest value take it (the sequential rule
+        does: see :meth:`_side`), the others go through the sequential rule."""
         tol = self.TIE if tol is None else tol
         parts, m = self._blocks_of(slice(None) if rows is None else rows)
-        vmax, d_lo, d_hi = np.empty(m), np.empty(m), np.empty(m)
-        k_lo, k_hi = np.zeros(m, dtype=np.intp), np.zeros(m, dtype=np.intp)
+        vmax, d_lo = np.empty(m), np.empty(m)
+        k_lo = np.empty(m, dtype=np.intp)
         scale = tol * self._bound(h)
         hh = h * h
-        same = True  # no tie anywhere: d_hi is d_lo
+        ties = []  # (positions, k_hi, d_hi) of the rows whose two sides differ
         for sel, at in parts:
-            c1, c2 = self.rows.block(sel)
-            D = c2 * (2.0 * h)
-            D += c1
-            V = c1
-            V *= h
-            c2 *= hh
-            V += c2
-            vm, dl, dh = V[:, 0].copy(), D[:, 0].copy(), D[:, 0].copy()
-            kl, kh = k_lo[at], k_hi[at]
-            for k in range(1, self.K):
-                v, dk = V[:, k], D[:, k]
-                diff = v - vm
-                above = diff > scale
-                tie = np.abs(diff) <= scale
-                np.copyto(dl, dk, where=above)
-                np.copyto(dh, dk, where=above)
-                np.copyto(kl, k, where=above)
-                np.copyto(kh, k, where=above)
-                if tie.any():
+            c1, c2, flat = self.rows.block_at(sel)
+            V = c1 * h
+            V += c2 * hh
+            vm, kk, many = _top(V, scale, vmax[at])
+            flat -= self.rows.labels[sel]
+            flat += kk
+            d = c2.reshape(-1).take(flat)
+            d *= 2.0 * h
+            d += c1.reshape(-1).take(flat)
+            if many.size:
+                D = c2[many] * (2.0 * h)
+                D += c1[many]
+                Vm = V[many]
+                v0 = Vm[:, 0].copy()
+                dl, dh = D[:, 0].copy(), D[:, 0].copy()
+                kl, kh = np.zeros(many.size, dtype=np.intp), np.zeros(many.size, dtype=np.intp)
+                for k in range(1, self.K):
+                    v, dk = Vm[:, k], D[:, k]
+                    diff = v - v0
+                    above = diff > scale
+                    tie = np.abs(diff) <= scale
+                    np.copyto(dl, dk, where=above)
+                    np.copyto(dh, dk, where=above)
+                    np.copyto(kl, k, where=above)
+                    np.copyto(kh, k, where=above)
                     lo_upd = tie & (dk < dl)
                     hi_upd = tie & (dk > dh)
                     np.copyto(dl, dk, where=lo_upd)
                     np.copyto(kl, k, where=lo_upd)
                     np.copyto(dh, dk, where=hi_upd)
                     np.copyto(kh, k, where=hi_upd)
-                np.maximum(vm, v, out=vm)
-            vmax[at], d_lo[at], d_hi[at] = vm, dl, dh
-            same = same and bool(np.array_equal(kl, kh))
-        if same:
+                    np.maximum(v0, v, out=v0)
+                kk[many], d[many] = kl, dl
+                two = kl != kh
+                if two.any():
+                    pos = np.arange(at.start, at.stop)[many[two]]
+                    ties.append((pos, kh[two], dh[two]))
+            k_lo[at], d_lo[at] = kk, d
+        if not ties:
             return vmax, k_lo, d_lo, k_lo, d_lo
+        k_hi, d_hi = k_lo.copy(), d_lo.copy()
+        for pos, kh_, dh_ in ties:
+            k_hi[pos], d_hi[pos] = kh_, dh_
         return vmax, k_lo, d_lo, k_hi, d_hi
 
     def _side(self, h: float, right: bool, sel):
@@ -276,23 +330,19 @@ class MulticlassOracle(PiecewiseOracle):
         within the tie tolerance of the largest value it is the piece (the sequential rule
         picks it: every other piece is below it by more than the tolerance), and the rows
         with two or more such pieces go through the sequential rule itself."""
-        c1, c2 = self.rows.block(sel)
-        m = c1.shape[0]
+        c1, c2, flat = self.rows.block_at(sel)
+        m, K = c1.shape
         hh = h * h
         V = c1 * h
         V += c2 * hh
-        ar = np.arange(m)
-        kk = np.argmax(V, axis=1)
-        vmax = V[ar, kk]
         scale = self.TIE * self._bound(h)
-        near = V >= (vmax - scale)[:, None]
-        many = np.flatnonzero(np.count_nonzero(near, axis=1) > 1)
+        vmax, kk, many = _top(V, scale, np.empty(m))
         if many.size:
             D = c2[many] * (2.0 * h)
             D += c1[many]
             Vm = V[many]
             vm, d, km = Vm[:, 0].copy(), D[:, 0].copy(), np.zeros(many.size, dtype=np.intp)
-            for k in range(1, self.K):
+            for k in range(1, K):
                 v, dk = Vm[:, k], D[:, k]
                 diff = v - vm
                 cand = diff >= -scale
@@ -301,9 +351,11 @@ class MulticlassOracle(PiecewiseOracle):
                 np.copyto(km, k, where=cand)
                 np.maximum(vm, v, out=vm)
             kk[many] = km
-        c2k = c2[ar, kk]
+        flat -= self.rows.labels[sel]
+        flat += kk
+        c2k = c2.reshape(-1).take(flat)
         d = c2k * (2.0 * h)
-        d += c1[ar, kk]
+        d += c1.reshape(-1).take(flat)
         c2k *= 2.0
         return vmax, d, c2k, kk
 
@@ -363,3 +415,86 @@ def multiclass_blocks(oracle: MulticlassOracle, p=None, size: int = 1 << 15,
         block.keep = keep
         out.append(block)
     return out
+
+
+def _block_kl(block, h, side, theta2):
+    """:func:`~otstab_solvers.blockwise.block_kl` with the sum of ``expm1`` computed by
+    ``expm1`` only where it keeps accuracy that ``e - 1`` loses: in a block whose mean
+    ``e`` is above 1/2 (every value near the block's largest). Elsewhere the sum of
+    ``e - 1`` is at most -1/2 per row and ``sum e - mass`` is as accurate (one exp pass
+    instead of two)."""
+    lh, d1, d2, _ = block_l(block, h, side)
+    a = lh / theta2
+    live = None if block.p is None else block.p > 0
+    av = a if live is None else a[live]
+    if not av.size:
+        return -math.inf, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+    m = float(av.max())
+    x = np.clip(a - m, -700.0, 0.0, out=a)
+    e = np.exp(x)
+    pe = e if block.p is None else block.p * e
+    mass = float(lh.size) if block.p is None else float(np.sum(block.p))
+    Z = float(np.sum(pe))
+    if Z > 0.5 * mass:
+        em1 = np.expm1(x)
+        em1_sum = float(np.sum(em1)) if block.p is None else float(np.dot(block.p, em1))
+    else:
+        em1_sum = Z - mass
+    pd1 = pe * d1
+    return (m, Z, float(np.sum(pd1)), float(np.dot(pd1, d1)), float(np.dot(pe, d2)),
+            em1_sum, mass)
+
+
+class MulticlassDual(BlockwiseDual):
+    """:class:`~otstab_solvers.blockwise.BlockwiseDual` over :func:`multiclass_blocks`, its
+    KL sums taken by :func:`_block_kl` (one exp pass per evaluation)."""
+
+    def run(self, func, *args):
+        return super().run(_block_kl if func is block_kl else func, *args)
+
+
+def solve_multiclass(oracle: MulticlassOracle, dual: BlockwiseDual, r: float, theta2: float,
+                     divergence: str, *, base: float | None = None, tol: float = 1e-13,
+                     max_iter: int = 200, min_n: int | None = None) -> DualSolution:
+    """:func:`~otstab_solvers.dual.solve_dual` of the blockwise ``dual`` of ``oracle`` (uniform
+    rows), started where a strided subsample of :data:`~otstab_solvers.dual.WINDOW_SUBSAMPLE`
+    rows puts the root, so that fewer passes over all rows are made.
+
+    The subsample's dual (its threshold moved by the difference of the two base risks, as
+    :func:`~otstab_solvers.dual.solve_two_piece` does; ``base``: the data's base risk) gives
+    ``h_sub``; the full dual is then solved inside the window ``h_sub (1 -+ width)``
+    (:data:`~otstab_solvers.dual.WINDOW_WIDTHS` in turn, each around the Newton estimate of
+    the root from the end that missed it), and without a window when none holds the root. The
+    answer is the full dual's in every case (the window only decides where the search starts:
+    it is accepted only where the full data's derivative changes sign across it)."""
+    n = oracle.n
+    min_n = WINDOW_MIN_N if min_n is None else min_n
+    t0 = time.perf_counter()
+    tries = []
+    if n >= max(min_n, 1) and dual.total == float(n):
+        stride = max(1, n // WINDOW_SUBSAMPLE)
+        c1, c2 = oracle.rows.block(slice(0, n, stride))
+        sub = PiecewiseOracle(c1, c2, c1abs=oracle.c1abs)
+        r_sub = r if base is None else r - base + float(np.mean(c1.max(axis=1)))
+        sub_sol = solve_dual(sub, r_sub, theta2, divergence, tol=1e-10) if r_sub > 0 else None
+        del sub, c1, c2
+        h_sub = sub_sol.h if sub_sol is not None and sub_sol.status == OPTIMAL else math.nan
+        center = h_sub
+        for width in WINDOW_WIDTHS if math.isfinite(h_sub) and h_sub > 0 else ():
+            sol = solve_dual(dual, r, theta2, divergence, tol=tol, max_iter=max_iter,
+                             bracket=(center * (1.0 - width), center * (1.0 + width)),
+                             h_init=center)
+            tries.append({"width": width, "h": center, "status": sol.native_status,
+                          "iterations": sol.iterations})
+            if sol.status == OPTIMAL:
+                sol.solve_time = time.perf_counter() - t0
+                sol.info["window"] = {"h_subsample": h_sub, "tries": tries}
+                return sol
+            h_next = sol.info.get("h_newton", math.nan)
+            if math.isfinite(h_next) and h_next > 0:
+                center = h_next
+    sol = solve_dual(dual, r, theta2, divergence, tol=tol, max_iter=max_iter)
+    sol.solve_time = time.perf_counter() - t0
+    if tries:
+        sol.info["window"] = {"tries": tries, "fallback": "no window"}
+    return sol

@@ -27,7 +27,12 @@ from otstab_solvers.dual import (
     solve_dual,
     solve_two_piece,
 )
-from otstab_solvers.multiclass import MulticlassOracle, multiclass_blocks
+from otstab_solvers.multiclass import (
+    MulticlassDual,
+    MulticlassOracle,
+    multiclass_blocks,
+    solve_multiclass,
+)
 from otstab_solvers.result import OPTIMAL, DualSolution
 from otstab_solvers.weights import phi, pmean, support_max, weights_at
 
@@ -157,7 +162,7 @@ def solve_reduced(prob: Problem, red: Reduced, r, theta1, theta2, divergence, so
         # the multiclass hinge: the dual's sums over blocks of rows whose pieces are computed
         # from the scores and labels at each evaluation (no (K, n) array, no n-vector)
         weighted_rows = True
-        dual = BlockwiseDual(in_memory(multiclass_blocks(
+        dual = MulticlassDual(in_memory(multiclass_blocks(
             cast(MulticlassOracle, oracle), p,
             keep=divergence == "chi2" and not math.isinf(theta2))),
                              red.n, float(red.n) if p is None else 1.0)
@@ -166,6 +171,9 @@ def solve_reduced(prob: Problem, red: Reduced, r, theta1, theta2, divergence, so
     def run_dual():
         if p is None and oracle._hinge_piece is not None:
             sol = solve_two_piece(oracle, r, theta2, divergence, base=stats[0], **dual_opts)
+        elif p is None and red.lean_multiclass:
+            sol = solve_multiclass(cast(MulticlassOracle, oracle), cast(MulticlassDual, dual),
+                                   r, theta2, divergence, base=stats[0], **dual_opts)
         else:
             sol = solve_dual(dual, r, theta2, divergence, p=None if weighted_rows else p,
                              **dual_opts)
