@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from .blockwise import BlockwiseDual, block_kl, block_l
+from .blockwise import BlockwiseDual, block_kl, block_l, in_memory
 from .dual import WINDOW_MIN_N, WINDOW_SUBSAMPLE, WINDOW_WIDTHS, PiecewiseOracle, solve_dual
 from .result import OPTIMAL, DualSolution
 
@@ -446,11 +446,23 @@ def _block_kl(block, h, side, theta2):
 
 
 class MulticlassDual(BlockwiseDual):
-    """:class:`~otstab_solvers.blockwise.BlockwiseDual` over :func:`multiclass_blocks`, its
-    KL sums taken by :func:`_block_kl` (one exp pass per evaluation)."""
+    """:class:`~otstab_solvers.blockwise.BlockwiseDual` over the blocks of
+    :func:`multiclass_blocks` held in this process, its KL sums taken by :func:`_block_kl`
+    (one exp pass per evaluation); ``total``: ``n`` for uniform rows, 1 when the blocks carry
+    probabilities. :meth:`release` frees what the blocks kept for the search."""
+
+    def __init__(self, blocks, n: int, total: float):
+        super().__init__(in_memory(blocks), n, total)
+        self.blocks = blocks
 
     def run(self, func, *args):
         return super().run(_block_kl if func is block_kl else func, *args)
+
+    def release(self) -> None:
+        """Drop the pieces and evaluations the blocks kept (the search is over)."""
+        for block in self.blocks:
+            block._pieces.clear()
+            block._last = None
 
 
 def solve_multiclass(oracle: MulticlassOracle, dual: BlockwiseDual, r: float, theta2: float,

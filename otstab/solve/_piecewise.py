@@ -162,10 +162,10 @@ def solve_reduced(prob: Problem, red: Reduced, r, theta1, theta2, divergence, so
         # the multiclass hinge: the dual's sums over blocks of rows whose pieces are computed
         # from the scores and labels at each evaluation (no (K, n) array, no n-vector)
         weighted_rows = True
-        dual = MulticlassDual(in_memory(multiclass_blocks(
+        dual = MulticlassDual(multiclass_blocks(
             cast(MulticlassOracle, oracle), p,
-            keep=divergence == "chi2" and not math.isinf(theta2))),
-                             red.n, float(red.n) if p is None else 1.0)
+            keep=divergence == "chi2" and not math.isinf(theta2)),
+            red.n, float(red.n) if p is None else 1.0)
     state = {"program": program}
 
     def run_dual():
@@ -180,6 +180,8 @@ def solve_reduced(prob: Problem, red: Reduced, r, theta1, theta2, divergence, so
         # a sorted view (an n-vector of keys) served the solve only: freed before Q* is
         # built (a conic fallback refines h on the plain oracle)
         oracle.prefix = None
+        if isinstance(dual, MulticlassDual):  # (and the pieces its blocks kept)
+            dual.release()
         if sol.status != OPTIMAL:
             raise audit.Skip(f"dual reported {sol.native_status!r}", sol.status)
         return build_result(prob, red, sol, r, theta1, theta2, divergence, t_start,
