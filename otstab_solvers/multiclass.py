@@ -371,12 +371,12 @@ class MulticlassOracle(PiecewiseOracle):
             for s, e in self.rows.blocks():
                 lh[s:e], d1[s:e], d2[s:e], k[s:e] = self._side(h, side == "right",
                                                                slice(s, e))
-        if self.keep:
-            self._last = (key, (lh, d1, d2, k))
         if key not in self._pieces:
             if len(self._pieces) >= PIECES_KEPT:
                 self._pieces.pop(next(iter(self._pieces)))
             self._pieces[key] = k.astype(np.int8 if self.K <= 127 else np.intp)
+        if self.keep:  # (the pieces as kept: a small integer type)
+            self._last = (key, (lh, d1, d2, self._pieces[key]))
         if with_pieces:
             return lh, d1, d2, k
         return lh, d1, d2
