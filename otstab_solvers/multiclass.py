@@ -79,6 +79,24 @@ class MulticlassRows:
         c1.reshape(-1)[flat] = 0.0
         return c1, self.C.take(y, axis=0), flat
 
+    def block_T(self, sel):
+        """``(c1, c2, ar)``: :meth:`block` in the (K, B) layout (each piece a contiguous row:
+        the same numbers) and ``arange(B)``."""
+        S = np.ascontiguousarray(self.S[sel])
+        y = self.labels[sel]
+        K, B = self.K, S.shape[0]
+        ar = np.arange(B)
+        flat = ar * K
+        flat += y
+        sy = S.reshape(-1).take(flat)
+        c1 = np.empty((K, B))
+        np.add(1.0, S.T, out=c1)
+        c1 -= sy
+        np.multiply(y, B, out=flat)
+        flat += ar
+        c1.reshape(-1)[flat] = 0.0
+        return c1, np.take(self.C.T, y, axis=1), ar
+
     def piece(self, k: int, rows) -> np.ndarray:
         """``c1[rows, k]`` (a fresh array)."""
         S = self.S[rows]
@@ -123,35 +141,29 @@ class MulticlassRows:
         if self._range is None:
             lo, hi = math.inf, -math.inf
             for i, j in self.blocks():
-                c1 = self.block(slice(i, j))[0]
+                c1 = self.block_T(slice(i, j))[0]
                 lo, hi = min(lo, float(c1.min())), max(hi, float(c1.max()))
             self._range = (lo, hi)
         return self._range
 
 
-def _colmax(V: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """The largest entry of each row of ``V`` (B, K), written into ``out``: column by column
-    (a reduction along a short last axis is slow in NumPy)."""
-    np.copyto(out, V[:, 0])
-    for k in range(1, V.shape[1]):
-        np.maximum(out, V[:, k], out=out)
-    return out
-
-
-def _top(V: np.ndarray, scale: float, out: np.ndarray):
-    """``(vmax, piece, many)`` of the rows of ``V`` (B, K): the largest value (into ``out``),
-    the first piece that reaches it, and the rows where another piece is within twice
-    ``scale`` of it (there the caller applies its tie rule; elsewhere the piece is the only
-    one within the tie tolerance of the largest value)."""
-    m, K = V.shape
+def _top_T(V: np.ndarray, scale: float, out: np.ndarray):
+    """``(vmax, piece, many)`` of the columns of ``V`` (K, B; one row per piece): the largest
+    value of each row of the data (into ``out``), the first piece that reaches it, and the
+    rows where another piece is within twice ``scale`` of it (there the caller applies its
+    tie rule; elsewhere the piece is the only one within the tie tolerance of the largest
+    value, and the sequential rules of the dense oracle pick it)."""
+    K, m = V.shape
     vmax = out
-    np.copyto(vmax, V[:, 0])
+    np.copyto(vmax, V[0])
     kk = np.zeros(m, dtype=np.intp)
     sec = np.full(m, -np.inf)
+    tmp = np.empty(m)
     for k in range(1, K):
-        v = V[:, k]
+        v = V[k]
         np.copyto(kk, k, where=v > vmax)
-        np.maximum(sec, np.minimum(v, vmax), out=sec)
+        np.minimum(v, vmax, out=tmp)
+        np.maximum(sec, tmp, out=sec)
         np.maximum(vmax, v, out=vmax)
     sec += 2.0 * scale
     return vmax, kk, np.flatnonzero(sec >= vmax)
@@ -246,11 +258,14 @@ class MulticlassOracle(PiecewiseOracle):
         out = np.empty(m)
         hh = h * h
         for sel, at in parts:
-            c1, c2 = self.rows.block(sel)
+            c1, c2, _ = self.rows.block_T(sel)
             c1 *= h
             c2 *= hh
             c1 += c2
-            _colmax(c1, out[at])
+            o = out[at]
+            np.copyto(o, c1[0])
+            for k in range(1, self.K):
+                np.maximum(o, c1[k], out=o)
         return out
 
     def values_max(self, h: float) -> float:
@@ -260,7 +275,7 @@ class MulticlassOracle(PiecewiseOracle):
         hh = h * h
         top = -math.inf
         for s, e in self.rows.blocks():
-            c1, c2 = self.rows.block(slice(s, e))
+            c1, c2, _ = self.rows.block_T(slice(s, e))
             c1 *= h
             c2 *= hh
             c1 += c2
@@ -279,24 +294,24 @@ class MulticlassOracle(PiecewiseOracle):
         hh = h * h
         ties = []  # (positions, k_hi, d_hi) of the rows whose two sides differ
         for sel, at in parts:
-            c1, c2, flat = self.rows.block_at(sel)
+            c1, c2, ar = self.rows.block_T(sel)
             V = c1 * h
             V += c2 * hh
-            vm, kk, many = _top(V, scale, vmax[at])
-            flat -= self.rows.labels[sel]
-            flat += kk
+            vm, kk, many = _top_T(V, scale, vmax[at])
+            flat = kk * ar.size
+            flat += ar
             d = c2.reshape(-1).take(flat)
             d *= 2.0 * h
             d += c1.reshape(-1).take(flat)
             if many.size:
-                D = c2[many] * (2.0 * h)
-                D += c1[many]
-                Vm = V[many]
-                v0 = Vm[:, 0].copy()
-                dl, dh = D[:, 0].copy(), D[:, 0].copy()
+                D = c2[:, many] * (2.0 * h)
+                D += c1[:, many]
+                Vm = V[:, many]
+                v0 = Vm[0].copy()
+                dl, dh = D[0].copy(), D[0].copy()
                 kl, kh = np.zeros(many.size, dtype=np.intp), np.zeros(many.size, dtype=np.intp)
                 for k in range(1, self.K):
-                    v, dk = Vm[:, k], D[:, k]
+                    v, dk = Vm[k], D[k]
                     diff = v - v0
                     above = diff > scale
                     tie = np.abs(diff) <= scale
@@ -330,20 +345,20 @@ class MulticlassOracle(PiecewiseOracle):
         within the tie tolerance of the largest value it is the piece (the sequential rule
         picks it: every other piece is below it by more than the tolerance), and the rows
         with two or more such pieces go through the sequential rule itself."""
-        c1, c2, flat = self.rows.block_at(sel)
-        m, K = c1.shape
+        c1, c2, ar = self.rows.block_T(sel)
+        K, m = c1.shape
         hh = h * h
         V = c1 * h
         V += c2 * hh
         scale = self.TIE * self._bound(h)
-        vmax, kk, many = _top(V, scale, np.empty(m))
+        vmax, kk, many = _top_T(V, scale, np.empty(m))
         if many.size:
-            D = c2[many] * (2.0 * h)
-            D += c1[many]
-            Vm = V[many]
-            vm, d, km = Vm[:, 0].copy(), D[:, 0].copy(), np.zeros(many.size, dtype=np.intp)
+            D = c2[:, many] * (2.0 * h)
+            D += c1[:, many]
+            Vm = V[:, many]
+            vm, d, km = Vm[0].copy(), D[0].copy(), np.zeros(many.size, dtype=np.intp)
             for k in range(1, K):
-                v, dk = Vm[:, k], D[:, k]
+                v, dk = Vm[k], D[k]
                 diff = v - vm
                 cand = diff >= -scale
                 cand &= (diff > scale) | ((dk > d) if right else (dk < d))
@@ -351,8 +366,8 @@ class MulticlassOracle(PiecewiseOracle):
                 np.copyto(km, k, where=cand)
                 np.maximum(vm, v, out=vm)
             kk[many] = km
-        flat -= self.rows.labels[sel]
-        flat += kk
+        flat = kk * m
+        flat += ar
         c2k = c2.reshape(-1).take(flat)
         d = c2k * (2.0 * h)
         d += c1.reshape(-1).take(flat)
