@@ -491,7 +491,9 @@ def solve_multiclass(oracle: MulticlassOracle, dual: BlockwiseDual, r: float, th
     :func:`~otstab_solvers.dual.solve_two_piece` does; ``base``: the data's base risk) gives
     ``h_sub``; the full dual is then solved inside the window ``h_sub (1 -+ width)``
     (:data:`~otstab_solvers.dual.WINDOW_WIDTHS` in turn, each around the Newton estimate of
-    the root from the end that missed it), and without a window when none holds the root. The
+    the root from the end that missed it and inside what the missed ones proved; once a
+    window lies above the root, between 0 or the last window below it and that window),
+    and without a window when none holds the root. The
     answer is the full dual's in every case (the window only decides where the search starts:
     it is accepted only where the full data's derivative changes sign across it)."""
     n = oracle.n
@@ -507,16 +509,32 @@ def solve_multiclass(oracle: MulticlassOracle, dual: BlockwiseDual, r: float, th
         del sub, c1, c2
         h_sub = sub_sol.h if sub_sol is not None and sub_sol.status == OPTIMAL else math.nan
         center = h_sub
+        # what the missed windows proved: the root is above ``lower`` and below ``upper``
+        lower, upper = 0.0, math.inf
         for width in WINDOW_WIDTHS if math.isfinite(h_sub) and h_sub > 0 else ():
+            lo_b = max(center * (1.0 - width), lower)
+            hi_b = min(center * (1.0 + width), upper)
+            if math.isfinite(upper):  # a window was above the root: search below it
+                lo_b, hi_b = lower, upper
+            if not lo_b < hi_b:
+                break
             sol = solve_dual(dual, r, theta2, divergence, tol=tol, max_iter=max_iter,
-                             bracket=(center * (1.0 - width), center * (1.0 + width)),
-                             h_init=center)
-            tries.append({"width": width, "h": center, "status": sol.native_status,
-                          "iterations": sol.iterations})
+                             bracket=(lo_b, hi_b),
+                             h_init=center if lo_b < center < hi_b else None)
+            tries.append({"width": width, "h": center, "bracket": (lo_b, hi_b),
+                          "status": sol.native_status, "iterations": sol.iterations})
             if sol.status == OPTIMAL:
                 sol.solve_time = time.perf_counter() - t0
                 sol.info["window"] = {"h_subsample": h_sub, "tries": tries}
                 return sol
+            if math.isfinite(upper):
+                break
+            if sol.native_status == "root below the bracket":
+                upper = lo_b
+            elif sol.native_status == "root above the bracket":
+                lower = hi_b
+            else:
+                break
             h_next = sol.info.get("h_newton", math.nan)
             if math.isfinite(h_next) and h_next > 0:
                 center = h_next

@@ -174,3 +174,24 @@ def test_search_from_a_subsample_equals_the_plain_search(divergence, theta2, t):
     assert "window" in got.info  # the subsample's start was taken
     assert got.value == pytest.approx(ref.value, rel=1e-12)
     assert got.h == pytest.approx(ref.h, rel=1e-9)
+
+
+@pytest.mark.parametrize("divergence,theta2", [("kl", 0.25), ("chi2", 0.25)])
+@pytest.mark.parametrize("offset", [-0.4, 0.4])
+def test_search_from_a_missed_window_equals_the_plain_search(divergence, theta2, offset):
+    """A subsample start far from the root (its threshold moved by a wrong base risk): the
+    windows miss it, the next ones are placed by what the missed ones proved, and the answer
+    is still the plain search's."""
+    rows = _rows(40_000, seed=8)
+    oracle = MulticlassOracle(rows)
+    keep = divergence == "chi2"
+    dual = MulticlassDual(multiclass_blocks(oracle, keep=keep), rows.n, float(rows.n))
+    dense = _dense(rows)
+    losses = dense.c1.max(axis=1)
+    base = float(np.mean(losses))
+    r = base + 0.5 * (float(losses.max()) - base)
+    got = solve_multiclass(oracle, dual, r, theta2, divergence, base=base + offset, min_n=0)
+    ref = solve_dual(dense, r, theta2, divergence)
+    assert got.status == ref.status == OPTIMAL
+    assert len(got.info["window"]["tries"]) > 1  # the first window missed
+    assert got.value == pytest.approx(ref.value, rel=1e-12)
