@@ -156,17 +156,28 @@ def _top_T(V: np.ndarray, scale: float, out: np.ndarray):
     K, m = V.shape
     vmax = out
     np.copyto(vmax, V[0])
-    kk = np.zeros(m, dtype=np.intp)
     sec = np.full(m, -np.inf)
     tmp = np.empty(m)
     for k in range(1, K):
         v = V[k]
-        np.copyto(kk, k, where=v > vmax)
         np.minimum(v, vmax, out=tmp)
         np.maximum(sec, tmp, out=sec)
         np.maximum(vmax, v, out=vmax)
     sec += 2.0 * scale
-    return vmax, kk, np.flatnonzero(sec >= vmax)
+    many = np.flatnonzero(sec >= vmax)
+    # the piece at the largest value, as the sum of k [V[k] == vmax]: where no other piece is
+    # near the largest, exactly one piece equals it (the rows ``many`` are redone by the
+    # caller's rule); small integers, which NumPy adds far faster than it copies by a mask
+    small = np.int8 if K <= 127 else np.intp
+    kk = np.zeros(m, dtype=small)
+    part = np.empty(m, dtype=small)
+    for k in range(1, K):
+        eq = np.equal(V[k], vmax)
+        np.multiply(eq.view(np.int8) if small is np.int8 else eq, k, out=part)
+        kk += part
+    out_k = kk.astype(np.intp)
+    out_k[many] = 0  # (a valid piece until the caller's rule decides these rows)
+    return vmax, out_k, many
 
 
 class MulticlassOracle(PiecewiseOracle):
