@@ -111,7 +111,15 @@ def test_merged_bounds_against_enumeration(lib, k):
 @pytest.mark.skipif(not tree_kernel.available(), reason="numba")
 def test_merged_certificate_holds_the_enumerated_value(monkeypatch):
     monkeypatch.setattr(tree_kernel, "MERGE_CAP", 32)
-    for seed, lib in ((3, "GradientBoosting"), (4, "HistGradientBoosting")):
+    calls = []
+    real = tree_kernel.batch_merged
+
+    def spy(*a):
+        calls.append(a[-1])
+        return real(*a)
+
+    monkeypatch.setattr(tree_kernel, "batch_merged", spy)
+    for seed, lib in ((3, "GradientBoosting"),):
         model, X, y, _ = _case(lib, seed, 2, 2, n=16)
         exact = exact_distances(model, X, y)
         wrong = model.predict(X) != y
@@ -119,6 +127,7 @@ def test_merged_certificate_holds_the_enumerated_value(monkeypatch):
         ref = otstab.certify_distances(exact, 0.5, theta1=1.0, theta2=0.5, misclassified=wrong)
         assert res.value_lower <= ref.value * (1 + 1e-9) + 1e-12
         assert ref.value <= res.value_upper * (1 + 1e-9) + 1e-12
+    assert calls and set(calls) == {32}  # the merged search ran
 
 
 @pytest.mark.skipif(not tree_kernel.available(), reason="numba")
