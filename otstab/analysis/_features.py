@@ -63,7 +63,7 @@ from ..solve._zero_one import (
     move_prices,
 )
 from ._datacost_features import variable_units
-from ._features_logistic import logistic_feature_scores
+from ._features_logistic import logistic_feature_scores, shared_margins
 
 __all__ = ["feature_stability", "FeatureStability"]
 
@@ -432,9 +432,15 @@ def feature_stability(model, X, y, *, loss, r, theta1: float = 1.0, theta2: floa
                                                        for res in results)
     elif not linear_exact:
         base_losses = prob.losses(prob.X)
-        rw = _reweighting_only(base_losses, r, theta2, divergence)
+        shared = None  # (a binary logistic linear model: the units share its margins)
+        if not isinstance(loss_obj, ZeroOne) and solver in ("auto", "dual") and not bound_opts:
+            shared = shared_margins(prob, r, theta1, theta2, divergence, MODERATE)
+        rw = None if shared is None else shared.reweighting_only(base_losses, r, theta1,
+                                                                 theta2, divergence)
+        if rw is None:
+            rw = _reweighting_only(base_losses, r, theta2, divergence)
         results = _nonlinear_results(prob, units, r, theta1, theta2, divergence, solver, show,
-                                     bound_opts)
+                                     bound_opts, shared)
         # (a binary logistic linear model: the units share its margins, _features_logistic)
         rows = [res.row for res in results]
     elif bound_opts:  # the one-pass scores are exact: no lower bound to budget
@@ -571,16 +577,19 @@ def _piecewise_rows(prob, red, units, r, theta1, theta2, divergence, rw):
 
 
 def _nonlinear_results(prob, units, r, theta1, theta2, divergence, solver, show=False,
-                       options=None):
+                       options=None, margins=None):
     """One certify per feature (exact 1-D duals for smooth losses of linear models, the
     first-order path otherwise) with the feature mask; no one-pass shortcut applies here.
-    ``options``: the lower bound's (``max_nodes``, ``time_budget``, ``node_budget``)."""
+    ``options``: the lower bound's (``max_nodes``, ``time_budget``, ``node_budget``);
+    ``margins``: the shared margins of a binary logistic linear model
+    (:func:`otstab.analysis._features_logistic.shared_margins`, made there when None)."""
     out = []
     zero_one = isinstance(prob.loss, ZeroOne)
     loss0 = prob.losses(prob.X) if zero_one and prob.scorer is None else None
     shared = None
     if not zero_one and solver in ("auto", "dual") and not options:
-        shared = logistic_feature_scores(prob, units, r, theta1, theta2, divergence, MODERATE)
+        shared = logistic_feature_scores(prob, units, r, theta1, theta2, divergence, MODERATE,
+                                         margins)
     log.debug("feature_stability: %d features certified one by one", len(units))
     with progress_bar(len(units), "feature_stability", show) as bar:
         for i, (_label, cols) in enumerate(units):

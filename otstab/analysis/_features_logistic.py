@@ -47,7 +47,7 @@ from otstab_solvers.smooth import LogisticOracle
 from ..modeling._nonlinear import loss_name
 from ..solve._piecewise import edge_kind
 
-__all__ = ["logistic_feature_scores"]
+__all__ = ["logistic_feature_scores", "shared_margins", "SharedMargins"]
 
 #: rows per block of the exact passes
 BLOCK = 1 << 13
@@ -74,22 +74,59 @@ def _applies(prob, r, theta1, theta2, moderate) -> bool:
     return edge_kind(None, r, theta2, True, None, stats=prob.loss_stats()) is None
 
 
-def logistic_feature_scores(prob, units, r, theta1, theta2, divergence, moderate):
-    """``[(score, h, share_moving, share_reweighting) or None]`` for ``units`` (``[(label,
-    columns)]``; None: certify that unit on its own), or None where this path does not apply
-    (module docstring)."""
+class SharedMargins:
+    """What every unit shares: the model's scores and labels, the binned margins and (KL,
+    ``theta2 = inf``) the per-bin quadrature of the margins (module docstring)."""
+
+    def __init__(self, prob, divergence):
+        self.n = prob.n
+        self.scores, self.signs = prob.scores, prob.y
+        scores, signs = self.scores, self.signs
+        self.points, self.mass = logistic_binned.binned_margins(
+            lambda s, e: signs[s:e] * scores[s:e], self.n)
+        self.quad = None
+        if divergence == "kl":  # KL or theta2 = inf: every unit's sums from one set of bins
+            self.quad = logistic_quadrature.MarginQuadrature(signs * scores)
+
+    def reweighting_only(self, losses, r, theta1, theta2, divergence):
+        """The reweighting-only row ``(value, h, 0, 1)`` (no sample moves: ``l_h = h loss``,
+        the price ``c = inf``) from the binned root and the quadrature's Newton steps (each
+        evaluation ``BINS * 9`` losses, not ``n``), or None: the caller's dense dual then
+        answers (chi2, the edges ``zero``, ``limit`` and ``unreachable``, a refusal)."""
+        if self.quad is None or edge_kind(losses, r, theta2, False, None) is not None:
+            return None
+        h = logistic_binned.binned_root(self.points, self.mass, 0.0, theta1, r, theta2,
+                                        divergence)
+        got = None if h is None else logistic_quadrature.solve_from(
+            self.quad, math.inf, h, r, theta2, G_RTOL)
+        if got is None or not math.isfinite(got[1]):
+            return None
+        return got[1], got[0], 0.0, 1.0
+
+
+def shared_margins(prob, r, theta1, theta2, divergence, moderate) -> SharedMargins | None:
+    """The :class:`SharedMargins` of ``prob``, or None where this path does not apply."""
     if not _applies(prob, r, theta1, theta2, moderate):
         return None
+    return SharedMargins(prob, divergence)
+
+
+def logistic_feature_scores(prob, units, r, theta1, theta2, divergence, moderate,
+                            shared: SharedMargins | None = None):
+    """``[(score, h, share_moving, share_reweighting) or None]`` for ``units`` (``[(label,
+    columns)]``; None: certify that unit on its own), or None where this path does not apply
+    (module docstring). ``shared``: the :func:`shared_margins` of ``prob`` (made here when
+    None)."""
+    if shared is None:
+        shared = shared_margins(prob, r, theta1, theta2, divergence, moderate)
+        if shared is None:
+            return None
     n = prob.n
-    scores, signs = prob.scores, prob.y
-    points, mass = logistic_binned.binned_margins(
-        lambda s, e: signs[s:e] * scores[s:e], n)
+    scores, signs = shared.scores, shared.signs
+    points, mass, quad = shared.points, shared.mass, shared.quad
     base = prob.loss_stats()[0]
     W = prob.scorer.W[0]
     m_range = None
-    quad = None
-    if divergence == "kl":  # KL or theta2 = inf: every unit's sums from one set of bins
-        quad = logistic_quadrature.MarginQuadrature(signs * scores)
     done: dict = {}  # ||w_J||^2 -> its row (units of one price share their answer)
     out: list = []
     for _label, cols in units:
