@@ -124,9 +124,12 @@ class _Pass:
         theta2 = self.theta2
         parts = []
         moved = 0.0
+        # (an oracle that keeps each block's loss and step at h gives l_h again for the
+        # expm1 sum below: no n-vector of l_h kept here)
+        kept = getattr(oracle, "kept", None) if getattr(oracle, "keep_values", False) else None
         for k, (s, e) in enumerate(self.bounds):
             lb, d1, d2 = oracle.transform_rows(h, slice(s, e))[:3]
-            store[k] = lb
+            store[k] = None if kept is not None and kept(h, slice(s, e)) is not None else lb
             moved += float(np.sum(d1))
             a = lb / theta2
             m = float(a.max())
@@ -143,7 +146,12 @@ class _Pass:
         N = float(self.n)
         if Z > 0.5 * N:  # every l / theta2 close to the largest: expm1 keeps the accuracy
             em1 = 0.0
-            for lb in store:
+            for k, lb in enumerate(store):
+                if lb is None:  # h loss - c t^2, as the d-transform computed it
+                    assert kept is not None
+                    loss, t = kept(h, slice(*self.bounds[k]))
+                    lb = h * loss
+                    lb -= float(oracle.c[0]) * t * t
                 em1 += float(np.sum(np.expm1(np.maximum(lb / theta2 - M, -700.0))))
             log_mean = math.log1p(em1 / N)
         else:
