@@ -8,9 +8,12 @@ over the samples of smooth functions of the margin: ``e = exp(l_h / theta2 - M)`
 ``d2`` for ``theta2 = inf``. ``feature_stability`` needs them for one price per feature on the
 SAME margins (issue 31), so the margins are summarised once:
 
-* the margins are sorted and cut into :data:`BINS` equal-width bins over their range; each
-  non-empty bin keeps its Chebyshev moments ``M_bk = sum_i T_k(x_i)`` (``x_i`` the sample's
-  position in the bin, in ``[-1, 1]``), ``k = 0..DEGREE``;
+* the margins are sorted and cut into groups of consecutive margins, at equal counts
+  (``BINS / 2`` groups: narrow bins where the margins are dense) and at ``BINS / 2`` equal
+  widths over their range (no bin wider than that where they are sparse: outliers, heavy
+  tails); a bin's interval is its own samples' smallest and largest margin, and it keeps its
+  Chebyshev moments ``M_bk = sum_i T_k(x_i)`` (``x_i`` the sample's position in that
+  interval, in ``[-1, 1]``), ``k = 0..DEGREE``;
 * a function ``f`` is evaluated exactly (the per-sample solve,
   :func:`otstab_solvers.smooth.logistic_dtransform`) at the ``DEGREE + 1`` Chebyshev points of
   each bin; its interpolant ``sum_k a_bk T_k`` integrates against the moments exactly, so
@@ -43,7 +46,7 @@ from .smooth import logistic_dtransform
 
 __all__ = ["MarginQuadrature", "solve_from", "BINS", "DEGREE", "RTOL"]
 
-#: equal-width bins of the margins
+#: bins of the margins (at most; half cut at equal counts, half at equal widths)
 BINS = 2048
 #: degree of each bin's Chebyshev interpolant
 DEGREE = 8
@@ -64,24 +67,33 @@ class MarginQuadrature:
             raise ValueError("the margins must be finite and not empty")
         self.n = ms.size
         self.sorted = ms
+        n = ms.size
         lo, hi = float(ms[0]), float(ms[-1])
-        width = (hi - lo) / bins if hi > lo else 1.0
-        self.lo, self.width, self.degree = lo, width, int(degree)
-        pos = ms - lo
-        pos /= width
-        idx = pos.astype(np.intp)
-        np.minimum(idx, bins - 1, out=idx)
-        pos -= idx
-        pos *= 2.0
-        pos -= 1.0  # x in [-1, 1]
-        np.clip(pos, -1.0, 1.0, out=pos)
-        keep = np.flatnonzero(np.bincount(idx, minlength=bins))
-        self.bins = keep
-        self.starts = np.searchsorted(idx, keep, side="left")
-        self.stops = np.searchsorted(idx, keep, side="right")
+        self.degree = int(degree)
+        # the bins: groups of consecutive sorted margins, cut both at equal counts (narrow
+        # where the margins are dense) and at equal widths over the range (never wider than
+        # a share of it where they are sparse); each bin's interval is its own samples'
+        # smallest and largest margin
+        half = max(int(bins) // 2, 1)
+        cuts = (np.arange(half) * n) // half
+        if hi > lo:
+            cuts = np.union1d(cuts, np.searchsorted(ms, lo + np.arange(1, half) * ((hi - lo)
+                                                                                  / half)))
+        self.starts = np.unique(np.minimum(cuts, n - 1))
+        self.stops = np.append(self.starts[1:], n)
         self.count = (self.stops - self.starts).astype(np.float64)
+        self.bins = np.arange(self.starts.size)
+        b_lo, b_hi = ms[self.starts], ms[self.stops - 1]
+        centre = 0.5 * (b_lo + b_hi)
+        hw = 0.5 * (b_hi - b_lo)
+        inv = np.divide(1.0, hw, out=np.zeros_like(hw), where=hw > 0)
+        which = np.repeat(self.bins, self.stops - self.starts)
+        pos = ms - centre[which]
+        pos *= inv[which]  # x in [-1, 1] (0 in a bin of one margin value)
+        del which
+        np.clip(pos, -1.0, 1.0, out=pos)
         p = self.degree
-        mom = np.empty((keep.size, p + 1))
+        mom = np.empty((self.starts.size, p + 1))
         mom[:, 0] = self.count
         t_prev = np.ones_like(pos)
         t_cur = pos.copy()
@@ -91,7 +103,7 @@ class MarginQuadrature:
             t_next -= t_prev
             mom[:, k] = np.add.reduceat(t_next, self.starts)
             t_prev, t_cur = t_cur, t_next
-        del t_prev, t_cur, pos, idx
+        del t_prev, t_cur, pos
         # Chebyshev points of the first kind and the map from values to coefficients
         j = np.arange(p + 1)
         xk = np.cos(math.pi * (j + 0.5) / (p + 1))
@@ -99,9 +111,9 @@ class MarginQuadrature:
         C[0] *= 0.5
         self.C_last = C[p - 1:p + 1].T.copy()  # values -> the last two coefficients
         self.weights = mom @ C  # values at the points -> the bin's sum
-        centre = lo + (keep + 0.5) * width
-        self.nodes = (centre[:, None] + (0.5 * width) * xk[None, :]).reshape(-1)
-        self.edges = (lo + keep * width, lo + (keep + 1) * width)
+        self.nodes = (centre[:, None] + hw[:, None] * xk[None, :]).reshape(-1)
+        self.edges = (b_lo, b_hi)
+        self.width = float(np.max(hw)) * 2.0 if hw.size else 0.0
 
     def _exact(self, sel, c, h):
         """``(l_h, loss*, d2)`` of the samples of the bins ``sel`` (their sorted margins)."""

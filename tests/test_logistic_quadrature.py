@@ -115,3 +115,28 @@ def test_quadrature_root_equals_the_plain_search(theta2):
     assert abs(g) <= 1e-11 * r
     assert F == pytest.approx(ref.value, rel=1e-12)
     assert h == pytest.approx(ref.h, rel=1e-9)
+
+
+@pytest.mark.parametrize("kind", ["outliers", "heavy tails", "few values"])
+def test_quadrature_on_awkward_margins(kind):
+    """Margins with far outliers, Cauchy tails or a handful of distinct values: the bins cut
+    at equal counts keep the dense part narrow, so the quadrature still answers (few samples
+    summed one by one) and equals the exact pass."""
+    rng = np.random.default_rng(3)
+    n = 30_000
+    s = rng.normal(0.8, 2.0, n)
+    if kind == "outliers":
+        s[:4] = [500.0, -300.0, 1e3, 2e3]
+    elif kind == "heavy tails":
+        s = 2.0 * rng.standard_cauchy(n)
+    else:
+        s = 0.7 * rng.integers(-3, 5, n).astype(float)
+    y = np.where(rng.random(n) < 0.85, 1, -1).astype(np.int8)
+    quad = MarginQuadrature(y * s, bins=512)
+    for theta2 in (0.25, math.inf):
+        got = quad.dual_at(1.0, 2.0, 1.1, theta2)
+        assert got is not None
+        F, g, curv, moved = _exact(s, y, 1.0, 1.0, 2.0, 1.1, theta2, "kl")
+        assert 2.2 - got[0] == pytest.approx(2.2 - F, rel=1e-13)
+        assert got[1] == pytest.approx(g, rel=1e-12, abs=1e-13)
+        assert got[4] < 0.05
