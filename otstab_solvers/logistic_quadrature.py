@@ -156,10 +156,12 @@ class MarginQuadrature:
                 M /= theta2
             funcs = _functions(lh, loss, d2, theta2, M)
             keep = ~forced
-            S = np.einsum("bj,bjq->q", self.weights[keep], funcs[keep])
+            fk = funcs[keep]
+            nq = fk.shape[2]
+            S = self.weights[keep].reshape(-1) @ fk.reshape(-1, nq)
             if ex[0].size:
                 S += _functions(ex[0], ex[1], ex[2], theta2, M).sum(axis=0)
-            last = np.abs(np.einsum("bjq,jl->bql", funcs[keep], self.C_last)).sum(axis=2)
+            last = np.abs(np.tensordot(fk, self.C_last, axes=([1], [0]))).sum(axis=2)
             rel = np.max(last * self.count[keep, None] / np.maximum(np.abs(S), 1e-300), axis=1)
             order = np.argsort(rel)
             over = np.cumsum(rel[order]) > RTOL
