@@ -51,6 +51,11 @@ __all__ = ["logistic_feature_scores", "shared_margins", "SharedMargins"]
 
 #: rows per block of the exact passes
 BLOCK = 1 << 13
+#: bins of the binned margins whose dual's root starts each unit (certify's 4096 halved: the
+#: root only starts the Newton steps on the quadrature, and at n = 3e5, d = 50 every unit
+#: was still accepted at it, at r near the base, middle and near the largest loss; 1024
+#: needed a second evaluation for most units)
+ROOT_BINS = 2048
 #: the derivative of the dual accepted at a unit's h, relative to r: the risk of the most
 #: sensitive distribution there is r - g, and certify's audit accepts a risk within
 #: RISK_RTOL = 1e-8 r of r (the score F(h) is within some g^2 / curv of the optimum)
@@ -83,7 +88,7 @@ class SharedMargins:
         self.scores, self.signs = prob.scores, prob.y
         scores, signs = self.scores, self.signs
         self.points, self.mass = logistic_binned.binned_margins(
-            lambda s, e: signs[s:e] * scores[s:e], self.n)
+            lambda s, e: signs[s:e] * scores[s:e], self.n, bins=ROOT_BINS)
         self.quad = None
         if divergence == "kl":  # KL or theta2 = inf: every unit's sums from one set of bins
             self.quad = logistic_quadrature.MarginQuadrature(signs * scores)
