@@ -41,7 +41,6 @@ import time
 
 import numpy as np
 
-from . import logistic_kernel
 from .blockwise import BlockwiseDual, in_memory
 from .result import OPTIMAL, DualSolution
 
@@ -73,12 +72,9 @@ class _Pass:
     arrays of the last pass are kept as the oracle returned them (the oracle may keep the
     same arrays: no copy)."""
 
-    def __init__(self, oracle, n, theta2, divergence, p, block, fused=False):
+    def __init__(self, oracle, n, theta2, divergence, p, block):
         self.oracle, self.n, self.theta2, self.divergence, self.p = \
             oracle, n, theta2, divergence, p
-        #: the compiled pass (:mod:`otstab_solvers.logistic_kernel`): nothing kept
-        self.fused = fused
-        self.block = block
         self.bounds = [(s, min(s + block, n)) for s in range(0, n, block)]
         # plain KL keeps l_h alone (for the expm1 sum), theta2 = inf nothing (its sums are
         # plain); the others every derivative
@@ -100,8 +96,6 @@ class _Pass:
         P0-mean loss at the maximisers)."""
         self.passes += 1
         oracle, store = self.oracle, self.store
-        if self.fused:
-            return self._fused(h, r)
         if self.plain_mean:  # theta2 = inf: the means of l_h, dl and d2l
             sl = sd1 = sd2 = 0.0
             for s, e in self.bounds:
@@ -163,86 +157,21 @@ class _Pass:
         return h * r - term, r - mu, Z3 / Z + var / theta2, None
 
 
-    def _fused(self, h, r):
-        """:meth:`at` by the compiled pass (blocks it does not accept: the NumPy path)."""
-        oracle, theta2, N = self.oracle, self.theta2, float(self.n)
-        c = float(oracle.c[0])
-        table = oracle._table(c, h)
-        mode = logistic_kernel.MEAN if self.plain_mean else \
-            logistic_kernel.KL if self.plain_kl else logistic_kernel.ARRAYS
-        arrays = None
-        if mode == logistic_kernel.ARRAYS:
-            arrays = (np.empty(self.n), np.empty(self.n), np.empty(self.n))
-        out = logistic_kernel.block_sums(oracle._scores, oracle._score_signs, c, h, theta2,
-                                         mode, self.block, table, arrays)
-        for k in np.flatnonzero(out[:, -1]):  # the NumPy path's robust solve for these
-            s, e = self.bounds[k]
-            lb, d1, d2 = oracle.transform_rows(h, slice(s, e))[:3]
-            row = out[k]
-            row[:] = 0.0
-            row[5] = float(np.sum(d1))
-            if mode == logistic_kernel.MEAN:
-                row[0], row[1], row[2] = float(np.sum(lb)), row[5], float(np.sum(d2))
-            elif mode == logistic_kernel.KL:
-                a = lb / theta2
-                m = float(a.max())
-                a -= m
-                np.maximum(a, -700.0, out=a)
-                ev = np.exp(a, out=a)
-                ed1 = ev * d1
-                row[0], row[1], row[2] = m, float(np.sum(ev)), float(np.sum(ed1))
-                row[3], row[4] = float(np.dot(ed1, d1)), float(np.dot(ev, d2))
-            else:
-                assert arrays is not None
-                arrays[0][s:e], arrays[1][s:e], arrays[2][s:e] = lb, d1, d2
-        self.moved = float(np.sum(out[:, 5])) / N
-        if mode == logistic_kernel.MEAN:
-            return h * r - float(np.sum(out[:, 0])) / N, r - float(np.sum(out[:, 1])) / N, \
-                float(np.sum(out[:, 2])) / N, None
-        if mode == logistic_kernel.ARRAYS:
-            assert arrays is not None
-            for k, (s, e) in enumerate(self.bounds):
-                self.store[k] = (arrays[0][s:e], arrays[1][s:e], arrays[2][s:e])
-            term, mu, curv, alpha, _ = self.dual.reduce(h, "right", theta2, self.divergence)
-            return h * r - term, r - mu, curv, alpha
-        M = float(out[:, 0].max())
-        f = np.exp(out[:, 0] - M)
-        Z, Z1, Z2, Z3 = (float(f @ out[:, i]) for i in (1, 2, 3, 4))
-        if Z > 0.5 * N:  # every l / theta2 close to the largest: the NumPy path's expm1 sum
-            self.fused = False
-            try:
-                return self.at(h, r)
-            finally:
-                self.fused = True
-                self.passes -= 1
-        mu = Z1 / Z
-        var = max(Z2 / Z - mu * mu, 0.0)
-        term = theta2 * (M + math.log(Z / N))
-        self.kl_weights = (M, Z, term)
-        return h * r - term, r - mu, Z3 / Z + var / theta2, None
-
-
 def solve_at_root(oracle, n: int, h_c: float, r: float, theta2: float, divergence: str, *,
                   p=None, block: int = BLOCK, g_rtol: float = G_RTOL,
-                  keep_values: bool = False, fused: bool = False) -> DualSolution | None:
+                  keep_values: bool = False) -> DualSolution | None:
     """The exact dual of a logistic ``oracle`` (``transform_rows(h, rows)``) solved from the
     binned root ``h_c`` (module docstring), or None: the caller then searches. ``p``: the
     sample probabilities (None: uniform); ``g_rtol``: the derivative accepted, relative to r;
     ``keep_values``: the oracle keeps each block's loss at the maximiser with its steps
-    (``LogisticOracle.keep_values``, one more n-vector, for Q*'s build); ``fused``: each
-    pass by the compiled kernel (:mod:`otstab_solvers.logistic_kernel`, where numba is
-    installed, the oracle is made from scores with one price and ``p`` is None), which keeps
-    no maximisers (nothing for Q*'s build).
+    (``LogisticOracle.keep_values``, one more n-vector, for Q*'s build).
     ``info``: ``passes`` (the exact passes made), ``g`` (the derivative at ``h``: the most
     sensitive distribution there has the risk ``r - g``), ``moved`` (the P0-mean loss at the
     maximisers) and ``kl_weights``."""
     t0 = time.perf_counter()
     if not (h_c > 0.0 and math.isfinite(h_c)):
         return None
-    fused = fused and p is None and not keep_values and logistic_kernel.available() \
-        and getattr(oracle, "_scores", None) is not None and oracle.c.strides == (0,) \
-        and 0.0 < float(oracle.c[0]) < math.inf
-    run = _Pass(oracle, n, theta2, divergence, p, block, fused)
+    run = _Pass(oracle, n, theta2, divergence, p, block)
     if keep_values:
         oracle.keep_values = True
     try:

@@ -1,7 +1,5 @@
 """The logistic dual of many prices on shared margins (issue 31, feature_stability):
 
-* the compiled exact pass (otstab_solvers.logistic_kernel, ``solve_at_root(fused=True)``)
-  against the NumPy pass it replaces, blocks of the band of two local maxima included;
 * the per-bin Chebyshev quadrature (otstab_solvers.logistic_quadrature) against the exact
   pass (every sample's d-transform) at points on both sides of ``T = h / 2c = 4``, and its
   root against the plain bracketed search on the dense oracle (its own d-transform).
@@ -13,7 +11,7 @@ import math
 
 import numpy as np
 import pytest
-from otstab_solvers import logistic_kernel, logistic_pass
+from otstab_solvers import logistic_pass
 from otstab_solvers.dual import solve_dual
 from otstab_solvers.logistic_quadrature import MarginQuadrature, solve_from
 from otstab_solvers.smooth import LogisticOracle
@@ -26,47 +24,14 @@ def _margins(n=40_000, seed=0, spread=2.0):
     return s, y
 
 
-def _exact(s, y, a, theta1, h, r, theta2, divergence, fused=False):
+def _exact(s, y, a, theta1, h, r, theta2, divergence):
     oracle = LogisticOracle.of_scores(s, y, a, theta1)
-    run = logistic_pass._Pass(oracle, s.size, theta2, divergence, None, 4096, fused)
+    run = logistic_pass._Pass(oracle, s.size, theta2, divergence, None, 4096)
     return (*run.at(h, r)[:3], run.moved)
 
 
 # T = h a / (2 theta1): 0.05, 1, 3.9 (concave), 4.5, 12 (two local maxima near the band)
 POINTS = [(0.1, 1.0), (2.0, 1.0), (7.8, 1.0), (9.0, 1.0), (24.0, 1.0)]
-
-
-@pytest.mark.skipif(not logistic_kernel.available(), reason="numba not installed")
-@pytest.mark.parametrize("divergence,theta2", [("kl", 0.25), ("kl", math.inf),
-                                               ("chi2", 0.25), ("kl", 1e-3)])
-@pytest.mark.parametrize("h,a", POINTS)
-def test_fused_pass_equals_the_numpy_pass(divergence, theta2, h, a):
-    s, y = _margins(n=20_000)
-    r = 1.1
-    ref = _exact(s, y, a, 1.0, h, r, theta2, divergence)
-    got = _exact(s, y, a, 1.0, h, r, theta2, divergence, fused=True)
-    for x, z in zip(got, ref):
-        assert x == pytest.approx(z, rel=1e-12, abs=1e-13)
-
-
-@pytest.mark.skipif(not logistic_kernel.available(), reason="numba not installed")
-def test_fused_pass_hands_unaccepted_blocks_to_numpy(monkeypatch):
-    """A block with a sample the kernel does not accept (forced here: every slope check
-    fails) is recomputed by the NumPy pass: same sums."""
-    s, y = _margins(n=10_000)
-    ref = _exact(s, y, 2.0, 1.0, 2.0, 1.1, 0.25, "kl")
-    monkeypatch.setattr(logistic_kernel, "block_sums", _all_rejected(logistic_kernel.block_sums))
-    got = _exact(s, y, 2.0, 1.0, 2.0, 1.1, 0.25, "kl", fused=True)
-    for x, z in zip(got, ref):
-        assert x == pytest.approx(z, rel=1e-12, abs=1e-13)
-
-
-def _all_rejected(real):
-    def block_sums(*args, **kwargs):
-        out = real(*args, **kwargs)
-        out[:, -1] = 1.0
-        return out
-    return block_sums
 
 
 @pytest.mark.parametrize("theta2", [0.25, math.inf, 5.0, 1e-2])

@@ -18,8 +18,7 @@ other unit costs:
    negligible, and those meeting the band of two local maxima, summed sample by sample, so
    that each sum equals the exact pass's to within ``1e-14`` relative by the estimate); chi2
    (or where the quadrature would evaluate more than a quarter of the samples one by one) by
-   one exact pass over the margins (:func:`otstab_solvers.logistic_pass.solve_at_root`,
-   compiled where numba is installed: :mod:`otstab_solvers.logistic_kernel`);
+   one exact pass over the margins (:func:`otstab_solvers.logistic_pass.solve_at_root`);
 3. if ``|g| > 1e-9 r`` a Newton step ``h_1 = h_c + g / curv`` and the same at ``h_1`` (up to
    three steps within 1 % of ``h_c``).
 
@@ -154,7 +153,7 @@ def logistic_feature_scores(prob, units, r, theta1, theta2, divergence, moderate
             if m_range is not None:
                 oracle.margin_range = m_range  # (one range for every unit's table of steps)
             sol = logistic_pass.solve_at_root(oracle, n, h, r, theta2, divergence,
-                                              block=BLOCK, g_rtol=G_RTOL, fused=True)
+                                              block=BLOCK, g_rtol=G_RTOL)
             m_range = oracle.margin_range
             if sol is None or not math.isfinite(sol.value):
                 out.append(None)
