@@ -30,8 +30,13 @@ So each sum equals the exact pass's to within :data:`RTOL` (relative, by the est
 exact pass's own rounding is some 1e-16 per term), at a cost of ``BINS (DEGREE + 1)`` exact
 solves per price instead of ``n``. The reduction of the sums is the one of
 :mod:`otstab_solvers.logistic_pass` (KL: log-sum-exp with the ``expm1`` sum where every
-``l_h / theta2`` is close to the largest). chi2 (whose weights have a kink in the margin) is
-not summarised here.
+``l_h / theta2`` is close to the largest). chi2's weights ``(l_h - shift + alpha) / (2
+theta2) + 1`` are positive on a prefix of the sorted margins (``l_h`` does not increase with
+the margin): :meth:`MarginQuadrature.dual_at_chi2` finds ``alpha`` by the active-set steps of
+:class:`otstab_solvers.blockwise.BlockwiseDual` on the bins' sums, sums the bins wholly
+inside the set by the quadrature and those its edge cuts (the kink of the weights) sample by
+sample. (Relative estimates there are against the sums of the summands' magnitudes: ``s``
+changes sign and its sum cancels.)
 
 This module imports neither otstab nor Dask.
 """
@@ -157,11 +162,10 @@ class MarginQuadrature:
             funcs = _functions(lh, loss, d2, theta2, M)
             keep = ~forced
             fk = funcs[keep]
-            nq = fk.shape[2]
-            S = self.weights[keep].reshape(-1) @ fk.reshape(-1, nq)
+            S = _dot(self.weights[keep], fk)
             if ex[0].size:
                 S += _functions(ex[0], ex[1], ex[2], theta2, M).sum(axis=0)
-            last = np.abs(np.tensordot(fk, self.C_last, axes=([1], [0]))).sum(axis=2)
+            last = _last(fk, self.C_last)
             rel = np.max(last * self.count[keep, None] / np.maximum(np.abs(S), 1e-300), axis=1)
             order = np.argsort(rel)
             over = np.cumsum(rel[order]) > RTOL
@@ -183,6 +187,132 @@ class MarginQuadrature:
         return h * r - term, r - mu, Z3 / Z + var / theta2, s1 / N, share
 
 
+    def _exact_bins(self, sel, c, h, cache):
+        """``(l_h, loss*, d2)`` of the samples of the bins ``sel``, each bin solved once per
+        ``h`` (``cache``: bin -> its arrays)."""
+        for b in sel:
+            if b not in cache:
+                m = self.sorted[self.starts[b]:self.stops[b]]
+                cache[b] = logistic_dtransform(m, np.broadcast_to(c, m.shape), h)[:3]
+        if not len(sel):
+            e = np.empty(0)
+            return e, e, e
+        return tuple(np.concatenate([cache[b][i] for b in sel]) for i in range(3))
+
+    def dual_at_chi2(self, c: float, h: float, r: float, theta2: float):
+        """:meth:`dual_at` for chi2 (finite ``theta2``), as
+        :meth:`otstab_solvers.blockwise.BlockwiseDual.chi2` reduces it: ``alpha`` from the
+        active set ``{l_h - shift + alpha > -2 theta2}`` (a prefix of the sorted margins:
+        ``l_h`` does not increase with the margin), whose bins are summed by the quadrature
+        except the bins the set's edge cuts (summed sample by sample, with the bins of the
+        kink of ``l_h`` and those whose estimate is not negligible)."""
+        nb, p = self.bins.size, self.degree
+        ms = self.sorted
+        # the nodes, and each bin's smallest and largest margin (l_h at its ends)
+        pts = np.concatenate([self.nodes, self.edges[0], self.edges[1], ms[:1]])
+        lh_all, loss_all, d2_all = logistic_dtransform(pts, np.broadcast_to(c, pts.shape),
+                                                        h)[:3]
+        k0 = nb * (p + 1)
+        lh, loss, d2 = (a[:k0].reshape(nb, p + 1) for a in (lh_all, loss_all, d2_all))
+        l_lo, l_hi = lh_all[k0:k0 + nb], lh_all[k0 + nb:k0 + 2 * nb]
+        shift = float(lh_all[-1])  # l_h at the smallest margin: the largest
+        forced = np.zeros(nb, dtype=bool)
+        T = h / (2.0 * c)
+        if T > 4.0:  # the band of two local maxima: the kink of l_h lies in it
+            L = 2.0 * math.atanh(math.sqrt(1.0 - 4.0 / T))
+            sl = 1.0 / (1.0 + math.exp(L))
+            lo_band, hi_band = T * sl + L, T * (1.0 - sl) - L
+            pad = 1e-9 * (1.0 + abs(lo_band) + abs(hi_band)) + 1e-12 * self.width
+            forced = (self.edges[1] >= lo_band - pad) & (self.edges[0] <= hi_band + pad)
+        cache: dict = {}
+        N = float(self.n)
+        two = 2.0 * theta2
+        ls_nodes = lh - shift
+        # per bin: the quadrature's sums of 1 and l - shift (the steps of alpha need these)
+        sum_ls = np.einsum("bj,bj->b", self.weights, ls_nodes)
+        alpha = -float(np.sum(sum_ls)) / N  # every row active
+        count = None
+        for _ in range(64):
+            full = (l_hi - shift + alpha > -two) & ~forced
+            cut = ~full & (l_lo - shift + alpha > -two)
+            ex = self._exact_bins(np.flatnonzero(cut), c, h, cache)
+            act = ex[0] - shift + alpha > -two
+            k = float(np.sum(self.count[full])) + float(np.count_nonzero(act))
+            SL = float(np.sum(sum_ls[full])) + float(np.sum((ex[0] - shift)[act]))
+            if not k > 0.0:
+                return None
+            if count is not None and k >= count:
+                break
+            count = k
+            alpha = (two * (N - k) - SL) / k
+        else:
+            return None
+        for _ in range(4):  # the sums at alpha; bins whose estimate is not negligible: exact
+            full = (l_hi - shift + alpha > -two) & ~forced
+            cut = ~full & (l_lo - shift + alpha > -two)
+            sel = np.flatnonzero(cut)
+            if float(self.count[sel].sum()) > MAX_EXACT_SHARE * self.n:
+                return None
+            ex = self._exact_bins(sel, c, h, cache)
+            funcs = _chi2_functions(lh[full], loss[full], d2[full], shift, alpha, theta2)
+            S = _dot(self.weights[full], funcs)
+            P = float(np.sum(self.count[full]))
+            if ex[0].size:
+                fe = _chi2_functions(*ex, shift, alpha, theta2)
+                act = ex[0] - shift + alpha > -two
+                S += fe[act].sum(axis=0)
+                P += float(np.count_nonzero(act))
+            last = _last(funcs, self.C_last)
+            # relative to the sums of |summand| (s changes sign: its sum cancels)
+            scale = np.einsum("b,bq->q", self.count[full], np.max(np.abs(funcs), axis=1))
+            rel = np.max(last * self.count[full, None] / np.maximum(scale, 1e-300), axis=1)
+            order = np.argsort(rel)
+            over = np.cumsum(rel[order]) > RTOL
+            if not over.any():
+                break
+            forced[np.flatnonzero(full)[order[over]]] = True
+        else:
+            return None
+        Ss, S2, swd, swd2, sd, sdd = S
+        # loss* over every sample (the moving share): the quadrature, the bins summed sample
+        # by sample above exactly, and those of the largest estimates too
+        exact = cut | forced
+        lastm = _last(loss[:, :, None], self.C_last)[:, 0] * self.count
+        lastm[exact] = 0.0
+        moved_q = float(_dot(self.weights, loss[:, :, None])[0])
+        order = np.argsort(lastm)
+        exact[order[np.cumsum(lastm[order]) > RTOL * abs(moved_q)]] = True
+        keep = ~exact
+        moved = float(_dot(self.weights[keep], loss[keep][:, :, None])[0])
+        moved += float(np.sum(self._exact_bins(np.flatnonzero(exact), c, h, cache)[1]))
+        term = (Ss + S2 / (2.0 * two) - theta2 * (N - P)) / N - alpha
+        mu = swd / N
+        curv = (swd2 + max(sdd - sd * sd / P, 0.0) / two) / N
+        share = float(self.count[cut].sum()) / N
+        return h * r - (term + shift), r - mu, curv, moved / N, share
+
+
+def _dot(weights, funcs):
+    """``sum_bj weights_bj funcs_bjq`` (einsum: the arrays are small, and a BLAS call would
+    wake its threads for each)."""
+    return np.einsum("bj,bjq->q", weights, funcs)
+
+
+def _last(funcs, C_last):
+    """``|a_b,DEGREE-1| + |a_b,DEGREE|`` of each bin and summand (shape (bins, q))."""
+    return np.abs(np.einsum("bjq,jl->bql", funcs, C_last)).sum(axis=2)
+
+
+def _chi2_functions(lh, loss, d2, shift, alpha, theta2):
+    """chi2's summands on the active rows: ``s``, ``s^2``, ``w loss*``, ``w d2``, ``loss*``,
+    ``loss*^2`` with ``s = l_h - shift + alpha``, ``w = s / (2 theta2) + 1``
+    (:func:`otstab_solvers.blockwise.block_chi2`)."""
+    s = lh - shift
+    s += alpha
+    w = s / (2.0 * theta2) + 1.0
+    return np.stack([s, s * s, w * loss, w * d2, loss, loss * loss], axis=-1)
+
+
 def _functions(lh, loss, d2, theta2, M):
     """The summands (last axis) of the dual's sums at each point (module docstring)."""
     if not math.isfinite(theta2):
@@ -195,7 +325,7 @@ def _functions(lh, loss, d2, theta2, M):
 
 
 def solve_from(quad: MarginQuadrature, c: float, h_c: float, r: float, theta2: float,
-               g_rtol: float):
+               g_rtol: float, divergence: str = "kl"):
     """``(h, F, g, moved, exact_share)`` at the first point from ``h_c`` (the binned root)
     whose derivative is within ``g_rtol r`` (Newton steps as
     :func:`otstab_solvers.logistic_pass.solve_at_root` takes them, up to its ``MAX_NEWTON``
@@ -207,7 +337,8 @@ def solve_from(quad: MarginQuadrature, c: float, h_c: float, r: float, theta2: f
     h = h_c
     share = 0.0
     for _ in range(MAX_NEWTON + 1):
-        got = quad.dual_at(c, h, r, theta2)
+        got = quad.dual_at_chi2(c, h, r, theta2) if divergence == "chi2" \
+            and math.isfinite(theta2) else quad.dual_at(c, h, r, theta2)
         if got is None:
             return None
         F, g, curv, moved, sh = got

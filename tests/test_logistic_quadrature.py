@@ -106,3 +106,23 @@ def test_quadrature_on_awkward_margins(kind):
         assert 2.2 - got[0] == pytest.approx(2.2 - F, rel=1e-13)
         assert got[1] == pytest.approx(g, rel=1e-12, abs=1e-13)
         assert got[4] < 0.05
+
+
+@pytest.mark.parametrize("theta2", [0.25, 5.0, 1e-2])
+@pytest.mark.parametrize("h,a", POINTS)
+def test_chi2_quadrature_equals_the_exact_pass(theta2, h, a):
+    """chi2: alpha from the active set (a prefix of the sorted margins), the bins its edge
+    cuts summed sample by sample; against the exact pass (BlockwiseDual.chi2 on every
+    sample's d-transform)."""
+    s, y = _margins()
+    r = 1.1
+    quad = MarginQuadrature(y * s, bins=512)
+    got = quad.dual_at_chi2(1.0 / a, h, r, theta2)
+    F, g, curv, moved = _exact(s, y, a, 1.0, h, r, theta2, "chi2")
+    assert got is not None
+    Fq, gq, cq, mq, share = got
+    assert h * r - Fq == pytest.approx(h * r - F, rel=1e-13)
+    assert r - gq == pytest.approx(r - g, rel=1e-13)
+    assert cq == pytest.approx(curv, rel=1e-9)
+    assert mq == pytest.approx(moved, rel=1e-13)
+    assert share < 0.05

@@ -11,9 +11,9 @@ For linear models with a piecewise-linear or 0/1 loss every feature is scored fr
 over the data: the reduced form keeps its ``c1`` and only ``c2`` changes
 (``c2_k = a_kj^2 / (4 theta1)``), and for the 0/1 loss ``d*_ij = m_i^2 / beta_j^2`` shares one
 sort of the margins across all features. A binary logistic linear model (n >= 2^16, no
-sample weights, moderate prices) shares its margins across features: KL and theta2 = inf
-from one per-bin quadrature of the margins (some 2e4 exact solves per feature instead of n),
-chi2 by one or two exact passes per feature (:mod:`otstab.analysis._features_logistic`).
+sample weights, moderate prices) shares its margins across features: every feature's dual
+from one per-bin quadrature of the margins (some 2e4 exact solves per evaluation instead of
+n; :mod:`otstab.analysis._features_logistic`).
 Other smooth losses and nonlinear models run one certify per feature.
 
 A feature whose move cannot change any loss (``ignored``: for linear models all its

@@ -4,21 +4,22 @@ Moving feature ``j`` alone changes a linear model's score by ``w_j delta``: the 
 d-transform of the unit ``J`` (its columns) is the one of the margins ``m_i = y_i s_i`` with
 the price ``c_J = theta1 / sum_{j in J} w_j^2``, the same for every sample
 (:class:`otstab_solvers.smooth.LogisticOracle`). So every unit shares the model's scores, the
-binned margins (:mod:`otstab_solvers.logistic_binned`, binned once) and, for KL and
-``theta2 = inf``, one per-bin Chebyshev quadrature of the margins
+binned margins (:mod:`otstab_solvers.logistic_binned`, binned once) and one per-bin
+Chebyshev quadrature of the margins
 (:mod:`otstab_solvers.logistic_quadrature`, built once: the margins sorted, ``BINS`` bins,
 their Chebyshev moments). Units of one price (equal ``sum w_j^2``) share one answer. Each
 other unit costs:
 
 1. ``h_c``, the root of the dual on the binned margins (``O(K)`` per evaluation);
 2. the dual at ``h_c`` (``F(h_c) = h_c r - T(l_h)``, ``T`` the divergence term, its
-   derivative ``g = r - E_w[loss*]`` and curvature): KL and ``theta2 = inf`` from the
-   quadrature (each bin's interpolant of the summands at ``BINS * 9`` exact per-sample solves,
-   integrated against the moments; the bins whose estimated interpolation error is not
+   derivative ``g = r - E_w[loss*]`` and curvature) from the quadrature (each bin's
+   interpolant of the summands at ``BINS * 9`` exact per-sample solves, integrated against
+   the moments; the bins whose estimated interpolation error is not
    negligible, and those meeting the band of two local maxima, summed sample by sample, so
-   that each sum equals the exact pass's to within ``1e-14`` relative by the estimate); chi2
-   (or where the quadrature would evaluate more than a quarter of the samples one by one) by
-   one exact pass over the margins (:func:`otstab_solvers.logistic_pass.solve_at_root`);
+   that each sum equals the exact pass's to within ``1e-14`` relative by the estimate; chi2:
+   the bins its active set's edge cuts too); where the quadrature would evaluate more than a
+   quarter of the samples one by one, by one exact pass over the margins
+   (:func:`otstab_solvers.logistic_pass.solve_at_root`);
 3. if ``|g| > 1e-9 r`` a Newton step ``h_1 = h_c + g / curv`` and the same at ``h_1`` (up to
    three steps within 1 % of ``h_c``).
 
@@ -27,7 +28,7 @@ sensitive distribution there has the risk ``r - g``, which certify's audit would
 within ``1e-8 r``). ``F(h)`` is a lower bound on the score at any ``h`` (weak duality), and
 within ``|g| |h* - h|``, some ``g^2 / curv``, of it: some 1e-18 of the score, far below its
 rounding. At n = 3e5 the binned root meets this at once for KL and theta2 = inf (one
-evaluation per unit); chi2 takes the Newton step. The shares come from
+evaluation per unit); chi2 takes the Newton step (two). The shares come from
 the most sensitive distribution at ``h`` (its risk ``r - g``, the unweighted mean of the
 losses at the maximisers for the moving part), as :func:`otstab.certify` reports them. A
 unit that does not meet this (or whose binned dual has no root) is certified on its own,
@@ -89,20 +90,20 @@ class SharedMargins:
         self.points, self.mass = logistic_binned.binned_margins(
             lambda s, e: signs[s:e] * scores[s:e], self.n, bins=ROOT_BINS)
         self.quad = None
-        if divergence == "kl":  # KL or theta2 = inf: every unit's sums from one set of bins
+        if divergence in ("kl", "chi2"):  # every unit's sums from one set of bins
             self.quad = logistic_quadrature.MarginQuadrature(signs * scores)
 
     def reweighting_only(self, losses, r, theta1, theta2, divergence):
         """The reweighting-only row ``(value, h, 0, 1)`` (no sample moves: ``l_h = h loss``,
         the price ``c = inf``) from the binned root and the quadrature's Newton steps (each
         evaluation ``BINS * 9`` losses, not ``n``), or None: the caller's dense dual then
-        answers (chi2, the edges ``zero``, ``limit`` and ``unreachable``, a refusal)."""
+        answers (the edges ``zero``, ``limit`` and ``unreachable``, a refusal)."""
         if self.quad is None or edge_kind(losses, r, theta2, False, None) is not None:
             return None
         h = logistic_binned.binned_root(self.points, self.mass, 0.0, theta1, r, theta2,
                                         divergence)
         got = None if h is None else logistic_quadrature.solve_from(
-            self.quad, math.inf, h, r, theta2, G_RTOL)
+            self.quad, math.inf, h, r, theta2, G_RTOL, divergence)
         if got is None or not math.isfinite(got[1]):
             return None
         return got[1], got[0], 0.0, 1.0
@@ -145,7 +146,8 @@ def logistic_feature_scores(prob, units, r, theta1, theta2, divergence, moderate
             continue
         got = None
         if quad is not None:
-            got = logistic_quadrature.solve_from(quad, theta1 / a, h, r, theta2, G_RTOL)
+            got = logistic_quadrature.solve_from(quad, theta1 / a, h, r, theta2, G_RTOL,
+                                                 divergence)
         if got is not None:
             h_at, value, g, moved = got[:4]
         else:
