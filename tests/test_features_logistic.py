@@ -153,3 +153,26 @@ def test_quadrature_scores_with_tied_prices_equal_certify(monkeypatch, price):
         exc = res.risk_star - res.risk_base
         assert row.share_moving == pytest.approx(res.decomposition["corruption"] / exc,
                                                  abs=1e-7), label
+
+
+def test_fixed_features_and_weights_match_certify(monkeypatch):
+    """A feature priced inf (feature_costs) cannot move: ignored, the reweighting-only value;
+    with feature_costs or sample weights every feature is scored through certify (the shared
+    margins are not used), and each score is certify's with the same arguments."""
+    model, X, y = _problem(n=2000, seed=5)
+    base = dict(loss="logistic", r=_r(model, X, y, 0.5), theta1=0.5, theta2=0.25,
+                divergence="kl")
+    w = np.random.default_rng(6).uniform(0.5, 2.0, X.shape[0])
+    for extra in (dict(feature_costs={"x2": math.inf}), dict(sample_weight=w)):
+        kw = {**base, **extra}
+        df, calls = _scores(monkeypatch, True, model, X, y, **kw)
+        assert all(c is None for c in calls)
+        for label, row in df.iterrows():
+            if label == "x2" and "feature_costs" in extra:
+                continue  # (certify refuses a feature set that cannot move)
+            res = otstab.certify(model, X, y, features=[int(label[1:])], **kw)
+            assert row.score == pytest.approx(res.value, rel=1e-9), (label, extra)
+        if "feature_costs" in extra:
+            assert bool(df.loc["x2", "ignored"])
+            assert df.loc["x2", "score"] == pytest.approx(
+                otstab.feature_stability(model, X, y, **kw).reweighting_only_value, rel=1e-12)
