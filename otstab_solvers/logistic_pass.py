@@ -108,8 +108,14 @@ class _Pass:
             return h * r - sl / N, r - sd1 / N, sd2 / N, None  # (as BlockwiseDual.reduce)
         if not self.plain_kl:
             moved = 0.0
+            kept = getattr(oracle, "kept", None) if getattr(oracle, "keep_values", False) \
+                else None
             for k, (s, e) in enumerate(self.bounds):
-                store[k] = lb, d1, d2 = oracle.transform_rows(h, slice(s, e))[:3]
+                lb, d1, d2 = oracle.transform_rows(h, slice(s, e))[:3]
+                got = None if kept is None else kept(h, slice(s, e))
+                if got is not None:  # (the same losses, in the oracle's kept n-vector: one copy)
+                    d1 = got[0]
+                store[k] = lb, d1, d2
                 moved += float(np.sum(d1)) if self.p is None else float(np.dot(self.p[s:e], d1))
             term, mu, curv, alpha, _ = self.dual.reduce(h, "right", self.theta2,
                                                         self.divergence)
