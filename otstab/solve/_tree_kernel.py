@@ -402,7 +402,8 @@ def heap_less(keys, a, b):
 def search_one(LO, HI, A, B, TREE, MARG, base, x, w, sqw, upper, tol, size, f32, T,
                root, max_nodes, pbox):  # pragma: no cover - compiled
     """``(bound, exact, nodes, status)`` of one sample (the NumPy ``_branch_and_bound``);
-    ``pbox``: the box a search ends on with one leaf per tree (its ``blo``, ``bhi``)."""
+    ``pbox``: where a search ends on a box with one leaf per tree, the intersection of the
+    box with those leaves (its ``lo``, ``hi``)."""
     dm = x.shape[0]
     K1 = MARG.shape[1]
     L = root.shape[0]
@@ -461,9 +462,13 @@ def search_one(LO, HI, A, B, TREE, MARG, base, x, w, sqw, upper, tol, size, f32,
     while hn > 0:
         top = heap[0]
         ktop = KEY[top]
-        if SINGLE[top]:
+        if SINGLE[top]:  # (pbox: the box within its leaves, one of each tree or group)
             pbox[0] = BLO[top]
             pbox[1] = BHI[top]
+            for q in range(OFF[top], OFF[top] + LEN[top]):
+                for jj in range(dm):
+                    pbox[0, jj] = max(pbox[0, jj], LO[pool[q], jj])
+                    pbox[1, jj] = min(pbox[1, jj], HI[pool[q], jj])
             return min(ktop, upper), True, nodes, FALLBACK if UNC[top] else DONE
         if nodes >= max_nodes:
             return min(ktop, upper), False, nodes, DONE
@@ -704,13 +709,13 @@ def merge_groups(LO, HI, A, B, MARG, x, w, upper, starts, cap):  # pragma: no co
 
 @_jit
 def search_merged(LO, HI, A, B, TREE, MARG, base, x, w, sqw, upper, tol, size, f32, T,
-                  root, max_nodes, cap):  # pragma: no cover - compiled
+                  root, max_nodes, cap, pbox):  # pragma: no cover - compiled
     """:func:`search_one` on the sample's leaves within ``upper`` (those of ``root`` meeting
     the root box) with its trees merged into groups of at most ``cap`` leaves
     (:func:`merge_groups`); ``cap <= 0``: :func:`search_one` itself."""
     if cap <= 0:
         return search_one(LO, HI, A, B, TREE, MARG, base, x, w, sqw, upper, tol, size, f32,
-                          T, root, max_nodes)
+                          T, root, max_nodes, pbox)
     dm = x.shape[0]
     K1 = MARG.shape[1]
     L = root.shape[0]
@@ -728,7 +733,7 @@ def search_merged(LO, HI, A, B, TREE, MARG, base, x, w, sqw, upper, tol, size, f
         return upper, True, 1, DONE
     if single:  # one leaf per tree: nothing to merge
         return search_one(LO, HI, A, B, TREE, MARG, base, x, w, sqw, upper, tol, size, f32,
-                          T, root, max_nodes)
+                          T, root, max_nodes, pbox)
     sel = out[:m].copy()
     starts = np.empty(T + 1, dtype=np.int64)
     starts[:T] = tree_start[:T]
@@ -741,12 +746,13 @@ def search_merged(LO, HI, A, B, TREE, MARG, base, x, w, sqw, upper, tol, size, f
     for g in range(G):
         GT[st[g]:st[g + 1]] = g
     return search_one(mLO, mHI, mA, mB, GT, mM, base, x, w, sqw, upper, tol, size, f32, G,
-                      np.arange(n).astype(np.int32), max_nodes)
+                      np.arange(n).astype(np.int32), max_nodes, pbox)
 
 
 @_jit
 def batch_merged(LO, HI, A, B, TREE, MARG, BASE, FLO, FHI, XM, CF, Y, UP, BUD, w, sqw, tol,
-                 size, f32, T, r0, r1, low, exact, used, status, cap):  # pragma: no cover
+                 size, f32, T, r0, r1, low, exact, used, status, PBOX,
+                 cap):  # pragma: no cover
     """:func:`batch` with the trees merged (:func:`search_merged`, groups of at most
     ``cap`` leaves)."""
     L = LO.shape[0]
@@ -765,7 +771,8 @@ def batch_merged(LO, HI, A, B, TREE, MARG, BASE, FLO, FHI, XM, CF, Y, UP, BUD, w
                 c += 1
         y = Y[i]
         b, ex, nd, st = search_merged(LO, HI, A, B, TREE, MARG[y], BASE[y], XM[i], w, sqw,
-                                      UP[i], tol, size, f32, T, keep[:c], BUD[i], cap)
+                                      UP[i], tol, size, f32, T, keep[:c], BUD[i], cap,
+                                      PBOX[i])
         low[i] = b
         exact[i] = ex
         used[i] = nd
@@ -842,8 +849,9 @@ def search_batch(kt: KernelTable, X, yi, idx, budgets, upper, boxes=None):
     """The branch and bound of the samples ``idx`` (rows of X, labels yi), each with its
     box budget and known upper bound, in parallel. Returns ``(low, exact, used, status)``;
     ``status[i] == FALLBACK``: a tie the kernel cannot decide (module doc): rerun that sample
-    with the NumPy path. ``boxes`` (k, 2, movable features), optional: filled with the box
-    ``(blo, bhi)`` a search ended on with one leaf per tree (rows of the others untouched)."""
+    with the NumPy path. ``boxes`` (k, 2, movable features), optional: where a search ended
+    on a box with one leaf per tree, the box within those leaves (``lo``, ``hi``; rows of the
+    others untouched)."""
     kern = batch
     idx = np.asarray(idx, dtype=np.intp)
     X = np.asarray(X, dtype=np.float64)
@@ -865,7 +873,7 @@ def search_batch(kt: KernelTable, X, yi, idx, budgets, upper, boxes=None):
         if cap > 0:
             batch_merged(kt.LO, kt.HI, kt.A, kt.B, kt.TREE, kt.MARG, kt.BASE, kt.FLO, kt.FHI,
                          XM, CF, Y, up, bud, kt.w, kt.sqw, float(kt.tol), float(kt.size),
-                         kt.f32, kt.T, i, i + 1, low, exact, used, status, cap)
+                         kt.f32, kt.T, i, i + 1, low, exact, used, status, pbox, cap)
             return
         kern(kt.LO, kt.HI, kt.A, kt.B, kt.TREE, kt.MARG, kt.BASE, kt.FLO, kt.FHI, XM, CF, Y,
              up, bud, kt.w, kt.sqw, float(kt.tol), float(kt.size), kt.f32, kt.T, i, i + 1,
