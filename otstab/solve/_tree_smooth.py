@@ -55,6 +55,7 @@ from ..modeling._costs import Rescaled
 from ..modeling._nonlinear import PredictOnlyModel, as_model_input
 from ..modeling._params import check_options
 from . import _audit as audit
+from . import _tree_smooth_kernel as smooth_kernel
 from ._bounds import (
     BOUND_OPTIONS,
     VALUE_SLACK,
@@ -89,6 +90,8 @@ GAP_SHARE = 0.9
 #: relative rounding allowance of a loss bound A and a distance bound B
 A_ROUND = 1e-13
 B_ROUND = 1e-12
+#: boxes per batch of the compiled search (the time budget is checked between batches)
+CHUNK_NODES = 16384
 
 
 def tree_smooth_model(prob):
@@ -488,13 +491,25 @@ def certify_tree_smooth(prob, *, r, theta1, theta2, divergence, mask=None, solve
     if edge is not None:
         return edge_result(prob, loss0, r, theta1, theta2, divergence, edge, t_start,
                            loss=loss)
-    if can_move:
+    # the compiled search (otstab/solve/_tree_smooth_kernel.py) when numba is there; the
+    # NumPy search (SmoothSearch) otherwise: the same boxes, lines and points
+    compiled = can_move and smooth_kernel.available()
+    kt = smooth_kernel.KernelTable(table, mv, w) if compiled else None
+    searches: list = []
+    if compiled:
+        # the root box of every sample (one box each): its lines, whose largest A is the
+        # largest loss a sample can reach
+        roots = [(A, B) for A, B, _, _, _ in _kernel_runs(kt, X, yi, np.arange(n),
+                                                           np.ones(n, dtype=np.int64), 1.0,
+                                                           theta1)]
+        lmax = np.array([float(np.max(A)) for A, _ in roots])
+    elif can_move:
         searches = [SmoothSearch(table, X[i], int(yi[i]), mv, w[mv], theta1) for i in range(n)]
         # the largest loss a sample can reach: the bound of its root box (every leaf)
-        roots = [sm.evaluate(np.arange(sm.idx.size), *sm.root) for sm in searches]
+        roots = [sm.evaluate(np.arange(sm.idx.size), *sm.root)[:2] for sm in searches]
         lmax = np.array([float(np.max(ev[0])) for ev in roots])
     else:  # only reweighting: l_h = h l(x_i) exactly (the model's own loss), no search
-        searches, roots, lmax = [], [], loss0.copy()
+        roots, lmax = [], loss0.copy()
     top = pmean(lmax, p) if math.isinf(theta2) else float(np.max(lmax[p > 0] if p is not None
                                                                    else lmax))
     if r > top * (1.0 + 1e-12):
@@ -512,7 +527,7 @@ def certify_tree_smooth(prob, *, r, theta1, theta2, divergence, mask=None, solve
     sol_root = solve_dual(FiniteOracle(*_padded(lines, max(a.size for a, _ in lines))), r,
                           theta2, divergence, p=p)
     h = float(sol_root.h) if _ok(sol_root) and sol_root.h > 0 or not can_move else \
-        _initial_h(searches, lmax, loss0)
+        _initial_h(table, X, mv, w, theta1, lmax, loss0)
     exact = np.full(n, not can_move)
     budget = min(FIRST_NODES, max_nodes)
     # every sample in the first round, those with the largest gap at the root's h first
@@ -527,21 +542,43 @@ def certify_tree_smooth(prob, *, r, theta1, theta2, divergence, mask=None, solve
         rounds += 1
         new_rows: list = []
         new_points: list = []
-        for i in todo:
-            # (the stops are checked before and after each sample's search, and inside it:
-            # a time budget stops where node_budget = the boxes examined stops again)
+        pos, t_round = 0, time.perf_counter()
+        while pos < todo.size:
+            # (the stops are checked before and after each sample's search (each batch's,
+            # compiled), and inside it (NumPy): a time budget stops where node_budget = the
+            # boxes examined stops again)
             stopped = _stop(node_budget, total, deadline)
             if stopped:
                 break
-            sm = searches[i]
-            sm.nodes = 0
-            L, pts, ex = sm.run(h, budget, deadline,
-                                math.inf if node_budget is None else node_budget - total)
-            total += sm.nodes
-            A, B = merged(L[:, 0], L[:, 1])
-            lines[i], exact[i] = (A, B), ex
-            new_rows.append(np.full(len(pts), i))
-            new_points.append(_to_prob(pts, X[i], mv, s))
+            if compiled:
+                # a batch in parallel; one sample (with the rest of the budget) where the
+                # node budget could cut the batch: each sample's search is then the one the
+                # sequential loop would run
+                ids = todo[pos:pos + max(1, CHUNK_NODES // budget)]
+                b = budget
+                if node_budget is not None and node_budget - total < ids.size * (budget + 1):
+                    ids = ids[:1]
+                    b = max(1, min(budget, node_budget - total))
+                runs = _kernel_runs(kt, X, yi, ids, np.full(ids.size, b, dtype=np.int64), h,
+                                    theta1)
+            else:
+                ids = todo[pos:pos + 1]
+                sm = searches[int(ids[0])]
+                sm.nodes = 0
+                L, pts, ex = sm.run(h, budget, deadline,
+                                    math.inf if node_budget is None else node_budget - total)
+                runs = [(*merged(L[:, 0], L[:, 1]), pts, ex, sm.nodes)]
+            for i, (A, B, pts, ex, used) in zip(ids, runs):
+                total += used
+                lines[i], exact[i] = (A, B), ex
+                new_rows.append(np.full(len(pts), i))
+                new_points.append(_to_prob(pts, X[i], mv, s))
+            pos += ids.size
+            if progress and compiled and time.perf_counter() - t_round > 2.0:
+                t_round = time.perf_counter()
+                sys.stderr.write(f"  tree interval: round {rounds}, {pos}/{todo.size} samples "
+                                 f"{total} boxes {t_round - t_start:.1f}s\n")
+                sys.stderr.flush()
             stopped = _stop(node_budget, total, deadline)
             if stopped:
                 break
@@ -642,17 +679,29 @@ def _to_prob(points, x, mv, s):
     return Z if s is None else Z * s[None, :]
 
 
-def _initial_h(searches, lmax, loss0):
+def _kernel_runs(kt, X, yi, ids, budgets, h, theta1):
+    """:meth:`SmoothSearch.run` of the samples ``ids`` by the compiled search: a list of
+    ``(A, B, points, exact, used)`` (the lines merged as :func:`merged` does)."""
+    return smooth_kernel.smooth_batch(kt, X, yi, ids, budgets, h, theta1, MAX_LINES,
+                                      TOP_POINTS)
+
+
+def _initial_h(table, X, mv, w, theta1, lmax, loss0):
     """A first ``h``: the price at which reaching the largest loss costs about as much as the
     distance to the nearest leaf edge, typically (medians over samples)."""
     dist, gain = [], []
-    for sm in searches:
-        a, b = sm.a, sm.b
-        gap = np.maximum(np.maximum(a - sm.x, sm.x - b), 0.0)
-        dd = (gap * gap) @ sm.w
+    a_all, b_all = table.leaf_edges()
+    fixed = ~mv
+    C = table.comparable(X)
+    for i in range(X.shape[0]):  # (the leaves holding x_i in its fixed features)
+        ok = np.all((table.lo[:, fixed] < C[i, fixed]) & (C[i, fixed] <= table.hi[:, fixed]),
+                    axis=1)
+        a, b, x = a_all[ok][:, mv], b_all[ok][:, mv], X[i, mv]
+        gap = np.maximum(np.maximum(a - x, x - b), 0.0)
+        dd = (gap * gap) @ w[mv]
         dd = dd[dd > 0]
         if dd.size:
-            dist.append(float(dd.min()) * sm.theta1)
+            dist.append(float(dd.min()) * theta1)
     gain = np.maximum(lmax - loss0, 0.0)
     g = float(np.median(gain[gain > 0])) if np.any(gain > 0) else 1.0
     dm = float(np.median(dist)) if dist else 1.0
