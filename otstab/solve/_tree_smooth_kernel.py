@@ -155,6 +155,71 @@ def nearest_input(x, lo, hi, ea, eb, f32, out):  # pragma: no cover - compiled
 
 
 @_jit
+def radix_order(bits, m, order, tmp):  # pragma: no cover - compiled
+    """The positions ``0..m-1`` sorted by ``bits`` (the int64 patterns of non-negative
+    float64 distances, ordered as the distances), ties by position: a stable LSD radix
+    sort, one byte a pass (passes where every key has the same byte are skipped); NumPy's
+    stable order (``lexsort((idx, dist))``) without its ``m log m``."""
+    cnt = np.zeros(256, dtype=np.int64)
+    src = order
+    dst = tmp
+    flips = 0
+    for q in range(m):
+        src[q] = q
+    for shift in range(0, 64, 8):
+        cnt[:] = 0
+        for q in range(m):
+            cnt[(bits[src[q]] >> shift) & 255] += 1
+        if m == 0 or cnt[(bits[src[0]] >> shift) & 255] == m:
+            continue
+        run = 0
+        for b in range(256):
+            c = cnt[b]
+            cnt[b] = run
+            run += c
+        for q in range(m):
+            b = (bits[src[q]] >> shift) & 255
+            dst[cnt[b]] = src[q]
+            cnt[b] += 1
+        src, dst = dst, src
+        flips += 1
+    if flips % 2 == 1:
+        for q in range(m):
+            order[q] = src[q]
+
+
+@_jit
+def shell_envelope(LA, LB, n, keep):  # pragma: no cover - compiled
+    """:func:`envelope` of a box's shell lines, which come sorted by ``B`` (non-decreasing)
+    with ``A`` non-decreasing up to rounding: the same positions without sorting. The Pareto
+    front (of lines with equal ``B`` the last with the largest ``A``; then those whose ``A``
+    exceeds every earlier one), then the hull over it (in that order ``A`` and ``B`` grow)."""
+    npar = 0
+    best = -np.inf
+    for k in range(n):
+        if not LA[k] > best:
+            continue
+        if npar > 0 and LB[keep[npar - 1]] == LB[k]:
+            npar -= 1  # the same B, a smaller A: below
+        keep[npar] = k
+        npar += 1
+        best = LA[k]
+    nk = 0
+    for q in range(npar):
+        k = keep[q]
+        while nk >= 2:
+            i = keep[nk - 2]
+            j = keep[nk - 1]
+            if (LB[k] - LB[i]) * (LA[j] - LA[i]) <= (LB[j] - LB[i]) * (LA[k] - LA[i]):
+                nk -= 1
+            else:
+                break
+        keep[nk] = k
+        nk += 1
+    return nk
+
+
+@_jit
 def evaluate(LO, HI, A, B, TREE, MARG, base, x, w, tol, f32, T, theta1, h,
              parent, pdist, pea, peb, blo, bhi, ea, eb, j, out, dist, tree_start, bound,
              ord_buf, cur, tot, okd, LA, LB, keep, pt):  # pragma: no cover - compiled
@@ -248,9 +313,9 @@ def evaluate(LO, HI, A, B, TREE, MARG, base, x, w, tol, f32, T, theta1, h,
         keep[0] = 0
         return m, h * LA[0] - LB[0], True, 1
     # shells: every leaf by distance (ties: position), a running minimum per tree and class
-    o = np.argsort(dist[:m], kind="mergesort")
-    for q in range(m):
-        ord_buf[q] = o[q]
+    order = ord_buf[0]
+    tree_of = ord_buf[2]
+    radix_order(dist.view(np.int64), m, order, ord_buf[1])
     for t in range(T):
         for k in range(K1):
             cur[t, k] = np.inf
@@ -258,13 +323,12 @@ def evaluate(LO, HI, A, B, TREE, MARG, base, x, w, tol, f32, T, theta1, h,
         bound[k] = 0.0  # the running sum of the deltas
         pt[k] = 0.0  # the sum of |delta|
     present = 0
-    tree_of = np.empty(m, dtype=np.int64)
     for t in range(T):
         for q in range(tree_start[t], tree_start[t + 1]):
             tree_of[q] = t
     nl = 0
     for q in range(m):
-        p = ord_buf[q]
+        p = order[q]
         t = tree_of[p]
         # a tree is new when none of its leaves came before (margins are finite)
         first = cur[t, 0] == np.inf
@@ -281,12 +345,19 @@ def evaluate(LO, HI, A, B, TREE, MARG, base, x, w, tol, f32, T, theta1, h,
             pt[k] += abs(dl)
         if first:
             present += 1
-        last = q == m - 1 or dist[ord_buf[q + 1]] > dist[p]
+        last = q == m - 1 or dist[order[q + 1]] > dist[p]
         if last and present == T:
+            # (a line whose total is the previous line's has its A and a larger B: below
+            # it for every h >= 0, never the key, never on the envelope: not kept)
+            new = nl == 0
             for k in range(K1):
-                tot[nl, k] = base[k] + bound[k]
-            okd[nl] = dist[p]
-            nl += 1
+                if not new and base[k] + bound[k] != tot[nl - 1, k]:
+                    new = True
+            if new:
+                for k in range(K1):
+                    tot[nl, k] = base[k] + bound[k]
+                okd[nl] = dist[p]
+                nl += 1
     key = -np.inf
     tolv = np.empty(K1)
     for k in range(K1):
@@ -297,7 +368,7 @@ def evaluate(LO, HI, A, B, TREE, MARG, base, x, w, tol, f32, T, theta1, h,
         v = h * LA[q] - LB[q]
         if v > key:
             key = v
-    nk = envelope(LA, LB, nl, keep)
+    nk = shell_envelope(LA, LB, nl, keep)
     return m, key, False, nk
 
 
@@ -406,7 +477,7 @@ def search_one(LO, HI, A, B, TREE, MARG, base, x, w, sqw, tol, f32, T, theta1, h
     dist = np.empty(L)
     tree_start = np.empty(T + 1, dtype=np.int64)
     bound = np.empty(K1)
-    ord_buf = np.empty(L, dtype=np.int64)
+    ord_buf = np.empty((3, L), dtype=np.int64)
     cur = np.empty((T, K1))
     tot = np.empty((L, K1))
     okd = np.empty(L)
@@ -422,18 +493,23 @@ def search_one(LO, HI, A, B, TREE, MARG, base, x, w, sqw, tol, f32, T, theta1, h
                                   tree_start, bound, ord_buf, cur, tot, okd, LA, LB, keep, ptb)
     if m < 0:  # the root holds x: never
         return 0, 0, False, -1
-    # the root's leaves, copied together (local indices keep the order and the tree groups)
+    # the root's leaves, copied together for a search beyond the root (local indices keep
+    # the order and the tree groups: the rows a box reads lie close in memory)
     sel = out[:m].copy()
-    LO = LO[sel]
-    HI = HI[sel]
-    A = A[sel]
-    B = B[sel]
-    TREE = TREE[sel]
-    MARG = MARG[sel]
+    if budget > 1 and not single:
+        LO = LO[sel]
+        HI = HI[sel]
+        A = A[sel]
+        B = B[sel]
+        TREE = TREE[sel]
+        MARG = MARG[sel]
+        for q in range(m):
+            pool[q] = q
+    else:
+        for q in range(m):
+            pool[q] = sel[q]
     BLO[0], BHI[0], EA[0], EB[0] = blo, bhi, blo, bhi
     KEY[0], SINGLE[0] = key, single
-    for q in range(m):
-        pool[q] = q
     pool_d[:m] = dist[:m]
     OFF[0], LEN[0] = 0, m
     used = m
