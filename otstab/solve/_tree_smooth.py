@@ -87,6 +87,9 @@ MAX_ROUNDS = 10
 H_MOVE = 0.02
 #: share of the total weighted gap the refined samples of a round cover
 GAP_SHARE = 0.9
+#: the same in the first round (1 would search every sample; at 300 trees of depth 6 and
+#: 5,000 rows 0.9 leaves 93% of them at their root box and doubles the ratio in 120 s)
+FIRST_SHARE = GAP_SHARE
 #: relative rounding allowance of a loss bound A and a distance bound B
 A_ROUND = 1e-13
 B_ROUND = 1e-12
@@ -530,9 +533,9 @@ def certify_tree_smooth(prob, *, r, theta1, theta2, divergence, mask=None, solve
         _initial_h(table, X, mv, w, theta1, lmax, loss0)
     exact = np.full(n, not can_move)
     budget = min(FIRST_NODES, max_nodes)
-    # every sample in the first round, those with the largest gap at the root's h first
+    # the first round: the samples that carry the gap at the root's h, the largest first
     todo = _gap_samples(FiniteOracle(*_padded(lines, max(a.size for a, _ in lines))),
-                        found.oracle(), h, theta2, divergence, p, share=1.0) if can_move \
+                        found.oracle(), h, theta2, divergence, p, share=FIRST_SHARE) if can_move \
         else np.zeros(0, dtype=np.intp)
     rounds, stopped = 0, None
     sol_u = sol_l = None
