@@ -35,6 +35,10 @@ end's ``h`` from scratch with a larger budget on the samples that carry most of 
 ``max_nodes`` per sample, ``node_budget`` in all or ``time_budget`` seconds. When the ends meet
 within the audit's tolerance the status is ``optimal``. See docs/math.md ("Boosted trees:
 logistic and cross-entropy") and docs/bounds.md.
+
+With numba, :mod:`otstab.solve._tree_smooth_kernel` runs the same search compiled, samples in
+parallel (batches of about ``CHUNK_NODES`` boxes, the time budget read between batches);
+:class:`SmoothSearch` is the fallback without numba and the reference it is tested against.
 """
 
 from __future__ import annotations
@@ -93,8 +97,9 @@ FIRST_SHARE = GAP_SHARE
 #: relative rounding allowance of a loss bound A and a distance bound B
 A_ROUND = 1e-13
 B_ROUND = 1e-12
-#: boxes per batch of the compiled search (the time budget is checked between batches)
-CHUNK_NODES = 16384
+#: boxes per batch of the compiled search (the time budget is checked between batches; a
+#: batch holds at least two samples a thread)
+CHUNK_NODES = 4096
 
 
 def tree_smooth_model(prob):
@@ -557,7 +562,7 @@ def certify_tree_smooth(prob, *, r, theta1, theta2, divergence, mask=None, solve
                 # a batch in parallel; one sample (with the rest of the budget) where the
                 # node budget could cut the batch: each sample's search is then the one the
                 # sequential loop would run
-                ids = todo[pos:pos + max(1, CHUNK_NODES // budget)]
+                ids = todo[pos:pos + max(2 * smooth_kernel.threads(), CHUNK_NODES // budget)]
                 b = budget
                 if node_budget is not None and node_budget - total < ids.size * (budget + 1):
                     ids = ids[:1]
