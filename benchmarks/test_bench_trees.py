@@ -12,7 +12,7 @@ size: 30 trees of depth 4, 300 rows. Each case checks ``value_lower <= value_upp
 one line (``-s`` shows it); docs/benchmarks.md has the numbers measured here. The logistic
 loss on the margins (``test_trees_logistic_quick``): r = base log-loss + 0.1, the same prices
 (otstab/solve/_tree_smooth.py; docs/bounds.md); at full size (``test_trees_logistic_full``)
-300 trees of depth 6 on 1,000 and 5,000 rows, ``time_budget=120``, ``max_nodes=4096``.
+300 trees of depth 6 on 1,000 and 5,000 rows, ``time_budget=120``, ``max_nodes=16384``.
 """
 
 from __future__ import annotations
@@ -144,8 +144,8 @@ def test_trees_logistic_quick(lib):
 @pytest.mark.parametrize("lib", ["xgboost", "lightgbm"])
 def test_trees_logistic_full(lib, n_eval):
     """300 trees of depth 6 (the compiled search, otstab/solve/_tree_smooth_kernel.py):
-    ``time_budget=120`` and ``max_nodes=4096`` (rounds of 16, 64, ..., 4,096 boxes a sample
-    on the samples that carry the gap; the time budget or ``rtol`` stops it)."""
+    ``time_budget=120`` and ``max_nodes=16384`` (rounds of 16, 64, ..., 16,384 boxes a
+    sample on the samples that carry the gap; the time budget or ``rtol`` stops it)."""
     if not FULL:
         pytest.skip("full size: OTSTAB_BENCH=full")
-    _run_logistic(lib, 300, 6, n_eval, time_budget=120, max_nodes=4096)
+    _run_logistic(lib, 300, 6, n_eval, time_budget=120, max_nodes=16384)

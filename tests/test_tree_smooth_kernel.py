@@ -2,10 +2,10 @@
 the NumPy search it reimplements (otstab/solve/_tree_smooth.py, ``SmoothSearch.run``) and the
 enumeration of tests/test_tree_smooth.py:
 
-* per sample, at equal budget and h, the same finite d-transform (the maximum of the lines
-  ``h A - B`` on a grid of h, to 1e-12 relative), the same box count, the same completion and
-  the very same found points, for every library, binary and 3-class, fixed features and
-  per-feature prices, cut after 1 to 500 boxes;
+* per sample, at equal budget, h and distance cut (far), the same finite d-transform (the
+  maximum of the lines ``h A - B`` on a grid of h, to 1e-12 relative), the same box count,
+  the same completion and the very same found points, for every library, binary and
+  3-class, fixed features and per-feature prices, cut after 1 to 500 boxes;
 * through ``certify``: the same interval and box count as the NumPy path, and the interval
   holds the enumerated R (tests/test_tree_smooth.py's ``check`` runs the compiled path too);
 * a time budget cut between batches is reproduced by the node budget it reports;
@@ -41,7 +41,8 @@ def test_allowances_are_the_numpy_paths():
     assert smooth_kernel.B_ROUND == tree_smooth.B_ROUND
 
 
-def _compare(model, X, y, mv, w, budgets, hs, theta1=1.0):
+def _compare(model, X, y, mv, w, budgets, hs, theta1=1.0, far=None):
+    """``far``: the cut of the leaves (squared distance; the tail line at 10), or None."""
     d = X.shape[1]
     table = leaf_table(model, d, X)
     kt = smooth_kernel.KernelTable(table, mv, w)
@@ -49,12 +50,18 @@ def _compare(model, X, y, mv, w, budgets, hs, theta1=1.0):
     grid = np.r_[0.0, np.geomspace(1e-3, 1e3, 40)]
     for budget in budgets:
         for h in hs:
+            cut = None if far is None else np.full(len(y), far)
+            tail = None if far is None else np.full(len(y), 10.0)
             runs = smooth_kernel.smooth_batch(kt, X, yi, np.arange(len(y)),
                                               np.full(len(y), budget), h, theta1,
-                                              tree_smooth.MAX_LINES, tree_smooth.TOP_POINTS)
+                                              tree_smooth.MAX_LINES, tree_smooth.TOP_POINTS,
+                                              cut, tail)
             for i, (Ak, Bk, pk, exk, used) in enumerate(runs):
                 sm = tree_smooth.SmoothSearch(table, X[i], int(yi[i]), mv, w[mv], theta1)
-                L, pts, ex = sm.run(h, budget)
+                if far is None:
+                    L, pts, ex = sm.run(h, budget)
+                else:
+                    L, pts, ex = sm.run(h, budget, far=far, tail=10.0)
                 A, B = tree_smooth.merged(L[:, 0], L[:, 1])
                 assert Ak.size <= tree_smooth.MAX_LINES
                 f = np.max(grid[:, None] * A - B, axis=1)
@@ -71,7 +78,8 @@ def test_kernel_runs_are_the_numpy_runs(lib):
     for d, k, seed, trees in ((2, 2, 1, 6), (3, 3, 2, 8)):
         X, y = make_data(seed, d, k, n=14)
         model = boosted(lib, seed, trees).fit(X, y)
-        _compare(model, X, y, np.ones(d, dtype=bool), np.ones(d), (1, 9, 200), (0.3, 3.0))
+        _compare(model, X, y, np.ones(d, dtype=bool), np.ones(d), (1, 9, 200), (0.3, 3.0),
+                 far=None if k == 2 else 0.3)
 
 
 @pytest.mark.parametrize("lib", ["GradientBoosting", "LightGBM"])
@@ -82,6 +90,8 @@ def test_kernel_runs_with_fixed_features_and_prices(lib):
     model = boosted(lib, 3, trees=10).fit(X, y)
     _compare(model, X, y, np.array([True, False, True]), np.array([0.5, 1.0, 2.0]),
              (1, 9, 200), (1.0,), theta1=2.0)
+    _compare(model, X, y, np.array([True, False, True]), np.array([0.5, 1.0, 2.0]),
+             (1, 9, 200), (1.0,), theta1=2.0, far=0.2)
 
 
 def _both(monkeypatch, model, X, y, **kw):

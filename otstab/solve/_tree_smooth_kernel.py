@@ -220,11 +220,12 @@ def shell_envelope(LA, LB, n, keep):  # pragma: no cover - compiled
 
 
 @_jit
-def evaluate(LO, HI, A, B, TREE, MARG, base, x, w, tol, f32, T, theta1, h,
+def evaluate(LO, HI, A, B, TREE, MARG, base, x, w, tol, f32, T, theta1, h, far,
              parent, pdist, pea, peb, blo, bhi, ea, eb, j, out, dist, tree_start, bound,
              ord_buf, cur, tot, okd, LA, LB, keep, pt):  # pragma: no cover - compiled
-    """``SmoothSearch.evaluate`` of a box: the leaves of ``parent`` meeting it go to ``out``
-    (only coordinate ``j`` is tested; ``j < 0``: all), their distances to ``dist``; the box's
+    """``SmoothSearch.evaluate`` of a box: the leaves of ``parent`` meeting it closer than
+    ``far`` go to ``out`` (only coordinate ``j`` is tested; ``j < 0``: all), their distances
+    to ``dist``; the box's
     envelope lines to ``LA, LB`` (positions ``keep``). Returns ``(m, key, single, nlines)``,
     ``m = -1``: the box holds no input."""
     dm = x.shape[0]
@@ -247,15 +248,20 @@ def evaluate(LO, HI, A, B, TREE, MARG, base, x, w, tol, f32, T, theta1, h,
                 min(B[leaf, j], eb[j]) == min(B[leaf, j], peb[j]):
             s = pdist[q]
         else:
+            # (a partial sum of nonnegative terms at or beyond far stays there: the leaf is
+            # left out either way, so the sum stops)
             s = 0.0
             for jj in range(dm):
                 a = max(A[leaf, jj], ea[jj])
                 b = min(B[leaf, jj], eb[jj])
                 g = max(max(a - x[jj], x[jj] - b), 0.0)
                 s += g * g * w[jj]
-        out[m] = leaf
-        dist[m] = s
-        m += 1
+                if not s < far:
+                    break
+        if s < far:
+            out[m] = leaf
+            dist[m] = s
+            m += 1
     if m == 0:
         return -1, 0.0, False, 0
     nt = 0
@@ -451,10 +457,12 @@ def split(LO, HI, A, B, TREE, MARG, base, x, sqw, T, alive, blo, bhi, ea,
 
 
 @_jit
-def search_one(LO, HI, A, B, TREE, MARG, base, x, w, sqw, tol, f32, T, theta1, h, root,
-               budget, max_lines, top_points, outA, outB, outP):  # pragma: no cover
+def search_one(LO, HI, A, B, TREE, MARG, base, x, w, sqw, tol, f32, T, theta1, h, far, tail,
+               root, budget, max_lines, top_points, outA, outB,
+               outP):  # pragma: no cover - compiled
     """``SmoothSearch.run`` of one sample: ``(lines, points, exact, used)`` with the lines in
-    ``outA, outB`` and the points in ``outP`` (``used = -1``: no split found)."""
+    ``outA, outB`` and the points in ``outP`` (``used = -1``: no split found); ``far``,
+    ``tail``: as in ``SmoothSearch.run``."""
     dm = x.shape[0]
     K1 = MARG.shape[1]
     L = root.shape[0]
@@ -489,7 +497,7 @@ def search_one(LO, HI, A, B, TREE, MARG, base, x, w, sqw, tol, f32, T, theta1, h
     blo = np.full(dm, -np.inf)
     bhi = np.full(dm, np.inf)
     m, key, single, nk = evaluate(LO, HI, A, B, TREE, MARG, base, x, w, tol, f32, T, theta1,
-                                  h, root, dist, blo, bhi, blo, bhi, blo, bhi, -1, out, dist,
+                                  h, far, root, dist, blo, bhi, blo, bhi, blo, bhi, -1, out, dist,
                                   tree_start, bound, ord_buf, cur, tot, okd, LA, LB, keep, ptb)
     if m < 0:  # the root holds x: never
         return 0, 0, False, -1
@@ -575,7 +583,7 @@ def search_one(LO, HI, A, B, TREE, MARG, base, x, w, sqw, tol, f32, T, theta1, h
                 cb_ea[j] = edge
             nodes += 1
             m, ck, single, nk = evaluate(LO, HI, A, B, TREE, MARG, base, x, w, tol, f32, T,
-                                         theta1, h, parent, pdist, EA[top], EB[top], cb_lo,
+                                         theta1, h, far, parent, pdist, EA[top], EB[top], cb_lo,
                                          cb_hi, cb_ea, cb_eb, j, out, dist, tree_start, bound,
                                          ord_buf, cur, tot, okd, LA, LB, keep, ptb)
             if m < 0:
@@ -651,12 +659,15 @@ def search_one(LO, HI, A, B, TREE, MARG, base, x, w, sqw, tol, f32, T, theta1, h
             heap[p] = nb
             nb += 1
     # the lines of the open boxes: their envelope, merged to at most max_lines
-    tl = 0
+    tl = 1 if far < np.inf else 0
     for q in range(hn):
         tl += LLEN[heap[q]]
     GA = np.empty(tl)
     GB = np.empty(tl)
     c = 0
+    if far < np.inf:  # the inputs at or beyond far
+        GA[tl - 1] = tail
+        GB[tl - 1] = price(theta1, far)
     for q in range(hn):
         b = heap[q]
         for r in range(LLEN[b]):
@@ -718,8 +729,8 @@ def search_one(LO, HI, A, B, TREE, MARG, base, x, w, sqw, tol, f32, T, theta1, h
 
 
 @_jit
-def batch(LO, HI, A, B, TREE, MARG, BASE, FLO, FHI, XM, CF, Y, BUD, w, sqw, tol, f32, T,
-          theta1, h, max_lines, top_points, r0, r1, OA, OB, NL, OP, NP, EX,
+def batch(LO, HI, A, B, TREE, MARG, BASE, FLO, FHI, XM, CF, Y, BUD, FAR, TAIL, w, sqw, tol,
+          f32, T, theta1, h, max_lines, top_points, r0, r1, OA, OB, NL, OP, NP, EX,
           USED):  # pragma: no cover - compiled
     """The rows ``r0 <= i < r1`` of a batch, one after the other (without the GIL)."""
     L = LO.shape[0]
@@ -738,7 +749,8 @@ def batch(LO, HI, A, B, TREE, MARG, BASE, FLO, FHI, XM, CF, Y, BUD, w, sqw, tol,
                 c += 1
         y = Y[i]
         nl, npts, ex, used = search_one(LO, HI, A, B, TREE, MARG[y], BASE[y], XM[i], w, sqw,
-                                        tol, f32, T, theta1, h, keep[:c], BUD[i], max_lines,
+                                        tol, f32, T, theta1, h, FAR[i], TAIL[i], keep[:c],
+                                        BUD[i], max_lines,
                                         top_points, OA[i], OB[i], OP[i])
         NL[i] = nl
         NP[i] = npts
@@ -747,10 +759,11 @@ def batch(LO, HI, A, B, TREE, MARG, BASE, FLO, FHI, XM, CF, Y, BUD, w, sqw, tol,
 
 
 def smooth_batch(kt: KernelTable, X, yi, idx, budgets, h: float, theta1: float,
-                 max_lines: int, top_points: int):
+                 max_lines: int, top_points: int, far=None, tail=None):
     """The smooth branch and bound at ``h`` of the samples ``idx`` (rows of X, labels yi),
-    each with its box budget, in parallel. Returns a list of ``(A, B, points, exact, used)``
-    in the order of ``idx`` (``points``: movable coordinates)."""
+    each with its box budget (and ``far``, ``tail`` as in ``SmoothSearch.run``; None: no
+    cut), in parallel. Returns a list of ``(A, B, points, exact, used)`` in the order of
+    ``idx`` (``points``: movable coordinates)."""
     idx = np.asarray(idx, dtype=np.intp)
     X = np.asarray(X, dtype=np.float64)
     XM = np.ascontiguousarray(X[idx][:, kt.mv])
@@ -764,11 +777,15 @@ def smooth_batch(kt: KernelTable, X, yi, idx, budgets, h: float, theta1: float,
     EX = np.zeros(k, dtype=np.bool_)
     USED = np.zeros(k, dtype=np.int64)
     bud = np.ascontiguousarray(np.asarray(budgets, dtype=np.int64))
+    FAR = np.full(k, np.inf) if far is None else \
+        np.ascontiguousarray(np.asarray(far, dtype=np.float64))
+    TAIL = np.full(k, np.inf) if tail is None else \
+        np.ascontiguousarray(np.asarray(tail, dtype=np.float64))
     Y = np.ascontiguousarray(np.asarray(yi, dtype=np.int64)[idx])
 
     def run(i):
         batch(kt.LO, kt.HI, kt.A, kt.B, kt.TREE, kt.MARG, kt.BASE, kt.FLO, kt.FHI, XM, CF, Y,
-              bud, kt.w, kt.sqw, float(kt.tol), kt.f32, kt.T, float(theta1), float(h),
+              bud, FAR, TAIL, kt.w, kt.sqw, float(kt.tol), kt.f32, kt.T, float(theta1), float(h),
               int(max_lines), int(top_points), i, i + 1, OA, OB, NL, OP, NP, EX, USED)
 
     workers = threads()
