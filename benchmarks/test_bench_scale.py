@@ -98,16 +98,24 @@ PEAK_BOUND = {"hinge": (1.9, 250_000), "hinge theta2=inf": (1.95, 250_000),
               # 3.40 n-vectors at n = 1e6, 4.14 at 3e5, were 2.97); and since the one-pass
               # solve at the binned root, the pass's steps and losses at the maximisers,
               # kept for Q* and its sampled audit instead of a second solve and a re-scoring
-              # of every moved sample (5.21 n-vectors at 1e6, 5.31 at 3e5)
-              "logistic": (5.25, 400_000),
+              # of every moved sample (5.21 n-vectors at 1e6, 5.31 at 3e5); since those are
+              # kept in two n-vectors that Q*'s build takes without a copy (the steps become
+              # the moves in place), l_h read from them per block and the pass's own l_h
+              # not kept (issue 31): the scores and the two kept vectors, 3.40 n-vectors at
+              # 1e6, 4.03 at 3e5
+              "logistic": (3.1, 400_000),
               # chi2: the sorted keys and their two prefix sums; weighted: the probabilities
               # (normalised, one n-vector) and the dual's per-block pieces
               "hinge chi2": (4.25, 250_000), "hinge weighted": (3.25, 250_000),
               # weighted 0/1: the distances, the prices, q = n p and the probabilities
               "zero_one weighted": (6.75, 250_000),
-              # K = 4 classes: the n x K scores and the pieces (hinge: c1 and c2, K each),
-              # the distances' per-class passes (0/1), the n x 3 steps of Q* (cross-entropy)
-              "multiclass hinge": (24.5, 250_000), "multiclass zero_one": (21.5, 250_000),
+              # K = 4 classes: the n x K scores (K n-vectors) and the labels (intp); hinge:
+              # the pieces computed per block (otstab_solvers/multiclass.py: no c1 and c2,
+              # K n-vectors each, since issue 31; 24.16 n-vectors before, 6.55 at n = 3e5
+              # now), of which the blocks keep an int8 piece per row of the search's last
+              # four points; the distances' per-class passes (0/1), the n x 3 steps of Q*
+              # (cross-entropy)
+              "multiclass hinge": (6.0, 250_000), "multiclass zero_one": (21.5, 250_000),
               "multiclass cross_entropy": (12.5, 250_000)}
 #: the certificates of the memory record (issue 17's target: the linear paths)
 PEAK_CASES = {

@@ -246,8 +246,12 @@ def block_chi2(block, h, side, theta2, shift, alpha):
 def block_kinks(block, h_lo, side_lo, h_hi, side_hi):
     """(count, smallest, largest) crossing strictly inside ``(h_lo, h_hi)`` of the rows whose
     piece differs at the two ends."""
-    k_lo = block.evaluate(h_lo, side=side_lo, with_pieces=True)[3]
-    k_hi = block.evaluate(h_hi, side=side_hi, with_pieces=True)[3]
+    kept = getattr(block, "pieces_at", None)  # (a block that keeps its last pieces)
+    if kept is not None:
+        k_lo, k_hi = kept(h_lo, side_lo), kept(h_hi, side_hi)
+    else:
+        k_lo = block.evaluate(h_lo, side=side_lo, with_pieces=True)[3]
+        k_hi = block.evaluate(h_hi, side=side_hi, with_pieces=True)[3]
     sw = np.nonzero(k_lo != k_hi)[0]
     if not sw.size:
         return 0, math.inf, -math.inf

@@ -108,8 +108,14 @@ class _Pass:
             return h * r - sl / N, r - sd1 / N, sd2 / N, None  # (as BlockwiseDual.reduce)
         if not self.plain_kl:
             moved = 0.0
+            kept = getattr(oracle, "kept", None) if getattr(oracle, "keep_values", False) \
+                else None
             for k, (s, e) in enumerate(self.bounds):
-                store[k] = lb, d1, d2 = oracle.transform_rows(h, slice(s, e))[:3]
+                lb, d1, d2 = oracle.transform_rows(h, slice(s, e))[:3]
+                got = None if kept is None else kept(h, slice(s, e))
+                if got is not None:  # (the same losses, in the oracle's kept n-vector: one copy)
+                    d1 = got[0]
+                store[k] = lb, d1, d2
                 moved += float(np.sum(d1)) if self.p is None else float(np.dot(self.p[s:e], d1))
             term, mu, curv, alpha, _ = self.dual.reduce(h, "right", self.theta2,
                                                         self.divergence)
@@ -118,9 +124,12 @@ class _Pass:
         theta2 = self.theta2
         parts = []
         moved = 0.0
+        # (an oracle that keeps each block's loss and step at h gives l_h again for the
+        # expm1 sum below: no n-vector of l_h kept here)
+        kept = getattr(oracle, "kept", None) if getattr(oracle, "keep_values", False) else None
         for k, (s, e) in enumerate(self.bounds):
             lb, d1, d2 = oracle.transform_rows(h, slice(s, e))[:3]
-            store[k] = lb
+            store[k] = None if kept is not None and kept(h, slice(s, e)) is not None else lb
             moved += float(np.sum(d1))
             a = lb / theta2
             m = float(a.max())
@@ -137,7 +146,12 @@ class _Pass:
         N = float(self.n)
         if Z > 0.5 * N:  # every l / theta2 close to the largest: expm1 keeps the accuracy
             em1 = 0.0
-            for lb in store:
+            for k, lb in enumerate(store):
+                if lb is None:  # h loss - c t^2, as the d-transform computed it
+                    assert kept is not None
+                    loss, t = kept(h, slice(*self.bounds[k]))
+                    lb = h * loss
+                    lb -= float(oracle.c[0]) * t * t
                 em1 += float(np.sum(np.expm1(np.maximum(lb / theta2 - M, -700.0))))
             log_mean = math.log1p(em1 / N)
         else:

@@ -419,6 +419,8 @@ class LogisticOracle:
         #: need; a caller that knows it may set it)
         self.margin_range: tuple | None = None
         self._step_table: tuple | None = None  # (h, StepTable)
+        #: (steps, losses) n-vectors the kept blocks are slices of (:attr:`keep_values`)
+        self._kept_buf: tuple | None = None
 
     @classmethod
     def of_scores(cls, scores, signs, direction_norm2, theta1, *,
@@ -518,8 +520,21 @@ class LogisticOracle:
 
         def keep(u, t, lh, loss):
             assert self._warm is not None
-            # (not written to after this call); the loss too where asked
-            self._warm[key] = (h, t, loss) if self.keep_values else (h, t, None)
+            if not self.keep_values:  # (not written to after this call)
+                self._warm[key] = (h, t, None)
+                return
+            # the steps and the loss where asked, in two n-vectors of the oracle (each block
+            # its slice: Q*'s build takes them whole, :meth:`kept_vectors`, with no copy)
+            if self._kept_buf is None:
+                self._kept_buf = (np.empty(self.n), np.empty(self.n))
+            tb, lb = self._kept_buf
+            s, e = key
+            tb[s:e] = t
+            lv = None
+            if loss is not None:
+                lb[s:e] = loss
+                lv = lb[s:e]
+            self._warm[key] = (h, tb[s:e], lv)
         return _uniform_dtransform(m, c, h, start, keep, steps_only)
 
     def _table(self, c: float, h: float) -> StepTable:
@@ -555,6 +570,25 @@ class LogisticOracle:
             del self._warm[key]
         return last[2], last[1]
 
+    def kept_vectors(self, h: float):
+        """``(loss at the maximiser, step)`` of every sample as n-vectors, when the last read
+        of every row (slices tiling ``0..n``) was at ``h`` and kept both
+        (:attr:`keep_values`), else None. The caller takes them: the oracle forgets them and
+        its warm starts."""
+        buf, warm = self._kept_buf, self._warm
+        if buf is None or not warm:
+            return None
+        end = 0
+        for (s, e), last in sorted(warm.items()):
+            if s != end or last[0] != h or last[2] is None:
+                return None
+            end = e
+        if end != self.n:
+            return None
+        warm.clear()
+        self._kept_buf = None
+        return buf[1], buf[0]
+
     def may_switch(self, h: float) -> bool:
         """Whether ``l_h`` may have a switching point at ``h``: only where the inner problem
         is not concave for some sample, ``h > 8 c_i`` (``T > 4``, :func:`logistic_steps`)."""
@@ -566,6 +600,7 @@ class LogisticOracle:
         if self._warm is not None:
             self._warm.clear()
         self._step_table = None
+        self._kept_buf = None
 
     def evaluate(self, h: float):
         """``(l_h, dl_h/dh, d2l_h/dh2)`` at ``h``, each of shape (n,)."""

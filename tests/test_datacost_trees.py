@@ -21,7 +21,8 @@ from german import (
 )
 from sklearn.compose import ColumnTransformer
 from sklearn.ensemble import HistGradientBoostingClassifier, RandomForestClassifier
-from sklearn.pipeline import Pipeline
+from sklearn.linear_model import LogisticRegression
+from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import OneHotEncoder, StandardScaler
 from test_trees import sk_thresholds
 
@@ -324,9 +325,19 @@ def test_tree_pipelines_default_to_the_datacost():
     zero_one, logistic = get_loss("zero_one"), get_loss("logistic")
     assert choose_cost(None, tp, Xe, zero_one, options=("max_nodes", "rtol"))[0] is not None
     assert choose_cost(None, tp, Xe, zero_one, options=("n_directions",))[0] is None
-    assert choose_cost(None, tp, Xe, logistic)[0] is None
-    # worst_case_risk's exact oracles are the linear models': encoded there
-    assert choose_cost(None, tp, Xe, zero_one, trees_too=False)[0] is None
+    # a smooth loss keeps the encoded cost, and says (and warns) that R may be meaningless
+    with pytest.warns(UserWarning, match="fractional move"):
+        cost, how = choose_cost(None, tp, Xe, logistic)
+    assert cost is None and "loss='zero_one'" in how and "vanishingly small" in how
+    # worst_case_risk's exact oracles are the linear models': encoded there, with the warning
+    with pytest.warns(UserWarning, match="fractional move"):
+        assert choose_cost(None, tp, Xe, zero_one, trees_too=False)[0] is None
+    # a linear pipeline's unsupported default keeps the old note, without a warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lin = make_pipeline(tp.steps[0][1], LogisticRegression(max_iter=500)).fit(X, y)
+        assert choose_cost(None, lin, Xe, get_loss("squared"))[1].startswith(
+            "encoded (default: cost='auto' is the default only where")
 
 
 # slow: runs in the newest-versions environment only (xgboost 2.0, the oldest allowed, lacks

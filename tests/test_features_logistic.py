@@ -113,3 +113,66 @@ def test_instances_it_does_not_take(monkeypatch, case):
     else:
         _, calls = _scores(monkeypatch, True, model, X, y, **kw)
     assert all(c is None for c in calls)  # (never called, or declined)
+
+
+@pytest.mark.parametrize("price", [("kl", 0.25), ("kl", math.inf)])
+def test_quadrature_scores_with_tied_prices_equal_certify(monkeypatch, price):
+    """KL and theta2 = inf: every unit's dual from one per-bin quadrature of the margins
+    (otstab_solvers.logistic_quadrature); x0 and x1 have one price (|w| equal, opposite
+    signs: one solve answers both), x3 a zero coefficient (certified alone). Each score,
+    h and share against certify with features=[j]."""
+    import otstab_solvers.logistic_quadrature as lq
+
+    rng = np.random.default_rng(4)
+    X = rng.standard_normal((4000, 5))
+    w = np.array([0.8, -0.8, 0.3, 0.0, 0.15])
+    y = np.where(X @ w + 0.5 * rng.standard_normal(4000) > 0, 1, -1)
+    model = otstab.LinearModel(w, -0.2)
+    divergence, theta2 = price
+    kw = dict(loss="logistic", r=_r(model, X, y, 0.4), theta1=0.5, theta2=theta2,
+              divergence=divergence)
+    answered = []
+    real = lq.solve_from
+
+    def spy(*a, **k):
+        out = real(*a, **k)
+        answered.append(out is not None)
+        return out
+
+    monkeypatch.setattr(lq, "solve_from", spy)
+    df, calls = _scores(monkeypatch, True, model, X, y, **kw)
+    # x0 (x1 shares its answer), x2, x4; with KL the reweighting-only value first (c = inf)
+    assert answered == [True] * (4 if divergence == "kl" and math.isfinite(theta2) else 3)
+    assert calls[0][0] == calls[0][1] and calls[0][3] is None
+    for label, row in df.iterrows():
+        res = otstab.certify(model, X, y, features=[int(label[1:])], **kw)
+        assert row.score == pytest.approx(res.value, rel=1e-10), label
+        if label == "x3":
+            continue
+        assert row.h == pytest.approx(res.h, rel=1e-7), label
+        exc = res.risk_star - res.risk_base
+        assert row.share_moving == pytest.approx(res.decomposition["corruption"] / exc,
+                                                 abs=1e-7), label
+
+
+def test_fixed_features_and_weights_match_certify(monkeypatch):
+    """A feature priced inf (feature_costs) cannot move: ignored, the reweighting-only value;
+    with feature_costs or sample weights every feature is scored through certify (the shared
+    margins are not used), and each score is certify's with the same arguments."""
+    model, X, y = _problem(n=2000, seed=5)
+    base = dict(loss="logistic", r=_r(model, X, y, 0.5), theta1=0.5, theta2=0.25,
+                divergence="kl")
+    w = np.random.default_rng(6).uniform(0.5, 2.0, X.shape[0])
+    for extra in (dict(feature_costs={"x2": math.inf}), dict(sample_weight=w)):
+        kw = {**base, **extra}
+        df, calls = _scores(monkeypatch, True, model, X, y, **kw)
+        assert all(c is None for c in calls)
+        for label, row in df.iterrows():
+            if label == "x2" and "feature_costs" in extra:
+                continue  # (certify refuses a feature set that cannot move)
+            res = otstab.certify(model, X, y, features=[int(label[1:])], **kw)
+            assert row.score == pytest.approx(res.value, rel=1e-9), (label, extra)
+        if "feature_costs" in extra:
+            assert bool(df.loc["x2", "ignored"])
+            assert df.loc["x2", "score"] == pytest.approx(
+                otstab.feature_stability(model, X, y, **kw).reweighting_only_value, rel=1e-12)

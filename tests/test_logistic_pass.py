@@ -156,13 +156,13 @@ def test_sampled_audit_refuses_wrong_kept_losses(monkeypatch):
     model, X, y = _binary(seed=1)
     monkeypatch.setattr(lb, "MIN_N", 0)
     monkeypatch.setattr(oa, "AUDIT_DIRECT_MAX", 0)
-    honest = smooth.LogisticOracle.kept
+    honest = smooth.LogisticOracle.kept_vectors
 
-    def inflated(self, h, rows, **kw):
-        got = honest(self, h, rows, **kw)
+    def inflated(self, h):  # (what Q*'s build takes from the pass)
+        got = honest(self, h)
         return None if got is None else (got[0] * 1.01, got[1])
 
-    monkeypatch.setattr(smooth.LogisticOracle, "kept", inflated)
+    monkeypatch.setattr(smooth.LogisticOracle, "kept_vectors", inflated)
     # theta2 = inf: unit weights, so the mass and the cost of Q* do not read the losses
     kw = dict(loss="logistic", r=1.0, theta1=0.7, theta2=math.inf, divergence="kl", se=None)
     with pytest.raises(SolverError, match="audit"):
@@ -171,3 +171,28 @@ def test_sampled_audit_refuses_wrong_kept_losses(monkeypatch):
     monkeypatch.setattr(oa, "SAMPLED_RTOL", math.inf)
     res = otstab.certify(model, X, y, **kw)
     assert res.info["audit"]["max_rel_error"] >= 1e-3  # (relative to 1 + loss)
+
+
+@pytest.mark.parametrize("theta2", [0.25, 1e3])
+def test_kept_values_give_the_same_pass(theta2):
+    """With ``keep_values`` the plain-KL pass keeps no l_h of its own: where every
+    ``l_h / theta2`` is close to the largest (theta2 = 1e3: the expm1 sum) it recomputes l_h
+    from the oracle's kept losses and steps; the answer is bit-identical, and Q*'s build can
+    take the two kept n-vectors (LogisticOracle.kept_vectors) once."""
+    s, y = _margins()
+    n = s.size
+    a, theta1, r = 0.9, 1.0, 1.1
+    h_c = binned_guess(lambda i, j: y[i:j] * s[i:j], n, a, theta1, r, theta2, "kl")
+    sols = []
+    for keep in (False, True):
+        oracle = LogisticOracle.of_scores(s, y, a, theta1)
+        sols.append(logistic_pass.solve_at_root(oracle, n, h_c, r, theta2, "kl", block=4096,
+                                                keep_values=keep))
+        if keep:
+            loss, t = oracle.kept_vectors(sols[-1].h)
+            assert loss.shape == t.shape == (n,)
+            np.testing.assert_allclose(t, logistic_steps(y * s, theta1 / a, sols[-1].h),
+                                       rtol=1e-12, atol=1e-14)
+            assert oracle.kept_vectors(sols[-1].h) is None  # (taken)
+    assert (sols[0].value, sols[0].h) == (sols[1].value, sols[1].h)
+    assert sols[0].info["kl_weights"] == sols[1].info["kl_weights"]

@@ -11,9 +11,10 @@ For linear models with a piecewise-linear or 0/1 loss every feature is scored fr
 over the data: the reduced form keeps its ``c1`` and only ``c2`` changes
 (``c2_k = a_kj^2 / (4 theta1)``), and for the 0/1 loss ``d*_ij = m_i^2 / beta_j^2`` shares one
 sort of the margins across all features. A binary logistic linear model (n >= 2^16, no
-sample weights, moderate prices) shares its margins across features, one or two exact passes
-per feature (:mod:`otstab.analysis._features_logistic`). Other smooth losses and nonlinear
-models run one certify per feature.
+sample weights, moderate prices) shares its margins across features: every feature's dual
+from one per-bin quadrature of the margins (some 2e4 exact solves per evaluation instead of
+n; :mod:`otstab.analysis._features_logistic`).
+Other smooth losses and nonlinear models run one certify per feature.
 
 A feature whose move cannot change any loss (``ignored``: for linear models all its
 coefficients are zero, or equal across classes for a multiclass model; ``theta1 = inf``
@@ -63,7 +64,7 @@ from ..solve._zero_one import (
     move_prices,
 )
 from ._datacost_features import variable_units
-from ._features_logistic import logistic_feature_scores
+from ._features_logistic import logistic_feature_scores, shared_margins
 
 __all__ = ["feature_stability", "FeatureStability"]
 
@@ -432,9 +433,15 @@ def feature_stability(model, X, y, *, loss, r, theta1: float = 1.0, theta2: floa
                                                        for res in results)
     elif not linear_exact:
         base_losses = prob.losses(prob.X)
-        rw = _reweighting_only(base_losses, r, theta2, divergence)
+        shared = None  # (a binary logistic linear model: the units share its margins)
+        if not isinstance(loss_obj, ZeroOne) and solver in ("auto", "dual") and not bound_opts:
+            shared = shared_margins(prob, r, theta1, theta2, divergence, MODERATE)
+        rw = None if shared is None else shared.reweighting_only(base_losses, r, theta1,
+                                                                 theta2, divergence)
+        if rw is None:
+            rw = _reweighting_only(base_losses, r, theta2, divergence)
         results = _nonlinear_results(prob, units, r, theta1, theta2, divergence, solver, show,
-                                     bound_opts)
+                                     bound_opts, shared)
         # (a binary logistic linear model: the units share its margins, _features_logistic)
         rows = [res.row for res in results]
     elif bound_opts:  # the one-pass scores are exact: no lower bound to budget
@@ -571,16 +578,19 @@ def _piecewise_rows(prob, red, units, r, theta1, theta2, divergence, rw):
 
 
 def _nonlinear_results(prob, units, r, theta1, theta2, divergence, solver, show=False,
-                       options=None):
+                       options=None, margins=None):
     """One certify per feature (exact 1-D duals for smooth losses of linear models, the
     first-order path otherwise) with the feature mask; no one-pass shortcut applies here.
-    ``options``: the lower bound's (``max_nodes``, ``time_budget``, ``node_budget``)."""
+    ``options``: the lower bound's (``max_nodes``, ``time_budget``, ``node_budget``);
+    ``margins``: the shared margins of a binary logistic linear model
+    (:func:`otstab.analysis._features_logistic.shared_margins`, made there when None)."""
     out = []
     zero_one = isinstance(prob.loss, ZeroOne)
     loss0 = prob.losses(prob.X) if zero_one and prob.scorer is None else None
     shared = None
     if not zero_one and solver in ("auto", "dual") and not options:
-        shared = logistic_feature_scores(prob, units, r, theta1, theta2, divergence, MODERATE)
+        shared = logistic_feature_scores(prob, units, r, theta1, theta2, divergence, MODERATE,
+                                         margins)
     log.debug("feature_stability: %d features certified one by one", len(units))
     with progress_bar(len(units), "feature_stability", show) as bar:
         for i, (_label, cols) in enumerate(units):

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from otstab_solvers.dual import AffineRows, PiecewiseOracle, oracle_for
+from otstab_solvers.multiclass import MulticlassOracle, MulticlassRows
 
 from ..errors import ValidationError
 from ._losses import MulticlassHinge, PiecewiseLinear
@@ -35,8 +36,10 @@ class Reduced:
     Attributes
     ----------
     c1 : (n, K) array (a property: built on first access when ``rows`` computes it)
-    c1_dense : (n, K) array, or None while ``rows`` computes the pieces on demand
-    c2 : (1, K) or (n, K) array, nonnegative
+    c1_dense : (n, K) array, or None while ``rows`` or ``mrows`` computes the pieces on demand
+    c2 : (1, K) or (n, K) array, nonnegative (a property: the multiclass form builds its
+        (n, K) array on first access from ``mrows``)
+    c2_dense : the stored ``c2`` (None while ``mrows`` computes it on demand)
     theta1 : float
     kind : "margin", "residual" or "multiclass"
     v : (d,) masked coefficient direction (margin / residual)
@@ -47,10 +50,13 @@ class Reduced:
     rows : :class:`otstab_solvers.dual.AffineRows` (margin / residual): ``c1[i, k] = a_k u_i +
         b_k`` from the scores and labels, computed per block where needed (the specialised
         dual and the certificate builder never hold the (n, K) array)
+    mrows : :class:`otstab_solvers.multiclass.MulticlassRows` (multiclass): both pieces from
+        the scores and labels, per block of rows (:class:`~otstab_solvers.multiclass.
+        MulticlassOracle`; no (n, K) array unless ``c1`` or ``c2`` is read)
     """
 
     c1_dense: np.ndarray | None
-    c2: np.ndarray
+    c2_dense: np.ndarray | None
     theta1: float
     kind: str
     v: np.ndarray | None = None
@@ -59,35 +65,63 @@ class Reduced:
     labels: np.ndarray | None = None
     g_rows: np.ndarray | None = None
     rows: AffineRows | None = None
+    mrows: MulticlassRows | None = None
 
     @property
     def c1(self) -> np.ndarray:
         """The (n, K) pieces at the samples (built block by block on first access)."""
         if self.c1_dense is None:
-            assert self.rows is not None  # one of the two is set
-            self.c1_dense = self.rows.materialize().T
+            src = self.rows if self.rows is not None else self.mrows
+            assert src is not None  # one of the forms is set
+            self.c1_dense = src.materialize().T
         return self.c1_dense
+
+    @property
+    def c2(self) -> np.ndarray:
+        """The (1, K) or (n, K) curvatures (the multiclass (n, K) array built on first
+        access)."""
+        if self.c2_dense is None:
+            assert self.mrows is not None  # the only form without a stored c2
+            self.c2_dense = self.mrows.materialize_c2().T
+        return self.c2_dense
+
+    @property
+    def lean_multiclass(self) -> bool:
+        """The multiclass form with its pieces computed per block (no c1 array stored)."""
+        return self.mrows is not None and self.c1_dense is None
+
+    def can_move(self) -> bool:
+        """Some ``c2 > 0``: some sample can move at a finite price."""
+        if self.c2_dense is None and self.mrows is not None:
+            return self.mrows.can_move()
+        return bool(np.any(self.c2 > 0))
 
     @property
     def n(self) -> int:
         if self.c1_dense is not None:
             return self.c1_dense.shape[0]
-        assert self.rows is not None  # one of the two is set
-        return self.rows.n
+        src = self.rows if self.rows is not None else self.mrows
+        assert src is not None  # one of the forms is set
+        return src.n
 
     @property
     def K(self) -> int:
         if self.c1_dense is not None:
             return self.c1_dense.shape[1]
-        assert self.rows is not None  # one of the two is set
-        return self.rows.K
+        src = self.rows if self.rows is not None else self.mrows
+        assert src is not None  # one of the forms is set
+        return src.K
 
     def loss_values(self) -> np.ndarray:
         """The loss at the data, ``max_k c1[i, k]``."""
         if self.c1_dense is not None:
             return self.c1_dense.max(axis=1)
-        assert self.rows is not None  # one of the two is set
         out = np.empty(self.n)
+        if self.rows is None:
+            assert self.mrows is not None  # one of the forms is set
+            for i, j in self.mrows.blocks():
+                np.max(self.mrows.block(slice(i, j))[0], axis=1, out=out[i:j])
+            return out
         for i, j in self.rows.blocks():
             rows = slice(i, j)
             out[i:j] = self.rows.piece(0, rows)
@@ -99,7 +133,11 @@ class Reduced:
         """The dual's oracle for this form (:func:`otstab_solvers.dual.oracle_for`; pieces
         computed per block when ``rows`` gives them). A hinge-shaped form is recognised either
         way; ``sorted_view=True`` also sorts its keys now (the view ``prefix``), False leaves
-        the sorting to :func:`otstab_solvers.dual.solve_two_piece`."""
+        the sorting to :func:`otstab_solvers.dual.solve_two_piece`. The multiclass form
+        without stored pieces: a :class:`~otstab_solvers.multiclass.MulticlassOracle`."""
+        if self.lean_multiclass:
+            assert self.mrows is not None  # lean_multiclass
+            return MulticlassOracle(self.mrows)
         return oracle_for(self.c1_dense, self.c2, sorted_view=sorted_view,
                           rows=self.rows if self.c1_dense is None else None)
 
@@ -233,22 +271,12 @@ def reduce_problem(prob: Problem, theta1: float, mask: np.ndarray | None = None)
         else:
             Wm = W
             S = scores
-            labels = prob.y.astype(np.intp)
-        K = Wm.shape[0]
-        n = S.shape[0]
-        sy = S[np.arange(n), labels]
+            labels = prob.y.astype(np.intp, copy=False)
         diff = Wm[None, :, :] - Wm[:, None, :]  # diff[y, k] = W_k - W_y
         G = np.einsum("ykd,ykd->yk", diff, diff) * inv4
-        # c1 and c2 built one class at a time in the (K, n) layout the oracle scans (c1, c2
-        # are views of them: no (n, K) temporaries, no transposed copies)
-        c1T = np.empty((K, n))
-        c2T = np.empty((K, n))
-        for k in range(K):
-            np.add(1.0, S[:, k], out=c1T[k])  # (1 + s_k) - s_y, as before
-            c1T[k] -= sy
-            c1T[k][labels == k] = 0.0
-            np.take(G[:, k], labels, out=c2T[k])
-        # K > 0 for a fitted classifier (c2 None only for the empty case)
-        return Reduced(c1T.T, c2T.T if K > 0 else None,  # type: ignore[arg-type]
-                       theta1, "multiclass", Wm=Wm, labels=labels)
+        # the pieces c1 = (1 + s_k) - s_y (0 at the label) and c2 = G[y, k] are computed per
+        # block of rows from the scores and labels where they are needed (MulticlassRows):
+        # no (K, n) arrays unless a path reads red.c1 / red.c2 (conic programs, sweeps)
+        return Reduced(None, None, theta1, "multiclass", Wm=Wm, labels=labels,
+                       mrows=MulticlassRows(S, labels, G))
     raise ValidationError(f"loss {loss.name!r} has no piecewise-linear reduced form")

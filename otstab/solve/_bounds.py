@@ -85,6 +85,10 @@ __all__ = ["LeafTable", "leaf_table", "sample_leaves", "worst_leaf",
 #: options of the lower bounds, accepted by ``certify`` next to the perturbation search's
 BOUND_OPTIONS = ("max_nodes", "time_budget", "node_budget", "progress", "steps", "rtol")
 
+#: how far past the 0/1 duals' threshold h the tree searches of a round look (a factor of
+#: h / theta1; :func:`otstab.solve._refine.refine`)
+TREE_REACH = 1.25
+
 #: relative slack taken off a computed dual value so that its rounding cannot lift it above R
 VALUE_SLACK = 1e-12
 
@@ -483,7 +487,8 @@ def _progress(done, total, t0, stream=sys.stderr):
 
 def tree_lower_distances(model, X, yi, *, mask=None, upper=None, max_nodes=200,
                          time_budget=None, node_budget=None, progress=False, weights=None,
-                         rtol=None, duals=None, table=None, compiled=None):
+                         rtol=None, duals=None, table=None, compiled=None, merge=None,
+                         reach=None):
     """Certified lower bounds ``dlow_i <= d*_i`` for a scikit-learn tree-ensemble classifier.
 
     Parameters
@@ -520,6 +525,10 @@ def tree_lower_distances(model, X, yi, *, mask=None, upper=None, max_nodes=200,
     compiled : bool, optional
         The compiled, parallel search of :mod:`otstab.solve._tree_kernel` (same bounds as the
         NumPy search; None: whenever numba is installed).
+    merge : int, optional
+        The compiled search only: the cap on the leaves of a group of merged trees
+        (:func:`otstab.solve._tree_kernel.merge_groups`; 0: the independent-trees bound, the
+        NumPy search's; None: :data:`otstab.solve._tree_kernel.MERGE_CAP`).
 
     Returns
     -------
@@ -563,7 +572,7 @@ def tree_lower_distances(model, X, yi, *, mask=None, upper=None, max_nodes=200,
     if compiled is None:
         compiled = tree_kernel.available()
     if compiled:  # the compiled, parallel search (otstab/solve/_tree_kernel.py)
-        kt = tree_kernel.KernelTable(table, mv, weights)
+        kt = tree_kernel.KernelTable(table, mv, weights, merge=merge)
 
         def search_many(ids, budgets, dl, uppers):
             low, ex, used, status = tree_kernel.search_batch(kt, X, yi, ids, budgets, uppers)
@@ -584,7 +593,8 @@ def tree_lower_distances(model, X, yi, *, mask=None, upper=None, max_nodes=200,
 
     dlow, exact, info = refine(n, search, up.copy(), duals, rtol=check_rtol(rtol),
                                max_nodes=max_nodes, node_budget=node_budget, deadline=deadline,
-                               progress=bar, search_many=search_many)
+                               progress=bar, search_many=search_many,
+                               reach=TREE_REACH if reach is None else reach)
     return dlow, {"exact": exact, "time": time.perf_counter() - t0, **info}
 
 

@@ -9,6 +9,7 @@ interval); their shared linear pieces: :mod:`otstab.datacost_linear`).
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -86,6 +87,16 @@ def choose_cost(cost, model, X, loss, *, features=None, feature_costs=None, solv
     if not (piped and isinstance(X, pd.DataFrame) and _has_encoders(model)):
         return None, "encoded (default)"
     if not _supported(model, loss, trees_too):
+        if is_tree_model(model):
+            how = ("encoded (default: a cost on the data's own variables answers tree "
+                   "classifiers only with loss='zero_one' in certify and its sweeps in this "
+                   "version; under the encoded "
+                   "cost a tree's split on a one-hot indicator is crossed by a fractional move "
+                   "(LightGBM splits them at about 1e-35), so R can be vanishingly small and "
+                   "say nothing about rows that could exist: certify(..., loss='zero_one') "
+                   "gives a certified interval on the data's own variables)")
+            warnings.warn(f"transport cost {how}", UserWarning, stacklevel=3)
+            return None, how
         return None, ("encoded (default: cost='auto' is the default only where it is exact "
                       "(linear models) or, for tree classifiers with the 0/1 loss, a tight "
                       "certified interval; with the 0/1 loss, MLP pipelines take cost='auto' "

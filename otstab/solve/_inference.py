@@ -436,7 +436,8 @@ def _replicator(prob: Problem, *, r, theta1, theta2, divergence, mask, solver, *
 
         def value(idx):
             c2 = red.c2 if shared_c2 else red.c2[idx]
-            sub = dataclasses.replace(red, c1_dense=red.c1[idx], c2=c2, rows=None)
+            sub = dataclasses.replace(red, c1_dense=red.c1[idx], c2_dense=c2, rows=None,
+                                      mrows=None)
             p = _drawn_weights(prob.p, idx)
             if edge_case(sub, r, theta2, p=p) is None and solver in ("auto", "dual"):
                 sol = solve_dual(oracle_for(sub.c1, sub.c2), r, theta2, divergence, p=p)

@@ -27,6 +27,12 @@ from otstab_solvers.dual import (
     solve_dual,
     solve_two_piece,
 )
+from otstab_solvers.multiclass import (
+    MulticlassDual,
+    MulticlassOracle,
+    multiclass_blocks,
+    solve_multiclass,
+)
 from otstab_solvers.result import OPTIMAL, DualSolution
 from otstab_solvers.weights import phi, pmean, support_max, weights_at
 
@@ -98,7 +104,7 @@ def edge_case(red: Reduced, r: float, theta2: float, losses: np.ndarray | None =
     """:func:`edge_kind` of a piecewise reduced form (samples can move where ``c2 > 0``)."""
     if stats is None and losses is None:
         losses = red.loss_values()
-    return edge_kind(losses, r, theta2, bool(np.any(red.c2 > 0)), p, stats=stats)
+    return edge_kind(losses, r, theta2, red.can_move(), p, stats=stats)
 
 
 def limit_weights(losses: np.ndarray, theta2: float, divergence: str, p=None):
@@ -144,7 +150,7 @@ def solve_reduced(prob: Problem, red: Reduced, r, theta1, theta2, divergence, so
     conic_opts = {} if solver == "auto" else solver_options
     # weighted samples: the dual's sums over blocks of rows (the pieces computed per block: no
     # (K, n) array, no n-vectors of l_h); the sorted view serves uniform samples only
-    weighted_rows = p is not None and red.c1_dense is None
+    weighted_rows = p is not None and red.c1_dense is None and red.rows is not None
     # a hinge-shaped form with uniform samples: solve_two_piece sorts the keys it needs (a
     # window of them for KL and theta2 = inf); the dense weighted dual sorts all of them
     oracle = red.oracle(sorted_view=p is not None and not weighted_rows)
@@ -152,17 +158,30 @@ def solve_reduced(prob: Problem, red: Reduced, r, theta1, theta2, divergence, so
     dual = BlockwiseDual(in_memory(affine_blocks(cast(AffineRows, red.rows), red.c2,
                                                  oracle.c1abs, p)),
                          red.n, 1.0) if weighted_rows else oracle
+    if red.lean_multiclass:
+        # the multiclass hinge: the dual's sums over blocks of rows whose pieces are computed
+        # from the scores and labels at each evaluation (no (K, n) array, no n-vector)
+        weighted_rows = True
+        dual = MulticlassDual(multiclass_blocks(
+            cast(MulticlassOracle, oracle), p,
+            keep=divergence == "chi2" and not math.isinf(theta2)),
+            red.n, float(red.n) if p is None else 1.0)
     state = {"program": program}
 
     def run_dual():
         if p is None and oracle._hinge_piece is not None:
             sol = solve_two_piece(oracle, r, theta2, divergence, base=stats[0], **dual_opts)
+        elif p is None and red.lean_multiclass:
+            sol = solve_multiclass(cast(MulticlassOracle, oracle), cast(MulticlassDual, dual),
+                                   r, theta2, divergence, base=stats[0], **dual_opts)
         else:
             sol = solve_dual(dual, r, theta2, divergence, p=None if weighted_rows else p,
                              **dual_opts)
         # a sorted view (an n-vector of keys) served the solve only: freed before Q* is
         # built (a conic fallback refines h on the plain oracle)
         oracle.prefix = None
+        if isinstance(dual, MulticlassDual):  # (and the pieces its blocks kept)
+            dual.release()
         if sol.status != OPTIMAL:
             raise audit.Skip(f"dual reported {sol.native_status!r}", sol.status)
         return build_result(prob, red, sol, r, theta1, theta2, divergence, t_start,
@@ -287,11 +306,15 @@ def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, thet
     if h == 0.0:
         # (the dual saw r at the base risk: an upper bound on R for r within its rounding,
         # from the curvature c2 of each sample's loss piece, audit.upper_near_base)
-        c2 = red.c2
         curv = 0.0
         for s, e in blocks:
             k = oracle.scan(0.0, tie_rtol, slice(s, e))[3]
-            c2k = c2[0][k] if c2.shape[0] == 1 else c2[np.arange(s, e), k]
+            if red.lean_multiclass:
+                assert red.mrows is not None  # lean_multiclass
+                c2k = red.mrows.C[red.mrows.labels[s:e], k]
+            else:
+                c2 = red.c2
+                c2k = c2[0][k] if c2.shape[0] == 1 else c2[np.arange(s, e), k]
             curv += float(np.sum(c2k)) / n if p is None else float(p[s:e] @ c2k)
         near_base = audit.upper_near_base(r, prob.loss_stats()[0], curv, n)
 

@@ -13,6 +13,9 @@ function of the budget alone, so the bounds stay deterministic; ``node_budget`` 
 box of every round, and more boxes never lower a bound (each round keeps the best of its
 own and the previous bound).
 
+With ``reach`` (the tree bounds pass 1.25) a round searches a sample only out to
+``reach * h / theta1``: beyond, no sample enters either dual at that h.
+
 ``rtol=None`` gives every sample ``max_nodes`` boxes in one round, in order of its found
 distance (the behaviour before the rule).
 """
@@ -99,7 +102,7 @@ def _one_by_one(search):
 
 
 def refine(n, search, up, duals, *, rtol, max_nodes, node_budget=None, deadline=math.inf,
-           skip=None, first=FIRST_NODES, progress=None, search_many=None):
+           skip=None, first=FIRST_NODES, progress=None, search_many=None, reach=None):
     """Run ``search(i, budget, deadline, upper) -> (low, exact, used, timed_out, up_i)`` over
     the samples in rounds (module doc). ``up``: the found distances (improved in place by the
     searches); ``duals``: a :class:`ZeroOneDuals` (None with ``rtol=None``); ``skip``: samples
@@ -113,6 +116,14 @@ def refine(n, search, up, duals, *, rtol, max_nodes, node_budget=None, deadline=
     with ``total`` the boxes of the samples before it (a chunk that a node budget could cut
     runs one sample at a time), and once a budget is spent the samples not yet searched get
     their root box only. So a time-stopped run is reproduced by its ``node_budget``.
+
+    ``reach`` (a factor >= 1, with ``duals`` and ``rtol``): a round searches each sample only
+    out to ``reach * h / theta1`` (``h``: the larger of the two duals' thresholds before the
+    round), the search's ``upper`` capped there: no sample beyond it enters either dual at
+    that h, and the search examines only the leaves within the cap. A search that completes
+    below the cap without a misclassified region proves ``d*_i >= cap`` (a bound, not the
+    exact distance: the sample is searched again, from its root, if a later h passes it);
+    one that finds a misclassified region closer than the cap has the exact distance.
 
     Returns ``(dlow, exact, info)``; ``info``: ``nodes``, ``rounds``, ``stopped``
     (``"rtol"``, ``"time_budget"``, ``"node_budget"`` or None), ``node_budget`` (the budget
@@ -132,11 +143,26 @@ def refine(n, search, up, duals, *, rtol, max_nodes, node_budget=None, deadline=
     exact[(up == 0) & ~exact] = True
     todo = todo[np.argsort(up[todo], kind="stable")]
 
+    cap = {"at": math.inf}  # the search radius of this round (reach)
+    use_reach = reach is not None and rtol is not None and duals is not None
+    if use_reach:
+        _, h0 = duals(up)
+        t1r = duals.theta1 if math.isfinite(duals.theta1) else 1.0
+        if math.isfinite(h0):
+            cap["at"] = float(reach) * h0 / t1r
+
+    def search_upper(ids):
+        return np.minimum(up[ids], cap["at"])
+
     def take(ids, budgets, results):
         """Record the results of the samples ``ids`` (in order); False once a budget ran out
         (the rest of ``ids`` is then left to the stopped mode)."""
         for i, b, res in zip(ids, budgets, results):
             low, ex, used, timed_out, up_i = res
+            if up[i] > cap["at"]:  # a capped search (reach): d*_i >= low; exact only when
+                # a misclassified region closer than the cap was found
+                ex = bool(ex) and low < cap["at"]
+                up_i = up[i]
             up[i] = min(up[i], up_i)
             dlow[i] = max(dlow[i], min(low, up[i]))
             exact[i] = exact[i] or ex
@@ -164,7 +190,7 @@ def refine(n, search, up, duals, *, rtol, max_nodes, node_budget=None, deadline=
                 rest = rest[given[rest] == 0]
                 if rest.size:
                     ones = np.ones(rest.size, dtype=np.int64)
-                    take(rest, ones, many(rest, ones, math.inf, up[rest]))
+                    take(rest, ones, many(rest, ones, math.inf, search_upper(rest)))
                 break
             if time.perf_counter() > deadline and search_many is not None:
                 # (before any box: every sample gets its root box, as node_budget=1 gives)
@@ -179,7 +205,7 @@ def refine(n, search, up, duals, *, rtol, max_nodes, node_budget=None, deadline=
             else:
                 b = budget
             budgets = np.full(ids.size, b, dtype=np.int64)
-            results = many(ids, budgets, deadline, up[ids])
+            results = many(ids, budgets, deadline, search_upper(ids))
             take(ids[:len(results)], budgets, results)
             pos += len(results)
         if st["stopped"] is not None or rtol is None or budget >= max_nodes:
@@ -196,6 +222,8 @@ def refine(n, search, up, duals, *, rtol, max_nodes, node_budget=None, deadline=
         matters = (t1 * dlow < h * (1 + 1e-9)) if math.isfinite(h) else np.ones(n, bool)
         todo = np.flatnonzero(matters & ~exact & (given < budget))
         todo = todo[np.argsort(-(up[todo] - dlow[todo]), kind="stable")]
+        if use_reach:
+            cap["at"] = float(reach) * h / t1 if math.isfinite(h) else math.inf
         if time.perf_counter() > deadline:
             st["stopped"], st["reproduce"] = "time_budget", st["total"]
             break

@@ -541,6 +541,8 @@ class _RowAtoms:
         maximiser at h."""
         if self.lh_cache is not None:
             return self.lh_cache[src]
+        if self.reduced_cache is not None:  # (atom i is sample i at its step at h)
+            return self.l_of(self.reduced_cache[src], self.moved2_of(self.steps.Z[src]))
         return self.l_of(*self.reduced(src, self.steps.Z[src]))
 
     def points(self, src, st):
@@ -575,14 +577,30 @@ def _build_rows(prob, oracle, moves, sol, loss, r, theta1, theta2, divergence, t
     n, p, h = prob.n, prob.p, float(sol.h)
     Z = None
     step_rows = getattr(oracle, "step_rows", oracle.transform_rows)
+    # the logistic pass at h kept each sample's loss at its maximiser and its step in two
+    # n-vectors (logistic_pass): the reduced form takes the losses (the audit's sampled atoms
+    # check them against the model) and the steps become the moves in place (no copy)
+    vectors = getattr(oracle, "kept_vectors", None)
+    vectors = None if vectors is None else vectors(h)
+    if vectors is not None:
+        loss_h, t_all = vectors
+        for s in range(0, n, ROWS_BLOCK):
+            rows = slice(s, min(s + ROWS_BLOCK, n))
+            zb = moves.steps((None, None, None, t_all[rows]), rows)
+            if zb.shape[1] != 1:
+                break
+            t_all[rows] = zb[:, 0]
+        else:
+            Z = t_all[:, None]
     # the loss at each maximiser (kept for the audit's sums too: an n-vector, read instead of
     # a second reduced form of every atom; the squared moves follow from the steps)
-    loss_h = np.empty(n)
+    if Z is None:
+        loss_h = np.empty(n)
     # the logistic pass at h kept each block's loss at its maximiser (logistic_pass): the
     # reduced form takes it (the audit's sampled atoms check it against the model)
     kept = getattr(oracle, "kept", None)
-    starts = range(0, n, ROWS_BLOCK)
-    passed = kept is not None and all(
+    starts = range(0, n, ROWS_BLOCK) if Z is None else range(0)
+    passed = Z is not None or kept is not None and all(
         kept(h, slice(s, min(s + ROWS_BLOCK, n))) is not None for s in starts)
     for s in starts:
         rows = slice(s, min(s + ROWS_BLOCK, n))  # (a slice: the oracle's warm starts apply)
@@ -601,16 +619,20 @@ def _build_rows(prob, oracle, moves, sol, loss, r, theta1, theta2, divergence, t
     # the risk and the audit read them
     may_switch = h > 0 and oracle.switching and \
         getattr(oracle, "may_switch", lambda _h: True)(h)
-    lh = np.empty(n)
-    for s, e in bounds:
-        if passed:
-            d2 = atoms.moved2_of(Z[s:e])
-        else:
-            loss_h[s:e], d2 = atoms.reduced(np.arange(s, e), Z[s:e])
-        lh[s:e] = atoms.l_of(loss_h[s:e], d2)
-    atoms.lh_cache = lh
+    lh = None
+    if vectors is None:
+        lh = np.empty(n)
+        for s, e in bounds:
+            if passed:
+                d2 = atoms.moved2_of(Z[s:e])
+            else:
+                loss_h[s:e], d2 = atoms.reduced(np.arange(s, e), Z[s:e])
+            lh[s:e] = atoms.l_of(loss_h[s:e], d2)
+        atoms.lh_cache = lh
 
     def lh_block(s, e):
+        if lh is None:  # from the pass's losses and steps as a block is read (no n-vector)
+            return atoms.l_of(loss_h[s:e], atoms.moved2_of(Z[s:e]))
         return lh[s:e]
 
     kl_sums = sol.info.pop("kl_weights", None)
@@ -632,12 +654,14 @@ def _build_rows(prob, oracle, moves, sol, loss, r, theta1, theta2, divergence, t
         switch = _switch(oracle, atoms, qw, bounds, h, r)
         if switch is not None:
             main, extra, note = switch
+            if lh is None:
+                lh = np.concatenate([lh_block(s, e) for s, e in bounds])
             atoms = _RowAtoms(prob, moves, _Steps(moves.D, Z, main=main, extra=extra), h,
                               theta1)
             atoms.lh_cache = lh  # (l_h of a sample is from its step at h either way)
     if atoms.m == n and not atoms.steps.main_rows.size:  # every atom at its step at h
         atoms.reduced_cache = loss_h
-    del loss_h
+    loss_h = None  # (the atoms hold it while the audit reads it)
     if not exact:
         note = (f"multinomial cross-entropy above h_concave = {oracle.h_concave:.4g}: l_h is "
                 "the best of several local maxima, so the dual value is not certified; the "

@@ -29,6 +29,16 @@ that sample with the NumPy path at the same budget. So the kernel's bounds are t
 path's (up to the order of float64 sums, and never less sound), and the model decides every
 tie, as before. Such ties are rare for boosted trees (margins exactly in a band of width about
 ``1e-5``) and common only for forests voting exactly half and half.
+
+**Merged trees** (:func:`merge_groups`, :func:`search_merged`; ``KernelTable(merge=cap)``,
+off by default, the NumPy path has no counterpart): per sample, the trees' leaves within
+``U_i`` are paired into groups whose leaves are the nonempty intersections of a leaf of
+each (the larger lower threshold and edge, the smaller upper ones, the margins summed; the
+distance to an intersection is exact for the separable costs), a pair left unmerged when it
+would have more than ``cap`` intersections; the same search then runs with the groups in
+place of the trees. Every input lies in exactly one leaf of every group, with the margin the
+trees' sum, so the bounds stay sound and, at the root box, the margin bound is at least the
+independent-trees one (a group's minimum is at least the sum of its trees' minima).
 """
 
 from __future__ import annotations
@@ -48,6 +58,10 @@ _EPS = float(np.finfo(np.float64).eps)
 
 #: kernel statuses per sample
 DONE, FALLBACK = 0, 1
+
+#: the default cap on the leaves of a merged group of trees (:func:`merge_groups`; 0: the
+#: independent-trees bound of the NumPy path)
+MERGE_CAP = 0
 
 
 def available() -> bool:
@@ -544,6 +558,218 @@ def search_one(LO, HI, A, B, TREE, MARG, base, x, w, sqw, upper, tol, size, f32,
     return upper, True, nodes, DONE
 
 @_jit
+def _pair_count(LO, HI, A, B, x, w, upper, s1, e1, s2, e2, cap):  # pragma: no cover
+    """The number of nonempty intersections of a leaf of ``s1:e1`` with one of ``s2:e2``
+    closer than ``upper`` (counting stops above ``cap``)."""
+    dm = x.shape[0]
+    c = 0
+    for p in range(s1, e1):
+        for q in range(s2, e2):
+            ok = True
+            for jj in range(dm):
+                if not max(LO[p, jj], LO[q, jj]) < min(HI[p, jj], HI[q, jj]):
+                    ok = False
+                    break
+            if not ok:
+                continue
+            s = 0.0
+            for jj in range(dm):
+                a = max(A[p, jj], A[q, jj])
+                b = min(B[p, jj], B[q, jj])
+                g = max(max(a - x[jj], x[jj] - b), 0.0)
+                s += g * g * w[jj]
+                if not s < upper:
+                    break
+            if s < upper:
+                c += 1
+                if c > cap:
+                    return c
+    return c
+
+@_jit
+def merge_groups(LO, HI, A, B, MARG, x, w, upper, starts, cap):  # pragma: no cover
+    """Trees merged into groups (the merged bound of the module doc).
+
+    ``LO, HI, A, B, MARG``: the leaves of one sample (rows), grouped by tree, the groups
+    starting at ``starts`` (``starts[-1]`` = rows). Rounds: the groups not yet frozen are
+    paired in order of their number of leaves (the two smallest, the next two, ...: trees
+    with one leaf within ``upper`` collapse into one constant group); a pair becomes one
+    group whose leaves are the nonempty intersections of a leaf of each (boxes: the larger
+    lower threshold and edge, the smaller upper threshold and edge; margin: the sum) closer
+    than ``upper``, unless there would be more than ``cap`` of them: then both are frozen,
+    unmerged. Every input lies in one leaf of each tree, so in exactly one leaf of each
+    group, whose margin is the sum of the trees'. Returns ``(LO, HI, A, B, MARG, starts)``
+    of the groups."""
+    dm = x.shape[0]
+    K1 = MARG.shape[1]
+    frozen = np.zeros(starts.shape[0] - 1, dtype=np.bool_)
+    while True:
+        G = starts.shape[0] - 1
+        # kind: 0 copied, 1 merged with partner[g], 2 merged into its partner (skipped)
+        kind = np.zeros(G, dtype=np.int64)
+        partner = np.full(G, -1, dtype=np.int64)
+        counts = np.zeros(G, dtype=np.int64)
+        prev = -1
+        n_new = 0
+        G2 = 0
+        merged_any = False
+        sizes = np.empty(G, dtype=np.int64)
+        for g in range(G):
+            sizes[g] = starts[g + 1] - starts[g]
+        for g0 in np.argsort(sizes, kind="mergesort"):
+            if frozen[g0]:
+                continue
+            if prev < 0:
+                prev = g0
+                continue
+            g1, g2 = min(prev, g0), max(prev, g0)
+            prev = -1
+            c = _pair_count(LO, HI, A, B, x, w, upper, starts[g1], starts[g1 + 1],
+                            starts[g2], starts[g2 + 1], cap)
+            if c <= cap:
+                kind[g1], kind[g2] = 1, 2
+                partner[g1] = g2
+                counts[g1] = c
+                merged_any = True
+            else:
+                frozen[g1] = True
+                frozen[g2] = True
+        if not merged_any:
+            return LO, HI, A, B, MARG, starts
+        for g in range(G):
+            if kind[g] == 0:
+                n_new += starts[g + 1] - starts[g]
+                G2 += 1
+            elif kind[g] == 1:
+                n_new += counts[g]
+                G2 += 1
+        LO2 = np.empty((n_new, dm))
+        HI2 = np.empty((n_new, dm))
+        A2 = np.empty((n_new, dm))
+        B2 = np.empty((n_new, dm))
+        M2 = np.empty((n_new, K1))
+        st2 = np.empty(G2 + 1, dtype=np.int64)
+        fr2 = np.zeros(G2, dtype=np.bool_)
+        r = 0
+        gg = 0
+        for g in range(G):
+            if kind[g] == 2:
+                continue
+            st2[gg] = r
+            fr2[gg] = frozen[g]
+            gg += 1
+            if kind[g] == 0:
+                for p in range(starts[g], starts[g + 1]):
+                    LO2[r] = LO[p]
+                    HI2[r] = HI[p]
+                    A2[r] = A[p]
+                    B2[r] = B[p]
+                    M2[r] = MARG[p]
+                    r += 1
+                continue
+            h = partner[g]
+            for p in range(starts[g], starts[g + 1]):
+                for q in range(starts[h], starts[h + 1]):
+                    ok = True
+                    for jj in range(dm):
+                        if not max(LO[p, jj], LO[q, jj]) < min(HI[p, jj], HI[q, jj]):
+                            ok = False
+                            break
+                    if not ok:
+                        continue
+                    s = 0.0
+                    for jj in range(dm):
+                        a = max(A[p, jj], A[q, jj])
+                        b = min(B[p, jj], B[q, jj])
+                        gap = max(max(a - x[jj], x[jj] - b), 0.0)
+                        s += gap * gap * w[jj]
+                        if not s < upper:
+                            break
+                    if not s < upper:
+                        continue
+                    for jj in range(dm):
+                        LO2[r, jj] = max(LO[p, jj], LO[q, jj])
+                        HI2[r, jj] = min(HI[p, jj], HI[q, jj])
+                        A2[r, jj] = max(A[p, jj], A[q, jj])
+                        B2[r, jj] = min(B[p, jj], B[q, jj])
+                    for k in range(K1):
+                        M2[r, k] = MARG[p, k] + MARG[q, k]
+                    r += 1
+        st2[G2] = r
+        LO, HI, A, B, MARG, starts, frozen = LO2, HI2, A2, B2, M2, st2, fr2
+
+
+@_jit
+def search_merged(LO, HI, A, B, TREE, MARG, base, x, w, sqw, upper, tol, size, f32, T,
+                  root, max_nodes, cap):  # pragma: no cover - compiled
+    """:func:`search_one` on the sample's leaves within ``upper`` (those of ``root`` meeting
+    the root box) with its trees merged into groups of at most ``cap`` leaves
+    (:func:`merge_groups`); ``cap <= 0``: :func:`search_one` itself."""
+    if cap <= 0:
+        return search_one(LO, HI, A, B, TREE, MARG, base, x, w, sqw, upper, tol, size, f32,
+                          T, root, max_nodes)
+    dm = x.shape[0]
+    K1 = MARG.shape[1]
+    L = root.shape[0]
+    out = np.empty(L, dtype=np.int32)
+    dist = np.empty(L)
+    tree_start = np.empty(T + 1, dtype=np.int64)
+    mbuf = np.empty(K1)
+    bound = np.empty(K1)
+    blo = np.full(dm, -np.inf)
+    bhi = np.full(dm, np.inf)
+    m, key, single, unc = evaluate(LO, HI, A, B, TREE, MARG, base, x, w, upper, tol, size,
+                                   f32, T, root, dist, blo, bhi, blo, bhi, blo, bhi,
+                                   -1, out, dist, tree_start, mbuf, bound)
+    if m < 0:
+        return upper, True, 1, DONE
+    if single:  # one leaf per tree: nothing to merge
+        return search_one(LO, HI, A, B, TREE, MARG, base, x, w, sqw, upper, tol, size, f32,
+                          T, root, max_nodes)
+    sel = out[:m].copy()
+    starts = np.empty(T + 1, dtype=np.int64)
+    starts[:T] = tree_start[:T]
+    starts[T] = m
+    mLO, mHI, mA, mB, mM, st = merge_groups(LO[sel], HI[sel], A[sel], B[sel], MARG[sel], x,
+                                            w, upper, starts, cap)
+    G = st.shape[0] - 1
+    n = mLO.shape[0]
+    GT = np.empty(n, dtype=np.int64)
+    for g in range(G):
+        GT[st[g]:st[g + 1]] = g
+    return search_one(mLO, mHI, mA, mB, GT, mM, base, x, w, sqw, upper, tol, size, f32, G,
+                      np.arange(n).astype(np.int32), max_nodes)
+
+
+@_jit
+def batch_merged(LO, HI, A, B, TREE, MARG, BASE, FLO, FHI, XM, CF, Y, UP, BUD, w, sqw, tol,
+                 size, f32, T, r0, r1, low, exact, used, status, cap):  # pragma: no cover
+    """:func:`batch` with the trees merged (:func:`search_merged`, groups of at most
+    ``cap`` leaves)."""
+    L = LO.shape[0]
+    nf = FLO.shape[1]
+    for i in range(r0, r1):
+        keep = np.empty(L, dtype=np.int32)
+        c = 0
+        for leaf in range(L):
+            ok = True
+            for f in range(nf):
+                if not (FLO[leaf, f] < CF[i, f] and CF[i, f] <= FHI[leaf, f]):
+                    ok = False
+                    break
+            if ok:
+                keep[c] = leaf
+                c += 1
+        y = Y[i]
+        b, ex, nd, st = search_merged(LO, HI, A, B, TREE, MARG[y], BASE[y], XM[i], w, sqw,
+                                      UP[i], tol, size, f32, T, keep[:c], BUD[i], cap)
+        low[i] = b
+        exact[i] = ex
+        used[i] = nd
+        status[i] = st
+
+
+@_jit
 def batch(LO, HI, A, B, TREE, MARG, BASE, FLO, FHI, XM, CF, Y, UP, BUD, w, sqw, tol,
           size, f32, T, r0, r1, low, exact, used, status):  # pragma: no cover - compiled
     """The rows ``r0 <= i < r1`` of a batch, one after the other (without the GIL)."""
@@ -576,7 +802,8 @@ class KernelTable:
     columns of the leaf boxes and their edges, the fixed columns, and the margins
     ``F_y - F_k`` of every leaf for each label ``y``."""
 
-    def __init__(self, table, mv, weights=None):
+    def __init__(self, table, mv, weights=None, merge=None):
+        self.merge = MERGE_CAP if merge is None else int(merge)
         mv = np.asarray(mv, dtype=bool)
         fixed = ~mv
         a, b = table.leaf_edges()
@@ -627,7 +854,14 @@ def search_batch(kt: KernelTable, X, yi, idx, budgets, upper):
     bud = np.ascontiguousarray(np.asarray(budgets, dtype=np.int64))
     Y = np.ascontiguousarray(np.asarray(yi, dtype=np.int64)[idx])
 
+    cap = int(getattr(kt, "merge", 0))
+
     def run(i):
+        if cap > 0:
+            batch_merged(kt.LO, kt.HI, kt.A, kt.B, kt.TREE, kt.MARG, kt.BASE, kt.FLO, kt.FHI,
+                         XM, CF, Y, up, bud, kt.w, kt.sqw, float(kt.tol), float(kt.size),
+                         kt.f32, kt.T, i, i + 1, low, exact, used, status, cap)
+            return
         kern(kt.LO, kt.HI, kt.A, kt.B, kt.TREE, kt.MARG, kt.BASE, kt.FLO, kt.FHI, XM, CF, Y,
              up, bud, kt.w, kt.sqw, float(kt.tol), float(kt.size), kt.f32, kt.T, i, i + 1,
              low, exact, used, status)

@@ -1,0 +1,556 @@
+"""The Crammer-Singer multiclass hinge's reduced form, computed per block of rows.
+
+For the loss ``max_k (1[k != y] + s_k - s_y)`` of a linear model with masked class weights
+``Wm`` the reduced form (``otstab.modeling.reduce_problem``) has the pieces
+
+    c1[i, k] = (1 + s_ik) - s_iy   (k != y_i),   c1[i, y_i] = 0,
+    c2[i, k] = C[y_i, k],          C[y, k] = ||Wm_k - Wm_y||^2 / (4 theta1),
+
+so each sample's pieces are a function of its K scores and its label. :class:`MulticlassRows`
+computes them for a block of rows where they are needed instead of storing the two (K, n)
+arrays, and :class:`MulticlassOracle` is a :class:`~otstab_solvers.dual.PiecewiseOracle` on
+them: the same numbers as the dense oracle of the stored arrays (the same arithmetic, the ties
+decided with the same tolerance), with temporaries of one block. :func:`multiclass_blocks`
+cuts it into the blocks of :class:`~otstab_solvers.blockwise.BlockwiseDual`, so that a dual
+evaluation sums per block and never holds an n-vector.
+
+This module does not import otstab.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from .blockwise import BlockwiseDual, block_kl, block_l, in_memory
+from .dual import WINDOW_MIN_N, WINDOW_SUBSAMPLE, WINDOW_WIDTHS, PiecewiseOracle, solve_dual
+from .result import OPTIMAL, DualSolution
+
+__all__ = ["MulticlassRows", "MulticlassOracle", "MulticlassDual", "multiclass_blocks",
+           "solve_multiclass", "BLOCK"]
+
+#: rows per block: the (B, K) temporaries of a block stay in the cache
+BLOCK = 1 << 13
+#: evaluations whose pieces a block keeps (int8: an eighth of an n-vector each), for the kinks
+#: between the ends of the dual's bracket
+PIECES_KEPT = 4
+
+
+class MulticlassRows:
+    """The pieces of the multiclass hinge from the scores ``S`` (n, K), the labels (n,) and the
+    curvature matrix ``C`` (K, K; zero diagonal). Nothing of size n is stored beyond the
+    arrays given (views, not copies)."""
+
+    BLOCK = BLOCK
+
+    def __init__(self, S, labels, C):
+        self.S = S
+        self.labels = labels
+        self.C = np.ascontiguousarray(C, dtype=np.float64)
+        self.n, self.K = int(S.shape[0]), int(self.C.shape[0])
+        self._range: tuple[float, float] | None = None
+        self._present: np.ndarray | None = None
+
+    def subset(self, s: int, e: int) -> MulticlassRows:
+        """Rows ``s..e`` (views of the same arrays)."""
+        return MulticlassRows(self.S[s:e], self.labels[s:e], self.C)
+
+    def blocks(self):
+        return ((i, min(i + self.BLOCK, self.n)) for i in range(0, self.n, self.BLOCK))
+
+    def block(self, sel) -> tuple[np.ndarray, np.ndarray]:
+        """``(c1, c2)`` of the rows ``sel`` (a slice or an index array), each (B, K): the
+        numbers of :meth:`materialize` (``(1 + s_k) - s_y``, 0 at the label)."""
+        return self.block_at(sel)[:2]
+
+    def block_at(self, sel):
+        """``(c1, c2, flat)``: :meth:`block` and the flat positions ``K i + y_i`` of each
+        row's label in the (B, K) arrays."""
+        S = np.ascontiguousarray(self.S[sel])
+        y = self.labels[sel]
+        K = self.K
+        flat = np.arange(0, K * S.shape[0], K)
+        flat += y
+        sy = S.reshape(-1).take(flat)
+        c1 = np.add(1.0, S)
+        c1 -= sy[:, None]
+        c1.reshape(-1)[flat] = 0.0
+        return c1, self.C.take(y, axis=0), flat
+
+    def block_T(self, sel):
+        """``(c1, c2, ar)``: :meth:`block` in the (K, B) layout (each piece a contiguous row:
+        the same numbers) and ``arange(B)``."""
+        S = np.ascontiguousarray(self.S[sel])
+        y = self.labels[sel]
+        K, B = self.K, S.shape[0]
+        ar = np.arange(B)
+        flat = ar * K
+        flat += y
+        sy = S.reshape(-1).take(flat)
+        c1 = np.empty((K, B))
+        np.add(1.0, S.T, out=c1)
+        c1 -= sy
+        np.multiply(y, B, out=flat)
+        flat += ar
+        c1.reshape(-1)[flat] = 0.0
+        return c1, np.take(self.C.T, y, axis=1), ar
+
+    def piece(self, k: int, rows) -> np.ndarray:
+        """``c1[rows, k]`` (a fresh array)."""
+        S = self.S[rows]
+        y = self.labels[rows]
+        out = np.add(1.0, S[:, k])
+        out -= S[np.arange(S.shape[0]), y]
+        out[y == k] = 0.0
+        return out
+
+    def materialize(self) -> np.ndarray:
+        """The (K, n) array of ``c1`` (built block by block)."""
+        out = np.empty((self.K, self.n))
+        for i, j in self.blocks():
+            out[:, i:j] = self.block(slice(i, j))[0].T
+        return out
+
+    def materialize_c2(self) -> np.ndarray:
+        """The (K, n) array of ``c2``."""
+        out = np.empty((self.K, self.n))
+        for k in range(self.K):
+            np.take(self.C[:, k], self.labels, out=out[k])
+        return out
+
+    def present(self) -> np.ndarray:
+        """Which classes occur among the labels (K booleans)."""
+        if self._present is None:
+            self._present = np.bincount(self.labels, minlength=self.K)[:self.K] > 0
+        return self._present
+
+    def c2_max(self) -> float:
+        """The largest ``c2[i, k]`` (over the classes that occur; 0 without rows)."""
+        pres = self.present()
+        return float(self.C[pres].max()) if pres.any() else 0.0
+
+    def can_move(self) -> bool:
+        """Some ``c2[i, k] > 0``: some sample can move at a finite price."""
+        return self.c2_max() > 0.0
+
+    def c1_range(self) -> tuple[float, float]:
+        """(smallest, largest) ``c1[i, k]`` over every row and piece (the zeros included),
+        over blocks; (inf, -inf) without rows."""
+        if self._range is None:
+            lo, hi = math.inf, -math.inf
+            for i, j in self.blocks():
+                c1 = self.block_T(slice(i, j))[0]
+                lo, hi = min(lo, float(c1.min())), max(hi, float(c1.max()))
+            self._range = (lo, hi)
+        return self._range
+
+
+def _top_T(V: np.ndarray, scale: float, out: np.ndarray):
+    """``(vmax, piece, many)`` of the columns of ``V`` (K, B; one row per piece): the largest
+    value of each row of the data (into ``out``), the first piece that reaches it, and the
+    rows where another piece is within twice ``scale`` of it (there the caller applies its
+    tie rule; elsewhere the piece is the only one within the tie tolerance of the largest
+    value, and the sequential rules of the dense oracle pick it)."""
+    K, m = V.shape
+    vmax = out
+    np.copyto(vmax, V[0])
+    sec = np.full(m, -np.inf)
+    tmp = np.empty(m)
+    for k in range(1, K):
+        v = V[k]
+        np.minimum(v, vmax, out=tmp)
+        np.maximum(sec, tmp, out=sec)
+        np.maximum(vmax, v, out=vmax)
+    sec += 2.0 * scale
+    many = np.flatnonzero(sec >= vmax)
+    # the piece at the largest value, as the sum of k [V[k] == vmax]: where no other piece is
+    # near the largest, exactly one piece equals it (the rows ``many`` are redone by the
+    # caller's rule); small integers, which NumPy adds far faster than it copies by a mask
+    small = np.int8 if K <= 127 else np.intp
+    kk = np.zeros(m, dtype=small)
+    part = np.empty(m, dtype=small)
+    for k in range(1, K):
+        eq = np.equal(V[k], vmax)
+        np.multiply(eq.view(np.int8) if small is np.int8 else eq, k, out=part)
+        kk += part
+    out_k = kk.astype(np.intp)
+    out_k[many] = 0  # (a valid piece until the caller's rule decides these rows)
+    return vmax, out_k, many
+
+
+class MulticlassOracle(PiecewiseOracle):
+    """:class:`~otstab_solvers.dual.PiecewiseOracle` of a :class:`MulticlassRows` form: each
+    method computes the pieces of a block of rows at a time (``scan``, ``values`` over the
+    rows asked; ``evaluate`` over all rows: a block of :class:`~otstab_solvers.blockwise.
+    BlockwiseDual` is one of these). The numbers equal the dense oracle's of
+    ``(rows.materialize().T, rows.materialize_c2().T)``; ``c1abs``: the tie scale of a larger
+    form these rows are a block of. The dense arrays are built (once) only by ``c1`` and
+    ``with_c2`` (the paths that take the whole form: conic programs, feature scores)."""
+
+    def __init__(self, rows: MulticlassRows, *, c1abs: float | None = None,
+                 c2max: float | None = None):
+        self.rows = rows
+        self.n, self.K = rows.n, rows.K
+        self._rowwise = True
+        self._dense: np.ndarray | None = None
+        self._dense_c2: np.ndarray | None = None
+        if c1abs is None:
+            lo, hi = rows.c1_range() if self.n else (0.0, 0.0)
+            c1abs = max(hi, -lo) if self.n else 0.0
+        self._c1abs = float(c1abs)
+        self._c2max = float(rows.c2_max() if c2max is None else c2max)
+        # a piece is identically zero only when every label is its class (c1 = c2 = 0 there)
+        pres = rows.present() if self.n else np.zeros(self.K, dtype=bool)
+        self._zero = [bool(self.n and pres[k] and pres.sum() == 1) for k in range(self.K)]
+        self.p = None
+        #: keep the last evaluation (chi2 sums one h over several passes)
+        self.keep = False
+        self._last: tuple | None = None
+        self._pieces: dict = {}
+
+    # -- the dense arrays, on demand ---------------------------------------------------------
+    @property
+    def _c1T(self) -> np.ndarray:  # type: ignore[override]
+        if self._dense is None:
+            self._dense = self.rows.materialize()
+        return self._dense
+
+    @property
+    def _c2T(self) -> np.ndarray:  # type: ignore[override]
+        if self._dense_c2 is None:
+            self._dense_c2 = self.rows.materialize_c2()
+        return self._dense_c2
+
+    @property
+    def c1(self) -> np.ndarray:  # type: ignore[override]
+        return self._c1T.T
+
+    @property
+    def c2(self) -> np.ndarray:  # type: ignore[override]
+        return self._c2T.T
+
+    @property
+    def _c1max(self) -> np.ndarray:  # type: ignore[override]  # (the dense oracle's per-piece largest c1)
+        return self._c1T.max(axis=1) if self.n else np.zeros(self.K)
+
+    def with_c2(self, c2) -> PiecewiseOracle:
+        return PiecewiseOracle(self.c1, c2)
+
+    def _piece(self, k: int, sel) -> np.ndarray:
+        return self.rows.piece(k, sel)
+
+    def _bound(self, h):
+        return h * self._c1abs + h * h * self._c2max
+
+    def _blocks_of(self, sel):
+        """The row selections of ``sel`` in blocks (a slice in slices of :data:`BLOCK` rows;
+        an index array in chunks), with the output positions of each."""
+        if isinstance(sel, slice):
+            start, stop, step = sel.indices(self.n)
+            if step != 1:
+                idx = np.arange(start, stop, step)
+                return [(idx[i:i + BLOCK], slice(i, min(i + BLOCK, idx.size)))
+                        for i in range(0, idx.size, BLOCK)], idx.size
+            m = max(stop - start, 0)
+            return [(slice(start + i, min(start + i + BLOCK, stop)),
+                     slice(i, min(i + BLOCK, m))) for i in range(0, m, BLOCK)], m
+        sel = np.asarray(sel)
+        if sel.dtype == bool:
+            sel = np.flatnonzero(sel)
+        return [(sel[i:i + BLOCK], slice(i, min(i + BLOCK, sel.size)))
+                for i in range(0, sel.size, BLOCK)], sel.size
+
+    # -- the oracle's methods, per block -----------------------------------------------------
+    def values(self, h: float, rows=None) -> np.ndarray:
+        """l_h of the samples ``rows`` (default all), the dense oracle's numbers."""
+        parts, m = self._blocks_of(slice(None) if rows is None else rows)
+        out = np.empty(m)
+        hh = h * h
+        for sel, at in parts:
+            c1, c2, _ = self.rows.block_T(sel)
+            c1 *= h
+            c2 *= hh
+            c1 += c2
+            o = out[at]
+            np.copyto(o, c1[0])
+            for k in range(1, self.K):
+                np.maximum(o, c1[k], out=o)
+        return out
+
+    def values_max(self, h: float) -> float:
+        """The largest l_h over all samples (over blocks)."""
+        if not self.n:
+            return 0.0
+        hh = h * h
+        top = -math.inf
+        for s, e in self.rows.blocks():
+            c1, c2, _ = self.rows.block_T(slice(s, e))
+            c1 *= h
+            c2 *= hh
+            c1 += c2
+            top = max(top, float(c1.max()))
+        return top
+
+    def scan(self, h: float, tol: float | None = None, rows=None):
+        """:meth:`PiecewiseOracle.scan` (the same tie rule and numbers), a block at a time:
+        the rows where one piece alone is near the largest value take it (the sequential rule
+        does: see :meth:`_side`), the others go through the sequential rule."""
+        tol = self.TIE if tol is None else tol
+        parts, m = self._blocks_of(slice(None) if rows is None else rows)
+        vmax, d_lo = np.empty(m), np.empty(m)
+        k_lo = np.empty(m, dtype=np.intp)
+        scale = tol * self._bound(h)
+        hh = h * h
+        ties = []  # (positions, k_hi, d_hi) of the rows whose two sides differ
+        for sel, at in parts:
+            c1, c2, ar = self.rows.block_T(sel)
+            V = c1 * h
+            V += c2 * hh
+            vm, kk, many = _top_T(V, scale, vmax[at])
+            flat = kk * ar.size
+            flat += ar
+            d = c2.reshape(-1).take(flat)
+            d *= 2.0 * h
+            d += c1.reshape(-1).take(flat)
+            if many.size:
+                D = c2[:, many] * (2.0 * h)
+                D += c1[:, many]
+                Vm = V[:, many]
+                v0 = Vm[0].copy()
+                dl, dh = D[0].copy(), D[0].copy()
+                kl, kh = np.zeros(many.size, dtype=np.intp), np.zeros(many.size, dtype=np.intp)
+                for k in range(1, self.K):
+                    v, dk = Vm[k], D[k]
+                    diff = v - v0
+                    above = diff > scale
+                    tie = np.abs(diff) <= scale
+                    np.copyto(dl, dk, where=above)
+                    np.copyto(dh, dk, where=above)
+                    np.copyto(kl, k, where=above)
+                    np.copyto(kh, k, where=above)
+                    lo_upd = tie & (dk < dl)
+                    hi_upd = tie & (dk > dh)
+                    np.copyto(dl, dk, where=lo_upd)
+                    np.copyto(kl, k, where=lo_upd)
+                    np.copyto(dh, dk, where=hi_upd)
+                    np.copyto(kh, k, where=hi_upd)
+                    np.maximum(v0, v, out=v0)
+                kk[many], d[many] = kl, dl
+                two = kl != kh
+                if two.any():
+                    pos = np.arange(at.start, at.stop)[many[two]]
+                    ties.append((pos, kh[two], dh[two]))
+            k_lo[at], d_lo[at] = kk, d
+        if not ties:
+            return vmax, k_lo, d_lo, k_lo, d_lo
+        k_hi, d_hi = k_lo.copy(), d_lo.copy()
+        for pos, kh_, dh_ in ties:
+            k_hi[pos], d_hi[pos] = kh_, dh_
+        return vmax, k_lo, d_lo, k_hi, d_hi
+
+    def _side(self, h: float, right: bool, sel):
+        """``(l_h, derivative, second derivative, piece)`` of the rows ``sel`` (one block),
+        ties resolved as :meth:`PiecewiseOracle._scan_side` does: where one piece alone is
+        within the tie tolerance of the largest value it is the piece (the sequential rule
+        picks it: every other piece is below it by more than the tolerance), and the rows
+        with two or more such pieces go through the sequential rule itself."""
+        c1, c2, ar = self.rows.block_T(sel)
+        K, m = c1.shape
+        hh = h * h
+        V = c1 * h
+        V += c2 * hh
+        scale = self.TIE * self._bound(h)
+        vmax, kk, many = _top_T(V, scale, np.empty(m))
+        if many.size:
+            D = c2[:, many] * (2.0 * h)
+            D += c1[:, many]
+            Vm = V[:, many]
+            vm, d, km = Vm[0].copy(), D[0].copy(), np.zeros(many.size, dtype=np.intp)
+            for k in range(1, K):
+                v, dk = Vm[k], D[k]
+                diff = v - vm
+                cand = diff >= -scale
+                cand &= (diff > scale) | ((dk > d) if right else (dk < d))
+                np.copyto(d, dk, where=cand)
+                np.copyto(km, k, where=cand)
+                np.maximum(vm, v, out=vm)
+            kk[many] = km
+        flat = kk * m
+        flat += ar
+        c2k = c2.reshape(-1).take(flat)
+        d = c2k * (2.0 * h)
+        d += c1.reshape(-1).take(flat)
+        c2k *= 2.0
+        return vmax, d, c2k, kk
+
+    def evaluate(self, h: float, *, side: str = "right", with_pieces: bool = False):
+        key = (h, side)
+        if self._last is not None and self._last[0] == key:
+            lh, d1, d2, k = self._last[1]
+        elif self.n <= BLOCK:
+            lh, d1, d2, k = self._side(h, side == "right", slice(None))
+        else:
+            lh, d1, d2 = np.empty(self.n), np.empty(self.n), np.empty(self.n)
+            k = np.empty(self.n, dtype=np.intp)
+            for s, e in self.rows.blocks():
+                lh[s:e], d1[s:e], d2[s:e], k[s:e] = self._side(h, side == "right",
+                                                               slice(s, e))
+        if key not in self._pieces:
+            if len(self._pieces) >= PIECES_KEPT:
+                self._pieces.pop(next(iter(self._pieces)))
+            self._pieces[key] = k.astype(np.int8 if self.K <= 127 else np.intp)
+        if self.keep:  # (the pieces as kept: a small integer type)
+            self._last = (key, (lh, d1, d2, self._pieces[key]))
+        if with_pieces:
+            return lh, d1, d2, k
+        return lh, d1, d2
+
+    def pieces_at(self, h: float, side: str) -> np.ndarray:
+        """The piece of every row at ``h`` on ``side`` (kept from the last evaluations there,
+        so that the kinks of a bracket are found without evaluating its ends again)."""
+        got = self._pieces.get((h, side))
+        if got is not None:
+            return got
+        return self.evaluate(h, side=side, with_pieces=True)[3]
+
+    def crossings(self, ka: np.ndarray, kb: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        """The h > 0 where pieces ``ka[i]`` and ``kb[i]`` of sample ``idx[i]`` are equal (the
+        dense oracle's arithmetic)."""
+        c1, c2 = self.rows.block(idx)
+        ar = np.arange(c1.shape[0])
+        dc1 = c1[ar, kb] - c1[ar, ka]
+        dc2 = c2[ar, ka] - c2[ar, kb]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(dc2 != 0.0, dc1 / dc2, np.nan)
+
+
+def multiclass_blocks(oracle: MulticlassOracle, p=None, size: int = 1 << 15,
+                      keep: bool = False):
+    """Blocks of :class:`~otstab_solvers.blockwise.BlockwiseDual` of a
+    :class:`MulticlassOracle`: oracles of rows ``s..e`` (views) with its tie scale; ``p``: the
+    sample probabilities (a view per block)."""
+    out = []
+    rows = oracle.rows
+    for s in range(0, rows.n, size):
+        e = min(s + size, rows.n)
+        block = MulticlassOracle(rows.subset(s, e), c1abs=oracle.c1abs, c2max=oracle._c2max)
+        block._zero = oracle._zero
+        block.p = None if p is None else p[s:e]
+        block.keep = keep
+        out.append(block)
+    return out
+
+
+def _block_kl(block, h, side, theta2):
+    """:func:`~otstab_solvers.blockwise.block_kl` with the sum of ``expm1`` computed by
+    ``expm1`` only where it keeps accuracy that ``e - 1`` loses: in a block whose mean
+    ``e`` is above 1/2 (every value near the block's largest). Elsewhere the sum of
+    ``e - 1`` is at most -1/2 per row and ``sum e - mass`` is as accurate (one exp pass
+    instead of two)."""
+    lh, d1, d2, _ = block_l(block, h, side)
+    a = lh / theta2
+    live = None if block.p is None else block.p > 0
+    av = a if live is None else a[live]
+    if not av.size:
+        return -math.inf, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+    m = float(av.max())
+    x = np.clip(a - m, -700.0, 0.0, out=a)
+    e = np.exp(x)
+    pe = e if block.p is None else block.p * e
+    mass = float(lh.size) if block.p is None else float(np.sum(block.p))
+    Z = float(np.sum(pe))
+    if Z > 0.5 * mass:
+        em1 = np.expm1(x)
+        em1_sum = float(np.sum(em1)) if block.p is None else float(np.dot(block.p, em1))
+    else:
+        em1_sum = Z - mass
+    pd1 = pe * d1
+    return (m, Z, float(np.sum(pd1)), float(np.dot(pd1, d1)), float(np.dot(pe, d2)),
+            em1_sum, mass)
+
+
+class MulticlassDual(BlockwiseDual):
+    """:class:`~otstab_solvers.blockwise.BlockwiseDual` over the blocks of
+    :func:`multiclass_blocks` held in this process, its KL sums taken by :func:`_block_kl`
+    (one exp pass per evaluation); ``total``: ``n`` for uniform rows, 1 when the blocks carry
+    probabilities. :meth:`release` frees what the blocks kept for the search."""
+
+    def __init__(self, blocks, n: int, total: float):
+        super().__init__(in_memory(blocks), n, total)
+        self.blocks = blocks
+
+    def run(self, func, *args):
+        return super().run(_block_kl if func is block_kl else func, *args)
+
+    def release(self) -> None:
+        """Drop the pieces and evaluations the blocks kept (the search is over)."""
+        for block in self.blocks:
+            block._pieces.clear()
+            block._last = None
+
+
+def solve_multiclass(oracle: MulticlassOracle, dual: BlockwiseDual, r: float, theta2: float,
+                     divergence: str, *, base: float | None = None, tol: float = 1e-13,
+                     max_iter: int = 200, min_n: int | None = None) -> DualSolution:
+    """:func:`~otstab_solvers.dual.solve_dual` of the blockwise ``dual`` of ``oracle`` (uniform
+    rows), started where a strided subsample of :data:`~otstab_solvers.dual.WINDOW_SUBSAMPLE`
+    rows puts the root, so that fewer passes over all rows are made.
+
+    The subsample's dual (its threshold moved by the difference of the two base risks, as
+    :func:`~otstab_solvers.dual.solve_two_piece` does; ``base``: the data's base risk) gives
+    ``h_sub``; the full dual is then solved inside the window ``h_sub (1 -+ width)``
+    (:data:`~otstab_solvers.dual.WINDOW_WIDTHS` in turn, each around the Newton estimate of
+    the root from the end that missed it and inside what the missed ones proved; once a
+    window lies above the root, between 0 or the last window below it and that window),
+    and without a window when none holds the root. The
+    answer is the full dual's in every case (the window only decides where the search starts:
+    it is accepted only where the full data's derivative changes sign across it)."""
+    n = oracle.n
+    min_n = WINDOW_MIN_N if min_n is None else min_n
+    t0 = time.perf_counter()
+    tries = []
+    if n >= max(min_n, 1) and dual.total == float(n):
+        stride = max(1, n // WINDOW_SUBSAMPLE)
+        c1, c2 = oracle.rows.block(slice(0, n, stride))
+        sub = PiecewiseOracle(c1, c2, c1abs=oracle.c1abs)
+        r_sub = r if base is None else r - base + float(np.mean(c1.max(axis=1)))
+        sub_sol = solve_dual(sub, r_sub, theta2, divergence, tol=1e-10) if r_sub > 0 else None
+        del sub, c1, c2
+        h_sub = sub_sol.h if sub_sol is not None and sub_sol.status == OPTIMAL else math.nan
+        center = h_sub
+        # what the missed windows proved: the root is above ``lower`` and below ``upper``
+        lower, upper = 0.0, math.inf
+        for width in WINDOW_WIDTHS if math.isfinite(h_sub) and h_sub > 0 else ():
+            lo_b = max(center * (1.0 - width), lower)
+            hi_b = min(center * (1.0 + width), upper)
+            if math.isfinite(upper):  # a window was above the root: search below it
+                lo_b, hi_b = lower, upper
+            if not lo_b < hi_b:
+                break
+            sol = solve_dual(dual, r, theta2, divergence, tol=tol, max_iter=max_iter,
+                             bracket=(lo_b, hi_b),
+                             h_init=center if lo_b < center < hi_b else None)
+            tries.append({"width": width, "h": center, "bracket": (lo_b, hi_b),
+                          "status": sol.native_status, "iterations": sol.iterations})
+            if sol.status == OPTIMAL:
+                sol.solve_time = time.perf_counter() - t0
+                sol.info["window"] = {"h_subsample": h_sub, "tries": tries}
+                return sol
+            if math.isfinite(upper):
+                break
+            if sol.native_status == "root below the bracket":
+                upper = lo_b
+            elif sol.native_status == "root above the bracket":
+                lower = hi_b
+            else:
+                break
+            h_next = sol.info.get("h_newton", math.nan)
+            if math.isfinite(h_next) and h_next > 0:
+                center = h_next
+    sol = solve_dual(dual, r, theta2, divergence, tol=tol, max_iter=max_iter)
+    sol.solve_time = time.perf_counter() - t0
+    if tries:
+        sol.info["window"] = {"tries": tries, "fallback": "no window"}
+    return sol

@@ -1,0 +1,198 @@
+"""The multiclass hinge's blockwise form (otstab_solvers/multiclass.py) against the dense one.
+
+:class:`MulticlassOracle` computes the pieces ``c1 = (1 + s_k) - s_y`` (0 at the label) and
+``c2 = C[y, k]`` per block of rows instead of storing them: every method must give the numbers
+of :class:`PiecewiseOracle` on the stored arrays (ties included: integer scores and dyadic
+curvatures make many pieces exactly equal), and a certificate the one the stored form gives
+(the path before the blockwise form, kept here as the reference by replacing the reduced form
+with its dense arrays), the conic backend's on a tiny problem, and the plain search's when the
+search starts from a subsample (:func:`solve_multiclass`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+from otstab_solvers.dual import PiecewiseOracle, solve_dual
+from otstab_solvers.multiclass import (
+    BLOCK,
+    MulticlassDual,
+    MulticlassOracle,
+    MulticlassRows,
+    multiclass_blocks,
+    solve_multiclass,
+)
+from otstab_solvers.result import OPTIMAL
+
+import otstab
+import otstab.solve._core as core
+import otstab.solve._piecewise as piecewise
+from otstab.modeling import _reduction as reduction
+from otstab.modeling._models import per_sample_losses
+
+K = 4
+
+
+def _rows(n, seed=0, ties=False):
+    rng = np.random.default_rng(seed)
+    if ties:  # integer scores, dyadic curvatures: many exactly equal pieces at h = 1, 2
+        S = rng.integers(-2, 3, size=(n, K)).astype(float)
+        C = rng.integers(1, 5, size=(K, K)) / 4.0
+        C = C + C.T
+    else:
+        S = rng.standard_normal((n, K))
+        W = rng.standard_normal((K, 6))
+        C = ((W[None, :, :] - W[:, None, :]) ** 2).sum(axis=2) / 4.0
+    np.fill_diagonal(C, 0.0)
+    labels = rng.integers(0, K, size=n)
+    return MulticlassRows(S, labels, C)
+
+
+def _dense(rows):
+    return PiecewiseOracle(rows.materialize().T, rows.materialize_c2().T)
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_oracle_equals_the_dense_oracle(ties):
+    n = 2 * BLOCK + 123  # several blocks, a partial last one
+    rows = _rows(n, seed=1, ties=ties)
+    lean, dense = MulticlassOracle(rows), _dense(rows)
+    assert lean.c1abs == dense.c1abs
+    assert lean._bound(1.7) == dense._bound(1.7)
+    pick = np.random.default_rng(2).choice(n, 500, replace=False)
+    for h in (0.0, 0.3, 1.0, 2.0, 2.5):
+        np.testing.assert_array_equal(lean.values(h), dense.values(h))
+        np.testing.assert_array_equal(lean.values(h, pick), dense.values(h, pick))
+        assert lean.values_max(h) == dense.values_max(h)
+        for rows_sel in (None, slice(5, n - 7), pick):
+            got = lean.scan(h, 1e-10, rows_sel)
+            ref = dense.scan(h, 1e-10, rows_sel)
+            for a, b in zip(got, ref):
+                np.testing.assert_array_equal(a, b)
+        for side in ("left", "right"):
+            got = lean.evaluate(h, side=side, with_pieces=True)
+            ref = dense.evaluate(h, side=side, with_pieces=True)
+            for a, b in zip(got, ref):
+                np.testing.assert_array_equal(a, b)
+    ka = np.zeros(pick.size, dtype=np.intp)
+    kb = np.full(pick.size, 2, dtype=np.intp)
+    np.testing.assert_array_equal(lean.crossings(ka, kb, pick), dense.crossings(ka, kb, pick))
+    if ties:  # the case is meant to have ties: the tie rule was exercised
+        lo, hi = dense.scan(1.0, 1e-10)[1::2]
+        assert np.any(lo != hi)
+
+
+def _problem(n, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, 5))
+    W = rng.standard_normal((K, 5))
+    y = np.argmax(X @ W.T + rng.gumbel(size=(n, K)), axis=1)
+    return otstab.LinearModel(W, rng.standard_normal(K) * 0.1), X, y
+
+
+def _stored(monkeypatch):
+    """Certificates through the dense (stored) reduced form: the path before the blockwise
+    one."""
+    real = reduction.reduce_problem
+
+    def stored(prob, theta1, mask=None):
+        red = real(prob, theta1, mask)
+        return dataclasses.replace(red, c1_dense=red.c1, c2_dense=red.c2, mrows=None)
+
+    monkeypatch.setattr(core, "reduce_problem", stored)
+
+
+#: the value to 1e-12; h (where F is flat: the two searches stop at different points of the
+#: same plateau, h to about sqrt of the value's tolerance) and what Q* makes of it to 1e-8
+FIELDS = {"value": 1e-12, "h": 1e-8, "risk_star": 1e-10, "primal_cost": 1e-8,
+          "total_mass": 1e-10}
+
+
+def _same(lean, ref):
+    assert lean.status == ref.status == "optimal"
+    for f, rtol in FIELDS.items():
+        assert getattr(lean, f) == pytest.approx(getattr(ref, f), rel=rtol, abs=1e-15), f
+
+
+@pytest.mark.parametrize("divergence,theta2", [("kl", 0.5), ("chi2", 0.5), ("kl", math.inf)])
+@pytest.mark.parametrize("t", [0.02, 0.5, 0.95])
+@pytest.mark.parametrize("sampled", [False, True])
+def test_certificate_equals_the_stored_form(monkeypatch, divergence, theta2, t, sampled):
+    model, X, y = _problem(3000, seed=3)
+    losses = per_sample_losses(model, X, y, "multiclass_hinge")
+    r = losses.mean() + t * (losses.max() - losses.mean())
+    if sampled:  # the audit's sampled sums (above AUDIT_DIRECT_MAX rows) on a small problem
+        monkeypatch.setattr(piecewise, "AUDIT_DIRECT_MAX", 1000)
+    kw = dict(loss="multiclass_hinge", r=r, theta1=1.5, theta2=theta2, divergence=divergence)
+    lean = otstab.certify(model, X, y, **kw)
+    _stored(monkeypatch)
+    ref = otstab.certify(model, X, y, **kw)
+    _same(lean, ref)
+    # Q* as a measure: the same mass at the same moved points (atoms in the same order)
+    np.testing.assert_array_equal(lean.source, ref.source)
+    np.testing.assert_allclose(lean.weights * lean.mass, ref.weights * ref.mass, rtol=1e-8)
+    np.testing.assert_allclose(lean.X_star, ref.X_star, rtol=1e-8, atol=1e-12)
+
+
+def test_weighted_certificate_equals_the_stored_form(monkeypatch):
+    model, X, y = _problem(2000, seed=4)
+    w = np.random.default_rng(5).uniform(0.2, 2.0, X.shape[0])
+    w[::37] = 0.0  # rows outside P0's support
+    kw = dict(loss="multiclass_hinge", r=1.6, theta1=1.0, theta2=0.3, sample_weight=w)
+    lean = otstab.certify(model, X, y, **kw)
+    _stored(monkeypatch)
+    ref = otstab.certify(model, X, y, **kw)
+    _same(lean, ref)
+
+
+@pytest.mark.parametrize("divergence", ["kl", "chi2"])
+def test_certificate_agrees_with_the_conic_backend(divergence):
+    model, X, y = _problem(40, seed=6)
+    kw = dict(loss="multiclass_hinge", r=1.5, theta1=1.0, theta2=0.5, divergence=divergence)
+    lean = otstab.certify(model, X, y, **kw)
+    conic = otstab.certify(model, X, y, solver="conic", **kw)
+    assert lean.status == "optimal" and conic.status == "optimal"
+    assert lean.value == pytest.approx(conic.value, rel=1e-5)
+
+
+@pytest.mark.parametrize("divergence,theta2", [("kl", 0.25), ("chi2", 0.25), ("kl", math.inf)])
+@pytest.mark.parametrize("t", [0.01, 0.5, 0.95])
+def test_search_from_a_subsample_equals_the_plain_search(divergence, theta2, t):
+    rows = _rows(40_000, seed=7)
+    oracle = MulticlassOracle(rows)
+    keep = divergence == "chi2" and not math.isinf(theta2)
+    dual = MulticlassDual(multiclass_blocks(oracle, keep=keep), rows.n, float(rows.n))
+    dense = _dense(rows)
+    losses = dense.c1.max(axis=1)
+    base = float(np.mean(losses))
+    r = base + t * (float(losses.max()) - base)
+    got = solve_multiclass(oracle, dual, r, theta2, divergence, base=base, min_n=0)
+    ref = solve_dual(dense, r, theta2, divergence)
+    assert got.status == ref.status == OPTIMAL
+    assert "window" in got.info  # the subsample's start was taken
+    assert got.value == pytest.approx(ref.value, rel=1e-12)
+    assert got.h == pytest.approx(ref.h, rel=1e-9)
+
+
+@pytest.mark.parametrize("divergence,theta2", [("kl", 0.25), ("chi2", 0.25)])
+@pytest.mark.parametrize("offset", [-0.4, 0.4])
+def test_search_from_a_missed_window_equals_the_plain_search(divergence, theta2, offset):
+    """A subsample start far from the root (its threshold moved by a wrong base risk): the
+    windows miss it, the next ones are placed by what the missed ones proved, and the answer
+    is still the plain search's."""
+    rows = _rows(40_000, seed=8)
+    oracle = MulticlassOracle(rows)
+    keep = divergence == "chi2"
+    dual = MulticlassDual(multiclass_blocks(oracle, keep=keep), rows.n, float(rows.n))
+    dense = _dense(rows)
+    losses = dense.c1.max(axis=1)
+    base = float(np.mean(losses))
+    r = base + 0.5 * (float(losses.max()) - base)
+    got = solve_multiclass(oracle, dual, r, theta2, divergence, base=base + offset, min_n=0)
+    ref = solve_dual(dense, r, theta2, divergence)
+    assert got.status == ref.status == OPTIMAL
+    assert len(got.info["window"]["tries"]) > 1  # the first window missed
+    assert got.value == pytest.approx(ref.value, rel=1e-12)
