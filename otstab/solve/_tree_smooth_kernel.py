@@ -19,7 +19,9 @@ samples of a batch (numba's ``nogil`` and a thread a sample, numba's thread coun
   result, the envelope of the open boxes' lines merged to at most ``MAX_LINES``, is the NumPy
   path's up to the rounding of the lines (a few units in the last place, inside the
   allowance ``A_ROUND`` both paths add);
-* the found side's points (the inputs nearest x of the top boxes) as in the NumPy path.
+* the same cut of far leaves (``far``: a box keeps its leaves closer than it; one ``tail``
+  line covers the inputs beyond) and the found side's points (the inputs nearest x of the
+  top boxes) as in the NumPy path.
 
 Sums run in another order than NumPy's (sequential here, pairwise there in places), so a line
 may differ from the NumPy one in the last bits; both are sound (every allowance is relative,
