@@ -77,7 +77,7 @@ __all__ = ["tree_smooth_model", "certify_tree_smooth", "unused_features", "Smoot
            "MAX_NODES"]
 
 #: boxes per sample (all rounds' last run) by default
-MAX_NODES = 256
+MAX_NODES = 16384
 #: nodes per sample in the first round; each later round multiplies it by GROWTH
 FIRST_NODES = 16
 GROWTH = 4
