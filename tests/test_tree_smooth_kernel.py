@@ -167,3 +167,35 @@ def test_without_numba_the_numpy_path_runs(monkeypatch):
     res = otstab.certify(model, X, y, loss="logistic", r=r)
     np.testing.assert_allclose([res.value_lower, res.value_upper],
                                [ref.value_lower, ref.value_upper], rtol=1e-12)
+
+
+@pytest.mark.parametrize("lib", ["XGBoost", "HistGradientBoosting"])
+def test_cut_lines_over_estimate_the_enumerated_transform_at_every_h(lib):
+    """With far leaves cut (and the tail line), a sample's lines still bound its enumerated
+    d-transform ``max_cell h l(cell) - theta1 dist(cell)`` from above at every h, far from
+    the search's h too (where only the tail covers the far inputs)."""
+    if lib not in BOOSTED:
+        pytest.skip("not installed")
+    from test_tree_smooth import exact_lines  # noqa: PLC0415
+
+    X, y = make_data(14, 2, 3, n=12)
+    model = boosted(lib, 14, trees=8).fit(X, y)
+    exact = exact_lines(model, X, y)
+    table = leaf_table(model, 2, X)
+    kt = smooth_kernel.KernelTable(table, np.ones(2, dtype=bool), np.ones(2))
+    yi = np.searchsorted(model.classes_, y)
+    theta1, grid = 1.5, np.r_[0.0, np.geomspace(1e-3, 1e3, 61)]
+    root = smooth_kernel.smooth_batch(kt, X, yi, np.arange(len(y)), np.ones(len(y)), 1.0,
+                                      theta1, tree_smooth.MAX_LINES, tree_smooth.TOP_POINTS)
+    lmax = np.array([A.max() for A, *_ in root])
+    for h, budget in ((0.05, 30), (0.5, 300)):
+        far = tree_smooth._far(h, lmax, theta1)
+        assert np.all(np.isfinite(far))
+        runs = smooth_kernel.smooth_batch(kt, X, yi, np.arange(len(y)), np.full(len(y), budget),
+                                          h, theta1, tree_smooth.MAX_LINES,
+                                          tree_smooth.TOP_POINTS, far, lmax)
+        for i, (A, B, *_rest) in enumerate(runs):
+            la, dd = exact[i]
+            ref = np.max(grid[:, None] * la - theta1 * dd, axis=1)
+            got = np.max(grid[:, None] * A - B, axis=1)
+            assert np.all(got >= ref - 1e-12 * np.abs(ref)), (i, h, np.min(got - ref))
