@@ -11,7 +11,8 @@ issue's target: ratio >= 0.9 within 120 s); the quick
 size: 30 trees of depth 4, 300 rows. Each case checks ``value_lower <= value_upper`` and prints
 one line (``-s`` shows it); docs/benchmarks.md has the numbers measured here. The logistic
 loss on the margins (``test_trees_logistic_quick``): r = base log-loss + 0.1, the same prices
-(otstab/solve/_tree_smooth.py; docs/bounds.md).
+(otstab/solve/_tree_smooth.py; docs/bounds.md); at full size (``test_trees_logistic_full``)
+300 trees of depth 6 on 1,000 and 5,000 rows, ``time_budget=120``, ``max_nodes=16384``.
 """
 
 from __future__ import annotations
@@ -121,7 +122,8 @@ def _run_logistic(lib, trees, depth, n_eval, **options):
     lb = res.info.get("lower_bound") or {}
     print(f"\n{lib} {trees} trees depth {depth}, {n_eval} rows, logistic, r = {r:.4f}: "
           f"[{lo:.6g}, {up:.6g}] ratio {lo / up if up > 0 else 1.0:.3f}, {wall:.1f} s, "
-          f"boxes {lb.get('nodes')}, rounds {lb.get('rounds')}, stopped {lb.get('stopped')}")
+          f"boxes {lb.get('nodes')}, rounds {lb.get('rounds')}, stopped {lb.get('stopped')}, "
+          f"load {os.getloadavg()[0]:.1f}")
     return lo, up, wall
 
 
@@ -135,3 +137,15 @@ def test_trees_boxes_per_second_quick(lib):
 @pytest.mark.parametrize("lib", ["xgboost", "lightgbm"])
 def test_trees_logistic_quick(lib):
     _run_logistic(lib, 30, 4, 300, time_budget=60)
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("n_eval", [1000, 5000])
+@pytest.mark.parametrize("lib", ["xgboost", "lightgbm"])
+def test_trees_logistic_full(lib, n_eval):
+    """300 trees of depth 6 (the compiled search, otstab/solve/_tree_smooth_kernel.py):
+    ``time_budget=120`` and ``max_nodes=16384`` (rounds of 16, 64, ..., 16,384 boxes a
+    sample on the samples that carry the gap; the time budget or ``rtol`` stops it)."""
+    if not FULL:
+        pytest.skip("full size: OTSTAB_BENCH=full")
+    _run_logistic(lib, 300, 6, n_eval, time_budget=120, max_nodes=16384)
