@@ -258,7 +258,8 @@ class MarginQuadrature:
             S = _dot(self.weights[full], funcs)
             P = float(np.sum(self.count[full]))
             if ex[0].size:
-                fe = _chi2_functions(*ex, shift, alpha, theta2)
+                lh_e, loss_e, d2_e = ex
+                fe = _chi2_functions(lh_e, loss_e, d2_e, shift, alpha, theta2)
                 act = ex[0] - shift + alpha > -two
                 S += fe[act].sum(axis=0)
                 P += float(np.count_nonzero(act))
