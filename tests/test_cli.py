@@ -929,8 +929,12 @@ def test_certify_time_budget_is_recorded_and_verified_as_at_most(tmp_path):
     assert code == 0, stderr
     cert = json.loads((tmp_path / "tb.json").read_text())
     # the budget cut the bound: the node budget that reproduces the cut is recorded too
-    assert cert["inputs"]["solver_options"] == {"time_budget": 0.0, "node_budget": 1}
-    assert "node_budget=1" in cert["solver"]["message"]
+    # (how many boxes ran before the deadline was seen depends on the search: the compiled
+    # one checks it per batch, the NumPy one per sample)
+    opts = cert["inputs"]["solver_options"]
+    assert set(opts) == {"time_budget", "node_budget"} and opts["time_budget"] == 0.0
+    assert isinstance(opts["node_budget"], int) and opts["node_budget"] >= 1
+    assert f"node_budget={opts['node_budget']}" in cert["solver"]["message"]
     code, stdout, stderr = run(["verify", tmp_path / "tb.json", *base])
     assert code == 0, stdout + stderr
     assert "at least the recorded value_lower" in stdout + stderr
