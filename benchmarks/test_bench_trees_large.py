@@ -8,11 +8,11 @@ stderr; ``-s`` shows them: the found side's four stages, then the lower bounds' 
 Checks the interval (``value_lower <= value_upper``, both finite) and prints one line with
 the wall time, the certified side's time and the load against the issue's 10 minutes. Full
 size only (``OTSTAB_BENCH=full python -m pytest benchmarks/test_bench_trees_large.py -m full
--s --benchmark-disable``; about 11 minutes a library at load 7); docs/bounds.md has the
-figures measured here. Where the time goes (XGBoost, load 6 to 7): the found side about
-350 s (the walk's rows, ``otstab/solve/_tree_found.py``), the certified side's first round,
-one root box for each of the 1e5 samples, 240 to 290 s whatever the time budget (it runs to
-the end so that every sample has a positive bound).
+-s --benchmark-disable``; 4.6 and 5.2 minutes on an idle machine, about 11 minutes a library
+at load 7); docs/bounds.md has the figures measured here. Where the time goes (XGBoost, idle):
+the certified side 200 s (its budget; the first round, one root box for each of the 1e5
+samples, runs to the end whatever the budget, so that every sample has a positive bound),
+the found side 69 s (the walk's rows, ``otstab/solve/_tree_found.py``).
 """
 
 from __future__ import annotations
