@@ -128,6 +128,19 @@ class MarginQuadrature:
             return m, m, m
         return logistic_dtransform(m, np.broadcast_to(c, m.shape), h)[:3]
 
+    def _kink_bins(self, c, h):
+        """The bins (boolean, per bin) that meet the band of two local maxima of the
+        d-transform at price ``c`` and ``h`` (``T = h / 2c > 4``), where the kink of ``l_h``
+        lies: they are always summed sample by sample. None of them when ``T <= 4``."""
+        T = h / (2.0 * c)
+        if T <= 4.0:
+            return np.zeros(self.bins.size, dtype=bool)
+        L = 2.0 * math.atanh(math.sqrt(1.0 - 4.0 / T))
+        sl = 1.0 / (1.0 + math.exp(L))
+        lo_band, hi_band = T * sl + L, T * (1.0 - sl) - L
+        pad = 1e-9 * (1.0 + abs(lo_band) + abs(hi_band)) + 1e-12 * self.width
+        return (self.edges[1] >= lo_band - pad) & (self.edges[0] <= hi_band + pad)
+
     def dual_at(self, c: float, h: float, r: float, theta2: float):
         """``(F, g, curv, moved, exact_share)`` of the logistic dual (KL with ``theta2``, or
         ``theta2 = inf``) at ``h`` for the price ``c`` (finite, > 0), as
@@ -138,14 +151,7 @@ class MarginQuadrature:
         lh, loss, d2 = logistic_dtransform(self.nodes, np.broadcast_to(c, self.nodes.shape),
                                            h)[:3]
         lh, loss, d2 = (a.reshape(nb, p + 1) for a in (lh, loss, d2))
-        forced = np.zeros(nb, dtype=bool)
-        T = h / (2.0 * c)
-        if T > 4.0:  # the band of two local maxima: the kink of l_h lies in it
-            L = 2.0 * math.atanh(math.sqrt(1.0 - 4.0 / T))
-            sl = 1.0 / (1.0 + math.exp(L))
-            lo_band, hi_band = T * sl + L, T * (1.0 - sl) - L
-            pad = 1e-9 * (1.0 + abs(lo_band) + abs(hi_band)) + 1e-12 * self.width
-            forced = (self.edges[1] >= lo_band - pad) & (self.edges[0] <= hi_band + pad)
+        forced = self._kink_bins(c, h)
         kl = math.isfinite(theta2)
         exact_sel = np.empty(0, dtype=np.intp)
         ex = self._exact(exact_sel, c, h)
@@ -216,14 +222,7 @@ class MarginQuadrature:
         lh, loss, d2 = (a[:k0].reshape(nb, p + 1) for a in (lh_all, loss_all, d2_all))
         l_lo, l_hi = lh_all[k0:k0 + nb], lh_all[k0 + nb:k0 + 2 * nb]
         shift = float(lh_all[-1])  # l_h at the smallest margin: the largest
-        forced = np.zeros(nb, dtype=bool)
-        T = h / (2.0 * c)
-        if T > 4.0:  # the band of two local maxima: the kink of l_h lies in it
-            L = 2.0 * math.atanh(math.sqrt(1.0 - 4.0 / T))
-            sl = 1.0 / (1.0 + math.exp(L))
-            lo_band, hi_band = T * sl + L, T * (1.0 - sl) - L
-            pad = 1e-9 * (1.0 + abs(lo_band) + abs(hi_band)) + 1e-12 * self.width
-            forced = (self.edges[1] >= lo_band - pad) & (self.edges[0] <= hi_band + pad)
+        forced = self._kink_bins(c, h)
         cache: dict = {}
         N = float(self.n)
         two = 2.0 * theta2
