@@ -348,3 +348,28 @@ def tree_case(lib, trees, depth, n_eval, seed=0):
         warnings.simplefilter("ignore")
         model.fit(Xt, yt)
     return model, Xe, ye
+
+
+def tree_zero_one(lib, trees, depth, n_eval, **options):
+    """The 0/1 certificate of the :func:`tree_case` model at r = base error + 0.1, theta =
+    (1, 0.25), KL, with ``options``, timed as a whole call: ``(label, lo, up, wall, lb)``,
+    ``label`` the case and its interval for a printed line, ``lb`` the certified side's
+    ``info["lower_bound"]``. Checks ``lo <= up``."""
+    import otstab
+
+    model, X, y = tree_case(lib, trees, depth, n_eval)
+    r = float(np.mean(model.predict(X) != y)) + 0.1
+    t0 = time.perf_counter()
+    res = otstab.certify(model, X, y, loss="zero_one", r=r, theta1=1.0, theta2=0.25,
+                         **options)
+    wall = time.perf_counter() - t0
+    lo = res.value_lower if res.status == "bounds" else res.value
+    up = res.value_upper if res.status == "bounds" else res.value
+    assert lo <= up * (1 + 1e-9)
+    lb = res.info.get("lower_bound") or {}
+    lbt = lb.get("time")
+    label = (f"{lib} {trees} trees depth {depth}, {n_eval:,} rows, r = {r:.4f}: "
+             f"[{lo:.6g}, {up:.6g}] ratio {lo / up if up > 0 else 1.0:.3f}, {wall:.1f} s "
+             f"(certified side {lbt if lbt is None else round(lbt, 1)} s), "
+             f"boxes {lb.get('nodes')}")
+    return label, lo, up, wall, lb

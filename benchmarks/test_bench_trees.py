@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 import pytest
-from _benchlib import tree_case
+from _benchlib import tree_case, tree_zero_one
 
 import otstab
 
@@ -30,23 +30,8 @@ FULL = os.environ.get("OTSTAB_BENCH") == "full"
 
 
 def _run(lib, trees, depth, n_eval, **options):
-    model, X, y = tree_case(lib, trees, depth, n_eval)
-    base = float(np.mean(model.predict(X) != y))
-    r = base + 0.1
-    t0 = time.perf_counter()
-    res = otstab.certify(model, X, y, loss="zero_one", r=r, theta1=1.0, theta2=0.25,
-                         **options)
-    wall = time.perf_counter() - t0
-    lo = res.value_lower if res.status == "bounds" else res.value
-    up = res.value_upper if res.status == "bounds" else res.value
-    assert lo <= up * (1 + 1e-9)
-    lb = res.info.get("lower_bound") or {}
-    lbt = lb.get("time")
-    print(f"\n{lib} {trees} trees depth {depth}, {n_eval} rows, r = {r:.4f}: "
-          f"[{lo:.6g}, {up:.6g}] ratio {lo / up if up > 0 else 1.0:.3f}, "
-          f"{wall:.1f} s (certified side {lbt if lbt is None else round(lbt, 1)} s), "
-          f"boxes {lb.get('nodes')}, rounds {lb.get('rounds')}, "
-          f"stopped {lb.get('stopped')}")
+    label, lo, up, wall, lb = tree_zero_one(lib, trees, depth, n_eval, **options)
+    print(f"\n{label}, rounds {lb.get('rounds')}, stopped {lb.get('stopped')}")
     return lo, up, wall
 
 

@@ -19,13 +19,9 @@ from __future__ import annotations
 
 import math
 import os
-import time
 
-import numpy as np
 import pytest
-from _benchlib import tree_case
-
-import otstab
+from _benchlib import tree_zero_one
 
 FULL = os.environ.get("OTSTAB_BENCH") == "full"
 
@@ -39,20 +35,8 @@ TIME_BUDGET = 200
 def test_trees_1e5_rows(lib):
     if not FULL:
         pytest.skip("full size: OTSTAB_BENCH=full")
-    model, X, y = tree_case(lib, 500, 6, 100_000)
-    base = float(np.mean(model.predict(X) != y))
-    r = base + 0.1
-    t0 = time.perf_counter()
-    res = otstab.certify(model, X, y, loss="zero_one", r=r, theta1=1.0, theta2=0.25,
-                         time_budget=TIME_BUDGET, progress=True)
-    wall = time.perf_counter() - t0
-    lo = res.value_lower if res.status == "bounds" else res.value
-    up = res.value_upper if res.status == "bounds" else res.value
-    assert 0.0 <= lo <= up * (1 + 1e-9) and math.isfinite(up)
-    lb = res.info.get("lower_bound") or {}
-    lbt = lb.get("time")
-    print(f"\n{lib} 500 trees depth 6, 100,000 rows, r = {r:.4f}: [{lo:.6g}, {up:.6g}] "
-          f"ratio {lo / up if up > 0 else 1.0:.3f}, {wall:.1f} s (certified side "
-          f"{lbt if lbt is None else round(lbt, 1)} s), boxes {lb.get('nodes')}, "
-          f"stopped {lb.get('stopped')}, load {os.getloadavg()[0]:.1f}; 10-minute target "
-          f"{'met' if wall < 600.0 else 'not met'}")
+    label, lo, up, wall, lb = tree_zero_one(lib, 500, 6, 100_000, time_budget=TIME_BUDGET,
+                                            progress=True)
+    assert 0.0 <= lo and math.isfinite(up)
+    print(f"\n{label}, stopped {lb.get('stopped')}, load {os.getloadavg()[0]:.1f}; "
+          f"10-minute target {'met' if wall < 600.0 else 'not met'}")
