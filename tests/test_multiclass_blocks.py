@@ -181,8 +181,9 @@ def test_search_from_a_subsample_equals_the_plain_search(divergence, theta2, t):
 @pytest.mark.parametrize("offset", [-0.4, 0.4])
 def test_search_from_a_missed_window_equals_the_plain_search(divergence, theta2, offset):
     """A subsample start far from the root (its threshold moved by a wrong base risk): the
-    windows miss it, the next ones are placed by what the missed ones proved, and the answer
-    is still the plain search's."""
+    first full point misses, the next one is placed by the subsample's model corrected to
+    it (the wrong base is a constant the correction removes), and the answer is still the
+    plain search's."""
     rows = _rows(40_000, seed=8)
     oracle = MulticlassOracle(rows)
     keep = divergence == "chi2"
@@ -194,5 +195,44 @@ def test_search_from_a_missed_window_equals_the_plain_search(divergence, theta2,
     got = solve_multiclass(oracle, dual, r, theta2, divergence, base=base + offset, min_n=0)
     ref = solve_dual(dense, r, theta2, divergence)
     assert got.status == ref.status == OPTIMAL
-    assert len(got.info["window"]["tries"]) > 1  # the first window missed
+    points = got.info["window"]["points"]
+    assert "fallback" not in got.info["window"] and len(points) >= 2
+    assert abs(points[0]["h"] / ref.h - 1.0) > 1e-2  # the first point missed
+    assert got.iterations <= 5  # (the plain search from 0: 6-9)
     assert got.value == pytest.approx(ref.value, rel=1e-12)
+
+
+def _scored_rows(n, seed=0):
+    """Scores of a linear model (d = 6) and labels drawn from them (as the benchmark's)."""
+    rng = np.random.default_rng(seed)
+    W = rng.standard_normal((K, 6))
+    S = rng.standard_normal((n, 6)) @ W.T
+    labels = np.argmax(S + rng.gumbel(size=(n, K)), axis=1)
+    C = ((W[None, :, :] - W[:, None, :]) ** 2).sum(axis=2) / 4.0
+    return MulticlassRows(S, labels, C)
+
+
+@pytest.mark.parametrize("t", [0.95, 0.99])
+def test_near_max_kl_takes_few_passes(t):
+    """Near the largest loss the KL weights sit on the top rows, which a strided subsample
+    has few of (it put the root 2x too far and the search took 12 evaluations of all rows):
+    the subsample takes the top rows of every (label, piece) pair, and each next point is
+    its model's root corrected to the last full point. Counted, not timed: at most 4
+    evaluations of all rows (and cheaper passes for the kinks) against the plain search's
+    7-12, and the plain search's answer."""
+    n = 150_000  # above WINDOW_MIN_N: the default path
+    rows = _scored_rows(n)
+    oracle = MulticlassOracle(rows)
+    losses = np.concatenate([rows.block(slice(i, j))[0].max(axis=1) for i, j in rows.blocks()])
+    base = float(np.mean(losses))
+    r = base + t * (float(losses.max()) - base)
+    dual = MulticlassDual(multiclass_blocks(oracle), n, float(n))
+    got = solve_multiclass(oracle, dual, r, 0.25, "kl", base=base)
+    plain_dual = MulticlassDual(multiclass_blocks(oracle), n, float(n))
+    ref = solve_dual(plain_dual, r, 0.25, "kl")
+    assert got.status == ref.status == OPTIMAL
+    assert "tail" in got.info["window"] and "fallback" not in got.info["window"]
+    assert got.iterations <= 4 and dual.passes <= 5  # (before: 8 passes here, 20 at 1e6)
+    assert ref.iterations >= 7  # (what the subsample saves)
+    assert got.value == pytest.approx(ref.value, rel=1e-12)
+    assert got.h == pytest.approx(ref.h, rel=1e-9)
