@@ -24,7 +24,14 @@ import time
 
 import numpy as np
 
-from .blockwise import BlockwiseDual, block_kl, block_l, in_memory
+from .blockwise import (
+    BlockwiseDual,
+    block_chi2,
+    block_chi2_active,
+    block_kl,
+    block_l,
+    in_memory,
+)
 from .dual import (
     WINDOW_MIN_N,
     WINDOW_SUBSAMPLE,
@@ -394,10 +401,35 @@ class MulticlassOracle(PiecewiseOracle):
         c2k *= 2.0
         return vmax, d, c2k, kk
 
+    def _derivs(self, h: float, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(dl, d2l)`` of every row on its piece ``k`` at ``h``: the numbers of :meth:`_side`
+        (the same operations on the same numbers: ``c1 = (1 + s_k) - s_y``, 0 at the label,
+        ``c2 = C[y, k]``, ``dl = 2 h c2 + c1``), from the scores of the two classes alone."""
+        S = np.ascontiguousarray(self.rows.S).reshape(-1)
+        y = self.rows.labels
+        K = self.K
+        at = np.arange(0, K * self.n, K)
+        c1k = np.add(1.0, S.take(at + k))
+        c1k -= S.take(at + y)
+        c1k[k == y] = 0.0
+        c2k = self.rows.C.reshape(-1).take(y * K + k)
+        d1 = c2k * (2.0 * h)
+        d1 += c1k
+        c2k *= 2.0
+        return d1, c2k
+
+    def kept_values(self, h: float, side: str) -> np.ndarray:
+        """l_h at ``(h, side)``: the kept one (:attr:`keep`) when it is that evaluation's."""
+        if self._last is not None and self._last[0] == (h, side):
+            return self._last[1][0]
+        return self.evaluate(h, side=side)[0]
+
     def evaluate(self, h: float, *, side: str = "right", with_pieces: bool = False):
         key = (h, side)
         if self._last is not None and self._last[0] == key:
             lh, d1, d2, k = self._last[1]
+            if d1 is None:  # (kept without them: from the pieces)
+                d1, d2 = self._derivs(h, k)
         elif self.n <= BLOCK:
             lh, d1, d2, k = self._side(h, side == "right", slice(None))
         else:
@@ -410,8 +442,8 @@ class MulticlassOracle(PiecewiseOracle):
             if len(self._pieces) >= PIECES_KEPT:
                 self._pieces.pop(next(iter(self._pieces)))
             self._pieces[key] = k.astype(np.int8 if self.K <= 127 else np.intp)
-        if self.keep:  # (the pieces as kept: a small integer type)
-            self._last = (key, (lh, d1, d2, self._pieces[key]))
+        if self.keep:  # l_h and the pieces (a small integer type): an eighth of the three
+            self._last = (key, (lh, None, None, self._pieces[key]))
         if with_pieces:
             return lh, d1, d2, k
         return lh, d1, d2
@@ -486,6 +518,47 @@ def _block_kl(block, h, side, theta2):
             em1_sum, mass)
 
 
+def _block_chi2_active(block, h, side, theta2, shift, alpha):
+    """:func:`~otstab_solvers.blockwise.block_chi2_active` on the kept ``l_h`` alone (the
+    same rows active; the sums by einsum / a masked sum)."""
+    kept = getattr(block, "kept_values", None)  # (a dense block: the weighted subsample)
+    ls = (kept(h, side) if kept is not None else block_l(block, h, side)[0]) - shift
+    act = ls + alpha > -2.0 * theta2
+    if block.p is not None:
+        act &= block.p > 0
+        pa = np.where(act, block.p, 0.0)
+        return int(np.count_nonzero(act)), float(np.sum(pa)), _dot(pa, ls)
+    k = int(np.count_nonzero(act))
+    return k, float(k), float(np.sum(ls, where=act))
+
+
+def _block_chi2(block, h, side, theta2, shift, alpha):
+    """:func:`~otstab_solvers.blockwise.block_chi2` (the same sums, by einsum) from the kept
+    ``l_h`` and the derivatives of the kept pieces."""
+    lh, d1, d2, _ = block_l(block, h, side)
+    ls = lh - shift
+    s = ls + alpha
+    act = s > -2.0 * theta2
+    p = block.p
+    if p is not None:
+        act &= p > 0
+    k = int(np.count_nonzero(act))
+    if k < act.size:  # the inactive rows count as zeros
+        s, d1, d2, ls = (np.where(act, x, 0.0) for x in (s, d1, d2, ls))
+    w = s / (2.0 * theta2)
+    w += act
+    if p is None:
+        return (k, float(k), float(np.sum(s)), _dot(s, s), _dot(w, d1), _dot(w, d2),
+                float(np.sum(d1)), _dot(d1, d1), float(np.sum(ls)))
+    pw, ps, pd1 = p * w, p * s, p * d1
+    return (k, _dot(p, act.astype(np.float64)), float(np.sum(ps)), _dot(ps, s), _dot(pw, d1),
+            _dot(pw, d2), float(np.sum(pd1)), _dot(pd1, d1), _dot(p, ls))
+
+
+#: the blockwise sums :class:`MulticlassDual` takes its own way
+_OWN = {block_kl: _block_kl, block_chi2: _block_chi2, block_chi2_active: _block_chi2_active}
+
+
 class MulticlassDual(BlockwiseDual):
     """:class:`~otstab_solvers.blockwise.BlockwiseDual` over the blocks of
     :func:`multiclass_blocks` held in this process, its KL sums taken by :func:`_block_kl`
@@ -497,7 +570,7 @@ class MulticlassDual(BlockwiseDual):
         self.blocks = blocks
 
     def run(self, func, *args):
-        return super().run(_block_kl if func is block_kl else func, *args)
+        return super().run(_OWN.get(func, func), *args)
 
     def release(self) -> None:
         """Drop the pieces and evaluations the blocks kept (the search is over)."""
