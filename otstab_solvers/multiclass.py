@@ -40,6 +40,8 @@ from .dual import (
     _reduce,
     _solve_bracketed,
     solve_dual,
+    tie_step,
+    tie_step_both,
 )
 from .result import OPTIMAL, DualSolution
 from .weights import weights_at
@@ -338,21 +340,7 @@ class MulticlassOracle(PiecewiseOracle):
                 dl, dh = D[0].copy(), D[0].copy()
                 kl, kh = np.zeros(many.size, dtype=np.intp), np.zeros(many.size, dtype=np.intp)
                 for k in range(1, self.K):
-                    v, dk = Vm[k], D[k]
-                    diff = v - v0
-                    above = diff > scale
-                    tie = np.abs(diff) <= scale
-                    np.copyto(dl, dk, where=above)
-                    np.copyto(dh, dk, where=above)
-                    np.copyto(kl, k, where=above)
-                    np.copyto(kh, k, where=above)
-                    lo_upd = tie & (dk < dl)
-                    hi_upd = tie & (dk > dh)
-                    np.copyto(dl, dk, where=lo_upd)
-                    np.copyto(kl, k, where=lo_upd)
-                    np.copyto(dh, dk, where=hi_upd)
-                    np.copyto(kh, k, where=hi_upd)
-                    np.maximum(v0, v, out=v0)
+                    tie_step_both(v0, dl, dh, kl, kh, Vm[k], D[k], k, scale)
                 kk[many], d[many] = kl, dl
                 two = kl != kh
                 if two.any():
@@ -385,13 +373,7 @@ class MulticlassOracle(PiecewiseOracle):
             Vm = V[:, many]
             vm, d, km = Vm[0].copy(), D[0].copy(), np.zeros(many.size, dtype=np.intp)
             for k in range(1, K):
-                v, dk = Vm[k], D[k]
-                diff = v - vm
-                cand = diff >= -scale
-                cand &= (diff > scale) | ((dk > d) if right else (dk < d))
-                np.copyto(d, dk, where=cand)
-                np.copyto(km, k, where=cand)
-                np.maximum(vm, v, out=vm)
+                tie_step(vm, d, km, Vm[k], D[k], k, scale, right)
             kk[many] = km
         flat = kk * m
         flat += ar
