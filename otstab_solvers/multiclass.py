@@ -56,6 +56,136 @@ BLOCK = 1 << 13
 PIECES_KEPT = 4
 
 
+try:
+    import numba
+except ImportError:  # pragma: no cover - numba is optional
+    numba = None  # type: ignore[assignment]
+
+#: evaluate with the compiled row kernels (:func:`_side_rows`, :func:`_values_rows`; numba):
+#: one loop over the rows that reads each score once, in place of the per-block NumPy
+#: passes; the same numbers (the same operations per row, the tie rule of
+#: :func:`~otstab_solvers.dual.tie_step`). False without numba, or to compare the two.
+USE_KERNEL = numba is not None
+#: the fewest rows a call evaluates with the kernels: below, NumPy's blocks (the kernels
+#: load, or compile once, in 0.5-2.5 s: paid only by problems large enough to gain it back)
+KERNEL_MIN_ROWS = 1 << 14
+
+
+def _side_rows(S, y, C, h, scale, right, lh, d1, d2, kk):  # pragma: no cover - compiled
+    """l_h, its derivative, its second derivative and piece of every row (into the outputs),
+    with :meth:`MulticlassOracle._side`'s numbers: ``c1 = (1 + s_k) - s_y`` (0 at the label),
+    ``v = c1 h + C[y, k] h^2``, ``d = 2 h C[y, k] + c1``, and the sequential tie rule (the
+    rows where one piece alone is near the largest take it under that rule too)."""
+    n, K = S.shape
+    hh = h * h
+    two_h = 2.0 * h
+    for i in range(n):
+        yi = y[i]
+        sy = S[i, yi]
+        vm = 0.0
+        d = 0.0
+        km = 0
+        for k in range(K):
+            c1 = 0.0 if k == yi else (1.0 + S[i, k]) - sy
+            c2 = C[yi, k]
+            v = c1 * h
+            v += c2 * hh
+            dk = c2 * two_h
+            dk += c1
+            if k == 0:
+                vm, d = v, dk
+                continue
+            diff = v - vm
+            if diff >= -scale and (diff > scale or (dk > d if right else dk < d)):
+                d = dk
+                km = k
+            if v > vm:
+                vm = v
+        lh[i] = vm
+        d1[i] = d
+        d2[i] = C[yi, km] * 2.0
+        kk[i] = km
+
+
+def _values_rows(S, y, C, h, out):  # pragma: no cover - compiled
+    """l_h of every row (into ``out``): :meth:`MulticlassOracle.values`'s numbers."""
+    n, K = S.shape
+    hh = h * h
+    for i in range(n):
+        yi = y[i]
+        sy = S[i, yi]
+        vm = 0.0
+        for k in range(K):
+            c1 = 0.0 if k == yi else (1.0 + S[i, k]) - sy
+            v = c1 * h
+            v += C[yi, k] * hh
+            if k == 0 or v > vm:
+                vm = v
+        out[i] = vm
+
+
+def _scan_rows(S, y, C, h, scale, vmax, k_lo, d_lo, k_hi, d_hi):  # pragma: no cover
+    """:meth:`MulticlassOracle.scan`'s numbers (into the outputs): both sides' pieces and
+    derivatives under the rule of :func:`~otstab_solvers.dual.tie_step_both`. Returns the
+    number of rows whose two sides differ."""
+    n, K = S.shape
+    hh = h * h
+    two_h = 2.0 * h
+    ties = 0
+    for i in range(n):
+        yi = y[i]
+        sy = S[i, yi]
+        vm = 0.0
+        dl = 0.0
+        dh = 0.0
+        kl = 0
+        kh = 0
+        for k in range(K):
+            c1 = 0.0 if k == yi else (1.0 + S[i, k]) - sy
+            c2 = C[yi, k]
+            v = c1 * h
+            v += c2 * hh
+            dk = c2 * two_h
+            dk += c1
+            if k == 0:
+                vm, dl, dh = v, dk, dk
+                continue
+            diff = v - vm
+            if diff > scale:
+                dl, dh, kl, kh = dk, dk, k, k
+            elif abs(diff) <= scale:
+                if dk < dl:
+                    dl, kl = dk, k
+                if dk > dh:
+                    dh, kh = dk, k
+            if v > vm:
+                vm = v
+        vmax[i] = vm
+        d_lo[i] = dl
+        d_hi[i] = dh
+        k_lo[i] = kl
+        k_hi[i] = kh
+        if kl != kh:
+            ties += 1
+    return ties
+
+
+if numba is not None:
+    _scan_rows = numba.njit(cache=True, nogil=True)(_scan_rows)
+    _side_rows = numba.njit(cache=True, nogil=True)(_side_rows)
+    _values_rows = numba.njit(cache=True, nogil=True)(_values_rows)
+
+
+def _as_index(rows):
+    """``rows`` (None, a slice, an index array or a boolean mask) as a slice or an index
+    array."""
+    if rows is None:
+        return slice(None)
+    if isinstance(rows, np.ndarray) and rows.dtype == bool:
+        return np.flatnonzero(rows)
+    return rows
+
+
 class MulticlassRows:
     """The pieces of the multiclass hinge from the scores ``S`` (n, K), the labels (n,) and the
     curvature matrix ``C`` (K, K; zero diagonal). Nothing of size n is stored beyond the
@@ -283,6 +413,12 @@ class MulticlassOracle(PiecewiseOracle):
     # -- the oracle's methods, per block -----------------------------------------------------
     def values(self, h: float, rows=None) -> np.ndarray:
         """l_h of the samples ``rows`` (default all), the dense oracle's numbers."""
+        if USE_KERNEL and self._rows_in(_as_index(rows)) >= KERNEL_MIN_ROWS:
+            sel = _as_index(rows)
+            S, y = self.rows.S[sel], self.rows.labels[sel]
+            out = np.empty(S.shape[0])
+            _values_rows(S, y, self.rows.C, float(h), out)
+            return out
         parts, m = self._blocks_of(slice(None) if rows is None else rows)
         out = np.empty(m)
         hh = h * h
@@ -303,6 +439,13 @@ class MulticlassOracle(PiecewiseOracle):
             return 0.0
         hh = h * h
         top = -math.inf
+        if USE_KERNEL and self.n >= KERNEL_MIN_ROWS:
+            out = np.empty(min(self.n, BLOCK))
+            for s, e in self.rows.blocks():
+                o = out[:e - s]
+                _values_rows(self.rows.S[s:e], self.rows.labels[s:e], self.rows.C, float(h), o)
+                top = max(top, float(o.max()))
+            return top
         for s, e in self.rows.blocks():
             c1, c2, _ = self.rows.block_T(slice(s, e))
             c1 *= h
@@ -316,6 +459,16 @@ class MulticlassOracle(PiecewiseOracle):
         the rows where one piece alone is near the largest value take it (the sequential rule
         does: see :meth:`_side`), the others go through the sequential rule."""
         tol = self.TIE if tol is None else tol
+        if USE_KERNEL and self._rows_in(_as_index(rows)) >= KERNEL_MIN_ROWS:
+            sel = _as_index(rows)
+            S, y = self.rows.S[sel], self.rows.labels[sel]
+            m = S.shape[0]
+            vmax, d_lo, d_hi = np.empty(m), np.empty(m), np.empty(m)
+            k_lo, k_hi = np.empty(m, dtype=np.intp), np.empty(m, dtype=np.intp)
+            if not _scan_rows(S, y, self.rows.C, float(h), float(tol * self._bound(h)), vmax,
+                              k_lo, d_lo, k_hi, d_hi):
+                return vmax, k_lo, d_lo, k_lo, d_lo  # (one array for both sides: no tie)
+            return vmax, k_lo, d_lo, k_hi, d_hi
         parts, m = self._blocks_of(slice(None) if rows is None else rows)
         vmax, d_lo = np.empty(m), np.empty(m)
         k_lo = np.empty(m, dtype=np.intp)
@@ -412,6 +565,11 @@ class MulticlassOracle(PiecewiseOracle):
             lh, d1, d2, k = self._last[1]
             if d1 is None:  # (kept without them: from the pieces)
                 d1, d2 = self._derivs(h, k)
+        elif USE_KERNEL and self.n >= KERNEL_MIN_ROWS:
+            lh, d1, d2 = np.empty(self.n), np.empty(self.n), np.empty(self.n)
+            k = np.empty(self.n, dtype=np.intp)
+            _side_rows(self.rows.S, self.rows.labels, self.rows.C, float(h),
+                       float(self.TIE * self._bound(h)), side == "right", lh, d1, d2, k)
         elif self.n <= BLOCK:
             lh, d1, d2, k = self._side(h, side == "right", slice(None))
         else:

@@ -15,6 +15,7 @@ import dataclasses
 import math
 
 import numpy as np
+import otstab_solvers.multiclass as multiclass
 import pytest
 from otstab_solvers.dual import PiecewiseOracle, solve_dual
 from otstab_solvers.multiclass import (
@@ -34,6 +35,7 @@ from otstab.modeling import _reduction as reduction
 from otstab.modeling._models import per_sample_losses
 
 K = 4
+needs_numba = pytest.mark.skipif(multiclass.numba is None, reason="numba is not installed")
 
 
 def _rows(n, seed=0, ties=False):
@@ -55,8 +57,13 @@ def _dense(rows):
     return PiecewiseOracle(rows.materialize().T, rows.materialize_c2().T)
 
 
+@pytest.mark.parametrize("kernel", [False, pytest.param(True, marks=needs_numba)])
 @pytest.mark.parametrize("ties", [False, True])
-def test_oracle_equals_the_dense_oracle(ties):
+def test_oracle_equals_the_dense_oracle(monkeypatch, ties, kernel):
+    """Both ways of evaluating the rows, the compiled kernel (numba) and the NumPy blocks:
+    bit for bit the dense oracle's numbers."""
+    monkeypatch.setattr(multiclass, "USE_KERNEL", kernel)
+    monkeypatch.setattr(multiclass, "KERNEL_MIN_ROWS", 0)  # (every call, the picked rows too)
     n = 2 * BLOCK + 123  # several blocks, a partial last one
     rows = _rows(n, seed=1, ties=ties)
     lean, dense = MulticlassOracle(rows), _dense(rows)
@@ -266,9 +273,13 @@ def test_chi2_keeps_one_vector_per_evaluation():
     assert peaks["chi2"] < peaks["kl"] + 0.5, peaks
 
 
-def test_derivatives_from_the_pieces_are_the_evaluations():
+@pytest.mark.parametrize("kernel", [False, pytest.param(True, marks=needs_numba)])
+def test_derivatives_from_the_pieces_are_the_evaluations(monkeypatch, kernel):
     """:meth:`MulticlassOracle._derivs` on the pieces an evaluation chose gives its
-    derivatives bit for bit (ties included: integer scores, dyadic curvatures)."""
+    derivatives bit for bit (ties included: integer scores, dyadic curvatures), whichever
+    way the evaluation was made."""
+    monkeypatch.setattr(multiclass, "USE_KERNEL", kernel)
+    monkeypatch.setattr(multiclass, "KERNEL_MIN_ROWS", 0)
     for ties in (False, True):
         rows = _rows(3000, seed=10, ties=ties)
         oracle = MulticlassOracle(rows)
