@@ -170,7 +170,23 @@ def _scan_rows(S, y, C, h, scale, vmax, k_lo, d_lo, k_hi, d_hi):  # pragma: no c
     return ties
 
 
+def _tail_hits(S, y, tau, hit):  # pragma: no cover - compiled
+    """``hit[i]``: some ``c1[i, k] >= tau[y_i, k]`` (``c1`` as :meth:`MulticlassRows.block`;
+    ``tau[y, y] = inf``)."""
+    n, K = S.shape
+    for i in range(n):
+        yi = y[i]
+        sy = S[i, yi]
+        found = False
+        for k in range(K):
+            c1 = 0.0 if k == yi else (1.0 + S[i, k]) - sy
+            if c1 >= tau[yi, k]:
+                found = True
+        hit[i] = found
+
+
 if numba is not None:
+    _tail_hits = numba.njit(cache=True, nogil=True)(_tail_hits)
     _scan_rows = numba.njit(cache=True, nogil=True)(_scan_rows)
     _side_rows = numba.njit(cache=True, nogil=True)(_side_rows)
     _values_rows = numba.njit(cache=True, nogil=True)(_values_rows)
@@ -744,9 +760,15 @@ def _tail_rows(rows: MulticlassRows, c1_sub: np.ndarray, labels_sub: np.ndarray,
     thrT = np.ascontiguousarray(tau.T)  # thrT[k, y] = tau[y, k]
     cap = 16 * K * K * per_pair
     found, total = [], 0
+    kernel = USE_KERNEL and rows.n >= KERNEL_MIN_ROWS
+    buf = np.empty(min(rows.n, BLOCK), dtype=np.bool_)
     for s, e in rows.blocks():
-        c1 = rows.block_T(slice(s, e))[0]
-        hit = np.greater_equal(c1, np.take(thrT, rows.labels[s:e], axis=1)).any(axis=0)
+        if kernel:
+            hit = buf[:e - s]
+            _tail_hits(rows.S[s:e], rows.labels[s:e], tau, hit)
+        else:
+            c1 = rows.block_T(slice(s, e))[0]
+            hit = np.greater_equal(c1, np.take(thrT, rows.labels[s:e], axis=1)).any(axis=0)
         at = np.flatnonzero(hit)
         if at.size:
             total += at.size

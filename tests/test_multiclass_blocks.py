@@ -289,3 +289,35 @@ def test_derivatives_from_the_pieces_are_the_evaluations(monkeypatch, kernel):
                 e1, e2 = oracle._derivs(h, k.astype(np.int8))
                 np.testing.assert_array_equal(e1, d1)
                 np.testing.assert_array_equal(e2, d2)
+
+
+@pytest.mark.parametrize("kernel", [False, pytest.param(True, marks=needs_numba)])
+def test_tail_rows_hold_the_top_rows_of_every_h(monkeypatch, kernel):
+    """The rows :func:`_tail_rows` adds to the subsample: exactly those with some
+    ``c1[i, k]`` at or above its (label, piece) threshold (enumerated on the dense pieces),
+    and so, at every h, every row whose l_h reaches the largest l_h a row outside can have."""
+    monkeypatch.setattr(multiclass, "USE_KERNEL", kernel)
+    monkeypatch.setattr(multiclass, "KERNEL_MIN_ROWS", 0)
+    rows = _scored_rows(20_000, seed=11)
+    stride = 16
+    c1_sub = rows.block(slice(0, rows.n, stride))[0]
+    got = multiclass._tail_rows(rows, c1_sub, rows.labels[::stride], stride, 64)
+    c1 = rows.materialize().T  # (n, K)
+    j = 64 // stride
+    tau = np.full((K, K), np.inf)
+    for yy in range(K):
+        for k in range(K):
+            col = c1_sub[rows.labels[::stride] == yy][:, k]
+            if k != yy:
+                tau[yy, k] = -np.inf if col.size <= j else np.sort(col)[-j]
+    want = np.flatnonzero((c1 >= tau[rows.labels]).any(axis=1))
+    np.testing.assert_array_equal(got, want)
+    assert 0 < got.size < rows.n // 4
+    dense = _dense(rows)
+    outside = np.setdiff1d(np.arange(rows.n), got)
+    for h in (0.1, 1.0, 5.0):
+        lh = dense.values(h)
+        cap = (tau * h + rows.C * h * h)[rows.labels[outside]].max(axis=1)
+        assert np.all(lh[outside] < cap)  # the bound the docstring states
+        top = np.argsort(lh)[-64:]
+        assert np.isin(top, got).all()  # the 64 largest l_h are all in the set
