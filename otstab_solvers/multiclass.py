@@ -983,6 +983,7 @@ def solve_multiclass(oracle: MulticlassOracle, dual: BlockwiseDual, r: float, th
                     h = 0.5 * (h_root + (h_lo if h < h_root else h_hi))
             else:
                 h = h_root
+        del model  # (the subsample's arrays: not held through the search)
         if lo is not None and hi is not None:
             sol = _solve_bracketed(at, dual, dual, True, [lo, hi], r, tol, max_iter, finish)
             if sol.status == OPTIMAL:
