@@ -192,6 +192,13 @@ if numba is not None:
     _values_rows = numba.njit(cache=True, nogil=True)(_values_rows)
 
 
+def _kernel_for(rows, m: int) -> bool:
+    """Evaluate ``m`` rows of ``rows`` with the kernels: numba is there, the call is large
+    enough (:data:`KERNEL_MIN_ROWS`) and the scores are float64 (the NumPy blocks' arithmetic
+    on other types follows NumPy's promotion rules, which the kernels do not copy)."""
+    return USE_KERNEL and m >= KERNEL_MIN_ROWS and rows.S.dtype == np.float64
+
+
 def _as_index(rows):
     """``rows`` (None, a slice, an index array or a boolean mask) as a slice or an index
     array."""
@@ -429,7 +436,7 @@ class MulticlassOracle(PiecewiseOracle):
     # -- the oracle's methods, per block -----------------------------------------------------
     def values(self, h: float, rows=None) -> np.ndarray:
         """l_h of the samples ``rows`` (default all), the dense oracle's numbers."""
-        if USE_KERNEL and self._rows_in(_as_index(rows)) >= KERNEL_MIN_ROWS:
+        if _kernel_for(self.rows, self._rows_in(_as_index(rows))):
             sel = _as_index(rows)
             S, y = self.rows.S[sel], self.rows.labels[sel]
             out = np.empty(S.shape[0])
@@ -455,7 +462,7 @@ class MulticlassOracle(PiecewiseOracle):
             return 0.0
         hh = h * h
         top = -math.inf
-        if USE_KERNEL and self.n >= KERNEL_MIN_ROWS:
+        if _kernel_for(self.rows, self.n):
             out = np.empty(min(self.n, BLOCK))
             for s, e in self.rows.blocks():
                 o = out[:e - s]
@@ -475,7 +482,7 @@ class MulticlassOracle(PiecewiseOracle):
         the rows where one piece alone is near the largest value take it (the sequential rule
         does: see :meth:`_side`), the others go through the sequential rule."""
         tol = self.TIE if tol is None else tol
-        if USE_KERNEL and self._rows_in(_as_index(rows)) >= KERNEL_MIN_ROWS:
+        if _kernel_for(self.rows, self._rows_in(_as_index(rows))):
             sel = _as_index(rows)
             S, y = self.rows.S[sel], self.rows.labels[sel]
             m = S.shape[0]
@@ -581,7 +588,7 @@ class MulticlassOracle(PiecewiseOracle):
             lh, d1, d2, k = self._last[1]
             if d1 is None:  # (kept without them: from the pieces)
                 d1, d2 = self._derivs(h, k)
-        elif USE_KERNEL and self.n >= KERNEL_MIN_ROWS:
+        elif _kernel_for(self.rows, self.n):
             lh, d1, d2 = np.empty(self.n), np.empty(self.n), np.empty(self.n)
             k = np.empty(self.n, dtype=np.intp)
             _side_rows(self.rows.S, self.rows.labels, self.rows.C, float(h),
@@ -760,7 +767,7 @@ def _tail_rows(rows: MulticlassRows, c1_sub: np.ndarray, labels_sub: np.ndarray,
     thrT = np.ascontiguousarray(tau.T)  # thrT[k, y] = tau[y, k]
     cap = 16 * K * K * per_pair
     found, total = [], 0
-    kernel = USE_KERNEL and rows.n >= KERNEL_MIN_ROWS
+    kernel = _kernel_for(rows, rows.n)
     buf = np.empty(min(rows.n, BLOCK), dtype=np.bool_)
     for s, e in rows.blocks():
         if kernel:
