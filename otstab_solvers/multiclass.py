@@ -185,7 +185,28 @@ def _tail_hits(S, y, tau, hit):  # pragma: no cover - compiled
         hit[i] = found
 
 
+def _c1_stats(S, y, top):  # pragma: no cover - compiled
+    """(smallest, largest) ``c1[i, k]`` of the rows (the zeros at the labels included), and
+    ``top[y, k]`` raised to the largest ``c1[i, k]`` of the rows of label ``y``."""
+    n, K = S.shape
+    lo = np.inf
+    hi = -np.inf
+    for i in range(n):
+        yi = y[i]
+        sy = S[i, yi]
+        for k in range(K):
+            c1 = 0.0 if k == yi else (1.0 + S[i, k]) - sy
+            if c1 < lo:
+                lo = c1
+            if c1 > hi:
+                hi = c1
+            if c1 > top[yi, k]:
+                top[yi, k] = c1
+    return lo, hi
+
+
 if numba is not None:
+    _c1_stats = numba.njit(cache=True, nogil=True)(_c1_stats)
     _tail_hits = numba.njit(cache=True, nogil=True)(_tail_hits)
     _scan_rows = numba.njit(cache=True, nogil=True)(_scan_rows)
     _side_rows = numba.njit(cache=True, nogil=True)(_side_rows)
@@ -222,6 +243,7 @@ class MulticlassRows:
         self.C = np.ascontiguousarray(C, dtype=np.float64)
         self.n, self.K = int(S.shape[0]), int(self.C.shape[0])
         self._range: tuple[float, float] | None = None
+        self._top: np.ndarray | None = None
         self._present: np.ndarray | None = None
 
     def subset(self, s: int, e: int) -> MulticlassRows:
@@ -308,14 +330,35 @@ class MulticlassRows:
 
     def c1_range(self) -> tuple[float, float]:
         """(smallest, largest) ``c1[i, k]`` over every row and piece (the zeros included),
-        over blocks; (inf, -inf) without rows."""
+        over blocks; (inf, -inf) without rows. The same pass keeps :meth:`c1_top`."""
         if self._range is None:
             lo, hi = math.inf, -math.inf
+            top = np.full((self.K, self.K), -np.inf)
+            kernel = _kernel_for(self, self.n)
             for i, j in self.blocks():
+                if kernel:
+                    b_lo, b_hi = _c1_stats(self.S[i:j], self.labels[i:j], top)
+                    lo, hi = min(lo, b_lo), max(hi, b_hi)
+                    continue
                 c1 = self.block_T(slice(i, j))[0]
                 lo, hi = min(lo, float(c1.min())), max(hi, float(c1.max()))
-            self._range = (lo, hi)
+                y = self.labels[i:j]
+                for yy in range(self.K):
+                    of_y = c1[:, y == yy]
+                    if of_y.shape[1]:
+                        np.maximum(top[yy], of_y.max(axis=1), out=top[yy])
+            self._range = (float(lo), float(hi))
+            self._top = top
         return self._range
+
+    def c1_top(self) -> np.ndarray:
+        """``top[y, k]``: the largest ``c1[i, k]`` over the rows of label ``y`` (-inf where no
+        row has that label; 0 at ``k = y``)."""
+        if self._top is None:
+            self._range = None
+            self.c1_range()
+        assert self._top is not None
+        return self._top
 
 
 def _top_T(V: np.ndarray, scale: float, out: np.ndarray):
@@ -457,18 +500,20 @@ class MulticlassOracle(PiecewiseOracle):
         return out
 
     def values_max(self, h: float) -> float:
-        """The largest l_h over all samples (over blocks)."""
+        """The largest l_h over all samples, in O(K^2) once :meth:`MulticlassRows.c1_top` is
+        known (kept by the pass of ``c1_range``): within a label the pieces share ``c2``, a
+        piece's ``c1 h + c2 h^2`` is nondecreasing in ``c1`` at h >= 0 and rounding is
+        monotone, so the largest is the one at each (label, piece)'s largest ``c1``, with
+        the arithmetic of :meth:`values` (as :meth:`PiecewiseOracle.values_max`)."""
         if not self.n:
             return 0.0
         hh = h * h
+        if h >= 0.0:
+            at = self.rows.c1_top()[self.rows.present()]
+            v = at * h
+            v += self.rows.C[self.rows.present()] * hh
+            return float(v.max())
         top = -math.inf
-        if _kernel_for(self.rows, self.n):
-            out = np.empty(min(self.n, BLOCK))
-            for s, e in self.rows.blocks():
-                o = out[:e - s]
-                _values_rows(self.rows.S[s:e], self.rows.labels[s:e], self.rows.C, float(h), o)
-                top = max(top, float(o.max()))
-            return top
         for s, e in self.rows.blocks():
             c1, c2, _ = self.rows.block_T(slice(s, e))
             c1 *= h

@@ -321,3 +321,18 @@ def test_tail_rows_hold_the_top_rows_of_every_h(monkeypatch, kernel):
         assert np.all(lh[outside] < cap)  # the bound the docstring states
         top = np.argsort(lh)[-64:]
         assert np.isin(top, got).all()  # the 64 largest l_h are all in the set
+
+
+@pytest.mark.parametrize("kernel", [False, pytest.param(True, marks=needs_numba)])
+def test_values_max_from_the_top_of_each_label_and_piece(monkeypatch, kernel):
+    """values_max in O(K^2) from the largest c1 of every (label, piece): the dense oracle's
+    largest l_h, with labels missing (their -inf tops left out) and ties."""
+    monkeypatch.setattr(multiclass, "USE_KERNEL", kernel)
+    monkeypatch.setattr(multiclass, "KERNEL_MIN_ROWS", 0)
+    for ties in (False, True):
+        rows = _rows(5000, seed=12, ties=ties)
+        rows = MulticlassRows(rows.S, np.where(rows.labels % 2 == 1, 0, rows.labels), rows.C)
+        lean, dense = MulticlassOracle(rows), _dense(rows)
+        assert not rows.present()[1] and not rows.present()[3]
+        for h in (0.0, 1e-3, 0.3, 1.0, 2.0, 7.5):
+            assert lean.values_max(h) == dense.values_max(h) == float(dense.values(h).max())
