@@ -336,3 +336,24 @@ def test_values_max_from_the_top_of_each_label_and_piece(monkeypatch, kernel):
         assert not rows.present()[1] and not rows.present()[3]
         for h in (0.0, 1e-3, 0.3, 1.0, 2.0, 7.5):
             assert lean.values_max(h) == dense.values_max(h) == float(dense.values(h).max())
+
+
+@needs_numba
+@pytest.mark.parametrize("divergence,theta2", [("kl", 0.25), ("chi2", 0.25), ("kl", math.inf)])
+def test_certificate_is_the_same_with_and_without_the_kernels(monkeypatch, divergence, theta2):
+    """A certificate above KERNEL_MIN_ROWS is the same number whether its passes run
+    compiled or as NumPy blocks (the same arithmetic and tie rule: bit for bit), and so is
+    its Q* (sampled audit and all)."""
+    model, X, y = _problem(40_000, seed=13)
+    losses = per_sample_losses(model, X, y, "multiclass_hinge")
+    r = float(losses.mean() + 0.5 * (losses.max() - losses.mean()))
+    kw = dict(loss="multiclass_hinge", r=r, theta1=1.0, theta2=theta2, divergence=divergence)
+    monkeypatch.setattr(piecewise, "AUDIT_DIRECT_MAX", 1000)  # (the sampled audit's sums)
+    got = otstab.certify(model, X, y, **kw)
+    monkeypatch.setattr(multiclass, "USE_KERNEL", False)
+    ref = otstab.certify(model, X, y, **kw)
+    assert got.status == ref.status == "optimal"
+    for f in ("value", "h", "risk_star", "primal_cost", "total_mass"):
+        assert getattr(got, f) == getattr(ref, f), f
+    np.testing.assert_array_equal(got.source, ref.source)
+    np.testing.assert_array_equal(got.weights * got.mass, ref.weights * ref.mass)
