@@ -205,7 +205,24 @@ def _c1_stats(S, y, top):  # pragma: no cover - compiled
     return lo, hi
 
 
+def _derivs_rows(S, y, C, h, kk, d1, d2):  # pragma: no cover - compiled
+    """:meth:`MulticlassOracle._derivs` (into ``d1``, ``d2``): the derivatives on the pieces
+    ``kk``, with :func:`_side_rows`'s operations."""
+    n = S.shape[0]
+    two_h = 2.0 * h
+    for i in range(n):
+        yi = y[i]
+        k = kk[i]
+        c1 = 0.0 if k == yi else (1.0 + S[i, k]) - S[i, yi]
+        c2 = C[yi, k]
+        d = c2 * two_h
+        d += c1
+        d1[i] = d
+        d2[i] = c2 * 2.0
+
+
 if numba is not None:
+    _derivs_rows = numba.njit(cache=True, nogil=True)(_derivs_rows)
     _c1_stats = numba.njit(cache=True, nogil=True)(_c1_stats)
     _tail_hits = numba.njit(cache=True, nogil=True)(_tail_hits)
     _scan_rows = numba.njit(cache=True, nogil=True)(_scan_rows)
@@ -608,6 +625,10 @@ class MulticlassOracle(PiecewiseOracle):
         """``(dl, d2l)`` of every row on its piece ``k`` at ``h``: the numbers of :meth:`_side`
         (the same operations on the same numbers: ``c1 = (1 + s_k) - s_y``, 0 at the label,
         ``c2 = C[y, k]``, ``dl = 2 h c2 + c1``), from the scores of the two classes alone."""
+        if _kernel_for(self.rows, self.n):
+            d1, d2 = np.empty(self.n), np.empty(self.n)
+            _derivs_rows(self.rows.S, self.rows.labels, self.rows.C, float(h), k, d1, d2)
+            return d1, d2
         S = np.ascontiguousarray(self.rows.S).reshape(-1)
         y = self.rows.labels
         K = self.K
