@@ -19,6 +19,7 @@ This module does not import otstab.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import time
 
@@ -56,16 +57,25 @@ BLOCK = 1 << 13
 PIECES_KEPT = 4
 
 
-try:
-    import numba
-except ImportError:  # pragma: no cover - numba is optional
-    numba = None  # type: ignore[assignment]
-
+#: numba is installed (imported on the first call that uses a kernel: 0.3-0.6 s, which a
+#: small problem never pays)
+HAVE_NUMBA = importlib.util.find_spec("numba") is not None
 #: evaluate with the compiled row kernels (:func:`_side_rows`, :func:`_values_rows`; numba):
 #: one loop over the rows that reads each score once, in place of the per-block NumPy
 #: passes; the same numbers (the same operations per row, the tie rule of
 #: :func:`~otstab_solvers.dual.tie_step`). False without numba, or to compare the two.
-USE_KERNEL = numba is not None
+USE_KERNEL = HAVE_NUMBA
+_COMPILED: dict = {}
+
+
+def _kernel(fn):
+    """The compiled ``fn`` (numba, cached on disk; compiled or loaded on first use)."""
+    got = _COMPILED.get(fn.__name__)
+    if got is None:
+        import numba
+
+        got = _COMPILED[fn.__name__] = numba.njit(cache=True, nogil=True)(fn)
+    return got
 #: the fewest rows a call evaluates with the kernels: below, NumPy's blocks (the kernels
 #: load, or compile once, in 0.5-2.5 s: paid only by problems large enough to gain it back)
 KERNEL_MIN_ROWS = 1 << 14
@@ -221,15 +231,6 @@ def _derivs_rows(S, y, C, h, kk, d1, d2):  # pragma: no cover - compiled
         d2[i] = c2 * 2.0
 
 
-if numba is not None:
-    _derivs_rows = numba.njit(cache=True, nogil=True)(_derivs_rows)
-    _c1_stats = numba.njit(cache=True, nogil=True)(_c1_stats)
-    _tail_hits = numba.njit(cache=True, nogil=True)(_tail_hits)
-    _scan_rows = numba.njit(cache=True, nogil=True)(_scan_rows)
-    _side_rows = numba.njit(cache=True, nogil=True)(_side_rows)
-    _values_rows = numba.njit(cache=True, nogil=True)(_values_rows)
-
-
 def _kernel_for(rows, m: int) -> bool:
     """Evaluate ``m`` rows of ``rows`` with the kernels: numba is there, the call is large
     enough (:data:`KERNEL_MIN_ROWS`) and the scores are float64 (the NumPy blocks' arithmetic
@@ -354,7 +355,7 @@ class MulticlassRows:
             kernel = _kernel_for(self, self.n)
             for i, j in self.blocks():
                 if kernel:
-                    b_lo, b_hi = _c1_stats(self.S[i:j], self.labels[i:j], top)
+                    b_lo, b_hi = _kernel(_c1_stats)(self.S[i:j], self.labels[i:j], top)
                     lo, hi = min(lo, b_lo), max(hi, b_hi)
                     continue
                 c1 = self.block_T(slice(i, j))[0]
@@ -500,7 +501,7 @@ class MulticlassOracle(PiecewiseOracle):
             sel = _as_index(rows)
             S, y = self.rows.S[sel], self.rows.labels[sel]
             out = np.empty(S.shape[0])
-            _values_rows(S, y, self.rows.C, float(h), out)
+            _kernel(_values_rows)(S, y, self.rows.C, float(h), out)
             return out
         parts, m = self._blocks_of(slice(None) if rows is None else rows)
         out = np.empty(m)
@@ -550,8 +551,9 @@ class MulticlassOracle(PiecewiseOracle):
             m = S.shape[0]
             vmax, d_lo, d_hi = np.empty(m), np.empty(m), np.empty(m)
             k_lo, k_hi = np.empty(m, dtype=np.intp), np.empty(m, dtype=np.intp)
-            if not _scan_rows(S, y, self.rows.C, float(h), float(tol * self._bound(h)), vmax,
-                              k_lo, d_lo, k_hi, d_hi):
+            scan = _kernel(_scan_rows)
+            if not scan(S, y, self.rows.C, float(h), float(tol * self._bound(h)), vmax, k_lo,
+                        d_lo, k_hi, d_hi):
                 return vmax, k_lo, d_lo, k_lo, d_lo  # (one array for both sides: no tie)
             return vmax, k_lo, d_lo, k_hi, d_hi
         parts, m = self._blocks_of(slice(None) if rows is None else rows)
@@ -627,7 +629,8 @@ class MulticlassOracle(PiecewiseOracle):
         ``c2 = C[y, k]``, ``dl = 2 h c2 + c1``), from the scores of the two classes alone."""
         if _kernel_for(self.rows, self.n):
             d1, d2 = np.empty(self.n), np.empty(self.n)
-            _derivs_rows(self.rows.S, self.rows.labels, self.rows.C, float(h), k, d1, d2)
+            derivs = _kernel(_derivs_rows)
+            derivs(self.rows.S, self.rows.labels, self.rows.C, float(h), k, d1, d2)
             return d1, d2
         S = np.ascontiguousarray(self.rows.S).reshape(-1)
         y = self.rows.labels
@@ -657,8 +660,9 @@ class MulticlassOracle(PiecewiseOracle):
         elif _kernel_for(self.rows, self.n):
             lh, d1, d2 = np.empty(self.n), np.empty(self.n), np.empty(self.n)
             k = np.empty(self.n, dtype=np.intp)
-            _side_rows(self.rows.S, self.rows.labels, self.rows.C, float(h),
-                       float(self.TIE * self._bound(h)), side == "right", lh, d1, d2, k)
+            side_rows = _kernel(_side_rows)
+            side_rows(self.rows.S, self.rows.labels, self.rows.C, float(h),
+                      float(self.TIE * self._bound(h)), side == "right", lh, d1, d2, k)
         elif self.n <= BLOCK:
             lh, d1, d2, k = self._side(h, side == "right", slice(None))
         else:
@@ -838,7 +842,7 @@ def _tail_rows(rows: MulticlassRows, c1_sub: np.ndarray, labels_sub: np.ndarray,
     for s, e in rows.blocks():
         if kernel:
             hit = buf[:e - s]
-            _tail_hits(rows.S[s:e], rows.labels[s:e], tau, hit)
+            _kernel(_tail_hits)(rows.S[s:e], rows.labels[s:e], tau, hit)
         else:
             c1 = rows.block_T(slice(s, e))[0]
             hit = np.greater_equal(c1, np.take(thrT, rows.labels[s:e], axis=1)).any(axis=0)

@@ -35,7 +35,7 @@ from otstab.modeling import _reduction as reduction
 from otstab.modeling._models import per_sample_losses
 
 K = 4
-needs_numba = pytest.mark.skipif(multiclass.numba is None, reason="numba is not installed")
+needs_numba = pytest.mark.skipif(not multiclass.HAVE_NUMBA, reason="numba is not installed")
 
 
 def _rows(n, seed=0, ties=False):
