@@ -882,6 +882,8 @@ def _start(oracle: MulticlassOracle, r: float, theta2: float, divergence: str,
     sub_sol = solve_dual(sub, r_sub, theta2, divergence, tol=1e-10) if r_sub > 0 else None
     h_sub = sub_sol.h if sub_sol is not None and sub_sol.status == OPTIMAL else math.nan
     info: dict = {}
+    if sub_sol is not None and sub_sol.alpha is not None and math.isfinite(h_sub):
+        info["alpha_subsample"] = float(sub_sol.alpha)
     model: tuple = (sub, None)
     if not (math.isfinite(h_sub) and h_sub > 0) or math.isinf(theta2):
         return h_sub, info, model
@@ -914,6 +916,8 @@ def _start(oracle: MulticlassOracle, r: float, theta2: float, divergence: str,
         info["h_strided"] = h_sub
         h_sub, model = sol_w.h, (sub_w, p)
         sub_w.passes = 0
+        if sol_w.alpha is not None:
+            info["alpha_subsample"] = float(sol_w.alpha)
     return h_sub, info, model
 
 
@@ -1012,6 +1016,12 @@ def solve_multiclass(oracle: MulticlassOracle, dual: BlockwiseDual, r: float, th
     points: list[dict] = []
     if n >= max(min_n, 1) and dual.total == float(n):
         h_sub, start, model = _start(oracle, r, theta2, divergence, base)
+        alpha_sub = start.get("alpha_subsample", math.nan)
+        if divergence == "chi2" and math.isfinite(alpha_sub) and dual._alpha is None:
+            # chi2's active-set steps start from the subsample's alpha at h_sub (near the full
+            # data's there) instead of every row active: fewer passes at the first point; the
+            # steps end at the exact alpha from any start
+            dual._alpha = alpha_sub
         evals = 0
 
         def at(h, side="right"):
