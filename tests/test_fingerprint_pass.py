@@ -7,6 +7,8 @@ Independent references: ``X @ coef`` (NumPy's own product), the fingerprint's de
 fsum of the products), and the float64 copy of float32 data.
 """
 
+import threading
+
 import mpmath
 import numpy as np
 import pytest
@@ -92,3 +94,36 @@ def test_a_change_is_caught_whatever_the_workers(small_blocks, monkeypatch):
     monkeypatch.setattr(F, "blas_threads", lambda: 1)
     np.testing.assert_array_equal(fp.changed_groups(Y), [4000 // 32])
     assert fp.changed_groups(X).size == 0
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
+def test_a_forked_child_runs_its_own_pass(small_blocks, monkeypatch):
+    """After the pool's threads started, a forked child (multiprocessing's default on Linux)
+    has none of them: its pass must not wait on them (it makes its own pool)."""
+    import os
+
+    X, coef, _ = _data()
+    sc = LinearScorer(coef[None, :], np.zeros(1), "binary")
+    monkeypatch.setattr(F, "blas_threads", lambda: 2)
+    S, fp = sc.scores_and_fingerprint(X)
+    pool = F._pool(2)  # both of its threads started (each waits for the other), then idle
+    both = threading.Barrier(2)
+    for f in [pool.submit(both.wait, 5.0) for _ in range(2)]:
+        f.result()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 when its pass gives the parent's numbers
+        try:
+            S2, fp2 = sc.scores_and_fingerprint(X)
+            ok = np.array_equal(S2, S) and np.array_equal(fp2.values, fp.values)
+            os.write(w, b"1" if ok else b"0")
+        finally:
+            os._exit(0)
+    os.close(w)
+    import select
+
+    ready, _, _ = select.select([r], [], [], 10.0)
+    got = os.read(r, 1) if ready else b"timeout"
+    os.close(r)
+    os.waitpid(pid, 0) if ready else os.kill(pid, 9)
+    assert got == b"1", got

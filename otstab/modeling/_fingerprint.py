@@ -29,6 +29,7 @@ made itself (a subset's rows, an unpickled result's X) have none and are not che
 from __future__ import annotations
 
 import functools
+import os
 import threading
 import weakref
 from collections.abc import Callable
@@ -83,12 +84,27 @@ def block64(block: np.ndarray, buf: np.ndarray | None) -> np.ndarray:
 
 
 _POOLS: dict[int, ThreadPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
 
 
 def _pool(workers: int) -> ThreadPoolExecutor:
-    if workers not in _POOLS:
-        _POOLS[workers] = ThreadPoolExecutor(workers, thread_name_prefix="otstab-pass")
-    return _POOLS[workers]
+    """The pool of ``workers`` threads of :func:`each_block` (made on first use)."""
+    with _POOLS_LOCK:
+        if workers not in _POOLS:
+            _POOLS[workers] = ThreadPoolExecutor(workers, thread_name_prefix="otstab-pass")
+        return _POOLS[workers]
+
+
+def _forget_pools() -> None:
+    # a forked child has none of the parent's threads: its pools would queue work that no
+    # thread runs (a hang); it makes its own on first use
+    _POOLS.clear()
+    global _POOLS_LOCK
+    _POOLS_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pools)
 
 
 def each_block(X: np.ndarray, visit: Callable[[np.ndarray, int], None],
