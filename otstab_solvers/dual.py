@@ -485,11 +485,19 @@ def negated_keys(oracle: PiecewiseOracle, rows, out: np.ndarray) -> np.ndarray:
 def sorted_view_of(oracle: PiecewiseOracle) -> SortedTwoPiece:
     """The fully sorted view of a hinge-shaped oracle: the negated keys written block by block
     into one array and sorted in place."""
-    c = float(oracle.c2[0, oracle._hinge_piece])
+    k1 = oracle._hinge_piece
+    c = float(oracle.c2[0, k1])
     nu = np.empty(oracle.n)
-    for i in range(0, oracle.n, AffineRows.BLOCK):
-        j = min(i + AffineRows.BLOCK, oracle.n)
-        negated_keys(oracle, slice(i, j), nu[i:j])
+    if isinstance(oracle, AffineOracle) and oracle._dense is None and \
+            float(oracle.rows.a[k1]) == -1.0:
+        # the hinge's keys ``y s - b`` (or ``y - s - b``): one product and one subtraction in
+        # place over all rows (no temporary; the same numbers as block by block, a third of
+        # the time of 61 calls at n = 1e6)
+        negated_keys(oracle, slice(0, oracle.n), nu)
+    else:
+        for i in range(0, oracle.n, AffineRows.BLOCK):
+            j = min(i + AffineRows.BLOCK, oracle.n)
+            negated_keys(oracle, slice(i, j), nu[i:j])
     return SortedTwoPiece.from_negated(nu, "hinge", c, tie=oracle.TIE)
 
 

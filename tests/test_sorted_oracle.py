@@ -208,3 +208,23 @@ def test_kl_term_against_high_precision_either_side_of_the_expm1_pass(theta2):
         assert term == pytest.approx(exact, rel=1e-13, abs=64 * np.finfo(float).eps * lmax)
     # (both branches at theta2 = 0.25 and 4; the expm1 pass alone at 1e4)
     assert shares == ({True} if theta2 > 100 else {True, False})
+
+
+@pytest.mark.parametrize("kind", ["margin", "residual"])
+def test_sorted_view_of_rows_equals_the_dense_keys(kind):
+    """sorted_view_of writes the hinge's keys of the rows form in one product over all rows
+    (issue 31): the same numbers, bit for bit, as the stored column's negation, sorted."""
+    from otstab_solvers.dual import AffineRows, sorted_view_of
+
+    rng = np.random.default_rng(7)
+    n = 3 * AffineRows.BLOCK + 5  # several blocks of the blocked form, a ragged last one
+    s = rng.standard_normal(n)
+    y = np.where(rng.random(n) < 0.5, -1, 1).astype(np.int8) if kind == "margin" else \
+        rng.standard_normal(n)
+    rows = AffineRows(s, y, kind, np.array([0.0, -1.0]), np.array([0.0, 1.0]))
+    oracle = oracle_for(None, np.array([[0.0, 0.3]]), rows=rows, sorted_view=False)
+    assert oracle._hinge_piece == 1
+    view = sorted_view_of(oracle)
+    u = 1.0 - (y * s if kind == "margin" else y - s)  # the piece a u' + b, a = -1, b = 1
+    np.testing.assert_array_equal(view.nu, np.sort(-u))
+    np.testing.assert_array_equal(view.nu, np.sort(-rows.materialize()[1]))
