@@ -228,3 +228,37 @@ def test_sorted_view_of_rows_equals_the_dense_keys(kind):
     u = 1.0 - (y * s if kind == "margin" else y - s)  # the piece a u' + b, a = -1, b = 1
     np.testing.assert_array_equal(view.nu, np.sort(-u))
     np.testing.assert_array_equal(view.nu, np.sort(-rows.materialize()[1]))
+
+
+@pytest.mark.parametrize("offset", [1e-3, -1e-2, 5e-2])
+def test_kl_model_step_counts_the_kinks(offset, monkeypatch):
+    """model_step (issue 31): from a point off the root by ``offset`` of h, the root of the
+    local model (curvature slope + the jumps of mu at the kinks on the way) is far closer
+    to the exact root than Newton's step; a bracketed search that uses it needs no more
+    exact evaluations than Newton's and ends at the same root."""
+    rng = np.random.default_rng(11)
+    n, c, theta2 = 100_000, 0.25, 0.25
+    u = rng.standard_normal(n)
+    view = SortedTwoPiece(u, "hinge", c)
+    r = float(np.mean(np.maximum(u, 0.0))) + 0.5
+    sol = solve_dual(view, r, theta2, "kl")
+    h0 = sol.h * (1.0 + offset)
+    _, mu, curv, _, _ = view.reduce(h0, "right", theta2, "kl")
+    g = r - mu
+    h_model = view.model_step(h0, "right", g, curv)
+    h_newton = h0 + g / curv
+    assert abs(h_model - sol.h) <= 1e-2 * abs(h_newton - sol.h), (h_model, h_newton, sol.h)
+    assert math.isnan(view.model_step(h0 * 1.1, "right", g, curv))  # not evaluated there
+    bracket = (sol.h * 0.9, sol.h * 1.1)
+    with_model = solve_dual(view, r, theta2, "kl", bracket=bracket, h_init=h0)
+    monkeypatch.setattr(SortedTwoPiece, "model_step", lambda self, *a: math.nan)
+    newton = solve_dual(view, r, theta2, "kl", bracket=bracket, h_init=h0)
+    assert with_model.status == newton.status == "optimal"
+    assert with_model.iterations <= newton.iterations
+    # (the search stops at |g| <= 1e-11 r: h to about that precision)
+    assert with_model.h == pytest.approx(sol.h, rel=1e-10)
+    assert newton.h == pytest.approx(sol.h, rel=1e-10)
+    assert with_model.value == pytest.approx(newton.value, rel=1e-14)
+    # against the dense reduction (independent of the sorted sums) at the root
+    dense = PiecewiseOracle(*hinge_form(u, c))
+    assert_same_reduction(dense, view, with_model.h, "right", theta2, "kl")
