@@ -493,10 +493,13 @@ class SortedTwoPiece:
             # weights; dl/dh - mu = t0 - dA (nu - c) on the prefix, -mu on the rest), and
             # the jump of mu when one more sample starts moving at its kink (weight e0,
             # dl/dh = dB - dA B / A there)
-            k3 = (t0 ** 3 * Z1 - 3.0 * t0 * t0 * dA * S1 + 3.0 * t0 * dA * dA * S2
-                  - dA ** 3 * S3 - (n - p) * e0 * mu ** 3) / Z
-            slope = 3.0 * d2 * mu * (1.0 - Z1 / Z) / theta2 + k3 / (theta2 * theta2)
-            self._kl_last = (slope, e0 / Z, mu, theta2)
+            try:
+                k3 = (t0 ** 3 * Z1 - 3.0 * t0 * t0 * dA * S1 + 3.0 * t0 * dA * dA * S2
+                      - dA ** 3 * S3 - (n - p) * e0 * mu ** 3) / Z
+                slope = 3.0 * d2 * mu * (1.0 - Z1 / Z) / theta2 + k3 / (theta2 * theta2)
+            except (OverflowError, ZeroDivisionError):  # (no model step there)
+                slope = math.nan
+            self._kl_last = (slope, e0 / Z if Z > 0.0 else math.nan, mu, theta2)
         return term, mu, curv
 
     def model_step(self, h: float, side: str, g: float, curv: float) -> float:
@@ -533,8 +536,11 @@ class SortedTwoPiece:
         if i1 - i0 > max(self.n // 8, 64):
             return math.nan
         nu = self.nu[i0:i1]
+        expo = (nu / self.c - h) * (-mu / theta2)
+        if expo.size and not float(np.max(np.abs(expo))) <= 50.0:
+            return math.nan  # (a step of many theta2 / mu: the model's weights are off)
         cum = np.zeros(nu.size + 1)
-        np.cumsum(nu * np.exp(-mu * (nu / self.c - h) / theta2), out=cum[1:])
+        np.cumsum(nu * np.exp(expo), out=cum[1:])
         cum *= e0z
 
         def model(hh):
