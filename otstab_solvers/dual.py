@@ -813,6 +813,11 @@ def solve_dual(oracle, r: float, theta2: float, divergence: str, *, tol: float =
 #: a Newton step towards the root from a guess inside a window is lengthened by this factor,
 #: so that it usually lands past the root (the bracket the search needs) close to it
 OVERSHOOT = 2e-3
+#: a model step (:func:`_step`) lands this share of h past the model's root instead (twice as
+#: far at each retry, as OVERSHOOT): more than the model's error near the root (2e-13 of h
+#: near the base risk at n = 1e6) and little enough that |g| stays within the search's stop
+#: rule (1e-11 r; here at most 7e-12 at the grid's thresholds)
+MODEL_OVERSHOOT = 5e-12
 
 
 def _bracket_within(at, bracket, h_init, fast=None) -> _Bracket:
@@ -865,13 +870,17 @@ def _step(fast, p: _Point, factor: float = 1.0) -> float:
     """The next point from ``p``: the root of the oracle's local model there (a sorted
     view's :meth:`~otstab_solvers.sorted_oracle.SortedTwoPiece.model_step`: KL, counting the
     kinks on the way) when it has one, else :func:`_newton`; the step lengthened by
-    ``factor``. Issue 31: from the subsample's ``h`` the window's search took 4 exact KL
-    passes at the grid's middle threshold, 3 with the model."""
+    ``factor`` (a model step: past its root by :data:`MODEL_OVERSHOOT` of ``h`` per
+    :data:`OVERSHOOT` of ``factor``). Issue 31: from the subsample's ``h`` the window's
+    search took 4 / 3 / 3 exact KL passes at the grid's middle / near-base / near-max
+    thresholds (n = 1e6), 3 / 2 / 3 with the model."""
     h = fast.model_step(p.h, p.side, p.g, p.curv) if fast is not None and \
         hasattr(fast, "model_step") else math.nan
     if not math.isfinite(h):
         return _newton(p, factor)
-    return p.h + factor * (h - p.h)
+    # past the model's root by MODEL_OVERSHOOT of h (factor 1 + k OVERSHOOT: k times that)
+    over = (factor - 1.0) / OVERSHOOT * MODEL_OVERSHOOT * abs(h)
+    return h + math.copysign(over, h - p.h)
 
 
 def _solve_bracketed(at, oracle, fast, kinks, pair, r, tol, max_iter, finish):
