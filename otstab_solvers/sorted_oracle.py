@@ -535,22 +535,30 @@ class SortedTwoPiece:
         # dl/dh there = c h_k = nu); their jumps summed once (at most n / 8 of them)
         qb = self.count(b, "right")
         i0, i1 = min(p, qb), max(p, qb)
-        if i1 - i0 > max(self.n // 8, 64):
+        if i1 - i0 > max(self.n // 32, 64):  # (5 arrays of them: at most 0.16 n-vectors)
             return math.nan
         nu = self.nu[i0:i1]
-        expo = (nu / self.c - h) * (-mu / theta2)
-        if expo.size and not float(np.max(np.abs(expo))) <= 50.0:
-            return math.nan  # (a step of many theta2 / mu: the model's weights are off)
-        w = np.exp(expo)
-        w *= e0z  # the weight / Z of each at its kink
-        hk = nu / self.c
         cum = np.zeros((3, nu.size + 1))
-        np.cumsum(nu * w, out=cum[0, 1:])  # the jumps of mu
-        # and of its slope: the sample's d2, and the variance of dl/dh with the sample's
-        # dl/dh moved from 0 to nu (its weight unchanged)
-        ck = w * (2.0 * self.c + nu * (nu - 2.0 * mu) / theta2)
-        np.cumsum(ck, out=cum[1, 1:])
-        np.cumsum(ck * hk, out=cum[2, 1:])
+        w, t = cum[1, 1:], cum[2, 1:]  # (scratch: the prefix sums are taken last)
+        np.multiply(nu, 1.0 / self.c, out=t)  # the kinks h_k
+        np.subtract(t, h, out=w)
+        w *= -mu / theta2
+        if w.size and not float(np.max(np.abs(w))) <= 50.0:
+            return math.nan  # (a step of many theta2 / mu: the model's weights are off)
+        np.exp(w, out=w)
+        w *= e0z  # the weight / Z of each at its kink
+        # the jumps of mu (its weight times dl/dh = nu there), and of its slope: the
+        # sample's d2, and the variance of dl/dh with its dl/dh moved from 0 to nu
+        ck = np.subtract(nu, 2.0 * mu)
+        ck *= nu
+        ck *= 1.0 / theta2
+        ck += 2.0 * self.c
+        ck *= w
+        np.multiply(nu, w, out=cum[0, 1:])
+        np.multiply(ck, t, out=t)  # C_k h_k
+        w[:] = ck
+        del ck
+        np.cumsum(cum[:, 1:], axis=1, out=cum[:, 1:])
 
         def model(hh):
             dh = hh - h
