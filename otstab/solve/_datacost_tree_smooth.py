@@ -63,6 +63,7 @@ from ._datacost_result import edges_before_dual, raw_result
 from ._datacost_trees import _moved_frame, final_estimator
 from ._raw_trees import RawTable, _as_row, _RawSample, raw_table, sample_costs
 from ._tree_smooth import (
+    B_ROUND,
     FIRST_NODES,
     FIRST_SHARE,
     GROWTH,
@@ -70,7 +71,6 @@ from ._tree_smooth import (
     MAX_LINES,
     MAX_ROUNDS,
     TOP_POINTS,
-    B_ROUND,
     SmoothSearch,
     _ce_bound,
     _gap_samples,
