@@ -22,6 +22,7 @@ from sklearn.preprocessing import OneHotEncoder, StandardScaler
 from test_datacost_trees import COLOURS, COST, SHAPES, _candidates, _data
 
 import otstab
+from otstab.errors import ValidationError
 from otstab.modeling._datacost import DataCost
 from otstab.solve._datacost_cross_entropy import FiniteOracle
 
@@ -206,3 +207,86 @@ def test_immutable_and_bounded_variables_never_move():
     assert np.all((k == k0) | ((k >= np.minimum(2, k0)) & (k <= np.maximum(6, k0))))
     assert np.any(rows["k"].to_numpy() != x0["k"].to_numpy()) or \
         np.any(rows["u"].to_numpy() != x0["u"].to_numpy())  # some row moved
+    # r beyond the largest mean loss of the grid (the same constraints): unreachable, and
+    # just below it: reachable
+    F = _grid(pipe, Xe, cost, ("colour",), ("k", "u"))
+    A = -np.log(np.asarray(pipe.predict_proba(F))[:, np.searchsorted(pipe.classes_, ye)].T)
+    C = np.stack([_cost_of(Xe.iloc[i], F, cost, ("colour",), ("k", "u"))
+                  for i in range(len(Xe))])
+    reach = float(np.mean(np.where(np.isfinite(C), A, -np.inf).max(axis=1)))
+    for rr, status in ((reach * (1 + 1e-6), "unreachable"), (reach * (1 - 1e-3), None)):
+        res = otstab.certify(pipe, Xe, ye, loss="logistic", r=rr, theta1=1.0,
+                             theta2=math.inf, cost=DataCost(**cost))
+        assert (res.status == "unreachable") == (status == "unreachable")
+
+
+def test_german_lightgbm_is_not_degenerate():
+    """German credit, a small LightGBM Pipeline, no cost=: the DataCost is chosen (said so, no
+    warning), R is positive and finite (the encoded cost gave 1e-71) and tight."""
+    from german import german_pipeline
+
+    pipe, X, y, num, cat, _ = german_pipeline()
+    clf = lightgbm.LGBMClassifier(n_estimators=6, num_leaves=8, verbose=-1, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tp = Pipeline([("pre", pipe.named_steps["pre"]), ("clf", clf)]).fit(X, y)
+    Xe, ye = X.iloc[:20].reset_index(drop=True), y.iloc[:20].reset_index(drop=True)
+    P = np.asarray(tp.predict_proba(Xe))
+    base = float(np.mean(-np.log(P[np.arange(20), np.searchsorted(tp.classes_, ye)])))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        res = otstab.certify(tp, Xe, ye, loss="logistic", r=base + 0.1, theta2=math.inf)
+    assert res.info["cost_used"].startswith("auto (default")
+    lo, up = _ends(res)
+    assert 1e-3 < lo <= up < math.inf and lo >= 0.9 * up
+
+
+@pytest.mark.slow
+def test_german_constraints_hold():
+    from german import GERMAN_COST, assert_german_constraints, german_pipeline, star_rows
+
+    pipe, X, y, num, cat, _ = german_pipeline()
+    clf = HistGradientBoostingClassifier(max_iter=8, max_depth=3, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tp = Pipeline([("pre", pipe.named_steps["pre"]), ("clf", clf)]).fit(X, y)
+    Xe, ye = X.iloc[:40].reset_index(drop=True), y.iloc[:40].reset_index(drop=True)
+    P = np.asarray(tp.predict_proba(Xe))
+    base = float(np.mean(-np.log(P[np.arange(40), np.searchsorted(tp.classes_, ye)])))
+    res = otstab.certify(tp, Xe, ye, loss="logistic", r=base + 0.1, theta2=math.inf)
+    res2 = otstab.certify(tp, Xe, ye, loss="logistic", r=base + 0.1, theta2=math.inf,
+                          cost=DataCost(**GERMAN_COST), rtol=0.05)
+    assert _ends(res2)[0] >= _ends(res)[0] * (1 - 0.02)  # constraints only raise R
+    f = res2.to_frame(raw=True)
+    mv = f[f["loss*"] > f["loss"]]
+    assert len(mv) > 0
+    assert_german_constraints(star_rows(mv, X, num), mv)
+
+
+def test_options_refusals_and_sweeps():
+    """The tree search's options are accepted (node_budget reproduces a cut run); hinge, a
+    conic solver, se='bootstrap' and loss='logistic' on 3 classes are refused before any
+    search; stability_curve and feature_stability follow certify's routing."""
+    pipe, Xe, ye, cost, base = _setup("gb", 2, 3, 2, n=10)
+    dc = DataCost(**cost)
+    kw = dict(r=base + 0.2, theta1=1.0, theta2=1.0, cost=dc)
+    res = otstab.certify(pipe, Xe, ye, loss="logistic", node_budget=30, rtol=0.0, **kw)
+    assert res.info["lower_bound"]["stopped"] == "node_budget"
+    assert res.info["lower_bound"]["nodes"] <= 32  # (a split's two children: one over)
+    again = otstab.certify(pipe, Xe, ye, loss="logistic", node_budget=30, rtol=0.0, **kw)
+    assert _ends(again) == _ends(res)
+    kw["theta2"] = math.inf
+    for bad, match in (({"loss": "hinge"}, "hinge"), ({"solver": "conic"}, "solver"),
+                       ({"se": "bootstrap"}, "bootstrap")):
+        with pytest.raises(ValidationError, match=match):
+            otstab.certify(pipe, Xe, ye, **{"loss": "logistic", **kw, **bad})
+    p3, X3, y3, c3, _ = _setup("gb", 3, 2, 2, n=10)
+    with pytest.raises(ValidationError, match="cross_entropy"):
+        otstab.certify(p3, X3, y3, loss="logistic", r=1.0, theta1=1.0, cost=DataCost(**c3))
+    curve = otstab.stability_curve(pipe, Xe, ye, loss="logistic", r=[base + 0.1, base + 0.2],
+                                   theta1=1.0, theta2=math.inf, cost=dc)
+    vals = [_ends(c)[0] for c in curve.results] if hasattr(curve, "results") else None
+    assert vals is None or vals[0] <= vals[1] + 1e-9
+    fs = otstab.feature_stability(pipe, Xe, ye, loss="logistic", r=base + 0.2, theta1=1.0,
+                                  theta2=math.inf, cost=dc)
+    assert len(fs) >= 3

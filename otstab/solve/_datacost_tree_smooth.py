@@ -85,7 +85,7 @@ from ._tree_smooth import (
 
 __all__ = ["RawSmoothSearch", "certify_datacost_tree_smooth"]
 
-#: boxes of a greedy dive for a found row, per sample (only while the found rows do not
+#: boxes per sample of the search for its largest loss (only while the found rows do not
 #: reach r)
 DIVE_NODES = 64
 
@@ -174,39 +174,19 @@ class RawSmoothSearch(_RawSample):
         pt = self._point(blo, bhi, bmask)
         return pt if math.isfinite(pt[0]) else None
 
-    def dive(self, h: float, limit: int = 64):
-        """A greedy descent for a found row: from the root, split and follow the child with
-        the largest ``h A - B`` (``h = inf``: the largest loss bound) until a box holds one
-        leaf per tree. Returns ``(point or None, boxes examined)``."""
-        def key(ev):
-            return float(np.max(ev[0])) if math.isinf(h) else float(np.max(h * ev[0] - ev[1]))
-        box = self.root
-        ev = self.evaluate(np.arange(self.raw.lo.shape[0]), *box)
-        used = 1
-        while ev is not None and not ev[3] and used + 2 <= limit:
-            kids = []
-            for child in self.split(*box, ev[2], ev[4]):
-                used += 1
-                cev = self.evaluate(ev[2], *child)
-                if cev is not None:
-                    kids.append((key(cev), child, cev))
-            if not kids:
-                break
-            _, box, ev = max(kids, key=lambda k: k[0])
-        if ev is None:
-            return None, used
-        return (ev[5] if ev[3] else self.nearest(box)), used
-
     def run(self, h: float, budget: int, deadline: float = math.inf, limit: float = math.inf):
         """Best-first search at ``h`` from the root box (at most ``budget`` and ``limit``
-        boxes, until ``deadline``). Returns ``(lines (m, 2), points, exact)``: the lines of the
-        open boxes (``l_h <= max (h A - B)`` for every h), the cheapest raw rows of the top
-        boxes at ``h``, and whether the box on top holds one leaf per tree (``l_h`` attained
-        up to rounding at this h)."""
+        boxes, until ``deadline``; ``h = inf``: the largest loss bound first). Returns
+        ``(lines (m, 2), points, exact)``: the lines of the open boxes (``l_h <= max (h A -
+        B)`` for every h; their largest ``A`` bounds every reachable loss), the cheapest raw
+        rows of the top boxes at ``h``, and whether the box on top holds one leaf per tree
+        (``l_h`` attained up to rounding at this h)."""
+        def key(ev):
+            return -float(np.max(ev[0])) if math.isinf(h) else -float(np.max(h * ev[0] - ev[1]))
         ev = self.evaluate(np.arange(self.raw.lo.shape[0]), *self.root)
         if ev is None:  # pragma: no cover - the root holds x itself
             raise AssertionError("the root box holds no raw row")
-        heap = [(-float(np.max(h * ev[0] - ev[1])), 0, self.root, ev)]
+        heap = [(key(ev), 0, self.root, ev)]
         counter, used, exact = 1, 1, False
         while heap:
             _, _, box, top = heap[0]
@@ -220,8 +200,7 @@ class RawSmoothSearch(_RawSample):
                 used += 1
                 cev = self.evaluate(top[2], *child)
                 if cev is not None:
-                    heapq.heappush(heap, (-float(np.max(h * cev[0] - cev[1])), counter, child,
-                                          cev))
+                    heapq.heappush(heap, (key(cev), counter, child, cev))
                     counter += 1
         lines = np.column_stack([np.concatenate([e[3][0] for e in heap]),
                                  np.concatenate([e[3][1] for e in heap])])
@@ -321,8 +300,7 @@ def certify_datacost_tree_smooth(model, prob, rc, frame, *, r, theta1, theta2, d
     roots = [sm.evaluate(np.arange(raw.lo.shape[0]), *sm.root)[:2] for sm in searches]
     lmax = np.array([float(np.max(A)) for A, _ in roots])
     total = n
-    top = float(np.sum(lmax * (p if p is not None else 1.0 / n))) if math.isinf(theta2) else \
-        float(np.max(lmax[p > 0] if p is not None else lmax))
+    top = _reach(lmax, p, theta2)
     if r > top * (1.0 + 1e-12):
         return _finish(_unreachable(model, prob, rc, frame, loss0, r, theta1, theta2,
                                     divergence, t_start, loss_name, top), prob, rc, t_start)
@@ -367,18 +345,30 @@ def certify_datacost_tree_smooth(model, prob, rc, frame, *, r, theta1, theta2, d
         found.add(new_rows, new_moves)
         sol_u = solve_dual(found.oracle(), r, theta2, divergence, p=p)
         if not _ok(sol_u) and not stopped:
-            # the found rows do not reach r: a dive per sample for a row of high loss (at a
-            # larger h, and for the largest loss bound)
+            # the found rows do not reach r: per sample a search for its largest loss, whose
+            # top rows are found rows of high loss and whose open boxes bound the largest
+            # loss it can reach (then r may be proved unreachable)
             new_rows, new_moves = [], []
             for i in range(n):
-                for hd in (4.0 * h, math.inf):
-                    pt, used = searches[i].dive(hd, DIVE_NODES)
-                    total += used
-                    if pt is not None:
-                        new_rows.append(i)
-                        new_moves.append(_as_row(raw, pt))
+                stopped = _stop(node_budget, total, deadline)
+                if stopped:
+                    break
+                sm = searches[i]
+                sm.nodes = 0
+                L, pts, _ = sm.run(math.inf, max(budget, DIVE_NODES), deadline,
+                                   math.inf if node_budget is None else node_budget - total)
+                total += sm.nodes
+                lmax[i] = min(lmax[i], float(np.max(L[:, 0])))
+                for pt in pts:
+                    new_rows.append(i)
+                    new_moves.append(_as_row(raw, pt))
             found.add(new_rows, new_moves)
             sol_u = solve_dual(found.oracle(), r, theta2, divergence, p=p)
+            top = _reach(lmax, p, theta2)
+            if not _ok(sol_u) and r > top * (1.0 + 1e-12):
+                return _finish(_unreachable(model, prob, rc, frame, loss0, r, theta1, theta2,
+                                            divergence, t_start, loss_name, top), prob, rc,
+                               t_start)
         lower = FiniteOracle(*_padded(lines, max(a.size for a, _ in lines)))
         sol_l = solve_dual(lower, r, theta2, divergence, p=p,
                            h_init=sol_u.h if _ok(sol_u) else None)
@@ -444,6 +434,15 @@ def certify_datacost_tree_smooth(model, prob, rc, frame, *, r, theta1, theta2, d
                      f"boxes (node_budget={total} reproduces it on any machine)")
         res.message = f"{res.message}; {note}" if res.message else note
     return _finish(res, prob, rc, t_start)
+
+
+def _reach(lmax, p, theta2) -> float:
+    """The largest risk any perturbation reaches from per-sample loss bounds ``lmax``: their
+    mean (``theta2 = inf``), else their largest over the samples of positive weight."""
+    n = lmax.size
+    if math.isinf(theta2):
+        return float(np.sum(lmax * (p if p is not None else 1.0 / n)))
+    return float(np.max(lmax[p > 0] if p is not None else lmax))
 
 
 def _finish(res, prob, rc, t_start):
