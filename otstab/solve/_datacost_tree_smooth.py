@@ -64,6 +64,7 @@ from ._datacost_trees import _moved_frame, final_estimator
 from ._raw_trees import RawTable, _as_row, _RawSample, raw_table, sample_costs
 from ._tree_smooth import (
     B_ROUND,
+    FAR_FACTOR,
     FIRST_NODES,
     FIRST_SHARE,
     GROWTH,
@@ -108,6 +109,32 @@ class RawSmoothSearch(_RawSample):
         self.n_trees = raw.n_trees
         self.root = root
         self.nodes = 0
+        #: squared, priced distance from which a box's leaves are left out (run: ``far``)
+        self.far = math.inf
+        # each variable's current level (cost 0; None: some other level is free too)
+        cur = np.flatnonzero(np.asarray(c) == 0)
+        self._cur = cur if cur.size == self.ncat else None
+
+    def _levels(self, alive, bmask):
+        """``(kept, level cost)``: the leaves ``alive`` that allow some level of the box in
+        every categorical variable, and the cheapest such level per variable, summed. Only
+        the variables the box restricts are checked (a leaf allows some level of each
+        variable); only the leaves that exclude a current level are priced."""
+        raw = self.raw
+        keep = np.ones(alive.size, dtype=bool)
+        full = np.logical_and.reduceat(bmask, self.cs)
+        for k in np.flatnonzero(~full):
+            s, e = raw.start[k], raw.start[k + 1]
+            keep &= (raw.mask[alive, s:e] & bmask[s:e]).any(axis=1)
+        alive = alive[keep]
+        cost = np.zeros(alive.size)
+        if self._cur is not None and bmask[self._cur].all():
+            away = np.flatnonzero(~raw.mask[np.ix_(alive, self._cur)].all(axis=1))
+        else:
+            away = np.arange(alive.size)
+        if away.size:
+            cost[away] = self._cat_min(raw.mask[alive[away]] & bmask)
+        return keep, cost
 
     def _price(self, dist):
         """``theta1`` times raw costs, rounded down (0 stays 0)."""
@@ -124,19 +151,19 @@ class RawSmoothSearch(_RawSample):
         lo = np.maximum(raw.lo[alive], blo)
         hi = np.minimum(raw.hi[alive], bhi)
         meet = np.all(lo < hi, axis=1)
-        if self.ncat:
-            M = raw.mask[alive] & bmask
-            meet &= np.logical_or.reduceat(M, self.cs, axis=1).all(axis=1)
-            M = M[meet]
-        else:
-            M = np.zeros((int(meet.sum()), 0), dtype=bool)
         alive, lo, hi = alive[meet], lo[meet], hi[meet]
+        if self.ncat:
+            keep, cat_cost = self._levels(alive, bmask)
+            alive, lo, hi = alive[keep], lo[keep], hi[keep]
+        else:
+            cat_cost = 0.0
         if alive.size == 0:
             return None
         gap = self._num_gap(lo, hi)
-        dist = (gap * gap) @ self.w + self._cat_min(M)
-        fin = np.isfinite(dist)
-        alive, lo, hi, M, dist = alive[fin], lo[fin], hi[fin], M[fin], dist[fin]
+        dist = (gap * gap) @ self.w + cat_cost
+        # only the leaves closer than far (the rows at or beyond it: the tail line, run)
+        fin = np.isfinite(dist) & (self.theta1 * dist < self.far)
+        alive, lo, hi, dist = alive[fin], lo[fin], hi[fin], dist[fin]
         if alive.size == 0:
             return None
         tree = raw.tree[alive]
@@ -150,7 +177,7 @@ class RawSmoothSearch(_RawSample):
         point = None
         if single:
             rlo, rhi = lo.max(axis=0), hi.min(axis=0)
-            rM = M.all(axis=0) if self.ncat else np.zeros(0, dtype=bool)
+            rM = (raw.mask[alive] & bmask).all(axis=0) if self.ncat else np.zeros(0, dtype=bool)
             if np.any(rlo >= rhi) or (self.ncat and not np.logical_or.reduceat(
                     rM, self.cs).all()):
                 return None
@@ -163,7 +190,7 @@ class RawSmoothSearch(_RawSample):
             B = self._price(np.array([max(closure, float(np.max(dist)))]))
         else:
             A, B = self._shells(dist, marg, starts)
-        return A, B, alive, single, (mins, starts, lo, hi, M, bound), point
+        return A, B, alive, single, (mins, starts, lo, hi, None, bound), point
 
     def nearest(self, box):
         """The cheapest raw row of a box (``(cost, values, level positions)``), or None."""
@@ -174,17 +201,30 @@ class RawSmoothSearch(_RawSample):
         pt = self._point(blo, bhi, bmask)
         return pt if math.isfinite(pt[0]) else None
 
-    def run(self, h: float, budget: int, deadline: float = math.inf, limit: float = math.inf):
+    def run(self, h: float, budget: int, deadline: float = math.inf, limit: float = math.inf,
+            far: float = math.inf, tail: float = math.inf):
         """Best-first search at ``h`` from the root box (at most ``budget`` and ``limit``
         boxes, until ``deadline``; ``h = inf``: the largest loss bound first). Returns
         ``(lines (m, 2), points, exact)``: the lines of the open boxes (``l_h <= max (h A -
         B)`` for every h; their largest ``A`` bounds every reachable loss), the cheapest raw
         rows of the top boxes at ``h``, and whether the box on top holds one leaf per tree
-        (``l_h`` attained up to rounding at this h)."""
+        (``l_h`` attained up to rounding at this h).
+
+        ``far``, ``tail``: the boxes keep only their leaves whose priced cost is below ``far``
+        (a row cheaper than ``far`` lies, in every tree, in such a leaf) and one line
+        ``(tail, far)`` covers the rows at or beyond it (``tail``: a bound of every reachable
+        loss)."""
+        self.far = far
+        try:
+            return self._run(h, budget, deadline, limit, far, tail)
+        finally:
+            self.far = math.inf
+
+    def _run(self, h, budget, deadline, limit, far, tail):
         def key(ev):
             return -float(np.max(ev[0])) if math.isinf(h) else -float(np.max(h * ev[0] - ev[1]))
         ev = self.evaluate(np.arange(self.raw.lo.shape[0]), *self.root)
-        if ev is None:  # pragma: no cover - the root holds x itself
+        if ev is None:  # pragma: no cover - the root holds x itself (cost 0 < far)
             raise AssertionError("the root box holds no raw row")
         heap = [(key(ev), 0, self.root, ev)]
         counter, used, exact = 1, 1, False
@@ -202,8 +242,10 @@ class RawSmoothSearch(_RawSample):
                 if cev is not None:
                     heapq.heappush(heap, (key(cev), counter, child, cev))
                     counter += 1
-        lines = np.column_stack([np.concatenate([e[3][0] for e in heap]),
-                                 np.concatenate([e[3][1] for e in heap])])
+        lines = np.column_stack([np.concatenate([e[3][0] for e in heap] + [np.zeros(0)]),
+                                 np.concatenate([e[3][1] for e in heap] + [np.zeros(0)])])
+        if math.isfinite(far):
+            lines = np.vstack([lines, [tail, far * (1.0 - B_ROUND)]])
         points = []
         for e in heapq.nsmallest(TOP_POINTS, heap):
             pt = e[3][5] if e[3][3] else self.nearest(e[2])
@@ -329,8 +371,11 @@ def certify_datacost_tree_smooth(model, prob, rc, frame, *, r, theta1, theta2, d
                 break
             sm = searches[int(i)]
             sm.nodes = 0
+            far = FAR_FACTOR * h * lmax[i]
             L, pts, ex = sm.run(h, budget, deadline,
-                                math.inf if node_budget is None else node_budget - total)
+                                math.inf if node_budget is None else node_budget - total,
+                                far if math.isfinite(far) and far > 0 else math.inf,
+                                float(lmax[i]))
             total += sm.nodes
             lines[i], exact[i], h_of[i] = merged(L[:, 0], L[:, 1]), ex, h
             for pt in pts:
