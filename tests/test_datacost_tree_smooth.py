@@ -290,3 +290,33 @@ def test_options_refusals_and_sweeps():
     fs = otstab.feature_stability(pipe, Xe, ye, loss="logistic", r=base + 0.2, theta1=1.0,
                                   theta2=math.inf, cost=dc)
     assert len(fs) >= 3
+
+
+@pytest.mark.slow
+def test_certificate_round_trip():
+    """A cut interval's certificate verifies (its max_nodes recorded), a tampered certified
+    end does not."""
+    from otstab.certificates import make_certificate, verify_certificate
+
+    pipe, Xe, ye, cost, base = _setup("lgbm", 2, 4, 2, n=10)
+    res = otstab.certify(pipe, Xe, ye, loss="logistic", r=base + 0.2, theta1=1.0,
+                         theta2=math.inf, cost=DataCost(**cost), max_nodes=3)
+    assert res.status == "bounds"
+    cert = make_certificate(res, pipe, Xe, ye, solver_options={"max_nodes": 3})
+    rep = verify_certificate(cert, pipe, Xe, ye)
+    assert rep.ok, rep.mismatches
+    cert["results"]["value_lower"] = res.value_lower * 1.5 + 1e-3
+    assert not verify_certificate(cert, pipe, Xe, ye).ok
+
+
+@pytest.mark.slow
+def test_compare_follows_the_routing():
+    pipe, Xe, ye, cost, base = _setup("gb", 2, 3, 2, n=10)
+    pipe2, *_ = _setup("hgb", 2, 3, 2, n=10)
+    c = otstab.compare({"gb": pipe, "hgb": pipe2}, Xe, ye, loss="logistic", r=base + 0.2,
+                       settings=((1.0, math.inf),), n_resamples=3, cost=DataCost(**cost))
+    for name, p in (("gb", pipe), ("hgb", pipe2)):
+        one = otstab.certify(p, Xe, ye, loss="logistic", r=base + 0.2, theta1=1.0,
+                             theta2=math.inf, cost=DataCost(**cost))
+        row = c.table[c.table["model"] == name] if hasattr(c, "table") else None
+        assert row is None or abs(float(row["value"].iloc[0]) - one.value) <= 1e-9 * one.value
