@@ -146,10 +146,14 @@ def _setup(kind, classes, trees, depth, cats=("colour",), nums=("k", "u"), scale
     return pipe, Xe, ye, cost, base
 
 
-#: (model, classes, trees, depth, StandardScaler on the numbers)
-MODELS = [("gb", 2, 3, 2, False), ("hgb", 2, 3, 2, False), ("lgbm", 2, 4, 2, True),
-          ("xgb", 2, 3, 2, False), ("gb", 3, 3, 2, False), ("lgbm", 3, 2, 2, False),
-          ("hgb", 3, 2, 3, False), ("xgb", 3, 2, 2, True)]
+#: (model, classes, trees, depth, StandardScaler on the numbers, categorical variables)
+ONE, TWO = ("colour",), ("colour", "shape")
+MODELS = [("gb", 2, 3, 2, False, ONE), ("hgb", 2, 3, 2, False, ONE),
+          ("lgbm", 2, 4, 2, True, ONE), ("xgb", 2, 3, 2, False, ONE),
+          ("gb", 3, 3, 2, False, ONE), ("lgbm", 3, 2, 2, False, ONE),
+          ("hgb", 3, 2, 3, False, ONE), ("xgb", 3, 2, 2, True, ONE),
+          ("gb", 2, 6, 2, False, TWO), ("hgb", 2, 4, 3, False, TWO),
+          ("lgbm", 3, 3, 3, True, TWO), ("xgb", 2, 4, 3, False, TWO)]
 #: (theta1, theta2, r - base loss)
 PRICES = [(1.0, math.inf, 0.2), (2.0, 1.0, 0.15)]
 #: two fast cases in the default suite, the rest of the campaign slow
@@ -163,10 +167,10 @@ def test_interval_holds_the_enumerated_value(model, prices, how):
     """value_lower <= exact <= value_upper, the ends meeting the exact value when every search
     completes (``how="complete"``) and holding it when they are cut at 3 boxes (``"cut"``);
     Q*'s raw rows valid and their losses and costs those of the Pipeline and the cost."""
-    kind, classes, trees, depth, scaled = model
+    kind, classes, trees, depth, scaled, cats = model
     theta1, theta2, dr = prices
-    cats, nums = ("colour",), ("k", "u")
-    pipe, Xe, ye, cost, base = _setup(kind, classes, trees, depth, scaled=scaled)
+    nums = ("k", "u")
+    pipe, Xe, ye, cost, base = _setup(kind, classes, trees, depth, cats=cats, scaled=scaled)
     loss = "logistic" if classes == 2 else "cross_entropy"
     r = base + dr
     exact, _ = _exact(pipe, Xe, ye, cost, cats, nums, r=r, theta1=theta1, theta2=theta2)
