@@ -324,3 +324,17 @@ def test_compare_follows_the_routing():
                              theta2=math.inf, cost=DataCost(**cost))
         row = c.table[c.table["model"] == name] if hasattr(c, "table") else None
         assert row is None or abs(float(row["value"].iloc[0]) - one.value) <= 1e-9 * one.value
+
+
+def test_weights_equal_duplicated_rows():
+    """sample_weight 3 on three rows gives the interval of those rows written three times."""
+    pipe, Xe, ye, cost, base = _setup("gb", 2, 3, 2, n=8)
+    kw = dict(loss="logistic", r=base + 0.2, theta1=1.0, theta2=math.inf,
+              cost=DataCost(**cost), rtol=0.0)
+    w = np.ones(8)
+    w[:3] = 3.0
+    a = otstab.certify(pipe, Xe, ye, sample_weight=w, **kw)
+    idx = np.r_[np.arange(8), 0, 0, 1, 1, 2, 2]
+    b = otstab.certify(pipe, Xe.iloc[idx].reset_index(drop=True),
+                       ye.iloc[idx].reset_index(drop=True), **kw)
+    np.testing.assert_allclose(_ends(a), _ends(b), rtol=1e-7)
