@@ -121,19 +121,20 @@ class RawSmoothSearch(_RawSample):
         the variables the box restricts are checked (a leaf allows some level of each
         variable); only the leaves that exclude a current level are priced."""
         raw = self.raw
+        M = raw.mask[alive]
         keep = np.ones(alive.size, dtype=bool)
         full = np.logical_and.reduceat(bmask, self.cs)
         for k in np.flatnonzero(~full):
             s, e = raw.start[k], raw.start[k + 1]
-            keep &= (raw.mask[alive, s:e] & bmask[s:e]).any(axis=1)
-        alive = alive[keep]
-        cost = np.zeros(alive.size)
+            keep &= (M[:, s:e] & bmask[s:e]).any(axis=1)
+        M = M[keep]
+        cost = np.zeros(M.shape[0])
         if self._cur is not None and bmask[self._cur].all():
-            away = np.flatnonzero(~raw.mask[np.ix_(alive, self._cur)].all(axis=1))
+            away = np.flatnonzero(~M[:, self._cur].all(axis=1))
         else:
-            away = np.arange(alive.size)
+            away = np.arange(M.shape[0])
         if away.size:
-            cost[away] = self._cat_min(raw.mask[alive[away]] & bmask)
+            cost[away] = self._cat_min(M[away] & bmask)
         return keep, cost
 
     def _price(self, dist):
