@@ -338,3 +338,19 @@ def test_weights_equal_duplicated_rows():
     b = otstab.certify(pipe, Xe.iloc[idx].reset_index(drop=True),
                        ye.iloc[idx].reset_index(drop=True), **kw)
     np.testing.assert_allclose(_ends(a), _ends(b), rtol=1e-7)
+
+
+def test_nothing_moves():
+    """theta1 = inf and a cost with every variable immutable give the same exact answer:
+    the reweighting dual of the Pipeline's own losses."""
+    pipe, Xe, ye, cost, base = _setup("gb", 2, 3, 2, n=8)
+    kw = dict(loss="logistic", r=base + 0.1, theta2=1.0)
+    a = otstab.certify(pipe, Xe, ye, theta1=math.inf, cost=DataCost(**cost), **kw)
+    b = otstab.certify(pipe, Xe, ye, theta1=1.0,
+                       cost=DataCost(**{**cost, "immutable": ["colour", "k", "u"]}), **kw)
+    assert a.status == b.status == "optimal"
+    assert abs(a.value - b.value) <= 1e-9 * a.value
+    P = np.asarray(pipe.predict_proba(Xe))
+    loss0 = -np.log(P[np.arange(8), np.searchsorted(pipe.classes_, ye)])
+    exact = solve_dual(FiniteOracle(loss0[:, None], np.zeros((8, 1))), base + 0.1, 1.0, "kl")
+    assert abs(a.value - exact.value) <= 1e-7 * exact.value

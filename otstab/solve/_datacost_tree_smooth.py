@@ -340,7 +340,11 @@ def certify_datacost_tree_smooth(model, prob, rc, frame, *, r, theta1, theta2, d
     searches = [RawSmoothSearch(raw, X[i], w, c[i], int(yi[i]),
                                 (rlo[i].copy(), rhi[i].copy(), np.isfinite(c[i])), theta1)
                 for i in range(n)]
-    roots = [sm.evaluate(np.arange(raw.lo.shape[0]), *sm.root)[:2] for sm in searches]
+    can_move = math.isfinite(theta1)
+    if can_move:
+        roots = [sm.evaluate(np.arange(raw.lo.shape[0]), *sm.root)[:2] for sm in searches]
+    else:  # nothing moves: l_h = h l(x_i) exactly (the Pipeline's own loss), no search
+        roots = [(loss0[i:i + 1].copy(), np.zeros(1)) for i in range(n)]
     lmax = np.array([float(np.max(A)) for A, _ in roots])
     total = n
     top = _reach(lmax, p, theta2)
@@ -356,7 +360,8 @@ def certify_datacost_tree_smooth(model, prob, rc, frame, *, r, theta1, theta2, d
     exact = np.zeros(n, dtype=bool)
     h_of = np.full(n, math.nan)  # the h of each sample's last search
     budget = min(FIRST_NODES, max_nodes)
-    todo = _gap_samples(lower, found.oracle(), h, theta2, divergence, p, share=FIRST_SHARE)
+    todo = _gap_samples(lower, found.oracle(), h, theta2, divergence, p, share=FIRST_SHARE) \
+        if can_move else np.zeros(0, dtype=np.intp)
     rounds, stopped = 0, None
     sol_u = sol_l = None
     value_lower = 0.0
@@ -390,7 +395,7 @@ def certify_datacost_tree_smooth(model, prob, rc, frame, *, r, theta1, theta2, d
                 sys.stderr.flush()
         found.add(new_rows, new_moves)
         sol_u = solve_dual(found.oracle(), r, theta2, divergence, p=p)
-        if not _ok(sol_u) and not stopped:
+        if not _ok(sol_u) and not stopped and can_move:
             # the found rows do not reach r: per sample a search for its largest loss, whose
             # top rows are found rows of high loss and whose open boxes bound the largest
             # loss it can reach (then r may be proved unreachable)
@@ -427,7 +432,7 @@ def certify_datacost_tree_smooth(model, prob, rc, frame, *, r, theta1, theta2, d
             sys.stderr.write(f"  tree interval (DataCost): round {rounds} [{value_lower:.6g}, "
                              f"{upper:.6g}] {total} boxes {time.perf_counter() - t_start:.1f}s\n")
             sys.stderr.flush()
-        if stopped or rounds >= MAX_ROUNDS:
+        if stopped or rounds >= MAX_ROUNDS or not can_move:
             break
         if _ok(sol_u) and rtol is not None and value_lower >= (1.0 - rtol) * upper:
             break
