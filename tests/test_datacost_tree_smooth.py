@@ -39,7 +39,9 @@ def _model(kind, trees, depth):
                                             max_depth=depth, min_child_samples=5,
                                             verbose=-1, random_state=0),
             "xgb": xgboost.XGBClassifier(n_estimators=trees, max_depth=depth,
-                                         random_state=0)}[kind]
+                                         random_state=0)}[kind] if kind != "cb" else \
+        pytest.importorskip("catboost").CatBoostClassifier(
+            iterations=trees, depth=depth, verbose=0, random_seed=0, thread_count=1)
 
 
 def _pipe(kind, X, y, *, trees=3, depth=2, cats=("colour",), nums=("k", "u"), scaled=False):
@@ -153,7 +155,8 @@ MODELS = [("gb", 2, 3, 2, False, ONE), ("hgb", 2, 3, 2, False, ONE),
           ("gb", 3, 3, 2, False, ONE), ("lgbm", 3, 2, 2, False, ONE),
           ("hgb", 3, 2, 3, False, ONE), ("xgb", 3, 2, 2, True, ONE),
           ("gb", 2, 6, 2, False, TWO), ("hgb", 2, 4, 3, False, TWO),
-          ("lgbm", 3, 3, 3, True, TWO), ("xgb", 2, 4, 3, False, TWO)]
+          ("lgbm", 3, 3, 3, True, TWO), ("xgb", 2, 4, 3, False, TWO),
+          ("cb", 2, 4, 2, True, TWO), ("cb", 3, 3, 2, False, ONE)]
 #: (theta1, theta2, r - base loss)
 PRICES = [(1.0, math.inf, 0.2), (2.0, 1.0, 0.15)]
 #: two fast cases in the default suite, the rest of the campaign slow
@@ -182,7 +185,7 @@ def test_interval_holds_the_enumerated_value(model, prices, how):
     assert lo - tol <= exact <= up + tol, (opts, lo, exact, up)
     if how == "complete":  # every search completes: the ends meet
         assert abs(up - exact) <= 1e-6 * (1 + exact)
-        if kind == "xgb":  # it sums in float32: the loss bound keeps its rounding band
+        if kind in ("xgb", "cb"):  # float32 sums: the loss bound keeps a rounding band
             assert up - lo <= 1e-3 * up
         else:
             assert res.status == "optimal", (lo, exact, up)
