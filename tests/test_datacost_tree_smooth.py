@@ -41,7 +41,8 @@ def _model(kind, trees, depth):
             "xgb": xgboost.XGBClassifier(n_estimators=trees, max_depth=depth,
                                          random_state=0)}[kind] if kind != "cb" else \
         pytest.importorskip("catboost").CatBoostClassifier(
-            iterations=trees, depth=depth, verbose=0, random_seed=0, thread_count=1)
+            iterations=trees, depth=depth, verbose=0, random_seed=0, thread_count=1,
+            allow_writing_files=False)
 
 
 def _pipe(kind, X, y, *, trees=3, depth=2, cats=("colour",), nums=("k", "u"), scaled=False):
