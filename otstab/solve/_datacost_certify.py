@@ -3,7 +3,10 @@ DataCost certificates of linear classifiers, then the loss's own path
 (:mod:`otstab.datacost_zero_one` for ``loss="zero_one"``, :mod:`otstab.datacost_hinge` for
 ``loss="hinge"``, :mod:`otstab.datacost_smooth` for ``loss="logistic"``,
 :mod:`otstab.solve._datacost_cross_entropy` for the multiclass cross-entropy (a certified
-interval); their shared linear pieces: :mod:`otstab.datacost_linear`).
+interval); their shared linear pieces: :mod:`otstab.datacost_linear`). Tree classifiers take
+:mod:`otstab.solve._datacost_trees` (0/1) or, boosted ensembles with the logistic /
+cross-entropy loss, :mod:`otstab.solve._datacost_tree_smooth`; MLPs
+:mod:`otstab.solve._datacost_networks` (certified intervals).
 """
 
 from __future__ import annotations
