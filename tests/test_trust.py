@@ -224,6 +224,11 @@ LAZY_ALLOWED = {
     # the report shows the command that reproduces it: the CLI's parser (the CLI imports
     # the report lazily too, so that `otstab --help` stays fast)
     ("reporting/_report.py", "otstab.cli._parser"),
+    # the compiled tree searches import numba (about 1.4 s) at module level: they load only
+    # when a tree search runs, not with every certificate (tests/test_lazy_imports.py)
+    ("solve/_bounds.py", "otstab.solve._tree_kernel"),
+    ("solve/_tree_smooth.py", "otstab.solve._tree_smooth_kernel"),
+    ("solve/_zero_one.py", "otstab.solve._tree_found"),
 }
 
 
