@@ -41,8 +41,9 @@ import time
 
 import numpy as np
 
-from .blockwise import BlockwiseDual, in_memory
+from .blockwise import CHI2_MAX_STEPS, BlockwiseDual, in_memory
 from .result import OPTIMAL, DualSolution
+from .smooth import logistic_dtransform
 
 __all__ = ["solve_at_root", "G_RTOL", "MAX_NEWTON", "WINDOW"]
 
@@ -54,6 +55,9 @@ MAX_NEWTON = 3
 WINDOW = 1e-2
 #: rows per block of a pass
 BLOCK = 1 << 13
+#: chi2's band of ``l_h - shift + alpha`` around ``-2 theta2`` whose rows a pass keeps one
+#: by one, relative to ``2 theta2 + |alpha|`` (the guess of alpha is some 1e-12 off)
+CHI2_BAND = 1e-7
 
 
 class _Kept:
@@ -72,7 +76,7 @@ class _Pass:
     arrays of the last pass are kept as the oracle returned them (the oracle may keep the
     same arrays: no copy)."""
 
-    def __init__(self, oracle, n, theta2, divergence, p, block):
+    def __init__(self, oracle, n, theta2, divergence, p, block, alpha=None):
         self.oracle, self.n, self.theta2, self.divergence, self.p = \
             oracle, n, theta2, divergence, p
         self.bounds = [(s, min(s + block, n)) for s in range(0, n, block)]
@@ -84,6 +88,13 @@ class _Pass:
         self.passes = 0
         self.moved = math.nan
         self.kl_weights: tuple | None = None  # plain KL: (largest l_h / theta2, sum e, term)
+        #: chi2 (finite theta2) with a guess of alpha (not shifted): the sums of one pass
+        #: (:meth:`_chi2_at`); ``chi2_weights`` the normalisation of its weights,
+        #: ``(shift, shifted alpha, term)``
+        self.chi2 = divergence == "chi2" and math.isfinite(theta2)
+        self.alpha = alpha if self.chi2 and alpha is not None and math.isfinite(alpha) \
+            else None
+        self.chi2_weights: tuple | None = None
         self.dual = None
         if not (self.plain_kl or self.plain_mean):
             blocks = [_Kept(self.store, k, None if p is None else p[s:e])
@@ -106,6 +117,11 @@ class _Pass:
             N = float(self.n)
             self.moved = sd1 / N
             return h * r - sl / N, r - sd1 / N, sd2 / N, None  # (as BlockwiseDual.reduce)
+        if self.alpha is not None:
+            got = self._chi2_at(h, r)
+            if got is not None:
+                return got
+            self.passes += 1  # (one more pass, as before)
         if not self.plain_kl:
             moved = 0.0
             kept = getattr(oracle, "kept", None) if getattr(oracle, "keep_values", False) \
@@ -163,9 +179,140 @@ class _Pass:
         return h * r - term, r - mu, Z3 / Z + var / theta2, None
 
 
+    def _shift(self, h):
+        """``l_h`` at the smallest margin (the largest ``l_h``: it does not increase with the
+        margin), the shift of chi2's values; the oracle's range of the margins is read once
+        (:attr:`LogisticOracle.margin_range`, which its table of steps reads too)."""
+        oracle = self.oracle
+        if oracle.margin_range is None:
+            lo = math.inf
+            for s, e in self.bounds:
+                lo = min(lo, float(np.min(oracle._margins_of(slice(s, e)))))
+            hi = -math.inf
+            for s, e in self.bounds:
+                hi = max(hi, float(np.max(oracle._margins_of(slice(s, e)))))
+            oracle.margin_range = (lo, hi)
+        lo = np.array([oracle.margin_range[0]])
+        return float(logistic_dtransform(lo, oracle.c[:1], h)[0][0])
+
+    def _chi2_at(self, h, r):
+        """chi2 at ``h`` in one pass from the guess :attr:`alpha` (module docstring):
+        per block, the sums over the rows surely active whatever alpha within
+        :data:`CHI2_BAND` of the guess (``s0 = l_h - shift + alpha0`` above
+        ``-2 theta2 + band``; the rows below ``-2 theta2 - band`` are surely not), and the
+        rows in between kept one by one. alpha then follows from the active-set steps of
+        :meth:`BlockwiseDual.chi2` on those sums, and every sum at alpha from the sums at
+        ``alpha0`` (``s = s0 + (alpha - alpha0)``: polynomials in the difference, some 1e-12
+        of ``s``). None when alpha leaves the band (the caller then sums as before)."""
+        self.chi2_weights = None
+        oracle, p, theta2 = self.oracle, self.p, self.theta2
+        two = 2.0 * theta2
+        shift = self._shift(h)
+        a0 = self.alpha + shift  # the guess, shifted
+        band = CHI2_BAND * (two + abs(a0))
+        hi_thr, lo_thr = -two + band, -two - band
+        # over the surely active rows: k, P, sum (l - shift), s0, s0^2, d1, d1^2, s0 d1, d2,
+        # s0 d2 (each times p with sample weights)
+        acc = np.zeros(10)
+        moved = 0.0
+        edge: list = []
+        for s, e in self.bounds:
+            lb, d1, d2 = oracle.transform_rows(h, slice(s, e))[:3]
+            pb = None if p is None else p[s:e]
+            moved += float(np.sum(d1)) if pb is None else float(np.dot(pb, d1))
+            ls = lb - shift
+            s0 = ls + a0
+            act = s0 > hi_thr
+            if pb is not None:
+                act &= pb > 0
+            k = int(np.count_nonzero(act))
+            if k < act.size:
+                near = s0 > lo_thr
+                near &= ~act
+                if pb is not None:
+                    near &= pb > 0
+                if near.any():
+                    edge.append((ls[near], d1[near], d2[near],
+                                 None if pb is None else pb[near]))
+                if not k:
+                    continue
+                ls, s0, d1, d2 = ls[act], s0[act], d1[act], d2[act]
+                if pb is not None:
+                    pb = pb[act]
+            if pb is None:
+                acc += (k, k, np.sum(ls), np.sum(s0), np.dot(s0, s0), np.sum(d1),
+                        np.dot(d1, d1), np.dot(s0, d1), np.sum(d2), np.dot(s0, d2))
+            else:
+                ps0 = pb * s0
+                pd1 = pb * d1
+                acc += (k, np.sum(pb), np.dot(pb, ls), np.sum(ps0), np.dot(ps0, s0),
+                        np.sum(pd1), np.dot(pd1, d1), np.dot(ps0, d1), np.dot(pb, d2),
+                        np.dot(ps0, d2))
+        N = float(self.n) if p is None else 1.0
+        self.moved = moved / self.n if p is None else moved
+        if edge:
+            ls_e, d1_e, d2_e = (np.concatenate([q[i] for q in edge]) for i in range(3))
+            p_e = None if p is None else np.concatenate([q[3] for q in edge])
+        else:
+            ls_e = d1_e = d2_e = np.empty(0)
+            p_e = None if p is None else np.empty(0)
+        k0, P0, SL0 = float(acc[0]), float(acc[1]), float(acc[2])
+
+        def active(alpha):  # (rows of the edge active at alpha, count, P, sum p (l - shift))
+            on = ls_e + alpha > -two
+            ke = int(np.count_nonzero(on))
+            if p_e is None:
+                return on, k0 + ke, P0 + ke, SL0 + float(np.sum(ls_e[on]))
+            return on, k0 + ke, P0 + float(np.sum(p_e[on])), SL0 + float(np.dot(p_e[on],
+                                                                                 ls_e[on]))
+
+        # alpha by the active-set steps of BlockwiseDual.chi2 from the guess
+        alpha, count, warm = a0, None, True
+        for _ in range(CHI2_MAX_STEPS):
+            on, k, P, SL = active(alpha)
+            if not P > 0.0:
+                return None
+            if count is not None and k >= count:
+                break
+            left = warm and SL + alpha * P + two * (P - N) < 0.0
+            count, warm = (None if left else k), False
+            alpha = (two * (N - P) - SL) / P
+        else:  # pragma: no cover - the sets shrink at every step
+            return None
+        da = alpha - a0
+        if not abs(da) < band:  # rows counted as surely (in)active may not be
+            self.alpha = alpha - shift
+            return None
+        on, k, P, _ = active(alpha)
+        Ps = P0  # the surely active rows' mass
+        S = float(acc[3]) + da * Ps
+        S2 = float(acc[4]) + da * (2.0 * float(acc[3]) + da * Ps)
+        sd, sdd = float(acc[5]), float(acc[6])
+        swd = (float(acc[7]) + da * sd) / two + sd
+        swd2 = (float(acc[9]) + da * float(acc[8])) / two + float(acc[8])
+        if np.any(on):  # the edge's active rows, as block_chi2 sums them
+            se = ls_e[on] + alpha
+            d1o, d2o = d1_e[on], d2_e[on]
+            we = se / two + 1.0
+            po = np.ones(se.size) if p_e is None else p_e[on]
+            S += float(np.dot(po, se))
+            S2 += float(np.dot(po * se, se))
+            swd += float(np.dot(po * we, d1o))
+            swd2 += float(np.dot(po * we, d2o))
+            sd += float(np.dot(po, d1o))
+            sdd += float(np.dot(po * d1o, d1o))
+        term = (S + S2 / (2.0 * two) - theta2 * (N - P)) / N - alpha
+        mu = swd / N
+        curv = (swd2 + max(sdd - sd * sd / P, 0.0) / two) / N
+        self.alpha = alpha - shift
+        self.chi2_weights = (shift, alpha, term + shift)
+        return h * r - (term + shift), r - mu, curv, alpha - shift
+
+
 def solve_at_root(oracle, n: int, h_c: float, r: float, theta2: float, divergence: str, *,
                   p=None, block: int = BLOCK, g_rtol: float = G_RTOL,
-                  keep_values: bool = False) -> DualSolution | None:
+                  keep_values: bool = False, alpha: float | None = None
+                  ) -> DualSolution | None:
     """The exact dual of a logistic ``oracle`` (``transform_rows(h, rows)``) solved from the
     binned root ``h_c`` (module docstring), or None: the caller then searches. ``p``: the
     sample probabilities (None: uniform); ``g_rtol``: the derivative accepted, relative to r;
@@ -173,11 +320,14 @@ def solve_at_root(oracle, n: int, h_c: float, r: float, theta2: float, divergenc
     (``LogisticOracle.keep_values``, one more n-vector, for Q*'s build).
     ``info``: ``passes`` (the exact passes made), ``g`` (the derivative at ``h``: the most
     sensitive distribution there has the risk ``r - g``), ``moved`` (the P0-mean loss at the
-    maximisers) and ``kl_weights``."""
+    maximisers), ``kl_weights`` and ``chi2_weights``. ``alpha``: chi2's multiplier at
+    ``h_c`` (not shifted, e.g. :func:`otstab_solvers.logistic_binned.binned_solution`'s),
+    with which each pass sums chi2's terms once (``_Pass._chi2_at``) instead of keeping
+    ``l_h`` and its derivatives (three n-vectors) for the active-set steps."""
     t0 = time.perf_counter()
     if not (h_c > 0.0 and math.isfinite(h_c)):
         return None
-    run = _Pass(oracle, n, theta2, divergence, p, block)
+    run = _Pass(oracle, n, theta2, divergence, p, block, alpha)
     if keep_values:
         oracle.keep_values = True
     try:
@@ -200,7 +350,7 @@ def _newton(run, h_c, r, g_rtol, t0):
                 iterations=run.passes, gap_bound=abs(h * g),
                 solve_time=time.perf_counter() - t0,
                 info={"passes": run.passes, "kl_weights": run.kl_weights, "g": g,
-                      "moved": run.moved})
+                      "moved": run.moved, "chi2_weights": run.chi2_weights})
         if not curv > 0.0:
             return None
         h = h + g / curv

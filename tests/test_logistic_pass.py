@@ -196,3 +196,81 @@ def test_kept_values_give_the_same_pass(theta2):
             assert oracle.kept_vectors(sols[-1].h) is None  # (taken)
     assert (sols[0].value, sols[0].h) == (sols[1].value, sols[1].h)
     assert sols[0].info["kl_weights"] == sols[1].info["kl_weights"]
+
+
+def _chi2_case(n=40_000, seed=5, weighted=False):
+    rng = np.random.default_rng(seed)
+    s = rng.normal(0.9, 1.5, n)
+    y = np.where(rng.random(n) < 0.85, 1, -1).astype(np.int8)
+    p = None
+    if weighted:
+        p = rng.uniform(0.1, 2.0, n)
+        p /= p.sum()
+    return s, y, p
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("theta2", [0.25, 0.05])
+def test_binned_chi2_root_refines_the_edge(weighted, theta2):
+    """chi2's binned root with the bins at the edge of the active set given margin by margin
+    (binned_solution) is the exact root (the plain search on the dense oracle) to some
+    1e-11, the plain two-point rule's to some 1e-8 here; its alpha is the exact one's."""
+    from otstab_solvers.weights import weights_at
+
+    s, y, p = _chi2_case(weighted=weighted)
+    n, a, theta1, r = s.size, 0.9, 1.0, 2.5
+    m = y * s
+    ref = solve_dual(LogisticOracle(m, a, theta1), r, theta2, "chi2", p=p, tol=1e-14)
+    w = weights_at(LogisticOracle(m, a, theta1).evaluate(ref.h)[0], theta2, "chi2", p)[0]
+    assert 0.1 < np.mean(w > 0) < 0.9  # (an edge inside the margins)
+    h, alpha, span = lb.binned_solution(lambda i, j: m[i:j], n, a, theta1, r, theta2, "chi2",
+                                        p=p)
+    assert span == (m.min(), m.max())
+    assert h == pytest.approx(ref.h, rel=1e-10)
+    assert alpha == pytest.approx(ref.alpha, rel=1e-10)
+    if not weighted:  # (what the refinement buys)
+        plain = lb.binned_root(*lb.binned_margins(lambda i, j: m[i:j], n), a, theta1, r,
+                               theta2, "chi2")
+        assert abs(plain - ref.h) > 1e-9 * ref.h
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("guess", ["binned", "wide band", "off"])
+def test_chi2_pass_sums_once(monkeypatch, weighted, guess):
+    """chi2 in one pass from a guess of alpha (_Pass._chi2_at) gives the dual of the pass
+    that keeps l_h and sums the active-set steps over it (BlockwiseDual.chi2) to 1e-12, and
+    its weights' normalisation is that of weight_map on the exact l_h. A guess outside the
+    band (``off``) is refused and summed the old way: the same answer; a wide band (1e-2:
+    hundreds of rows summed one by one at the edge) changes nothing."""
+    from otstab_solvers.weights import weight_map
+
+    if guess == "wide band":
+        monkeypatch.setattr(logistic_pass, "CHI2_BAND", 1e-2)
+
+    s, y, p = _chi2_case(weighted=weighted)
+    n, a, theta1, theta2, r = s.size, 0.9, 1.0, 0.25, 2.5  # (an edge: 41 % active)
+    m = y * s
+    h_c, alpha, _ = lb.binned_solution(lambda i, j: m[i:j], n, a, theta1, r, theta2, "chi2",
+                                       p=p)
+    old = logistic_pass._Pass(LogisticOracle.of_scores(s, y, a, theta1), n, theta2, "chi2",
+                              p, 4096)
+    F0, g0, c0, al0 = old.at(h_c, r)
+    guess_alpha = alpha + 0.3 if guess == "off" else alpha
+    new = logistic_pass._Pass(LogisticOracle.of_scores(s, y, a, theta1), n, theta2, "chi2",
+                              p, 4096, alpha=guess_alpha)
+    F1, g1, c1, al1 = new.at(h_c, r)
+    assert F1 == pytest.approx(F0, rel=1e-12)
+    assert g1 == pytest.approx(g0, rel=1e-9, abs=1e-12 * r)
+    assert c1 == pytest.approx(c0, rel=1e-10)
+    assert al1 == pytest.approx(al0, rel=1e-12, abs=1e-14)
+    assert new.moved == pytest.approx(old.moved, rel=1e-13)
+    if guess == "off":
+        assert new.chi2_weights is None and new.passes == 2
+        return
+    assert new.passes == 1
+    lh = LogisticOracle(m, a, theta1).evaluate(h_c)[0]
+    wm = weight_map(lh, theta2, "chi2", p)
+    shift, alpha_s, term = new.chi2_weights
+    assert alpha_s - shift == pytest.approx(wm.alpha, rel=1e-12, abs=1e-14)
+    assert term == pytest.approx(wm.term, rel=1e-12)
+    assert h_c * r - term == pytest.approx(F1, rel=1e-13)

@@ -423,14 +423,17 @@ def _solve_logistic_binned(oracle, dual, n, p, r, theta2, divergence, solver_opt
             or oracle.c.strides != (0,) or not 0.0 < float(oracle.c[0]) < math.inf \
             or "h_init" in solver_options:
         return None
-    h_c = logistic_binned.binned_guess(
+    h_c, alpha, span = logistic_binned.binned_solution(
         lambda s, e: oracle._margins_of(slice(s, e)), n, float(oracle.direction_norm2[0]),
         oracle.theta1, r, theta2, divergence, p=p)
     if h_c is None:
         return None
+    if oracle.margin_range is None:  # (the binning read them: the table of steps need not)
+        oracle.margin_range = span
     # one exact pass at h_c, a Newton step where its derivative is not yet small enough
+    # (chi2: its sums in that pass, from the binned alpha)
     sol = logistic_pass.solve_at_root(oracle, n, h_c, r, theta2, divergence, p=p,
-                                      block=ROWS_BLOCK, keep_values=True)
+                                      block=ROWS_BLOCK, keep_values=True, alpha=alpha)
     if sol is not None:
         sol.info["binned_h"] = h_c
         dual.passes += sol.info.pop("passes")
@@ -636,11 +639,15 @@ def _build_rows(prob, oracle, moves, sol, loss, r, theta1, theta2, divergence, t
         return lh[s:e]
 
     kl_sums = sol.info.pop("kl_weights", None)
+    chi2_sums = sol.info.pop("chi2_weights", None)
     if kl_sums is not None and p is None and divergence == "kl" and math.isfinite(theta2):
         # the normalisation of the exact pass at h (logistic_pass): the audit's mass of Q*
         # checks it against these l_h
         top, z, term = kl_sums
         wm = WeightMap("kl", theta2, top, n / z, None, term)
+    elif chi2_sums is not None and divergence == "chi2" and math.isfinite(theta2):
+        shift, alpha_s, term = chi2_sums  # (likewise: chi2's alpha from the pass at h)
+        wm = WeightMap("chi2", theta2, shift, alpha_s, alpha_s - shift, term, p is not None)
     else:
         wm = weight_map_blocks(lh_block, n, theta2, divergence, p=p, alpha=sol.alpha)
 
