@@ -274,3 +274,22 @@ def test_chi2_pass_sums_once(monkeypatch, weighted, guess):
     assert alpha_s - shift == pytest.approx(wm.alpha, rel=1e-12, abs=1e-14)
     assert term == pytest.approx(wm.term, rel=1e-12)
     assert h_c * r - term == pytest.approx(F1, rel=1e-13)
+
+
+def test_logistic_loss_values_are_logaddexp():
+    """SmoothLoss("logistic").values (the base risk's pass) computes max(-m, 0) +
+    log1p(exp(-|m|)) in vectorised passes: the bits of numpy's logaddexp(0, -m), the
+    caller's arrays untouched."""
+    from otstab.modeling._losses import SmoothLoss
+
+    rng = np.random.default_rng(6)
+    s = np.concatenate([rng.normal(0, 5, 5000), [0.0, -0.0, 1e-300, 745.0, -745.0, 1e308,
+                                                 -1e308, np.inf, -np.inf]])
+    y = np.where(rng.random(s.size) < 0.5, 1, -1).astype(np.int8)
+    s0, y0 = s.copy(), y.copy()
+    with np.errstate(over="ignore", invalid="ignore"):
+        got = SmoothLoss("logistic").values(s, y)
+        ref = np.logaddexp(0.0, -(y * s))
+    np.testing.assert_array_equal(got, ref)
+    np.testing.assert_array_equal(s, s0)
+    np.testing.assert_array_equal(y, y0)

@@ -525,8 +525,15 @@ class _RowAtoms:
         return loss, self.moved2_of(st)
 
     def moved2_of(self, st):
-        """``||x* - x||^2`` of atoms with steps ``st``: ``Z' G Z``."""
-        return np.einsum("iq,iq->i", st @ self.moves.G, st)
+        """``||x* - x||^2`` of atoms with steps ``st``: ``Z' G Z`` (one step each: ``(Z G)
+        Z``, the same bits without a matrix product per block)."""
+        G = self.moves.G
+        if G.shape == (1, 1):
+            z = st[:, 0]
+            out = z * float(G[0, 0])
+            out *= z
+            return out
+        return np.einsum("iq,iq->i", st @ G, st)
 
     #: each sample's ``l_h`` while the build holds it (None: recomputed on each read)
     lh_cache: np.ndarray | None = None
@@ -758,7 +765,28 @@ def _audit_rows(prob, atoms, wm, theta1, theta2, divergence, value) -> dict:
         loss_s, d2_s = audit.rescored(prob.losses, prob.y[src], *atoms.points(src, st))
         return loss_s, d2_s, audit.sampled_error(loss_s, loss_r, d2_s, d2_r)
 
-    for s, e in atoms.steps.blocks(cells if direct else ROWS_BLOCK):
+    # every atom its sample at its step at h (mass 1), uniform samples: the sums of the
+    # build's reduced form over blocks, divided by n once (theta2 = inf: unit weights)
+    plain = not direct and atoms.reduced_cache is not None and p is None
+    for s, e in atoms.steps.blocks(ROWS_BLOCK) if plain else ():
+        loss_s = atoms.reduced_cache[s:e]
+        d2_s = atoms.moved2_of(atoms.steps.Z[s:e])
+        moved_risk += float(np.sum(loss_s))
+        if math.isinf(theta2):
+            tot += e - s
+            move += float(np.sum(d2_s))
+            continue
+        lh = atoms.lh_cache[s:e] if atoms.lh_cache is not None else atoms.l_of(loss_s, d2_s)
+        w = wm(lh)
+        risk += float(w @ loss_s)
+        tot += float(np.sum(w))
+        move += float(w @ d2_s)
+        ph += float(np.sum(phi(w, divergence)))
+    if plain:
+        if math.isinf(theta2):
+            risk = moved_risk
+        risk, tot, move, moved_risk, ph = (v / n for v in (risk, tot, move, moved_risk, ph))
+    for s, e in atoms.steps.blocks(cells if direct else ROWS_BLOCK) if not plain else ():
         idx = np.arange(s, e)
         if not direct and atoms.reduced_cache is not None:
             # every atom is its sample at its step at h (mass 1): the build's reduced form
