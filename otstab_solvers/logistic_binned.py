@@ -38,6 +38,8 @@ BINS = 1 << 12
 MIN_N = 1 << 16
 #: rounds of chi2's bins at the edge of the active set given margin by margin
 KINK_ROUNDS = 3
+#: the relative half-width of the window around a guess of the binned root
+NEAR_WINDOW = 1e-4
 #: rows per block of the binning passes
 _BLOCK = 1 << 16
 
@@ -107,14 +109,24 @@ class _Bins:
         """``(margins, mass)`` of the samples in the bins ``sel`` (boolean, per bin): one read
         of the margins."""
         ms, ws = [], []
+        # the candidates by value (the selected bins' span, padded), then their bins
+        on = np.flatnonzero(sel)
+        pad = 1e-9 * (abs(self.lo) + abs(self.hi) + self.width)
+        a = self.lo + int(on[0]) * self.width - pad
+        b = self.lo + (int(on[-1]) + 1) * self.width + pad
         for s in range(0, self.n, _BLOCK):
             e = min(s + _BLOCK, self.n)
             m = self.margins_of(s, e)
-            hit = sel[self._position(m)[1]]
+            near = m >= a
+            near &= m <= b
+            if not near.any():
+                continue
+            idx = np.flatnonzero(near)
+            hit = sel[self._position(m[idx])[1]]
             if hit.any():
-                ms.append(m[hit])
-                ws.append(np.ones(int(np.count_nonzero(hit))) if self.p is None
-                          else self.p[s:e][hit])
+                idx = idx[hit]
+                ms.append(m[idx])
+                ws.append(np.ones(idx.size) if self.p is None else self.p[s:e][idx])
         if not ms:
             return np.empty(0), np.empty(0)
         return np.concatenate(ms), np.concatenate(ws)
@@ -131,12 +143,18 @@ def binned_margins(margins_of, n: int, p=None, bins: int = BINS):
 
 
 def binned_root(points, mass, direction_norm2: float, theta1: float, r: float, theta2: float,
-                divergence: str) -> float | None:
+                divergence: str, near: float | None = None) -> float | None:
     """The root of the logistic dual on weighted margins ``points`` (probabilities ``mass``,
     e.g. from :func:`binned_margins`), or None when that dual has no positive root (r at or
-    below its base risk, or the search failed)."""
+    below its base risk, or the search failed). ``near``: a guess; the search runs in a
+    window of :data:`NEAR_WINDOW` around it first, from scratch when the root is not there."""
     oracle = LogisticOracle(points, direction_norm2, theta1)
-    sol = solve_dual(oracle, r, theta2, divergence, p=mass, tol=1e-12)
+    sol = None
+    if near is not None and near > 0.0 and math.isfinite(near):
+        sol = solve_dual(oracle, r, theta2, divergence, p=mass, tol=1e-12, h_init=near,
+                         bracket=(near * (1.0 - NEAR_WINDOW), near * (1.0 + NEAR_WINDOW)))
+    if sol is None or sol.status != OPTIMAL:
+        sol = solve_dual(oracle, r, theta2, divergence, p=mass, tol=1e-12)
     if sol.status != OPTIMAL or not (sol.h > 0.0 and math.isfinite(sol.h)):
         return None
     return float(sol.h)
@@ -188,7 +206,8 @@ def binned_solution(margins_of, n: int, direction_norm2: float, theta1: float, r
         sel |= near
         m_ex, p_ex = binned.gather(sel)
         points, mass = binned.points((sel, m_ex, p_ex))
-        h_new = binned_root(points, mass, direction_norm2, theta1, r, theta2, divergence)
+        h_new = binned_root(points, mass, direction_norm2, theta1, r, theta2, divergence,
+                            near=h)
         if h_new is None:
             break
         h = h_new

@@ -211,8 +211,8 @@ class _Pass:
         a0 = self.alpha + shift  # the guess, shifted
         band = CHI2_BAND * (two + abs(a0))
         hi_thr, lo_thr = -two + band, -two - band
-        # over the surely active rows: k, P, sum (l - shift), s0, s0^2, d1, d1^2, s0 d1, d2,
-        # s0 d2 (each times p with sample weights)
+        # over the surely active rows: k, P, (unused), s0, s0^2, d1, d1^2, s0 d1, d2, s0 d2
+        # (each times p with sample weights)
         acc = np.zeros(10)
         moved = 0.0
         edge: list = []
@@ -236,18 +236,16 @@ class _Pass:
                                  None if pb is None else pb[near]))
                 if not k:
                     continue
-                ls, s0, d1, d2 = ls[act], s0[act], d1[act], d2[act]
-                if pb is not None:
-                    pb = pb[act]
+                # the inactive rows count as zeros (weights 0 or 1: products, no gathers)
+                pb = act.astype(np.float64) if pb is None else pb * act
             if pb is None:
-                acc += (k, k, np.sum(ls), np.sum(s0), np.dot(s0, s0), np.sum(d1),
-                        np.dot(d1, d1), np.dot(s0, d1), np.sum(d2), np.dot(s0, d2))
+                acc += (k, k, 0.0, np.sum(s0), np.dot(s0, s0), np.sum(d1), np.dot(d1, d1),
+                        np.dot(s0, d1), np.sum(d2), np.dot(s0, d2))
             else:
                 ps0 = pb * s0
                 pd1 = pb * d1
-                acc += (k, np.sum(pb), np.dot(pb, ls), np.sum(ps0), np.dot(ps0, s0),
-                        np.sum(pd1), np.dot(pd1, d1), np.dot(ps0, d1), np.dot(pb, d2),
-                        np.dot(ps0, d2))
+                acc += (k, np.sum(pb), 0.0, np.sum(ps0), np.dot(ps0, s0), np.sum(pd1),
+                        np.dot(pd1, d1), np.dot(ps0, d1), np.dot(pb, d2), np.dot(ps0, d2))
         N = float(self.n) if p is None else 1.0
         self.moved = moved / self.n if p is None else moved
         if edge:
@@ -256,7 +254,10 @@ class _Pass:
         else:
             ls_e = d1_e = d2_e = np.empty(0)
             p_e = None if p is None else np.empty(0)
-        k0, P0, SL0 = float(acc[0]), float(acc[1]), float(acc[2])
+        # sum p (l - shift) = sum p s0 - alpha0 P: (no cancellation that matters: an error of
+        # 1e-16 |alpha0| P moves alpha by 1e-16 of itself)
+        k0, P0 = float(acc[0]), float(acc[1])
+        SL0 = float(acc[3]) - a0 * P0
 
         def active(alpha):  # (rows of the edge active at alpha, count, P, sum p (l - shift))
             on = ls_e + alpha > -two
