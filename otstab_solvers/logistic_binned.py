@@ -190,13 +190,12 @@ def binned_solution(margins_of, n: int, direction_norm2: float, theta1: float, r
     if h is None or divergence != "chi2" or not math.isfinite(theta2):
         return h, None, span
     sel = np.zeros(bins, dtype=bool)
-    alpha = None
-    for _ in range(KINK_ROUNDS + 1):
+    for rounds in range(KINK_ROUNDS + 1):
         lh = LogisticOracle(points, direction_norm2, theta1).evaluate(h)[0]
-        w, alpha = weights_at(lh, theta2, "chi2", mass)
+        w, alpha = weights_at(lh, theta2, "chi2", mass)  # (alpha at this h, these points)
         act = np.flatnonzero(w > 0)
-        if not act.size or act[-1] + 1 >= points.size:  # no edge inside the margins
-            break
+        if rounds == KINK_ROUNDS or not act.size or act[-1] + 1 >= points.size:
+            break  # (no more rounds, or no edge inside the margins)
         ends = binned._position(points[act[-1]:act[-1] + 2])[1]
         near = np.zeros(bins, dtype=bool)
         near[max(int(ends.min()) - 1, 0):int(ends.max()) + 2] = True
