@@ -88,6 +88,7 @@ class _Pass:
         self.passes = 0
         self.moved = math.nan
         self.kl_weights: tuple | None = None  # plain KL: (largest l_h / theta2, sum e, term)
+        self.unit_term: float | None = None  # theta2 = inf, uniform: the mean of l_h
         #: chi2 (finite theta2) with a guess of alpha (not shifted): the sums of one pass
         #: (:meth:`_chi2_at`); ``chi2_weights`` the normalisation of its weights,
         #: ``(shift, shifted alpha, term)``
@@ -116,6 +117,7 @@ class _Pass:
                 sd2 += float(np.sum(d2))
             N = float(self.n)
             self.moved = sd1 / N
+            self.unit_term = sl / N
             return h * r - sl / N, r - sd1 / N, sd2 / N, None  # (as BlockwiseDual.reduce)
         if self.alpha is not None:
             got = self._chi2_at(h, r)
@@ -321,8 +323,10 @@ def solve_at_root(oracle, n: int, h_c: float, r: float, theta2: float, divergenc
     (``LogisticOracle.keep_values``, one more n-vector, for Q*'s build).
     ``info``: ``passes`` (the exact passes made), ``g`` (the derivative at ``h``: the most
     sensitive distribution there has the risk ``r - g``), ``moved`` (the P0-mean loss at the
-    maximisers), ``kl_weights`` and ``chi2_weights``. ``alpha``: chi2's multiplier at
-    ``h_c`` (not shifted, e.g. :func:`otstab_solvers.logistic_binned.binned_solution`'s),
+    maximisers), ``kl_weights``, ``chi2_weights`` and ``unit_term`` (theta2 = inf without
+    sample weights: the mean of ``l_h``, the term of the unit weights). ``alpha``: chi2's
+    multiplier at ``h_c`` (not shifted, e.g.
+    :func:`otstab_solvers.logistic_binned.binned_solution`'s),
     with which each pass sums chi2's terms once (``_Pass._chi2_at``) instead of keeping
     ``l_h`` and its derivatives (three n-vectors) for the active-set steps."""
     t0 = time.perf_counter()
@@ -351,7 +355,8 @@ def _newton(run, h_c, r, g_rtol, t0):
                 iterations=run.passes, gap_bound=abs(h * g),
                 solve_time=time.perf_counter() - t0,
                 info={"passes": run.passes, "kl_weights": run.kl_weights, "g": g,
-                      "moved": run.moved, "chi2_weights": run.chi2_weights})
+                      "moved": run.moved, "chi2_weights": run.chi2_weights,
+                      "unit_term": run.unit_term})
         if not curv > 0.0:
             return None
         h = h + g / curv
