@@ -205,6 +205,7 @@ def _chi2_case(n=40_000, seed=5, weighted=False):
     p = None
     if weighted:
         p = rng.uniform(0.1, 2.0, n)
+        p[rng.random(n) < 0.05] = 0.0  # (samples of zero weight count nowhere)
         p /= p.sum()
     return s, y, p
 
