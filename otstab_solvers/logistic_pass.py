@@ -1,8 +1,9 @@
 """The logistic dual at the binned root: one exact pass, a Newton correction where needed.
 
 The root ``h_c`` of the dual on binned margins (:mod:`otstab_solvers.logistic_binned`) is
-within some 1e-11 of the exact root for KL and theta2 = inf, and some 1e-8 for chi2 (whose
-weights have a kink in the margin), at n = 1e6 (issue 31). A bracketed search from it still
+within some 1e-11 of the exact root for KL and theta2 = inf, and for chi2 (whose weights have
+a kink in the margin: the bins there are given margin by margin) some 1e-12, at n = 1e6
+(issue 31). A bracketed search from it still
 evaluates the exact dual at two or more points and Q*'s build solves every sample once more.
 :func:`solve_at_root` instead evaluates the exact dual at ``h_c`` (one pass over the margins:
 each sample's d-transform, summed over blocks) and
@@ -28,7 +29,13 @@ The KL reduction is the one of :func:`otstab_solvers.blockwise.block_kl` (per bl
 largest ``l_h / theta2`` and the sums of ``e``, ``e dl``, ``e dl^2`` and ``e d2l``, combined
 by the log-sum-exp of the blocks) without its ``expm1`` sum: that sum is only read when every
 ``l_h / theta2`` is close to the largest (the mean of ``e`` above 1/2), and is then computed
-from the kept ``l_h`` of the pass. chi2, theta2 = inf and sample weights are reduced by
+from the kept ``l_h`` of the pass. theta2 = inf sums ``l_h``, ``dl`` and ``d2l``
+(``info["unit_term"]``: the mean of ``l_h``). chi2 given the binned ``alpha`` sums its terms
+in the same pass (``_Pass._chi2_at``: the rows surely active or not for any alpha within
+:data:`CHI2_BAND` of it summed per block, the rows in that band kept one by one, alpha then
+exact by the active-set steps of :meth:`~otstab_solvers.blockwise.BlockwiseDual.chi2` on those
+sums; ``info["chi2_weights"]``: ``(shift, shifted alpha, term)``); without it, or when
+alpha leaves the band, chi2 and sample-weighted KL are reduced by
 :class:`~otstab_solvers.blockwise.BlockwiseDual` over the kept ``l_h`` and derivatives.
 
 This module imports neither otstab nor Dask.
