@@ -35,8 +35,10 @@ in the same pass (``_Pass._chi2_at``: the rows surely active or not for any alph
 :data:`CHI2_BAND` of it summed per block, the rows in that band kept one by one, alpha then
 exact by the active-set steps of :meth:`~otstab_solvers.blockwise.BlockwiseDual.chi2` on those
 sums; ``info["chi2_weights"]``: ``(shift, shifted alpha, term)``); without it, or when
-alpha leaves the band, chi2 and sample-weighted KL are reduced by
-:class:`~otstab_solvers.blockwise.BlockwiseDual` over the kept ``l_h`` and derivatives.
+alpha leaves the band, chi2 is reduced by :class:`~otstab_solvers.blockwise.BlockwiseDual`
+over the kept ``l_h`` and derivatives. Sample probabilities ``p`` weight every sum as
+:func:`~otstab_solvers.blockwise.block_kl` and ``block_top`` weight them (KL: the largest
+``l_h / theta2`` over the rows of positive probability).
 
 This module imports neither otstab nor Dask.
 """
@@ -87,15 +89,15 @@ class _Pass:
         self.oracle, self.n, self.theta2, self.divergence, self.p = \
             oracle, n, theta2, divergence, p
         self.bounds = [(s, min(s + block, n)) for s in range(0, n, block)]
-        # plain KL keeps l_h alone (for the expm1 sum), theta2 = inf nothing (its sums are
-        # plain); the others every derivative
-        self.plain_kl = p is None and divergence == "kl" and math.isfinite(theta2)
-        self.plain_mean = p is None and math.isinf(theta2)
+        # KL keeps l_h alone (for the expm1 sum), theta2 = inf nothing (its sums are plain);
+        # chi2 (without a guess of alpha) every derivative
+        self.plain_kl = divergence == "kl" and math.isfinite(theta2)
+        self.plain_mean = math.isinf(theta2)
         self.store: list = [None] * len(self.bounds)
         self.passes = 0
         self.moved = math.nan
-        self.kl_weights: tuple | None = None  # plain KL: (largest l_h / theta2, sum e, term)
-        self.unit_term: float | None = None  # theta2 = inf, uniform: the mean of l_h
+        self.kl_weights: tuple | None = None  # KL: (largest l_h / theta2, sum p e, term)
+        self.unit_term: float | None = None  # theta2 = inf: the P0-mean of l_h
         #: chi2 (finite theta2) with a guess of alpha (not shifted): the sums of one pass
         #: (:meth:`_chi2_at`); ``chi2_weights`` the normalisation of its weights,
         #: ``(shift, shifted alpha, term)``
@@ -119,10 +121,16 @@ class _Pass:
             sl = sd1 = sd2 = 0.0
             for s, e in self.bounds:
                 lb, d1, d2 = oracle.transform_rows(h, slice(s, e))[:3]
-                sl += float(np.sum(lb))
-                sd1 += float(np.sum(d1))
-                sd2 += float(np.sum(d2))
-            N = float(self.n)
+                if self.p is None:
+                    sl += float(np.sum(lb))
+                    sd1 += float(np.sum(d1))
+                    sd2 += float(np.sum(d2))
+                else:  # (sample probabilities: as BlockwiseDual.top sums them)
+                    pb = self.p[s:e]
+                    sl += float(np.dot(pb, lb))
+                    sd1 += float(np.dot(pb, d1))
+                    sd2 += float(np.dot(pb, d2))
+            N = float(self.n) if self.p is None else 1.0
             self.moved = sd1 / N
             self.unit_term = sl / N
             return h * r - sl / N, r - sd1 / N, sd2 / N, None  # (as BlockwiseDual.reduce)
@@ -152,23 +160,41 @@ class _Pass:
         # (an oracle that keeps each block's loss and step at h gives l_h again for the
         # expm1 sum below: no n-vector of l_h kept here)
         kept = getattr(oracle, "kept", None) if getattr(oracle, "keep_values", False) else None
+        p = self.p
         for k, (s, e) in enumerate(self.bounds):
             lb, d1, d2 = oracle.transform_rows(h, slice(s, e))[:3]
             store[k] = None if kept is not None and kept(h, slice(s, e)) is not None else lb
-            moved += float(np.sum(d1))
             a = lb / theta2
-            m = float(a.max())
+            if p is None:
+                moved += float(np.sum(d1))
+                m = float(a.max())
+                a -= m
+                np.maximum(a, -700.0, out=a)  # (no subnormal terms, as dual._exp_shifted)
+                ev = np.exp(a, out=a)
+                ed1 = ev * d1
+                parts.append((m, float(np.sum(ev)), float(np.sum(ed1)),
+                              float(np.dot(ed1, d1)), float(np.dot(ev, d2))))
+                continue
+            # sample probabilities, as block_kl sums them: the largest over the rows of
+            # positive probability, rows of zero probability above it capped at it
+            pb = p[s:e]
+            moved += float(np.dot(pb, d1))
+            live = pb > 0
+            if not live.any():
+                continue
+            m = float(a[live].max())
             a -= m
-            np.maximum(a, -700.0, out=a)  # (no subnormal terms, as dual._exp_shifted)
+            np.clip(a, -700.0, 0.0, out=a)
             ev = np.exp(a, out=a)
+            ev *= pb
             ed1 = ev * d1
             parts.append((m, float(np.sum(ev)), float(np.sum(ed1)), float(np.dot(ed1, d1)),
                           float(np.dot(ev, d2))))
-        self.moved = moved / self.n
+        self.moved = moved / self.n if p is None else moved
         M = max(q[0] for q in parts)
         f = [math.exp(q[0] - M) for q in parts]
         Z, Z1, Z2, Z3 = (sum(fb * q[i] for fb, q in zip(f, parts)) for i in (1, 2, 3, 4))
-        N = float(self.n)
+        N = float(self.n) if p is None else 1.0
         if Z > 0.5 * N:  # every l / theta2 close to the largest: expm1 keeps the accuracy
             em1 = 0.0
             for k, lb in enumerate(store):
@@ -177,7 +203,12 @@ class _Pass:
                     loss, t = kept(h, slice(*self.bounds[k]))
                     lb = h * loss
                     lb -= float(oracle.c[0]) * t * t
-                em1 += float(np.sum(np.expm1(np.maximum(lb / theta2 - M, -700.0))))
+                x = np.maximum(lb / theta2 - M, -700.0)
+                if p is None:
+                    em1 += float(np.sum(np.expm1(x)))
+                else:
+                    np.minimum(x, 0.0, out=x)
+                    em1 += float(np.dot(p[slice(*self.bounds[k])], np.expm1(x)))
             log_mean = math.log1p(em1 / N)
         else:
             log_mean = math.log(Z / N)
@@ -330,8 +361,8 @@ def solve_at_root(oracle, n: int, h_c: float, r: float, theta2: float, divergenc
     (``LogisticOracle.keep_values``, one more n-vector, for Q*'s build).
     ``info``: ``passes`` (the exact passes made), ``g`` (the derivative at ``h``: the most
     sensitive distribution there has the risk ``r - g``), ``moved`` (the P0-mean loss at the
-    maximisers), ``kl_weights``, ``chi2_weights`` and ``unit_term`` (theta2 = inf without
-    sample weights: the mean of ``l_h``, the term of the unit weights). ``alpha``: chi2's
+    maximisers), ``kl_weights``, ``chi2_weights`` and ``unit_term`` (theta2 = inf: the
+    P0-mean of ``l_h``, the term of the unit weights). ``alpha``: chi2's
     multiplier at ``h_c`` (not shifted, e.g.
     :func:`otstab_solvers.logistic_binned.binned_solution`'s),
     with which each pass sums chi2's terms once (``_Pass._chi2_at``) instead of keeping

@@ -324,3 +324,35 @@ def test_chi2_keeps_no_more_than_kl(monkeypatch):
     # (a few blocks of temporaries more: 0.2 n-vectors at this n; the kept l_h, dl, d2l of
     # the old pass: 1.2)
     assert peaks["chi2"] <= peaks["kl"] + 0.5, peaks
+
+
+@pytest.mark.parametrize("theta2", [0.25, 1e3, math.inf])
+def test_weighted_pass_sums_as_blockwise(theta2):
+    """With sample weights (5 % of them 0) the pass sums KL and theta2 = inf itself (no l_h,
+    dl, d2l kept for BlockwiseDual): the dual at h is BlockwiseDual's over the same rows to
+    1e-12 (theta2 = 1e3: the expm1 branch), and the weights' normalisation that of
+    weight_map on the exact l_h."""
+    from otstab_solvers.blockwise import BlockwiseDual, RowsBlock, in_memory
+    from otstab_solvers.weights import weight_map
+
+    s, y, p = _chi2_case(n=30_000, weighted=True)
+    n, a, theta1, r = s.size, 0.9, 1.0, 1.4
+    h = 1.3
+    run = logistic_pass._Pass(LogisticOracle.of_scores(s, y, a, theta1), n, theta2, "kl", p,
+                              4096)
+    F, g, curv, _ = run.at(h, r)
+    ref_oracle = LogisticOracle(y * s, a, theta1)
+    blocks = [RowsBlock(ref_oracle, i, min(i + 4096, n), p[i:i + 4096])
+              for i in range(0, n, 4096)]
+    term, mu, curv_ref, _, _ = BlockwiseDual(in_memory(blocks), n, 1.0, kinks=False).reduce(
+        h, "right", theta2, "kl")
+    assert F == pytest.approx(h * r - term, rel=1e-12)
+    assert g == pytest.approx(r - mu, rel=1e-12, abs=1e-13)
+    assert curv == pytest.approx(curv_ref, rel=1e-10)
+    assert run.moved == pytest.approx(float(np.dot(p, ref_oracle.evaluate(h)[1])), rel=1e-13)
+    wm = weight_map(ref_oracle.evaluate(h)[0], theta2, "kl", p)
+    if math.isinf(theta2):
+        assert run.unit_term == pytest.approx(wm.term, rel=1e-13)
+        return
+    M, Z, term_kl = run.kl_weights
+    assert (M, Z, term_kl) == pytest.approx((wm.shift, wm.scale, wm.term), rel=1e-12)

@@ -648,18 +648,18 @@ def _build_rows(prob, oracle, moves, sol, loss, r, theta1, theta2, divergence, t
     kl_sums = sol.info.pop("kl_weights", None)
     chi2_sums = sol.info.pop("chi2_weights", None)
     unit_term = sol.info.pop("unit_term", None)
-    if kl_sums is not None and p is None and divergence == "kl" and math.isfinite(theta2):
+    if kl_sums is not None and divergence == "kl" and math.isfinite(theta2):
         # the normalisation of the exact pass at h (logistic_pass): the audit's mass of Q*
         # checks it against these l_h
         top, z, term = kl_sums
-        wm = WeightMap("kl", theta2, top, n / z, None, term)
+        wm = WeightMap("kl", theta2, top, n / z if p is None else z, None, term, p is not None)
     elif chi2_sums is not None and divergence == "chi2" and math.isfinite(theta2):
         shift, alpha_s, term = chi2_sums  # (likewise: chi2's alpha from the pass at h)
         wm = WeightMap("chi2", theta2, shift, alpha_s, alpha_s - shift, term, p is not None)
-    elif unit_term is not None and p is None and math.isinf(theta2):
-        # unit weights; their term (the mean of l_h) from the pass at h
+    elif unit_term is not None and math.isinf(theta2):
+        # unit weights; their term (the P0-mean of l_h) from the pass at h
         wm = WeightMap(divergence, theta2, 0.0, 1.0, None if divergence == "kl" else 0.0,
-                       unit_term)
+                       unit_term, p is not None)
     else:
         wm = weight_map_blocks(lh_block, n, theta2, divergence, p=p, alpha=sol.alpha)
 
