@@ -121,7 +121,7 @@ def _binary(n=3000, d=4, seed=0):
     return otstab.LinearModel(coef, 0.2), X, y
 
 
-@pytest.mark.parametrize("divergence,theta2", PRICES[:3])
+@pytest.mark.parametrize("divergence,theta2", PRICES[:3] + [("kl", 30.0)])
 def test_sampled_audit_of_the_kept_losses_equals_direct(monkeypatch, divergence, theta2):
     """Through the pass at the binned root, Q*'s build takes each sample's loss at its
     maximiser from the pass (LogisticOracle.kept); above AUDIT_DIRECT_MAX the audit sums

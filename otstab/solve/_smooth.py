@@ -46,7 +46,7 @@ from otstab_solvers.smooth import (
     SquaredOracle,
     solve_squared,
 )
-from otstab_solvers.weights import WeightMap, phi, weights_at
+from otstab_solvers.weights import NEAR_ONE, WeightMap, phi, weights_at
 
 from ..errors import IncompatibleLossError, ValidationError
 from ..modeling._nonlinear import SMOOTH_LOSSES, LinearDifferentiable, loss_name
@@ -773,6 +773,10 @@ def _audit_rows(prob, atoms, wm, theta1, theta2, divergence, value) -> dict:
     # every atom its sample at its step at h (mass 1), uniform samples: the sums of the
     # build's reduced form over blocks, divided by n once (theta2 = inf: unit weights)
     plain = not direct and atoms.reduced_cache is not None and p is None
+    # KL's weights exp(l_h / theta2 - shift) * scale: log w = (l_h / theta2 - shift) +
+    # log(scale) (clamped at -700 as the weights are), the same to rounding as log(w)
+    kl_log = math.log(wm.scale) if plain and divergence == "kl" and math.isfinite(theta2) \
+        and not wm.weighted else None
     for s, e in atoms.steps.blocks(ROWS_BLOCK) if plain else ():
         loss_s = atoms.reduced_cache[s:e]
         d2_s = atoms.moved2_of(atoms.steps.Z[s:e])
@@ -782,11 +786,29 @@ def _audit_rows(prob, atoms, wm, theta1, theta2, divergence, value) -> dict:
             move += float(np.sum(d2_s))
             continue
         lh = atoms.lh_cache[s:e] if atoms.lh_cache is not None else atoms.l_of(loss_s, d2_s)
-        w = wm(lh)
+        if kl_log is None:
+            w = wm(lh)
+            ph_w = phi(w, divergence)
+        else:  # KL: wm(lh) written out, and log w from its exponent (no log per weight)
+            a = lh / theta2
+            a -= wm.shift
+            np.maximum(a, -700.0, out=a)
+            w = np.exp(a)
+            w *= wm.scale
+            ph_w = a
+            ph_w += kl_log
+            ph_w *= w
+            ph_w -= w
+            ph_w += 1.0  # w log w - w + 1
+            near = w - 1.0
+            np.abs(near, out=near)
+            near = np.flatnonzero(near < NEAR_ONE)
+            if near.size:  # (phi's series, where w log w - w + 1 cancels)
+                ph_w[near] = phi(w[near], "kl")
         risk += float(w @ loss_s)
         tot += float(np.sum(w))
         move += float(w @ d2_s)
-        ph += float(np.sum(phi(w, divergence)))
+        ph += float(np.sum(ph_w))
     if plain:
         if math.isinf(theta2):
             risk = moved_risk
