@@ -27,15 +27,109 @@ import numpy as np
 from .dual import solve_dual
 from .result import OPTIMAL
 from .smooth import LogisticOracle
+from .weights import weights_at
 
-__all__ = ["binned_margins", "binned_root", "binned_guess", "BINS", "MIN_N"]
+__all__ = ["binned_margins", "binned_root", "binned_guess", "binned_solution", "BINS", "MIN_N",
+           "KINK_ROUNDS"]
 
 #: number of equal-width bins of the margins
 BINS = 1 << 12
 #: below this many samples the exact search runs alone (binning saves nothing there)
 MIN_N = 1 << 16
+#: rounds of chi2's bins at the edge of the active set given margin by margin
+KINK_ROUNDS = 3
+#: the relative half-width of the window around a guess of the binned root
+NEAR_WINDOW = 1e-4
 #: rows per block of the binning passes
 _BLOCK = 1 << 16
+
+
+class _Bins:
+    """Per-bin sums of :func:`binned_margins`' equal-width bins over ``[lo, lo + bins
+    width]``: P0-mass ``count``, and the sums of the offsets from the bin's centre (in bin
+    widths) ``first`` and of their squares ``second``."""
+
+    def __init__(self, margins_of, n: int, p, bins: int):
+        lo, hi = math.inf, -math.inf
+        for s in range(0, n, _BLOCK):
+            m = margins_of(s, min(s + _BLOCK, n))
+            lo, hi = min(lo, float(m.min())), max(hi, float(m.max()))
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            raise ValueError("the margins must be finite")
+        self.margins_of, self.n, self.p, self.bins = margins_of, n, p, bins
+        self.lo, self.hi = lo, hi
+        self.width = width = (hi - lo) / bins
+        self.scale = 1.0 / width if width > 0 else 0.0
+        count, first, second = np.zeros(bins), np.zeros(bins), np.zeros(bins)
+        for s in range(0, n, _BLOCK):
+            e = min(s + _BLOCK, n)
+            k, idx = self._position(margins_of(s, e))
+            k -= 0.5  # the offset from the bin's centre, in bin widths (no cancellation)
+            w = None if p is None else p[s:e]
+            count += np.bincount(idx, weights=w, minlength=bins)
+            if w is not None:
+                k *= w
+            first += np.bincount(idx, weights=k, minlength=bins)
+            k *= k if w is None else k / np.where(w > 0, w, 1.0)
+            second += np.bincount(idx, weights=k, minlength=bins)
+        self.count, self.first, self.second = count, first, second
+        self.total = float(count.sum())
+
+    def _position(self, m):
+        """``(offset within the bin in widths, bin index)`` of margins ``m``."""
+        k = np.subtract(m, self.lo)
+        k *= self.scale
+        idx = k.astype(np.intp)
+        np.minimum(idx, self.bins - 1, out=idx)
+        k -= idx
+        return k, idx
+
+    def points(self, exact=None):
+        """``(points, mass)`` (module docstring: two points per non-empty bin, ``mass``
+        summing to 1); ``exact``: ``(bins, margins, mass)``, bins (boolean, per bin) whose
+        margins are given one by one with their P0-mass instead."""
+        keep = self.count > 0
+        if exact is not None:
+            keep &= ~exact[0]
+        count, first, second = self.count[keep], self.first[keep], self.second[keep]
+        width = self.width
+        centre = self.lo + (np.flatnonzero(keep) + 0.5) * width
+        mean = first / count
+        sd = np.sqrt(np.maximum(second / count - mean * mean, 0.0)) * width
+        mean = centre + mean * width
+        points = np.clip(np.concatenate([mean - sd, mean + sd]), self.lo, self.hi)
+        mass = np.concatenate([count, count])
+        if exact is not None:
+            points = np.concatenate([points, exact[1]])
+            mass = np.concatenate([0.5 * mass, exact[2]])
+        order = np.argsort(points, kind="stable")
+        return points[order], mass[order] / mass.sum()
+
+    def gather(self, sel):
+        """``(margins, mass)`` of the samples in the bins ``sel`` (boolean, per bin): one read
+        of the margins."""
+        ms, ws = [], []
+        # the candidates by value (the selected bins' span, padded), then their bins
+        on = np.flatnonzero(sel)
+        pad = 1e-9 * (abs(self.lo) + abs(self.hi) + self.width)
+        a = self.lo + int(on[0]) * self.width - pad
+        b = self.lo + (int(on[-1]) + 1) * self.width + pad
+        for s in range(0, self.n, _BLOCK):
+            e = min(s + _BLOCK, self.n)
+            m = self.margins_of(s, e)
+            near = m >= a
+            near &= m <= b
+            if not near.any():
+                continue
+            idx = np.flatnonzero(near)
+            hit = sel[self._position(m[idx])[1]]
+            if hit.any():
+                idx = idx[hit]
+                ms.append(m[idx])
+                ws.append(np.ones(idx.size) if self.p is None else self.p[s:e][idx])
+        if not ms:
+            return np.empty(0), np.empty(0)
+        return np.concatenate(ms), np.concatenate(ws)
 
 
 def binned_margins(margins_of, n: int, p=None, bins: int = BINS):
@@ -45,50 +139,22 @@ def binned_margins(margins_of, n: int, p=None, bins: int = BINS):
     first two moments of each bin (module docstring). ``margins_of(s, e)`` returns the
     margins of rows ``s..e`` (read twice, in blocks: no n-vector is made); ``p``: the sample
     probabilities (None: uniform)."""
-    lo, hi = math.inf, -math.inf
-    for s in range(0, n, _BLOCK):
-        m = margins_of(s, min(s + _BLOCK, n))
-        lo, hi = min(lo, float(m.min())), max(hi, float(m.max()))
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        raise ValueError("the margins must be finite")
-    width = (hi - lo) / bins
-    scale = 1.0 / width if width > 0 else 0.0
-    count, first, second = np.zeros(bins), np.zeros(bins), np.zeros(bins)
-    for s in range(0, n, _BLOCK):
-        e = min(s + _BLOCK, n)
-        m = margins_of(s, e)
-        k = np.subtract(m, lo)
-        k *= scale
-        idx = k.astype(np.intp)
-        np.minimum(idx, bins - 1, out=idx)
-        k -= idx
-        k -= 0.5  # the offset from the bin's centre, in bin widths (no cancellation)
-        w = None if p is None else p[s:e]
-        count += np.bincount(idx, weights=w, minlength=bins)
-        if w is not None:
-            k *= w
-        first += np.bincount(idx, weights=k, minlength=bins)
-        k *= k if w is None else k / np.where(w > 0, w, 1.0)
-        second += np.bincount(idx, weights=k, minlength=bins)
-    keep = count > 0
-    count, first, second = count[keep], first[keep], second[keep]
-    centre = lo + (np.flatnonzero(keep) + 0.5) * width
-    mean = first / count
-    sd = np.sqrt(np.maximum(second / count - mean * mean, 0.0)) * width
-    mean = centre + mean * width
-    points = np.clip(np.concatenate([mean - sd, mean + sd]), lo, hi)
-    mass = np.concatenate([count, count])
-    order = np.argsort(points, kind="stable")
-    return points[order], mass[order] / mass.sum()
+    return _Bins(margins_of, n, p, bins).points()
 
 
 def binned_root(points, mass, direction_norm2: float, theta1: float, r: float, theta2: float,
-                divergence: str) -> float | None:
+                divergence: str, near: float | None = None) -> float | None:
     """The root of the logistic dual on weighted margins ``points`` (probabilities ``mass``,
     e.g. from :func:`binned_margins`), or None when that dual has no positive root (r at or
-    below its base risk, or the search failed)."""
+    below its base risk, or the search failed). ``near``: a guess; the search runs in a
+    window of :data:`NEAR_WINDOW` around it first, from scratch when the root is not there."""
     oracle = LogisticOracle(points, direction_norm2, theta1)
-    sol = solve_dual(oracle, r, theta2, divergence, p=mass, tol=1e-12)
+    sol = None
+    if near is not None and near > 0.0 and math.isfinite(near):
+        sol = solve_dual(oracle, r, theta2, divergence, p=mass, tol=1e-12, h_init=near,
+                         bracket=(near * (1.0 - NEAR_WINDOW), near * (1.0 + NEAR_WINDOW)))
+    if sol is None or sol.status != OPTIMAL:
+        sol = solve_dual(oracle, r, theta2, divergence, p=mass, tol=1e-12)
     if sol.status != OPTIMAL or not (sol.h > 0.0 and math.isfinite(sol.h)):
         return None
     return float(sol.h)
@@ -97,6 +163,51 @@ def binned_root(points, mass, direction_norm2: float, theta1: float, r: float, t
 def binned_guess(margins_of, n: int, direction_norm2: float, theta1: float, r: float,
                  theta2: float, divergence: str, p=None, bins: int = BINS) -> float | None:
     """The root ``h_c`` of the logistic dual on the binned margins (:func:`binned_margins`,
-    :func:`binned_root`), or None: the caller then searches the exact dual from scratch."""
-    points, mass = binned_margins(margins_of, n, p, bins)
-    return binned_root(points, mass, direction_norm2, theta1, r, theta2, divergence)
+    :func:`binned_root`; chi2: with the bins at the edge of the active set given margin by
+    margin, :func:`binned_solution`), or None: the caller then searches the exact dual from
+    scratch."""
+    return binned_solution(margins_of, n, direction_norm2, theta1, r, theta2, divergence, p,
+                           bins)[0]
+
+
+def binned_solution(margins_of, n: int, direction_norm2: float, theta1: float, r: float,
+                    theta2: float, divergence: str, p=None, bins: int = BINS):
+    """``(h_c, alpha, (smallest, largest margin))``: :func:`binned_guess`'s root (None where
+    there is none) and, for chi2 with a finite ``theta2``, the multiplier ``alpha`` of the
+    binned dual there (the weights are ``((l_h + alpha) / (2 theta2) + 1)_+``; None
+    otherwise).
+
+    chi2's weights have a kink at the edge of the active set (a margin ``m*``: ``l_h`` does
+    not increase with the margin): the two-point rule of the bin that holds it errs by the
+    square of the bin's width (some 1e-8 of ``h`` at n = 1e6, against 1e-13 for a smooth
+    summand). Those bins (with a neighbour on each side) are given margin by margin instead,
+    gathered by one more read of the margins, and the root is solved again, up to
+    :data:`KINK_ROUNDS` times until the edge lies among the exact margins."""
+    binned = _Bins(margins_of, n, p, bins)
+    points, mass = binned.points()
+    h = binned_root(points, mass, direction_norm2, theta1, r, theta2, divergence)
+    span = (binned.lo, binned.hi)
+    if h is None or divergence != "chi2" or not math.isfinite(theta2):
+        return h, None, span
+    sel = np.zeros(bins, dtype=bool)
+    for rounds in range(KINK_ROUNDS + 1):
+        lh = LogisticOracle(points, direction_norm2, theta1).evaluate(h)[0]
+        w, alpha = weights_at(lh, theta2, "chi2", mass)  # (alpha at this h, these points)
+        act = np.flatnonzero(w > 0)
+        if rounds == KINK_ROUNDS or not act.size or act[-1] + 1 >= points.size:
+            break  # (no more rounds, or no edge inside the margins)
+        ends = binned._position(points[act[-1]:act[-1] + 2])[1]
+        near = np.zeros(bins, dtype=bool)
+        near[max(int(ends.min()) - 1, 0):int(ends.max()) + 2] = True
+        near &= binned.count > 0
+        if not np.any(near & ~sel):  # the edge lies among the exact margins
+            break
+        sel |= near
+        m_ex, p_ex = binned.gather(sel)
+        points, mass = binned.points((sel, m_ex, p_ex))
+        h_new = binned_root(points, mass, direction_norm2, theta1, r, theta2, divergence,
+                            near=h)
+        if h_new is None:
+            break
+        h = h_new
+    return h, alpha, span

@@ -1,8 +1,9 @@
 """The logistic dual at the binned root: one exact pass, a Newton correction where needed.
 
 The root ``h_c`` of the dual on binned margins (:mod:`otstab_solvers.logistic_binned`) is
-within some 1e-11 of the exact root for KL and theta2 = inf, and some 1e-8 for chi2 (whose
-weights have a kink in the margin), at n = 1e6 (issue 31). A bracketed search from it still
+within some 1e-11 of the exact root for KL and theta2 = inf, and for chi2 (whose weights have
+a kink in the margin: the bins there are given margin by margin) some 1e-12, at n = 1e6
+(issue 31). A bracketed search from it still
 evaluates the exact dual at two or more points and Q*'s build solves every sample once more.
 :func:`solve_at_root` instead evaluates the exact dual at ``h_c`` (one pass over the margins:
 each sample's d-transform, summed over blocks) and
@@ -28,8 +29,16 @@ The KL reduction is the one of :func:`otstab_solvers.blockwise.block_kl` (per bl
 largest ``l_h / theta2`` and the sums of ``e``, ``e dl``, ``e dl^2`` and ``e d2l``, combined
 by the log-sum-exp of the blocks) without its ``expm1`` sum: that sum is only read when every
 ``l_h / theta2`` is close to the largest (the mean of ``e`` above 1/2), and is then computed
-from the kept ``l_h`` of the pass. chi2, theta2 = inf and sample weights are reduced by
-:class:`~otstab_solvers.blockwise.BlockwiseDual` over the kept ``l_h`` and derivatives.
+from the kept ``l_h`` of the pass. theta2 = inf sums ``l_h``, ``dl`` and ``d2l``
+(``info["unit_term"]``: the mean of ``l_h``). chi2 given the binned ``alpha`` sums its terms
+in the same pass (``_Pass._chi2_at``: the rows surely active or not for any alpha within
+:data:`CHI2_BAND` of it summed per block, the rows in that band kept one by one, alpha then
+exact by the active-set steps of :meth:`~otstab_solvers.blockwise.BlockwiseDual.chi2` on those
+sums; ``info["chi2_weights"]``: ``(shift, shifted alpha, term)``); without it, or when
+alpha leaves the band, chi2 is reduced by :class:`~otstab_solvers.blockwise.BlockwiseDual`
+over the kept ``l_h`` and derivatives. Sample probabilities ``p`` weight every sum as
+:func:`~otstab_solvers.blockwise.block_kl` and ``block_top`` weight them (KL: the largest
+``l_h / theta2`` over the rows of positive probability).
 
 This module imports neither otstab nor Dask.
 """
@@ -41,8 +50,9 @@ import time
 
 import numpy as np
 
-from .blockwise import BlockwiseDual, in_memory
+from .blockwise import CHI2_MAX_STEPS, BlockwiseDual, in_memory
 from .result import OPTIMAL, DualSolution
+from .smooth import logistic_dtransform
 
 __all__ = ["solve_at_root", "G_RTOL", "MAX_NEWTON", "WINDOW"]
 
@@ -54,6 +64,9 @@ MAX_NEWTON = 3
 WINDOW = 1e-2
 #: rows per block of a pass
 BLOCK = 1 << 13
+#: chi2's band of ``l_h - shift + alpha`` around ``-2 theta2`` whose rows a pass keeps one
+#: by one, relative to ``2 theta2 + |alpha|`` (the guess of alpha is some 1e-12 off)
+CHI2_BAND = 1e-7
 
 
 class _Kept:
@@ -72,18 +85,26 @@ class _Pass:
     arrays of the last pass are kept as the oracle returned them (the oracle may keep the
     same arrays: no copy)."""
 
-    def __init__(self, oracle, n, theta2, divergence, p, block):
+    def __init__(self, oracle, n, theta2, divergence, p, block, alpha=None):
         self.oracle, self.n, self.theta2, self.divergence, self.p = \
             oracle, n, theta2, divergence, p
         self.bounds = [(s, min(s + block, n)) for s in range(0, n, block)]
-        # plain KL keeps l_h alone (for the expm1 sum), theta2 = inf nothing (its sums are
-        # plain); the others every derivative
-        self.plain_kl = p is None and divergence == "kl" and math.isfinite(theta2)
-        self.plain_mean = p is None and math.isinf(theta2)
+        # KL keeps l_h alone (for the expm1 sum), theta2 = inf nothing (its sums are plain);
+        # chi2 (without a guess of alpha) every derivative
+        self.plain_kl = divergence == "kl" and math.isfinite(theta2)
+        self.plain_mean = math.isinf(theta2)
         self.store: list = [None] * len(self.bounds)
         self.passes = 0
         self.moved = math.nan
-        self.kl_weights: tuple | None = None  # plain KL: (largest l_h / theta2, sum e, term)
+        self.kl_weights: tuple | None = None  # KL: (largest l_h / theta2, sum p e, term)
+        self.unit_term: float | None = None  # theta2 = inf: the P0-mean of l_h
+        #: chi2 (finite theta2) with a guess of alpha (not shifted): the sums of one pass
+        #: (:meth:`_chi2_at`); ``chi2_weights`` the normalisation of its weights,
+        #: ``(shift, shifted alpha, term)``
+        self.chi2 = divergence == "chi2" and math.isfinite(theta2)
+        self.alpha = alpha if self.chi2 and alpha is not None and math.isfinite(alpha) \
+            else None
+        self.chi2_weights: tuple | None = None
         self.dual = None
         if not (self.plain_kl or self.plain_mean):
             blocks = [_Kept(self.store, k, None if p is None else p[s:e])
@@ -100,12 +121,24 @@ class _Pass:
             sl = sd1 = sd2 = 0.0
             for s, e in self.bounds:
                 lb, d1, d2 = oracle.transform_rows(h, slice(s, e))[:3]
-                sl += float(np.sum(lb))
-                sd1 += float(np.sum(d1))
-                sd2 += float(np.sum(d2))
-            N = float(self.n)
+                if self.p is None:
+                    sl += float(np.sum(lb))
+                    sd1 += float(np.sum(d1))
+                    sd2 += float(np.sum(d2))
+                else:  # (sample probabilities: as BlockwiseDual.top sums them)
+                    pb = self.p[s:e]
+                    sl += float(np.dot(pb, lb))
+                    sd1 += float(np.dot(pb, d1))
+                    sd2 += float(np.dot(pb, d2))
+            N = float(self.n) if self.p is None else 1.0
             self.moved = sd1 / N
+            self.unit_term = sl / N
             return h * r - sl / N, r - sd1 / N, sd2 / N, None  # (as BlockwiseDual.reduce)
+        if self.alpha is not None:
+            got = self._chi2_at(h, r)
+            if got is not None:
+                return got
+            self.passes += 1  # (one more pass, as before)
         if not self.plain_kl:
             moved = 0.0
             kept = getattr(oracle, "kept", None) if getattr(oracle, "keep_values", False) \
@@ -127,23 +160,41 @@ class _Pass:
         # (an oracle that keeps each block's loss and step at h gives l_h again for the
         # expm1 sum below: no n-vector of l_h kept here)
         kept = getattr(oracle, "kept", None) if getattr(oracle, "keep_values", False) else None
+        p = self.p
         for k, (s, e) in enumerate(self.bounds):
             lb, d1, d2 = oracle.transform_rows(h, slice(s, e))[:3]
             store[k] = None if kept is not None and kept(h, slice(s, e)) is not None else lb
-            moved += float(np.sum(d1))
             a = lb / theta2
-            m = float(a.max())
+            if p is None:
+                moved += float(np.sum(d1))
+                m = float(a.max())
+                a -= m
+                np.maximum(a, -700.0, out=a)  # (no subnormal terms, as dual._exp_shifted)
+                ev = np.exp(a, out=a)
+                ed1 = ev * d1
+                parts.append((m, float(np.sum(ev)), float(np.sum(ed1)),
+                              float(np.dot(ed1, d1)), float(np.dot(ev, d2))))
+                continue
+            # sample probabilities, as block_kl sums them: the largest over the rows of
+            # positive probability, rows of zero probability above it capped at it
+            pb = p[s:e]
+            moved += float(np.dot(pb, d1))
+            live = pb > 0
+            if not live.any():
+                continue
+            m = float(a[live].max())
             a -= m
-            np.maximum(a, -700.0, out=a)  # (no subnormal terms, as dual._exp_shifted)
+            np.clip(a, -700.0, 0.0, out=a)
             ev = np.exp(a, out=a)
+            ev *= pb
             ed1 = ev * d1
             parts.append((m, float(np.sum(ev)), float(np.sum(ed1)), float(np.dot(ed1, d1)),
                           float(np.dot(ev, d2))))
-        self.moved = moved / self.n
+        self.moved = moved / self.n if p is None else moved
         M = max(q[0] for q in parts)
         f = [math.exp(q[0] - M) for q in parts]
         Z, Z1, Z2, Z3 = (sum(fb * q[i] for fb, q in zip(f, parts)) for i in (1, 2, 3, 4))
-        N = float(self.n)
+        N = float(self.n) if p is None else 1.0
         if Z > 0.5 * N:  # every l / theta2 close to the largest: expm1 keeps the accuracy
             em1 = 0.0
             for k, lb in enumerate(store):
@@ -152,7 +203,12 @@ class _Pass:
                     loss, t = kept(h, slice(*self.bounds[k]))
                     lb = h * loss
                     lb -= float(oracle.c[0]) * t * t
-                em1 += float(np.sum(np.expm1(np.maximum(lb / theta2 - M, -700.0))))
+                x = np.maximum(lb / theta2 - M, -700.0)
+                if p is None:
+                    em1 += float(np.sum(np.expm1(x)))
+                else:
+                    np.minimum(x, 0.0, out=x)
+                    em1 += float(np.dot(p[slice(*self.bounds[k])], np.expm1(x)))
             log_mean = math.log1p(em1 / N)
         else:
             log_mean = math.log(Z / N)
@@ -163,9 +219,141 @@ class _Pass:
         return h * r - term, r - mu, Z3 / Z + var / theta2, None
 
 
+    def _shift(self, h):
+        """``l_h`` at the smallest margin (the largest ``l_h``: it does not increase with the
+        margin), the shift of chi2's values; the oracle's range of the margins is read once
+        (:attr:`LogisticOracle.margin_range`, which its table of steps reads too)."""
+        oracle = self.oracle
+        if oracle.margin_range is None:
+            lo = math.inf
+            for s, e in self.bounds:
+                lo = min(lo, float(np.min(oracle._margins_of(slice(s, e)))))
+            hi = -math.inf
+            for s, e in self.bounds:
+                hi = max(hi, float(np.max(oracle._margins_of(slice(s, e)))))
+            oracle.margin_range = (lo, hi)
+        lo = np.array([oracle.margin_range[0]])
+        return float(logistic_dtransform(lo, oracle.c[:1], h)[0][0])
+
+    def _chi2_at(self, h, r):
+        """chi2 at ``h`` in one pass from the guess :attr:`alpha` (module docstring):
+        per block, the sums over the rows surely active whatever alpha within
+        :data:`CHI2_BAND` of the guess (``s0 = l_h - shift + alpha0`` above
+        ``-2 theta2 + band``; the rows below ``-2 theta2 - band`` are surely not), and the
+        rows in between kept one by one. alpha then follows from the active-set steps of
+        :meth:`BlockwiseDual.chi2` on those sums, and every sum at alpha from the sums at
+        ``alpha0`` (``s = s0 + (alpha - alpha0)``: polynomials in the difference, some 1e-12
+        of ``s``). None when alpha leaves the band (the caller then sums as before)."""
+        self.chi2_weights = None
+        oracle, p, theta2 = self.oracle, self.p, self.theta2
+        two = 2.0 * theta2
+        shift = self._shift(h)
+        a0 = self.alpha + shift  # the guess, shifted
+        band = CHI2_BAND * (two + abs(a0))
+        hi_thr, lo_thr = -two + band, -two - band
+        # over the surely active rows: k, P, (unused), s0, s0^2, d1, d1^2, s0 d1, d2, s0 d2
+        # (each times p with sample weights)
+        acc = np.zeros(10)
+        moved = 0.0
+        edge: list = []
+        for s, e in self.bounds:
+            lb, d1, d2 = oracle.transform_rows(h, slice(s, e))[:3]
+            pb = None if p is None else p[s:e]
+            moved += float(np.sum(d1)) if pb is None else float(np.dot(pb, d1))
+            ls = lb - shift
+            s0 = ls + a0
+            act = s0 > hi_thr
+            if pb is not None:
+                act &= pb > 0
+            k = int(np.count_nonzero(act))
+            if k < act.size:
+                near = s0 > lo_thr
+                near &= ~act
+                if pb is not None:
+                    near &= pb > 0
+                if near.any():
+                    edge.append((ls[near], d1[near], d2[near],
+                                 None if pb is None else pb[near]))
+                if not k:
+                    continue
+                # the inactive rows count as zeros (weights 0 or 1: products, no gathers)
+                pb = act.astype(np.float64) if pb is None else pb * act
+            if pb is None:
+                acc += (k, k, 0.0, np.sum(s0), np.dot(s0, s0), np.sum(d1), np.dot(d1, d1),
+                        np.dot(s0, d1), np.sum(d2), np.dot(s0, d2))
+            else:
+                ps0 = pb * s0
+                pd1 = pb * d1
+                acc += (k, np.sum(pb), 0.0, np.sum(ps0), np.dot(ps0, s0), np.sum(pd1),
+                        np.dot(pd1, d1), np.dot(ps0, d1), np.dot(pb, d2), np.dot(ps0, d2))
+        N = float(self.n) if p is None else 1.0
+        self.moved = moved / self.n if p is None else moved
+        if edge:
+            ls_e, d1_e, d2_e = (np.concatenate([q[i] for q in edge]) for i in range(3))
+            p_e = None if p is None else np.concatenate([q[3] for q in edge])
+        else:
+            ls_e = d1_e = d2_e = np.empty(0)
+            p_e = None if p is None else np.empty(0)
+        # sum p (l - shift) = sum p s0 - alpha0 P: (no cancellation that matters: an error of
+        # 1e-16 |alpha0| P moves alpha by 1e-16 of itself)
+        k0, P0 = float(acc[0]), float(acc[1])
+        SL0 = float(acc[3]) - a0 * P0
+
+        def active(alpha):  # (rows of the edge active at alpha, count, P, sum p (l - shift))
+            on = ls_e + alpha > -two
+            ke = int(np.count_nonzero(on))
+            if p_e is None:
+                return on, k0 + ke, P0 + ke, SL0 + float(np.sum(ls_e[on]))
+            return on, k0 + ke, P0 + float(np.sum(p_e[on])), SL0 + float(np.dot(p_e[on],
+                                                                                 ls_e[on]))
+
+        # alpha by the active-set steps of BlockwiseDual.chi2 from the guess
+        alpha, count, warm = a0, None, True
+        for _ in range(CHI2_MAX_STEPS):
+            on, k, P, SL = active(alpha)
+            if not P > 0.0:
+                return None
+            if count is not None and k >= count:
+                break
+            left = warm and SL + alpha * P + two * (P - N) < 0.0
+            count, warm = (None if left else k), False
+            alpha = (two * (N - P) - SL) / P
+        else:  # pragma: no cover - the sets shrink at every step
+            return None
+        da = alpha - a0
+        if not abs(da) < band:  # rows counted as surely (in)active may not be
+            self.alpha = alpha - shift
+            return None
+        on, k, P, _ = active(alpha)
+        Ps = P0  # the surely active rows' mass
+        S = float(acc[3]) + da * Ps
+        S2 = float(acc[4]) + da * (2.0 * float(acc[3]) + da * Ps)
+        sd, sdd = float(acc[5]), float(acc[6])
+        swd = (float(acc[7]) + da * sd) / two + sd
+        swd2 = (float(acc[9]) + da * float(acc[8])) / two + float(acc[8])
+        if np.any(on):  # the edge's active rows, as block_chi2 sums them
+            se = ls_e[on] + alpha
+            d1o, d2o = d1_e[on], d2_e[on]
+            we = se / two + 1.0
+            po = np.ones(se.size) if p_e is None else p_e[on]
+            S += float(np.dot(po, se))
+            S2 += float(np.dot(po * se, se))
+            swd += float(np.dot(po * we, d1o))
+            swd2 += float(np.dot(po * we, d2o))
+            sd += float(np.dot(po, d1o))
+            sdd += float(np.dot(po * d1o, d1o))
+        term = (S + S2 / (2.0 * two) - theta2 * (N - P)) / N - alpha
+        mu = swd / N
+        curv = (swd2 + max(sdd - sd * sd / P, 0.0) / two) / N
+        self.alpha = alpha - shift
+        self.chi2_weights = (shift, alpha, term + shift)
+        return h * r - (term + shift), r - mu, curv, alpha - shift
+
+
 def solve_at_root(oracle, n: int, h_c: float, r: float, theta2: float, divergence: str, *,
                   p=None, block: int = BLOCK, g_rtol: float = G_RTOL,
-                  keep_values: bool = False) -> DualSolution | None:
+                  keep_values: bool = False, alpha: float | None = None
+                  ) -> DualSolution | None:
     """The exact dual of a logistic ``oracle`` (``transform_rows(h, rows)``) solved from the
     binned root ``h_c`` (module docstring), or None: the caller then searches. ``p``: the
     sample probabilities (None: uniform); ``g_rtol``: the derivative accepted, relative to r;
@@ -173,11 +361,16 @@ def solve_at_root(oracle, n: int, h_c: float, r: float, theta2: float, divergenc
     (``LogisticOracle.keep_values``, one more n-vector, for Q*'s build).
     ``info``: ``passes`` (the exact passes made), ``g`` (the derivative at ``h``: the most
     sensitive distribution there has the risk ``r - g``), ``moved`` (the P0-mean loss at the
-    maximisers) and ``kl_weights``."""
+    maximisers), ``kl_weights``, ``chi2_weights`` and ``unit_term`` (theta2 = inf: the
+    P0-mean of ``l_h``, the term of the unit weights). ``alpha``: chi2's
+    multiplier at ``h_c`` (not shifted, e.g.
+    :func:`otstab_solvers.logistic_binned.binned_solution`'s),
+    with which each pass sums chi2's terms once (``_Pass._chi2_at``) instead of keeping
+    ``l_h`` and its derivatives (three n-vectors) for the active-set steps."""
     t0 = time.perf_counter()
     if not (h_c > 0.0 and math.isfinite(h_c)):
         return None
-    run = _Pass(oracle, n, theta2, divergence, p, block)
+    run = _Pass(oracle, n, theta2, divergence, p, block, alpha)
     if keep_values:
         oracle.keep_values = True
     try:
@@ -200,7 +393,8 @@ def _newton(run, h_c, r, g_rtol, t0):
                 iterations=run.passes, gap_bound=abs(h * g),
                 solve_time=time.perf_counter() - t0,
                 info={"passes": run.passes, "kl_weights": run.kl_weights, "g": g,
-                      "moved": run.moved})
+                      "moved": run.moved, "chi2_weights": run.chi2_weights,
+                      "unit_term": run.unit_term})
         if not curv > 0.0:
             return None
         h = h + g / curv

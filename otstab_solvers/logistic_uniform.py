@@ -104,7 +104,7 @@ def uniform_steps(m: np.ndarray, c: float, h: float, start: np.ndarray | None = 
     buf = np.empty(n)
     if band is not None:  # these go to the robust solve: keep them still, out of the way
         u[band] = 0.0
-    big = float(np.max(np.abs(m))) + T + 1.0 if n else 1.0
+    big = None  # (the largest 1 + |u| possible: read when the two tests below fail)
     converged = False
     for _ in range(MAX_ITER):
         expit(u, out=s)
@@ -143,6 +143,8 @@ def uniform_steps(m: np.ndarray, c: float, h: float, start: np.ndarray | None = 
             if float(buf.max()) <= 2.5e-17:
                 converged = True
                 break
+        if big is None:
+            big = float(np.max(np.abs(m))) + T + 1.0 if n else 1.0
         if worst <= STEP_TOL * big and \
                 not np.any(np.abs(step) > STEP_TOL * (1.0 + np.abs(u))):
             converged = True
@@ -151,7 +153,9 @@ def uniform_steps(m: np.ndarray, c: float, h: float, start: np.ndarray | None = 
     # (sigmoid at the new u to second order in the last step: its error is O(step^3), far
     # below an ulp)
     ds = s * (1.0 - s)
-    slope = T * ds - 1.0
+    # |F'| = 1 - T s (1 - s) >= 1 - T / 4: at least SLOPE_MIN for every sample when T is
+    # below 4 (1 - 2 SLOPE_MIN) (no test needed)
+    slope = T * ds - 1.0 if T > 4.0 * (1.0 - 2.0 * SLOPE_MIN) else None
     np.subtract(0.5, s, out=buf)
     buf *= step
     np.subtract(1.0, buf, out=buf)  # 1 - (1/2 - s) step
@@ -160,7 +164,8 @@ def uniform_steps(m: np.ndarray, c: float, h: float, start: np.ndarray | None = 
     s -= buf  # s - s' step + s'' step^2 / 2
     ok = np.isfinite(step) if converged else \
         np.abs(step) <= STEP_TOL * (1.0 + np.abs(u))
-    ok &= np.abs(slope) >= SLOPE_MIN
+    if slope is not None:
+        ok &= np.abs(slope) >= SLOPE_MIN
     ok &= (u >= -m) & (u <= T - m)
     if band is not None:
         ok &= ~band

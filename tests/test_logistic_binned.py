@@ -74,9 +74,8 @@ def test_binned_search_equals_plain_search(monkeypatch, price, t, extra):
     assert "binned_h" in res.info and "binned_h" not in ref.info
     _same(res, ref)
     # the binned root is close: the exact search needs at most three evaluations from it
-    # (KL and theta2 = inf; chi2's evaluations count its active-set passes)
-    if divergence == "kl" or math.isinf(theta2):
-        assert res.info["passes"] <= 3 < ref.info["passes"]
+    # (chi2 too: its alpha from the binned one, its sums in the same pass)
+    assert res.info["passes"] <= 3 < ref.info["passes"]
 
 
 @pytest.mark.parametrize("divergence,theta2", [("kl", 1.0), ("chi2", 1.0), ("kl", math.inf)])
@@ -160,3 +159,27 @@ def test_may_switch_only_where_nonconcave():
     assert not oracle.may_switch(4.0) and oracle.may_switch(4.0001)
     per_sample = LogisticOracle(np.zeros(3), np.array([2.0, 1.0, 0.0]), 1.0)  # c 0.5, 1, inf
     assert per_sample.may_switch(4.1) and not per_sample.may_switch(3.9)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_chi2_edge_one_pass_equals_plain_search(monkeypatch, weighted):
+    """chi2 with the edge of the active set inside the data (some samples at weight 0): the
+    binned root refined at the edge is accepted by one exact pass, whose alpha and sums give
+    the certificate of the plain exact search (value, h, risk, cost, Q* as a measure)."""
+    model, X, y = _binary(n=20_000, seed=4)
+    losses = per_sample_losses(model, X, y, "logistic")
+    r = float(losses.mean() + 0.9 * (losses.max() - losses.mean()))
+    kw = dict(loss="logistic", r=r, theta1=0.7, theta2=0.05, divergence="chi2", se=None)
+    if weighted:
+        kw["sample_weight"] = np.random.default_rng(5).uniform(0.2, 3.0, X.shape[0])
+    res = _certify(monkeypatch, True, model, X, y, **kw)
+    ref = _certify(monkeypatch, False, model, X, y, **kw)
+    assert "binned_h" in res.info and res.info["passes"] == 1
+    w = np.asarray(res.weights)
+    assert 0.05 < np.mean(w == 0) < 0.95  # (an edge inside the data)
+    _same(res, ref)
+    if not weighted:  # without the margins at the edge: a Newton step, more passes
+        monkeypatch.setattr(lb, "KINK_ROUNDS", 0)
+        plain = _certify(monkeypatch, True, model, X, y, **kw)
+        assert plain.info["passes"] >= 2 and plain.info["binned_h"] != res.info["binned_h"]
+        _same(plain, ref)

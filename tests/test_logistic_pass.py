@@ -121,7 +121,7 @@ def _binary(n=3000, d=4, seed=0):
     return otstab.LinearModel(coef, 0.2), X, y
 
 
-@pytest.mark.parametrize("divergence,theta2", PRICES[:3])
+@pytest.mark.parametrize("divergence,theta2", PRICES[:3] + [("kl", 30.0)])
 def test_sampled_audit_of_the_kept_losses_equals_direct(monkeypatch, divergence, theta2):
     """Through the pass at the binned root, Q*'s build takes each sample's loss at its
     maximiser from the pass (LogisticOracle.kept); above AUDIT_DIRECT_MAX the audit sums
@@ -196,3 +196,163 @@ def test_kept_values_give_the_same_pass(theta2):
             assert oracle.kept_vectors(sols[-1].h) is None  # (taken)
     assert (sols[0].value, sols[0].h) == (sols[1].value, sols[1].h)
     assert sols[0].info["kl_weights"] == sols[1].info["kl_weights"]
+
+
+def _chi2_case(n=40_000, seed=5, weighted=False):
+    rng = np.random.default_rng(seed)
+    s = rng.normal(0.9, 1.5, n)
+    y = np.where(rng.random(n) < 0.85, 1, -1).astype(np.int8)
+    p = None
+    if weighted:
+        p = rng.uniform(0.1, 2.0, n)
+        p[rng.random(n) < 0.05] = 0.0  # (samples of zero weight count nowhere)
+        p /= p.sum()
+    return s, y, p
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("theta2", [0.25, 0.05])
+def test_binned_chi2_root_refines_the_edge(weighted, theta2):
+    """chi2's binned root with the bins at the edge of the active set given margin by margin
+    (binned_solution) is the exact root (the plain search on the dense oracle) to some
+    1e-11, the plain two-point rule's to some 1e-8 here; its alpha is the exact one's."""
+    from otstab_solvers.weights import weights_at
+
+    s, y, p = _chi2_case(weighted=weighted)
+    n, a, theta1, r = s.size, 0.9, 1.0, 2.5
+    m = y * s
+    ref = solve_dual(LogisticOracle(m, a, theta1), r, theta2, "chi2", p=p, tol=1e-14)
+    w = weights_at(LogisticOracle(m, a, theta1).evaluate(ref.h)[0], theta2, "chi2", p)[0]
+    assert 0.1 < np.mean(w > 0) < 0.9  # (an edge inside the margins)
+    h, alpha, span = lb.binned_solution(lambda i, j: m[i:j], n, a, theta1, r, theta2, "chi2",
+                                        p=p)
+    assert span == (m.min(), m.max())
+    assert h == pytest.approx(ref.h, rel=1e-10)
+    assert alpha == pytest.approx(ref.alpha, rel=1e-10)
+    if not weighted:  # (what the refinement buys)
+        plain = lb.binned_root(*lb.binned_margins(lambda i, j: m[i:j], n), a, theta1, r,
+                               theta2, "chi2")
+        assert abs(plain - ref.h) > 1e-9 * ref.h
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("guess", ["binned", "wide band", "off"])
+def test_chi2_pass_sums_once(monkeypatch, weighted, guess):
+    """chi2 in one pass from a guess of alpha (_Pass._chi2_at) gives the dual of the pass
+    that keeps l_h and sums the active-set steps over it (BlockwiseDual.chi2) to 1e-12, and
+    its weights' normalisation is that of weight_map on the exact l_h. A guess outside the
+    band (``off``) is refused and summed the old way: the same answer; a wide band (1e-2:
+    hundreds of rows summed one by one at the edge) changes nothing."""
+    from otstab_solvers.weights import weight_map
+
+    if guess == "wide band":
+        monkeypatch.setattr(logistic_pass, "CHI2_BAND", 1e-2)
+
+    s, y, p = _chi2_case(weighted=weighted)
+    n, a, theta1, theta2, r = s.size, 0.9, 1.0, 0.25, 2.5  # (an edge: 41 % active)
+    m = y * s
+    h_c, alpha, _ = lb.binned_solution(lambda i, j: m[i:j], n, a, theta1, r, theta2, "chi2",
+                                       p=p)
+    old = logistic_pass._Pass(LogisticOracle.of_scores(s, y, a, theta1), n, theta2, "chi2",
+                              p, 4096)
+    F0, g0, c0, al0 = old.at(h_c, r)
+    guess_alpha = alpha + 0.3 if guess == "off" else alpha
+    new = logistic_pass._Pass(LogisticOracle.of_scores(s, y, a, theta1), n, theta2, "chi2",
+                              p, 4096, alpha=guess_alpha)
+    F1, g1, c1, al1 = new.at(h_c, r)
+    assert F1 == pytest.approx(F0, rel=1e-12)
+    assert g1 == pytest.approx(g0, rel=1e-9, abs=1e-12 * r)
+    assert c1 == pytest.approx(c0, rel=1e-10)
+    assert al1 == pytest.approx(al0, rel=1e-12, abs=1e-14)
+    assert new.moved == pytest.approx(old.moved, rel=1e-13)
+    if guess == "off":
+        assert new.chi2_weights is None and new.passes == 2
+        return
+    assert new.passes == 1
+    lh = LogisticOracle(m, a, theta1).evaluate(h_c)[0]
+    wm = weight_map(lh, theta2, "chi2", p)
+    shift, alpha_s, term = new.chi2_weights
+    assert alpha_s - shift == pytest.approx(wm.alpha, rel=1e-12, abs=1e-14)
+    assert term == pytest.approx(wm.term, rel=1e-12)
+    assert h_c * r - term == pytest.approx(F1, rel=1e-13)
+
+
+def test_logistic_loss_values_are_logaddexp():
+    """SmoothLoss("logistic").values (the base risk's pass) computes max(-m, 0) +
+    log1p(exp(-|m|)) in vectorised passes: the bits of numpy's logaddexp(0, -m), the
+    caller's arrays untouched."""
+    from otstab.modeling._losses import SmoothLoss
+
+    rng = np.random.default_rng(6)
+    s = np.concatenate([rng.normal(0, 5, 5000), [0.0, -0.0, 1e-300, 745.0, -745.0, 1e308,
+                                                 -1e308, np.inf, -np.inf]])
+    y = np.where(rng.random(s.size) < 0.5, 1, -1).astype(np.int8)
+    s0, y0 = s.copy(), y.copy()
+    with np.errstate(over="ignore", invalid="ignore"):
+        got = SmoothLoss("logistic").values(s, y)
+        ref = np.logaddexp(0.0, -(y * s))
+    np.testing.assert_array_equal(got, ref)
+    np.testing.assert_array_equal(s, s0)
+    np.testing.assert_array_equal(y, y0)
+
+
+def test_chi2_keeps_no_more_than_kl(monkeypatch):
+    """chi2's pass sums once (no l_h, dl, d2l kept for its active-set steps): the peak extra
+    memory of its certificate is KL's up to a few blocks (was 1.2 n-vectors more here, 1.9 at
+    n = 1e6; tracemalloc)."""
+    import tracemalloc
+
+    import otstab.solve._audit as oa
+
+    monkeypatch.setattr(oa, "AUDIT_DIRECT_MAX", 0)  # (the audit of large n: sampled atoms)
+    rng = np.random.default_rng(7)
+    n, d = 70_000, 3  # (above logistic_binned.MIN_N)
+    X = rng.standard_normal((n, d))
+    coef = rng.standard_normal(d)
+    y = np.where(X @ coef + 0.5 * rng.standard_normal(n) > 0, 1, -1)
+    model = otstab.LinearModel(coef, 0.1)
+    r = 0.7
+    peaks = {}
+    for div in ("kl", "chi2"):
+        kw = dict(loss="logistic", r=r, theta1=1.0, theta2=0.25, divergence=div, se=None)
+        otstab.certify(model, X, y, **kw)  # (what the first call allocates once)
+        tracemalloc.start()
+        res = otstab.certify(model, X, y, **kw)
+        peaks[div] = tracemalloc.get_traced_memory()[1] / (8 * n)
+        tracemalloc.stop()
+        assert res.status == "optimal" and "binned_h" in res.info
+    # (a few blocks of temporaries more: 0.2 n-vectors at this n; the kept l_h, dl, d2l of
+    # the old pass: 1.2)
+    assert peaks["chi2"] <= peaks["kl"] + 0.5, peaks
+
+
+@pytest.mark.parametrize("theta2", [0.25, 1e3, math.inf])
+def test_weighted_pass_sums_as_blockwise(theta2):
+    """With sample weights (5 % of them 0) the pass sums KL and theta2 = inf itself (no l_h,
+    dl, d2l kept for BlockwiseDual): the dual at h is BlockwiseDual's over the same rows to
+    1e-12 (theta2 = 1e3: the expm1 branch), and the weights' normalisation that of
+    weight_map on the exact l_h."""
+    from otstab_solvers.blockwise import BlockwiseDual, RowsBlock, in_memory
+    from otstab_solvers.weights import weight_map
+
+    s, y, p = _chi2_case(n=30_000, weighted=True)
+    n, a, theta1, r = s.size, 0.9, 1.0, 1.4
+    h = 1.3
+    run = logistic_pass._Pass(LogisticOracle.of_scores(s, y, a, theta1), n, theta2, "kl", p,
+                              4096)
+    F, g, curv, _ = run.at(h, r)
+    ref_oracle = LogisticOracle(y * s, a, theta1)
+    blocks = [RowsBlock(ref_oracle, i, min(i + 4096, n), p[i:i + 4096])
+              for i in range(0, n, 4096)]
+    term, mu, curv_ref, _, _ = BlockwiseDual(in_memory(blocks), n, 1.0, kinks=False).reduce(
+        h, "right", theta2, "kl")
+    assert F == pytest.approx(h * r - term, rel=1e-12)
+    assert g == pytest.approx(r - mu, rel=1e-12, abs=1e-13)
+    assert curv == pytest.approx(curv_ref, rel=1e-10)
+    assert run.moved == pytest.approx(float(np.dot(p, ref_oracle.evaluate(h)[1])), rel=1e-13)
+    wm = weight_map(ref_oracle.evaluate(h)[0], theta2, "kl", p)
+    if math.isinf(theta2):
+        assert run.unit_term == pytest.approx(wm.term, rel=1e-13)
+        return
+    M, Z, term_kl = run.kl_weights
+    assert (M, Z, term_kl) == pytest.approx((wm.shift, wm.scale, wm.term), rel=1e-12)

@@ -46,7 +46,7 @@ from otstab_solvers.smooth import (
     SquaredOracle,
     solve_squared,
 )
-from otstab_solvers.weights import WeightMap, phi, weights_at
+from otstab_solvers.weights import NEAR_ONE, WeightMap, phi, weights_at
 
 from ..errors import IncompatibleLossError, ValidationError
 from ..modeling._nonlinear import SMOOTH_LOSSES, LinearDifferentiable, loss_name
@@ -423,14 +423,17 @@ def _solve_logistic_binned(oracle, dual, n, p, r, theta2, divergence, solver_opt
             or oracle.c.strides != (0,) or not 0.0 < float(oracle.c[0]) < math.inf \
             or "h_init" in solver_options:
         return None
-    h_c = logistic_binned.binned_guess(
+    h_c, alpha, span = logistic_binned.binned_solution(
         lambda s, e: oracle._margins_of(slice(s, e)), n, float(oracle.direction_norm2[0]),
         oracle.theta1, r, theta2, divergence, p=p)
     if h_c is None:
         return None
+    if oracle.margin_range is None:  # (the binning read them: the table of steps need not)
+        oracle.margin_range = span
     # one exact pass at h_c, a Newton step where its derivative is not yet small enough
+    # (chi2: its sums in that pass, from the binned alpha)
     sol = logistic_pass.solve_at_root(oracle, n, h_c, r, theta2, divergence, p=p,
-                                      block=ROWS_BLOCK, keep_values=True)
+                                      block=ROWS_BLOCK, keep_values=True, alpha=alpha)
     if sol is not None:
         sol.info["binned_h"] = h_c
         dual.passes += sol.info.pop("passes")
@@ -522,8 +525,15 @@ class _RowAtoms:
         return loss, self.moved2_of(st)
 
     def moved2_of(self, st):
-        """``||x* - x||^2`` of atoms with steps ``st``: ``Z' G Z``."""
-        return np.einsum("iq,iq->i", st @ self.moves.G, st)
+        """``||x* - x||^2`` of atoms with steps ``st``: ``Z' G Z`` (one step each: ``(Z G)
+        Z``, the same bits without a matrix product per block)."""
+        G = self.moves.G
+        if G.shape == (1, 1):
+            z = st[:, 0]
+            out = z * float(G[0, 0])
+            out *= z
+            return out
+        return np.einsum("iq,iq->i", st @ G, st)
 
     #: each sample's ``l_h`` while the build holds it (None: recomputed on each read)
     lh_cache: np.ndarray | None = None
@@ -636,11 +646,20 @@ def _build_rows(prob, oracle, moves, sol, loss, r, theta1, theta2, divergence, t
         return lh[s:e]
 
     kl_sums = sol.info.pop("kl_weights", None)
-    if kl_sums is not None and p is None and divergence == "kl" and math.isfinite(theta2):
+    chi2_sums = sol.info.pop("chi2_weights", None)
+    unit_term = sol.info.pop("unit_term", None)
+    if kl_sums is not None and divergence == "kl" and math.isfinite(theta2):
         # the normalisation of the exact pass at h (logistic_pass): the audit's mass of Q*
         # checks it against these l_h
         top, z, term = kl_sums
-        wm = WeightMap("kl", theta2, top, n / z, None, term)
+        wm = WeightMap("kl", theta2, top, n / z if p is None else z, None, term, p is not None)
+    elif chi2_sums is not None and divergence == "chi2" and math.isfinite(theta2):
+        shift, alpha_s, term = chi2_sums  # (likewise: chi2's alpha from the pass at h)
+        wm = WeightMap("chi2", theta2, shift, alpha_s, alpha_s - shift, term, p is not None)
+    elif unit_term is not None and math.isinf(theta2):
+        # unit weights; their term (the P0-mean of l_h) from the pass at h
+        wm = WeightMap(divergence, theta2, 0.0, 1.0, None if divergence == "kl" else 0.0,
+                       unit_term, p is not None)
     else:
         wm = weight_map_blocks(lh_block, n, theta2, divergence, p=p, alpha=sol.alpha)
 
@@ -751,7 +770,50 @@ def _audit_rows(prob, atoms, wm, theta1, theta2, divergence, value) -> dict:
         loss_s, d2_s = audit.rescored(prob.losses, prob.y[src], *atoms.points(src, st))
         return loss_s, d2_s, audit.sampled_error(loss_s, loss_r, d2_s, d2_r)
 
-    for s, e in atoms.steps.blocks(cells if direct else ROWS_BLOCK):
+    # every atom its sample at its step at h (mass 1), uniform samples: the sums of the
+    # build's reduced form over blocks, divided by n once (theta2 = inf: unit weights)
+    plain = not direct and atoms.reduced_cache is not None and p is None
+    # KL's weights exp(l_h / theta2 - shift) * scale: log w = (l_h / theta2 - shift) +
+    # log(scale) (clamped at -700 as the weights are), the same to rounding as log(w)
+    kl_log = math.log(wm.scale) if plain and divergence == "kl" and math.isfinite(theta2) \
+        and not wm.weighted else None
+    for s, e in atoms.steps.blocks(ROWS_BLOCK) if plain else ():
+        loss_s = atoms.reduced_cache[s:e]
+        d2_s = atoms.moved2_of(atoms.steps.Z[s:e])
+        moved_risk += float(np.sum(loss_s))
+        if math.isinf(theta2):
+            tot += e - s
+            move += float(np.sum(d2_s))
+            continue
+        lh = atoms.lh_cache[s:e] if atoms.lh_cache is not None else atoms.l_of(loss_s, d2_s)
+        if kl_log is None:
+            w = wm(lh)
+            ph_w = phi(w, divergence)
+        else:  # KL: wm(lh) written out, and log w from its exponent (no log per weight)
+            a = lh / theta2
+            a -= wm.shift
+            np.maximum(a, -700.0, out=a)
+            w = np.exp(a)
+            w *= wm.scale
+            ph_w = a
+            ph_w += kl_log
+            ph_w *= w
+            ph_w -= w
+            ph_w += 1.0  # w log w - w + 1
+            near = w - 1.0
+            np.abs(near, out=near)
+            near = np.flatnonzero(near < NEAR_ONE)
+            if near.size:  # (phi's series, where w log w - w + 1 cancels)
+                ph_w[near] = phi(w[near], "kl")
+        risk += float(w @ loss_s)
+        tot += float(np.sum(w))
+        move += float(w @ d2_s)
+        ph += float(np.sum(ph_w))
+    if plain:
+        if math.isinf(theta2):
+            risk = moved_risk
+        risk, tot, move, moved_risk, ph = (v / n for v in (risk, tot, move, moved_risk, ph))
+    for s, e in atoms.steps.blocks(cells if direct else ROWS_BLOCK) if not plain else ():
         idx = np.arange(s, e)
         if not direct and atoms.reduced_cache is not None:
             # every atom is its sample at its step at h (mass 1): the build's reduced form
