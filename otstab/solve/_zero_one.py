@@ -25,7 +25,7 @@ from otstab_solvers.blockwise import BlockwiseDual, distance_block, in_memory, w
 from otstab_solvers.dual import solve_dual
 from otstab_solvers.result import OPTIMAL
 from otstab_solvers.weights import chi2_solution, kl_weights, phi, pmean
-from otstab_solvers.zero_one import solve_zero_one
+from otstab_solvers.zero_one import solve_window, solve_zero_one
 
 from .._validation import as_bool_vector, as_float_matrix, as_float_vector
 from ..errors import ValidationError
@@ -53,6 +53,10 @@ MOVED_BLOCK = 4096
 REDUCED_BLOCK = 1 << 14
 #: rows of the strided subsample that places the price quantile of RowPrices.smallest
 SUBSAMPLE = 1 << 14
+#: half-widths of the window of sorted prices of RowPrices.solve_window, in square roots of
+#: the subsample's size (plus 8 positions): about 3 % of the rows either side at n = 1e6 for
+#: the first (4 standard deviations of the subsample's share); the second after a miss
+WINDOW_MARGINS = (4.0, 12.0)
 #: a move plan keeps no array of positions when at most this many candidate rows (or this
 #: share of them) are tied at h: they are put last (_move_plan)
 TIED_LAST_MIN = 64
@@ -171,15 +175,23 @@ class RowPrices:
         self.size = int(S.shape[0])
         #: the sorted strided subsample of the prices and its stride (:meth:`_subsample`)
         self._sub: tuple[np.ndarray, int] | None = None
+        #: what the last :meth:`_window` pass summed (the keywords of ``solve_window``)
+        self._window_sums: dict[str, Any] = {}
 
     def _dstar(self, rows) -> np.ndarray:
         if self.nw == 0.0:
             return np.where(self.wrong[rows], 0.0, np.inf)
         d = np.multiply(self.y[rows], self.S[rows])  # the margins; d* in one buffer
         np.maximum(d, 0.0, out=d)
+        # a misclassified row's margin is <= 0 (d* = 0 already) when ``wrong`` comes from
+        # these scores; 0 for any other one (a masked copy only then: it is several times
+        # slower than the rest)
+        fix = d > 0.0
+        fix &= self.wrong[rows]
+        if fix.any():
+            np.copyto(d, 0.0, where=fix)
         d *= d
         d /= self.nw
-        np.copyto(d, 0.0, where=self.wrong[rows])
         return d
 
     def __getitem__(self, rows) -> np.ndarray:
@@ -254,6 +266,94 @@ class RowPrices:
         out.sort()
         return out
 
+    def solve_window(self, r: float, theta2: float, divergence: str):
+        """The KL (or theta2 = inf) closed form with ``r < 1`` from a window of the sorted
+        prices (:func:`otstab_solvers.zero_one.solve_window`): the strided subsample's own
+        closed form says what share of the rows moves; the prices within
+        :data:`WINDOW_MARGINS` subsample positions (times the square root of its size) of
+        that share are written and sorted, and one pass over the rows sums the terms of the
+        prices below them. None when the window misses the answer at every margin (or with
+        no subsample, or prices of 0 or inf only): the caller sorts the prices."""
+        sub, stride = self._subsample()
+        if stride == 1 or self.nw == 0.0 or not math.isfinite(self.theta1):
+            return None
+        m, n = sub.size, self.size
+        if math.isinf(theta2):
+            q = max(math.ceil(r * n - 1e-12 * n), 1) / n
+        else:
+            ss = solve_zero_one(sub, r, theta2, divergence, presorted=True)
+            if ss.status == OPTIMAL and "n_moved" in ss.info:
+                q = ss.info["n_moved"] / m
+            elif ss.status == OPTIMAL and ss.native_status == "r <= base risk":
+                q = r
+            else:
+                return None
+        for c in WINDOW_MARGINS:
+            half = c * math.sqrt(m) + 8.0
+            klo, khi = int(math.floor(q * m - half)), int(math.ceil(q * m + half))
+            lo = float(sub[klo]) if klo > 0 else 0.0
+            hi = float(sub[khi]) if khi < m else math.inf
+            sol = solve_window(self._window(lo, hi, theta2), r, theta2, divergence, n,
+                               **self._window_sums)
+            if sol is not None:
+                return sol
+        return None
+
+    def _window(self, lo: float, hi: float, theta2: float) -> np.ndarray:
+        """The prices in ``[lo, hi]`` ascending (finite ones), from one pass over the rows
+        that also sums the closed form's terms of the prices below ``lo``
+        (``self._window_sums``, the keywords of ``solve_window``)."""
+        parts = []
+        below, below_exp, below_gap, n_zero, n_inf, above = 0, 0.0, 0.0, 0, 0, 0
+        below_em1 = math.nan
+        neg = -1.0 / theta2
+        # every exponent below lo small (lo / theta2 < 0.5): the expm1 terms instead, from
+        # which the exp terms follow (the closed form may need either)
+        small = math.isfinite(theta2) and lo / theta2 < 0.5
+        if small:
+            below_em1 = 0.0
+        fin_hi = min(hi, float(np.finfo(np.float64).max))  # (a <= fin_hi: finite)
+        for i, j in self._blocks():
+            a = self[i:j]
+            n_zero += int(np.count_nonzero(a == 0.0))
+            n_inf += int(np.count_nonzero(a == math.inf))
+            lt = a < lo
+            nb = int(np.count_nonzero(lt))
+            if nb:
+                below += nb
+                # few below lo: their prices alone; else every row's, the others' terms
+                # cleared (clamped at 0, or left out of the sum by the mask)
+                ab = a[lt] if 2 * nb < a.size else a
+                if small:  # expm1((lo - a) / theta2) > 0 below lo
+                    e = np.subtract(lo, ab)
+                    np.maximum(e, 0.0, out=e)
+                    e /= theta2
+                    below_em1 += float(np.sum(np.expm1(e, out=e)))
+                elif math.isfinite(theta2):  # exp(max(-a / theta2, -700)): the closed
+                    e = np.multiply(ab, neg)  # form's terms, shifted by the smallest price 0
+                    np.maximum(e, -700.0, out=e)
+                    np.exp(e, out=e)
+                    below_exp += float(np.sum(e)) if ab is not a else _masked_sum(e, lt, nb)
+                else:  # lo - a > 0 below lo
+                    e = np.subtract(lo, ab)
+                    below_gap += float(np.sum(np.maximum(e, 0.0, out=e)))
+            inw = a <= fin_hi
+            k = int(np.count_nonzero(inw))
+            above += a.size - k
+            if k > nb:  # (every row below lo is also <= hi)
+                inw &= a >= lo
+                parts.append(a[inw])
+        if small:  # exp(-a / theta2) = exp(-lo / theta2) (1 + expm1((lo - a) / theta2))
+            below_exp = math.exp(-lo / theta2) * (below + below_em1)
+        self._window_sums = {
+            "below": below, "below_exp": below_exp, "below_gap": below_gap, "lo": lo,
+            "below_em1": below_em1,
+            "n_zero": n_zero, "n_fin": self.size - n_inf, "top": above == n_inf}
+        out = np.concatenate(parts) if parts else np.empty(0)
+        del parts
+        out.sort()
+        return out
+
     def _write_below(self, tau: float, size: int | None) -> np.ndarray | None:
         """The prices at most ``tau`` in row order, in an array of ``size`` (None: it is too
         small, or no size)."""
@@ -313,6 +413,14 @@ class RowPrices:
             all_ = all_ and bool(fin.all())
             movable += int(np.count_nonzero(fin & ~self.wrong[i:j]))
         return any_, all_, movable
+
+
+def _masked_sum(x: np.ndarray, mask: np.ndarray, count: int) -> float:
+    """``sum(x[mask])`` (``count`` true entries; ``x`` finite): a plain sum when every entry
+    is true, else a dot with the mask (``np.sum(where=)`` is several times slower)."""
+    if count == x.size:
+        return float(np.sum(x))
+    return float(np.dot(x, mask))
 
 
 def misclassified(prob: Problem, S=None) -> np.ndarray:
@@ -692,10 +800,14 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
                 sol = solve_zero_one(a, r, theta2, divergence, method=how, p=p)
             elif how == "closed_form" and r < 1.0 and (divergence == "kl" or
                                                        math.isinf(theta2)):
-                # Q* moves at most r n samples, the cheapest: their prices are all the closed
-                # form needs (sorted, with a margin; all of them when the margin is short)
-                sol = solve_zero_one(rp.smallest(r), r, theta2, divergence, method=how,
-                                     presorted=True, n=n)
+                # a window of the sorted prices around the answer (one pass, no sorted
+                # copy); else: Q* moves at most r n samples, the cheapest: their prices are
+                # all the closed form needs (sorted, with a margin; all of them when the
+                # margin is short)
+                sol = rp.solve_window(r, theta2, divergence)
+                if sol is None:
+                    sol = solve_zero_one(rp.smallest(r), r, theta2, divergence, method=how,
+                                         presorted=True, n=n)
                 if sol.native_status == "needs more prices":
                     sol = solve_zero_one(rp.sorted(), r, theta2, divergence, method=how,
                                          presorted=True)

@@ -1,0 +1,142 @@
+"""The 0/1 closed form from a window of the sorted prices (``RowPrices.solve_window``,
+``otstab_solvers.zero_one.solve_window``) against the closed form on every sorted price:
+the same h, the same value up to the order of the sums (1e-12 relative), and whole
+certificates equal to those of the stored n-vector of prices."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from otstab_solvers.zero_one import solve_window, solve_zero_one
+
+import otstab
+from otstab import zero_one as zo
+from otstab.modeling._models import per_sample_losses, resolve_model
+
+INF = math.inf
+
+
+def _prices(n=3000, seed=0, zeros=400):
+    rng = np.random.default_rng(seed)
+    a = np.sort(np.concatenate([np.zeros(zeros), rng.exponential(size=n - zeros) ** 2]))
+    a[n - zeros + 350:n - zeros + 360] = a[n - zeros + 350]  # ties
+    return np.sort(a)
+
+
+def _summaries(s, lo, hi, theta2):
+    """What RowPrices._window sums, from the sorted prices directly."""
+    below = s[s < lo] if lo > 0 else s[:0]
+    win = s[(s >= lo) & (s <= hi) & np.isfinite(s)]
+    small = math.isfinite(theta2) and lo / theta2 < 0.5
+    em1 = float(np.sum(np.expm1((lo - below) / theta2))) if small else math.nan
+    ex = math.exp(-lo / theta2) * (below.size + em1) if small else \
+        float(np.sum(np.exp(np.maximum(below * (-1.0 / theta2), -700.0))))
+    fin = np.isfinite(s)
+    return win, dict(below=below.size, below_exp=ex, below_gap=float(np.sum(lo - below)),
+                     lo=lo, n_zero=int(np.sum(s == 0)), n_fin=int(fin.sum()),
+                     top=not np.any(fin & (s > hi)), below_em1=em1)
+
+
+@pytest.mark.parametrize("theta2", [0.01, 0.25, 3.0, INF])
+@pytest.mark.parametrize("r", [0.14, 0.3, 0.7, 0.97])
+def test_window_equals_the_full_closed_form(theta2, r):
+    s = _prices()
+    s[-5:] = INF  # (prices that cannot move: last)
+    ref = solve_zero_one(s, r, theta2, "kl", presorted=True)
+    assert ref.status == "optimal"
+    hits = 0
+    for k_lo in (0, 200, 400, 900, 1500, 2100, 2600, 2900):
+        for width in (30, 300, 3000):
+            lo = float(s[k_lo]) if k_lo else 0.0
+            k_hi = k_lo + width
+            hi = float(s[k_hi]) if k_hi < s.size and math.isfinite(s[k_hi]) else INF
+            win, kw = _summaries(s, lo, hi, theta2)
+            sol = solve_window(win, r, theta2, "kl", s.size, **kw)
+            if sol is None:
+                continue
+            hits += 1
+            assert sol.h == pytest.approx(ref.h, rel=1e-13)  # (a kink: exactly)
+            assert sol.value == pytest.approx(ref.value, rel=1e-12)
+            if math.isfinite(theta2):
+                for key in ("n_moved", "n_tied"):
+                    assert sol.info[key] == ref.info[key]
+                for key in ("moved_weight", "unit_weight"):
+                    assert sol.info[key] == pytest.approx(ref.info[key], rel=1e-12)
+    assert hits >= 1  # (the widest window from 0 holds every answer)
+    # a window that holds the answer is found; one that misses it says so (None)
+    j = ref.info["n_moved"] if math.isfinite(theta2) else int(np.searchsorted(s, ref.h))
+    win, kw = _summaries(s, float(s[j + 50]), float(s[j + 80]), theta2)
+    assert solve_window(win, r, theta2, "kl", s.size, **kw) is None
+
+
+def _data(n, seed=0, d=5):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, d))
+    coef = rng.standard_normal(d) / np.sqrt(d)
+    y = np.where(X @ coef + 0.3 * rng.standard_normal(n) > 0, 1, -1)
+    return otstab.LinearModel(coef, 0.1), X, y
+
+
+@pytest.mark.parametrize("theta1", [1.0, 2.5])
+def test_row_prices_window_equals_sorting_every_price(monkeypatch, theta1):
+    monkeypatch.setattr(zo, "SUBSAMPLE", 256)  # a strided subsample at n = 6000
+    model, X, y = _data(6000)
+    prob = resolve_model(model, X, y, loss="zero_one")
+    b = float(np.mean(per_sample_losses(model, X, y, "zero_one")))
+    n_window = 0
+    for t in (0.001, 0.01, 0.5, 0.95, 0.999):
+        r = b + t * (1.0 - b)
+        for theta2 in (0.01, 0.25, 3.0, INF):
+            rp, _ = zo.linear_prices(prob, None, theta1)
+            rp.BLOCK = 999  # (several blocks, a partial last one)
+            sol = rp.solve_window(r, theta2, "kl")
+            ref = solve_zero_one(rp.sorted(), r, theta2, "kl", presorted=True)
+            if sol is None:
+                continue
+            n_window += 1
+            assert sol.h == pytest.approx(ref.h, rel=1e-13)  # (a kink: exactly)
+            assert sol.value == pytest.approx(ref.value, rel=1e-12)
+    assert n_window >= 18  # (the window misses rarely: a wider one is tried first)
+
+
+FIELDS = ("value", "h", "risk_star", "primal_cost", "total_mass", "status", "split")
+
+
+@pytest.mark.parametrize("divergence, theta2", [("kl", 0.25), ("kl", 0.02), ("kl", INF),
+                                                ("chi2", INF)])
+@pytest.mark.parametrize("t", [0.01, 0.5, 0.95])
+def test_certificate_through_the_window_equals_the_stored_prices(monkeypatch, divergence,
+                                                                 theta2, t):
+    """Q* as a measure (atoms, weights, masses, losses) and every audited number equal those
+    of the certificate through the n-vector of prices (the closed form on all of them)."""
+    monkeypatch.setattr(zo, "SUBSAMPLE", 256)
+    model, X, y = _data(5000, seed=3)
+    prob = resolve_model(model, X, y, loss="zero_one")
+    b = float(np.mean(per_sample_losses(model, X, y, "zero_one")))
+    r = b + t * (1.0 - b)
+    used = []
+    real = zo.RowPrices.solve_window
+
+    def spy(self, *args):
+        sol = real(self, *args)
+        used.append(sol is not None)
+        return sol
+    monkeypatch.setattr(zo.RowPrices, "solve_window", spy)
+    lean = zo.certify_zero_one_problem(prob, r, 1.0, theta2, divergence, None, "auto", 0.0)
+    dstar, near = zo.linear_distances(prob, None)
+    ref = zo._solve_and_build(dstar, near.misclassified, r, 1.0, theta2, divergence, "auto",
+                              prob.X, near, prob.y, prob.losses, prob.feature_names,
+                              prob.index, 0.0, dstar)
+    assert lean.status == ref.status == "optimal"
+    assert used == [True]  # (the window held the answer)
+    for f in FIELDS:
+        x, z = getattr(lean, f), getattr(ref, f)
+        assert x == (pytest.approx(z, rel=1e-12) if isinstance(x, float) else z), f
+    for f in ("source", "mass", "loss_star", "X_star"):
+        np.testing.assert_array_equal(getattr(lean, f), getattr(ref, f), err_msg=f)
+    np.testing.assert_allclose(lean.weights, ref.weights, rtol=1e-12, atol=0)
+    # and the measure answers the question: its risk is r, its cost the value
+    w = lean.weights * lean.mass
+    assert float(np.sum(w * lean.loss_star)) / X.shape[0] == pytest.approx(r, rel=1e-9)
