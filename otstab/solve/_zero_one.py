@@ -404,6 +404,56 @@ class RowPrices:
         vals.resize(at, refcheck=False)
         return cand, vals
 
+    def near_weighted(self, h: float, fn, loss0, divergence: str, tol: float = 1e-10):
+        """:meth:`near` without the prices, and in the same pass what Q*'s plan and audit sum
+        over the weights ``fn(a)`` of those rows (``fn(a)``: the weight of a row of price
+        ``a``, ``fn(h)`` that of every row with ``l_h = 0``): ``(cand, below, sums)`` with
+        ``below`` (booleans per candidate) the rows with ``a < h - tol h``, and ``sums`` the
+        sums over the candidates of the weights (``"w"``), of ``phi`` of them (``"phi"``, of
+        ``divergence``), of the weights of the misclassified ones (``"wl"``), the count of
+        those (``"l"``), and the weights of the correctly classified rows below h
+        (``"w_gain"``). Uniform samples; one pass over the rows, the weights computed per
+        block of the candidates only (no n-vector of prices or weights)."""
+        thr = h + tol * h
+        lim = h - tol * h
+        self._subsample()
+        size = self._estimate(thr)
+        if size is None:
+            size = sum(int(np.count_nonzero(self[i:j] <= thr)) for i, j in self._blocks())
+        cand = np.empty(size, dtype=row_index_dtype(self.size))
+        below = np.empty(size, dtype=bool)
+        sums = dict.fromkeys(("w", "phi", "wl", "w_gain"), 0.0)
+        sums["l"] = 0
+        at = 0
+        for i, j in self._blocks():
+            a = self[i:j]
+            k = np.flatnonzero(a <= thr)
+            if not k.size:
+                continue
+            if at + k.size > cand.size:  # (the estimate was short: room for the rest)
+                more = sum(int(np.count_nonzero(self[s:e] <= thr))
+                           for s, e in self._blocks() if s >= i)
+                cand = np.concatenate([cand[:at], np.empty(more, dtype=cand.dtype)])
+                below = np.concatenate([below[:at], np.empty(more, dtype=bool)])
+            ak = a[k]
+            np.add(k, i, out=cand[at:at + k.size], casting="unsafe")
+            bk = below[at:at + k.size]
+            np.less(ak, lim, out=bk)
+            at += k.size
+            wk = fn(ak)
+            lk = loss0[i:j][k] > 0
+            sums["w"] += float(np.sum(wk))
+            sums["phi"] += float(np.sum(phi(wk, divergence)))
+            sums["wl"] += float(np.dot(wk, lk))
+            sums["l"] += int(np.count_nonzero(lk))
+            np.logical_not(lk, out=lk)
+            lk &= bk
+            sums["w_gain"] += float(np.dot(wk, lk))
+        cand.resize(at, refcheck=False)
+        below.resize(at, refcheck=False)
+        self._sub = None  # (Q*'s rows are the last use of the subsample)
+        return cand, below, sums
+
     def finite(self):
         """(any, all, count among the correctly classified rows) of finite prices."""
         any_, all_, movable = False, True, 0
@@ -583,6 +633,93 @@ class _Weights:
         return w
 
 
+class _PriceWeights(_Weights):
+    """Compact weights of uniform samples given as a function of the prices: the rows
+    ``idx`` (candidates) have ``fn(a_i)``, recomputed from :class:`RowPrices` per block
+    when asked (:meth:`at`), every other row ``base``; the sums over all rows come from
+    the pass that found the rows (:meth:`RowPrices.near_weighted`): no n-vector of weights
+    or prices is kept."""
+
+    def __init__(self, n, base, idx, fn, prices, sums, loss0):
+        super().__init__(n, base=base, idx=idx, vals=None)
+        self.fn, self.prices, self.sums = fn, prices, sums
+        rest = self.base * (float(np.count_nonzero(loss0)) - sums["l"])  # (rows outside idx)
+        self._dots[id(loss0)] = (loss0, rest + sums["wl"])
+
+    def at(self, pos):
+        return self.fn(self.prices[self.idx[pos]])
+
+    def dot(self, x):
+        key = id(x)
+        if key not in self._dots:  # (any other array: a pass over the candidates)
+            val = self.base * float(np.sum(x))
+            for s in range(0, self.idx.size, REDUCED_BLOCK):
+                rows = self.idx[s:s + REDUCED_BLOCK]
+                xi = x[rows].astype(np.float64)
+                val += float(np.dot(self.at(slice(s, s + REDUCED_BLOCK)) - self.base, xi))
+            self._dots[key] = (x, val)
+        return self._dots[key][1]
+
+    def total(self):
+        return self.base * (self.n - self.idx.size) + self.sums["w"]
+
+    def phi_total(self, divergence):
+        phi_base = _phi_sum(np.array([self.base]), divergence)
+        return phi_base * (self.n - self.idx.size) + self.sums["phi"]
+
+    def array(self):
+        w = np.full(self.n, self.base)
+        for s in range(0, self.idx.size, REDUCED_BLOCK):
+            w[self.idx[s:s + REDUCED_BLOCK]] = self.at(slice(s, s + REDUCED_BLOCK))
+        return w
+
+
+def _row_weight_fn(h, sol, theta2, divergence):
+    """The weight of a row of price ``a`` at ``h`` as a function (the numbers
+    :func:`_weights` computes for an array of candidate prices), for the closed form of KL
+    (its unit weight), chi2 (the dual's alpha) and theta2 = inf; None otherwise."""
+    if not math.isfinite(h):
+        return None
+    if math.isinf(theta2):
+        return lambda a: np.ones(np.shape(a))
+    info = sol.info if sol is not None else {}
+    if divergence == "kl" and info.get("unit_weight", 0.0) > 1e-250:
+        uw = float(info["unit_weight"])
+
+        def kl(a):  # uw exp(max(h - a, 0) / theta2), in one buffer
+            v = np.subtract(h, a)
+            np.maximum(v, 0.0, out=v)
+            v /= theta2
+            np.exp(v, out=v)
+            v *= uw
+            return v
+        return kl
+    if divergence == "chi2" and sol is not None and sol.alpha is not None \
+            and sol.solver == "zero_one_dual":
+        alpha = float(sol.alpha)
+        return lambda a: np.maximum((np.maximum(h - a, 0.0) + alpha) / (2.0 * theta2) + 1.0,
+                                    0.0)
+    return None
+
+
+def _price_weights(rp, h, sol, theta2, divergence, n, loss0):
+    """``(w, below, alpha)`` for :class:`RowPrices` (uniform samples, ``r < 1``): the
+    candidates of Q* and its weights (:class:`_PriceWeights`) from one pass over the rows,
+    ``below`` the candidates below h (for :func:`_move_plan`); None where :func:`_weights`
+    must decide (no closed-form weight, or chi2 weights whose mass is not 1 at the dual's
+    alpha)."""
+    fn = _row_weight_fn(h, sol, theta2, divergence)
+    if fn is None:
+        return None
+    cand, below, sums = rp.near_weighted(h, fn, loss0, divergence)
+    base = float(fn(np.array([h]))[0])  # (l_h = 0)
+    w = _PriceWeights(n, base, cand, fn, rp, sums, loss0)
+    alpha = None if divergence == "kl" else (0.0 if math.isinf(theta2) else float(sol.alpha))
+    if divergence == "chi2" and math.isfinite(theta2) and abs(w.total() / n - 1.0) > 1e-13:
+        return None  # (the dual's alpha belongs to a slightly different h)
+    return w, below, alpha
+
+
 def _phi_sum(w, divergence):
     """sum_i phi(w_i), each term accurate also for weights close to 1 (no ``sum w^2 - 2 sum w
     + n`` style cancellation, which a large theta2 would turn into cost)."""
@@ -591,7 +728,7 @@ def _phi_sum(w, divergence):
                 for s in range(0, w.size, REDUCED_BLOCK)), 0.0)
 
 
-def _move_plan(h, w, loss0, r, n, ac, tol=1e-10):
+def _move_plan(h, w, loss0, r, n, ac, tol=1e-10, below=None):
     """Which samples Q* moves: ``(moved, split)`` as positions in ``w.idx`` (the rows with
     ``a_i <= h``, whose ``a`` is ``ac``).
 
@@ -605,7 +742,8 @@ def _move_plan(h, w, loss0, r, n, ac, tol=1e-10):
     """
     t = tol * h
     cand = w.idx
-    below = ac < h - t
+    if below is None:
+        below = ac < h - t
     n_below = int(np.count_nonzero(below))
     tied = np.flatnonzero(~below)
     compact = w.dense is None and w.q is None and \
@@ -618,10 +756,13 @@ def _move_plan(h, w, loss0, r, n, ac, tol=1e-10):
     # the moved rows add their weight where they were classified correctly (loss 0 -> 1);
     # over blocks of them (cache-sized gathers)
     risk = w.dot(loss0)
-    for s in range(0, n_below, REDUCED_BLOCK):
-        mb = slice(s, min(s + REDUCED_BLOCK, n_below)) if compact else \
-            moved[s:s + REDUCED_BLOCK]
-        risk += float(np.sum(w.at(mb), where=~(loss0[cand[mb]] > 0)))
+    if isinstance(w, _PriceWeights):  # (summed by the pass that found the rows)
+        risk += w.sums["w_gain"]
+    else:
+        for s in range(0, n_below, REDUCED_BLOCK):
+            mb = slice(s, min(s + REDUCED_BLOCK, n_below)) if compact else \
+                moved[s:s + REDUCED_BLOCK]
+            risk += float(np.sum(w.at(mb), where=~(loss0[cand[mb]] > 0)))
     need = n * r - risk
     split = None
     if need > 0 and tied.size:
@@ -650,7 +791,9 @@ def _tied_last(w, below, tied, n_below):
     at = np.union1d(tied, np.arange(n_below, size))  # the holes below n_below, then the end
     order = np.concatenate([at[below[at]], at[~below[at]]])
     for arr in (w.idx, w.vals):
-        if arr.strides == (0,):  # one weight broadcast over the rows: every order is the same
+        # one weight broadcast over the rows (every order is the same), or None (weights
+        # computed from the prices)
+        if arr is None or arr.strides == (0,):
             continue
         arr[at] = arr[order]
 
@@ -816,14 +959,25 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
                                      presorted=True)
             if sol.status != OPTIMAL:
                 raise audit.Skip(f"0/1 {how} reported {sol.native_status!r}", sol.status)
-            cand, ac = _near(a, sol.h) if rp is None else rp.near(sol.h)
-            w, alpha = _weights(a, sol.h, sol, theta2, divergence, n, cand, ac, q)
-            plan = _move_plan(sol.h, w, loss0, r, n, ac)
+            got = _price_weights(rp, sol.h, sol, theta2, divergence, n, loss0) \
+                if rp is not None and r < 1.0 else None
+            if got is not None:  # (no n-vector of prices or weights: from the scores)
+                w, below, alpha = got
+                cand = w.idx
+                ac = None
+                plan = _move_plan(sol.h, w, loss0, r, n, None, below=below)
+                del below
+            else:
+                cand, ac = _near(a, sol.h) if rp is None else rp.near(sol.h)
+                w, alpha = _weights(a, sol.h, sol, theta2, divergence, n, cand, ac, q)
+                plan = _move_plan(sol.h, w, loss0, r, n, ac)
             # the dual objective at h from the rows that move (the audit's weak-duality check;
             # at r = 1 the value is a closed form without h r - T(h): no check). One pass over
             # those rows (an exp each for KL): done where the audit re-scores every row anyway
             # or where few rows move, so that the large-n path keeps its cost
             cheap = n <= audit.AUDIT_DIRECT_MAX or cand.size <= n // DUAL_CHECK_SHARE
+            if cheap and ac is None:
+                ac = rp[cand]
             dual_at_h = _dual_at_h(sol.h, r, theta2, divergence, n, cand, ac, alpha, p) \
                 if r < 1.0 and math.isfinite(sol.h) and cheap else None
             del cand, ac  # (the weights keep the rows; their prices are not needed again)
