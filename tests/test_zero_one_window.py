@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 import pytest
-from otstab_solvers.zero_one import solve_window, solve_zero_one
+from otstab_solvers.zero_one import solve_window, solve_zero_one, zero_one_objective
 
 import otstab
 from otstab import zero_one as zo
@@ -140,6 +140,28 @@ def test_certificate_through_the_window_equals_the_stored_prices(monkeypatch, di
     # another order), n eps, over a gain of about 1
     np.testing.assert_allclose(lean.mass, ref.mass, rtol=0, atol=100 * X.shape[0] * 2e-16)
     np.testing.assert_allclose(lean.weights, ref.weights, rtol=1e-12, atol=0)
-    # and the measure answers the question: its risk is r, its cost the value
+    # and the measure answers the question: its risk is r, its cost the value, which is the
+    # dual objective at h summed directly over every price (zero_one_objective)
     w = lean.weights * lean.mass
     assert float(np.sum(w * lean.loss_star)) / X.shape[0] == pytest.approx(r, rel=1e-9)
+    assert lean.primal_cost == pytest.approx(lean.value, rel=1e-8)
+    direct = zero_one_objective(dstar, lean.h, r, theta2, divergence)
+    assert lean.value == pytest.approx(direct, rel=1e-12)
+
+
+def test_kl_phi_from_the_exponents_equals_phi_of_the_weights():
+    """phi_KL of Q*'s weights from their exponents (no log) equals weights.phi of them, also
+    for weights within NEAR_ONE of 1 (the series) and far from it."""
+    from otstab_solvers.weights import phi
+
+    a = np.concatenate([np.linspace(0.0, 3.0, 4001), [0.5 - 1e-9, 0.5, 0.5 + 1e-12]])
+    for h, uw, theta2 in ((0.5, 0.9, 0.25), (2.0, 0.01, 0.3), (0.5, 1.0, 1e3),
+                          (1e-6, 0.999999, 0.25)):
+        sol = type("Sol", (), {"info": {"unit_weight": uw}})()
+        fn = zo._row_weight_fn(h, sol, theta2, "kl")
+        w, p = fn(a, with_phi=True)
+        np.testing.assert_array_equal(w, fn(a))
+        ref = phi(w, "kl")
+        # (just above NEAR_ONE both forms keep w t - (w - 1) to an absolute eps or so)
+        np.testing.assert_allclose(p, ref, rtol=1e-13, atol=1e-15)
+        assert np.sum(p) == pytest.approx(np.sum(ref), rel=1e-13)

@@ -24,7 +24,7 @@ import numpy as np
 from otstab_solvers.blockwise import BlockwiseDual, distance_block, in_memory, weight_map_blocks
 from otstab_solvers.dual import solve_dual
 from otstab_solvers.result import OPTIMAL
-from otstab_solvers.weights import chi2_solution, kl_weights, phi, pmean
+from otstab_solvers.weights import NEAR_ONE, chi2_solution, kl_weights, phi, pmean
 from otstab_solvers.zero_one import solve_window, solve_zero_one
 
 from .._validation import as_bool_vector, as_float_matrix, as_float_vector
@@ -440,10 +440,14 @@ class RowPrices:
             bk = below[at:at + k.size]
             np.less(ak, lim, out=bk)
             at += k.size
-            wk = fn(ak)
+            if getattr(fn, "gives_phi", False):
+                wk, pk = fn(ak, with_phi=True)  # (phi from the exponents: no log)
+            else:
+                wk = fn(ak)
+                pk = phi(wk, divergence)
             lk = loss0[i:j][k] > 0
             sums["w"] += float(np.sum(wk))
-            sums["phi"] += float(np.sum(phi(wk, divergence)))
+            sums["phi"] += float(np.sum(pk))
             sums["wl"] += float(np.dot(wk, lk))
             sums["l"] += int(np.count_nonzero(lk))
             np.logical_not(lk, out=lk)
@@ -685,14 +689,20 @@ def _row_weight_fn(h, sol, theta2, divergence):
     info = sol.info if sol is not None else {}
     if divergence == "kl" and info.get("unit_weight", 0.0) > 1e-250:
         uw = float(info["unit_weight"])
+        log_uw = math.log(uw)
 
-        def kl(a):  # uw exp(max(h - a, 0) / theta2), in one buffer
+        def kl(a, with_phi=False):  # uw exp(max(h - a, 0) / theta2), in one buffer
             v = np.subtract(h, a)
             np.maximum(v, 0.0, out=v)
             v /= theta2
-            np.exp(v, out=v)
-            v *= uw
-            return v
+            if not with_phi:
+                np.exp(v, out=v)
+                v *= uw
+                return v
+            w = np.exp(v)
+            w *= uw
+            return w, _phi_kl_logs(w, np.add(v, log_uw, out=v))
+        kl.gives_phi = True  # type: ignore[attr-defined]
         return kl
     if divergence == "chi2" and sol is not None and sol.alpha is not None \
             and sol.solver == "zero_one_dual":
@@ -700,6 +710,21 @@ def _row_weight_fn(h, sol, theta2, divergence):
         return lambda a: np.maximum((np.maximum(h - a, 0.0) + alpha) / (2.0 * theta2) + 1.0,
                                     0.0)
     return None
+
+
+def _phi_kl_logs(w, t):
+    """phi_KL(w) = w log w - w + 1 given ``t = log w`` (the weights' exponents: no log is
+    taken), into ``t``; below ``|w - 1| < NEAR_ONE`` the Taylor series of
+    :func:`otstab_solvers.weights.phi` (full relative accuracy near 1)."""
+    t *= w
+    t -= w
+    t += 1.0
+    dist = w - 1.0
+    np.abs(dist, out=dist)
+    near = np.flatnonzero(dist < NEAR_ONE)
+    if near.size:
+        t[near] = phi(w[near], "kl")
+    return t
 
 
 def _price_weights(rp, h, sol, theta2, divergence, n, loss0):
