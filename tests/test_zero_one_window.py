@@ -165,3 +165,23 @@ def test_kl_phi_from_the_exponents_equals_phi_of_the_weights():
         # (just above NEAR_ONE both forms keep w t - (w - 1) to an absolute eps or so)
         np.testing.assert_allclose(p, ref, rtol=1e-13, atol=1e-15)
         assert np.sum(p) == pytest.approx(np.sum(ref), rel=1e-13)
+
+
+@pytest.mark.parametrize("divergence, theta2", [("kl", 0.25), ("chi2", 0.25), ("kl", INF)])
+def test_weighted_sums_over_blocks_equal_replicated_rows(monkeypatch, divergence, theta2):
+    """Sample weights: q = n p is read per block (_RowMass) and Q*'s sums over blocks of
+    its rows; with blocks of 64 rows the certificate equals the one on replicated rows."""
+    from otstab_solvers import weights as sw
+
+    monkeypatch.setattr(zo, "REDUCED_BLOCK", 64)
+    monkeypatch.setattr(sw, "PMEAN_BLOCK", 64)
+    model, X, y = _data(700, seed=4)
+    k = np.random.default_rng(5).integers(0, 4, size=700)
+    b = float(np.mean(per_sample_losses(model, X, y, "zero_one")))
+    kw = dict(loss="zero_one", r=b + 0.4 * (1.0 - b), theta1=1.0, theta2=theta2,
+              divergence=divergence)
+    res = otstab.certify(model, X, y, sample_weight=k, **kw)
+    ref = otstab.certify(model, np.repeat(X, k, axis=0), np.repeat(y, k), **kw)
+    assert res.status == ref.status == "optimal"
+    for f in ("value", "risk_star", "primal_cost", "total_mass"):
+        assert getattr(res, f) == pytest.approx(getattr(ref, f), rel=1e-10), f

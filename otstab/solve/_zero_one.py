@@ -558,7 +558,36 @@ def _near(a, h, tol=1e-10):
     """Rows with ``a_i <= h`` (up to the tie tolerance), the only rows Q* can move, and
     their ``a``."""
     cand = np.flatnonzero(a <= h + tol * h)  # a = inf never qualifies
+    if cand.dtype != row_index_dtype(a.size):  # (int32 below 2^31 rows: half the memory)
+        cand = cand.astype(row_index_dtype(a.size))
     return cand, a[cand]
+
+
+class _RowMass:
+    """``q = n p``, each row's probability times n (sample weights), computed where it is
+    read (``q[rows]``, sums over blocks of rows) instead of held as an n-vector beside ``p``:
+    the same numbers ``p * n`` holds."""
+
+    def __init__(self, p: np.ndarray, n: int):
+        self.p, self.n = p, n
+        self.size = int(p.size)
+
+    def __getitem__(self, rows):
+        return self.p[rows] * self.n
+
+    def _blocks(self):
+        return ((s, min(s + REDUCED_BLOCK, self.size)) for s in range(0, self.size, REDUCED_BLOCK))
+
+    def dot(self, x) -> float:
+        """sum_i q_i x_i (``x`` of any numeric or boolean type), over blocks of rows."""
+        return sum((float(np.dot(self[s:e], x[s:e])) for s, e in self._blocks()), 0.0)
+
+    def sum(self) -> float:
+        return sum((float(np.sum(self[s:e])) for s, e in self._blocks()), 0.0)
+
+    def times(self, v: np.ndarray) -> np.ndarray:
+        """``q * v`` (an n-vector: the dense weights' rare paths)."""
+        return self.p * self.n * v
 
 
 class _Weights:
@@ -566,17 +595,17 @@ class _Weights:
     weight ``base`` (its ``l_h`` is 0), the rows ``idx`` have ``vals``; or a dense array
     (``dense``). Sums over all rows cost O(len(idx)) plus one pass over the summed array.
 
-    ``q`` (dense weights only): n times the sample probabilities (sample weights); the sums
+    ``q`` (a :class:`_RowMass`): n times the sample probabilities (sample weights); the sums
     and :meth:`at` then carry each row's share ``q_i`` of P0 (``sum_i q_i w_i = n``), so that
     every ``sum / n`` below is the p-weighted sum."""
 
     def __init__(self, n, *, base=None, idx=None, vals=None, dense=None, q=None):
         self.n, self.base, self.idx, self.vals, self.dense = n, base, idx, vals, dense
         self.q = q
-        self._qw = None if q is None or dense is None else q * dense
+        self._qw = None if q is None or dense is None else q.times(dense)
         # compact with sample weights: q of the rows idx, and the q-mass of the other rows
         self._qi = None if q is None or dense is not None else q[idx]
-        self._q_rest = None if self._qi is None else float(np.sum(q)) - float(np.sum(self._qi))
+        self._q_rest = None if self._qi is None else q.sum() - float(np.sum(self._qi))
         self._dots = {}
 
     def at(self, pos):
@@ -602,10 +631,14 @@ class _Weights:
                 vx = float(np.sum(self.vals, where=xi)) if xi.dtype == bool else \
                     float(np.dot(self.vals, xi))
                 val = self.base * (float(np.sum(x)) - float(np.sum(xi))) + vx
-            else:
-                xi = x[self.idx]
-                val = self.base * (float(np.dot(self.q, x)) - float(np.dot(self._qi, xi))) \
-                    + float(np.dot(self.vals * self._qi, xi))
+            else:  # over blocks of the rows idx (cache-sized temporaries)
+                val = self.base * self.q.dot(x)
+                for s in range(0, self.idx.size, REDUCED_BLOCK):
+                    e = s + REDUCED_BLOCK
+                    xi = x[self.idx[s:e]]
+                    qi = self._qi[s:e]
+                    val += float(np.dot(self.vals[s:e] * qi, xi)) \
+                        - self.base * float(np.dot(qi, xi))
             self._dots[key] = (x, val)  # keeps x alive, so its id is not reused
         return self._dots[key][1]
 
@@ -621,12 +654,15 @@ class _Weights:
     def phi_total(self, divergence):
         """sum_i phi(w_i) (sum_i q_i phi(w_i) with sample weights)."""
         if self._qw is not None:
-            return float(np.dot(self.q, phi(self.dense, divergence)))
+            return self.q.dot(phi(self.dense, divergence))
         if self.dense is not None:
             return _phi_sum(self.dense, divergence)
         phi_base = _phi_sum(np.array([self.base]), divergence)
-        if self._qi is not None:
-            return phi_base * self._q_rest + float(np.dot(self._qi, phi(self.vals, divergence)))
+        if self._qi is not None:  # (over blocks of the rows idx: phi's temporaries)
+            return phi_base * self._q_rest + sum(
+                (float(np.dot(self._qi[s:s + REDUCED_BLOCK],
+                              phi(self.vals[s:s + REDUCED_BLOCK], divergence)))
+                 for s in range(0, self.idx.size, REDUCED_BLOCK)), 0.0)
         return phi_base * (self.n - self.idx.size) + _phi_sum(self.vals, divergence)
 
     def array(self):
@@ -839,10 +875,8 @@ def _weights(a, h, sol, theta2, divergence, n, cand, ac, q=None):
     if q is not None:
         # the weight map over blocks of rows (no n-vector of l_h): the rows with l_h = 0 share
         # its weight at 0, the rows ``cand`` get their own
-        p = q / n
         wm = weight_map_blocks(lambda s, e: np.maximum(h - a[s:e], 0.0), n, theta2,
-                               divergence, p=p)
-        del p
+                               divergence, p=q.p)
         vals = wm(np.maximum(h - ac, 0.0))
         return _Weights(n, base=float(wm(np.zeros(1))[0]), idx=cand, vals=vals, q=q), wm.alpha
     if math.isinf(theta2):
@@ -921,7 +955,7 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
     if rp is not None and p is not None:
         raise ValueError("RowPrices serve uniform samples only; pass the price array with p")
     base = pmean(loss0, p) if base is None else base
-    q = None if p is None else p * n
+    q = None if p is None else _RowMass(p, n)
     # (any, all finite prices among the charged samples, the largest error rate reachable by
     # moving alone): one pass, only if an edge case below asks
     reach = Lazy(lambda: _reach(a, loss0, p))
@@ -1086,7 +1120,7 @@ def _limit_result(inputs, p=None):
         A &= p > 0
         frac_A = float(np.sum(p[A]))
         w = _Weights(n, idx=np.empty(0, dtype=np.intp), dense=np.where(A, 1.0 / frac_A, 0.0),
-                     q=p * n)
+                     q=_RowMass(p, n))
     value = theta2 * (math.log(1 / frac_A) if divergence == "kl" else (1 / frac_A - 1))
     msg = ("r = 1 is attained only in the limit h -> inf, with all mass on the misclassified "
            "samples")
