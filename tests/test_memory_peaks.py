@@ -27,7 +27,8 @@ def _peak_vectors(fn, n):
 @pytest.mark.parametrize("r", [0.2, 0.5])
 def test_zero_one_chi2_peak(r):
     """0/1 chi2 sorts the distances once: the sorted view reads that copy (4.3 n-vectors when
-    it negated it twice into two more)."""
+    it negated it twice into two more; 2.84 and 3.16 at r = 0.2 and 0.5, then 2.68 and 2.81
+    since Q*'s weights are computed from the prices per block)."""
     n, d = 250_000, 20
     rng = np.random.default_rng(0)
     X = rng.standard_normal((n, d))
@@ -39,7 +40,7 @@ def test_zero_one_chi2_peak(r):
     res, peak = _peak_vectors(lambda: otstab.certify(
         model, X, y, **kw), n)
     assert res.status == "optimal"
-    assert peak < 3.2, peak
+    assert peak < 3.0, peak
 
 
 def test_distance_oracle_keys_are_the_sorted_prices():
