@@ -185,3 +185,19 @@ def test_weighted_sums_over_blocks_equal_replicated_rows(monkeypatch, divergence
     assert res.status == ref.status == "optimal"
     for f in ("value", "risk_star", "primal_cost", "total_mass"):
         assert getattr(res, f) == pytest.approx(getattr(ref, f), rel=1e-10), f
+
+
+def test_misclassified_is_the_zero_one_rule_with_ties():
+    """The blockwise booleans equal ZeroOne.values of the scores, ties at a score of 0 to the
+    negative class."""
+    from otstab.modeling._losses import zero_one
+
+    model, X, y = _data(3000, seed=6)
+    prob = resolve_model(model, X, y, loss="hinge")
+    S = prob.scores.copy()
+    S[::7] = 0.0
+    S[1::11] = -0.0
+    prob.scores = S
+    got = zo.misclassified(prob, S)
+    np.testing.assert_array_equal(got, zero_one.values(S, prob.y) > 0)
+    assert got[::7].sum() == np.count_nonzero(prob.y[::7] > 0)

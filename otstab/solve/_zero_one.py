@@ -489,7 +489,10 @@ def misclassified(prob: Problem, S=None) -> np.ndarray:
     out = np.empty(n, dtype=bool)
     for s in range(0, n, REDUCED_BLOCK):
         e = min(s + REDUCED_BLOCK, n)
-        out[s:e] = zero_one.values(S[s:e], prob.y[s:e]) > 0
+        if S.ndim == 1:  # ZeroOne.values' binary rule, without its float losses
+            np.not_equal(S[s:e] > 0, prob.y[s:e] > 0, out=out[s:e])
+        else:
+            out[s:e] = zero_one.values(S[s:e], prob.y[s:e]) > 0
     return out
 
 
