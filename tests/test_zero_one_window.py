@@ -107,17 +107,33 @@ FIELDS = ("value", "h", "risk_star", "primal_cost", "total_mass", "status", "spl
 @pytest.mark.parametrize("divergence, theta2", [("kl", 0.25), ("kl", 0.02), ("kl", INF),
                                                 ("chi2", INF)])
 @pytest.mark.parametrize("t", [0.01, 0.5, 0.95])
+@pytest.mark.parametrize("sampled", [False, True])
 def test_certificate_through_the_window_equals_the_stored_prices(monkeypatch, divergence,
-                                                                 theta2, t):
+                                                                 theta2, t, sampled):
     """Q* as a measure (atoms, weights, masses, losses) and every audited number equal those
-    of the certificate through the n-vector of prices (the closed form on all of them)."""
+    of the certificate through the n-vector of prices (the closed form on all of them).
+    ``sampled``: above AUDIT_DIRECT_MAX rows, where the moves of the rows below h are summed
+    by the pass that finds them (RowPrices.near_weighted), the rest by _finish."""
+    from otstab.solve import _audit
+
     monkeypatch.setattr(zo, "SUBSAMPLE", 256)
+    if sampled:
+        monkeypatch.setattr(_audit, "AUDIT_DIRECT_MAX", 1000)
+        monkeypatch.setattr(zo, "REDUCED_BLOCK", 300)  # (several blocks of moved rows)
     model, X, y = _data(5000, seed=3)
     prob = resolve_model(model, X, y, loss="zero_one")
     b = float(np.mean(per_sample_losses(model, X, y, "zero_one")))
     r = b + t * (1.0 - b)
     used = []
     real = zo.RowPrices.solve_window
+    real_pw = zo._price_weights
+    summed = []
+
+    def spy_pw(*args):
+        got = real_pw(*args)
+        summed.append(got[0].sums.get("n_below", -1))
+        return got
+    monkeypatch.setattr(zo, "_price_weights", spy_pw)
 
     def spy(self, *args):
         sol = real(self, *args)
@@ -131,6 +147,8 @@ def test_certificate_through_the_window_equals_the_stored_prices(monkeypatch, di
                               prob.index, 0.0, dstar)
     assert lean.status == ref.status == "optimal"
     assert used == [True]  # (the window held the answer)
+    assert lean.info["audit"]["method"] == ("sampled" if sampled else "direct")
+    assert (summed[0] > 0) if sampled else summed == [-1]  # (the pass summed the moves)
     for f in FIELDS:
         x, z = getattr(lean, f), getattr(ref, f)
         assert x == (pytest.approx(z, rel=1e-12) if isinstance(x, float) else z), f

@@ -404,7 +404,8 @@ class RowPrices:
         vals.resize(at, refcheck=False)
         return cand, vals
 
-    def near_weighted(self, h: float, fn, loss0, divergence: str, tol: float = 1e-10):
+    def near_weighted(self, h: float, fn, loss0, divergence: str, tol: float = 1e-10,
+                      reduced=None):
         """:meth:`near` without the prices, and in the same pass what Q*'s plan and audit sum
         over the weights ``fn(a)`` of those rows (``fn(a)``: the weight of a row of price
         ``a``, ``fn(h)`` that of every row with ``l_h = 0``): ``(cand, below, sums)`` with
@@ -413,7 +414,12 @@ class RowPrices:
         ``divergence``), of the weights of the misclassified ones (``"wl"``), the count of
         those (``"l"``), and the weights of the correctly classified rows below h
         (``"w_gain"``). Uniform samples; one pass over the rows, the weights computed per
-        block of the candidates only (no n-vector of prices or weights)."""
+        block of the candidates only (no n-vector of prices or weights).
+
+        ``reduced`` (:meth:`NearPoints.reduced`): the rows below h moved, summed as
+        ``_finish`` sums them with the weights at hand: ``"wd2"`` (weight times squared
+        move), ``"wdl"`` (weight times change of loss), ``"qdl"`` (change of loss), over
+        ``"n_below"`` rows."""
         thr = h + tol * h
         lim = h - tol * h
         self._subsample()
@@ -422,8 +428,8 @@ class RowPrices:
             size = sum(int(np.count_nonzero(self[i:j] <= thr)) for i, j in self._blocks())
         cand = np.empty(size, dtype=row_index_dtype(self.size))
         below = np.empty(size, dtype=bool)
-        sums = dict.fromkeys(("w", "phi", "wl", "w_gain"), 0.0)
-        sums["l"] = 0
+        sums = dict.fromkeys(("w", "phi", "wl", "w_gain", "wd2", "wdl", "qdl"), 0.0)
+        sums["l"] = sums["n_below"] = 0
         at = 0
         for i, j in self._blocks():
             a = self[i:j]
@@ -450,6 +456,16 @@ class RowPrices:
             sums["phi"] += float(np.sum(pk))
             sums["wl"] += float(np.dot(wk, lk))
             sums["l"] += int(np.count_nonzero(lk))
+            if reduced is not None:  # the moves of the rows below h (the audit's sums)
+                kb = k[bk]
+                rb = kb + i
+                lm, dd = reduced(rb)
+                wb = wk[bk]
+                dlb = lm - loss0[rb]
+                sums["wd2"] += float(np.dot(wb, dd))
+                sums["wdl"] += float(np.dot(wb, dlb))
+                sums["qdl"] += float(np.sum(dlb))
+                sums["n_below"] += int(kb.size)
             np.logical_not(lk, out=lk)
             lk &= bk
             sums["w_gain"] += float(np.dot(wk, lk))
@@ -766,7 +782,7 @@ def _phi_kl_logs(w, t):
     return t
 
 
-def _price_weights(rp, h, sol, theta2, divergence, n, loss0):
+def _price_weights(rp, h, sol, theta2, divergence, n, loss0, reduced=None):
     """``(w, below, alpha)`` for :class:`RowPrices` (uniform samples, ``r < 1``): the
     candidates of Q* and its weights (:class:`_PriceWeights`) from one pass over the rows,
     ``below`` the candidates below h (for :func:`_move_plan`); None where :func:`_weights`
@@ -775,7 +791,9 @@ def _price_weights(rp, h, sol, theta2, divergence, n, loss0):
     fn = _row_weight_fn(h, sol, theta2, divergence)
     if fn is None:
         return None
-    cand, below, sums = rp.near_weighted(h, fn, loss0, divergence)
+    cand, below, sums = rp.near_weighted(h, fn, loss0, divergence, reduced=reduced)
+    if reduced is None:
+        sums.pop("n_below")  # (no moves summed)
     base = float(fn(np.array([h]))[0])  # (l_h = 0)
     w = _PriceWeights(n, base, cand, fn, rp, sums, loss0)
     alpha = None if divergence == "kl" else (0.0 if math.isinf(theta2) else float(sol.alpha))
@@ -1021,7 +1039,11 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
                                      presorted=True)
             if sol.status != OPTIMAL:
                 raise audit.Skip(f"0/1 {how} reported {sol.native_status!r}", sol.status)
-            got = _price_weights(rp, sol.h, sol, theta2, divergence, n, loss0) \
+            # (above AUDIT_DIRECT_MAX rows, where the audit sums the moves from the scores,
+            # the pass that finds the rows sums those of the rows below h)
+            red = X_near.reduced if isinstance(X_near, NearPoints) and X_near.moves_fn \
+                and X is not None and n > audit.AUDIT_DIRECT_MAX else None
+            got = _price_weights(rp, sol.h, sol, theta2, divergence, n, loss0, red) \
                 if rp is not None and r < 1.0 else None
             if got is not None:  # (no n-vector of prices or weights: from the scores)
                 w, below, alpha = got
@@ -1210,8 +1232,16 @@ def _finish(inputs, *, value, h, alpha, status, message, plan, w, solver_name, s
     if X is not None and X_near is not None and rows.size and reduced is not None \
             and n > audit.AUDIT_DIRECT_MAX:
         # large n: the loss and move of every moved row from the scores (the reduced form),
-        # confirmed on a random sample of moved rows materialised and re-scored by the model
-        for s in range(0, rows.size, REDUCED_BLOCK):
+        # confirmed on a random sample of moved rows materialised and re-scored by the model;
+        # with weights from the prices and a compact plan the rows below h (the first
+        # positions) were summed by the pass that found them: the tied rows here
+        start = 0
+        sums = getattr(w, "sums", {})
+        if "n_below" in sums and isinstance(moved_pos, int) and sums["n_below"] <= k_whole:
+            start = sums["n_below"]
+            for key in ("wd2", "wdl", "qdl"):
+                acc[key] = sums[key]
+        for s in range(start, rows.size, REDUCED_BLOCK):
             accumulate(s, min(s + REDUCED_BLOCK, rows.size), *reduced(rows[s:s + REDUCED_BLOCK]))
 
         def loss_m():  # the loss at the moved points, for ``loss_star`` (built when asked)
