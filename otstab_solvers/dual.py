@@ -55,6 +55,41 @@ WINDOW_SUBSAMPLE = 1 << 14
 WINDOW_WIDTHS = (0.06, 0.25, 0.75)
 
 
+def tie_step(vmax, d, kk, v, dk, k: int, scale, right: bool) -> None:
+    """One piece ``k`` (values ``v``, derivatives ``dk``) of the one-sided tie rule, in place
+    on the running largest value ``vmax``, its derivative ``d`` and piece ``kk``: the piece
+    is taken where it is above the largest by more than ``scale``, or within ``scale`` of it
+    with a larger (``right``) or smaller derivative. Shared by :class:`PiecewiseOracle` and
+    :class:`otstab_solvers.multiclass.MulticlassOracle`, so that both decide ties alike."""
+    diff = v - vmax
+    cand = diff >= -scale
+    cand &= (diff > scale) | ((dk > d) if right else (dk < d))
+    np.copyto(d, dk, where=cand)
+    np.copyto(kk, k, where=cand)
+    np.maximum(vmax, v, out=vmax)
+
+
+def tie_step_both(vmax, d_lo, d_hi, k_lo, k_hi, v, dk, k: int, scale) -> None:
+    """:func:`tie_step` for both sides at once (``scan``): the piece replaces both where it is
+    above the largest by more than ``scale``; within ``scale`` of it, the low side where its
+    derivative is smaller and the high side where it is larger."""
+    diff = v - vmax
+    above = diff > scale
+    tie = np.abs(diff) <= scale
+    np.copyto(d_lo, dk, where=above)
+    np.copyto(d_hi, dk, where=above)
+    np.copyto(k_lo, k, where=above)
+    np.copyto(k_hi, k, where=above)
+    if tie.any():
+        lo_upd = tie & (dk < d_lo)
+        hi_upd = tie & (dk > d_hi)
+        np.copyto(d_lo, dk, where=lo_upd)
+        np.copyto(k_lo, k, where=lo_upd)
+        np.copyto(d_hi, dk, where=hi_upd)
+        np.copyto(k_hi, k, where=hi_upd)
+    np.maximum(vmax, v, out=vmax)
+
+
 class PiecewiseOracle:
     """``l_h`` of the reduced form ``max_k c1[i,k] h + c2[i,k] h^2`` and its derivatives.
 
@@ -156,21 +191,7 @@ class PiecewiseOracle:
                 continue
             if scale is None:
                 scale = tol * self._bound(h)
-            diff = v - vmax
-            above = diff > scale
-            tie = np.abs(diff) <= scale
-            np.copyto(d_lo, dk, where=above)
-            np.copyto(d_hi, dk, where=above)
-            np.copyto(k_lo, k, where=above)
-            np.copyto(k_hi, k, where=above)
-            if tie.any():
-                lo_upd = tie & (dk < d_lo)
-                hi_upd = tie & (dk > d_hi)
-                np.copyto(d_lo, dk, where=lo_upd)
-                np.copyto(k_lo, k, where=lo_upd)
-                np.copyto(d_hi, dk, where=hi_upd)
-                np.copyto(k_hi, k, where=hi_upd)
-            np.maximum(vmax, v, out=vmax)
+            tie_step_both(vmax, d_lo, d_hi, k_lo, k_hi, v, dk, k, scale)
         return vmax, k_lo, d_lo, k_hi, d_hi
 
     def _scan_after_zero(self, h, tol, sel):
@@ -281,12 +302,7 @@ class PiecewiseOracle:
                 continue
             if scale is None:
                 scale = self.TIE * self._bound(h)
-            diff = v - vmax
-            cand = diff >= -scale
-            cand &= (diff > scale) | ((dk > d) if right else (dk < d))
-            np.copyto(d, dk, where=cand)
-            np.copyto(kk, k, where=cand)
-            np.maximum(vmax, v, out=vmax)
+            tie_step(vmax, d, kk, v, dk, k, scale, right)
         return vmax, d, kk
 
     def evaluate(self, h: float, *, side: str = "right", with_pieces: bool = False):

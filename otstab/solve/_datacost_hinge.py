@@ -28,7 +28,7 @@ from otstab_solvers.weights import chi2_solution
 
 from ..errors import SolverError
 from . import _audit as audit
-from ._datacost_linear import flip_problem, split_at_kink
+from ._datacost_linear import flip_problem, integer_step, split_at_kink
 from ._datacost_result import edges_before_dual, raw_result
 
 __all__ = ["HingeOracle", "certify_datacost_hinge"]
@@ -74,16 +74,9 @@ class HingeOracle:
                 total = total + best
                 slope = slope + np.where(use, g_pick, 0.0)
             for j, (a, q, K) in enumerate(self.ints):
-                kr = np.where(q > 0, h * a / (2.0 * t1 * np.where(q > 0, q, 1.0)), 0.0)
-                lo = np.clip(np.floor(kr), 0, K)
-                hi = np.clip(np.floor(kr) + 1, 0, K)
-                vlo = h * a * lo - t1 * q * lo * lo
-                vhi = h * a * hi - t1 * q * hi * hi
-                tol = TIE * (1.0 + np.abs(vlo) + np.abs(vhi))
-                take_hi = (vhi > vlo + tol) | ((np.abs(vhi - vlo) <= tol) & right)
-                k = np.where(take_hi, hi, lo)
+                k, v = integer_step(h, a, q, K, t1, TIE, right)
                 steps[:, j] = k
-                total = total + np.where(take_hi, vhi, vlo)
+                total = total + v
                 slope = slope + a * k
             for j, (Q, U) in enumerate(self.conts):
                 free = h / (2.0 * t1 * Q)

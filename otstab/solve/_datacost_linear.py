@@ -36,8 +36,8 @@ from ..modeling._datacost import ResolvedCost
 from ..modeling._nonlinear import label_column
 from . import _audit as audit
 
-__all__ = ["linear_parts", "flip_problem", "moved_rows", "split_at_kink", "raw_frame",
-           "selected_variables",
+__all__ = ["linear_parts", "integer_step", "flip_problem", "moved_rows", "split_at_kink",
+           "raw_frame", "selected_variables",
            "encode", "predict", "DataCostView"]
 
 
@@ -102,6 +102,21 @@ def _key(x):
     x = x.item() if isinstance(x, np.generic) else x
     return ("nan",) if isinstance(x, float) and math.isnan(x) else (type(x).__name__, x) \
         if not isinstance(x, (int, float)) else ("num", float(x))
+
+
+def integer_step(eta, a, q, K, t1: float, rel_tol: float, right: bool):
+    """The best move ``k`` in ``0..K`` (per row) of an integer variable whose gain is
+    ``eta a k`` and whose cost is ``t1 q k^2``: the integers either side of the free optimum
+    ``eta a / (2 t1 q)``, the upper one on a tie within ``rel_tol`` when ``right``. Returns
+    ``(k, eta a k - t1 q k^2)``."""
+    kr = np.where(q > 0, eta * a / (2.0 * t1 * np.where(q > 0, q, 1.0)), 0.0)
+    lo = np.clip(np.floor(kr), 0, K)
+    hi = np.clip(np.floor(kr) + 1, 0, K)
+    vlo = eta * a * lo - t1 * q * lo * lo
+    vhi = eta * a * hi - t1 * q * hi * hi
+    tol = rel_tol * (1.0 + np.abs(vlo) + np.abs(vhi))
+    take_hi = (vhi > vlo + tol) | ((np.abs(vhi - vlo) <= tol) & right)
+    return np.where(take_hi, hi, lo), np.where(take_hi, vhi, vlo)
 
 
 def flip_problem(rc: ResolvedCost, parts: dict, frame: pd.DataFrame, coef: np.ndarray,

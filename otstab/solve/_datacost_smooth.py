@@ -45,7 +45,7 @@ from otstab_solvers.weights import chi2_solution
 
 from ..errors import SolverError
 from . import _audit as audit
-from ._datacost_linear import flip_problem, split_at_kink
+from ._datacost_linear import flip_problem, integer_step, split_at_kink
 from ._datacost_result import edges_before_dual, raw_result
 
 __all__ = ["LogisticOracle", "certify_datacost_logistic"]
@@ -124,14 +124,7 @@ class LogisticOracle:
             cost += np.where(use, Ci[rows, pick], 0.0)
         for j, (a, q, K) in enumerate(self.ints):
             a, q, K = a[idx], q[idx], K[idx]
-            kr = np.where(q > 0, eta * a / (2.0 * t1 * np.where(q > 0, q, 1.0)), 0.0)
-            lo = np.clip(np.floor(kr), 0, K)
-            hi = np.clip(np.floor(kr) + 1, 0, K)
-            vlo = eta * a * lo - t1 * q * lo * lo
-            vhi = eta * a * hi - t1 * q * hi * hi
-            tol = REL_TOL * (1.0 + np.abs(vlo) + np.abs(vhi))
-            take_hi = (vhi > vlo + tol) | ((np.abs(vhi - vlo) <= tol) & right)
-            k = np.where(take_hi, hi, lo)
+            k, _ = integer_step(eta, a, q, K, t1, REL_TOL, right)
             steps[:, j] = k
             gain += a * k
             cost += q * k * k

@@ -323,10 +323,10 @@ def evaluate(LO, HI, A, B, TREE, MARG, base, x, w, upper, tol, size, f32, T,
     return m, key, single, uncertain
 
 @_jit
-def split(LO, HI, A, B, TREE, MARG, base, x, sqw, T, alive, blo, bhi, ea, eb):
-    """The NumPy ``_Sample.split`` rule: ``(j, cut, edge)``: cut coordinate j at ``cut``
-    (its float64 edge ``edge``)."""
-    dm = x.shape[0]
+def worst_leaf(TREE, MARG, base, T, alive):  # pragma: no cover - compiled
+    """The split rule's leaf: ``(s, e, worst)``, the most damaging leaf ``worst`` (smallest
+    margin on the class with the smallest independent-trees bound) of the most spread tree,
+    whose alive leaves are ``alive[s:e]``."""
     K1 = MARG.shape[1]
     m = alive.shape[0]
     tree_start = np.empty(T + 1, dtype=np.int64)
@@ -376,16 +376,24 @@ def split(LO, HI, A, B, TREE, MARG, base, x, sqw, T, alive, blo, bhi, ea, eb):
         if u < wv:
             wv = u
             worst = alive[q]
+    return s, e, worst
+
+
+@_jit
+def leaf_cut(LO, HI, A, B, x, sqw, leaf, blo, bhi, ea, eb):  # pragma: no cover - compiled
+    """``(j, cut, edge)``: the edge of ``leaf`` inside the box that moves its half farthest
+    from ``x`` (``j = -1``: the leaf covers the box)."""
+    dm = x.shape[0]
     bj, bcut, bedge, bg = -1, 0.0, 0.0, -np.inf
     for jj in range(dm):
         for side in range(2):
-            if side == 0:  # the worst leaf's lower edge: the upper half (cut, bhi]
-                cut = max(LO[worst, jj], blo[jj])
-                edge = max(A[worst, jj], ea[jj])
+            if side == 0:  # the leaf's lower edge: the upper half (cut, bhi]
+                cut = max(LO[leaf, jj], blo[jj])
+                edge = max(A[leaf, jj], ea[jj])
                 a, b = edge, eb[jj]
             else:  # its upper edge: the lower half (blo, cut]
-                cut = min(HI[worst, jj], bhi[jj])
-                edge = min(B[worst, jj], eb[jj])
+                cut = min(HI[leaf, jj], bhi[jj])
+                edge = min(B[leaf, jj], eb[jj])
                 a, b = ea[jj], edge
             if not (blo[jj] < cut and cut < bhi[jj]):
                 continue
@@ -393,6 +401,14 @@ def split(LO, HI, A, B, TREE, MARG, base, x, sqw, T, alive, blo, bhi, ea, eb):
             if g > bg:
                 bj, bcut, bedge, bg = jj, cut, edge, g
     return bj, bcut, bedge
+
+
+@_jit
+def split(LO, HI, A, B, TREE, MARG, base, x, sqw, T, alive, blo, bhi, ea, eb):
+    """The NumPy ``_Sample.split`` rule: ``(j, cut, edge)``: cut coordinate j at ``cut``
+    (its float64 edge ``edge``)."""
+    s, e, worst = worst_leaf(TREE, MARG, base, T, alive)
+    return leaf_cut(LO, HI, A, B, x, sqw, worst, blo, bhi, ea, eb)
 
 @_jit
 def heap_less(keys, a, b):
@@ -750,25 +766,31 @@ def search_merged(LO, HI, A, B, TREE, MARG, base, x, w, sqw, upper, tol, size, f
 
 
 @_jit
+def fixed_leaves(FLO, FHI, cf, keep):  # pragma: no cover - compiled
+    """The leaves holding a sample in its fixed features (``cf``: their comparable values),
+    written to ``keep``; returns how many."""
+    c = 0
+    for leaf in range(FLO.shape[0]):
+        ok = True
+        for f in range(FLO.shape[1]):
+            if not (FLO[leaf, f] < cf[f] and cf[f] <= FHI[leaf, f]):
+                ok = False
+                break
+        if ok:
+            keep[c] = leaf
+            c += 1
+    return c
+
+
+@_jit
 def batch_merged(LO, HI, A, B, TREE, MARG, BASE, FLO, FHI, XM, CF, Y, UP, BUD, w, sqw, tol,
                  size, f32, T, r0, r1, low, exact, used, status, PBOX,
                  cap):  # pragma: no cover
     """:func:`batch` with the trees merged (:func:`search_merged`, groups of at most
     ``cap`` leaves)."""
-    L = LO.shape[0]
-    nf = FLO.shape[1]
+    keep = np.empty(LO.shape[0], dtype=np.int32)
     for i in range(r0, r1):
-        keep = np.empty(L, dtype=np.int32)
-        c = 0
-        for leaf in range(L):
-            ok = True
-            for f in range(nf):
-                if not (FLO[leaf, f] < CF[i, f] and CF[i, f] <= FHI[leaf, f]):
-                    ok = False
-                    break
-            if ok:
-                keep[c] = leaf
-                c += 1
+        c = fixed_leaves(FLO, FHI, CF[i], keep)
         y = Y[i]
         b, ex, nd, st = search_merged(LO, HI, A, B, TREE, MARG[y], BASE[y], XM[i], w, sqw,
                                       UP[i], tol, size, f32, T, keep[:c], BUD[i], cap,
@@ -783,21 +805,9 @@ def batch_merged(LO, HI, A, B, TREE, MARG, BASE, FLO, FHI, XM, CF, Y, UP, BUD, w
 def batch(LO, HI, A, B, TREE, MARG, BASE, FLO, FHI, XM, CF, Y, UP, BUD, w, sqw, tol,
           size, f32, T, r0, r1, low, exact, used, status, PBOX):  # pragma: no cover
     """The rows ``r0 <= i < r1`` of a batch, one after the other (without the GIL)."""
-    L = LO.shape[0]
-    nf = FLO.shape[1]
+    keep = np.empty(LO.shape[0], dtype=np.int32)
     for i in range(r0, r1):
-        # the leaves holding x_i in its fixed features
-        keep = np.empty(L, dtype=np.int32)
-        c = 0
-        for leaf in range(L):
-            ok = True
-            for f in range(nf):
-                if not (FLO[leaf, f] < CF[i, f] and CF[i, f] <= FHI[leaf, f]):
-                    ok = False
-                    break
-            if ok:
-                keep[c] = leaf
-                c += 1
+        c = fixed_leaves(FLO, FHI, CF[i], keep)
         y = Y[i]
         b, ex, nd, st = search_one(LO, HI, A, B, TREE, MARG[y], BASE[y], XM[i], w, sqw,
                                    UP[i], tol, size, f32, T, keep[:c], BUD[i], PBOX[i])

@@ -34,7 +34,17 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ._tree_kernel import KernelTable, available, f32_above, f32_atmost, heap_less, threads
+from ._tree_kernel import (
+    KernelTable,
+    available,
+    f32_above,
+    f32_atmost,
+    fixed_leaves,
+    heap_less,
+    leaf_cut,
+    threads,
+    worst_leaf,
+)
 
 try:
     import numba
@@ -383,76 +393,13 @@ def evaluate(LO, HI, A, B, TREE, MARG, base, x, w, tol, f32, T, theta1, h, far,
 @_jit
 def split(LO, HI, A, B, TREE, MARG, base, x, sqw, T, alive, blo, bhi, ea,
           eb):  # pragma: no cover - compiled
-    """``SmoothSearch.split``: ``(j, cut, edge)`` (``j = -1``: none)."""
-    dm = x.shape[0]
-    K1 = MARG.shape[1]
-    m = alive.shape[0]
-    tree_start = np.empty(T + 1, dtype=np.int64)
-    nt = 0
-    for q in range(m):
-        if q == 0 or TREE[alive[q]] != TREE[alive[q - 1]]:
-            tree_start[nt] = q
-            nt += 1
-    tree_start[T] = m
-    mins = np.empty((T, K1))
-    bound = np.zeros(K1)
-    for t in range(T):
-        for k in range(K1):
-            v = np.inf
-            for q in range(tree_start[t], tree_start[t + 1]):
-                u = MARG[alive[q], k]
-                if u < v:
-                    v = u
-            mins[t, k] = v
-            bound[k] += v
-    kk = 0
-    for k in range(K1):
-        bound[k] = base[k] + bound[k]
-        if bound[k] < bound[kk]:
-            kk = k
-    best_t = 0
-    best_s = -np.inf
-    for t in range(T):
-        s, e = tree_start[t], tree_start[t + 1]
-        if e - s > 1:
-            mx = -np.inf
-            for q in range(s, e):
-                u = MARG[alive[q], kk]
-                if u > mx:
-                    mx = u
-            sp = mx - mins[t, kk]
-        else:
-            sp = -1.0
-        if sp > best_s:
-            best_s = sp
-            best_t = t
-    s, e = tree_start[best_t], tree_start[best_t + 1]
-    worst = alive[s]
-    wv = MARG[worst, kk]
-    for q in range(s + 1, e):
-        u = MARG[alive[q], kk]
-        if u < wv:
-            wv = u
-            worst = alive[q]
-    # the worst leaf's edges, then (when it covers the box) those of the tree's other leaves
+    """``SmoothSearch.split``: ``(j, cut, edge)`` (``j = -1``: none): the 0/1 kernel's rule
+    (the most damaging leaf's edges), then, when that leaf covers the box, the edges of its
+    tree's other leaves."""
+    s, e, worst = worst_leaf(TREE, MARG, base, T, alive)
     for attempt in range(e - s + 1):
         leaf = worst if attempt == 0 else alive[s + attempt - 1]
-        bj, bcut, bedge, bg = -1, 0.0, 0.0, -np.inf
-        for jj in range(dm):
-            for side in range(2):
-                if side == 0:  # the leaf's lower edge: the upper half (cut, bhi]
-                    cut = max(LO[leaf, jj], blo[jj])
-                    edge = max(A[leaf, jj], ea[jj])
-                    a, b = edge, eb[jj]
-                else:  # its upper edge: the lower half (blo, cut]
-                    cut = min(HI[leaf, jj], bhi[jj])
-                    edge = min(B[leaf, jj], eb[jj])
-                    a, b = ea[jj], edge
-                if not (blo[jj] < cut and cut < bhi[jj]):
-                    continue
-                g = max(max(a - x[jj], x[jj] - b), 0.0) * sqw[jj]
-                if g > bg:
-                    bj, bcut, bedge, bg = jj, cut, edge, g
+        bj, bcut, bedge = leaf_cut(LO, HI, A, B, x, sqw, leaf, blo, bhi, ea, eb)
         if bj >= 0:
             return bj, bcut, bedge
     return -1, 0.0, 0.0
@@ -735,20 +682,9 @@ def batch(LO, HI, A, B, TREE, MARG, BASE, FLO, FHI, XM, CF, Y, BUD, FAR, TAIL, w
           f32, T, theta1, h, max_lines, top_points, r0, r1, OA, OB, NL, OP, NP, EX,
           USED):  # pragma: no cover - compiled
     """The rows ``r0 <= i < r1`` of a batch, one after the other (without the GIL)."""
-    L = LO.shape[0]
-    nf = FLO.shape[1]
+    keep = np.empty(LO.shape[0], dtype=np.int32)
     for i in range(r0, r1):
-        keep = np.empty(L, dtype=np.int32)
-        c = 0
-        for leaf in range(L):
-            ok = True
-            for f in range(nf):
-                if not (FLO[leaf, f] < CF[i, f] and CF[i, f] <= FHI[leaf, f]):
-                    ok = False
-                    break
-            if ok:
-                keep[c] = leaf
-                c += 1
+        c = fixed_leaves(FLO, FHI, CF[i], keep)
         y = Y[i]
         nl, npts, ex, used = search_one(LO, HI, A, B, TREE, MARG[y], BASE[y], XM[i], w, sqw,
                                         tol, f32, T, theta1, h, FAR[i], TAIL[i], keep[:c],
