@@ -404,17 +404,18 @@ class RowPrices:
         vals.resize(at, refcheck=False)
         return cand, vals
 
-    def near_weighted(self, h: float, fn, loss0, divergence: str, tol: float = 1e-10,
+    def near_weighted(self, h: float, fn, loss0, divergence: str | None, tol: float = 1e-10,
                       reduced=None):
         """:meth:`near` without the prices, and in the same pass what Q*'s plan and audit sum
         over the weights ``fn(a)`` of those rows (``fn(a)``: the weight of a row of price
         ``a``, ``fn(h)`` that of every row with ``l_h = 0``): ``(cand, below, sums)`` with
         ``below`` (booleans per candidate) the rows with ``a < h - tol h``, and ``sums`` the
         sums over the candidates of the weights (``"w"``), of ``phi`` of them (``"phi"``, of
-        ``divergence``), of the weights of the misclassified ones (``"wl"``), the count of
-        those (``"l"``), and the weights of the correctly classified rows below h
-        (``"w_gain"``). Uniform samples; one pass over the rows, the weights computed per
-        block of the candidates only (no n-vector of prices or weights).
+        ``divergence``; None: unit weights, phi 0 not summed), of the weights of the
+        misclassified ones (``"wl"``), the count of those (``"l"``), and the weights of the
+        correctly classified rows below h (``"w_gain"``). Uniform samples; one pass over
+        the rows, the weights computed per block of the candidates only (no n-vector of
+        prices or weights).
 
         ``reduced`` (:meth:`NearPoints.reduced`): the rows below h moved, summed as
         ``_finish`` sums them with the weights at hand: ``"wd2"`` (weight times squared
@@ -446,14 +447,16 @@ class RowPrices:
             bk = below[at:at + k.size]
             np.less(ak, lim, out=bk)
             at += k.size
-            if getattr(fn, "gives_phi", False):
+            if divergence is None:  # (unit weights: phi is 0)
+                wk = fn(ak)
+            elif getattr(fn, "gives_phi", False):
                 wk, pk = fn(ak, with_phi=True)  # (phi from the exponents: no log)
+                sums["phi"] += float(np.sum(pk))
             else:
                 wk = fn(ak)
-                pk = phi(wk, divergence)
+                sums["phi"] += float(np.sum(phi(wk, divergence)))
             lk = loss0[i:j][k] > 0
             sums["w"] += float(np.sum(wk))
-            sums["phi"] += float(np.sum(pk))
             sums["wl"] += float(np.dot(wk, lk))
             sums["l"] += int(np.count_nonzero(lk))
             if reduced is not None:  # the moves of the rows below h (the audit's sums)
@@ -791,7 +794,8 @@ def _price_weights(rp, h, sol, theta2, divergence, n, loss0, reduced=None):
     fn = _row_weight_fn(h, sol, theta2, divergence)
     if fn is None:
         return None
-    cand, below, sums = rp.near_weighted(h, fn, loss0, divergence, reduced=reduced)
+    cand, below, sums = rp.near_weighted(  # (theta2 = inf: every weight 1, no phi summed)
+        h, fn, loss0, None if math.isinf(theta2) else divergence, reduced=reduced)
     if reduced is None:
         sums.pop("n_below")  # (no moves summed)
     base = float(fn(np.array([h]))[0])  # (l_h = 0)
