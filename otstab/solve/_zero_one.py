@@ -1051,6 +1051,7 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
                 if rp is not None and r < 1.0 else None
             if got is not None:  # (no n-vector of prices or weights: from the scores)
                 w, below, alpha = got
+                del got  # (the tuple would keep ``below`` alive through Q*'s build)
                 cand = w.idx
                 ac = None
                 plan = _move_plan(sol.h, w, loss0, r, n, None, below=below)
