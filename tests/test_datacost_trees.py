@@ -315,7 +315,7 @@ def test_tree_pipelines_default_to_the_datacost():
     """No cost= for a tree Pipeline with encoders on raw data and the 0/1 loss: the DataCost
     (the encoded cost collapses there: test_german_encoded_collapses), said so, the same
     answer as cost="auto"; the tree search's options keep it; an option of the encoded
-    search, or a smooth loss, keeps the encoded cost."""
+    search, or a smooth loss of a model without margins, keeps the encoded cost."""
     _, tp, X, y, _, _ = _german_tree("hgb")
     Xe, ye = X.iloc[:30].reset_index(drop=True), y.iloc[:30].reset_index(drop=True)
     base = float(np.mean(tp.predict(Xe) != ye))
@@ -325,9 +325,15 @@ def test_tree_pipelines_default_to_the_datacost():
     zero_one, logistic = get_loss("zero_one"), get_loss("logistic")
     assert choose_cost(None, tp, Xe, zero_one, options=("max_nodes", "rtol"))[0] is not None
     assert choose_cost(None, tp, Xe, zero_one, options=("n_directions",))[0] is None
-    # a smooth loss keeps the encoded cost, and says (and warns) that R may be meaningless
+    # a smooth loss of a boosted ensemble takes the DataCost too (a certified interval:
+    # tests/test_datacost_tree_smooth.py); a random forest has no margins: encoded, with the
+    # warning that R may be meaningless
+    assert choose_cost(None, tp, Xe, logistic)[0] is not None
+    rf = Pipeline([("pre", tp.steps[0][1]),
+                   ("clf", RandomForestClassifier(n_estimators=2, max_depth=2,
+                                                  random_state=0))]).fit(X, y)
     with pytest.warns(UserWarning, match="fractional move"):
-        cost, how = choose_cost(None, tp, Xe, logistic)
+        cost, how = choose_cost(None, rf, Xe, logistic)
     assert cost is None and "loss='zero_one'" in how and "vanishingly small" in how
     # worst_case_risk's exact oracles are the linear models': encoded there, with the warning
     with pytest.warns(UserWarning, match="fractional move"):
@@ -348,8 +354,8 @@ def test_german_auto_cost_and_unsupported_options():
     Xe, ye = X.iloc[:25].reset_index(drop=True), y.iloc[:25].reset_index(drop=True)
     res = otstab.certify(tp, Xe, ye, loss="zero_one", r=0.5, cost="auto", max_nodes=30)
     assert (res.value_lower if res.status == "bounds" else res.value) > 0
-    with pytest.raises(ValidationError, match="loss='zero_one'"):
-        otstab.certify(tp, Xe, ye, loss="logistic", r=0.5, cost="auto")
+    with pytest.raises(ValidationError, match="loss='hinge' needs cost='encoded'"):
+        otstab.certify(tp, Xe, ye, loss="hinge", r=0.5, cost="auto")
     with pytest.raises(ValidationError, match="n_directions"):
         otstab.certify(tp, Xe, ye, loss="zero_one", r=0.5, cost="auto", n_directions=3)
 

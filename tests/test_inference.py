@@ -289,3 +289,19 @@ def test_certificate_records_and_verify_rechecks_uncertainty(se):
                                                                        key: unc[key] * factor}}}
         report = verify_certificate(bad, MODEL, X, y)
         assert not report and any(key in m for m in report.reasons)
+
+
+def test_an_interval_is_not_advised_a_bootstrap():
+    # a bootstrap of an interval re-estimates only its found end (and some interval paths
+    # refuse se='bootstrap'): the analytic SE's note must not advise one
+    from sklearn.ensemble import GradientBoostingClassifier
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(200, 2))
+    y = (X[:, 0] * X[:, 1] + 0.3 * rng.normal(size=200) > 0).astype(int)
+    m = GradientBoostingClassifier(n_estimators=30, max_depth=3, random_state=0).fit(X, y)
+    res = otstab.certify(m, X, y, loss="logistic", r=0.6, theta1=1.0, theta2=0.25,
+                         max_nodes=2, rtol=None, progress=False)
+    assert res.status == "bounds"
+    assert "not exact" in res.inference.note
+    assert "bootstrap" not in res.inference.note and "bootstrap" not in res.summary()

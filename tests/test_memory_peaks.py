@@ -91,6 +91,7 @@ def test_a_missed_window_is_freed_before_the_next(monkeypatch):
                            sorted_view=False)
     monkeypatch.setattr(sd, "WINDOW_MIN_N", 0)
     monkeypatch.setattr(sd, "WINDOW_WIDTHS", (1e-9, 0.5))  # the first one misses
+    monkeypatch.setattr(sd, "WINDOW_ESS_SHARE", 0.0)  # (tried, although few keys weigh)
     monkeypatch.setattr(sd, "WINDOW_SUBSAMPLE", 4096)
     r = float(np.mean(np.maximum(u * 5.0 + 0.5 * 25.0, 0.0)))  # (h* = 8: every key kept)
     sol, peak = _peak_vectors(lambda: sd.solve_two_piece(oracle, r, 0.25, "kl"), n)

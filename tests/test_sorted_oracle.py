@@ -208,3 +208,57 @@ def test_kl_term_against_high_precision_either_side_of_the_expm1_pass(theta2):
         assert term == pytest.approx(exact, rel=1e-13, abs=64 * np.finfo(float).eps * lmax)
     # (both branches at theta2 = 0.25 and 4; the expm1 pass alone at 1e4)
     assert shares == ({True} if theta2 > 100 else {True, False})
+
+
+@pytest.mark.parametrize("kind", ["margin", "residual"])
+def test_sorted_view_of_rows_equals_the_dense_keys(kind):
+    """sorted_view_of writes the hinge's keys of the rows form in one product over all rows
+    (issue 31): the same numbers, bit for bit, as the stored column's negation, sorted."""
+    from otstab_solvers.dual import AffineRows, sorted_view_of
+
+    rng = np.random.default_rng(7)
+    n = 3 * AffineRows.BLOCK + 5  # several blocks of the blocked form, a ragged last one
+    s = rng.standard_normal(n)
+    y = np.where(rng.random(n) < 0.5, -1, 1).astype(np.int8) if kind == "margin" else \
+        rng.standard_normal(n)
+    rows = AffineRows(s, y, kind, np.array([0.0, -1.0]), np.array([0.0, 1.0]))
+    oracle = oracle_for(None, np.array([[0.0, 0.3]]), rows=rows, sorted_view=False)
+    assert oracle._hinge_piece == 1
+    view = sorted_view_of(oracle)
+    u = 1.0 - (y * s if kind == "margin" else y - s)  # the piece a u' + b, a = -1, b = 1
+    np.testing.assert_array_equal(view.nu, np.sort(-u))
+    np.testing.assert_array_equal(view.nu, np.sort(-rows.materialize()[1]))
+
+
+@pytest.mark.parametrize("offset", [1e-3, -1e-2, 5e-2])
+def test_kl_model_step_counts_the_kinks(offset, monkeypatch):
+    """model_step (issue 31): from a point off the root by ``offset`` of h, the root of the
+    local model (curvature slope + the jumps of mu at the kinks on the way) is far closer
+    to the exact root than Newton's step; a bracketed search that uses it needs no more
+    exact evaluations than Newton's and ends at the same root."""
+    rng = np.random.default_rng(11)
+    n, c, theta2 = 100_000, 0.25, 0.25
+    u = rng.standard_normal(n)
+    view = SortedTwoPiece(u, "hinge", c)
+    r = float(np.mean(np.maximum(u, 0.0))) + 0.5
+    sol = solve_dual(view, r, theta2, "kl")
+    h0 = sol.h * (1.0 + offset)
+    _, mu, curv, _, _ = view.reduce(h0, "right", theta2, "kl")
+    g = r - mu
+    h_model = view.model_step(h0, "right", g, curv)
+    h_newton = h0 + g / curv
+    assert abs(h_model - sol.h) <= 1e-2 * abs(h_newton - sol.h), (h_model, h_newton, sol.h)
+    assert math.isnan(view.model_step(h0 * 1.1, "right", g, curv))  # not evaluated there
+    bracket = (sol.h * 0.9, sol.h * 1.1)
+    with_model = solve_dual(view, r, theta2, "kl", bracket=bracket, h_init=h0)
+    monkeypatch.setattr(SortedTwoPiece, "model_step", lambda self, *a: math.nan)
+    newton = solve_dual(view, r, theta2, "kl", bracket=bracket, h_init=h0)
+    assert with_model.status == newton.status == "optimal"
+    assert with_model.iterations <= newton.iterations
+    # (the search stops at |g| <= 1e-11 r: h to about that precision)
+    assert with_model.h == pytest.approx(sol.h, rel=1e-10)
+    assert newton.h == pytest.approx(sol.h, rel=1e-10)
+    assert with_model.value == pytest.approx(newton.value, rel=1e-14)
+    # against the dense reduction (independent of the sorted sums) at the root
+    dense = PiecewiseOracle(*hinge_form(u, c))
+    assert_same_reduction(dense, view, with_model.h, "right", theta2, "kl")

@@ -325,3 +325,28 @@ def test_the_base_risk_moves_the_subsample_threshold(monkeypatch):
         err = [abs(s.info["window"]["h_subsample"] / ref.h - 1) for s in (plain, moved)]
         assert err[1] < 0.5 * err[0], err
         assert same(moved.h, ref.h, 1e-9) and same(moved.value, ref.value, 1e-11)
+
+
+def test_few_effective_samples_start_from_the_wider_window(monkeypatch):
+    """KL weights concentrated on a few of the subsample's keys (r near the largest loss)
+    leave its h far off: the search starts from the second width (issue 31: one window
+    instead of a missed one and a second); the answer is the fully sorted view's."""
+    rng = np.random.default_rng(5)
+    n = 30_000
+    u = rng.standard_normal(n)
+    c, theta2 = 0.3, 0.05
+    oracle = oracle_for(*hinge_form(u, c), sorted_view=False)
+    monkeypatch.setattr(sd, "WINDOW_SUBSAMPLE", 2048)
+    for r, wide in ((3.2, True), (0.6, False)):
+        sub = -u[::n // 2048]
+        ref = solve_dual(oracle_for(*hinge_form(u, c)), r, theta2, "kl")
+        h_ref = ref.h
+        ess = sd._kl_ess(np.sort(sub), c, h_ref, theta2)
+        assert (ess < sd.WINDOW_ESS_SHARE * sub.size) == wide, ess
+        # (the effective size, against its definition)
+        w = np.exp(np.maximum(-sub * h_ref + c * h_ref ** 2, 0.0) / theta2)
+        assert ess == pytest.approx(w.sum() ** 2 / (w @ w), rel=1e-9)
+        sol = solve_two_piece(oracle, r, theta2, "kl", min_n=0)
+        assert sol.status == "optimal" and same(sol.value, ref.value, 1e-11)
+        assert same(sol.h, ref.h, 1e-9)
+        assert sol.info["window"]["tries"][0]["width"] == (0.25 if wide else 0.06)

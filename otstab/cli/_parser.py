@@ -203,18 +203,19 @@ def build_parser() -> argparse.ArgumentParser:
                       help="column of DATA holding the rows' weights (survey weights); it is "
                            "removed from the features")
     cert.add_argument("--time-budget", type=_tolerance, default=None, metavar="SECONDS",
-                      help="tree ensembles (zero_one): stop the certified lower bound's "
-                           "branch and bound after SECONDS (the certificate records it; "
+                      help="tree ensembles (any supported loss): stop the certified lower "
+                           "bound's branch and bound after SECONDS (the certificate records it; "
                            "verify recomputes without it and checks recorded <= recomputed)")
     cert.add_argument("--node-budget", type=_positive_int, default=None, metavar="N",
-                      help="tree ensembles (zero_one): at most N boxes in all for the "
+                      help="tree ensembles (any supported loss): at most N boxes in all for the "
                            "certified lower bound (deterministic: verify reproduces it)")
     cert.add_argument("--max-nodes", type=_positive_int, default=None, metavar="N",
-                      help="tree ensembles (zero_one): at most N boxes per sample for the "
-                           "certified lower bound (default 200)")
+                      help="tree ensembles (any supported loss): at most N boxes per sample for "
+                           "the certified lower bound (default 200 for 0/1, 16384 for "
+                           "logistic / cross_entropy)")
     cert.add_argument("--rtol", type=_rtol, default=None, metavar="R",
-                      help="tree ensembles (zero_one): stop refining the certified lower "
-                           "bound once value_lower >= (1 - R) value_upper (default 0.01; 0: "
+                      help="tree ensembles (any supported loss): stop refining the certified "
+                           "lower bound once value_lower >= (1 - R) value_upper (default 0.01; 0: "
                            "refine every sample that enters the dual up to --max-nodes; "
                            "'none': every sample gets --max-nodes boxes in one round, "
                            "Python's rtol=None)")

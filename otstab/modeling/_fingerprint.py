@@ -29,14 +29,19 @@ made itself (a subset's rows, an unpickled result's X) have none and are not che
 from __future__ import annotations
 
 import functools
+import os
+import threading
 import weakref
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from ..errors import DataChangedError
+from ._threads import blas_threads, one_blas_thread
 
 __all__ = ["GROUP", "Fingerprint", "block_rows", "column_major", "of_matrix", "register",
-           "fingerprint_of", "check"]
+           "fingerprint_of", "check", "each_block"]
 
 #: rows per fingerprint group (n / GROUP numbers are kept: 1/32 of an n-vector)
 GROUP = 32
@@ -44,6 +49,8 @@ GROUP = 32
 BLOCK_BYTES = 1 << 20
 _SEED = 0x07AB5EED
 _EPS = 2.0 ** -53
+#: below this many entries of X a blocked pass runs in the calling thread only
+PARALLEL_MIN = 1 << 18
 
 
 def block_rows(d: int) -> int:
@@ -74,6 +81,66 @@ def block64(block: np.ndarray, buf: np.ndarray | None) -> np.ndarray:
     out = buf[:block.shape[0]]
     np.copyto(out, block)
     return out
+
+
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    """The pool of ``workers`` threads of :func:`each_block` (made on first use)."""
+    with _POOLS_LOCK:
+        if workers not in _POOLS:
+            _POOLS[workers] = ThreadPoolExecutor(workers, thread_name_prefix="otstab-pass")
+        return _POOLS[workers]
+
+
+def _forget_pools() -> None:
+    # a forked child has none of the parent's threads: its pools would queue work that no
+    # thread runs (a hang); it makes its own on first use
+    _POOLS.clear()
+    global _POOLS_LOCK
+    _POOLS_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pools)
+
+
+def each_block(X: np.ndarray, visit: Callable[[np.ndarray, int], None],
+               workers: int | None = None) -> None:
+    """Call ``visit(block, start)`` for every block of :func:`block_rows` rows of the
+    row-major ``X`` (float64, or float32 cast by :func:`block64` into a buffer of the calling
+    thread), in order within each of ``workers`` contiguous runs of blocks.
+
+    The blocks are the same whatever the number of workers, and every BLAS call in ``visit``
+    runs on one thread (:func:`otstab.modeling._threads.one_blas_thread`): the numbers each
+    block gives do not depend on the thread count or on the dtype (float32 -> float64 is
+    exact). The runs go to ``workers`` Python threads (default: as many as BLAS would use;
+    NumPy and BLAS release the GIL), which spreads the pass over the cores as BLAS would,
+    without the thread wake-ups of two small multi-threaded BLAS calls per block (on two
+    cores at n = 1e6, d = 50 those cost as much as the pass itself). ``visit`` must only
+    write to the rows of its block."""
+    n, d = X.shape
+    step = block_rows(d)
+    nblocks = -(-n // step)
+    if threading.current_thread().name.startswith("otstab-pass"):
+        workers = 1  # (a pass inside a pass: never wait on the pool from its own thread)
+    elif workers is None:  # (read before the limit below)
+        workers = 1 if n * d < PARALLEL_MIN else blas_threads()
+    workers = max(1, min(int(workers), nblocks))
+    with one_blas_thread():
+        def run(k: int) -> None:
+            lo, hi = nblocks * k // workers * step, min(n, nblocks * (k + 1) // workers * step)
+            buf = np.empty((min(step, hi - lo), d)) if X.dtype != np.float64 else None
+            for s in range(lo, hi, step):
+                visit(block64(X[s:min(s + step, hi)], buf), s)
+
+        if workers == 1:
+            run(0)
+        else:
+            for f in [_pool(workers).submit(run, k) for k in range(workers)]:
+                f.result()
 
 
 class Fingerprint:
@@ -132,13 +199,10 @@ class Fingerprint:
         if X.shape != (n, d):
             return np.arange(self.values.size)
         now = np.empty_like(self.values)
-        step = block_rows(d)
-        buf = np.empty((step, d)) if X.dtype != np.float64 else None
         if column_major(X):  # (as it was taken: the same products, the same numbers)
             self.fill_columns(X, now)
         else:
-            for s in range(0, n, step):
-                self.fill(block64(X[s:s + step], buf), s, now)
+            each_block(X, lambda block, s: self.fill(block, s, now))
         differ = np.flatnonzero(~(now == self.values))
         if differ.size == 0:
             return differ
@@ -173,10 +237,7 @@ def of_matrix(X: np.ndarray) -> Fingerprint:
     if column_major(X):
         fp.fill_columns(X)
         return fp
-    step = block_rows(d)
-    buf = np.empty((step, d)) if X.dtype != np.float64 else None
-    for s in range(0, n, step):
-        fp.fill(block64(X[s:s + step], buf), s)
+    each_block(X, fp.fill)
     return fp
 
 

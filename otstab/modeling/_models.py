@@ -46,7 +46,7 @@ from ..errors import IncompatibleLossError, InputTypeError, NotFittedError, Vali
 from ..scale import _data as scale
 from . import _fingerprint as fingerprint
 from . import _nonlinear as nonlinear
-from ._fingerprint import Fingerprint, block64, block_rows
+from ._fingerprint import Fingerprint
 from ._losses import Loss, MulticlassHinge, PiecewiseLinear, SmoothLoss, ZeroOne, get_loss
 
 __all__ = ["LinearModel", "LinearScorer", "Problem", "resolve_model", "linear_scorer",
@@ -151,8 +151,6 @@ class LinearScorer:
         multi = self.task == "multiclass"
         out = np.empty((n, self.W.shape[0]) if multi else n)
         Wt = self.W.T if multi else self.W[0]
-        step = block_rows(d)
-        buf = np.empty((step, d)) if X.dtype != np.float64 else None
         if fingerprint.column_major(X):
             # column-major (a DataFrame's values): one product streams each column (4x faster
             # than blocks), and the fingerprint one more (Fingerprint.fill_columns; through
@@ -160,10 +158,15 @@ class LinearScorer:
             fp.fill_columns(X, work=None if multi else out)  # (X v in the scores' buffer)
             np.dot(X, Wt, out=out)
         else:
-            for s in range(0, n, step):
-                block = block64(X[s:s + step], buf)  # float32: cast into one reused buffer
-                np.dot(block, Wt, out=out[s:s + step])
+            # blocks of about 1 MB (a float32 block cast once for both products), each
+            # scored and fingerprinted while in cache, on one BLAS thread per block and the
+            # blocks spread over Python threads (each_block: the same numbers on any thread
+            # count and for float32 as for its float64 copy)
+            def visit(block: np.ndarray, s: int) -> None:
+                np.dot(block, Wt, out=out[s:s + block.shape[0]])
                 fp.fill(block, s)
+
+            fingerprint.each_block(X, visit)
         out += self.b if multi else self.b[0]
         return out, fp
 

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import contextlib
 
-__all__ = ["one_blas_thread"]
+__all__ = ["one_blas_thread", "blas_threads"]
 
 _CONTROLLER: list = []  # the threadpoolctl controller, made on first use (it scans the libraries)
 
 
-def one_blas_thread():
-    """A context manager that limits BLAS to one thread (a no-op without threadpoolctl)."""
+def _controller():
     if not _CONTROLLER:
         try:
             from threadpoolctl import ThreadpoolController
@@ -32,5 +31,20 @@ def one_blas_thread():
             _CONTROLLER.append(None)
         else:
             _CONTROLLER.append(ThreadpoolController())
-    ctl = _CONTROLLER[0]
+    return _CONTROLLER[0]
+
+
+def one_blas_thread():
+    """A context manager that limits BLAS to one thread (a no-op without threadpoolctl)."""
+    ctl = _controller()
     return contextlib.nullcontext() if ctl is None else ctl.limit(limits=1, user_api="blas")
+
+
+def blas_threads() -> int:
+    """The number of threads BLAS would use now (the largest over the loaded BLAS libraries;
+    1 without threadpoolctl or when none is found)."""
+    ctl = _controller()
+    if ctl is None:  # pragma: no cover - a core dependency
+        return 1
+    counts = [int(lib.num_threads) for lib in ctl.select(user_api="blas").lib_controllers]
+    return max(counts, default=1)

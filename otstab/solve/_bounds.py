@@ -80,7 +80,6 @@ from ..modeling._perturbation import (
 )
 from . import _crown as crown
 from . import _relu_regions as relu_regions
-from . import _tree_kernel as tree_kernel
 from ._audit import CANCEL_RTOL
 from ._radius_key import radius_key
 from ._refine import check_rtol, refine
@@ -618,6 +617,9 @@ def tree_lower_distances(model, X, yi, *, mask=None, upper=None, max_nodes=200,
         smp = _Sample(table, X[i], int(yi[i]), mv, upper, predict, weights)
         res = _branch_and_bound(smp, budget, dl)
         return (*res, adopt(i, smp, upper))
+
+    # imported here: numba (1.4 s to import) only loads when a tree search runs
+    from . import _tree_kernel as tree_kernel
 
     search_many = None
     if compiled is None:

@@ -91,11 +91,14 @@ def certify(model, X, y, *, loss: str | Loss, r: float, theta1: float = 1.0,
         :mod:`otstab.datacost_hinge`, :mod:`otstab.datacost_smooth`). For the 0/1 loss of
         tree classifiers (scikit-learn, XGBoost, LightGBM, CatBoost) under a DataCost: a
         certified interval from leaf boxes rewritten in the raw variables
-        (:mod:`otstab.solve._datacost_trees`), exact when every search completes. None:
+        (:mod:`otstab.solve._datacost_trees`), exact when every search completes; for the
+        logistic / cross-entropy loss of boosted ensembles the same boxes give a certified
+        interval of the smooth loss (:mod:`otstab.solve._datacost_tree_smooth`). None:
         ``"auto"`` when a Pipeline with encoders (OneHotEncoder, OrdinalEncoder) gets a raw
         DataFrame and those paths answer its final estimator and the loss (linear models;
-        tree classifiers with the 0/1 loss, where the encoded cost collapses: a fraction of
-        a one-hot indicator crosses a split), else ``"encoded"``; ``res.info["cost_used"]``
+        tree classifiers with the 0/1 loss and boosted ensembles with the logistic /
+        cross-entropy loss, where the encoded cost collapses: a fraction of a one-hot
+        indicator crosses a split), else ``"encoded"``; ``res.info["cost_used"]``
         (and the summary) says which cost was used and why
         (:func:`otstab.datacost_certify.choose_cost`).
     se : "analytic" (default), "bootstrap", ``otstab.inference.Bootstrap(n_resamples,

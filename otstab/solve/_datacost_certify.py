@@ -3,7 +3,10 @@ DataCost certificates of linear classifiers, then the loss's own path
 (:mod:`otstab.datacost_zero_one` for ``loss="zero_one"``, :mod:`otstab.datacost_hinge` for
 ``loss="hinge"``, :mod:`otstab.datacost_smooth` for ``loss="logistic"``,
 :mod:`otstab.solve._datacost_cross_entropy` for the multiclass cross-entropy (a certified
-interval); their shared linear pieces: :mod:`otstab.datacost_linear`).
+interval); their shared linear pieces: :mod:`otstab.datacost_linear`). Tree classifiers take
+:mod:`otstab.solve._datacost_trees` (0/1) or, boosted ensembles with the logistic /
+cross-entropy loss, :mod:`otstab.solve._datacost_tree_smooth`; MLPs
+:mod:`otstab.solve._datacost_networks` (certified intervals).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from ..modeling._datacost import DataCost, as_cost
 from ..modeling._losses import PiecewiseLinear, SmoothLoss, ZeroOne
 from ..modeling._models import resolve_model
 from ..modeling._params import check_options
+from ..modeling._tree_margins import has_margins
 from . import _datacost_inference as datacost_inference
 from . import _inference as inference
 from ._datacost_cross_entropy import FiniteOracle, certify_datacost_cross_entropy
@@ -28,7 +32,8 @@ from ._datacost_hinge import HingeOracle, certify_datacost_hinge
 from ._datacost_linear import flip_problem, linear_parts, raw_frame, selected_variables
 from ._datacost_networks import certify_datacost_network, is_network_model
 from ._datacost_smooth import LogisticOracle, certify_datacost_logistic
-from ._datacost_trees import TREE_OPTIONS, certify_datacost_trees, is_tree_model
+from ._datacost_tree_smooth import certify_datacost_tree_smooth
+from ._datacost_trees import TREE_OPTIONS, certify_datacost_trees, final_estimator, is_tree_model
 from ._datacost_zero_one import certify_datacost_zero_one, zero_one_distances
 from ._zero_one import move_prices
 
@@ -54,14 +59,15 @@ def _has_encoders(model) -> bool:
 def _supported(model, loss, trees_too=True) -> bool:
     """Whether the DataCost paths answer this Pipeline's final estimator and loss as well as
     the encoded cost does: exactly (linear models), or, for tree classifiers and the 0/1 loss
-    (``trees_too``), with a certified interval on valid raw rows that is as fast and as tight
-    as the encoded cost's on one-hot data (module doc of :mod:`._datacost_trees`)."""
+    or boosted ensembles and the logistic / cross-entropy loss (``trees_too``), with a
+    certified interval on valid raw rows (module docs of :mod:`._datacost_trees` and
+    :mod:`._datacost_tree_smooth`)."""
     try:
         kind = loss_kind(loss)
     except ValidationError:
         return False
     if trees_too and is_tree_model(model):
-        return kind == "zero_one"
+        return kind == "zero_one" or (kind == "logistic" and has_margins(final_estimator(model)))
     est = model.steps[-1][1]
     classes = getattr(est, "classes_", None)
     if getattr(est, "coef_", None) is None or classes is None:
@@ -89,7 +95,8 @@ def choose_cost(cost, model, X, loss, *, features=None, feature_costs=None, solv
     if not _supported(model, loss, trees_too):
         if is_tree_model(model):
             how = ("encoded (default: a cost on the data's own variables answers tree "
-                   "classifiers only with loss='zero_one' in certify and its sweeps in this "
+                   "classifiers with loss='zero_one', and boosted ensembles with "
+                   "loss='logistic' / 'cross_entropy', in certify and its sweeps in this "
                    "version; under the encoded "
                    "cost a tree's split on a one-hot indicator is crossed by a fractional move "
                    "(LightGBM splits them at about 1e-35), so R can be vanishingly small and "
@@ -233,10 +240,16 @@ def certify_datacost(model, X, y, *, loss, r, theta1, theta2, divergence, solver
                               f"got {r}")
     spec = inference.resolve_se(se)
     if tree:  # tree classifiers: a certified interval (otstab.solve._datacost_trees)
-        if kind != "zero_one":
-            raise ValidationError("cost=DataCost with a tree model: loss='zero_one' only in "
-                                  "this version")
+        if kind == "hinge":
+            raise ValidationError("cost=DataCost with a tree model: loss='zero_one', "
+                                  "'logistic' or 'cross_entropy' (boosted ensembles) in this "
+                                  "version; loss='hinge' needs cost='encoded'")
         prob = resolve_model(model, X, y, loss=loss, sample_weight=sample_weight)
+        if smooth:  # boosted ensembles (otstab.solve._datacost_tree_smooth)
+            return _tree_smooth(model, X, y, prob, loss=loss, cost=cost, features=features,
+                                spec=spec, r=r, theta1=theta1, theta2=theta2,
+                                divergence=divergence, solver=solver, t_start=t_start,
+                                **solver_options)
         if prob.scorer is None:
             frame, cost = _restrict(raw_frame(model, X, prob), cost, features)
             rc = cost.resolve(model, frame, prob.feature_names)
@@ -307,6 +320,29 @@ def certify_datacost(model, X, y, *, loss, r, theta1, theta2, divergence, solver
         res.inference = _bootstrap(res, prob, rc, parts, frame, spec, loss=loss, r=r,
                                    theta1=theta1, theta2=theta2, divergence=divergence,
                                    solver=solver, kept=kept)
+    return res
+
+
+def _tree_smooth(model, X, y, prob, *, loss, cost, features, spec, r, theta1, theta2,
+                 divergence, solver, t_start, **options):
+    """``loss="logistic"`` / ``"cross_entropy"`` of a boosted tree Pipeline under the cost: a
+    certified interval (:mod:`otstab.solve._datacost_tree_smooth`)."""
+    if solver not in ("auto", "dual"):
+        raise ValidationError(f"solver={solver!r} does not apply to the {loss.name} loss of a "
+                              "tree ensemble under a DataCost (use 'auto')")
+    if loss.name == "logistic" and len(getattr(final_estimator(model), "classes_", ())) != 2:
+        raise ValidationError("loss='logistic' needs a binary classifier; a multiclass model "
+                              "takes loss='cross_entropy'")
+    if spec not in ("analytic", None):
+        raise ValidationError("se='bootstrap' is not available for the logistic / "
+                              "cross-entropy loss of tree ensembles under cost=DataCost yet; "
+                              "use se='analytic' or None")
+    frame, cost = _restrict(raw_frame(model, X, prob), cost, features)
+    rc = cost.resolve(model, frame, prob.feature_names)
+    res = certify_datacost_tree_smooth(model, prob, rc, frame, r=r, theta1=theta1,
+                                       theta2=theta2, divergence=divergence, solver=solver,
+                                       t_start=t_start, loss_name=loss.name, **options)
+    res.inference = (lambda: inference.analytic(res)) if spec == "analytic" else None
     return res
 
 

@@ -52,11 +52,13 @@ def raw_result(model, prob, rc, frame, star, src, mass, wa, loss0, loss_star, mo
 
 
 def edges_before_dual(model, prob, rc, frame, loss0, r, theta1, theta2, divergence, t_start,
-                      loss_name):
-    """The result of an edge (module doc), or None when the dual is needed."""
+                      loss_name, edge=None):
+    """The result of an edge (module doc), or None when the dual is needed; ``edge``: a
+    ``(kind, message)`` the caller decided itself (e.g. r beyond any reachable loss)."""
     n = prob.n
     rows = np.arange(n)
-    edge = edge_kind(loss0, r, theta2, math.isfinite(theta1), prob.p)
+    if edge is None:
+        edge = edge_kind(loss0, r, theta2, math.isfinite(theta1), prob.p)
     if edge is None:
         return None
     kind, message = edge

@@ -363,7 +363,9 @@ def analytic(res) -> Inference:
     if res.status == "bounds":
         notes.append("not exact: the SE is that of the found (upper) value, not of R")
     reliable = infl is not None and not notes
-    if not reliable and infl is not None and n >= MIN_ROWS:
+    if not reliable and infl is not None and n >= MIN_ROWS and res.status != "bounds":
+        # (not for an interval: a bootstrap too would only re-estimate the found value, and
+        # some interval paths refuse it)
         notes.append("prefer se='bootstrap'")
     return Inference(method="influence", se=se, value=float(res.value), n=n,
                      reliable=reliable, note="; ".join(notes))

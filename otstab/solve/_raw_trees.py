@@ -60,6 +60,10 @@ __all__ = ["RawTable", "raw_table", "raw_tree_distances"]
 _SIGN = np.int64(-0x8000000000000000)
 _MAG = np.int64(0x7FFFFFFFFFFFFFFF)
 _BIG = float(np.finfo(np.float64).max)
+#: half-widths, in float64 steps, of the brackets of a raw edge tried around its estimate (the
+#: affine estimate and one secant step) before the whole float64 line: a miss costs about 64
+#: bisection steps, one transform each, for every variable
+BRACKET_ULPS = (32, 1 << 16)
 
 
 def _key(f: np.ndarray) -> np.ndarray:
@@ -216,23 +220,40 @@ def _raw_edges(encode, base_row, table, num_vars, cols, thresholds):
         return [C[offs[q]:offs[q + 1], j] <= t if t.size else np.zeros(0, dtype=bool)
                 for q, (j, t) in enumerate(zip(cols, thresholds))]
 
-    lo, hi = [], []
+    ests = []
     for k, t in enumerate(thresholds):
         e = bounds.f32_edge(t) if table.f32 else t
         with np.errstate(all="ignore"):
             est = (e - z0[k]) / (z1[k] - z0[k])
-        est = np.where(np.isfinite(est), np.clip(est, -_BIG, _BIG), 0.0)
-        ke = _key(est)
-        lo.append(np.maximum(ke - 32, _key(np.array(-_BIG))))
-        hi.append(np.minimum(ke + 32, _key(np.array(_BIG))))
-    ok_lo, ok_hi = holds(lo), holds(hi)
+        ests.append((e, np.where(np.isfinite(est), np.clip(est, -_BIG, _BIG), 0.0)))
+    if any(est.size for _, est in ests):
+        # one secant step (the slope from the two probes loses ~1e-12 to cancellation)
+        _, Ze, offe = _encode_blocks(encode, base_row,
+                                     [(nm, est) for nm, (_, est) in zip(names, ests)])
+        for k, (j, (e, est)) in enumerate(zip(cols, ests)):
+            with np.errstate(all="ignore"):
+                step = (Ze[offe[k]:offe[k + 1], j] - e) / (z1[k] - z0[k])
+                new = est - step
+            ests[k] = (e, np.where(np.isfinite(new), np.clip(new, -_BIG, _BIG), est))
+    kes = [_key(est) for _, est in ests]
     full_lo, full_hi = _key(np.array(-_BIG)), _key(np.array(_BIG))
-    edge_lo = [lo_.copy() for lo_ in lo]
-    edge_hi = [h.copy() for h in hi]
-    for k in range(len(lo)):
-        # a bracket that misses the flip: the whole float64 line on that side
-        lo[k] = np.where(ok_lo[k], lo[k], full_lo)
-        hi[k] = np.where(ok_hi[k], full_hi, hi[k])
+    lo = [np.full(ke.size, full_lo) for ke in kes]
+    hi = [np.full(ke.size, full_hi) for ke in kes]
+    done = [np.zeros(ke.size, dtype=bool) for ke in kes]
+    for width in BRACKET_ULPS:
+        lo_s = [np.maximum(ke - width, full_lo) for ke in kes]
+        hi_s = [np.minimum(ke + width, full_hi) for ke in kes]
+        ok_lo, ok_hi = holds(lo_s), holds(hi_s)
+        for k in range(len(kes)):
+            good = ok_lo[k] & ~ok_hi[k] & ~done[k]
+            lo[k][good], hi[k][good] = lo_s[k][good], hi_s[k][good]
+            # a bracket that misses the flip (last width): the whole float64 line on that side
+            rest = ~done[k] & ~good
+            lo[k][rest] = np.where(ok_lo[k], lo_s[k], full_lo)[rest]
+            hi[k][rest] = np.where(ok_hi[k], full_hi, hi_s[k])[rest]
+            done[k] |= good
+        if all(dn.all() for dn in done):
+            break
     ends_lo, ends_hi = holds(lo), holds(hi)
     for _ in range(70):
         open_ = [h - 1 > lo_ for lo_, h in zip(lo, hi)]
@@ -244,7 +265,6 @@ def _raw_edges(encode, base_row, table, num_vars, cols, thresholds):
         for k in range(len(lo)):
             lo[k] = np.where(open_[k] & res[k], mid[k], lo[k])
             hi[k] = np.where(open_[k] & ~res[k], mid[k], hi[k])
-    del edge_lo, edge_hi
     out = []
     for k in range(len(lo)):
         x = _unkey(lo[k])

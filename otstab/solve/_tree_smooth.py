@@ -59,7 +59,6 @@ from ..modeling._costs import Rescaled
 from ..modeling._nonlinear import PredictOnlyModel, as_model_input
 from ..modeling._params import check_options
 from . import _audit as audit
-from . import _tree_smooth_kernel as smooth_kernel
 from ._bounds import (
     BOUND_OPTIONS,
     VALUE_SLACK,
@@ -527,6 +526,8 @@ def certify_tree_smooth(prob, *, r, theta1, theta2, divergence, mask=None, solve
                            loss=loss)
     # the compiled search (otstab/solve/_tree_smooth_kernel.py) when numba is there; the
     # NumPy search (SmoothSearch) otherwise: the same boxes, lines and points
+    from . import _tree_smooth_kernel as smooth_kernel  # (numba: loaded only here)
+
     compiled = can_move and smooth_kernel.available()
     kt = smooth_kernel.KernelTable(table, mv, w) if compiled else None
     searches: list = []
@@ -718,6 +719,8 @@ def _to_prob(points, x, mv, s):
 def _kernel_runs(kt, X, yi, ids, budgets, h, theta1, far=None, tail=None):
     """:meth:`SmoothSearch.run` of the samples ``ids`` by the compiled search: a list of
     ``(A, B, points, exact, used)`` (the lines merged as :func:`merged` does)."""
+    from . import _tree_smooth_kernel as smooth_kernel
+
     return smooth_kernel.smooth_batch(kt, X, yi, ids, budgets, h, theta1, MAX_LINES,
                                       TOP_POINTS, far, tail)
 

@@ -36,7 +36,6 @@ from ..modeling._params import check_common, check_options
 from . import _audit as audit
 from . import _bounds as bounds
 from . import _neural_search as neural_search
-from . import _tree_found as tree_found
 from ._refine import RTOL, ZeroOneDuals
 from ._results import Lazy, LazyInfo, StabilityResult
 
@@ -1526,6 +1525,8 @@ def certify_zero_one_search(prob: Problem, *, r, theta1, theta2, divergence, mas
         sc = prob.scorer
         model = LinearDifferentiable(sc.W, sc.b, sc.task, sc.classes)
     loss0 = prob.losses(prob.X)
+    from . import _tree_found as tree_found  # (numba, when installed: loaded only here)
+
     # (the dual's h tells the tree found side which samples to refine)
     pr, table = tree_found.tree_search(
         model, prob.X, prob.y, mask=mask,
