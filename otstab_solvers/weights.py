@@ -38,11 +38,20 @@ __all__ = [
 ]
 
 
+#: rows per block of :func:`pmean` over a non-float array (the cast of each block)
+PMEAN_BLOCK = 1 << 15
+
+
 def pmean(x: np.ndarray, p: np.ndarray | None = None) -> float:
-    """mean(x), or sum_i p_i x_i with probabilities ``p``."""
+    """mean(x), or sum_i p_i x_i with probabilities ``p`` (over blocks of rows when ``x``
+    is not float64, e.g. booleans: ``np.dot`` would cast all of it to one float copy)."""
     if p is None:
         return float(np.mean(x))
-    return float(np.dot(p, x))
+    x = np.asarray(x)
+    if x.dtype == np.float64 or x.ndim != 1 or x.size <= PMEAN_BLOCK:
+        return float(np.dot(p, x))
+    return sum((float(np.dot(p[s:s + PMEAN_BLOCK], x[s:s + PMEAN_BLOCK]))
+                for s in range(0, x.size, PMEAN_BLOCK)), 0.0)
 
 
 def support_max(a: np.ndarray, p: np.ndarray | None) -> float:

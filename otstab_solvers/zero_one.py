@@ -28,7 +28,7 @@ from .result import FAILED, OPTIMAL, DualSolution
 from .sorted_oracle import SortedTwoPiece, _Keys
 from .weights import chi2_alpha, chi2_dual_term, kl_dual_term
 
-__all__ = ["DistanceOracle", "solve_zero_one", "zero_one_objective"]
+__all__ = ["DistanceOracle", "solve_zero_one", "solve_window", "zero_one_objective"]
 
 
 class DistanceOracle:
@@ -273,3 +273,121 @@ def solve_zero_one(a, r: float, theta2: float, divergence: str, *,
         value = float(zero_one_objective(a, h, r, theta2, divergence))
     return DualSolution(h, alpha, value, OPTIMAL, "zero_one_closed_form", "closed form",
                         iterations=1, gap_bound=0.0, solve_time=time.perf_counter() - t0)
+
+
+def solve_window(window, r: float, theta2: float, divergence: str, n: int, *, below: int,
+                 below_exp: float, below_gap: float, lo: float, n_zero: int, n_fin: int,
+                 top: bool, below_em1: float = math.nan) -> DualSolution | None:
+    """The KL (or theta2 = inf) closed form of :func:`solve_zero_one` from a window of the
+    sorted prices: the same segments and stationarity candidates, with the prices below the
+    window summarised, so that only the window is sorted (the rest is one pass over the rows,
+    by the caller).
+
+    ``window``: the prices ``a_i`` in ``[lo, hi]``, ascending (finite); ``below``: how many
+    prices are ``< lo`` (every one finite), ``below_exp`` the sum over them of
+    ``exp(max(-a_i / theta2, -700))`` (the closed form's terms shifted by the smallest price,
+    which is 0: ``n_zero >= 1`` prices are 0), ``below_gap`` the sum of ``lo - a_i`` over them
+    (theta2 = inf); ``n_fin`` the number of finite prices; ``top``: the window holds every
+    finite price ``>= lo``; ``below_em1`` the sum of ``expm1((lo - a_i) / theta2)`` over the
+    prices below ``lo`` (NaN: not summed), for answers with every exponent small, where the
+    closed form sums ``expm1((h - a_i) / theta2) = expm1(x) (1 + expm1(y_i)) + expm1(y_i)``
+    with ``x = (h - lo) / theta2``, ``y_i = (lo - a_i) / theta2`` (terms of one sign).
+    ``r < 1``, uniform samples.
+
+    Returns None when the window does not hold the answer (the first segment whose candidate
+    does not exceed its right end, and the price at its left end), or when the closed form
+    would need the prices below the window one by one (every exponent small: its ``expm1``
+    sum): the caller then widens it or sorts every price. Otherwise the same solution as
+    :func:`solve_zero_one` on all sorted prices, up to the order of the sums.
+    """
+    t0 = time.perf_counter()
+    s = np.asarray(window, dtype=np.float64)
+    m = s.size
+    if n_zero < 1 or not 0.0 <= r < 1.0 or m == 0:
+        return None
+    if lo <= 0.0 and below:
+        raise ValueError("prices below a window starting at 0")
+    j0 = n_zero
+    if r <= j0 / n:  # (the caller checks the base risk first; kept as the full form does)
+        return None
+    hi_known = below + m if top else below + m - 1  # the largest j whose right end is known
+
+    def price(j):  # the j-th smallest price (0-based), known in the window (and 0 below j0)
+        if below <= j < below + m:
+            return float(s[j - below])
+        if j < j0:
+            return 0.0
+        raise IndexError(j)
+
+    def right_end(j):
+        return price(j) if j < n_fin else math.inf
+
+    if math.isinf(theta2):
+        J = max(int(math.ceil(r * n - 1e-12 * n)), 1)
+        if J > n_fin:
+            return None
+        if not below <= J - 1 < below + m:
+            return None
+        h = float(s[J - 1 - below])
+        # sum of (h - a_i) over a_i < h: the window's rows below h, and those below the
+        # window as (h - lo) + (lo - a_i) (terms of one sign: no cancellation)
+        k = int(s.searchsorted(h, side="left"))
+        inside = float(np.sum(h - s[:k])) if k else 0.0
+        total = inside + below * (h - lo) + below_gap if below else inside
+        value = h * r - total / n
+        return DualSolution(h, None if divergence == "kl" else 0.0, value, OPTIMAL,
+                            "zero_one_closed_form", "closed form", iterations=1,
+                            gap_bound=0.0, solve_time=time.perf_counter() - t0)
+    cum = np.cumsum(np.exp(np.maximum(s * (-1.0 / theta2), -700.0)))
+
+    def prefix(j):  # sum_{i<j} e_i, j >= below
+        return below_exp + (float(cum[j - below - 1]) if j > below else 0.0)
+
+    def cand(j):
+        return theta2 * (math.log(r * (n - j) / (1.0 - r)) - math.log(prefix(j))) \
+            if j < n else -math.inf
+
+    lo_j, hi_j = max(j0, 1), n_fin
+    a_j, b_j = max(lo_j, below), min(hi_j, hi_known)
+    if a_j > b_j:
+        return None
+    if a_j > lo_j and cand(a_j) <= right_end(a_j):
+        return None  # the first such segment may lie below the window
+    if not cand(b_j) <= right_end(b_j):
+        return None  # beyond the window (or no segment holds the root: the full form says)
+    while a_j < b_j:
+        mid = (a_j + b_j) // 2
+        if cand(mid) <= right_end(mid):
+            b_j = mid
+        else:
+            a_j = mid + 1
+    jj = a_j
+    if jj - 1 < below and jj - 1 >= j0:
+        return None
+    hj = cand(jj)
+    left = price(jj - 1)
+    h = max(hj if hj >= left else left, 0.0)
+    if h <= 0.0 or (h < lo and below):
+        return None
+    j_in = below + int(s.searchsorted(h, side="left"))
+    n_tied = below + int(s.searchsorted(h, side="right")) - j_in
+    log_a = h / theta2 + math.log(prefix(j_in))
+    log_tot = np.logaddexp(log_a, math.log(n - j_in)) if j_in < n else log_a
+    if h / theta2 < 0.5:
+        # every exponent small: the mean of exp is close to 1 and its log would keep only
+        # rounding; sum expm1 over the moved prices instead (the full form's branch)
+        if below and not math.isfinite(below_em1):
+            return None
+        x = np.subtract(h, s[:j_in - below])
+        x /= theta2
+        m1 = float(np.sum(np.expm1(x, out=x)))
+        if below:
+            m1 += math.expm1((h - lo) / theta2) * (below_em1 + below) + below_em1
+        value = h * r - theta2 * math.log1p(m1 / n)
+    else:
+        value = h * r - theta2 * (float(log_tot) - math.log(n))
+    info = {"n_moved": j_in, "n_tied": n_tied, "moved_weight": math.exp(log_a - log_tot),
+            "unit_weight": math.exp(-log_tot) * n, "window": m}
+    return DualSolution(h, None, float(value), OPTIMAL, "zero_one_closed_form", "closed form",
+                        iterations=1, gap_bound=0.0, solve_time=time.perf_counter() - t0,
+                        info=info)

@@ -24,8 +24,8 @@ import numpy as np
 from otstab_solvers.blockwise import BlockwiseDual, distance_block, in_memory, weight_map_blocks
 from otstab_solvers.dual import solve_dual
 from otstab_solvers.result import OPTIMAL
-from otstab_solvers.weights import chi2_solution, kl_weights, phi, pmean
-from otstab_solvers.zero_one import solve_zero_one
+from otstab_solvers.weights import NEAR_ONE, chi2_solution, kl_weights, phi, pmean
+from otstab_solvers.zero_one import solve_window, solve_zero_one
 
 from .._validation import as_bool_vector, as_float_matrix, as_float_vector
 from ..errors import ValidationError
@@ -52,6 +52,10 @@ MOVED_BLOCK = 4096
 REDUCED_BLOCK = 1 << 14
 #: rows of the strided subsample that places the price quantile of RowPrices.smallest
 SUBSAMPLE = 1 << 14
+#: half-widths of the window of sorted prices of RowPrices.solve_window, in square roots of
+#: the subsample's size (plus 8 positions): about 3 % of the rows either side at n = 1e6 for
+#: the first (4 standard deviations of the subsample's share); the second after a miss
+WINDOW_MARGINS = (4.0, 12.0)
 #: a move plan keeps no array of positions when at most this many candidate rows (or this
 #: share of them) are tied at h: they are put last (_move_plan)
 TIED_LAST_MIN = 64
@@ -170,15 +174,23 @@ class RowPrices:
         self.size = int(S.shape[0])
         #: the sorted strided subsample of the prices and its stride (:meth:`_subsample`)
         self._sub: tuple[np.ndarray, int] | None = None
+        #: what the last :meth:`_window` pass summed (the keywords of ``solve_window``)
+        self._window_sums: dict[str, Any] = {}
 
     def _dstar(self, rows) -> np.ndarray:
         if self.nw == 0.0:
             return np.where(self.wrong[rows], 0.0, np.inf)
         d = np.multiply(self.y[rows], self.S[rows])  # the margins; d* in one buffer
         np.maximum(d, 0.0, out=d)
+        # a misclassified row's margin is <= 0 (d* = 0 already) when ``wrong`` comes from
+        # these scores; 0 for any other one (a masked copy only then: it is several times
+        # slower than the rest)
+        fix = d > 0.0
+        fix &= self.wrong[rows]
+        if fix.any():
+            np.copyto(d, 0.0, where=fix)
         d *= d
         d /= self.nw
-        np.copyto(d, 0.0, where=self.wrong[rows])
         return d
 
     def __getitem__(self, rows) -> np.ndarray:
@@ -253,6 +265,94 @@ class RowPrices:
         out.sort()
         return out
 
+    def solve_window(self, r: float, theta2: float, divergence: str):
+        """The KL (or theta2 = inf) closed form with ``r < 1`` from a window of the sorted
+        prices (:func:`otstab_solvers.zero_one.solve_window`): the strided subsample's own
+        closed form says what share of the rows moves; the prices within
+        :data:`WINDOW_MARGINS` subsample positions (times the square root of its size) of
+        that share are written and sorted, and one pass over the rows sums the terms of the
+        prices below them. None when the window misses the answer at every margin (or with
+        no subsample, or prices of 0 or inf only): the caller sorts the prices."""
+        sub, stride = self._subsample()
+        if stride == 1 or self.nw == 0.0 or not math.isfinite(self.theta1):
+            return None
+        m, n = sub.size, self.size
+        if math.isinf(theta2):
+            q = max(math.ceil(r * n - 1e-12 * n), 1) / n
+        else:
+            ss = solve_zero_one(sub, r, theta2, divergence, presorted=True)
+            if ss.status == OPTIMAL and "n_moved" in ss.info:
+                q = ss.info["n_moved"] / m
+            elif ss.status == OPTIMAL and ss.native_status == "r <= base risk":
+                q = r
+            else:
+                return None
+        for c in WINDOW_MARGINS:
+            half = c * math.sqrt(m) + 8.0
+            klo, khi = int(math.floor(q * m - half)), int(math.ceil(q * m + half))
+            lo = float(sub[klo]) if klo > 0 else 0.0
+            hi = float(sub[khi]) if khi < m else math.inf
+            sol = solve_window(self._window(lo, hi, theta2), r, theta2, divergence, n,
+                               **self._window_sums)
+            if sol is not None:
+                return sol
+        return None
+
+    def _window(self, lo: float, hi: float, theta2: float) -> np.ndarray:
+        """The prices in ``[lo, hi]`` ascending (finite ones), from one pass over the rows
+        that also sums the closed form's terms of the prices below ``lo``
+        (``self._window_sums``, the keywords of ``solve_window``)."""
+        parts = []
+        below, below_exp, below_gap, n_zero, n_inf, above = 0, 0.0, 0.0, 0, 0, 0
+        below_em1 = math.nan
+        neg = -1.0 / theta2
+        # every exponent below lo small (lo / theta2 < 0.5): the expm1 terms instead, from
+        # which the exp terms follow (the closed form may need either)
+        small = math.isfinite(theta2) and lo / theta2 < 0.5
+        if small:
+            below_em1 = 0.0
+        fin_hi = min(hi, float(np.finfo(np.float64).max))  # (a <= fin_hi: finite)
+        for i, j in self._blocks():
+            a = self[i:j]
+            n_zero += int(np.count_nonzero(a == 0.0))
+            n_inf += int(np.count_nonzero(a == math.inf))
+            lt = a < lo
+            nb = int(np.count_nonzero(lt))
+            if nb:
+                below += nb
+                # few below lo: their prices alone; else every row's, the others' terms
+                # cleared (clamped at 0, or left out of the sum by the mask)
+                ab = a[lt] if 2 * nb < a.size else a
+                if small:  # expm1((lo - a) / theta2) > 0 below lo
+                    e = np.subtract(lo, ab)
+                    np.maximum(e, 0.0, out=e)
+                    e /= theta2
+                    below_em1 += float(np.sum(np.expm1(e, out=e)))
+                elif math.isfinite(theta2):  # exp(max(-a / theta2, -700)): the closed
+                    e = np.multiply(ab, neg)  # form's terms, shifted by the smallest price 0
+                    np.maximum(e, -700.0, out=e)
+                    np.exp(e, out=e)
+                    below_exp += float(np.sum(e)) if ab is not a else _masked_sum(e, lt, nb)
+                else:  # lo - a > 0 below lo
+                    e = np.subtract(lo, ab)
+                    below_gap += float(np.sum(np.maximum(e, 0.0, out=e)))
+            inw = a <= fin_hi
+            k = int(np.count_nonzero(inw))
+            above += a.size - k
+            if k > nb:  # (every row below lo is also <= hi)
+                inw &= a >= lo
+                parts.append(a[inw])
+        if small:  # exp(-a / theta2) = exp(-lo / theta2) (1 + expm1((lo - a) / theta2))
+            below_exp = math.exp(-lo / theta2) * (below + below_em1)
+        self._window_sums = {
+            "below": below, "below_exp": below_exp, "below_gap": below_gap, "lo": lo,
+            "below_em1": below_em1,
+            "n_zero": n_zero, "n_fin": self.size - n_inf, "top": above == n_inf}
+        out = np.concatenate(parts) if parts else np.empty(0)
+        del parts
+        out.sort()
+        return out
+
     def _write_below(self, tau: float, size: int | None) -> np.ndarray | None:
         """The prices at most ``tau`` in row order, in an array of ``size`` (None: it is too
         small, or no size)."""
@@ -303,6 +403,79 @@ class RowPrices:
         vals.resize(at, refcheck=False)
         return cand, vals
 
+    def near_weighted(self, h: float, fn, loss0, divergence: str | None, tol: float = 1e-10,
+                      reduced=None):
+        """:meth:`near` without the prices, and in the same pass what Q*'s plan and audit sum
+        over the weights ``fn(a)`` of those rows (``fn(a)``: the weight of a row of price
+        ``a``, ``fn(h)`` that of every row with ``l_h = 0``): ``(cand, below, sums)`` with
+        ``below`` (booleans per candidate) the rows with ``a < h - tol h``, and ``sums`` the
+        sums over the candidates of the weights (``"w"``), of ``phi`` of them (``"phi"``, of
+        ``divergence``; None: unit weights, phi 0 not summed), of the weights of the
+        misclassified ones (``"wl"``), the count of those (``"l"``), and the weights of the
+        correctly classified rows below h (``"w_gain"``). Uniform samples; one pass over
+        the rows, the weights computed per block of the candidates only (no n-vector of
+        prices or weights).
+
+        ``reduced`` (:meth:`NearPoints.reduced`): the rows below h moved, summed as
+        ``_finish`` sums them with the weights at hand: ``"wd2"`` (weight times squared
+        move), ``"wdl"`` (weight times change of loss), ``"qdl"`` (change of loss), over
+        ``"n_below"`` rows."""
+        thr = h + tol * h
+        lim = h - tol * h
+        self._subsample()
+        size = self._estimate(thr)
+        if size is None:
+            size = sum(int(np.count_nonzero(self[i:j] <= thr)) for i, j in self._blocks())
+        cand = np.empty(size, dtype=row_index_dtype(self.size))
+        below = np.empty(size, dtype=bool)
+        sums = dict.fromkeys(("w", "phi", "wl", "w_gain", "wd2", "wdl", "qdl"), 0.0)
+        sums["l"] = sums["n_below"] = 0
+        at = 0
+        for i, j in self._blocks():
+            a = self[i:j]
+            k = np.flatnonzero(a <= thr)
+            if not k.size:
+                continue
+            if at + k.size > cand.size:  # (the estimate was short: room for the rest)
+                more = sum(int(np.count_nonzero(self[s:e] <= thr))
+                           for s, e in self._blocks() if s >= i)
+                cand = np.concatenate([cand[:at], np.empty(more, dtype=cand.dtype)])
+                below = np.concatenate([below[:at], np.empty(more, dtype=bool)])
+            ak = a[k]
+            np.add(k, i, out=cand[at:at + k.size], casting="unsafe")
+            bk = below[at:at + k.size]
+            np.less(ak, lim, out=bk)
+            at += k.size
+            if divergence is None:  # (unit weights: phi is 0)
+                wk = fn(ak)
+            elif getattr(fn, "gives_phi", False):
+                wk, pk = fn(ak, with_phi=True)  # (phi from the exponents: no log)
+                sums["phi"] += float(np.sum(pk))
+            else:
+                wk = fn(ak)
+                sums["phi"] += float(np.sum(phi(wk, divergence)))
+            lk = loss0[i:j][k] > 0
+            sums["w"] += float(np.sum(wk))
+            sums["wl"] += float(np.dot(wk, lk))
+            sums["l"] += int(np.count_nonzero(lk))
+            if reduced is not None:  # the moves of the rows below h (the audit's sums)
+                kb = k[bk]
+                rb = kb + i
+                lm, dd = reduced(rb)
+                wb = wk[bk]
+                dlb = lm - loss0[rb]
+                sums["wd2"] += float(np.dot(wb, dd))
+                sums["wdl"] += float(np.dot(wb, dlb))
+                sums["qdl"] += float(np.sum(dlb))
+                sums["n_below"] += int(kb.size)
+            np.logical_not(lk, out=lk)
+            lk &= bk
+            sums["w_gain"] += float(np.dot(wk, lk))
+        cand.resize(at, refcheck=False)
+        below.resize(at, refcheck=False)
+        self._sub = None  # (Q*'s rows are the last use of the subsample)
+        return cand, below, sums
+
     def finite(self):
         """(any, all, count among the correctly classified rows) of finite prices."""
         any_, all_, movable = False, True, 0
@@ -312,6 +485,14 @@ class RowPrices:
             all_ = all_ and bool(fin.all())
             movable += int(np.count_nonzero(fin & ~self.wrong[i:j]))
         return any_, all_, movable
+
+
+def _masked_sum(x: np.ndarray, mask: np.ndarray, count: int) -> float:
+    """``sum(x[mask])`` (``count`` true entries; ``x`` finite): a plain sum when every entry
+    is true, else a dot with the mask (``np.sum(where=)`` is several times slower)."""
+    if count == x.size:
+        return float(np.sum(x))
+    return float(np.dot(x, mask))
 
 
 def misclassified(prob: Problem, S=None) -> np.ndarray:
@@ -326,7 +507,10 @@ def misclassified(prob: Problem, S=None) -> np.ndarray:
     out = np.empty(n, dtype=bool)
     for s in range(0, n, REDUCED_BLOCK):
         e = min(s + REDUCED_BLOCK, n)
-        out[s:e] = zero_one.values(S[s:e], prob.y[s:e]) > 0
+        if S.ndim == 1:  # ZeroOne.values' binary rule, without its float losses
+            np.not_equal(S[s:e] > 0, prob.y[s:e] > 0, out=out[s:e])
+        else:
+            out[s:e] = zero_one.values(S[s:e], prob.y[s:e]) > 0
     return out
 
 
@@ -395,7 +579,36 @@ def _near(a, h, tol=1e-10):
     """Rows with ``a_i <= h`` (up to the tie tolerance), the only rows Q* can move, and
     their ``a``."""
     cand = np.flatnonzero(a <= h + tol * h)  # a = inf never qualifies
+    if cand.dtype != row_index_dtype(a.size):  # (int32 below 2^31 rows: half the memory)
+        cand = cand.astype(row_index_dtype(a.size))
     return cand, a[cand]
+
+
+class _RowMass:
+    """``q = n p``, each row's probability times n (sample weights), computed where it is
+    read (``q[rows]``, sums over blocks of rows) instead of held as an n-vector beside ``p``:
+    the same numbers ``p * n`` holds."""
+
+    def __init__(self, p: np.ndarray, n: int):
+        self.p, self.n = p, n
+        self.size = int(p.size)
+
+    def __getitem__(self, rows):
+        return self.p[rows] * self.n
+
+    def _blocks(self):
+        return ((s, min(s + REDUCED_BLOCK, self.size)) for s in range(0, self.size, REDUCED_BLOCK))
+
+    def dot(self, x) -> float:
+        """sum_i q_i x_i (``x`` of any numeric or boolean type), over blocks of rows."""
+        return sum((float(np.dot(self[s:e], x[s:e])) for s, e in self._blocks()), 0.0)
+
+    def sum(self) -> float:
+        return sum((float(np.sum(self[s:e])) for s, e in self._blocks()), 0.0)
+
+    def times(self, v: np.ndarray) -> np.ndarray:
+        """``q * v`` (an n-vector: the dense weights' rare paths)."""
+        return self.p * self.n * v
 
 
 class _Weights:
@@ -403,17 +616,17 @@ class _Weights:
     weight ``base`` (its ``l_h`` is 0), the rows ``idx`` have ``vals``; or a dense array
     (``dense``). Sums over all rows cost O(len(idx)) plus one pass over the summed array.
 
-    ``q`` (dense weights only): n times the sample probabilities (sample weights); the sums
+    ``q`` (a :class:`_RowMass`): n times the sample probabilities (sample weights); the sums
     and :meth:`at` then carry each row's share ``q_i`` of P0 (``sum_i q_i w_i = n``), so that
     every ``sum / n`` below is the p-weighted sum."""
 
     def __init__(self, n, *, base=None, idx=None, vals=None, dense=None, q=None):
         self.n, self.base, self.idx, self.vals, self.dense = n, base, idx, vals, dense
         self.q = q
-        self._qw = None if q is None or dense is None else q * dense
+        self._qw = None if q is None or dense is None else q.times(dense)
         # compact with sample weights: q of the rows idx, and the q-mass of the other rows
         self._qi = None if q is None or dense is not None else q[idx]
-        self._q_rest = None if self._qi is None else float(np.sum(q)) - float(np.sum(self._qi))
+        self._q_rest = None if self._qi is None else q.sum() - float(np.sum(self._qi))
         self._dots = {}
 
     def at(self, pos):
@@ -439,10 +652,14 @@ class _Weights:
                 vx = float(np.sum(self.vals, where=xi)) if xi.dtype == bool else \
                     float(np.dot(self.vals, xi))
                 val = self.base * (float(np.sum(x)) - float(np.sum(xi))) + vx
-            else:
-                xi = x[self.idx]
-                val = self.base * (float(np.dot(self.q, x)) - float(np.dot(self._qi, xi))) \
-                    + float(np.dot(self.vals * self._qi, xi))
+            else:  # over blocks of the rows idx (cache-sized temporaries)
+                val = self.base * self.q.dot(x)
+                for s in range(0, self.idx.size, REDUCED_BLOCK):
+                    e = s + REDUCED_BLOCK
+                    xi = x[self.idx[s:e]]
+                    qi = self._qi[s:e]
+                    val += float(np.dot(self.vals[s:e] * qi, xi)) \
+                        - self.base * float(np.dot(qi, xi))
             self._dots[key] = (x, val)  # keeps x alive, so its id is not reused
         return self._dots[key][1]
 
@@ -458,12 +675,15 @@ class _Weights:
     def phi_total(self, divergence):
         """sum_i phi(w_i) (sum_i q_i phi(w_i) with sample weights)."""
         if self._qw is not None:
-            return float(np.dot(self.q, phi(self.dense, divergence)))
+            return self.q.dot(phi(self.dense, divergence))
         if self.dense is not None:
             return _phi_sum(self.dense, divergence)
         phi_base = _phi_sum(np.array([self.base]), divergence)
-        if self._qi is not None:
-            return phi_base * self._q_rest + float(np.dot(self._qi, phi(self.vals, divergence)))
+        if self._qi is not None:  # (over blocks of the rows idx: phi's temporaries)
+            return phi_base * self._q_rest + sum(
+                (float(np.dot(self._qi[s:s + REDUCED_BLOCK],
+                              phi(self.vals[s:s + REDUCED_BLOCK], divergence)))
+                 for s in range(0, self.idx.size, REDUCED_BLOCK)), 0.0)
         return phi_base * (self.n - self.idx.size) + _phi_sum(self.vals, divergence)
 
     def array(self):
@@ -474,6 +694,117 @@ class _Weights:
         return w
 
 
+class _PriceWeights(_Weights):
+    """Compact weights of uniform samples given as a function of the prices: the rows
+    ``idx`` (candidates) have ``fn(a_i)``, recomputed from :class:`RowPrices` per block
+    when asked (:meth:`at`), every other row ``base``; the sums over all rows come from
+    the pass that found the rows (:meth:`RowPrices.near_weighted`): no n-vector of weights
+    or prices is kept."""
+
+    def __init__(self, n, base, idx, fn, prices, sums, loss0):
+        super().__init__(n, base=base, idx=idx, vals=None)
+        self.fn, self.prices, self.sums = fn, prices, sums
+        rest = self.base * (float(np.count_nonzero(loss0)) - sums["l"])  # (rows outside idx)
+        self._dots[id(loss0)] = (loss0, rest + sums["wl"])
+
+    def at(self, pos):
+        return self.fn(self.prices[self.idx[pos]])
+
+    def dot(self, x):
+        key = id(x)
+        if key not in self._dots:  # (any other array: a pass over the candidates)
+            val = self.base * float(np.sum(x))
+            for s in range(0, self.idx.size, REDUCED_BLOCK):
+                rows = self.idx[s:s + REDUCED_BLOCK]
+                xi = x[rows].astype(np.float64)
+                val += float(np.dot(self.at(slice(s, s + REDUCED_BLOCK)) - self.base, xi))
+            self._dots[key] = (x, val)
+        return self._dots[key][1]
+
+    def total(self):
+        return self.base * (self.n - self.idx.size) + self.sums["w"]
+
+    def phi_total(self, divergence):
+        phi_base = _phi_sum(np.array([self.base]), divergence)
+        return phi_base * (self.n - self.idx.size) + self.sums["phi"]
+
+    def array(self):
+        w = np.full(self.n, self.base)
+        for s in range(0, self.idx.size, REDUCED_BLOCK):
+            w[self.idx[s:s + REDUCED_BLOCK]] = self.at(slice(s, s + REDUCED_BLOCK))
+        return w
+
+
+def _row_weight_fn(h, sol, theta2, divergence):
+    """The weight of a row of price ``a`` at ``h`` as a function (the numbers
+    :func:`_weights` computes for an array of candidate prices), for the closed form of KL
+    (its unit weight), chi2 (the dual's alpha) and theta2 = inf; None otherwise."""
+    if not math.isfinite(h):
+        return None
+    if math.isinf(theta2):
+        return lambda a: np.ones(np.shape(a))
+    info = sol.info if sol is not None else {}
+    if divergence == "kl" and info.get("unit_weight", 0.0) > 1e-250:
+        uw = float(info["unit_weight"])
+        log_uw = math.log(uw)
+
+        def kl(a, with_phi=False):  # uw exp(max(h - a, 0) / theta2), in one buffer
+            v = np.subtract(h, a)
+            np.maximum(v, 0.0, out=v)
+            v /= theta2
+            if not with_phi:
+                np.exp(v, out=v)
+                v *= uw
+                return v
+            w = np.exp(v)
+            w *= uw
+            return w, _phi_kl_logs(w, np.add(v, log_uw, out=v))
+        kl.gives_phi = True  # type: ignore[attr-defined]
+        return kl
+    if divergence == "chi2" and sol is not None and sol.alpha is not None \
+            and sol.solver == "zero_one_dual":
+        alpha = float(sol.alpha)
+        return lambda a: np.maximum((np.maximum(h - a, 0.0) + alpha) / (2.0 * theta2) + 1.0,
+                                    0.0)
+    return None
+
+
+def _phi_kl_logs(w, t):
+    """phi_KL(w) = w log w - w + 1 given ``t = log w`` (the weights' exponents: no log is
+    taken), into ``t``; below ``|w - 1| < NEAR_ONE`` the Taylor series of
+    :func:`otstab_solvers.weights.phi` (full relative accuracy near 1)."""
+    t *= w
+    t -= w
+    t += 1.0
+    dist = w - 1.0
+    np.abs(dist, out=dist)
+    near = np.flatnonzero(dist < NEAR_ONE)
+    if near.size:
+        t[near] = phi(w[near], "kl")
+    return t
+
+
+def _price_weights(rp, h, sol, theta2, divergence, n, loss0, reduced=None):
+    """``(w, below, alpha)`` for :class:`RowPrices` (uniform samples, ``r < 1``): the
+    candidates of Q* and its weights (:class:`_PriceWeights`) from one pass over the rows,
+    ``below`` the candidates below h (for :func:`_move_plan`); None where :func:`_weights`
+    must decide (no closed-form weight, or chi2 weights whose mass is not 1 at the dual's
+    alpha)."""
+    fn = _row_weight_fn(h, sol, theta2, divergence)
+    if fn is None:
+        return None
+    cand, below, sums = rp.near_weighted(  # (theta2 = inf: every weight 1, no phi summed)
+        h, fn, loss0, None if math.isinf(theta2) else divergence, reduced=reduced)
+    if reduced is None:
+        sums.pop("n_below")  # (no moves summed)
+    base = float(fn(np.array([h]))[0])  # (l_h = 0)
+    w = _PriceWeights(n, base, cand, fn, rp, sums, loss0)
+    alpha = None if divergence == "kl" else (0.0 if math.isinf(theta2) else float(sol.alpha))
+    if divergence == "chi2" and math.isfinite(theta2) and abs(w.total() / n - 1.0) > 1e-13:
+        return None  # (the dual's alpha belongs to a slightly different h)
+    return w, below, alpha
+
+
 def _phi_sum(w, divergence):
     """sum_i phi(w_i), each term accurate also for weights close to 1 (no ``sum w^2 - 2 sum w
     + n`` style cancellation, which a large theta2 would turn into cost)."""
@@ -482,7 +813,7 @@ def _phi_sum(w, divergence):
                 for s in range(0, w.size, REDUCED_BLOCK)), 0.0)
 
 
-def _move_plan(h, w, loss0, r, n, ac, tol=1e-10):
+def _move_plan(h, w, loss0, r, n, ac, tol=1e-10, below=None):
     """Which samples Q* moves: ``(moved, split)`` as positions in ``w.idx`` (the rows with
     ``a_i <= h``, whose ``a`` is ``ac``).
 
@@ -496,7 +827,8 @@ def _move_plan(h, w, loss0, r, n, ac, tol=1e-10):
     """
     t = tol * h
     cand = w.idx
-    below = ac < h - t
+    if below is None:
+        below = ac < h - t
     n_below = int(np.count_nonzero(below))
     tied = np.flatnonzero(~below)
     compact = w.dense is None and w.q is None and \
@@ -509,10 +841,13 @@ def _move_plan(h, w, loss0, r, n, ac, tol=1e-10):
     # the moved rows add their weight where they were classified correctly (loss 0 -> 1);
     # over blocks of them (cache-sized gathers)
     risk = w.dot(loss0)
-    for s in range(0, n_below, REDUCED_BLOCK):
-        mb = slice(s, min(s + REDUCED_BLOCK, n_below)) if compact else \
-            moved[s:s + REDUCED_BLOCK]
-        risk += float(np.sum(w.at(mb), where=~(loss0[cand[mb]] > 0)))
+    if isinstance(w, _PriceWeights):  # (summed by the pass that found the rows)
+        risk += w.sums["w_gain"]
+    else:
+        for s in range(0, n_below, REDUCED_BLOCK):
+            mb = slice(s, min(s + REDUCED_BLOCK, n_below)) if compact else \
+                moved[s:s + REDUCED_BLOCK]
+            risk += float(np.sum(w.at(mb), where=~(loss0[cand[mb]] > 0)))
     need = n * r - risk
     split = None
     if need > 0 and tied.size:
@@ -541,7 +876,9 @@ def _tied_last(w, below, tied, n_below):
     at = np.union1d(tied, np.arange(n_below, size))  # the holes below n_below, then the end
     order = np.concatenate([at[below[at]], at[~below[at]]])
     for arr in (w.idx, w.vals):
-        if arr.strides == (0,):  # one weight broadcast over the rows: every order is the same
+        # one weight broadcast over the rows (every order is the same), or None (weights
+        # computed from the prices)
+        if arr is None or arr.strides == (0,):
             continue
         arr[at] = arr[order]
 
@@ -562,10 +899,8 @@ def _weights(a, h, sol, theta2, divergence, n, cand, ac, q=None):
     if q is not None:
         # the weight map over blocks of rows (no n-vector of l_h): the rows with l_h = 0 share
         # its weight at 0, the rows ``cand`` get their own
-        p = q / n
         wm = weight_map_blocks(lambda s, e: np.maximum(h - a[s:e], 0.0), n, theta2,
-                               divergence, p=p)
-        del p
+                               divergence, p=q.p)
         vals = wm(np.maximum(h - ac, 0.0))
         return _Weights(n, base=float(wm(np.zeros(1))[0]), idx=cand, vals=vals, q=q), wm.alpha
     if math.isinf(theta2):
@@ -644,7 +979,7 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
     if rp is not None and p is not None:
         raise ValueError("RowPrices serve uniform samples only; pass the price array with p")
     base = pmean(loss0, p) if base is None else base
-    q = None if p is None else p * n
+    q = None if p is None else _RowMass(p, n)
     # (any, all finite prices among the charged samples, the largest error rate reachable by
     # moving alone): one pass, only if an edge case below asks
     reach = Lazy(lambda: _reach(a, loss0, p))
@@ -691,10 +1026,14 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
                 sol = solve_zero_one(a, r, theta2, divergence, method=how, p=p)
             elif how == "closed_form" and r < 1.0 and (divergence == "kl" or
                                                        math.isinf(theta2)):
-                # Q* moves at most r n samples, the cheapest: their prices are all the closed
-                # form needs (sorted, with a margin; all of them when the margin is short)
-                sol = solve_zero_one(rp.smallest(r), r, theta2, divergence, method=how,
-                                     presorted=True, n=n)
+                # a window of the sorted prices around the answer (one pass, no sorted
+                # copy); else: Q* moves at most r n samples, the cheapest: their prices are
+                # all the closed form needs (sorted, with a margin; all of them when the
+                # margin is short)
+                sol = rp.solve_window(r, theta2, divergence)
+                if sol is None:
+                    sol = solve_zero_one(rp.smallest(r), r, theta2, divergence, method=how,
+                                         presorted=True, n=n)
                 if sol.native_status == "needs more prices":
                     sol = solve_zero_one(rp.sorted(), r, theta2, divergence, method=how,
                                          presorted=True)
@@ -703,14 +1042,30 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
                                      presorted=True)
             if sol.status != OPTIMAL:
                 raise audit.Skip(f"0/1 {how} reported {sol.native_status!r}", sol.status)
-            cand, ac = _near(a, sol.h) if rp is None else rp.near(sol.h)
-            w, alpha = _weights(a, sol.h, sol, theta2, divergence, n, cand, ac, q)
-            plan = _move_plan(sol.h, w, loss0, r, n, ac)
+            # (above AUDIT_DIRECT_MAX rows, where the audit sums the moves from the scores,
+            # the pass that finds the rows sums those of the rows below h)
+            red = X_near.reduced if isinstance(X_near, NearPoints) and X_near.moves_fn \
+                and X is not None and n > audit.AUDIT_DIRECT_MAX else None
+            got = _price_weights(rp, sol.h, sol, theta2, divergence, n, loss0, red) \
+                if rp is not None and r < 1.0 else None
+            if got is not None:  # (no n-vector of prices or weights: from the scores)
+                w, below, alpha = got
+                del got  # (the tuple would keep ``below`` alive through Q*'s build)
+                cand = w.idx
+                ac = None
+                plan = _move_plan(sol.h, w, loss0, r, n, None, below=below)
+                del below
+            else:
+                cand, ac = _near(a, sol.h) if rp is None else rp.near(sol.h)
+                w, alpha = _weights(a, sol.h, sol, theta2, divergence, n, cand, ac, q)
+                plan = _move_plan(sol.h, w, loss0, r, n, ac)
             # the dual objective at h from the rows that move (the audit's weak-duality check;
             # at r = 1 the value is a closed form without h r - T(h): no check). One pass over
             # those rows (an exp each for KL): done where the audit re-scores every row anyway
             # or where few rows move, so that the large-n path keeps its cost
             cheap = n <= audit.AUDIT_DIRECT_MAX or cand.size <= n // DUAL_CHECK_SHARE
+            if cheap and ac is None:
+                ac = rp[cand]
             dual_at_h = _dual_at_h(sol.h, r, theta2, divergence, n, cand, ac, alpha, p) \
                 if r < 1.0 and math.isfinite(sol.h) and cheap else None
             del cand, ac  # (the weights keep the rows; their prices are not needed again)
@@ -794,7 +1149,7 @@ def _limit_result(inputs, p=None):
         A &= p > 0
         frac_A = float(np.sum(p[A]))
         w = _Weights(n, idx=np.empty(0, dtype=np.intp), dense=np.where(A, 1.0 / frac_A, 0.0),
-                     q=p * n)
+                     q=_RowMass(p, n))
     value = theta2 * (math.log(1 / frac_A) if divergence == "kl" else (1 / frac_A - 1))
     msg = ("r = 1 is attained only in the limit h -> inf, with all mass on the misclassified "
            "samples")
@@ -881,8 +1236,16 @@ def _finish(inputs, *, value, h, alpha, status, message, plan, w, solver_name, s
     if X is not None and X_near is not None and rows.size and reduced is not None \
             and n > audit.AUDIT_DIRECT_MAX:
         # large n: the loss and move of every moved row from the scores (the reduced form),
-        # confirmed on a random sample of moved rows materialised and re-scored by the model
-        for s in range(0, rows.size, REDUCED_BLOCK):
+        # confirmed on a random sample of moved rows materialised and re-scored by the model;
+        # with weights from the prices and a compact plan the rows below h (the first
+        # positions) were summed by the pass that found them: the tied rows here
+        start = 0
+        sums = getattr(w, "sums", {})
+        if "n_below" in sums and isinstance(moved_pos, int) and sums["n_below"] <= k_whole:
+            start = sums["n_below"]
+            for key in ("wd2", "wdl", "qdl"):
+                acc[key] = sums[key]
+        for s in range(start, rows.size, REDUCED_BLOCK):
             accumulate(s, min(s + REDUCED_BLOCK, rows.size), *reduced(rows[s:s + REDUCED_BLOCK]))
 
         def loss_m():  # the loss at the moved points, for ``loss_star`` (built when asked)
