@@ -56,7 +56,6 @@ from ..errors import SolverError
 from ..modeling import _tree_margins as tree_margins
 from ..modeling._nonlinear import as_model_input
 from . import _audit as audit
-from ._datacost_cross_entropy import FiniteOracle
 from ._datacost_cross_entropy import _priced as priced_costs
 from ._datacost_linear import encode
 from ._datacost_result import edges_before_dual, raw_result
@@ -69,19 +68,18 @@ from ._tree_smooth import (
     FIRST_SHARE,
     GROWTH,
     H_MOVE,
-    MAX_LINES,
     MAX_ROUNDS,
     TOP_POINTS,
     SmoothSearch,
     _ce_bound,
     _gap_samples,
-    _lower_value,
     _ok,
     _options,
-    _padded,
     _stop,
-    envelope,
+    kept_candidates,
+    lines_oracle,
     merged,
+    round_lower,
 )
 
 __all__ = ["RawSmoothSearch", "certify_datacost_tree_smooth"]
@@ -281,15 +279,12 @@ class _RawFound:
             Ai = np.concatenate([self.A[i], A[at]])
             Bi = np.concatenate([self.B[i], B[at]])
             mv = self.moves[i] + [moves[k] for k in at]
-            keep = envelope(Ai, Bi)
-            if 0 not in keep:  # staying is always allowed
-                keep = np.r_[0, keep]
-            keep = keep[:MAX_LINES]
+            keep = kept_candidates(Ai, Bi)
             self.A[i], self.B[i] = Ai[keep], Bi[keep]
             self.moves[i] = [mv[k] for k in keep]
 
     def oracle(self):
-        return FiniteOracle(*_padded(list(zip(self.A, self.B)), max(a.size for a in self.A)))
+        return lines_oracle(list(zip(self.A, self.B)))
 
     def rows(self, which, src) -> pd.DataFrame:
         """The raw rows of the atoms (sample ``src[a]``'s candidate ``which[a]``)."""
@@ -354,7 +349,7 @@ def certify_datacost_tree_smooth(model, prob, rc, frame, *, r, theta1, theta2, d
     found = _RawFound(model, prob, rc, frame, loss0, theta1, yi)
     deadline = math.inf if time_budget is None else t_start + float(time_budget)
     lines: list = [merged(A, B) for A, B in roots]
-    lower = FiniteOracle(*_padded(lines, max(a.size for a, _ in lines)))
+    lower = lines_oracle(lines)
     sol_root = solve_dual(lower, r, theta2, divergence, p=p)
     h = float(sol_root.h) if _ok(sol_root) and sol_root.h > 0 else 1.0
     exact = np.zeros(n, dtype=bool)
@@ -420,11 +415,8 @@ def certify_datacost_tree_smooth(model, prob, rc, frame, *, r, theta1, theta2, d
                 return _finish(_unreachable(model, prob, rc, frame, loss0, r, theta1, theta2,
                                             divergence, t_start, loss_name, top), prob, rc,
                                t_start)
-        lower = FiniteOracle(*_padded(lines, max(a.size for a, _ in lines)))
-        sol_l = solve_dual(lower, r, theta2, divergence, p=p,
-                           h_init=sol_u.h if _ok(sol_u) else None)
-        value_lower = max(value_lower, _lower_value(lower, sol_l, sol_u, r, theta2,
-                                                    divergence, p))
+        lower, sol_l, proved = round_lower(lines, sol_u, r, theta2, divergence, p)
+        value_lower = max(value_lower, proved)
         upper = float(sol_u.value) if _ok(sol_u) else math.inf
         log.append({"round": rounds, "nodes": int(total), "h": h, "lower": value_lower,
                     "upper": upper})

@@ -433,6 +433,32 @@ def _padded(rows, width):
 # ----------------------------------------------------------------------------------------------
 
 
+def lines_oracle(lines) -> FiniteOracle:
+    """The finite d-transform of per-sample lines ``[(A_i, B_i), ...]`` (padded to one
+    width)."""
+    return FiniteOracle(*_padded(lines, max(a.size for a, _ in lines)))
+
+
+def kept_candidates(A, B) -> np.ndarray:
+    """Positions of one sample's candidate lines ``(A, B)`` that the found side keeps: the
+    upper envelope, with the sample itself (position 0: staying is always allowed), at most
+    ``MAX_LINES``."""
+    keep = envelope(A, B)
+    if 0 not in keep:
+        keep = np.r_[0, keep]
+    return keep[:MAX_LINES]
+
+
+def round_lower(lines, sol_u, r, theta2, divergence, p):
+    """``(lower, sol_l, value)``: a round's over-estimate of the d-transforms (the lines),
+    its dual's solution and the certified lower end from it (the dual function at its own
+    optimum and at the upper end's h)."""
+    lower = lines_oracle(lines)
+    sol_l = solve_dual(lower, r, theta2, divergence, p=p,
+                       h_init=sol_u.h if _ok(sol_u) else None)
+    return lower, sol_l, _lower_value(lower, sol_l, sol_u, r, theta2, divergence, p)
+
+
 def _options(options):
     check_options(options, BOUND_OPTIONS, "the logistic / cross-entropy loss of a tree "
                   "ensemble (the certified tree interval)")
@@ -479,15 +505,11 @@ class _Found:
             Ai = np.concatenate([self.A[i], A[at]])
             Bi = np.concatenate([self.B[i], B[at]])
             Zi = np.concatenate([self.Z[i], Z[at]])
-            keep = envelope(Ai, Bi)
-            if 0 not in keep:  # the sample itself stays (staying is always allowed)
-                keep = np.r_[0, keep]
-            keep = keep[:MAX_LINES]
+            keep = kept_candidates(Ai, Bi)
             self.A[i], self.B[i], self.Z[i] = Ai[keep], Bi[keep], Zi[keep]
 
     def oracle(self):
-        width = max(a.size for a in self.A)
-        return FiniteOracle(*_padded(list(zip(self.A, self.B)), width))
+        return lines_oracle(list(zip(self.A, self.B)))
 
     def points(self, which, src):
         return np.array([self.Z[i][c] for i, c in zip(src, which)])
@@ -559,15 +581,15 @@ def certify_tree_smooth(prob, *, r, theta1, theta2, divergence, mask=None, solve
     lines: list = [merged(ev[0], ev[1]) for ev in roots] if can_move else \
         [(loss0[i:i + 1].copy(), np.zeros(1)) for i in range(n)]
     total = len(roots)
-    sol_root = solve_dual(FiniteOracle(*_padded(lines, max(a.size for a, _ in lines))), r,
-                          theta2, divergence, p=p)
+    root = lines_oracle(lines)
+    sol_root = solve_dual(root, r, theta2, divergence, p=p)
     h = float(sol_root.h) if _ok(sol_root) and sol_root.h > 0 or not can_move else \
         _initial_h(table, X, mv, w, theta1, lmax, loss0)
     exact = np.full(n, not can_move)
     budget = min(FIRST_NODES, max_nodes)
     # the first round: the samples that carry the gap at the root's h, the largest first
-    todo = _gap_samples(FiniteOracle(*_padded(lines, max(a.size for a, _ in lines))),
-                        found.oracle(), h, theta2, divergence, p, share=FIRST_SHARE) if can_move \
+    todo = _gap_samples(root, found.oracle(), h, theta2, divergence, p,
+                        share=FIRST_SHARE) if can_move \
         else np.zeros(0, dtype=np.intp)
     rounds, stopped = 0, None
     sol_u = sol_l = None
@@ -622,12 +644,9 @@ def certify_tree_smooth(prob, *, r, theta1, theta2, divergence, mask=None, solve
         if new_rows:  # one call of the model per round (its predict has a fixed cost)
             found.add(np.concatenate(new_rows), np.concatenate(new_points))
         sol_u = solve_dual(found.oracle(), r, theta2, divergence, p=p)
-        lower = FiniteOracle(*_padded(lines, max(a.size for a, _ in lines)))
-        sol_l = solve_dual(lower, r, theta2, divergence, p=p,
-                           h_init=sol_u.h if _ok(sol_u) else None)
+        lower, sol_l, proved = round_lower(lines, sol_u, r, theta2, divergence, p)
         # every round's over-estimate is a proof of its own: the best one stands
-        value_lower = max(value_lower, _lower_value(lower, sol_l, sol_u, r, theta2,
-                                                    divergence, p))
+        value_lower = max(value_lower, proved)
         upper = float(sol_u.value) if _ok(sol_u) else math.inf
         log.append({"round": rounds, "nodes": int(total), "h": h, "lower": value_lower,
                     "upper": upper})
