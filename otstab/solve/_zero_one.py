@@ -36,6 +36,7 @@ from ..modeling._params import check_common, check_options
 from . import _audit as audit
 from . import _bounds as bounds
 from . import _neural_search as neural_search
+from . import _zero_one_pass as zero_one_pass
 from ._refine import RTOL, ZeroOneDuals
 from ._results import Lazy, LazyInfo, StabilityResult
 
@@ -302,7 +303,6 @@ class RowPrices:
         """The prices in ``[lo, hi]`` ascending (finite ones), from one pass over the rows
         that also sums the closed form's terms of the prices below ``lo``
         (``self._window_sums``, the keywords of ``solve_window``)."""
-        parts = []
         below, below_exp, below_gap, n_zero, n_inf, above = 0, 0.0, 0.0, 0, 0, 0
         below_em1 = math.nan
         neg = -1.0 / theta2
@@ -312,14 +312,17 @@ class RowPrices:
         if small:
             below_em1 = 0.0
         fin_hi = min(hi, float(np.finfo(np.float64).max))  # (a <= fin_hi: finite)
-        for i, j in self._blocks():
+
+        def block(i, j):
+            """What rows i..j add: (zeros, infs, below lo, expm1 / exp / gap terms, above
+            hi, the prices in the window)."""
             a = self[i:j]
-            n_zero += int(np.count_nonzero(a == 0.0))
-            n_inf += int(np.count_nonzero(a == math.inf))
+            nz = int(np.count_nonzero(a == 0.0))
+            ni = int(np.count_nonzero(a == math.inf))
             lt = a < lo
             nb = int(np.count_nonzero(lt))
+            em1 = ex = gap = 0.0
             if nb:
-                below += nb
                 # few below lo: their prices alone; else every row's, the others' terms
                 # cleared (clamped at 0, or left out of the sum by the mask)
                 ab = a[lt] if 2 * nb < a.size else a
@@ -327,21 +330,50 @@ class RowPrices:
                     e = np.subtract(lo, ab)
                     np.maximum(e, 0.0, out=e)
                     e /= theta2
-                    below_em1 += float(np.sum(np.expm1(e, out=e)))
+                    em1 = float(np.sum(np.expm1(e, out=e)))
                 elif math.isfinite(theta2):  # exp(max(-a / theta2, -700)): the closed
                     e = np.multiply(ab, neg)  # form's terms, shifted by the smallest price 0
                     np.maximum(e, -700.0, out=e)
                     np.exp(e, out=e)
-                    below_exp += float(np.sum(e)) if ab is not a else _masked_sum(e, lt, nb)
+                    ex = float(np.sum(e)) if ab is not a else _masked_sum(e, lt, nb)
                 else:  # lo - a > 0 below lo
                     e = np.subtract(lo, ab)
-                    below_gap += float(np.sum(np.maximum(e, 0.0, out=e)))
+                    gap = float(np.sum(np.maximum(e, 0.0, out=e)))
             inw = a <= fin_hi
             k = int(np.count_nonzero(inw))
-            above += a.size - k
+            part = None
             if k > nb:  # (every row below lo is also <= hi)
                 inw &= a >= lo
-                parts.append(a[inw])
+                part = a[inw]
+            return nz, ni, nb, em1, ex, gap, a.size - k, part
+
+        # the blocks on the pass's threads, each block's terms kept and added up in block
+        # order below (the same numbers on any thread count)
+        blocks = list(self._blocks())
+        got: list = [None] * len(blocks)
+        workers = min(zero_one_pass.pass_workers(self.size), len(blocks))
+
+        def run(w):
+            for b in range(len(blocks) * w // workers, len(blocks) * (w + 1) // workers):
+                got[b] = block(*blocks[b])
+
+        zero_one_pass.run_blocks([lambda w=w: run(w) for w in range(workers)], workers)
+        parts = []
+        for nz, ni, nb, em1, ex, gap, ab, part in got:
+            n_zero += nz
+            n_inf += ni
+            above += ab
+            if nb:
+                below += nb
+                if small:
+                    below_em1 += em1
+                elif math.isfinite(theta2):
+                    below_exp += ex
+                else:
+                    below_gap += gap
+            if part is not None:
+                parts.append(part)
+        got.clear()
         if small:  # exp(-a / theta2) = exp(-lo / theta2) (1 + expm1((lo - a) / theta2))
             below_exp = math.exp(-lo / theta2) * (below + below_em1)
         self._window_sums = {
@@ -407,77 +439,37 @@ class RowPrices:
                       reduced=None):
         """:meth:`near` without the prices, and in the same pass what Q*'s plan and audit sum
         over the weights ``fn(a)`` of those rows (``fn(a)``: the weight of a row of price
-        ``a``, ``fn(h)`` that of every row with ``l_h = 0``): ``(cand, below, sums)`` with
-        ``below`` (booleans per candidate) the rows with ``a < h - tol h``, and ``sums`` the
-        sums over the candidates of the weights (``"w"``), of ``phi`` of them (``"phi"``, of
-        ``divergence``; None: unit weights, phi 0 not summed), of the weights of the
-        misclassified ones (``"wl"``), the count of those (``"l"``), and the weights of the
-        correctly classified rows below h (``"w_gain"``). Uniform samples; one pass over
-        the rows, the weights computed per block of the candidates only (no n-vector of
-        prices or weights).
+        ``a``, ``fn(h)`` that of every row with ``l_h = 0``): ``(cand, tied, sums)`` with
+        ``tied`` the positions in ``cand`` of the rows with ``a >= h - tol h`` (ascending;
+        the others are below h), and ``sums`` the sums over the candidates of the weights
+        (``"w"``), of ``phi`` of them (``"phi"``, of ``divergence``; None: unit weights, phi
+        0 not summed), of the weights of the misclassified ones (``"wl"``), the count of
+        those (``"l"``), and the weights of the correctly classified rows below h
+        (``"w_gain"``). Uniform samples; one pass over the rows (blocks on the pass's
+        threads, :mod:`otstab.solve._zero_one_pass`), the weights computed per block (no
+        n-vector of prices or weights).
 
         ``reduced`` (:meth:`NearPoints.reduced`): the rows below h moved, summed as
         ``_finish`` sums them with the weights at hand: ``"wd2"`` (weight times squared
         move), ``"wdl"`` (weight times change of loss), ``"qdl"`` (change of loss), over
         ``"n_below"`` rows."""
-        thr = h + tol * h
-        lim = h - tol * h
         self._subsample()
-        size = self._estimate(thr)
-        if size is None:
-            size = sum(int(np.count_nonzero(self[i:j] <= thr)) for i, j in self._blocks())
-        cand = np.empty(size, dtype=row_index_dtype(self.size))
-        below = np.empty(size, dtype=bool)
-        sums = dict.fromkeys(("w", "phi", "wl", "w_gain", "wd2", "wdl", "qdl"), 0.0)
-        sums["l"] = sums["n_below"] = 0
-        at = 0
-        for i, j in self._blocks():
-            a = self[i:j]
-            k = np.flatnonzero(a <= thr)
-            if not k.size:
-                continue
-            if at + k.size > cand.size:  # (the estimate was short: room for the rest)
-                more = sum(int(np.count_nonzero(self[s:e] <= thr))
-                           for s, e in self._blocks() if s >= i)
-                cand = np.concatenate([cand[:at], np.empty(more, dtype=cand.dtype)])
-                below = np.concatenate([below[:at], np.empty(more, dtype=bool)])
-            ak = a[k]
-            np.add(k, i, out=cand[at:at + k.size], casting="unsafe")
-            bk = below[at:at + k.size]
-            np.less(ak, lim, out=bk)
-            at += k.size
-            if divergence is None:  # (unit weights: phi is 0)
-                wk = fn(ak)
-            elif getattr(fn, "gives_phi", False):
-                wk, pk = fn(ak, with_phi=True)  # (phi from the exponents: no log)
-                sums["phi"] += float(np.sum(pk))
-            else:
-                wk = fn(ak)
-                sums["phi"] += float(np.sum(phi(wk, divergence)))
-            lk = loss0[i:j][k] > 0
-            sums["w"] += float(np.sum(wk))
-            sums["wl"] += float(np.dot(wk, lk))
-            sums["l"] += int(np.count_nonzero(lk))
-            if reduced is not None:  # the moves of the rows below h (the audit's sums)
-                kb = k[bk]
-                rb = kb + i
-                lm, dd = reduced(rb)
-                wb = wk[bk]
-                dlb = lm - loss0[rb]
-                sums["wd2"] += float(np.dot(wb, dd))
-                sums["wdl"] += float(np.dot(wb, dlb))
-                sums["qdl"] += float(np.sum(dlb))
-                sums["n_below"] += int(kb.size)
-            np.logical_not(lk, out=lk)
-            lk &= bk
-            sums["w_gain"] += float(np.dot(wk, lk))
-        cand.resize(at, refcheck=False)
-        below.resize(at, refcheck=False)
+        size = self._estimate(h + tol * h)
+        got = zero_one_pass.near_pass(self, h, fn, loss0, divergence, tol, reduced, size,
+                                      row_index_dtype(self.size))
         self._sub = None  # (Q*'s rows are the last use of the subsample)
-        return cand, below, sums
+        return got
 
     def finite(self):
         """(any, all, count among the correctly classified rows) of finite prices."""
+        if self.nw > 0.0 and math.isfinite(self.theta1) and self.size:
+            # every price is finite when the one of the largest |score| is (a price grows
+            # with the margin, and rounding is monotone): two reductions over the scores,
+            # no pass of prices
+            top = max(abs(float(np.max(self.S))), abs(float(np.min(self.S))))
+            top = top * top / self.nw
+            if math.isfinite(top * self.theta1 if self.theta1 != 1.0 else top):
+                return True, True, self.size - int(np.count_nonzero(self.wrong))
         any_, all_, movable = False, True, 0
         for i, j in self._blocks():
             fin = np.isfinite(self[i:j])
@@ -489,10 +481,11 @@ class RowPrices:
 
 def _masked_sum(x: np.ndarray, mask: np.ndarray, count: int) -> float:
     """``sum(x[mask])`` (``count`` true entries; ``x`` finite): a plain sum when every entry
-    is true, else a dot with the mask (``np.sum(where=)`` is several times slower)."""
+    is true, else a dot with the mask as floats (``np.sum(where=)`` and a dot with the
+    booleans themselves are several times slower)."""
     if count == x.size:
         return float(np.sum(x))
-    return float(np.dot(x, mask))
+    return float(np.dot(x, mask.astype(np.float64)))
 
 
 def misclassified(prob: Problem, S=None) -> np.ndarray:
@@ -785,15 +778,15 @@ def _phi_kl_logs(w, t):
 
 
 def _price_weights(rp, h, sol, theta2, divergence, n, loss0, reduced=None):
-    """``(w, below, alpha)`` for :class:`RowPrices` (uniform samples, ``r < 1``): the
+    """``(w, tied, alpha)`` for :class:`RowPrices` (uniform samples, ``r < 1``): the
     candidates of Q* and its weights (:class:`_PriceWeights`) from one pass over the rows,
-    ``below`` the candidates below h (for :func:`_move_plan`); None where :func:`_weights`
-    must decide (no closed-form weight, or chi2 weights whose mass is not 1 at the dual's
-    alpha)."""
+    ``tied`` the positions of the candidates not below h (for :func:`_move_plan`); None
+    where :func:`_weights` must decide (no closed-form weight, or chi2 weights whose mass is
+    not 1 at the dual's alpha)."""
     fn = _row_weight_fn(h, sol, theta2, divergence)
     if fn is None:
         return None
-    cand, below, sums = rp.near_weighted(  # (theta2 = inf: every weight 1, no phi summed)
+    cand, tied, sums = rp.near_weighted(  # (theta2 = inf: every weight 1, no phi summed)
         h, fn, loss0, None if math.isinf(theta2) else divergence, reduced=reduced)
     if reduced is None:
         sums.pop("n_below")  # (no moves summed)
@@ -802,7 +795,7 @@ def _price_weights(rp, h, sol, theta2, divergence, n, loss0, reduced=None):
     alpha = None if divergence == "kl" else (0.0 if math.isinf(theta2) else float(sol.alpha))
     if divergence == "chi2" and math.isfinite(theta2) and abs(w.total() / n - 1.0) > 1e-13:
         return None  # (the dual's alpha belongs to a slightly different h)
-    return w, below, alpha
+    return w, tied, alpha
 
 
 def _phi_sum(w, divergence):
@@ -813,7 +806,7 @@ def _phi_sum(w, divergence):
                 for s in range(0, w.size, REDUCED_BLOCK)), 0.0)
 
 
-def _move_plan(h, w, loss0, r, n, ac, tol=1e-10, below=None):
+def _move_plan(h, w, loss0, r, n, ac, tol=1e-10, below=None, tied=None):
     """Which samples Q* moves: ``(moved, split)`` as positions in ``w.idx`` (the rows with
     ``a_i <= h``, whose ``a`` is ``ac``).
 
@@ -824,19 +817,28 @@ def _move_plan(h, w, loss0, r, n, ac, tol=1e-10, below=None):
     Compact weights (uniform samples) with few tied rows: the tied rows are first put last in
     ``w.idx`` (and ``w.vals``), keeping their order, so that the moved rows are the first
     ``moved`` positions (an int, no array of positions) and a split row the next one.
+    ``below`` (booleans per candidate) or ``tied`` (the ascending positions of the candidates
+    not below h) when known, else from ``ac``.
     """
     t = tol * h
     cand = w.idx
-    if below is None:
-        below = ac < h - t
-    n_below = int(np.count_nonzero(below))
-    tied = np.flatnonzero(~below)
+    if tied is None:
+        if below is None:
+            below = ac < h - t
+        tied = np.flatnonzero(~below)
+    n_below = cand.size - tied.size
     compact = w.dense is None and w.q is None and \
         tied.size <= max(TIED_LAST_MIN, TIED_LAST_SHARE * cand.size)
     if compact and tied.size:
-        _tied_last(w, below, tied, n_below)
+        _tied_last(w, tied, n_below)
         tied = np.arange(n_below, cand.size)
-    moved = n_below if compact else np.flatnonzero(below)
+    if compact:
+        moved = n_below
+    else:
+        if below is None:
+            below = np.ones(cand.size, dtype=bool)
+            below[tied] = False
+        moved = np.flatnonzero(below)
     del below
     # the moved rows add their weight where they were classified correctly (loss 0 -> 1);
     # over blocks of them (cache-sized gathers)
@@ -867,14 +869,14 @@ def _move_plan(h, w, loss0, r, n, ac, tol=1e-10, below=None):
     return moved, split
 
 
-def _tied_last(w, below, tied, n_below):
+def _tied_last(w, tied, n_below):
     """Put the tied positions ``tied`` (ascending) at the end of ``w.idx`` and ``w.vals``, in
     their order, and the positions below ``h`` they displace into their places: only the
-    positions involved move (at most twice the tied ones). (``below``, like the prices, keeps
-    the old order: the plan reads neither again.)"""
+    positions involved move (at most twice the tied ones)."""
     size = w.idx.size
     at = np.union1d(tied, np.arange(n_below, size))  # the holes below n_below, then the end
-    order = np.concatenate([at[below[at]], at[~below[at]]])
+    is_below = np.isin(at, tied, assume_unique=True, invert=True)
+    order = np.concatenate([at[is_below], at[~is_below]])
     for arr in (w.idx, w.vals):
         # one weight broadcast over the rows (every order is the same), or None (weights
         # computed from the prices)
@@ -1049,12 +1051,12 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
             got = _price_weights(rp, sol.h, sol, theta2, divergence, n, loss0, red) \
                 if rp is not None and r < 1.0 else None
             if got is not None:  # (no n-vector of prices or weights: from the scores)
-                w, below, alpha = got
-                del got  # (the tuple would keep ``below`` alive through Q*'s build)
+                w, tied, alpha = got
+                del got
                 cand = w.idx
                 ac = None
-                plan = _move_plan(sol.h, w, loss0, r, n, None, below=below)
-                del below
+                plan = _move_plan(sol.h, w, loss0, r, n, None, tied=tied)
+                del tied
             else:
                 cand, ac = _near(a, sol.h) if rp is None else rp.near(sol.h)
                 w, alpha = _weights(a, sol.h, sol, theta2, divergence, n, cand, ac, q)

@@ -1,0 +1,271 @@
+"""The pass of a binary 0/1 certificate that finds Q*'s moved rows and sums its weights.
+
+Given h, one pass over the rows (in blocks of :attr:`RowPrices.BLOCK`) writes the candidate
+rows (``a_i <= h + tol h``) and sums what Q*'s plan and audit need over them
+(:meth:`otstab.solve._zero_one.RowPrices.near_weighted` documents the sums). Two things make
+it cheap at large n:
+
+- **Dense blocks without gathers.** Where most rows of a block are candidates (r in the
+  middle or near the largest error rate), the weights, their phi and the reduced form's
+  moves are computed on the whole block (contiguous slices) and the candidates' sums read
+  through masks; a row above h has the weight of every row with ``l_h = 0`` (``base``), so
+  the sums over the candidates are the block's sums less those rows' shares. Sparse blocks
+  gather their candidates, as before.
+- **Blocks on several threads.** The blocks are split into contiguous runs, one per worker
+  thread (NumPy releases the GIL in its loops): the first run writes its candidates from the
+  front of the output array, the second from the back (its blocks in reverse order), each
+  reserving its block's range under a lock; the back part is moved up to the front part at
+  the end (in chunks: no second array). Every block's sums are kept per block and added up in
+  block order afterwards, so the numbers do not depend on the number of threads.
+
+No n-vector other than the candidates' indices is written; the tied candidates (``a_i`` within
+the tolerance of h, which the plan may split) are returned as positions.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import threading
+
+import numpy as np
+
+from ..modeling._fingerprint import _pool
+
+__all__ = ["near_pass", "pass_workers", "run_blocks"]
+
+#: worker threads of the passes (None: as many as the process may run on, at most
+#: MAX_WORKERS: one run writes from the front, one from the back); rows below
+#: PARALLEL_MIN_ROWS run on one thread
+WORKERS: int | None = None
+MAX_WORKERS = 2
+PARALLEL_MIN_ROWS = 1 << 17
+#: rows moved at a time when the back part is moved up (the overlap's temporary at most)
+MOVE_CHUNK = 1 << 16
+
+#: a block is summed whole (through masks) when at least this share of its rows are
+#: candidates, else its candidates are gathered
+DENSE_SHARE = 0.5
+
+#: the sums of one block, in this order
+KEYS = ("w", "phi", "wl", "l", "w_gain", "wd2", "wdl", "qdl", "n_below")
+
+
+def pass_workers(n: int) -> int:
+    """The worker threads of a pass over ``n`` rows."""
+    if n < PARALLEL_MIN_ROWS or threading.current_thread().name.startswith("otstab-pass"):
+        return 1
+    if WORKERS is not None:
+        return max(1, min(int(WORKERS), MAX_WORKERS))
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, MAX_WORKERS))
+
+
+def run_blocks(runs, workers: int) -> None:
+    """Call every function of ``runs`` (one per worker), on the pass's thread pool when
+    there are several."""
+    if workers == 1 or len(runs) == 1:
+        for run in runs:
+            run()
+        return
+    for f in [_pool(len(runs)).submit(run) for run in runs]:
+        f.result()
+
+
+class _Out:
+    """The candidates' row indices, written from the front by the first run and from the
+    back by the others (a lock reserves each block's range)."""
+
+    def __init__(self, size: int, dtype):
+        self.cand = np.empty(size, dtype=dtype)
+        self.front, self.back = 0, size
+        self.lock = threading.Lock()
+        self.full = False
+
+    def reserve(self, k: int, from_back: bool):
+        with self.lock:
+            if self.full or self.front + k > self.back:
+                self.full = True
+                return None
+            if from_back:
+                self.back -= k
+                return self.back
+            at = self.front
+            self.front += k
+            return at
+
+    def compact(self) -> np.ndarray:
+        """The front part, then the back part moved up to it, in one array."""
+        cand, front, back = self.cand, self.front, self.back
+        tail = cand.size - back
+        for s in range(0, tail, MOVE_CHUNK):  # (ascending: a chunk's source is never
+            e = min(s + MOVE_CHUNK, tail)      # overwritten before it is read)
+            cand[front + s:front + e] = cand[back + s:back + e]
+        cand.resize(front + tail, refcheck=False)
+        return cand
+
+
+def _block(rp, i, j, thr, lim, fn, loss0, divergence, reduced, base, phi_base):
+    """``(rows, tied, sums)`` of the rows i..j: the candidates' offsets in the block, the
+    positions among them of the tied ones (None: none), and the block's sums (:data:`KEYS`);
+    None when the block has no candidate."""
+    from otstab_solvers.weights import phi
+
+    a = rp[i:j]
+    c = a <= thr
+    kc = int(np.count_nonzero(c))
+    if not kc:
+        return None
+    k = np.flatnonzero(c)
+    lb = loss0[i:j]
+    lb = lb if lb.dtype == bool else lb > 0
+    m = a.size
+    if kc >= DENSE_SHARE * m:  # dense: the whole block, read through masks
+        bf = a < lim
+        tr = np.flatnonzero(np.greater(c, bf))  # candidates not below h (tied)
+        tied = np.searchsorted(k, tr) if tr.size else None
+        rest = m - kc  # rows above the tolerance: weight ``base``, phi ``phi_base``
+        if divergence is None:  # (unit weights, phi 0)
+            wfull, sw, sphi = None, float(kc), 0.0
+        else:
+            if getattr(fn, "gives_phi", False):
+                wfull, pf = fn(a, with_phi=True)
+            else:
+                wfull = fn(a)
+                pf = phi(wfull, divergence)
+            sw = float(np.sum(wfull)) - base * rest
+            sphi = float(np.sum(pf)) - phi_base * rest
+            del pf
+        del a
+        lc = lb & c  # (every misclassified row is a candidate at a price of 0)
+        nl = int(np.count_nonzero(lc))
+        g = np.greater(bf, lb)  # below h and classified correctly: they gain
+        if wfull is None:
+            wl, w_gain = float(nl), float(np.count_nonzero(g))
+        else:
+            wl, w_gain = float(np.dot(wfull, lc)), float(np.dot(wfull, g))
+        del lc, g
+        red = (0.0, 0.0, 0.0, 0)
+        if reduced is not None:
+            lm, dd = reduced(slice(i, j))
+            dlb = np.subtract(lm, lb, out=lm)
+            wb = bf.astype(np.float64) if wfull is None else np.multiply(wfull, bf)
+            red = (float(np.dot(wb, dd)), float(np.dot(wb, dlb)), float(np.dot(dlb, bf)),
+                   int(np.count_nonzero(bf)))
+            if not all(math.isfinite(x) for x in red[:3]):  # (a row above h whose move
+                red = _reduced_sums(reduced, lb, k[bf[k]], i,  # is not finite: 0 * inf)
+                                    None if wfull is None else wfull[k[bf[k]]])
+        return k, tied, (sw, sphi, wl, nl, w_gain) + red
+    ak = a[k]
+    del a
+    bk = ak < lim
+    tied = np.flatnonzero(~bk)
+    tied = tied if tied.size else None
+    if divergence is None:
+        wk, sphi = None, 0.0
+    elif getattr(fn, "gives_phi", False):
+        wk, pk = fn(ak, with_phi=True)
+        sphi = float(np.sum(pk))
+    else:
+        wk = fn(ak)
+        sphi = float(np.sum(phi(wk, divergence)))
+    lk = lb[k]
+    nl = int(np.count_nonzero(lk))
+    gain = bk & ~lk
+    if wk is None:
+        sw, wl, w_gain = float(kc), float(nl), float(np.count_nonzero(gain))
+    else:
+        sw, wl, w_gain = float(np.sum(wk)), float(np.dot(wk, lk)), float(np.dot(wk, gain))
+    red = (0.0, 0.0, 0.0, 0)
+    if reduced is not None:
+        kb = k[bk]
+        red = _reduced_sums(reduced, lb, kb, i, None if wk is None else wk[bk])
+    return k, tied, (sw, sphi, wl, nl, w_gain) + red
+
+
+def _reduced_sums(reduced, lb, kb, i, wb):
+    """The moves' sums of the block rows ``kb`` (offsets from row ``i``; weights ``wb``,
+    None: 1)."""
+    lm, dd = reduced(kb + i)
+    dlb = lm - lb[kb]
+    if wb is None:
+        return float(np.sum(dd)), float(np.sum(dlb)), float(np.sum(dlb)), int(kb.size)
+    return float(np.dot(wb, dd)), float(np.dot(wb, dlb)), float(np.sum(dlb)), int(kb.size)
+
+
+def _run(rp, blocks, w, workers, out, results, args):
+    """Run ``w`` of ``workers``: its contiguous blocks, the first run's from the front of
+    ``out``, the others' from the back (their blocks in reverse order)."""
+    nb = len(blocks)
+    lo, hi = nb * w // workers, nb * (w + 1) // workers
+    for b in (range(lo, hi) if w == 0 else range(hi - 1, lo - 1, -1)):
+        if out.full:
+            return
+        i, j = blocks[b]
+        got = _block(rp, i, j, *args)
+        if got is None:
+            results[b] = (0, None, None)
+            continue
+        k, tied, sums = got
+        at = out.reserve(k.size, w > 0)
+        if at is None:
+            return
+        np.add(k, i, out=out.cand[at:at + k.size], casting="unsafe")
+        results[b] = (k.size, tied, sums)
+
+
+def near_pass(rp, h, fn, loss0, divergence, tol, reduced, size, index_dtype,
+              workers: int | None = None):
+    """``(cand, tied, sums)`` (see the module docstring): ``rp`` a
+    :class:`~otstab.solve._zero_one.RowPrices`, ``fn`` the weight of a row of price ``a``,
+    ``size`` the room for the candidates (None: counted first; a second pass with the count
+    when it proves short)."""
+    thr = h + tol * h
+    lim = h - tol * h
+    blocks = list(rp._blocks())
+    nb = len(blocks)
+    workers = pass_workers(rp.size) if workers is None else workers
+    workers = max(1, min(workers, nb, MAX_WORKERS))
+    if divergence is None:
+        base, phi_base = 1.0, 0.0
+    elif getattr(fn, "gives_phi", False):
+        wb, pb = fn(np.array([h]), with_phi=True)
+        base, phi_base = float(wb[0]), float(pb[0])
+    else:
+        from otstab_solvers.weights import phi
+
+        base = float(fn(np.array([h]))[0])
+        phi_base = float(phi(np.array([base]), divergence)[0])
+    if size is None:
+        size = sum(int(np.count_nonzero(rp[s:e] <= thr)) for s, e in blocks)
+    for _ in range(2):
+        out = _Out(size, index_dtype)
+        results: list = [None] * nb
+        args = (thr, lim, fn, loss0, divergence, reduced, base, phi_base)
+        run_blocks([functools.partial(_run, rp, blocks, w, workers, out, results, args)
+                    for w in range(workers)], workers)
+        if not out.full:
+            break
+        size = sum(int(np.count_nonzero(rp[s:e] <= thr)) for s, e in blocks)
+    else:  # pragma: no cover - sized by the count
+        raise AssertionError("the counted candidates did not fit")
+    cand = out.compact()
+    del out
+    totals = dict.fromkeys(KEYS, 0.0)
+    totals["l"] = totals["n_below"] = 0
+    tied_parts = []
+    at = 0
+    for kc, tied, sums in results:  # (in block order: the same sums on any thread count)
+        if not kc:
+            continue
+        for key, x in zip(KEYS, sums):
+            totals[key] += x
+        if tied is not None:
+            tied_parts.append(tied + at)
+        at += kc
+    tied = np.concatenate(tied_parts) if tied_parts else np.empty(0, dtype=np.intp)
+    return cand, tied, totals

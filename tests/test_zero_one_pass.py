@@ -1,0 +1,170 @@
+"""The pass that finds a binary 0/1 certificate's moved rows and sums Q*'s weights
+(``otstab.solve._zero_one_pass``): dense blocks read through masks, sparse ones gathered,
+on one thread or two, against the certificate through the stored n-vector of prices."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import otstab
+from otstab.modeling._models import per_sample_losses, resolve_model
+from otstab.solve import _audit
+from otstab.solve import _zero_one as zo
+from otstab.solve import _zero_one_pass as zp
+
+INF = math.inf
+FIELDS = ("value", "h", "risk_star", "primal_cost", "total_mass", "status", "split")
+
+
+def _data(n=4000, seed=3, ties=0):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, 5))
+    coef = rng.standard_normal(5)
+    y = np.where(X @ coef + 0.5 * rng.standard_normal(n) > 0, 1, -1)
+    if ties:  # copies of one correctly classified row: equal prices
+        j = int(np.flatnonzero(y * (X @ coef + 0.1) > 0.5)[0])
+        X[rng.choice(n, ties, replace=False)] = X[j]
+        y = np.where(np.all(X == X[j], axis=1), y[j], y)
+    return otstab.LinearModel(coef, 0.1), X, y
+
+
+def _stored(prob, r, theta2, divergence):
+    """The certificate through the n-vector of distances (no RowPrices, no pass)."""
+    dstar, near = zo.linear_distances(prob, None)
+    return zo._solve_and_build(dstar, near.misclassified, r, 1.0, theta2, divergence, "auto",
+                               prob.X, near, prob.y, prob.losses, prob.feature_names,
+                               prob.index, 0.0, dstar)
+
+
+def _small_blocks(monkeypatch, dense_share, workers):
+    monkeypatch.setattr(zo, "SUBSAMPLE", 256)
+    monkeypatch.setattr(zo.RowPrices, "BLOCK", 211)  # (many blocks, a short last one)
+    monkeypatch.setattr(_audit, "AUDIT_DIRECT_MAX", 1000)  # (the pass sums the moves)
+    monkeypatch.setattr(zp, "DENSE_SHARE", dense_share)
+    monkeypatch.setattr(zp, "PARALLEL_MIN_ROWS", 0)
+    monkeypatch.setattr(zp, "WORKERS", workers)
+
+
+@pytest.mark.parametrize("divergence, theta2", [("kl", 0.25), ("kl", 0.02), ("chi2", 0.25),
+                                                ("kl", INF)])
+@pytest.mark.parametrize("t", [0.01, 0.5, 0.95])
+@pytest.mark.parametrize("dense_share, workers", [(0.0, 1), (2.0, 1), (0.5, 2)])
+def test_pass_equals_the_stored_prices(monkeypatch, divergence, theta2, t, dense_share,
+                                       workers):
+    """Every block dense (0), every block gathered (2), or mixed on two threads: Q* as a
+    measure and every audited number equal those of the stored prices (1e-12)."""
+    _small_blocks(monkeypatch, dense_share, workers)
+    model, X, y = _data()
+    prob = resolve_model(model, X, y, loss="zero_one")
+    b = float(np.mean(per_sample_losses(model, X, y, "zero_one")))
+    r = b + t * (1.0 - b)
+    used = []
+    real = zp.near_pass
+    monkeypatch.setattr(zp, "near_pass", lambda *a, **k: used.append(1) or real(*a, **k))
+    lean = zo.certify_zero_one_problem(prob, r, 1.0, theta2, divergence, None, "auto", 0.0)
+    ref = _stored(prob, r, theta2, divergence)
+    assert used and lean.status == ref.status == "optimal"
+    assert lean.info["audit"]["method"] == "sampled"
+    for f in FIELDS:
+        x, z = getattr(lean, f), getattr(ref, f)
+        assert x == (pytest.approx(z, rel=1e-12) if isinstance(x, float) else z), f
+    for f in ("source", "loss_star", "X_star"):
+        np.testing.assert_array_equal(getattr(lean, f), getattr(ref, f), err_msg=f)
+    np.testing.assert_allclose(lean.mass, ref.mass, rtol=0, atol=100 * X.shape[0] * 2e-16)
+    np.testing.assert_allclose(lean.weights, ref.weights, rtol=1e-12, atol=0)
+    w = lean.weights * lean.mass
+    assert float(np.sum(w * lean.loss_star)) / X.shape[0] == pytest.approx(r, rel=1e-9)
+
+
+@pytest.mark.parametrize("t2", [0.25, INF])
+def test_threads_give_the_same_numbers_with_ties(monkeypatch, t2):
+    """Tied rows at h (a split row) and a short size estimate (a second, counted pass): one
+    thread and two give the same bits."""
+    model, X, y = _data(n=3000, seed=9, ties=300)
+    b = float(np.mean(per_sample_losses(model, X, y, "zero_one")))
+    out = {}
+    for workers in (1, 2):
+        with monkeypatch.context() as m:
+            _small_blocks(m, 0.5, workers)
+            m.setattr(zo.RowPrices, "_estimate", lambda self, thr: 50)  # (too short)
+            out[workers] = [otstab.certify(model, X, y, loss="zero_one", r=float(r),
+                                           theta2=t2, se=None)
+                            for r in np.linspace(b + 0.02, 0.9, 9)]
+    assert any(c.split for c in out[1])
+    for one, two in zip(out[1], out[2]):
+        assert one.status == two.status == "optimal"
+        for f in ("value", "h", "risk_star", "primal_cost", "total_mass", "split"):
+            assert getattr(one, f) == getattr(two, f), f
+        for f in ("source", "mass", "weights", "X_star"):
+            np.testing.assert_array_equal(getattr(one, f), getattr(two, f), err_msg=f)
+
+
+def test_back_part_moves_up_in_chunks(monkeypatch):
+    """The second run's candidates (written from the back) are moved up to the first run's
+    in chunks smaller than the gap and larger than it: the rows in order."""
+    for chunk in (3, 1000):
+        monkeypatch.setattr(zp, "MOVE_CHUNK", chunk)
+        out = zp._Out(100, np.int32)
+        for k, back in ((7, False), (11, True), (5, False), (13, True)):
+            at = out.reserve(k, back)
+            out.cand[at:at + k] = np.arange(k) + (1000 if back else 0) + 100 * k
+        assert out.reserve(100, False) is None and out.full
+        got = out.compact()
+        ref = np.concatenate([np.arange(7) + 700, np.arange(5) + 500,
+                              np.arange(13) + 2300, np.arange(11) + 2100])
+        np.testing.assert_array_equal(got, ref)
+
+
+@pytest.mark.parametrize("theta2", [0.01, 0.25, 3.0, INF])
+def test_window_pass_on_two_threads_gives_the_same_numbers(monkeypatch, theta2):
+    """RowPrices._window's blocks on two threads: the same window and the same sums (bits)
+    as on one, and those equal the sums over the sorted prices."""
+    monkeypatch.setattr(zp, "PARALLEL_MIN_ROWS", 0)
+    model, X, y = _data(n=5000, seed=1)
+    prob = resolve_model(model, X, y, loss="zero_one")
+    rp, _ = zo.linear_prices(prob, None, 1.0)
+    rp.BLOCK = 333
+    s = rp.sorted()
+    for lo_k, hi_k in ((0, 700), (1500, 2500), (4000, 4999)):
+        lo = float(s[lo_k]) if lo_k else 0.0
+        out = {}
+        for workers in (1, 2):
+            monkeypatch.setattr(zp, "WORKERS", workers)
+            out[workers] = (rp._window(lo, float(s[hi_k]), theta2), dict(rp._window_sums))
+        np.testing.assert_array_equal(out[1][0], out[2][0])
+        assert out[1][1].keys() == out[2][1].keys()
+        for key, x in out[1][1].items():
+            z = out[2][1][key]
+            assert x == z or (math.isnan(x) and math.isnan(z)), key
+        np.testing.assert_array_equal(out[1][0], s[(s >= lo) & (s <= s[hi_k])])
+        below = s[s < lo]
+        assert out[1][1]["below"] == below.size
+        if math.isinf(theta2):
+            assert out[1][1]["below_gap"] == pytest.approx(float(np.sum(lo - below)),
+                                                           rel=1e-12)
+        else:
+            ref = float(np.sum(np.exp(np.maximum(-below / theta2, -700.0))))
+            assert out[1][1]["below_exp"] == pytest.approx(ref, rel=1e-12)
+
+
+@pytest.mark.parametrize("theta1", [1.0, 2.5, 1e300])
+@pytest.mark.parametrize("scale", [1.0, 1e160])
+def test_finite_prices_from_the_largest_score(theta1, scale):
+    """RowPrices.finite from the largest |score| (no pass of prices) equals the count over
+    every price, also where the largest prices overflow to inf."""
+    rng = np.random.default_rng(2)
+    S = rng.standard_normal(3000) * scale
+    S[:3] = [1e-300, -2.0 * scale, 0.0]
+    y = np.where(rng.random(3000) < 0.5, 1, -1).astype(np.int8)
+    wrong = (S > 0) != (y > 0)
+    rp = zo.RowPrices(S, y, wrong, 0.7, theta1)
+    with np.errstate(over="ignore"):  # (the prices that overflow)
+        a = rp.array()
+        got = rp.finite()
+    fin = np.isfinite(a)
+    assert got == (bool(fin.any()), bool(fin.all()),
+                           int(np.count_nonzero(fin & ~wrong)))
+    assert fin.all() == (scale == 1.0)
