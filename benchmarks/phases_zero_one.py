@@ -4,7 +4,8 @@ the many small NumPy calls of the blockwise passes).
 Every phase is a function of the 0/1 path wrapped for the run (time exclusive of the phases it
 calls, calls, rows read); the rows passed through ``RowPrices._dstar`` (the prices computed
 from the scores) are counted in n-vectors ("passes"), the sorted arrays by size, and a second
-run under tracemalloc gives each top-level phase's peak above the memory at its start.
+run under tracemalloc gives each top-level phase's peak above the memory at its start (and
+that memory: their sum is the phase's peak).
 Baseline: ``X @ coef`` + ``np.sort`` of the n scores, measured in the same process::
 
     PYTHONPATH=. python benchmarks/phases_zero_one.py [--n 1e6] [--reps 3] \\
@@ -63,6 +64,7 @@ class Recorder:
         self.rows = defaultdict(int)
         self.sorted: list[tuple[str, int]] = []
         self.mem: dict[str, float] = defaultdict(float)
+        self.start: dict[str, float] = defaultdict(float)
         self.trace = False
         self.peak = 0  # the largest traced peak seen (reset_peak clears tracemalloc's own)
 
@@ -89,6 +91,7 @@ class Recorder:
                     rec.stack[-1][1] += dt
                 if rec.trace and top:
                     rec.mem[name] = max(rec.mem[name], tracemalloc.get_traced_memory()[1] - m0)
+                    rec.start[name] = max(rec.start[name], m0)
         return inner
 
 
@@ -192,7 +195,7 @@ def run_point(model, X, y, base, point, reps, weights=None):
     finally:
         tracemalloc.stop()
         _restore(saved)
-    return res, best, best_rec, rec_m.mem, peak
+    return res, best, best_rec, (rec_m.mem, rec_m.start), peak
 
 
 def main():
@@ -216,10 +219,11 @@ def main():
               f"reduced rows {rec.rows['reduced'] / n:.2f} n, sorted "
               f"{[(k, round(s / n, 3)) for k, s in rec.sorted]} n")
         total = sum(rec.time.values())
-        print(f"  {'phase':<22} {'ms':>7} {'calls':>5} {'peak MB':>8}")
+        mem, start = mem
+        print(f"  {'phase':<22} {'ms':>7} {'calls':>5} {'peak MB':>8} {'at start':>8}")
         for name, dt in sorted(rec.time.items(), key=lambda kv: -kv[1]):
             print(f"  {name:<22} {dt * 1e3:7.1f} {rec.calls[name]:5d} "
-                  f"{mem.get(name, 0.0) / 2**20:8.1f}")
+                  f"{mem.get(name, 0.0) / 2**20:8.1f} {start.get(name, 0.0) / 2**20:8.1f}")
         print(f"  {'(other)':<22} {(t - total) * 1e3:7.1f}")
     b2 = baseline(X, coef, 7)
     print(f"\nbaseline again at the end: {b2 * 1e3:.1f} ms")

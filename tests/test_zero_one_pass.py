@@ -44,6 +44,7 @@ def _small_blocks(monkeypatch, dense_share, workers):
     monkeypatch.setattr(zo.RowPrices, "BLOCK", 211)  # (many blocks, a short last one)
     monkeypatch.setattr(_audit, "AUDIT_DIRECT_MAX", 1000)  # (the pass sums the moves)
     monkeypatch.setattr(zp, "DENSE_SHARE", dense_share)
+    monkeypatch.setattr(zp, "DENSE_SHARE_KL", dense_share)
     monkeypatch.setattr(zp, "PARALLEL_MIN_ROWS", 0)
     monkeypatch.setattr(zp, "WORKERS", workers)
 

@@ -51,6 +51,9 @@ EPS = float(np.finfo(float).eps)
 #: the reduced form's losses and moves
 MOVED_BLOCK = 4096
 REDUCED_BLOCK = 1 << 14
+#: rows per block of the sampled audit's materialised points (its n x d temporaries: three
+#: of them are about 0.11 n-vector at n = 1e6, d = 50)
+AUDIT_BLOCK_ROWS = 768
 #: rows of the strided subsample that places the price quantile of RowPrices.smallest
 SUBSAMPLE = 1 << 14
 #: half-widths of the window of sorted prices of RowPrices.solve_window, in square roots of
@@ -141,8 +144,11 @@ def _binary_near(prob, W, S, wrong, theta1):
     w = W[0]
     nw = float(w @ w)
     wv = float(w @ sc.W[0])  # the score's change along the (masked) direction w
-    near = NearPoints(X, None, lambda rows: w[None, :],
-                      lambda rows, c: (-(c * wv), c * c * nw), S, prob.y)
+    def moves(rows, c):  # (-(c wv), c c nw): the same numbers, one buffer each
+        sq = np.multiply(c, c)
+        sq *= nw
+        return np.multiply(c, -wv), sq
+    near = NearPoints(X, None, lambda rows: w[None, :], moves, S, prob.y)
     near.misclassified = wrong
     prices = RowPrices(S, prob.y, wrong, nw, theta1)
     if nw == 0.0:
@@ -151,10 +157,23 @@ def _binary_near(prob, W, S, wrong, theta1):
     y, b = prob.y, sc.b[0]
 
     def step(rows):  # built for the rows Q* moves only (margins recomputed: not kept)
-        mrows = y[rows] * S[rows]
-        mr = np.maximum(mrows, 0.0)
-        c = (mr + _push(mr, np.abs(mrows), b)) / nw * y[rows]
-        return np.where(wrong[rows], 0.0, c)
+        # (mr + _push(mr, |m|, b)) / nw * y, 0 where misclassified: the same operations in
+        # three buffers (a block of rows: its temporaries are what the pass holds per thread)
+        yr = y[rows]
+        m = np.multiply(yr, S[rows])
+        mr = np.maximum(m, 0.0)
+        t = np.abs(m, out=m)  # 256 eps (1 + |m| + |b|)
+        t += 1.0
+        t += abs(b)
+        t *= 256.0 * EPS
+        c = np.multiply(mr, PUSH)  # PUSH mr + that, + mr
+        c += t
+        c += mr
+        del t, mr
+        c /= nw
+        c *= yr
+        np.copyto(c, 0.0, where=wrong[rows])
+        return c
 
     near.c = step
     return prices, near
@@ -543,7 +562,8 @@ class NearPoints:
     def reduced(self, rows):
         """``(0/1 loss, squared move)`` at the moved points of ``rows``, from the scores."""
         change, sq = self.moves(rows)
-        return zero_one.values(self.scores[rows] + change, self.labels[rows]), sq
+        change += self.scores[rows]  # (the moved scores, in the change's buffer)
+        return zero_one.values(change, self.labels[rows]), sq
 
     def displacement(self, rows) -> np.ndarray:
         """``x_near - x`` for ``rows``."""
@@ -1208,8 +1228,11 @@ def _finish(inputs, *, value, h, alpha, status, message, plan, w, solver_name, s
         """(x, x*) of the moved rows ``rows[sel]``."""
         rs = rows[sel]
         Xr = X[rs]
-        return Xr, (Xr + X_near.displacement(rs) if isinstance(X_near, NearPoints)
-                    else np.asarray(X_near[rs], dtype=np.float64))
+        if not isinstance(X_near, NearPoints):
+            return Xr, np.asarray(X_near[rs], dtype=np.float64)
+        Xm = X_near.displacement(rs)  # x + (x* - x) in the displacement's buffer
+        Xm += Xr
+        return Xr, Xm
 
     # the loss at every moved point and the squared distance moved, over blocks of rows,
     # summed as they come (the moved points are not kept: X_star and the displacement
@@ -1259,7 +1282,7 @@ def _finish(inputs, *, value, h, alpha, status, message, plan, w, solver_name, s
         pick = audit.sample_positions(rows.size, audit.AUDIT_SAMPLE)
         err = 0.0
         # in blocks: the gathered rows, the moved rows and the moves stay cache-sized
-        step = audit.rows_per_block(X.shape[1], pick.size)
+        step = audit.rows_per_block(X.shape[1], min(pick.size, AUDIT_BLOCK_ROWS))
         for s in range(0, pick.size, step):
             pb = pick[s:s + step]
             Xr, Xm = moved_points(pb)

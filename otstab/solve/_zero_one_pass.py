@@ -45,8 +45,10 @@ PARALLEL_MIN_ROWS = 1 << 17
 MOVE_CHUNK = 1 << 16
 
 #: a block is summed whole (through masks) when at least this share of its rows are
-#: candidates, else its candidates are gathered
+#: candidates, else its candidates are gathered; KL's weights cost an exp per row, so that
+#: the rows above h cost about what the gathers save below DENSE_SHARE_KL
 DENSE_SHARE = 0.5
+DENSE_SHARE_KL = 0.85
 
 #: the sums of one block, in this order
 KEYS = ("w", "phi", "wl", "l", "w_gain", "wd2", "wdl", "qdl", "n_below")
@@ -124,7 +126,9 @@ def _block(rp, i, j, thr, lim, fn, loss0, divergence, reduced, base, phi_base):
     lb = loss0[i:j]
     lb = lb if lb.dtype == bool else lb > 0
     m = a.size
-    if kc >= DENSE_SHARE * m:  # dense: the whole block, read through masks
+    share = DENSE_SHARE_KL if getattr(fn, "gives_phi", False) and divergence is not None \
+        else DENSE_SHARE
+    if kc >= share * m:  # dense: the whole block, read through masks
         bf = a < lim
         tr = np.flatnonzero(np.greater(c, bf))  # candidates not below h (tied)
         tied = np.searchsorted(k, tr) if tr.size else None
@@ -146,15 +150,16 @@ def _block(rp, i, j, thr, lim, fn, loss0, divergence, reduced, base, phi_base):
         g = np.greater(bf, lb)  # below h and classified correctly: they gain
         if wfull is None:
             wl, w_gain = float(nl), float(np.count_nonzero(g))
-        else:
-            wl, w_gain = float(np.dot(wfull, lc)), float(np.dot(wfull, g))
+        else:  # (a dot with booleans is several times slower than their cast and a dot)
+            wl, w_gain = _dot_mask(wfull, lc), _dot_mask(wfull, g)
         del lc, g
         red = (0.0, 0.0, 0.0, 0)
         if reduced is not None:
             lm, dd = reduced(slice(i, j))
             dlb = np.subtract(lm, lb, out=lm)
-            wb = bf.astype(np.float64) if wfull is None else np.multiply(wfull, bf)
-            red = (float(np.dot(wb, dd)), float(np.dot(wb, dlb)), float(np.dot(dlb, bf)),
+            bff = bf.astype(np.float64)
+            wb = bff if wfull is None else np.multiply(wfull, bff, out=bff)
+            red = (float(np.dot(wb, dd)), float(np.dot(wb, dlb)), _dot_mask(dlb, bf),
                    int(np.count_nonzero(bf)))
             if not all(math.isfinite(x) for x in red[:3]):  # (a row above h whose move
                 red = _reduced_sums(reduced, lb, k[bf[k]], i,  # is not finite: 0 * inf)
@@ -179,12 +184,18 @@ def _block(rp, i, j, thr, lim, fn, loss0, divergence, reduced, base, phi_base):
     if wk is None:
         sw, wl, w_gain = float(kc), float(nl), float(np.count_nonzero(gain))
     else:
-        sw, wl, w_gain = float(np.sum(wk)), float(np.dot(wk, lk)), float(np.dot(wk, gain))
+        sw, wl, w_gain = float(np.sum(wk)), _dot_mask(wk, lk), _dot_mask(wk, gain)
     red = (0.0, 0.0, 0.0, 0)
     if reduced is not None:
         kb = k[bk]
         red = _reduced_sums(reduced, lb, kb, i, None if wk is None else wk[bk])
     return k, tied, (sw, sphi, wl, nl, w_gain) + red
+
+
+def _dot_mask(x, mask) -> float:
+    """``sum(x[mask])`` for finite ``x``: a dot with the mask cast to floats (a dot with
+    the booleans themselves takes a slow mixed-type loop)."""
+    return float(np.dot(x, mask.astype(np.float64)))
 
 
 def _reduced_sums(reduced, lb, kb, i, wb):
