@@ -169,3 +169,44 @@ def test_finite_prices_from_the_largest_score(theta1, scale):
     assert got == (bool(fin.any()), bool(fin.all()),
                            int(np.count_nonzero(fin & ~wrong)))
     assert fin.all() == (scale == 1.0)
+
+
+@pytest.mark.parametrize("divergence, theta2", [("kl", 0.25), ("chi2", 0.25), ("kl", INF)])
+@pytest.mark.parametrize("t", [0.01, 0.5, 0.95])
+@pytest.mark.parametrize("sampled", [False, True])
+def test_sample_weights_from_the_prices_equal_the_arrays(monkeypatch, divergence, theta2, t,
+                                                         sampled):
+    """Sample weights: Q*'s weights computed from the prices where read (_MapWeights, a
+    compact plan, tied rows as positions) against the arrays of the candidates' prices,
+    weights and masses: the same Q* and audited numbers (1e-12); with ties at h."""
+    monkeypatch.setattr(zo, "REDUCED_BLOCK", 97)  # (several blocks of candidates)
+    if sampled:
+        monkeypatch.setattr(_audit, "AUDIT_DIRECT_MAX", 1000)
+    model, X, y = _data(n=3000, seed=5, ties=40)
+    sw = np.random.default_rng(6).uniform(0.2, 2.0, X.shape[0])
+    b = float(np.average(per_sample_losses(model, X, y, "zero_one"), weights=sw))
+    kw = dict(loss="zero_one", r=b + t * (1.0 - b), theta1=1.0, theta2=theta2,
+              divergence=divergence, sample_weight=sw, se=None)
+    kinds = []
+    real = zo._move_plan
+    monkeypatch.setattr(zo, "_move_plan",
+                        lambda *a, **k: kinds.append(type(a[1]).__name__) or real(*a, **k))
+    lean = otstab.certify(model, X, y, **kw)
+    monkeypatch.setattr(zo, "MAP_WEIGHTS", False)
+    ref = otstab.certify(model, X, y, **kw)
+    assert kinds == ["_MapWeights", "_Weights"]
+    assert lean.status == ref.status == "optimal"
+    for f in FIELDS:
+        x, z = getattr(lean, f), getattr(ref, f)
+        assert x == (pytest.approx(z, rel=1e-12) if isinstance(x, float) else z), f
+    for f in ("loss_star", "X_star"):
+        np.testing.assert_array_equal(getattr(lean, f)[np.argsort(lean.source, kind="stable")],
+                                      getattr(ref, f)[np.argsort(ref.source, kind="stable")],
+                                      err_msg=f)
+    np.testing.assert_array_equal(np.sort(lean.source), np.sort(ref.source))
+    np.testing.assert_allclose(lean.weights, ref.weights, rtol=1e-12, atol=0)
+    np.testing.assert_allclose(np.sort(lean.mass), np.sort(ref.mass), rtol=1e-9, atol=1e-12)
+    p = sw / sw.sum()
+    pa = p[lean.source] * lean.mass  # (P0-mass of each atom)
+    assert float(np.sum(pa * lean.weights * lean.loss_star)) == pytest.approx(lean.r,
+                                                                             rel=1e-9)

@@ -51,6 +51,9 @@ EPS = float(np.finfo(float).eps)
 #: the reduced form's losses and moves
 MOVED_BLOCK = 4096
 REDUCED_BLOCK = 1 << 14
+#: sample weights: Q*'s weights computed from the prices where read (:class:`_MapWeights`;
+#: False: the arrays of the candidates' prices, weights and masses, as before)
+MAP_WEIGHTS = True
 #: rows per block of the sampled audit's materialised points (its n x d temporaries: three
 #: of them are about 0.11 n-vector at n = 1e6, d = 50)
 AUDIT_BLOCK_ROWS = 768
@@ -748,6 +751,86 @@ class _PriceWeights(_Weights):
         return w
 
 
+class _MapWeights(_Weights):
+    """Compact weights with sample weights (``q = n p``): every row outside ``idx`` has the
+    weight map's weight at ``l_h = 0``, the rows ``idx`` ``wm((h - a_i)_+)``, computed from
+    the prices per block of ``idx`` where read, with their ``q`` (the numbers
+    :class:`_Weights` holds as ``vals`` and ``q[idx]``, without those arrays)."""
+
+    def __init__(self, n, wm, h, a, idx, q):
+        super().__init__(n, base=float(wm(np.zeros(1))[0]), idx=idx, vals=None)
+        self.q, self.wm, self.h, self.a = q, wm, h, a
+        self._rest = None  # the q-mass of the rows outside idx
+
+    def _vals(self, rows):
+        return self.wm(np.maximum(self.h - self.a[rows], 0.0))
+
+    def _parts(self):
+        for s in range(0, self.idx.size, REDUCED_BLOCK):
+            rows = self.idx[s:s + REDUCED_BLOCK]
+            yield rows, self._vals(rows), self.q[rows]
+
+    def q_rest(self) -> float:
+        if self._rest is None:
+            self._rest = self.q.sum() - sum((float(np.sum(qi)) for _, _, qi in
+                                             self._parts()), 0.0)
+        return self._rest
+
+    def at(self, pos):
+        rows = self.idx[pos]
+        return self._vals(rows) * self.q[rows]
+
+    def dot(self, x):
+        key = id(x)
+        if key not in self._dots:  # (over blocks of the rows idx, as _Weights)
+            val = self.base * self.q.dot(x)
+            for rows, vals, qi in self._parts():
+                xi = x[rows]
+                val += float(np.dot(vals * qi, xi)) - self.base * float(np.dot(qi, xi))
+            self._dots[key] = (x, val)
+        return self._dots[key][1]
+
+    def total(self):
+        return self.base * self.q_rest() + sum(
+            (float(np.dot(qi, vals)) for _, vals, qi in self._parts()), 0.0)
+
+    def phi_total(self, divergence):
+        phi_base = _phi_sum(np.array([self.base]), divergence)
+        return phi_base * self.q_rest() + sum(
+            (float(np.dot(qi, phi(vals, divergence))) for _, vals, qi in self._parts()), 0.0)
+
+    def array(self):
+        w = np.full(self.n, self.base)
+        for rows, vals, _ in self._parts():
+            w[rows] = vals
+        return w
+
+
+def _near_rows(a, h, tol=1e-10) -> np.ndarray:
+    """The rows of :func:`_near` (``a_i <= h + tol h``) without their prices: counted, then
+    written per block into one array of :func:`row_index_dtype` (no int64 positions)."""
+    thr = h + tol * h
+    n = a.size
+    blocks = [(s, min(s + REDUCED_BLOCK, n)) for s in range(0, n, REDUCED_BLOCK)]
+    out = np.empty(sum(int(np.count_nonzero(a[s:e] <= thr)) for s, e in blocks),
+                   dtype=row_index_dtype(n))
+    at = 0
+    for s, e in blocks:
+        k = np.flatnonzero(a[s:e] <= thr)
+        np.add(k, s, out=out[at:at + k.size], casting="unsafe")
+        at += k.size
+    return out
+
+
+def _tied_positions(a, cand, h, tol=1e-10) -> np.ndarray:
+    """The positions in ``cand`` of the rows not below ``h`` (``a_i >= h - tol h``: the
+    plan's ties), per block of ``cand``."""
+    lim = h - tol * h
+    parts = [np.flatnonzero(a[cand[s:s + REDUCED_BLOCK]] >= lim) + s
+             for s in range(0, cand.size, REDUCED_BLOCK)]
+    return np.concatenate(parts) if parts else np.empty(0, dtype=np.intp)
+
+
 def _row_weight_fn(h, sol, theta2, divergence):
     """The weight of a row of price ``a`` at ``h`` as a function (the numbers
     :func:`_weights` computes for an array of candidate prices), for the closed form of KL
@@ -847,7 +930,7 @@ def _move_plan(h, w, loss0, r, n, ac, tol=1e-10, below=None, tied=None):
             below = ac < h - t
         tied = np.flatnonzero(~below)
     n_below = cand.size - tied.size
-    compact = w.dense is None and w.q is None and \
+    compact = w.dense is None and (w.q is None or isinstance(w, _MapWeights)) and \
         tied.size <= max(TIED_LAST_MIN, TIED_LAST_SHARE * cand.size)
     if compact and tied.size:
         _tied_last(w, tied, n_below)
@@ -923,6 +1006,8 @@ def _weights(a, h, sol, theta2, divergence, n, cand, ac, q=None):
         # its weight at 0, the rows ``cand`` get their own
         wm = weight_map_blocks(lambda s, e: np.maximum(h - a[s:e], 0.0), n, theta2,
                                divergence, p=q.p)
+        if ac is None:  # (computed from the prices when read)
+            return _MapWeights(n, wm, h, a, cand, q), wm.alpha
         vals = wm(np.maximum(h - ac, 0.0))
         return _Weights(n, base=float(wm(np.zeros(1))[0]), idx=cand, vals=vals, q=q), wm.alpha
     if math.isinf(theta2):
@@ -1077,6 +1162,16 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
                 ac = None
                 plan = _move_plan(sol.h, w, loss0, r, n, None, tied=tied)
                 del tied
+            elif q is not None and rp is None and r < 1.0 and MAP_WEIGHTS:
+                # sample weights: the candidate rows written per block (int32, no n-vector
+                # of int64 positions), their weights and masses computed from the prices when
+                # read (_MapWeights: no array of the candidates' prices, weights or masses),
+                # the tied ones as positions
+                cand = _near_rows(a, sol.h)
+                w, alpha = _weights(a, sol.h, sol, theta2, divergence, n, cand, None, q)
+                plan = _move_plan(sol.h, w, loss0, r, n, None,
+                                  tied=_tied_positions(a, cand, sol.h))
+                ac = None
             else:
                 cand, ac = _near(a, sol.h) if rp is None else rp.near(sol.h)
                 w, alpha = _weights(a, sol.h, sol, theta2, divergence, n, cand, ac, q)
@@ -1087,7 +1182,7 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
             # or where few rows move, so that the large-n path keeps its cost
             cheap = n <= audit.AUDIT_DIRECT_MAX or cand.size <= n // DUAL_CHECK_SHARE
             if cheap and ac is None:
-                ac = rp[cand]
+                ac = a[cand]
             dual_at_h = _dual_at_h(sol.h, r, theta2, divergence, n, cand, ac, alpha, p) \
                 if r < 1.0 and math.isfinite(sol.h) and cheap else None
             del cand, ac  # (the weights keep the rows; their prices are not needed again)
