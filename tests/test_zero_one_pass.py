@@ -52,12 +52,21 @@ def _small_blocks(monkeypatch, dense_share, workers):
 @pytest.mark.parametrize("divergence, theta2", [("kl", 0.25), ("kl", 0.02), ("chi2", 0.25),
                                                 ("kl", INF)])
 @pytest.mark.parametrize("t", [0.01, 0.5, 0.95])
-@pytest.mark.parametrize("dense_share, workers", [(0.0, 1), (2.0, 1), (0.5, 2)])
+@pytest.mark.parametrize("dense_share, workers, fused", [(0.0, 1, False), (2.0, 1, False),
+                                                         (0.5, 2, False), (0.0, 1, True),
+                                                         (2.0, 2, True)])
 def test_pass_equals_the_stored_prices(monkeypatch, divergence, theta2, t, dense_share,
-                                       workers):
-    """Every block dense (0), every block gathered (2), or mixed on two threads: Q* as a
-    measure and every audited number equal those of the stored prices (1e-12)."""
+                                       workers, fused):
+    """Every block dense (0), every block gathered (2), or mixed on two threads, and the rows
+    below the window kept by the window pass (``fused``: KL and theta2 = inf, every row
+    read in the window pass, blocks dense or gathered): Q* as a measure and every audited
+    number equal those of the stored prices (1e-12)."""
     _small_blocks(monkeypatch, dense_share, workers)
+    monkeypatch.setattr(zp, "FUSED", fused)
+    kept = []
+    real_f = zp.fused_near
+    monkeypatch.setattr(zp, "fused_near",
+                        lambda *a, **k: kept.append(real_f(*a, **k)) or kept[-1])
     model, X, y = _data()
     prob = resolve_model(model, X, y, loss="zero_one")
     b = float(np.mean(per_sample_losses(model, X, y, "zero_one")))
@@ -67,7 +76,15 @@ def test_pass_equals_the_stored_prices(monkeypatch, divergence, theta2, t, dense
     monkeypatch.setattr(zp, "near_pass", lambda *a, **k: used.append(1) or real(*a, **k))
     lean = zo.certify_zero_one_problem(prob, r, 1.0, theta2, divergence, None, "auto", 0.0)
     ref = _stored(prob, r, theta2, divergence)
-    assert used and lean.status == ref.status == "optimal"
+    assert lean.status == ref.status == "optimal"
+    served = [k is not None for k in kept]
+    assert used or served == [True]
+    if not fused or divergence == "chi2":
+        assert used and not kept
+    elif theta2 == 0.25 and t == 0.95:
+        # (elsewhere KL's exponents below the window may all be small, or beyond 700 at
+        # theta2 = 0.02: the per-row pass)
+        assert served == [True] and not used
     assert lean.info["audit"]["method"] == "sampled"
     for f in FIELDS:
         x, z = getattr(lean, f), getattr(ref, f)
@@ -210,3 +227,42 @@ def test_sample_weights_from_the_prices_equal_the_arrays(monkeypatch, divergence
     pa = p[lean.source] * lean.mass  # (P0-mass of each atom)
     assert float(np.sum(pa * lean.weights * lean.loss_star)) == pytest.approx(lean.r,
                                                                              rel=1e-9)
+
+
+@pytest.mark.parametrize("theta2", [0.25, 1.0, 3.0, INF])
+@pytest.mark.parametrize("t", [0.3, 0.95, 0.999])
+@pytest.mark.parametrize("workers, short", [(1, False), (2, False), (2, True)])
+def test_rows_below_the_window_kept_by_the_window_pass(monkeypatch, theta2, t, workers,
+                                                       short):
+    """The window pass keeps the rows below its window (their indices, and their exp terms
+    times the audit's moves): the certificate equals the one whose moved-rows pass reads
+    every row (Q* as a measure, the audited numbers at 1e-12), with ties at h, on one or two
+    threads; a short size estimate for the kept rows (``short``) falls back to that pass."""
+    _small_blocks(monkeypatch, 0.5, workers)
+    monkeypatch.setattr(zp, "FUSED_INF", True)  # (off by default: tested here)
+    if short:
+        monkeypatch.setattr(zo.RowPrices, "_estimate", lambda self, thr: 50)
+    model, X, y = _data(n=6000, seed=11, ties=200)
+    X = 3.0 * X  # (prices of about 10: exponents below the window above 0.5 at theta2 <= 3)
+    b = float(np.mean(per_sample_losses(model, X, y, "zero_one")))
+    kw = dict(loss="zero_one", r=b + t * (1.0 - b), theta1=1.0, theta2=theta2, se=None)
+    kept = []
+    real_f = zp.fused_near
+    monkeypatch.setattr(zp, "fused_near",
+                        lambda *a, **k: kept.append(real_f(*a, **k)) or kept[-1])
+    lean = otstab.certify(model, X, y, **kw)
+    served = [k is not None for k in kept]
+    monkeypatch.setattr(zp, "FUSED", False)
+    ref = otstab.certify(model, X, y, **kw)
+    assert lean.status == ref.status == "optimal"
+    # (theta2 >= 1 near the largest rate: every exponent below the window small, per row)
+    assert short or served == [True] or (theta2 >= 1.0 and t == 0.95)
+    for f in FIELDS:
+        x, z = getattr(lean, f), getattr(ref, f)
+        assert x == (pytest.approx(z, rel=1e-12) if isinstance(x, float) else z), f
+    np.testing.assert_array_equal(lean.source, ref.source)
+    for f in ("loss_star", "X_star"):
+        np.testing.assert_array_equal(getattr(lean, f), getattr(ref, f), err_msg=f)
+    np.testing.assert_allclose(lean.mass, ref.mass, rtol=0, atol=100 * X.shape[0] * 2e-16)
+    np.testing.assert_allclose(lean.weights, ref.weights, rtol=1e-12, atol=0)
+    assert lean.info["audit"]["max_rel_error"] <= 1e-12

@@ -199,6 +199,10 @@ class RowPrices:
         self._sub: tuple[np.ndarray, int] | None = None
         #: what the last :meth:`_window` pass summed (the keywords of ``solve_window``)
         self._window_sums: dict[str, Any] = {}
+        #: ``(reduced, loss0)`` of the certificate: the window pass keeps the rows below
+        #: its window for :meth:`near_weighted` (``_fused``, a zero_one_pass.Below)
+        self._fuse: tuple | None = None
+        self._fused: Any = None
 
     def _dstar(self, rows) -> np.ndarray:
         if self.nw == 0.0:
@@ -335,15 +339,28 @@ class RowPrices:
             below_em1 = 0.0
         fin_hi = min(hi, float(np.finfo(np.float64).max))  # (a <= fin_hi: finite)
 
-        def block(i, j):
+        # the rows below lo kept for the moved-rows pass (zero_one_pass.Below): with KL
+        # terms exp(-a / theta2) unclamped (lo / theta2 <= 700) and not all small (or none:
+        # a window from 0)
+        fuse = self._fuse if zero_one_pass.FUSED and self._fuse is not None and \
+            (not small or lo <= 0.0) and (lo / theta2 <= 700.0 if math.isfinite(theta2)
+                                          else zero_one_pass.FUSED_INF) else None
+        self._fused = None
+        if fuse is not None:  # (room for the rows below lo: none below a window from 0)
+            est = 0 if lo <= 0.0 else self._estimate(lo)
+            out_b = zero_one_pass._Out(est if est is not None else self.size,
+                                       row_index_dtype(self.size))
+
+        def block(i, j, back=False):
             """What rows i..j add: (zeros, infs, below lo, expm1 / exp / gap terms, above
-            hi, the prices in the window)."""
+            hi, the prices in the window, their rows, the sums of the rows below lo)."""
             a = self[i:j]
             nz = int(np.count_nonzero(a == 0.0))
             ni = int(np.count_nonzero(a == math.inf))
             lt = a < lo
             nb = int(np.count_nonzero(lt))
             em1 = ex = gap = 0.0
+            e = None
             if nb:
                 # few below lo: their prices alone; else every row's, the others' terms
                 # cleared (clamped at 0, or left out of the sum by the mask)
@@ -361,13 +378,26 @@ class RowPrices:
                 else:  # lo - a > 0 below lo
                     e = np.subtract(lo, ab)
                     gap = float(np.sum(np.maximum(e, 0.0, out=e)))
+            bsums = None
+            if fuse is not None and nb and not out_b.full:
+                lb = fuse[1][i:j]
+                lb = lb if lb.dtype == bool else lb > 0
+                kb, bsums = zero_one_pass.below_block(
+                    i, a, lt, nb, e if math.isfinite(theta2) else None, lb, fuse[0], lo)
+                at = out_b.reserve(kb.size, back)
+                if at is not None:
+                    np.add(kb, i, out=out_b.cand[at:at + kb.size], casting="unsafe")
+            del e
             inw = a <= fin_hi
             k = int(np.count_nonzero(inw))
-            part = None
+            part = rows = None
             if k > nb:  # (every row below lo is also <= hi)
                 inw &= a >= lo
                 part = a[inw]
-            return nz, ni, nb, em1, ex, gap, a.size - k, part
+                if fuse is not None:
+                    rows = np.flatnonzero(inw).astype(row_index_dtype(self.size))
+                    rows += i
+            return nz, ni, nb, em1, ex, gap, a.size - k, part, rows, bsums
 
         # the blocks on the pass's threads, each block's terms kept and added up in block
         # order below (the same numbers on any thread count)
@@ -375,13 +405,15 @@ class RowPrices:
         got: list = [None] * len(blocks)
         workers = min(zero_one_pass.pass_workers(self.size), len(blocks))
 
-        def run(w):
-            for b in range(len(blocks) * w // workers, len(blocks) * (w + 1) // workers):
-                got[b] = block(*blocks[b])
+        def run(w):  # (the second run from its last block: it writes kept rows from the back)
+            span = range(len(blocks) * w // workers, len(blocks) * (w + 1) // workers)
+            for b in (span if w == 0 else reversed(span)):
+                got[b] = block(*blocks[b], w > 0)
 
         zero_one_pass.run_blocks([lambda w=w: run(w) for w in range(workers)], workers)
-        parts = []
-        for nz, ni, nb, em1, ex, gap, ab, part in got:
+        parts, part_rows = [], []
+        bsum = [0.0, 0, 0.0, 0.0, 0.0]  # A, NL, WD2, WDL, QDL of the rows below lo
+        for nz, ni, nb, em1, ex, gap, ab, part, rows, bsums in got:
             n_zero += nz
             n_inf += ni
             above += ab
@@ -395,7 +427,19 @@ class RowPrices:
                     below_gap += gap
             if part is not None:
                 parts.append(part)
+                if rows is not None:
+                    part_rows.append(rows)
+            if bsums is not None:
+                for q, x in enumerate(bsums):
+                    bsum[q] += x
         got.clear()
+        if fuse is not None and not out_b.full:
+            wrows = np.concatenate(part_rows) if part_rows else \
+                np.empty(0, dtype=row_index_dtype(self.size))
+            W = below_exp if math.isfinite(theta2) else float(below)
+            self._fused = zero_one_pass.Below(lo, hi, theta2, fuse[0], fuse[1],
+                                              out_b.compact(), (W, *bsum), wrows)
+        del part_rows
         if small:  # exp(-a / theta2) = exp(-lo / theta2) (1 + expm1((lo - a) / theta2))
             below_exp = math.exp(-lo / theta2) * (below + below_em1)
         self._window_sums = {
@@ -475,10 +519,15 @@ class RowPrices:
         ``_finish`` sums them with the weights at hand: ``"wd2"`` (weight times squared
         move), ``"wdl"`` (weight times change of loss), ``"qdl"`` (change of loss), over
         ``"n_below"`` rows."""
-        self._subsample()
-        size = self._estimate(h + tol * h)
-        got = zero_one_pass.near_pass(self, h, fn, loss0, divergence, tol, reduced, size,
-                                      row_index_dtype(self.size))
+        fz, self._fused = self._fused, None
+        got = None if fz is None else \
+            zero_one_pass.fused_near(self, fz, h, fn, loss0, divergence, tol, reduced)
+        del fz
+        if got is None:
+            self._subsample()
+            size = self._estimate(h + tol * h)
+            got = zero_one_pass.near_pass(self, h, fn, loss0, divergence, tol, reduced, size,
+                                          row_index_dtype(self.size))
         self._sub = None  # (Q*'s rows are the last use of the subsample)
         return got
 
@@ -856,6 +905,7 @@ def _row_weight_fn(h, sol, theta2, divergence):
             w *= uw
             return w, _phi_kl_logs(w, np.add(v, log_uw, out=v))
         kl.gives_phi = True  # type: ignore[attr-defined]
+        kl.theta2, kl.log_uw = theta2, log_uw  # type: ignore[attr-defined]
         return kl
     if divergence == "chi2" and sol is not None and sol.alpha is not None \
             and sol.solver == "zero_one_dual":
@@ -1137,7 +1187,12 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
                 # copy); else: Q* moves at most r n samples, the cheapest: their prices are
                 # all the closed form needs (sorted, with a margin; all of them when the
                 # margin is short)
+                # (the window pass keeps the rows below its window for Q*'s pass)
+                rp._fuse = (X_near.reduced if isinstance(X_near, NearPoints) and
+                            X_near.moves_fn and X is not None and n > audit.AUDIT_DIRECT_MAX
+                            else None, loss0)
                 sol = rp.solve_window(r, theta2, divergence)
+                rp._fuse = None
                 if sol is None:
                     sol = solve_zero_one(rp.smallest(r), r, theta2, divergence, method=how,
                                          presorted=True, n=n)

@@ -111,10 +111,12 @@ class _Out:
         return cand
 
 
-def _block(rp, i, j, thr, lim, fn, loss0, divergence, reduced, base, phi_base):
-    """``(rows, tied, sums)`` of the rows i..j: the candidates' offsets in the block, the
-    positions among them of the tied ones (None: none), and the block's sums (:data:`KEYS`);
-    None when the block has no candidate."""
+def _block(rp, i, j, thr, lim, fn, loss0, divergence, reduced, base, phi_base, out=None,
+           back=False):
+    """``(count, tied, sums)`` of the rows i..j: how many are candidates (their indices
+    written into ``out``, from the back with ``back``), the positions among them of the
+    tied ones (None: none), and the block's sums (:data:`KEYS`); None when the block has no
+    candidate, False when ``out`` is full."""
     from otstab_solvers.weights import phi
 
     a = rp[i:j]
@@ -123,6 +125,10 @@ def _block(rp, i, j, thr, lim, fn, loss0, divergence, reduced, base, phi_base):
     if not kc:
         return None
     k = np.flatnonzero(c)
+    at = out.reserve(kc, back)
+    if at is None:
+        return False
+    np.add(k, i, out=out.cand[at:at + kc], casting="unsafe")
     lb = loss0[i:j]
     lb = lb if lb.dtype == bool else lb > 0
     m = a.size
@@ -132,6 +138,7 @@ def _block(rp, i, j, thr, lim, fn, loss0, divergence, reduced, base, phi_base):
         bf = a < lim
         tr = np.flatnonzero(np.greater(c, bf))  # candidates not below h (tied)
         tied = np.searchsorted(k, tr) if tr.size else None
+        del k, tr  # (written: the block's temporaries are what each thread holds)
         rest = m - kc  # rows above the tolerance: weight ``base``, phi ``phi_base``
         if divergence is None:  # (unit weights, phi 0)
             wfull, sw, sphi = None, float(kc), 0.0
@@ -162,11 +169,18 @@ def _block(rp, i, j, thr, lim, fn, loss0, divergence, reduced, base, phi_base):
             red = (float(np.dot(wb, dd)), float(np.dot(wb, dlb)), _dot_mask(dlb, bf),
                    int(np.count_nonzero(bf)))
             if not all(math.isfinite(x) for x in red[:3]):  # (a row above h whose move
-                red = _reduced_sums(reduced, lb, k[bf[k]], i,  # is not finite: 0 * inf)
-                                    None if wfull is None else wfull[k[bf[k]]])
-        return k, tied, (sw, sphi, wl, nl, w_gain) + red
-    ak = a[k]
-    del a
+                kb = np.flatnonzero(bf)                         # is not finite: 0 * inf)
+                red = _reduced_sums(reduced, lb, kb, i, None if wfull is None else wfull[kb])
+        return kc, tied, (sw, sphi, wl, nl, w_gain) + red
+    tied, sums = gathered(k + i, a[k], lim, fn, loss0, divergence, reduced)
+    return kc, tied, sums
+
+
+def gathered(rows, ak, lim, fn, loss0, divergence, reduced):
+    """``(tied, sums)`` of the candidate rows ``rows`` (their prices ``ak``): the positions
+    among them of the tied ones (None: none) and their sums (:data:`KEYS`)."""
+    from otstab_solvers.weights import phi
+
     bk = ak < lim
     tied = np.flatnonzero(~bk)
     tied = tied if tied.size else None
@@ -178,18 +192,26 @@ def _block(rp, i, j, thr, lim, fn, loss0, divergence, reduced, base, phi_base):
     else:
         wk = fn(ak)
         sphi = float(np.sum(phi(wk, divergence)))
-    lk = lb[k]
+    lk = loss0[rows]
+    lk = lk if lk.dtype == bool else lk > 0
     nl = int(np.count_nonzero(lk))
     gain = bk & ~lk
     if wk is None:
-        sw, wl, w_gain = float(kc), float(nl), float(np.count_nonzero(gain))
+        sw, wl, w_gain = float(ak.size), float(nl), float(np.count_nonzero(gain))
     else:
         sw, wl, w_gain = float(np.sum(wk)), _dot_mask(wk, lk), _dot_mask(wk, gain)
     red = (0.0, 0.0, 0.0, 0)
     if reduced is not None:
-        kb = k[bk]
-        red = _reduced_sums(reduced, lb, kb, i, None if wk is None else wk[bk])
-    return k, tied, (sw, sphi, wl, nl, w_gain) + red
+        rb = rows[bk]
+        lm, dd = reduced(rb)
+        dlb = lm - lk[bk]
+        if wk is None:
+            red = (float(np.sum(dd)), float(np.sum(dlb)), float(np.sum(dlb)), int(rb.size))
+        else:
+            wb = wk[bk]
+            red = (float(np.dot(wb, dd)), float(np.dot(wb, dlb)), float(np.sum(dlb)),
+                   int(rb.size))
+    return tied, (sw, sphi, wl, nl, w_gain) + red
 
 
 def _dot_mask(x, mask) -> float:
@@ -217,16 +239,10 @@ def _run(rp, blocks, w, workers, out, results, args):
         if out.full:
             return
         i, j = blocks[b]
-        got = _block(rp, i, j, *args)
-        if got is None:
-            results[b] = (0, None, None)
-            continue
-        k, tied, sums = got
-        at = out.reserve(k.size, w > 0)
-        if at is None:
+        got = _block(rp, i, j, *args, out=out, back=w > 0)
+        if got is False:
             return
-        np.add(k, i, out=out.cand[at:at + k.size], casting="unsafe")
-        results[b] = (k.size, tied, sums)
+        results[b] = (0, None, None) if got is None else got
 
 
 def near_pass(rp, h, fn, loss0, divergence, tol, reduced, size, index_dtype,
@@ -278,5 +294,134 @@ def near_pass(rp, h, fn, loss0, divergence, tol, reduced, size, index_dtype,
         if tied is not None:
             tied_parts.append(tied + at)
         at += kc
+    tied = np.concatenate(tied_parts) if tied_parts else np.empty(0, dtype=np.intp)
+    return cand, tied, totals
+
+
+# ---------------------------------------------------------------------------------------------
+# the window pass keeps the rows below its window (KL and theta2 = inf)
+
+#: the window pass of the KL / theta2 = inf closed form writes the rows below its window and
+#: sums their exponential terms times the audit's moves, so that the moved-rows pass reads
+#: only the window's rows (False: the moved-rows pass reads every row)
+FUSED = True
+#: ... also for theta2 = inf (off: without exp terms the window pass saves little of the
+#: moved-rows pass, and keeping the rows during the window pass raises the peak near r = 1)
+FUSED_INF = False
+#: the phi sum of the rows below the window from its terms is kept when it keeps 1e-13 of
+#: them (it is taken back to the per-row pass where the weights are all close to 1)
+PHI_CANCEL = 1e-3
+
+
+class Below:
+    """What the window pass keeps of the rows below its window ``[lo, hi]`` (``a_i < lo``):
+    their indices ``cand`` (ascending, the candidates' dtype) and, with
+    ``e_i = exp(-a_i / theta2)`` (1 for theta2 = inf): ``W`` = sum e_i (the window pass's
+    ``below_exp``; their count for theta2 = inf), ``A`` = sum e_i a_i, ``NL`` the
+    misclassified ones (a price of 0, e_i = 1), and with the audit's moves (``reduced``)
+    ``WD2`` = sum e_i d2_i, ``WDL`` = sum e_i dl_i, ``QDL`` = sum dl_i; and the window's
+    rows in row order. Q*'s weight of such a row at h is ``c e_i`` with
+    ``c = uw exp(h / theta2)``, so every sum of the moved-rows pass over them is one of these
+    times c (:func:`fused_near`). The window's prices are recomputed from its rows."""
+
+    def __init__(self, lo, hi, theta2, reduced, loss0, cand, sums, rows):
+        self.lo, self.hi, self.theta2 = lo, hi, theta2
+        self.reduced, self.loss0 = reduced, loss0
+        self.cand, self.rows = cand, rows
+        self.W, self.A, self.NL, self.WD2, self.WDL, self.QDL = sums
+
+
+def below_block(i, a, lt, nb, e, lb, reduced, lo):
+    """``(offsets, (A, NL, WD2, WDL, QDL))`` of the rows of block ``i`` below ``lo`` (``lt``;
+    ``nb`` of them): ``e`` the exponential terms of every row of the block (``e.size ==
+    a.size``) or of the rows below lo only, None for theta2 = inf (every term 1); ``lb`` the
+    block's misclassified rows (booleans)."""
+    kb = np.flatnonzero(lt)
+    nl = int(np.count_nonzero(lb & lt))
+    dense = nb == a.size or (e is not None and e.size == a.size) or \
+        (e is None and 2 * nb >= a.size)
+    if dense:
+        ltf = lt.astype(np.float64)
+        if e is not None:  # (the caller has summed e: its terms below lo, in its buffer)
+            e *= ltf
+        eb = ltf if e is None else e
+        A = 0.0 if e is None else float(np.dot(eb, np.minimum(a, lo)))
+        red = (0.0, 0.0, 0.0)
+        if reduced is not None:
+            lm, dd = reduced(slice(i, i + a.size))
+            dl = np.subtract(lm, lb, out=lm)
+            red = (float(np.dot(eb, dd)), float(np.dot(eb, dl)), float(np.dot(dl, ltf)))
+            if all(math.isfinite(x) for x in red):
+                return kb, (A, nl) + red
+            e = None if e is None else e[kb]  # (a row above lo whose move is not finite:
+            del eb, ltf                        # per row; e is 0 only above lo)
+        else:
+            return kb, (A, nl) + red
+    es = e  # (aligned with kb)
+    A = 0.0 if es is None else float(np.dot(es, a[kb]))
+    red = (0.0, 0.0, 0.0)
+    if reduced is not None:
+        lm, dd = reduced(kb + i)
+        dl = np.subtract(lm, lb[kb], out=lm)
+        q = float(np.sum(dl))
+        red = (float(np.sum(dd)), q, q) if es is None else \
+            (float(np.dot(es, dd)), float(np.dot(es, dl)), q)
+    return kb, (A, nl) + red
+
+
+def fused_near(rp, fz: Below, h, fn, loss0, divergence, tol, reduced):
+    """:meth:`RowPrices.near_weighted` from what the window pass kept (:class:`Below`): the
+    rows below the window by their sums, the window's rows one by one. None when they do not
+    serve this ``h`` (a row below the window tied at h, candidates above the window, other
+    weights or losses, or the phi sum too close to cancellation)."""
+    thr = h + tol * h
+    lim = h - tol * h
+    if fz.reduced != reduced or fz.loss0 is not loss0 or not fz.lo <= lim or \
+            not thr <= fz.hi or not h > 0.0:
+        return None
+    nB = int(fz.cand.size)
+    if divergence is None:
+        if not math.isinf(fz.theta2):
+            return None
+        c = 1.0
+        sw, sphi = float(nB), 0.0
+    else:
+        if getattr(fn, "theta2", None) != fz.theta2 or divergence != "kl":
+            return None
+        c = float(fn(np.array([0.0]))[0])  # the weight of a row of price 0: uw exp(h / theta2)
+        logc = fn.log_uw + h / fz.theta2
+        sw = c * fz.W
+        t1, t2 = c * logc * fz.W, c * fz.A / fz.theta2
+        sphi = t1 - t2 - sw + nB
+        if nB and not (math.isfinite(sphi) and sphi > PHI_CANCEL * (abs(t1) + t2 + sw + nB)):
+            return None
+    below = (sw, sphi, c * fz.NL, fz.NL, c * (fz.W - fz.NL) if divergence else
+             float(nB - fz.NL), c * fz.WD2, c * fz.WDL, fz.QDL, nB if reduced is not None
+             else 0)
+    if not all(math.isfinite(x) for x in below):
+        return None
+    wrows = fz.rows
+    fz.rows = None
+    cand = fz.cand
+    fz.cand = None
+    cand.resize(nB + wrows.size, refcheck=False)  # (room for every row of the window)
+    totals = dict(zip(KEYS, below))
+    tied_parts = []
+    at = nB
+    step = rp.BLOCK  # (the window's rows per block, their prices recomputed: cache-sized)
+    for s in range(0, wrows.size, step):
+        rb = wrows[s:s + step]
+        ab = rp[rb]
+        sel = ab <= thr
+        rows, prices = rb[sel], ab[sel]
+        del rb, ab, sel
+        cand[at:at + rows.size] = rows
+        tied_w, win = gathered(rows, prices, lim, fn, loss0, divergence, reduced)
+        if tied_w is not None:
+            tied_parts.append(tied_w + at)
+        at += rows.size
+        for key, x in zip(KEYS, win):
+            totals[key] += x
+    cand.resize(at, refcheck=False)
     tied = np.concatenate(tied_parts) if tied_parts else np.empty(0, dtype=np.intp)
     return cand, tied, totals
