@@ -266,3 +266,8 @@ def test_rows_below_the_window_kept_by_the_window_pass(monkeypatch, theta2, t, w
     np.testing.assert_allclose(lean.mass, ref.mass, rtol=0, atol=100 * X.shape[0] * 2e-16)
     np.testing.assert_allclose(lean.weights, ref.weights, rtol=1e-12, atol=0)
     assert lean.info["audit"]["max_rel_error"] <= 1e-12
+    if not short and workers == 1:  # and the kink-exact dual on the distances (no window)
+        dual = otstab.certify(model, X, y, solver="dual", **kw)
+        assert dual.status == "optimal"
+        assert lean.value == pytest.approx(dual.value, rel=1e-9)
+        assert lean.primal_cost == pytest.approx(dual.value, rel=1e-8)
