@@ -271,3 +271,24 @@ def test_rows_below_the_window_kept_by_the_window_pass(monkeypatch, theta2, t, w
         assert dual.status == "optimal"
         assert lean.value == pytest.approx(dual.value, rel=1e-9)
         assert lean.primal_cost == pytest.approx(dual.value, rel=1e-8)
+
+
+@pytest.mark.parametrize("theta2", [0.25, INF])
+def test_defaults_above_the_thread_threshold(monkeypatch, theta2):
+    """At the default sizes (n above PARALLEL_MIN_ROWS: two threads where the process may run
+    on two CPUs, dense blocks, the kept rows) the certificate equals the one of one thread
+    reading every row (the same bits: sums in block order) and of the stored prices."""
+    model, X, y = _data(n=150_000, seed=12)
+    b = float(np.mean(per_sample_losses(model, X, y, "zero_one")))
+    kw = dict(loss="zero_one", r=b + 0.9 * (1.0 - b), theta1=1.0, theta2=theta2, se=None)
+    monkeypatch.setattr(zp, "WORKERS", 2)
+    lean = otstab.certify(model, X, y, **kw)
+    monkeypatch.setattr(zp, "WORKERS", 1)
+    one = otstab.certify(model, X, y, **kw)
+    for f in ("value", "h", "risk_star", "primal_cost", "total_mass"):
+        assert getattr(lean, f) == getattr(one, f), f
+    np.testing.assert_array_equal(lean.weights, one.weights)
+    ref = _stored(resolve_model(model, X, y, loss="zero_one"), kw["r"], theta2, "kl")
+    for f in FIELDS:
+        x, z = getattr(lean, f), getattr(ref, f)
+        assert x == (pytest.approx(z, rel=1e-12) if isinstance(x, float) else z), f
