@@ -292,3 +292,25 @@ def test_defaults_above_the_thread_threshold(monkeypatch, theta2):
     for f in FIELDS:
         x, z = getattr(lean, f), getattr(ref, f)
         assert x == (pytest.approx(z, rel=1e-12) if isinstance(x, float) else z), f
+
+
+def test_kept_rows_are_not_held_by_the_result(monkeypatch):
+    """Where Q*'s weights do not come from the pass (here forced: the candidates' arrays),
+    nothing the window pass kept stays with the prices the result holds."""
+    _small_blocks(monkeypatch, 0.5, 1)
+    model, X, y = _data(n=4000, seed=13)
+    X = 3.0 * X
+    b = float(np.mean(per_sample_losses(model, X, y, "zero_one")))
+    seen = []
+    real = zo.RowPrices.solve_window
+    monkeypatch.setattr(zo.RowPrices, "solve_window",
+                        lambda self, *a: seen.append(self) or real(self, *a))
+    real_w = zo.RowPrices._window
+    kept = []
+    monkeypatch.setattr(zo.RowPrices, "_window", lambda self, *a: (
+        real_w(self, *a), kept.append(self._fused is not None))[0])
+    monkeypatch.setattr(zo, "_price_weights", lambda *a, **k: None)
+    res = otstab.certify(model, X, y, loss="zero_one", r=b + 0.9 * (1.0 - b), theta2=0.25,
+                         se=None)
+    assert res.status == "optimal" and kept == [True]
+    assert seen[0]._fused is None and seen[0]._fuse is None

@@ -1231,6 +1231,8 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
                 cand, ac = _near(a, sol.h) if rp is None else rp.near(sol.h)
                 w, alpha = _weights(a, sol.h, sol, theta2, divergence, n, cand, ac, q)
                 plan = _move_plan(sol.h, w, loss0, r, n, ac)
+            if rp is not None:  # (what the window pass kept is not read again: the result
+                rp._fused = None  # holds the prices, for res.info["dstar"])
             # the dual objective at h from the rows that move (the audit's weak-duality check;
             # at r = 1 the value is a closed form without h r - T(h): no check). One pass over
             # those rows (an exp each for KL): done where the audit re-scores every row anyway
