@@ -314,3 +314,23 @@ def test_kept_rows_are_not_held_by_the_result(monkeypatch):
                          se=None)
     assert res.status == "optimal" and kept == [True]
     assert seen[0]._fused is None and seen[0]._fuse is None
+
+
+def test_points_and_reduced_equal_their_two_computations():
+    """NearPoints.points_and_reduced (the sampled audit's rows) equals moved_points' x, x*
+    and reduced's numbers, bit for bit, binary and multiclass."""
+    rng = np.random.default_rng(14)
+    X = rng.standard_normal((500, 4))
+    for model, y in ((otstab.LinearModel(rng.standard_normal(4), 0.2),
+                      np.where(rng.random(500) < 0.5, 1, -1)),
+                     (otstab.LinearModel(rng.standard_normal((3, 4)), np.zeros(3)),
+                      rng.integers(0, 3, 500))):
+        prob = resolve_model(model, X, y, loss="zero_one")
+        _, near = zo.linear_distances(prob, None)
+        rows = np.array([3, 17, 18, 250, 499])
+        Xr, Xm, lm, dd = near.points_and_reduced(prob.X, rows)
+        np.testing.assert_array_equal(Xr, X[rows])
+        np.testing.assert_array_equal(Xm, X[rows] + near.displacement(rows))
+        ref_l, ref_d = near.reduced(rows)
+        np.testing.assert_array_equal(lm, ref_l)
+        np.testing.assert_array_equal(dd, ref_d)

@@ -617,6 +617,17 @@ class NearPoints:
         change += self.scores[rows]  # (the moved scores, in the change's buffer)
         return zero_one.values(change, self.labels[rows]), sq
 
+    def points_and_reduced(self, X, rows):
+        """``(x, x_near, loss, squared move)`` of ``rows``: :meth:`__getitem__`'s points and
+        :meth:`reduced`'s numbers (the same operations) from one computation of the steps."""
+        c = self.steps(rows)
+        Xr = X[rows]
+        Xm = -c[:, None] * self.direction(rows)  # (displacement's operations)
+        Xm += Xr
+        change, sq = self.moves_fn(rows, c)
+        change += self.scores[rows]
+        return Xr, Xm, zero_one.values(change, self.labels[rows]), sq
+
     def displacement(self, rows) -> np.ndarray:
         """``x_near - x`` for ``rows``."""
         return -self.steps(rows)[:, None] * self.direction(rows)
@@ -1436,10 +1447,11 @@ def _finish(inputs, *, value, h, alpha, status, message, plan, w, solver_name, s
         # in blocks: the gathered rows, the moved rows and the moves stay cache-sized
         step = audit.rows_per_block(X.shape[1], min(pick.size, AUDIT_BLOCK_ROWS))
         for s in range(0, pick.size, step):
-            pb = pick[s:s + step]
-            Xr, Xm = moved_points(pb)
-            direct_l, direct_d2 = audit.rescored(losses_fn, y[rows[pb]], Xr, Xm)
-            lm, dd = reduced(rows[pb])
+            rs = rows[pick[s:s + step]]
+            # (x, x*) and the reduced form of the sampled rows from one computation of their
+            # steps (moved_points and reduced each computed them)
+            Xr, Xm, lm, dd = X_near.points_and_reduced(X, rs)
+            direct_l, direct_d2 = audit.rescored(losses_fn, y[rs], Xr, Xm)
             err = max(err, audit.sampled_error(direct_l, lm, direct_d2, dd))
         audit_info = {"method": "sampled", "sample": int(pick.size), "max_rel_error": err}
     elif X is not None and X_near is not None and rows.size:
