@@ -120,8 +120,8 @@ def _install(rec: Recorder):
     window = zo.RowPrices.__dict__["_window"]
     saved.append((zo.RowPrices, "_window", window))
 
-    def window_sizes(self, lo, hi, theta2):
-        out = window(self, lo, hi, theta2)
+    def window_sizes(self, lo, hi, theta2, **kw):
+        out = window(self, lo, hi, theta2, **kw)
         rec.sorted.append(("window", out.size))
         return out
     # (under the timing wrapper installed above)

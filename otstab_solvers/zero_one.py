@@ -28,7 +28,8 @@ from .result import FAILED, OPTIMAL, DualSolution
 from .sorted_oracle import SortedTwoPiece, _Keys
 from .weights import chi2_alpha, chi2_dual_term, kl_dual_term
 
-__all__ = ["DistanceOracle", "solve_zero_one", "solve_window", "zero_one_objective"]
+__all__ = ["DistanceOracle", "solve_zero_one", "solve_window", "solve_window_chi2",
+           "zero_one_objective"]
 
 
 class DistanceOracle:
@@ -391,3 +392,101 @@ def solve_window(window, r: float, theta2: float, divergence: str, n: int, *, be
     return DualSolution(h, None, float(value), OPTIMAL, "zero_one_closed_form", "closed form",
                         iterations=1, gap_bound=0.0, solve_time=time.perf_counter() - t0,
                         info=info)
+
+
+def solve_window_chi2(window, r: float, theta2: float, n: int, *, below: int, lo: float,
+                      d1: float, d2: float, n_zero: int, n_fin: int,
+                      top: bool) -> DualSolution | None:
+    """The chi2 dual (finite theta2, ``r < 1``, uniform samples) in closed form from a window
+    of the sorted prices, as :func:`solve_window` for KL.
+
+    At the optimum every sample keeps a positive weight (Q* moves mass r < 1, so the unmoved
+    samples, whose weight is the smallest, keep some), so ``alpha = -m`` with ``m`` the mean
+    of ``l_h = (h - a)_+``, ``w_i = 1 + (l_i - m) / (2 theta2)`` and
+    ``F(h) = h r - m - var(l_h) / (4 theta2)``; on the segment where the ``j`` cheapest
+    samples move (``p = j / n``) ``F'(h) = r - p - m (1 - p) / (2 theta2)``, zero at
+    ``m = 2 theta2 (r - p) / (1 - p)``. F is concave, so the optimum is in the first segment
+    whose stationary point does not exceed its right end (at its left end, a kink, when the
+    point lies below it), found by bisection over j.
+
+    ``window``: the prices in ``[lo, hi]`` ascending (finite); ``below`` how many are below
+    ``lo``, ``d1`` and ``d2`` the sums of ``lo - a_i`` and its square over them; ``n_zero``
+    prices of 0 (at least one); ``n_fin`` finite prices; ``top``: the window holds every
+    finite price ``>= lo``. None when the window does not hold the answer, or when the value
+    would keep less than 1e-13 of its terms: the caller widens it or solves the dual on every
+    price."""
+    t0 = time.perf_counter()
+    s = np.asarray(window, dtype=np.float64)
+    m_w = s.size
+    if n_zero < 1 or not 0.0 <= r < 1.0 or m_w == 0 or not 0.0 < theta2 < math.inf:
+        return None
+    if lo <= 0.0 and below:
+        raise ValueError("prices below a window starting at 0")
+    j0 = n_zero
+    if r <= j0 / n:
+        return None
+    hi_known = below + m_w if top else below + m_w - 1
+    # D1_j = sum_{i<j} (lo - a_i): below the window d1, then the window's (negative) terms
+    cum = np.cumsum(lo - s)
+
+    def dsum(j):  # D1_j, j >= below
+        return d1 + (float(cum[j - below - 1]) if j > below else 0.0)
+
+    def price(j):
+        if below <= j < below + m_w:
+            return float(s[j - below])
+        if j < j0:
+            return 0.0
+        raise IndexError(j)
+
+    def right_end(j):
+        return price(j) if j < n_fin else math.inf
+
+    def cand(j):  # the stationary point of segment j (j samples move)
+        p = j / n
+        if j >= n:
+            return -math.inf
+        mstar = 2.0 * theta2 * (r - p) / (1.0 - p)
+        return lo + (n * mstar - dsum(j)) / j
+
+    lo_j, hi_j = max(j0, 1), n_fin
+    a_j, b_j = max(lo_j, below), min(hi_j, hi_known)
+    if a_j > b_j:
+        return None
+    if a_j > lo_j and cand(a_j) <= right_end(a_j):
+        return None  # the first such segment may lie below the window
+    if not cand(b_j) <= right_end(b_j):
+        return None
+    while a_j < b_j:
+        mid = (a_j + b_j) // 2
+        if cand(mid) <= right_end(mid):
+            b_j = mid
+        else:
+            a_j = mid + 1
+    jj = a_j
+    if jj - 1 < below and jj - 1 >= j0:
+        return None
+    hj = cand(jj)
+    left = price(jj - 1)
+    h = max(hj if hj >= left else left, 0.0)
+    if h <= 0.0 or (h < lo and below):
+        return None
+    # the value from sums of positive terms: l_i = (h - lo) + (lo - a_i) below the window,
+    # h - a_i in it
+    j_in = below + int(s.searchsorted(h, side="left"))  # samples with a_i < h
+    delta = h - lo
+    lw = h - s[:j_in - below]
+    L1 = below * delta + d1 + float(np.sum(lw))
+    L2 = below * delta * delta + 2.0 * delta * d1 + d2 + float(np.dot(lw, lw))
+    m = L1 / n
+    q = L2 / n
+    var = q - m * m
+    value = h * r - m - var / (4.0 * theta2)
+    # rounding of the terms (and of var's difference) against the value
+    err = 16.0 * np.finfo(float).eps * (abs(h * r) + m + (q + m * m) / (4.0 * theta2))
+    if not (var >= 0.0 and err <= 1e-13 * abs(value)):
+        return None
+    return DualSolution(h, -m, float(value), OPTIMAL, "zero_one_closed_form",
+                        "closed form (chi2)", iterations=1, gap_bound=0.0,
+                        solve_time=time.perf_counter() - t0,
+                        info={"moved": j_in, "window": m_w})

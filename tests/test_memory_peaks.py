@@ -29,7 +29,9 @@ def test_zero_one_chi2_peak(r):
     """0/1 chi2 sorts the distances once: the sorted view reads that copy (4.3 n-vectors when
     it negated it twice into two more; 2.84 and 3.16 at r = 0.2 and 0.5, then 2.68 and 2.81
     since Q*'s weights are computed from the prices per block, 2.39 since the tied rows are
-    positions, the moves' steps take three buffers and the sampled audit smaller blocks)."""
+    positions, the moves' steps take three buffers and the sampled audit smaller blocks; 1.80
+    and 2.17 since the chi2 closed form reads a window of the sorted prices, no sorted
+    n-vector: 1.70 and 1.81 in the middle and near the largest rate at n = 1e6, d = 50)."""
     n, d = 250_000, 20
     rng = np.random.default_rng(0)
     X = rng.standard_normal((n, d))
@@ -41,7 +43,7 @@ def test_zero_one_chi2_peak(r):
     res, peak = _peak_vectors(lambda: otstab.certify(
         model, X, y, **kw), n)
     assert res.status == "optimal"
-    assert peak < 2.6, peak
+    assert peak < 2.4, peak
 
 
 def test_distance_oracle_keys_are_the_sorted_prices():

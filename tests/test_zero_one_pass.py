@@ -334,3 +334,75 @@ def test_points_and_reduced_equal_their_two_computations():
         ref_l, ref_d = near.reduced(rows)
         np.testing.assert_array_equal(lm, ref_l)
         np.testing.assert_array_equal(dd, ref_d)
+
+
+def _chi2_summaries(s, lo, hi):
+    """What RowPrices._window sums for chi2, from the sorted prices directly."""
+    below = s[s < lo] if lo > 0 else s[:0]
+    fin = np.isfinite(s)
+    return s[(s >= lo) & (s <= hi) & fin], dict(
+        below=below.size, lo=lo, d1=float(np.sum(lo - below)),
+        d2=float(np.sum((lo - below) ** 2)), n_zero=int(np.sum(s == 0)), n_fin=int(fin.sum()),
+        top=not np.any(fin & (s > hi)))
+
+
+@pytest.mark.parametrize("theta2", [0.05, 0.25, 3.0])
+@pytest.mark.parametrize("r", [0.2, 0.5, 0.9, 0.99])
+def test_chi2_window_equals_the_dual_on_every_price(theta2, r):
+    """The chi2 closed form from a window of the sorted prices (every weight positive at
+    the optimum: alpha = -mean(l_h)) against the kink-exact dual on every price: the same h
+    and value (1e-12), with ties and prices that cannot move; a window that misses says so."""
+    from otstab_solvers.zero_one import solve_window_chi2, solve_zero_one, zero_one_objective
+
+    rng = np.random.default_rng(int(100 * r + 10 * theta2))
+    n = 3000
+    s = np.sort(np.concatenate([np.zeros(300), rng.exponential(size=n - 300) ** 2]))
+    s[1500:1510] = s[1500]
+    s[-4:] = INF
+    ref = solve_zero_one(s, r, theta2, "chi2", presorted=True)
+    assert ref.status == "optimal"
+    hits = 0
+    for k_lo in (0, 300, 900, 1500, 2100, 2700):
+        for width in (40, 400, 3000):
+            lo = float(s[k_lo]) if k_lo else 0.0
+            hi = float(s[k_lo + width]) if k_lo + width < n - 4 else INF
+            win, kw = _chi2_summaries(s, lo, hi)
+            sol = solve_window_chi2(win, r, theta2, n, **kw)
+            if sol is None:
+                continue
+            hits += 1
+            assert sol.h == pytest.approx(ref.h, rel=1e-12)
+            assert sol.value == pytest.approx(ref.value, rel=1e-12)
+            assert sol.value == pytest.approx(zero_one_objective(s, sol.h, r, theta2, "chi2"),
+                                              rel=1e-12)
+            lh = np.maximum(sol.h - s, 0.0)  # alpha = -mean(l_h): the weights' mass is 1
+            assert float(np.mean(1.0 + (lh + sol.alpha) / (2 * theta2))) == \
+                pytest.approx(1.0, rel=1e-13)
+    assert hits >= 1
+    j = int(np.searchsorted(s, ref.h))  # a window above the answer misses it
+    win, kw = _chi2_summaries(s, float(s[min(j + 60, n - 5)]), float(s[min(j + 90, n - 5)]))
+    assert solve_window_chi2(win, r, theta2, n, **kw) is None
+
+
+def test_chi2_certificate_through_the_window(monkeypatch):
+    """A chi2 certificate of RowPrices reads a window (no sorted n-vector of prices) and
+    equals the one through the stored prices (Q* as a measure, 1e-12)."""
+    _small_blocks(monkeypatch, 0.5, 2)
+    model, X, y = _data(n=5000, seed=15)
+    b = float(np.mean(per_sample_losses(model, X, y, "zero_one")))
+    sorted_calls = []
+    real = zo.RowPrices.sorted
+    monkeypatch.setattr(zo.RowPrices, "sorted",
+                        lambda self: sorted_calls.append(1) or real(self))
+    prob = resolve_model(model, X, y, loss="zero_one")
+    for t in (0.3, 0.6, 0.95):
+        r = b + t * (1.0 - b)
+        lean = zo.certify_zero_one_problem(prob, r, 1.0, 0.25, "chi2", None, "auto", 0.0)
+        ref = _stored(prob, r, 0.25, "chi2")
+        assert lean.status == ref.status == "optimal" and not sorted_calls
+        assert lean.solver == "zero_one_closed_form"
+        for f in FIELDS:
+            x, z = getattr(lean, f), getattr(ref, f)
+            assert x == (pytest.approx(z, rel=1e-12) if isinstance(x, float) else z), f
+        np.testing.assert_array_equal(lean.source, ref.source)
+        np.testing.assert_allclose(lean.weights, ref.weights, rtol=1e-12, atol=0)

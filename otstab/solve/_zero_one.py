@@ -25,7 +25,7 @@ from otstab_solvers.blockwise import BlockwiseDual, distance_block, in_memory, w
 from otstab_solvers.dual import solve_dual
 from otstab_solvers.result import OPTIMAL
 from otstab_solvers.weights import NEAR_ONE, chi2_solution, kl_weights, phi, pmean
-from otstab_solvers.zero_one import solve_window, solve_zero_one
+from otstab_solvers.zero_one import solve_window, solve_window_chi2, solve_zero_one
 
 from .._validation import as_bool_vector, as_float_matrix, as_float_vector
 from ..errors import ValidationError
@@ -54,6 +54,9 @@ REDUCED_BLOCK = 1 << 14
 #: sample weights: Q*'s weights computed from the prices where read (:class:`_MapWeights`;
 #: False: the arrays of the candidates' prices, weights and masses, as before)
 MAP_WEIGHTS = True
+#: the solvers whose chi2 alpha is the exact one of their h (Q*'s weights from it; the
+#: window's closed form: alpha = -mean(l_h))
+CHI2_ALPHA_SOLVERS = ("zero_one_dual", "zero_one_closed_form")
 #: rows per block of the sampled audit's materialised points (its n x d temporaries: three
 #: of them are about 0.11 n-vector at n = 1e6, d = 50)
 AUDIT_BLOCK_ROWS = 768
@@ -304,11 +307,14 @@ class RowPrices:
         if stride == 1 or self.nw == 0.0 or not math.isfinite(self.theta1):
             return None
         m, n = sub.size, self.size
+        chi2 = divergence == "chi2" and math.isfinite(theta2)
         if math.isinf(theta2):
             q = max(math.ceil(r * n - 1e-12 * n), 1) / n
         else:
             ss = solve_zero_one(sub, r, theta2, divergence, presorted=True)
-            if ss.status == OPTIMAL and "n_moved" in ss.info:
+            if chi2 and ss.status == OPTIMAL and math.isfinite(ss.h):
+                q = float(sub.searchsorted(ss.h, side="left")) / m  # (the dual on the
+            elif ss.status == OPTIMAL and "n_moved" in ss.info:   # subsample)
                 q = ss.info["n_moved"] / m
             elif ss.status == OPTIMAL and ss.native_status == "r <= base risk":
                 q = r
@@ -319,22 +325,29 @@ class RowPrices:
             klo, khi = int(math.floor(q * m - half)), int(math.ceil(q * m + half))
             lo = float(sub[klo]) if klo > 0 else 0.0
             hi = float(sub[khi]) if khi < m else math.inf
-            sol = solve_window(self._window(lo, hi, theta2), r, theta2, divergence, n,
-                               **self._window_sums)
+            if chi2:
+                sol = solve_window_chi2(self._window(lo, hi, theta2, chi2=True), r, theta2, n,
+                                        **self._window_sums)
+            else:
+                sol = solve_window(self._window(lo, hi, theta2), r, theta2, divergence, n,
+                                   **self._window_sums)
             if sol is not None:
                 return sol
         return None
 
-    def _window(self, lo: float, hi: float, theta2: float) -> np.ndarray:
+    def _window(self, lo: float, hi: float, theta2: float, chi2: bool = False) -> np.ndarray:
         """The prices in ``[lo, hi]`` ascending (finite ones), from one pass over the rows
         that also sums the closed form's terms of the prices below ``lo``
-        (``self._window_sums``, the keywords of ``solve_window``)."""
+        (``self._window_sums``, the keywords of ``solve_window``; with ``chi2`` those of
+        ``solve_window_chi2``: the sums of ``lo - a`` and its square)."""
         below, below_exp, below_gap, n_zero, n_inf, above = 0, 0.0, 0.0, 0, 0, 0
+        below_sq = 0.0
         below_em1 = math.nan
         neg = -1.0 / theta2
         # every exponent below lo small (lo / theta2 < 0.5): the expm1 terms instead, from
         # which the exp terms follow (the closed form may need either)
-        small = math.isfinite(theta2) and lo / theta2 < 0.5
+        small = math.isfinite(theta2) and lo / theta2 < 0.5 and not chi2
+        gaps = chi2 or not math.isfinite(theta2)  # (sums of lo - a: chi2, theta2 = inf)
         if small:
             below_em1 = 0.0
         fin_hi = min(hi, float(np.finfo(np.float64).max))  # (a <= fin_hi: finite)
@@ -342,7 +355,7 @@ class RowPrices:
         # the rows below lo kept for the moved-rows pass (zero_one_pass.Below): with KL
         # terms exp(-a / theta2) unclamped (lo / theta2 <= 700) and not all small (or none:
         # a window from 0)
-        fuse = self._fuse if zero_one_pass.FUSED and self._fuse is not None and \
+        fuse = self._fuse if zero_one_pass.FUSED and self._fuse is not None and not chi2 and \
             (not small or lo <= 0.0) and (lo / theta2 <= 700.0 if math.isfinite(theta2)
                                           else zero_one_pass.FUSED_INF) else None
         self._fused = None
@@ -359,7 +372,7 @@ class RowPrices:
             ni = int(np.count_nonzero(a == math.inf))
             lt = a < lo
             nb = int(np.count_nonzero(lt))
-            em1 = ex = gap = 0.0
+            em1 = ex = gap = sq = 0.0
             e = None
             if nb:
                 # few below lo: their prices alone; else every row's, the others' terms
@@ -370,14 +383,16 @@ class RowPrices:
                     np.maximum(e, 0.0, out=e)
                     e /= theta2
                     em1 = float(np.sum(np.expm1(e, out=e)))
-                elif math.isfinite(theta2):  # exp(max(-a / theta2, -700)): the closed
-                    e = np.multiply(ab, neg)  # form's terms, shifted by the smallest price 0
+                elif not gaps:  # exp(max(-a / theta2, -700)): the closed form's terms,
+                    e = np.multiply(ab, neg)  # shifted by the smallest price 0
                     np.maximum(e, -700.0, out=e)
                     np.exp(e, out=e)
                     ex = float(np.sum(e)) if ab is not a else _masked_sum(e, lt, nb)
-                else:  # lo - a > 0 below lo
+                else:  # lo - a > 0 below lo (and its square: chi2)
                     e = np.subtract(lo, ab)
                     gap = float(np.sum(np.maximum(e, 0.0, out=e)))
+                    if chi2:
+                        sq = float(np.dot(e, e))
             bsums = None
             if fuse is not None and nb and not out_b.full:
                 lb = fuse[1][i:j]
@@ -397,7 +412,7 @@ class RowPrices:
                 if fuse is not None:
                     rows = np.flatnonzero(inw).astype(row_index_dtype(self.size))
                     rows += i
-            return nz, ni, nb, em1, ex, gap, a.size - k, part, rows, bsums
+            return nz, ni, nb, em1, ex, gap, sq, a.size - k, part, rows, bsums
 
         # the blocks on the pass's threads, each block's terms kept and added up in block
         # order below (the same numbers on any thread count)
@@ -413,7 +428,7 @@ class RowPrices:
         zero_one_pass.run_blocks([lambda w=w: run(w) for w in range(workers)], workers)
         parts, part_rows = [], []
         bsum = [0.0, 0, 0.0, 0.0, 0.0]  # A, NL, WD2, WDL, QDL of the rows below lo
-        for nz, ni, nb, em1, ex, gap, ab, part, rows, bsums in got:
+        for nz, ni, nb, em1, ex, gap, sq, ab, part, rows, bsums in got:
             n_zero += nz
             n_inf += ni
             above += ab
@@ -421,10 +436,11 @@ class RowPrices:
                 below += nb
                 if small:
                     below_em1 += em1
-                elif math.isfinite(theta2):
+                elif not gaps:
                     below_exp += ex
                 else:
                     below_gap += gap
+                    below_sq += sq
             if part is not None:
                 parts.append(part)
                 if rows is not None:
@@ -446,6 +462,10 @@ class RowPrices:
             "below": below, "below_exp": below_exp, "below_gap": below_gap, "lo": lo,
             "below_em1": below_em1,
             "n_zero": n_zero, "n_fin": self.size - n_inf, "top": above == n_inf}
+        if chi2:
+            self._window_sums = {
+                "below": below, "lo": lo, "d1": below_gap, "d2": below_sq, "n_zero": n_zero,
+                "n_fin": self.size - n_inf, "top": above == n_inf}
         out = np.concatenate(parts) if parts else np.empty(0)
         del parts
         out.sort()
@@ -919,7 +939,7 @@ def _row_weight_fn(h, sol, theta2, divergence):
         kl.theta2, kl.log_uw = theta2, log_uw  # type: ignore[attr-defined]
         return kl
     if divergence == "chi2" and sol is not None and sol.alpha is not None \
-            and sol.solver == "zero_one_dual":
+            and sol.solver in CHI2_ALPHA_SOLVERS:
         alpha = float(sol.alpha)
         return lambda a: np.maximum((np.maximum(h - a, 0.0) + alpha) / (2.0 * theta2) + 1.0,
                                     0.0)
@@ -1087,7 +1107,7 @@ def _weights(a, h, sol, theta2, divergence, n, cand, ac, q=None):
         vals *= uw
         return _Weights(n, base=uw, idx=cand, vals=vals), None
     if divergence == "chi2" and sol is not None and sol.alpha is not None \
-            and math.isfinite(h) and sol.solver == "zero_one_dual":
+            and math.isfinite(h) and sol.solver in CHI2_ALPHA_SOLVERS:
         alpha = float(sol.alpha)
         base = max(alpha / (2.0 * theta2) + 1.0, 0.0)
         vals = np.maximum((np.maximum(h - ac, 0.0) + alpha) / (2.0 * theta2) + 1.0, 0.0)
@@ -1208,6 +1228,13 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
                     sol = solve_zero_one(rp.smallest(r), r, theta2, divergence, method=how,
                                          presorted=True, n=n)
                 if sol.native_status == "needs more prices":
+                    sol = solve_zero_one(rp.sorted(), r, theta2, divergence, method=how,
+                                         presorted=True)
+            elif how == "closed_form" and r < 1.0 and divergence == "chi2":
+                # the chi2 closed form from a window of the sorted prices (no sorted
+                # n-vector); else the dual on every sorted price
+                sol = rp.solve_window(r, theta2, divergence)
+                if sol is None:
                     sol = solve_zero_one(rp.sorted(), r, theta2, divergence, method=how,
                                          presorted=True)
             else:
