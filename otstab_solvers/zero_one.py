@@ -395,7 +395,7 @@ def solve_window(window, r: float, theta2: float, divergence: str, n: int, *, be
 
 
 def solve_window_chi2(window, r: float, theta2: float, n: int, *, below: int, lo: float,
-                      d1: float, d2: float, n_zero: int, n_fin: int,
+                      d1: float, d2: float, a1: float, n_zero: int, n_fin: int,
                       top: bool) -> DualSolution | None:
     """The chi2 dual (finite theta2, ``r < 1``, uniform samples) in closed form from a window
     of the sorted prices, as :func:`solve_window` for KL.
@@ -410,7 +410,8 @@ def solve_window_chi2(window, r: float, theta2: float, n: int, *, below: int, lo
     point lies below it), found by bisection over j.
 
     ``window``: the prices in ``[lo, hi]`` ascending (finite); ``below`` how many are below
-    ``lo``, ``d1`` and ``d2`` the sums of ``lo - a_i`` and its square over them; ``n_zero``
+    ``lo``, ``d1`` and ``d2`` the sums of ``lo - a_i`` and its square over them, ``a1`` the
+    sum of their prices; ``n_zero``
     prices of 0 (at least one); ``n_fin`` finite prices; ``top``: the window holds every
     finite price ``>= lo``. None when the window does not hold the answer, or when the value
     would keep less than 1e-13 of its terms: the caller widens it or solves the dual on every
@@ -471,19 +472,24 @@ def solve_window_chi2(window, r: float, theta2: float, n: int, *, below: int, lo
     h = max(hj if hj >= left else left, 0.0)
     if h <= 0.0 or (h < lo and below):
         return None
-    # the value from sums of positive terms: l_i = (h - lo) + (lo - a_i) below the window,
-    # h - a_i in it
+    # the value as h (r - p) + mean(a 1[moved]) - var(l_h) / (4 theta2) (h r - m without its
+    # cancellation), var about m: l_i - m = (h - lo - m) + (lo - a_i) below the window, h - a_i
+    # - m in it, -m for the rows that stay
     j_in = below + int(s.searchsorted(h, side="left"))  # samples with a_i < h
+    p = j_in / n
     delta = h - lo
-    lw = h - s[:j_in - below]
-    L1 = below * delta + d1 + float(np.sum(lw))
-    L2 = below * delta * delta + 2.0 * delta * d1 + d2 + float(np.dot(lw, lw))
-    m = L1 / n
-    q = L2 / n
-    var = q - m * m
-    value = h * r - m - var / (4.0 * theta2)
-    # rounding of the terms (and of var's difference) against the value
-    err = 16.0 * np.finfo(float).eps * (abs(h * r) + m + (q + m * m) / (4.0 * theta2))
+    win = s[:j_in - below]
+    lw = h - win
+    m = (below * delta + d1 + float(np.sum(lw))) / n
+    x = delta - m
+    cw = lw - m
+    v2 = below * x * x + 2.0 * x * d1 + d2 + float(np.dot(cw, cw)) + (n - j_in) * m * m
+    var = v2 / n
+    s1 = (a1 + float(np.sum(win))) / n
+    value = h * (r - p) + s1 - var / (4.0 * theta2)
+    # rounding of the terms (var's against the sum of the magnitudes of its terms)
+    mag = below * x * x + 2.0 * abs(x) * d1 + d2 + float(np.dot(cw, cw)) + (n - j_in) * m * m
+    err = 16.0 * np.finfo(float).eps * (abs(h * (r - p)) + s1 + mag / (4.0 * theta2 * n))
     if not (var >= 0.0 and err <= 1e-13 * abs(value)):
         return None
     return DualSolution(h, -m, float(value), OPTIMAL, "zero_one_closed_form",

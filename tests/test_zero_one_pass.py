@@ -342,12 +342,12 @@ def _chi2_summaries(s, lo, hi):
     fin = np.isfinite(s)
     return s[(s >= lo) & (s <= hi) & fin], dict(
         below=below.size, lo=lo, d1=float(np.sum(lo - below)),
-        d2=float(np.sum((lo - below) ** 2)), n_zero=int(np.sum(s == 0)), n_fin=int(fin.sum()),
-        top=not np.any(fin & (s > hi)))
+        d2=float(np.sum((lo - below) ** 2)), a1=float(np.sum(below)), n_zero=int(np.sum(s == 0)),
+        n_fin=int(fin.sum()), top=not np.any(fin & (s > hi)))
 
 
 @pytest.mark.parametrize("theta2", [0.05, 0.25, 3.0])
-@pytest.mark.parametrize("r", [0.2, 0.5, 0.9, 0.99])
+@pytest.mark.parametrize("r", [0.101, 0.11, 0.2, 0.5, 0.9, 0.99])
 def test_chi2_window_equals_the_dual_on_every_price(theta2, r):
     """The chi2 closed form from a window of the sorted prices (every weight positive at
     the optimum: alpha = -mean(l_h)) against the kink-exact dual on every price: the same h

@@ -341,7 +341,7 @@ class RowPrices:
         (``self._window_sums``, the keywords of ``solve_window``; with ``chi2`` those of
         ``solve_window_chi2``: the sums of ``lo - a`` and its square)."""
         below, below_exp, below_gap, n_zero, n_inf, above = 0, 0.0, 0.0, 0, 0, 0
-        below_sq = 0.0
+        below_sq = below_a = 0.0
         below_em1 = math.nan
         neg = -1.0 / theta2
         # every exponent below lo small (lo / theta2 < 0.5): the expm1 terms instead, from
@@ -372,7 +372,7 @@ class RowPrices:
             ni = int(np.count_nonzero(a == math.inf))
             lt = a < lo
             nb = int(np.count_nonzero(lt))
-            em1 = ex = gap = sq = 0.0
+            em1 = ex = gap = sq = asum = 0.0
             e = None
             if nb:
                 # few below lo: their prices alone; else every row's, the others' terms
@@ -391,8 +391,10 @@ class RowPrices:
                 else:  # lo - a > 0 below lo (and its square: chi2)
                     e = np.subtract(lo, ab)
                     gap = float(np.sum(np.maximum(e, 0.0, out=e)))
-                    if chi2:
+                    if chi2:  # (and the prices below lo themselves)
                         sq = float(np.dot(e, e))
+                        asum = float(np.sum(ab)) if ab is not a else \
+                            _masked_sum(np.minimum(a, lo), lt, nb)
             bsums = None
             if fuse is not None and nb and not out_b.full:
                 lb = fuse[1][i:j]
@@ -412,7 +414,7 @@ class RowPrices:
                 if fuse is not None:
                     rows = np.flatnonzero(inw).astype(row_index_dtype(self.size))
                     rows += i
-            return nz, ni, nb, em1, ex, gap, sq, a.size - k, part, rows, bsums
+            return nz, ni, nb, em1, ex, gap, (sq, asum), a.size - k, part, rows, bsums
 
         # the blocks on the pass's threads, each block's terms kept and added up in block
         # order below (the same numbers on any thread count)
@@ -440,7 +442,8 @@ class RowPrices:
                     below_exp += ex
                 else:
                     below_gap += gap
-                    below_sq += sq
+                    below_sq += sq[0]
+                    below_a += sq[1]
             if part is not None:
                 parts.append(part)
                 if rows is not None:
@@ -464,7 +467,8 @@ class RowPrices:
             "n_zero": n_zero, "n_fin": self.size - n_inf, "top": above == n_inf}
         if chi2:
             self._window_sums = {
-                "below": below, "lo": lo, "d1": below_gap, "d2": below_sq, "n_zero": n_zero,
+                "below": below, "lo": lo, "d1": below_gap, "d2": below_sq, "a1": below_a,
+                "n_zero": n_zero,
                 "n_fin": self.size - n_inf, "top": above == n_inf}
         out = np.concatenate(parts) if parts else np.empty(0)
         del parts
