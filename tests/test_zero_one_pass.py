@@ -58,11 +58,12 @@ def _small_blocks(monkeypatch, dense_share, workers):
 def test_pass_equals_the_stored_prices(monkeypatch, divergence, theta2, t, dense_share,
                                        workers, fused):
     """Every block dense (0), every block gathered (2), or mixed on two threads, and the rows
-    below the window kept by the window pass (``fused``: KL and theta2 = inf, every row
-    read in the window pass, blocks dense or gathered): Q* as a measure and every audited
-    number equal those of the stored prices (1e-12)."""
+    below the window kept by the window pass (``fused``: KL and chi2, every row read in the
+    window pass, blocks dense or gathered): Q* as a measure and every audited number equal
+    those of the stored prices (1e-12)."""
     _small_blocks(monkeypatch, dense_share, workers)
     monkeypatch.setattr(zp, "FUSED", fused)
+    monkeypatch.setattr(zp, "FUSED_CHI2", True)
     kept = []
     real_f = zp.fused_near
     monkeypatch.setattr(zp, "fused_near",
@@ -79,9 +80,9 @@ def test_pass_equals_the_stored_prices(monkeypatch, divergence, theta2, t, dense
     assert lean.status == ref.status == "optimal"
     served = [k is not None for k in kept]
     assert used or served == [True]
-    if not fused or divergence == "chi2":
+    if not fused:
         assert used and not kept
-    elif theta2 == 0.25 and t == 0.95:
+    elif divergence == "chi2" or (theta2 == 0.25 and t == 0.95):
         # (elsewhere KL's exponents below the window may all be small, or beyond 700 at
         # theta2 = 0.02: the per-row pass)
         assert served == [True] and not used
@@ -406,3 +407,36 @@ def test_chi2_certificate_through_the_window(monkeypatch):
             assert x == (pytest.approx(z, rel=1e-12) if isinstance(x, float) else z), f
         np.testing.assert_array_equal(lean.source, ref.source)
         np.testing.assert_allclose(lean.weights, ref.weights, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("theta2", [0.05, 0.25, 3.0])
+@pytest.mark.parametrize("t", [0.01, 0.3, 0.95, 0.999])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_chi2_rows_below_the_window_kept(monkeypatch, theta2, t, workers):
+    """chi2: the window pass keeps the rows below its window (sums of lo - a, its square and
+    the moves times 1 and lo - a); the certificate equals the one whose moved-rows pass reads
+    every row and the kink-exact dual on every price (Q* as a measure, 1e-12), with ties."""
+    _small_blocks(monkeypatch, 0.5, workers)
+    monkeypatch.setattr(zp, "FUSED_CHI2", True)  # (off by default: tested here)
+    model, X, y = _data(n=6000, seed=16, ties=150)
+    b = float(np.mean(per_sample_losses(model, X, y, "zero_one")))
+    kw = dict(loss="zero_one", r=b + t * (1.0 - b), theta1=1.0, theta2=theta2,
+              divergence="chi2", se=None)
+    kept = []
+    real_f = zp.fused_near
+    monkeypatch.setattr(zp, "fused_near",
+                        lambda *a, **k: kept.append(real_f(*a, **k)) or kept[-1])
+    lean = otstab.certify(model, X, y, **kw)
+    monkeypatch.setattr(zp, "FUSED", False)
+    ref = otstab.certify(model, X, y, **kw)
+    dual = otstab.certify(model, X, y, solver="dual", **kw)
+    assert [k is not None for k in kept] == [True]
+    assert lean.status == ref.status == dual.status == "optimal"
+    for f in FIELDS:
+        x, z = getattr(lean, f), getattr(ref, f)
+        assert x == (pytest.approx(z, rel=1e-12) if isinstance(x, float) else z), f
+    assert lean.value == pytest.approx(dual.value, rel=1e-12)
+    np.testing.assert_array_equal(lean.source, ref.source)
+    np.testing.assert_array_equal(lean.X_star, ref.X_star)
+    np.testing.assert_allclose(lean.weights, ref.weights, rtol=1e-12, atol=0)
+    np.testing.assert_allclose(lean.mass, ref.mass, rtol=0, atol=100 * X.shape[0] * 2e-16)

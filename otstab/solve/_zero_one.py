@@ -355,9 +355,10 @@ class RowPrices:
         # the rows below lo kept for the moved-rows pass (zero_one_pass.Below): with KL
         # terms exp(-a / theta2) unclamped (lo / theta2 <= 700) and not all small (or none:
         # a window from 0)
-        fuse = self._fuse if zero_one_pass.FUSED and self._fuse is not None and not chi2 and \
-            (not small or lo <= 0.0) and (lo / theta2 <= 700.0 if math.isfinite(theta2)
-                                          else zero_one_pass.FUSED_INF) else None
+        fuse = self._fuse if zero_one_pass.FUSED and self._fuse is not None and \
+            (not small or lo <= 0.0) and (zero_one_pass.FUSED_CHI2 if chi2 else (
+                lo / theta2 <= 700.0 if math.isfinite(theta2) else zero_one_pass.FUSED_INF)) \
+            else None
         self._fused = None
         if fuse is not None:  # (room for the rows below lo: none below a window from 0)
             est = 0 if lo <= 0.0 else self._estimate(lo)
@@ -399,7 +400,7 @@ class RowPrices:
             if fuse is not None and nb and not out_b.full:
                 lb = fuse[1][i:j]
                 lb = lb if lb.dtype == bool else lb > 0
-                kb, bsums = zero_one_pass.below_block(
+                kb, bsums = zero_one_pass.below_block(  # (chi2: the terms lo - a)
                     i, a, lt, nb, e if math.isfinite(theta2) else None, lb, fuse[0], lo)
                 at = out_b.reserve(kb.size, back)
                 if at is not None:
@@ -429,7 +430,7 @@ class RowPrices:
 
         zero_one_pass.run_blocks([lambda w=w: run(w) for w in range(workers)], workers)
         parts, part_rows = [], []
-        bsum = [0.0, 0, 0.0, 0.0, 0.0]  # A, NL, WD2, WDL, QDL of the rows below lo
+        bsum = [0.0, 0, 0.0, 0.0, 0.0, 0.0]  # A, NL, WD2, WDL, QDL, SDD of the rows below lo
         for nz, ni, nb, em1, ex, gap, sq, ab, part, rows, bsums in got:
             n_zero += nz
             n_inf += ni
@@ -455,9 +456,10 @@ class RowPrices:
         if fuse is not None and not out_b.full:
             wrows = np.concatenate(part_rows) if part_rows else \
                 np.empty(0, dtype=row_index_dtype(self.size))
-            W = below_exp if math.isfinite(theta2) else float(below)
+            W = below_exp if math.isfinite(theta2) and not chi2 else float(below)
             self._fused = zero_one_pass.Below(lo, hi, theta2, fuse[0], fuse[1],
-                                              out_b.compact(), (W, *bsum), wrows)
+                                              out_b.compact(), (W, *bsum), wrows,
+                                              (below_gap, below_sq) if chi2 else None)
         del part_rows
         if small:  # exp(-a / theta2) = exp(-lo / theta2) (1 + expm1((lo - a) / theta2))
             below_exp = math.exp(-lo / theta2) * (below + below_em1)
@@ -945,8 +947,11 @@ def _row_weight_fn(h, sol, theta2, divergence):
     if divergence == "chi2" and sol is not None and sol.alpha is not None \
             and sol.solver in CHI2_ALPHA_SOLVERS:
         alpha = float(sol.alpha)
-        return lambda a: np.maximum((np.maximum(h - a, 0.0) + alpha) / (2.0 * theta2) + 1.0,
-                                    0.0)
+
+        def chi2w(a):
+            return np.maximum((np.maximum(h - a, 0.0) + alpha) / (2.0 * theta2) + 1.0, 0.0)
+        chi2w.theta2, chi2w.alpha = theta2, alpha  # type: ignore[attr-defined]
+        return chi2w
     return None
 
 
@@ -1209,6 +1214,11 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
         audit.mark_edge(res, "unreachable")
         return res
 
+    # what the window pass keeps for Q*'s pass: the audit's reduced form (above
+    # AUDIT_DIRECT_MAX rows) and the losses
+    fuse = (X_near.reduced if isinstance(X_near, NearPoints) and X_near.moves_fn and
+            X is not None and n > audit.AUDIT_DIRECT_MAX else None, loss0)
+
     def attempt(how):
         def thunk():
             # (RowPrices: one sorted copy for the solve, freed before Q* is built)
@@ -1222,10 +1232,7 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
                 # copy); else: Q* moves at most r n samples, the cheapest: their prices are
                 # all the closed form needs (sorted, with a margin; all of them when the
                 # margin is short)
-                # (the window pass keeps the rows below its window for Q*'s pass)
-                rp._fuse = (X_near.reduced if isinstance(X_near, NearPoints) and
-                            X_near.moves_fn and X is not None and n > audit.AUDIT_DIRECT_MAX
-                            else None, loss0)
+                rp._fuse = fuse  # (the window pass keeps the rows below its window)
                 sol = rp.solve_window(r, theta2, divergence)
                 rp._fuse = None
                 if sol is None:
@@ -1237,7 +1244,9 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
             elif how == "closed_form" and r < 1.0 and divergence == "chi2":
                 # the chi2 closed form from a window of the sorted prices (no sorted
                 # n-vector); else the dual on every sorted price
+                rp._fuse = fuse
                 sol = rp.solve_window(r, theta2, divergence)
+                rp._fuse = None
                 if sol is None:
                     sol = solve_zero_one(rp.sorted(), r, theta2, divergence, method=how,
                                          presorted=True)

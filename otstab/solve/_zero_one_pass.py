@@ -308,6 +308,9 @@ FUSED = True
 #: ... also for theta2 = inf (off: without exp terms the window pass saves little of the
 #: moved-rows pass, and keeping the rows during the window pass raises the peak near r = 1)
 FUSED_INF = False
+#: ... and for chi2 (off for the same reason: its weights are linear in the price, measured
+#: at n = 1e6: the same thread CPU in the middle and near r = 1, 0.03-0.1 n-vector more)
+FUSED_CHI2 = False
 #: the phi sum of the rows below the window from its terms is kept when it keeps 1e-13 of
 #: them (it is taken back to the per-row pass where the weights are all close to 1)
 PHI_CANCEL = 1e-3
@@ -324,18 +327,21 @@ class Below:
     ``c = uw exp(h / theta2)``, so every sum of the moved-rows pass over them is one of these
     times c (:func:`fused_near`). The window's prices are recomputed from its rows."""
 
-    def __init__(self, lo, hi, theta2, reduced, loss0, cand, sums, rows):
+    def __init__(self, lo, hi, theta2, reduced, loss0, cand, sums, rows, chi2=None):
         self.lo, self.hi, self.theta2 = lo, hi, theta2
         self.reduced, self.loss0 = reduced, loss0
         self.cand, self.rows = cand, rows
-        self.W, self.A, self.NL, self.WD2, self.WDL, self.QDL = sums
+        self.W, self.A, self.NL, self.WD2, self.WDL, self.QDL, self.SDD = sums
+        #: chi2: (d1, d2), the sums of lo - a and its square (the terms e are lo - a)
+        self.chi2 = chi2
 
 
 def below_block(i, a, lt, nb, e, lb, reduced, lo):
-    """``(offsets, (A, NL, WD2, WDL, QDL))`` of the rows of block ``i`` below ``lo`` (``lt``;
-    ``nb`` of them): ``e`` the exponential terms of every row of the block (``e.size ==
-    a.size``) or of the rows below lo only, None for theta2 = inf (every term 1); ``lb`` the
-    block's misclassified rows (booleans)."""
+    """``(offsets, (A, NL, WD2, WDL, QDL, SDD))`` of the rows of block ``i`` below ``lo``
+    (``lt``; ``nb`` of them): ``e`` the terms of every row of the block (``e.size ==
+    a.size``; 0 above lo is not required) or of the rows below lo only, None for theta2 = inf
+    (every term 1): KL's exp terms, chi2's ``lo - a``; ``lb`` the block's misclassified rows
+    (booleans). ``SDD`` is the sum of the squared moves unweighted."""
     kb = np.flatnonzero(lt)
     nl = int(np.count_nonzero(lb & lt))
     dense = nb == a.size or (e is not None and e.size == a.size) or \
@@ -346,11 +352,12 @@ def below_block(i, a, lt, nb, e, lb, reduced, lo):
             e *= ltf
         eb = ltf if e is None else e
         A = 0.0 if e is None else float(np.dot(eb, np.minimum(a, lo)))
-        red = (0.0, 0.0, 0.0)
+        red = (0.0, 0.0, 0.0, 0.0)
         if reduced is not None:
             lm, dd = reduced(slice(i, i + a.size))
             dl = np.subtract(lm, lb, out=lm)
-            red = (float(np.dot(eb, dd)), float(np.dot(eb, dl)), float(np.dot(dl, ltf)))
+            red = (float(np.dot(eb, dd)), float(np.dot(eb, dl)), float(np.dot(dl, ltf)),
+                   float(np.dot(dd, ltf)))
             if all(math.isfinite(x) for x in red):
                 return kb, (A, nl) + red
             e = None if e is None else e[kb]  # (a row above lo whose move is not finite:
@@ -359,13 +366,13 @@ def below_block(i, a, lt, nb, e, lb, reduced, lo):
             return kb, (A, nl) + red
     es = e  # (aligned with kb)
     A = 0.0 if es is None else float(np.dot(es, a[kb]))
-    red = (0.0, 0.0, 0.0)
+    red = (0.0, 0.0, 0.0, 0.0)
     if reduced is not None:
         lm, dd = reduced(kb + i)
         dl = np.subtract(lm, lb[kb], out=lm)
-        q = float(np.sum(dl))
-        red = (float(np.sum(dd)), q, q) if es is None else \
-            (float(np.dot(es, dd)), float(np.dot(es, dl)), q)
+        q, sdd = float(np.sum(dl)), float(np.sum(dd))
+        red = (sdd, q, q, sdd) if es is None else \
+            (float(np.dot(es, dd)), float(np.dot(es, dl)), q, sdd)
     return kb, (A, nl) + red
 
 
@@ -380,6 +387,11 @@ def fused_near(rp, fz: Below, h, fn, loss0, divergence, tol, reduced):
             not thr <= fz.hi or not h > 0.0:
         return None
     nB = int(fz.cand.size)
+    if fz.chi2 is not None:
+        below = _chi2_below(fz, h, fn, divergence, reduced, nB)
+        if below is None:
+            return None
+        return _window_rows(rp, fz, below, thr, lim, fn, loss0, divergence, reduced, nB)
     if divergence is None:
         if not math.isinf(fz.theta2):
             return None
@@ -400,6 +412,35 @@ def fused_near(rp, fz: Below, h, fn, loss0, divergence, tol, reduced):
              else 0)
     if not all(math.isfinite(x) for x in below):
         return None
+    return _window_rows(rp, fz, below, thr, lim, fn, loss0, divergence, reduced, nB)
+
+
+def _chi2_below(fz, h, fn, divergence, reduced, nB):
+    """The sums (:data:`KEYS`) of chi2's rows below the window: with ``k = 1 / (2 theta2)``,
+    ``x = h - lo - m`` (``alpha = -m``) and ``d = lo - a``, a row's weight is
+    ``1 + k (x + d)``, its phi ``k^2 (x + d)^2``: every sum is one of ``count, sum d,
+    sum d^2`` and the moves' ``sum d2, sum d d2, sum dl, sum d dl`` combined."""
+    if divergence != "chi2" or getattr(fn, "theta2", None) != fz.theta2:
+        return None
+    d1, d2 = fz.chi2
+    k = 0.5 / fz.theta2
+    x = (h - fz.lo) + fn.alpha
+    a0 = 1.0 + k * x
+    if not a0 > 0.0:  # (every weight positive at the optimum: a clipped weight is not)
+        return None
+    sw = nB * a0 + k * d1
+    sq = nB * x * x + 2.0 * x * d1 + d2
+    if nB and not (sq >= 0.0 and sq > PHI_CANCEL * (nB * x * x + 2.0 * abs(x) * d1 + d2)):
+        return None
+    wl = fz.NL * (a0 + k * fz.lo)  # (a misclassified row: a price of 0, d = lo)
+    below = (sw, k * k * sq, wl, fz.NL, sw - wl, a0 * fz.SDD + k * fz.WD2,
+             a0 * fz.QDL + k * fz.WDL, fz.QDL, nB if reduced is not None else 0)
+    return below if all(math.isfinite(v) for v in below) else None
+
+
+def _window_rows(rp, fz, below, thr, lim, fn, loss0, divergence, reduced, nB):
+    """:func:`fused_near`'s candidates and sums: the kept rows below the window (their sums
+    ``below``), then the window's rows one by one."""
     wrows = fz.rows
     fz.rows = None
     cand = fz.cand
