@@ -22,7 +22,7 @@ from otstab_solvers import logistic_pass
 from otstab_solvers.dual import solve_dual
 from otstab_solvers.logistic_binned import binned_guess
 from otstab_solvers.logistic_uniform import StepTable, uniform_steps
-from otstab_solvers.smooth import LogisticOracle, _softplus_at, logistic_steps
+from otstab_solvers.smooth import LogisticOracle, _softplus_at, log1p_unit, logistic_steps
 from scipy.special import expit
 
 import otstab
@@ -279,8 +279,9 @@ def test_chi2_pass_sums_once(monkeypatch, weighted, guess):
 
 def test_logistic_loss_values_are_logaddexp():
     """SmoothLoss("logistic").values (the base risk's pass) computes max(-m, 0) +
-    log1p(exp(-|m|)) in vectorised passes: the bits of numpy's logaddexp(0, -m), the
-    caller's arrays untouched."""
+    log1p(exp(-|m|)) in vectorised passes (the log1p by :func:`log1p_unit`): numpy's
+    logaddexp(0, -m) to an ulp or two, exactly at the infinities, the caller's arrays
+    untouched."""
     from otstab.modeling._losses import SmoothLoss
 
     rng = np.random.default_rng(6)
@@ -291,9 +292,25 @@ def test_logistic_loss_values_are_logaddexp():
     with np.errstate(over="ignore", invalid="ignore"):
         got = SmoothLoss("logistic").values(s, y)
         ref = np.logaddexp(0.0, -(y * s))
-    np.testing.assert_array_equal(got, ref)
+    np.testing.assert_allclose(got, ref, rtol=4e-16, atol=0.0)
+    inf = np.isinf(ref) | (ref == 0.0)
+    np.testing.assert_array_equal(got[inf], ref[inf])
     np.testing.assert_array_equal(s, s0)
     np.testing.assert_array_equal(y, y0)
+
+
+def test_log1p_unit_against_50_digits():
+    """log1p_unit (log1p of [0, 1] from numpy's vectorised log and one correction) against a
+    50-digit log1p, from 1 down to the subnormals; NaN stays NaN."""
+    rng = np.random.default_rng(8)
+    q = np.concatenate([rng.random(2000), 10.0 ** rng.uniform(-320, 0, 2000),
+                        [0.0, 1.0, 5e-324, 2.0 ** -53, 2.0 ** -52, 1.5 * 2.0 ** -53,
+                         np.nextafter(1.0, 0.0), 0.5]])
+    with mpmath.workdps(50):
+        ref = np.array([float(mpmath.log1p(mpmath.mpf(float(x)))) for x in q])
+    got = log1p_unit(q)
+    np.testing.assert_allclose(got, ref, rtol=3e-16, atol=0.0)
+    assert math.isnan(float(log1p_unit(np.array([np.nan]))[0]))
 
 
 def test_chi2_keeps_no_more_than_kl(monkeypatch):
