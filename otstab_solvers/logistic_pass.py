@@ -27,9 +27,11 @@ at the returned ``h`` reads them instead of solving every sample again.
 
 The KL reduction is the one of :func:`otstab_solvers.blockwise.block_kl` (per block the
 largest ``l_h / theta2`` and the sums of ``e``, ``e dl``, ``e dl^2`` and ``e d2l``, combined
-by the log-sum-exp of the blocks) without its ``expm1`` sum: that sum is only read when every
-``l_h / theta2`` is close to the largest (the mean of ``e`` above 1/2), and is then computed
-from the kept ``l_h`` of the pass. theta2 = inf sums ``l_h``, ``dl`` and ``d2l``
+by the log-sum-exp of the blocks), its ``expm1`` sum only in the blocks whose ``l_h /
+theta2`` lie within :data:`EXPM1_SPAN` of their largest (``e = expm1 + 1`` there): that sum
+is only read when every ``l_h / theta2`` is close to the largest (the mean of ``e`` above
+1/2, near the base risk), and is then computed for the other blocks from the kept ``l_h``
+of the pass. theta2 = inf sums ``l_h``, ``dl`` and ``d2l``
 (``info["unit_term"]``: the mean of ``l_h``). chi2 given the binned ``alpha`` sums its terms
 in the same pass (``_Pass._chi2_at``: the rows surely active or not for any alpha within
 :data:`CHI2_BAND` of it summed per block, the rows in that band kept one by one, alpha then
@@ -64,6 +66,10 @@ MAX_NEWTON = 3
 WINDOW = 1e-2
 #: rows per block of a pass
 BLOCK = 1 << 13
+#: KL: a block whose ``l_h / theta2`` all lie within this of the block's largest sums
+#: ``expm1`` in the pass instead of ``exp`` (read when every ``l_h / theta2`` is close to the
+#: largest: no second pass over the kept ``l_h`` then; elsewhere ``exp``, which costs half)
+EXPM1_SPAN = 1.0
 #: chi2's band of ``l_h - shift + alpha`` around ``-2 theta2`` whose rows a pass keeps one
 #: by one, relative to ``2 theta2 + |alpha|`` (the guess of alpha is some 1e-12 off)
 CHI2_BAND = 1e-7
@@ -170,10 +176,17 @@ class _Pass:
                 m = float(a.max())
                 a -= m
                 np.maximum(a, -700.0, out=a)  # (no subnormal terms, as dual._exp_shifted)
-                ev = np.exp(a, out=a)
+                em1 = None
+                if float(a.min()) >= -EXPM1_SPAN:  # (then likely read: see below)
+                    em1 = np.expm1(a, out=a)
+                    sem1 = float(np.sum(em1))
+                    ev = np.add(em1, 1.0, out=a)
+                else:
+                    ev = np.exp(a, out=a)
                 ed1 = ev * d1
                 parts.append((m, float(np.sum(ev)), float(np.sum(ed1)),
-                              float(np.dot(ed1, d1)), float(np.dot(ev, d2))))
+                              float(np.dot(ed1, d1)), float(np.dot(ev, d2)),
+                              None if em1 is None else (sem1, float(e - s)), k))
                 continue
             # sample probabilities, as block_kl sums them: the largest over the rows of
             # positive probability, rows of zero probability above it capped at it
@@ -185,11 +198,18 @@ class _Pass:
             m = float(a[live].max())
             a -= m
             np.clip(a, -700.0, 0.0, out=a)
-            ev = np.exp(a, out=a)
+            em1 = None
+            if float(a.min()) >= -EXPM1_SPAN:
+                em1 = np.expm1(a, out=a)
+                sem1 = float(np.dot(pb, em1))
+                ev = np.add(em1, 1.0, out=a)
+            else:
+                ev = np.exp(a, out=a)
             ev *= pb
             ed1 = ev * d1
             parts.append((m, float(np.sum(ev)), float(np.sum(ed1)), float(np.dot(ed1, d1)),
-                          float(np.dot(ev, d2))))
+                          float(np.dot(ev, d2)),
+                          None if em1 is None else (sem1, float(np.sum(pb))), k))
         self.moved = moved / self.n if p is None else moved
         M = max(q[0] for q in parts)
         f = [math.exp(q[0] - M) for q in parts]
@@ -197,7 +217,16 @@ class _Pass:
         N = float(self.n) if p is None else 1.0
         if Z > 0.5 * N:  # every l / theta2 close to the largest: expm1 keeps the accuracy
             em1 = 0.0
+            # the blocks that summed expm1 in the pass: sum_i expm1(a_i - M) = e^d sum_i
+            # expm1(a_i - m_b) + expm1(d) P_b with d = m_b - M (as blockwise.BlockwiseDual.kl)
+            done = set()
+            for fb, q in zip(f, parts):
+                if q[5] is not None:
+                    em1 += fb * q[5][0] + math.expm1(q[0] - M) * q[5][1]
+                    done.add(q[6])
             for k, lb in enumerate(store):
+                if k in done:
+                    continue
                 if lb is None:  # h loss - c t^2, as the d-transform computed it
                     assert kept is not None
                     loss, t = kept(h, slice(*self.bounds[k]))

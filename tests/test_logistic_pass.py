@@ -82,6 +82,43 @@ def test_solve_at_root_newton_steps_and_refusal(divergence, theta2):
     assert far is None
 
 
+@pytest.mark.parametrize("weighted", [False, True])
+def test_kl_expm1_sums_of_the_pass(monkeypatch, weighted):
+    """Near the base risk (every l_h / theta2 close to the largest: the expm1 form of the
+    normalisation), a block whose values lie within EXPM1_SPAN of its largest sums expm1 in
+    the pass and the others are summed again after it: the same value whichever blocks do
+    (none, some: at a span of 0.1 the first block, which holds a few large losses, does not,
+    every one), and the plain search's value at the same h."""
+    rng = np.random.default_rng(11)
+    n, block, a, theta1, theta2 = 20_000, 4096, 0.9, 1.0, 0.25
+    s = rng.normal(0.8, 2.0, n)
+    y = np.where(rng.random(n) < 0.85, 1, -1).astype(np.int8)
+    s[:5], y[:5] = -40.0, 1
+    m = y * s
+    p = None
+    if weighted:
+        p = rng.uniform(0.1, 2.0, n)
+        p /= p.sum()
+    r = float(np.mean(np.logaddexp(0.0, -m)) if p is None else p @ np.logaddexp(0.0, -m))
+    r += 0.01
+    ref = solve_dual(LogisticOracle(m, a, theta1), r, theta2, "kl", p=p)
+    lh = LogisticOracle(m, a, theta1).evaluate(ref.h)[0] / theta2
+    spread = [float(np.ptp(lh[i:i + block])) for i in range(0, n, block)]
+    assert spread[0] > 0.1 > max(spread[1:])  # (a span of 0.1: both kinds of block)
+    got = {}
+    for span in (-1.0, 0.1, math.inf):
+        monkeypatch.setattr(logistic_pass, "EXPM1_SPAN", span)
+        sol = logistic_pass.solve_at_root(LogisticOracle.of_scores(s, y, a, theta1), n, ref.h,
+                                          r, theta2, "kl", p=p, block=block, g_rtol=1.0)
+        _, Z, _ = sol.info["kl_weights"]
+        assert Z > 0.5 * (n if p is None else 1.0)  # (the expm1 form)
+        got[span] = sol.value
+    scale = 1e-13 * ref.h * r  # (the value is h r less the term: rounding of h r)
+    for v in got.values():
+        assert abs(v - got[-1.0]) <= scale
+        assert abs(v - ref.value) <= 10 * scale
+
+
 @pytest.mark.parametrize("h", [0.05, 1.6, 6.4, 40.0])
 def test_step_table_starts_near_the_root(h):
     """The table's start is close to the roots outside the two-maxima band (spacing^2 |t''|
