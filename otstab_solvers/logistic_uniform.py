@@ -62,17 +62,22 @@ SLOPE_MIN = 1e-3
 MAX_ITER = 6
 #: largest step after which the Taylor estimate of the remaining error is trusted
 TAYLOR_STEP = 1e-6
+_EMPTY = np.zeros(0, dtype=np.intp)
+_EMPTY.setflags(write=False)
 
 
-def uniform_steps(m: np.ndarray, c: float, h: float, start: np.ndarray | None = None):
+def uniform_steps(m: np.ndarray, c: float, h: float, start: np.ndarray | None = None, *,
+                  start_t: np.ndarray | None = None):
     """Newton on ``T sigmoid(u) - u - m = 0`` for every margin of ``m`` (one ``c``, finite and
     > 0; ``h > 0``).
 
-    ``start``: first iterates (e.g. the roots at a nearby ``h``); default one Newton step
-    from ``t = 0``. Returns ``(u, s, rest)``: ``u`` the root (``t - m``), ``s = sigmoid(u)``
-    (the step is ``t = T s``), both of the shape of ``m``, and ``rest`` the indices of the
-    samples not accepted (module docstring), whose entries of ``u`` and ``s`` are meaningless
-    and must be recomputed by the robust solve.
+    ``start``: first iterates (e.g. the roots at a nearby ``h``); ``start_t``: the same as
+    steps ``t = u + m`` (:meth:`StepTable.start_t`, or the steps at a nearby ``h``: two
+    operations per sample fewer); default one Newton step from ``t = 0``. Returns ``(u, s,
+    rest)``: ``u`` the root (``t - m``), ``s = sigmoid(u)`` (the step is ``t = T s``), both of
+    the shape of ``m``, and ``rest`` the indices of the samples not accepted (module
+    docstring), whose entries of ``u`` and ``s`` are meaningless and must be recomputed by the
+    robust solve.
     """
     T = h / (2.0 * c)
     n = m.size
@@ -84,7 +89,11 @@ def uniform_steps(m: np.ndarray, c: float, h: float, start: np.ndarray | None = 
         hi_band = T * (1.0 - sl) - L    # F_m(L), the local maximum
         pad = 1e-9 * (1.0 + abs(lo_band) + abs(hi_band))
         band = (m >= lo_band - pad) & (m <= hi_band + pad)
-    if start is not None:  # a warm start (the roots at a nearby h), clipped to [-m, T - m]
+    if start_t is not None:  # a warm start as steps, clipped to [0, T]
+        u = np.clip(start_t, 0.0, T)
+        u -= m
+        s = np.empty(n)
+    elif start is not None:  # a warm start (the roots at a nearby h), clipped to [-m, T - m]
         u = np.add(start, m)
         np.clip(u, 0.0, T, out=u)
         u -= m
@@ -162,14 +171,19 @@ def uniform_steps(m: np.ndarray, c: float, h: float, start: np.ndarray | None = 
     buf *= step
     buf *= ds
     s -= buf  # s - s' step + s'' step^2 / 2
-    ok = np.isfinite(step) if converged else \
-        np.abs(step) <= STEP_TOL * (1.0 + np.abs(u))
+    # u in [-m, T - m]: |u + m - T / 2| <= T / 2 (every root lies inside, none on the ends).
+    # Converged, every step was finite (the largest is, NaN is not below a bound)
+    ok = np.add(u, m, out=buf)
+    ok -= 0.5 * T
+    np.abs(ok, out=ok)
+    ok = ok <= 0.5 * T
+    if not converged:
+        ok &= np.abs(step) <= STEP_TOL * (1.0 + np.abs(u))
     if slope is not None:
         ok &= np.abs(slope) >= SLOPE_MIN
-    ok &= (u >= -m) & (u <= T - m)
     if band is not None:
         ok &= ~band
-    rest = np.flatnonzero(~ok)
+    rest = _EMPTY if ok.all() else np.flatnonzero(~ok)
     return u, s, rest
 
 
@@ -262,14 +276,18 @@ class StepTable:
 
     def start(self, m: np.ndarray) -> np.ndarray:
         """The first iterates ``u = t - m`` of the margins ``m``."""
+        u = self.start_t(m)
+        u -= m
+        return u
+
+    def start_t(self, m: np.ndarray) -> np.ndarray:
+        """The first iterates as steps ``t`` (``uniform_steps(..., start_t=)``)."""
         x = np.subtract(m, self.lo)
         x *= self.inv
         k = x.astype(np.intp)
-        np.maximum(k, 0, out=k)
-        np.minimum(k, self.points - 2, out=k)
+        np.clip(k, 0, self.points - 2, out=k)
         x -= k  # the position within the segment (outside [0, 1] beyond the ends)
-        u = self.dt.take(k)
-        u *= x
-        u += self.t.take(k)
-        u -= m
-        return u
+        t = self.dt.take(k)
+        t *= x
+        t += self.t.take(k)
+        return t

@@ -325,15 +325,15 @@ def logistic_dtransform(margins, c, h: float):
 
 
 def _uniform_dtransform(m: np.ndarray, c: float, h: float, start=None, keep=None,
-                        steps_only: bool = False):
+                        steps_only: bool = False, start_t=None):
     """:func:`logistic_dtransform` for one price ``c`` (finite, > 0) and ``h > 0``: the lean
     Newton solve of :func:`~otstab_solvers.logistic_uniform.uniform_steps` (first iterates
-    ``start``, default its own), and :func:`logistic_steps` for the samples it does not
-    accept. ``keep(u, t, lh, loss)`` receives the roots ``u = t - m`` (a warm start for a later
-    ``h``), the steps ``t`` (read again at the same ``h`` by :meth:`LogisticOracle.step_rows`),
-    ``l_h`` and the loss at the maximiser (None with ``steps_only``). ``steps_only``:
-    ``(None, None, None, t)``, the steps alone."""
-    u, s, rest = uniform_steps(m, c, h, start)
+    ``start``, or ``start_t`` as steps; default its own), and :func:`logistic_steps` for the
+    samples it does not accept. ``keep(u, t, lh, loss)`` receives the roots ``u = t - m`` (a
+    warm start for a later ``h``), the steps ``t`` (read again at the same ``h`` by
+    :meth:`LogisticOracle.step_rows`), ``l_h`` and the loss at the maximiser (None with
+    ``steps_only``). ``steps_only``: ``(None, None, None, t)``, the steps alone."""
+    u, s, rest = uniform_steps(m, c, h, start, start_t=start_t)
     T = h / (2.0 * c)
     t = s * T
     if rest.size:  # both branches by Newton first, the robust solve for what is left
@@ -529,9 +529,9 @@ class LogisticOracle:
         if steps_only and last is not None and last[0] == h:
             return None, None, None, last[1]  # this h's maximisers (Q*'s build after a pass)
         if last is not None and abs(h - last[0]) <= 0.1 * h:
-            start = last[1] - m
+            start = last[1]  # (its steps: uniform_steps clips a copy)
         else:  # a block read at a new h: from the table of this h's steps
-            start = self._table(c, h).start(m)
+            start = self._table(c, h).start_t(m)
 
         def keep(u, t, lh, loss):
             assert self._warm is not None
@@ -550,7 +550,7 @@ class LogisticOracle:
                 lb[s:e] = loss
                 lv = lb[s:e]
             self._warm[key] = (h, tb[s:e], lv)
-        return _uniform_dtransform(m, c, h, start, keep, steps_only)
+        return _uniform_dtransform(m, c, h, None, keep, steps_only, start_t=start)
 
     def _table(self, c: float, h: float) -> StepTable:
         """The :class:`~otstab_solvers.logistic_uniform.StepTable` of ``h`` over the range

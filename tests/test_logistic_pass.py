@@ -138,6 +138,14 @@ def test_step_table_starts_near_the_root(h):
     assert np.median(err) <= 1e-6 and np.quantile(err, 0.99) <= 1e-4
     np.testing.assert_allclose((u + m)[ok], exact[ok], rtol=1e-12, atol=1e-13)
     np.testing.assert_allclose(sg[ok], expit(u[ok]), rtol=1e-14)
+    # the start as steps (what the oracle passes): the same table, the same roots
+    t0 = table.start_t(m)
+    np.testing.assert_allclose(t0 - m, u0, rtol=0.0, atol=1e-12 * (1.0 + np.abs(m)).max())
+    u_t, sg_t, rest_t = uniform_steps(m, c, h, start_t=t0)
+    ok_t = np.setdiff1d(np.arange(m.size), rest_t)
+    assert ok_t.size > 0.9 * m.size
+    np.testing.assert_allclose((u_t + m)[ok_t], exact[ok_t], rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(sg_t[ok_t], expit(u_t[ok_t]), rtol=1e-14)
 
 
 def test_softplus_from_the_sigmoid():
