@@ -41,7 +41,12 @@ is one function of the margin (for one ``c`` and ``h``), so a table of the exact
 :data:`TABLE_POINTS` equally spaced margins, interpolated linearly, starts every sample within
 some ``spacing^2 |t''| / 8`` of its root (mostly 1e-7 or less at spacing 1e-3; up to some
 1e-5 where ``t*`` bends sharply, near ``T = 4``), where one or two Halley steps finish it (the
-start only saves iterations: the acceptance rules above are unchanged).
+start only saves iterations: the acceptance rules above are unchanged). Where that bound,
+read off the table's second differences, is above :data:`QUADRATIC_ABOVE` (a first Halley
+step would not pass the Newton bound ``|q| step^2`` of the tests above, and every sample of
+the block would take a second: e.g. ``T = 2.7``, max error 5e-8), the table interpolates
+quadratically (through three nodes: ``spacing^3 |t'''| / 15``, some 1e-10 there, 2e-9 at
+``T = 3.4``; four more operations per sample).
 
 This module imports neither otstab nor the rest of otstab_solvers.
 """
@@ -53,7 +58,7 @@ import math
 import numpy as np
 from scipy.special import expit
 
-__all__ = ["uniform_steps", "two_branch_steps", "StepTable", "TABLE_POINTS"]
+__all__ = ["uniform_steps", "two_branch_steps", "StepTable", "TABLE_POINTS", "QUADRATIC_ABOVE"]
 
 #: relative size of the last Newton step for a sample to count as converged
 STEP_TOL = 1e-11
@@ -256,15 +261,20 @@ def two_branch_steps(m: np.ndarray, c: float, h: float):
 
 #: margins of a :class:`StepTable`
 TABLE_POINTS = (1 << 14) + 1
+#: the largest error of the linear interpolation of a :class:`StepTable` (its second
+#: differences / 8) above which it interpolates quadratically
+QUADRATIC_ABOVE = 8e-9
 
 
 class StepTable:
     """First iterates of :func:`uniform_steps` from the exact steps ``t`` at equally spaced
     margins ``lo + k (hi - lo) / (points - 1)`` (``steps(grid) -> t``: e.g. the lean solve
-    itself), interpolated linearly (module docstring); margins outside ``[lo, hi]`` take
-    the nearest segment's line."""
+    itself), interpolated linearly, or quadratically where the linear error would be above
+    :data:`QUADRATIC_ABOVE` (module docstring; ``quadratic`` forces either); margins outside
+    ``[lo, hi]`` take the nearest segment's curve."""
 
-    def __init__(self, lo: float, hi: float, steps, points: int = TABLE_POINTS):
+    def __init__(self, lo: float, hi: float, steps, points: int = TABLE_POINTS,
+                 quadratic: bool | None = None):
         self.lo = float(lo)
         span = float(hi) - self.lo
         self.points = int(points) if span > 0 else 2
@@ -273,6 +283,15 @@ class StepTable:
         t = np.asarray(steps(grid), dtype=np.float64)
         self.t = t[:-1]
         self.dt = np.diff(t)
+        #: half the second difference of the nodes k, k + 1, k + 2 (the last segment: of the
+        #: nodes before it), the quadratic term; None: linear
+        self.half_d2: np.ndarray | None = None
+        if self.points >= 3:
+            d2 = np.diff(self.dt)
+            if quadratic is None:  # (the linear error on a segment: |d2| / 8; NaN: quadratic)
+                quadratic = not float(np.max(np.abs(d2))) / 8.0 <= QUADRATIC_ABOVE
+            if quadratic:
+                self.half_d2 = 0.5 * np.append(d2, d2[-1])
 
     def start(self, m: np.ndarray) -> np.ndarray:
         """The first iterates ``u = t - m`` of the margins ``m``."""
@@ -287,7 +306,12 @@ class StepTable:
         k = x.astype(np.intp)
         np.clip(k, 0, self.points - 2, out=k)
         x -= k  # the position within the segment (outside [0, 1] beyond the ends)
-        t = self.dt.take(k)
+        if self.half_d2 is not None:  # t_k + x (dt_k + (x - 1) d2_k / 2)
+            t = np.subtract(x, 1.0)
+            t *= self.half_d2.take(k)
+            t += self.dt.take(k)
+        else:
+            t = self.dt.take(k)
         t *= x
         t += self.t.take(k)
         return t

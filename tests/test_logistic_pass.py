@@ -148,6 +148,43 @@ def test_step_table_starts_near_the_root(h):
     np.testing.assert_allclose(sg_t[ok_t], expit(u_t[ok_t]), rtol=1e-14)
 
 
+def test_step_table_quadratic_where_linear_is_coarse(monkeypatch):
+    """Where the linear table's error (its second differences / 8) is above QUADRATIC_ABOVE
+    (T = 2.7: some 5e-8, and a first Halley step fails the Newton bound for most samples),
+    the table interpolates quadratically: the start is within 1e-9 of the robust solve's
+    steps and one Halley step (one sigmoid per sample) finishes every block; where it is
+    small (T = 0.7) it stays linear. Forced either way, both give the same roots."""
+    import otstab_solvers.logistic_uniform as lu
+
+    rng = np.random.default_rng(12)
+    m = rng.normal(0.1, 1.0, 40_000)
+    c = 1.0
+    calls: list = []
+    real = lu.expit
+    monkeypatch.setattr(lu, "expit", lambda x, out=None: calls.append(x.size) or
+                        real(x, out=out))
+    for h, quad in ((1.4, False), (5.4, True)):
+        exact = logistic_steps(m, c, h)
+        steps = lambda g, h=h: logistic_steps(g, c, h)  # noqa: E731
+        auto = StepTable(m.min(), m.max(), steps)
+        assert (auto.half_d2 is not None) == quad
+        lin = StepTable(m.min(), m.max(), steps, quadratic=False)
+        qd = StepTable(m.min(), m.max(), steps, quadratic=True)
+        err_lin = np.abs(lin.start_t(m) - exact).max()
+        err_q = np.abs(qd.start_t(m) - exact).max()
+        assert err_q <= 1e-9 and err_q < err_lin / 10
+        assert (err_lin > lu.QUADRATIC_ABOVE) == quad  # (the estimate agrees)
+        for table in (lin, qd):
+            calls.clear()
+            u, _, rest = uniform_steps(m, c, h, start_t=table.start_t(m))
+            assert not rest.size
+            np.testing.assert_allclose(u + m, exact, rtol=1e-12, atol=1e-13)
+            if table is qd:
+                assert sum(calls) == m.size  # (one step)
+            elif quad:
+                assert sum(calls) >= 2 * m.size  # (the linear start: two)
+
+
 def test_softplus_from_the_sigmoid():
     rng = np.random.default_rng(4)
     u = np.concatenate([rng.normal(0, 4, 3000), rng.uniform(-740, 740, 300),
