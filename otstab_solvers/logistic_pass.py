@@ -175,9 +175,11 @@ class _Pass:
                 moved += float(np.sum(d1))
                 m = float(a.max())
                 a -= m
-                np.maximum(a, -700.0, out=a)  # (no subnormal terms, as dual._exp_shifted)
+                low = float(a.min())
+                if low < -700.0:  # (no subnormal terms, as dual._exp_shifted)
+                    np.maximum(a, -700.0, out=a)
                 em1 = None
-                if float(a.min()) >= -EXPM1_SPAN:  # (then likely read: see below)
+                if low >= -EXPM1_SPAN:  # (then likely read: see below)
                     em1 = np.expm1(a, out=a)
                     sem1 = float(np.sum(em1))
                     ev = np.add(em1, 1.0, out=a)
