@@ -263,7 +263,7 @@ def two_branch_steps(m: np.ndarray, c: float, h: float):
 TABLE_POINTS = (1 << 14) + 1
 #: the largest error of the linear interpolation of a :class:`StepTable` (its second
 #: differences / 8) above which it interpolates quadratically
-QUADRATIC_ABOVE = 8e-9
+QUADRATIC_ABOVE = 1e-8
 
 
 class StepTable:
