@@ -52,6 +52,7 @@ PHASES = [
     (lb, "solve_dual", "binned root (K-point dual)"),
     (sm.LogisticOracle, "_table", "step table (build)"),
     (lu.StepTable, "start_t", "step table (start)"),
+    (lu.StepTable, "start", "step table (start)"),
     (sm, "uniform_steps", "Halley steps (uniform_steps)"),
     (sm, "two_branch_steps", "two-branch / robust steps"),
     (sm, "logistic_steps", "two-branch / robust steps"),
@@ -84,7 +85,9 @@ class Timer:
         self.elements.clear()
 
     def wrap(self, owner, name, phase):
-        fn = getattr(owner, name)
+        fn = getattr(owner, name, None)
+        if fn is None:  # (another version of the code: not there)
+            return
 
         @functools.wraps(fn)
         def timed(*args, **kwargs):
@@ -103,7 +106,9 @@ class Timer:
         setattr(owner, name, timed)
 
     def count(self, owner, name, label):
-        fn = getattr(owner, name)
+        fn = getattr(owner, name, None)
+        if fn is None:
+            return
 
         def counted(x, *args, **kwargs):
             self.elements[label] += np.size(x)
