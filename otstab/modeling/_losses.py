@@ -187,9 +187,8 @@ class SmoothLoss(Loss):
             np.negative(out, out=out)
             np.exp(out, out=out)
             out = log1p_unit(out)
-            np.negative(m, out=m)
-            np.maximum(m, 0.0, out=m)
-            out += m
+            np.minimum(m, 0.0, out=m)
+            out -= m  # (max(-m, 0) = -min(m, 0): the same bits, one operation fewer)
             return out
         if self.name == "cross_entropy":
             if S.ndim == 1:
