@@ -54,7 +54,7 @@ import numpy as np
 
 from .blockwise import CHI2_MAX_STEPS, BlockwiseDual, in_memory
 from .result import OPTIMAL, DualSolution
-from .smooth import logistic_dtransform
+from .smooth import logistic_dtransform, uniform_d2
 
 __all__ = ["solve_at_root", "G_RTOL", "MAX_NEWTON", "WINDOW"]
 
@@ -111,6 +111,9 @@ class _Pass:
         self.alpha = alpha if self.chi2 and alpha is not None and math.isfinite(alpha) \
             else None
         self.chi2_weights: tuple | None = None
+        #: ``(h, M, Z, mu)`` of a pass that did not sum the curvature (KL's largest value,
+        #: normalisation and mean loss at the maximisers; None for theta2 = inf)
+        self._lazy: tuple | None = None
         self.dual = None
         if not (self.plain_kl or self.plain_mean):
             blocks = [_Kept(self.store, k, None if p is None else p[s:e])
@@ -120,8 +123,59 @@ class _Pass:
 
     def at(self, h, r):
         """``(F, g, curv, alpha)`` of the exact dual at ``h`` (and :attr:`moved`: the
-        P0-mean loss at the maximisers)."""
+        P0-mean loss at the maximisers). ``curv`` None: not summed in the pass (plain KL and
+        theta2 = inf of an oracle that keeps its steps), :meth:`curvature` sums it."""
         self.passes += 1
+        oracle = self.oracle
+        self._lazy = None
+        lazy = (self.plain_kl or self.plain_mean) and getattr(oracle, "keep_values", False) \
+            and getattr(oracle, "curvature", None) is True and oracle.c.strides == (0,)
+        if not lazy:
+            return self._at(h, r, False)
+        oracle.curvature = False  # (no second derivative per sample in this pass)
+        try:
+            return self._at(h, r, True)
+        finally:
+            oracle.curvature = True
+
+    def curvature(self, h):
+        """Minus the second derivative of the dual at ``h``, the last pass's (a pass that did
+        not sum it: from the steps and losses the oracle kept, one read without solving
+        again; the same formulas as the pass's sums: :func:`uniform_d2` from ``s = t / T``,
+        KL's weights from ``l_h = h loss - c t^2`` as the d-transform computed it)."""
+        if self._lazy is None:
+            raise RuntimeError("no pass at h to take the curvature of")
+        at, M, Z, mu = self._lazy
+        assert at == h
+        oracle, p = self.oracle, self.p
+        c = float(oracle.c[0])
+        T = h / (2.0 * c)
+        sd2 = z2 = z3 = 0.0
+        for s, e in self.bounds:
+            loss, t = oracle.kept(h, slice(s, e))
+            d2 = uniform_d2(t / T, c, h)
+            pb = None if p is None else p[s:e]
+            if self.plain_mean:
+                sd2 += float(np.sum(d2)) if pb is None else float(np.dot(pb, d2))
+                continue
+            lb = h * loss
+            lb -= c * t * t
+            a = lb / self.theta2
+            a -= M
+            np.clip(a, -700.0, 0.0, out=a)
+            ev = np.exp(a, out=a)
+            if pb is not None:
+                ev *= pb
+            ed1 = ev * loss
+            z2 += float(np.dot(ed1, loss))
+            z3 += float(np.dot(ev, d2))
+        if self.plain_mean:
+            return sd2 / (float(self.n) if p is None else 1.0)
+        return z3 / Z + max(z2 / Z - mu * mu, 0.0) / self.theta2
+
+    def _at(self, h, r, lazy):
+        """:meth:`at`; ``lazy``: the pass sums no curvature (the oracle gives no second
+        derivative), :meth:`curvature` does when asked."""
         oracle, store = self.oracle, self.store
         if self.plain_mean:  # theta2 = inf: the means of l_h, dl and d2l
             sl = sd1 = sd2 = 0.0
@@ -130,16 +184,21 @@ class _Pass:
                 if self.p is None:
                     sl += float(np.sum(lb))
                     sd1 += float(np.sum(d1))
-                    sd2 += float(np.sum(d2))
+                    if not lazy:
+                        sd2 += float(np.sum(d2))
                 else:  # (sample probabilities: as BlockwiseDual.top sums them)
                     pb = self.p[s:e]
                     sl += float(np.dot(pb, lb))
                     sd1 += float(np.dot(pb, d1))
-                    sd2 += float(np.dot(pb, d2))
+                    if not lazy:
+                        sd2 += float(np.dot(pb, d2))
             N = float(self.n) if self.p is None else 1.0
             self.moved = sd1 / N
             self.unit_term = sl / N
-            return h * r - sl / N, r - sd1 / N, sd2 / N, None  # (as BlockwiseDual.reduce)
+            if lazy:
+                self._lazy = (h, None, None, None)
+            curv = None if lazy else sd2 / N
+            return h * r - sl / N, r - sd1 / N, curv, None  # (as BlockwiseDual.reduce)
         if self.alpha is not None:
             got = self._chi2_at(h, r)
             if got is not None:
@@ -187,7 +246,8 @@ class _Pass:
                     ev = np.exp(a, out=a)
                 ed1 = ev * d1
                 parts.append((m, float(np.sum(ev)), float(np.sum(ed1)),
-                              float(np.dot(ed1, d1)), float(np.dot(ev, d2)),
+                              0.0 if lazy else float(np.dot(ed1, d1)),
+                              0.0 if lazy else float(np.dot(ev, d2)),
                               None if em1 is None else (sem1, float(e - s)), k))
                 continue
             # sample probabilities, as block_kl sums them: the largest over the rows of
@@ -209,8 +269,9 @@ class _Pass:
                 ev = np.exp(a, out=a)
             ev *= pb
             ed1 = ev * d1
-            parts.append((m, float(np.sum(ev)), float(np.sum(ed1)), float(np.dot(ed1, d1)),
-                          float(np.dot(ev, d2)),
+            parts.append((m, float(np.sum(ev)), float(np.sum(ed1)),
+                          0.0 if lazy else float(np.dot(ed1, d1)),
+                          0.0 if lazy else float(np.dot(ev, d2)),
                           None if em1 is None else (sem1, float(np.sum(pb))), k))
         self.moved = moved / self.n if p is None else moved
         M = max(q[0] for q in parts)
@@ -247,6 +308,9 @@ class _Pass:
         var = max(Z2 / Z - mu * mu, 0.0)
         term = theta2 * (M + log_mean)
         self.kl_weights = (M, Z, term)
+        if lazy:
+            self._lazy = (h, M, Z, mu)
+            return h * r - term, r - mu, None, None
         return h * r - term, r - mu, Z3 / Z + var / theta2, None
 
 
@@ -426,6 +490,8 @@ def _newton(run, h_c, r, g_rtol, t0):
                 info={"passes": run.passes, "kl_weights": run.kl_weights, "g": g,
                       "moved": run.moved, "chi2_weights": run.chi2_weights,
                       "unit_term": run.unit_term})
+        if curv is None:  # (not summed in the pass: from its kept steps, now needed)
+            curv = run.curvature(h)
         if not curv > 0.0:
             return None
         h = h + g / curv

@@ -325,14 +325,15 @@ def logistic_dtransform(margins, c, h: float):
 
 
 def _uniform_dtransform(m: np.ndarray, c: float, h: float, start=None, keep=None,
-                        steps_only: bool = False, start_t=None):
+                        steps_only: bool = False, start_t=None, curvature: bool = True):
     """:func:`logistic_dtransform` for one price ``c`` (finite, > 0) and ``h > 0``: the lean
     Newton solve of :func:`~otstab_solvers.logistic_uniform.uniform_steps` (first iterates
     ``start``, or ``start_t`` as steps; default its own), and :func:`logistic_steps` for the
     samples it does not accept. ``keep(u, t, lh, loss)`` receives the roots ``u = t - m`` (a
     warm start for a later ``h``), the steps ``t`` (read again at the same ``h`` by
     :meth:`LogisticOracle.step_rows`), ``l_h`` and the loss at the maximiser (None with
-    ``steps_only``). ``steps_only``: ``(None, None, None, t)``, the steps alone."""
+    ``steps_only``). ``steps_only``: ``(None, None, None, t)``, the steps alone;
+    ``curvature=False``: None in place of the second derivative."""
     u, s, rest = uniform_steps(m, c, h, start, start_t=start_t)
     T = h / (2.0 * c)
     t = s * T
@@ -354,14 +355,20 @@ def _uniform_dtransform(m: np.ndarray, c: float, h: float, start=None, keep=None
     loss_star = _softplus_at(u, s)
     lh = h * loss_star
     lh -= c * t * t
+    d2 = uniform_d2(s, c, h) if curvature else None
+    if keep is not None:
+        keep(u, t, lh, loss_star)
+    return lh, loss_star, d2, t
+
+
+def uniform_d2(s: np.ndarray, c: float, h: float) -> np.ndarray:
+    """The second derivative of ``l_h`` in ``h`` of the samples whose maximiser has
+    ``s = sigmoid(t - m)`` (one price ``c``): ``s^2 / (2 c - h s (1 - s))``."""
     denom = s * (1.0 - s)
     denom *= -h
     denom += 2.0 * c
     with np.errstate(divide="ignore", invalid="ignore"):
-        d2 = s * s / denom
-    if keep is not None:
-        keep(u, t, lh, loss_star)
-    return lh, loss_star, d2, t
+        return s * s / denom
 
 
 class LogisticOracle:
@@ -550,7 +557,8 @@ class LogisticOracle:
                 lb[s:e] = loss
                 lv = lb[s:e]
             self._warm[key] = (h, tb[s:e], lv)
-        return _uniform_dtransform(m, c, h, None, keep, steps_only, start_t=start)
+        return _uniform_dtransform(m, c, h, None, keep, steps_only, start_t=start,
+                                   curvature=self.curvature)
 
     def _table(self, c: float, h: float) -> StepTable:
         """The :class:`~otstab_solvers.logistic_uniform.StepTable` of ``h`` over the range
@@ -571,6 +579,10 @@ class LogisticOracle:
     #: :meth:`transform_rows` of a slice keeps its loss at the maximiser with its steps (one
     #: more n-vector), for :meth:`kept` (set by the caller)
     keep_values = False
+    #: :meth:`transform_rows` of a slice (warm starts, one price) gives the second derivative;
+    #: False: None in its place (a caller that sums it from the kept steps only when it needs
+    #: it, :mod:`otstab_solvers.logistic_pass`; set by that caller)
+    curvature = True
 
     def kept(self, h: float, rows: slice, *, drop: bool = False):
         """``(loss at the maximiser, step)`` of the slice ``rows`` as its last read at ``h``

@@ -82,6 +82,45 @@ def test_solve_at_root_newton_steps_and_refusal(divergence, theta2):
     assert far is None
 
 
+@pytest.mark.parametrize("divergence,theta2", [("kl", 0.25), ("kl", 30.0), ("kl", math.inf)])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_curvature_from_the_kept_steps(divergence, theta2, weighted):
+    """A pass of an oracle that keeps its steps (Q*'s build reads them) sums no second
+    derivative (plain KL, theta2 = inf): the curvature that steers a Newton step is summed
+    from the kept steps and losses only when a step is needed, equal to the one the pass
+    sums otherwise (rtol 1e-12), and the Newton steps from a start 1e-4 off reach the same
+    value and h."""
+    s, y = _margins(seed=2)
+    n = s.size
+    a, theta1, r = 0.9, 1.0, 1.1
+    p = None
+    if weighted:
+        p = np.random.default_rng(1).uniform(0.1, 2.0, n)
+        p /= p.sum()
+    ref = solve_dual(LogisticOracle(y * s, a, theta1), r, theta2, divergence, p=p)
+    h = ref.h * (1 + 1e-4)
+    plain = logistic_pass._Pass(LogisticOracle.of_scores(s, y, a, theta1), n, theta2,
+                                divergence, p, 4096)
+    curv = plain.at(h, r)[2]
+    oracle = LogisticOracle.of_scores(s, y, a, theta1)
+    oracle.keep_values = True
+    seen = []
+    rows = oracle.transform_rows
+    oracle.transform_rows = lambda hh, sl: seen.append(rows(hh, sl)) or seen[-1]
+    lazy = logistic_pass._Pass(oracle, n, theta2, divergence, p, 4096)
+    F, g, none, _ = lazy.at(h, r)
+    assert none is None and all(out[2] is None for out in seen) and oracle.curvature
+    assert (F, g) == pytest.approx(plain.at(h, r)[:2], rel=1e-13)
+    assert lazy.curvature(h) == pytest.approx(curv, rel=1e-12)
+    sols = [logistic_pass.solve_at_root(LogisticOracle.of_scores(s, y, a, theta1), n, h, r,
+                                        theta2, divergence, p=p, block=4096, keep_values=keep)
+            for keep in (False, True)]
+    assert all(sol is not None and sol.info["passes"] >= 2 for sol in sols)
+    assert sols[1].value == pytest.approx(sols[0].value, rel=1e-13)
+    assert sols[1].h == pytest.approx(sols[0].h, rel=1e-12)
+    assert sols[1].value == pytest.approx(ref.value, rel=1e-12)
+
+
 @pytest.mark.parametrize("weighted", [False, True])
 def test_kl_expm1_sums_of_the_pass(monkeypatch, weighted):
     """Near the base risk (every l_h / theta2 close to the largest: the expm1 form of the
