@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import sorted_kernels as kernels
 from .weights import phi
 
 __all__ = ["SortedTwoPiece", "KeyRule", "KL_BLOCK", "window_thresholds"]
@@ -250,6 +251,23 @@ class SortedTwoPiece:
             nu.resize(ia + n_b, refcheck=False)  # the estimate's spare room given back
             return nu, ia
 
+        def partition(size):
+            """:func:`write` by the compiled partition (``B`` written from the back of the
+            array, in reverse, then moved behind ``A``: one loop over each block)."""
+            nu = np.empty(size)
+            ia = ib = 0
+            for i, j in spans:
+                ia, ib = kernels.window_partition(fill(i, j, buf[:j - i]), a_thr, c_thr, nu,
+                                                  ia, ib)
+                if ia + ib > size:
+                    return None
+            if ib:
+                nu[ia:ia + ib] = nu[size - ib:size]  # (overlapping: NumPy copies through a buffer)
+            nu.resize(ia + ib, refcheck=False)
+            return nu, ia
+
+        if kernels.use_kernel(n):
+            write = partition  # noqa: F811 - the same keys, in one compiled loop per block
         got = write(size) if size is not None and size >= 0 else None
         if got is None:
             got = write(count())
@@ -436,7 +454,9 @@ class SortedTwoPiece:
             x, e = self._kl_buffers()
             k1, k0, floor = self._exponent_map(p, A, B, theta2, M)
             Z1 = S1 = S2 = S3 = Enu = Ex = Snu = 0.0
-            for s in range(0, p, KL_BLOCK):
+            if kernels.use_kernel(n):  # the same sums in one compiled loop (sorted_kernels)
+                Z1, Enu, Ex, Snu, S1, S2, S3 = kernels.kl_sums(nu_all, 0, p, k1, k0, floor, c)
+            for s in range(0, p if not kernels.use_kernel(n) else 0, KL_BLOCK):
                 nb = nu_all[s:min(s + KL_BLOCK, p)]
                 xb, eb = _exponents(nb, k1, k0, floor, x), e[:nb.size]
                 np.exp(xb, out=eb)
@@ -762,7 +782,11 @@ class SortedTwoPiece:
             # rounding of x), so its sums are these, bit for bit
             _, Z, Enu, Ex, Snu = known
             E1 = Z
-        for s in range(0, p_r if known is None else 0, KL_BLOCK):
+        kernel = kernels.use_kernel(n)
+        if kernel and known is None:  # the same sums in compiled loops (sorted_kernels)
+            E1, Enu, Ex, Snu = kernels.kl_sums(nu, 0, p_l, k1, k0, x0, 0.0)[:4]
+            Z = E1 + kernels.kl_sums(nu, p_l, p_r, k1, k0, x0, 0.0)[0]
+        for s in range(0, p_r if known is None and not kernel else 0, KL_BLOCK):
             stop = min(s + KL_BLOCK, p_r)
             nb = nu[s:stop]
             xb, eb = _exponents(nb, k1, k0, x0, x), e[:nb.size]
@@ -776,7 +800,7 @@ class SortedTwoPiece:
                 Snu += float(nb[:q].sum())
         Z += (n - p_r) * math.exp(x0)
         scale = n / Z
-        rule = KeyRule(left, right, k1, k0, x0, scale, dA, dB)
+        rule = KeyRule(left, right, k1, k0, x0, scale, dA, dB, kernel=kernel)
         # sum phi(w) = sum (w log w - w + 1), log w = x + log(scale): from the sums, unless
         # their cancellation (weights near one: large theta2) could exceed phi_atol
         L = math.log(scale)
@@ -787,7 +811,10 @@ class SortedTwoPiece:
             for s in range(0, p_l, KL_BLOCK):
                 nb = nu[s:min(s + KL_BLOCK, p_l)]
                 xb, eb = _exponents(nb, k1, k0, x0, x), e[:nb.size]
-                np.exp(xb, out=eb)
+                if kernel:
+                    kernels.exp_into(xb, eb)
+                else:
+                    np.exp(xb, out=eb)
                 eb *= scale
                 phi_sum += float(np.sum(phi(eb, "kl")))
         return rule, {"p_l": p_l, "p_r": p_r, "w": scale * E1,
@@ -816,7 +843,10 @@ class SortedTwoPiece:
         t3, flag = np.empty(x.size), np.empty(x.size, dtype=bool)  # (no block temporaries)
         W = WD = PHI = T = T_abs = Snu = 0.0
         nu = self.nu
-        for s in range(0, p_l, KL_BLOCK):
+        if kernels.use_kernel(n):  # the same per-key arithmetic in one compiled loop
+            W, WD, PHI, T, T_abs, Snu = kernels.chi2_sums_pass(nu, p_l, A, B, alpha, theta2,
+                                                               dA, dB)
+        for s in range(0, p_l if not kernels.use_kernel(n) else 0, KL_BLOCK):
             nb = nu[s:min(s + KL_BLOCK, p_l)]
             wb = _chi2_weights(nb, A, B, alpha, theta2, e)
             W += float(wb.sum())
@@ -876,6 +906,9 @@ class KeyRule:
     A: float = 0.0
     B: float = 0.0
     theta2: float = math.inf
+    #: the weights' exponentials by :func:`otstab_solvers.sorted_kernels.exp_into` (the exp of
+    #: the compiled sums the rule came from), not NumPy's
+    kernel: bool = False
 
     def moving(self, nu: np.ndarray) -> np.ndarray:
         return nu < self.left
@@ -891,7 +924,10 @@ class KeyRule:
             return _chi2_weights(nu, self.A, self.B, self.alpha, self.theta2,
                                  np.empty(np.shape(nu)))
         x = _exponents(nu, self.k1, self.k0, self.x0, np.empty(np.shape(nu)))
-        np.exp(x, out=x)
+        if self.kernel:
+            kernels.exp_into(x, x)
+        else:
+            np.exp(x, out=x)
         x *= self.scale
         return x
 
