@@ -20,7 +20,8 @@ are a contiguous range. So:
 - KL evaluations are one exp pass over the active prefix only;
 - the kinks between two points are read off the sorted keys in O(1).
 
-A *window* (:meth:`SortedTwoPiece.window`) serves the KL and theta2 = inf evaluations at the
+A *window* (:meth:`SortedTwoPiece.window`) serves the evaluations (chi2's when its front ends
+before chi2's active set does: :class:`WindowMiss` otherwise) at the
 ``h`` of one bracket ``[h_lo, h_hi]`` only, without sorting every key: the samples that move at
 every ``h`` of the bracket (``A``) are kept unsorted in front, those that switch piece inside it
 (``B``) sorted after them, and those that move at none (``C``) are only counted. Every count,
@@ -41,7 +42,7 @@ import numpy as np
 from . import sorted_kernels as kernels
 from .weights import phi
 
-__all__ = ["SortedTwoPiece", "KeyRule", "KL_BLOCK", "window_thresholds"]
+__all__ = ["SortedTwoPiece", "KeyRule", "KL_BLOCK", "window_thresholds", "WindowMiss"]
 
 #: keys per block of a KL evaluation (two buffers of 128 KB, kept in cache)
 KL_BLOCK = 1 << 14
@@ -53,6 +54,10 @@ _KL_SUMS_KEPT = 4
 #: a KL evaluation sums ``expm1`` in a second pass (instead of taking ``log(Z / n)``) only when
 #: ``Z / n``, the mean of the shifted weights, is within this share of one (see :meth:`_kl`)
 EXPM1_SHARE = 1.0 / 16.0
+
+
+class WindowMiss(ValueError):
+    """A window cannot evaluate a point: chi2's active set ends inside its unsorted front."""
 
 
 class _Keys:
@@ -197,8 +202,8 @@ class SortedTwoPiece:
 
     @classmethod
     def window(cls, fill, n: int, c: float, h_lo: float, h_hi: float, umax: float, *,
-               size: int | None = None, block: int = KL_BLOCK,
-               tie: float = 1e-12) -> SortedTwoPiece:
+               size: int | None = None, block: int = KL_BLOCK, tie: float = 1e-12,
+               front_below: float | None = None) -> SortedTwoPiece:
         """The hinge view ``l_h = max(0, u h + c h^2)`` for ``h`` in ``[h_lo, h_hi]`` only
         (``0 < h_lo < h_hi``, ``c > 0``), built without sorting all n keys.
 
@@ -210,11 +215,16 @@ class SortedTwoPiece:
         ``-inf`` keys of the full view). ``size``: an estimate of ``|A| + |B|`` (from a
         subsample) the array is allocated with; without it, or when it proves too small, a
         counting pass comes first. Evaluations outside the bracket raise ``ValueError``.
+        ``front_below``: only the keys ``nu`` below it (and below ``A``'s threshold) go to the
+        unsorted front, the others of ``A`` are sorted with ``B`` (chi2: the keys where its
+        active set may end, :meth:`_chi2`).
         """
         if not (0.0 < h_lo < h_hi < math.inf) or not c > 0.0:
             raise ValueError(f"a window needs 0 < h_lo < h_hi < inf and c > 0, got "
                              f"[{h_lo}, {h_hi}], c = {c}")
         a_thr, c_thr = window_thresholds(c, h_lo, h_hi, umax, tie)
+        if front_below is not None:
+            a_thr = min(a_thr, float(front_below))
         m = min(block, n)
         buf, ina, le = np.empty(m), np.empty(m, dtype=bool), np.empty(m, dtype=bool)
         spans = [(i, min(i + block, n)) for i in range(0, n, block)]
@@ -425,7 +435,6 @@ class SortedTwoPiece:
                     self._kl_models.pop(next(iter(self._kl_models)))
                 self._kl_models[(h, side)] = (p, *self._kl_last)
             return term, mu, curv, None, p
-        self._whole("chi2")  # (its alpha reads the keys in sorted order)
         return (*self._chi2(p, A, B, dA, dB, d2, theta2), p)
 
     def _kl(self, p, A, B, dA, dB, d2, theta2):
@@ -629,9 +638,14 @@ class SortedTwoPiece:
         return (A * self._sorted.u(k - 1) + B) / (2.0 * theta2) if k <= p else 0.0
 
     def _chi2(self, p, A, B, dA, dB, d2, theta2):
+        """chi2's ``(term, mu, curv, alpha)`` at a point with ``p`` samples moving: its
+        active set (the ``kk`` largest ``l``, MATH.md Remark 5) by a binary search over the
+        sorted keys. On a window the active set must not end inside the unsorted front (the
+        search starts at the front's end, whose validity its largest key decides); where it
+        does, :class:`WindowMiss` is raised (``solve_two_piece`` then sorts every key)."""
         n = self.n
         two = 2.0 * theta2
-        self._whole("chi2")
+        front = self.sorted_from
 
         def cu(q):  # the sum of the q largest keys (blocked prefix sums)
             return self._sorted.at(q, squares=False)[0]
@@ -653,7 +667,15 @@ class SortedTwoPiece:
         if valid(n):
             kk = n
         else:
-            lo, hi = 1, n
+            lo, hi = max(front, 1), n
+            if front:  # a window: the top ``front`` keys are its front, the smallest of them
+                # -front_max (its u(front - 1)); in front of every key it sorted
+                u_last = -float(self._sorted.front_max)
+                ok = two * n > A * (cu(front) - front * u_last) if front <= p else \
+                    two * n > (A * cu(p) + p * B)
+                if not ok:
+                    raise WindowMiss(f"chi2's active set ends inside the window's unsorted "
+                                     f"front ({front} keys) at h = {A!r}")
             while hi - lo > 1:
                 mid = (lo + hi) // 2
                 if valid(mid):
@@ -822,15 +844,15 @@ class SortedTwoPiece:
                       "phi": phi_sum, "T": theta2 * (M - L)}
 
     def chi2_sums(self, h: float, theta2: float):
-        """:meth:`moving_sums` for chi2 (the fully sorted view): the same ``(rule, sums)``,
-        the weights ``((l_h + alpha) / (2 theta2) + 1)_+`` at the view's own ``alpha`` at
-        ``h`` (the right side, as the dual's term), in one pass over the samples that move
+        """:meth:`moving_sums` for chi2 (the full view, or a window: :meth:`_chi2`): the same
+        ``(rule, sums)``, the weights ``((l_h + alpha) / (2 theta2) + 1)_+`` at the view's own
+        ``alpha`` at ``h`` (the right side, as the dual's term), in one pass over the samples
+        that move
         (no exp; the weights of the others are that of ``l_h = 0``). ``sums`` also holds
         ``alpha`` and ``T_abs`` (the sum of the absolute terms of ``T``, its rounding scale).
         """
         if self.kind != "hinge":
             raise ValueError("chi2_sums serves the hinge kind")
-        self._whole("chi2_sums")
         n = self.n
         p_l, p_r = self.count(h, "left"), self.count(h, "right")
         A, B, dA, dB, d2 = self.coefficients(h)

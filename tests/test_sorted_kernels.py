@@ -13,6 +13,7 @@ import math
 import mpmath
 import numpy as np
 import pytest
+import test_blockwise as tb
 import test_sorted_oracle as tso
 import test_window as tw
 from otstab_solvers import sorted_kernels as K
@@ -219,3 +220,11 @@ def test_solutions_equal_with_and_without_kernels(theta2, div, monkeypatch):
         assert a.status == b.status == "optimal"
         assert b.value == pytest.approx(a.value, rel=1e-12)
         assert b.h == pytest.approx(a.h, rel=1e-9)
+
+
+@pytest.mark.parametrize("case", [c for c in tb.WINDOWED if not c[3] and math.isfinite(c[2])],
+                         ids=lambda c: tb._id(c[:4]))
+def test_keyed_certificates_with_kernels(case, monkeypatch, kernels_on):
+    """Whole hinge certificates on a window through the keyed builder, with the kernels:
+    the sampled audit against the direct one (tests/test_blockwise.py)."""
+    tb.test_blockwise_sampled_audit_matches_direct(monkeypatch, case)

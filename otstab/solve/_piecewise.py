@@ -152,7 +152,7 @@ def solve_reduced(prob: Problem, red: Reduced, r, theta1, theta2, divergence, so
     # (K, n) array, no n-vectors of l_h); the sorted view serves uniform samples only
     weighted_rows = p is not None and red.c1_dense is None and red.rows is not None
     # a hinge-shaped form with uniform samples: solve_two_piece sorts the keys it needs (a
-    # window of them for KL and theta2 = inf); the dense weighted dual sorts all of them
+    # window of them); the dense weighted dual sorts all of them
     oracle = red.oracle(sorted_view=p is not None and not weighted_rows)
     # weighted_rows: c1_dense is None, the rows form is set
     dual = BlockwiseDual(in_memory(affine_blocks(cast(AffineRows, red.rows), red.c2,
@@ -238,9 +238,7 @@ def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, thet
     oracle = red.oracle(sorted_view=False) if oracle is None else oracle
     # the sorted view the dual came from (solve_two_piece; an n-vector of keys): the keyed
     # builder takes it over and frees it once its sums are taken; no result keeps it
-    if sol.info.get("view") is not None and n > AUDIT_DIRECT_MAX and prob.p is None and \
-            h > 0 and (divergence == "kl" or math.isinf(theta2) or
-                       sol.info["view"].domain is None):
+    if sol.info.get("view") is not None and n > AUDIT_DIRECT_MAX and prob.p is None and h > 0:
         return _build_keyed(prob, red, sol, sol.info.pop("view"), oracle, r, theta1, theta2,
                             divergence, t_start)
     sol.info.pop("view", None)
@@ -437,8 +435,8 @@ def _candidate(prob, red, sol, atoms, res, moved2, split: bool, question: _Quest
 def _build_keyed(prob, red, sol, view, oracle, r, theta1, theta2, divergence,
                  t_start) -> StabilityResult:
     """:func:`build_result` from the sorted view the dual came from (a hinge-shaped form,
-    uniform samples, KL, chi2 or theta2 = inf, above ``AUDIT_DIRECT_MAX`` rows; chi2 from its
-    fully sorted view, :meth:`~otstab_solvers.sorted_oracle.SortedTwoPiece.chi2_sums`).
+    uniform samples, KL, chi2 or theta2 = inf, above ``AUDIT_DIRECT_MAX`` rows; chi2 by
+    :meth:`~otstab_solvers.sorted_oracle.SortedTwoPiece.chi2_sums`).
 
     The view gives Q* as a rule on each sample's key (:class:`~otstab_solvers.sorted_oracle.
     KeyRule`: which samples move, their weights and losses at the moved points) and the
@@ -451,7 +449,7 @@ def _build_keyed(prob, red, sol, view, oracle, r, theta1, theta2, divergence,
     n = red.n
     value = min(float(sol.value), h * r)  # (F(h) <= h r: the losses are nonnegative)
     chi2 = divergence == "chi2" and not math.isinf(theta2)
-    if chi2:  # (a fully sorted view: chi2 sorts every key)
+    if chi2:
         rule, sums = view.chi2_sums(h, theta2)
     else:
         rule, sums = view.moving_sums(h, theta2, phi_atol=_PHI_RTOL * abs(value) * n / theta2)
