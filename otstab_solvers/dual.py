@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from . import sorted_kernels as kernels
 from .result import FAILED, OPTIMAL, DualSolution
 from .sorted_oracle import SortedTwoPiece, WindowMiss, window_thresholds
 from .weights import (
@@ -386,7 +387,11 @@ class AffineRows:
         return ((i, min(i + self.BLOCK, self.n)) for i in range(0, self.n, self.BLOCK))
 
     def u_range(self):
-        """(smallest, largest) u, over blocks (inf, -inf for no rows)."""
+        """(smallest, largest) u, over blocks (inf, -inf for no rows; one compiled loop over
+        the rows for at least :data:`~otstab_solvers.sorted_kernels.KERNEL_MIN_KEYS`)."""
+        if self._range is None and self.n and kernels.use_kernel(self.n) and \
+                kernels.rows_ok(self.y, self.s):
+            self._range = kernels.u_range(self.y, self.s, self.kind == "residual")
         if self._range is None:
             lo, hi = math.inf, -math.inf
             for i, j in self.blocks():
@@ -608,7 +613,7 @@ def solve_two_piece(oracle: PiecewiseOracle, r: float, theta2: float, divergence
             view = SortedTwoPiece.window(lambda i, j, out: negated_keys(oracle, slice(i, j),
                                                                          out),
                                          n, c, h_lo, h_hi, umax, size=min(size, n),
-                                         tie=oracle.TIE,
+                                         tie=oracle.TIE, rows=_key_rows(oracle),
                                          front_below=_chi2_front(sub, h_lo, h_hi, theta2)
                                          if chi2 else None)
             try:
@@ -637,6 +642,20 @@ def solve_two_piece(oracle: PiecewiseOracle, r: float, theta2: float, divergence
         sol.info["window"] = {"tries": tries, "fallback": "sorted every key"}
     sol.info["view"] = view
     return sol
+
+
+def _key_rows(oracle: PiecewiseOracle):
+    """``(y, s, b, residual)``: the negated keys of a hinge-shaped rows form are ``y s - b``
+    (margin) or ``(y - s) - b`` (residual) row by row, which the window's compiled pass
+    computes itself (:func:`~otstab_solvers.sorted_kernels.partition_rows`); None for other
+    forms or arrays (the window writes the keys block by block)."""
+    k1 = oracle._hinge_piece
+    if not isinstance(oracle, AffineOracle) or oracle._dense is not None or k1 is None:
+        return None
+    rows = oracle.rows
+    if float(rows.a[k1]) != -1.0 or not kernels.rows_ok(rows.y, rows.s):
+        return None
+    return rows.y, rows.s, float(rows.b[k1]), rows.kind == "residual"
 
 
 #: the keys of the subsample by which chi2's window sorts more than the active set's end

@@ -28,7 +28,8 @@ import math
 import numpy as np
 
 __all__ = ["HAVE_NUMBA", "USE_KERNEL", "KERNEL_MIN_KEYS", "CHUNK", "use_kernel", "load", "exp_into",
-           "kl_sums", "window_partition", "chi2_sums_pass"]
+           "kl_sums", "window_partition", "chi2_sums_pass", "rows_ok", "partition_rows",
+           "u_range"]
 
 #: numba is installed
 HAVE_NUMBA = importlib.util.find_spec("numba") is not None
@@ -74,7 +75,8 @@ def _kernel(fn):
     if got is None:
         import numba
 
-        for name, py in (("_exp_chunk", _exp_chunk_py), ("_kl_chunk", _kl_chunk_py)):
+        for name, py in (("_exp_chunk", _exp_chunk_py), ("_kl_chunk", _kl_chunk_py),
+                         ("_row_key", _row_key)):
             if name not in _COMPILED:  # (the kernels call them by these names: compiled first)
                 _COMPILED[name] = numba.njit(cache=True, nogil=True,
                                              fastmath=_FASTMATH.get(name, False))(py)
@@ -94,6 +96,9 @@ def load() -> None:
     kl_sums(x, 0, 4, 1.0, 0.0, None, 0.0)
     window_partition(x, 0.0, 1.0, np.empty(4), 0, 0)
     chi2_sums_pass(x, 4, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0)
+    for y in (np.ones(4, dtype=np.int8), np.ones(4)):  # (labels +-1 int8, targets float64)
+        u_range(y, x, False)
+        partition_rows(y, x, 1.0, False, 0.0, 1.0, np.empty(4))
 
 
 def _exp_chunk_py(x, out, scale, m):  # pragma: no cover - compiled
@@ -229,6 +234,64 @@ def _partition(nb, a_thr, c_thr, out, ia, ib):  # pragma: no cover - compiled
 def window_partition(nb, a_thr: float, c_thr: float, out, ia: int, ib: int):
     """:func:`_partition` compiled."""
     return _kernel(_partition)(nb, float(a_thr), float(c_thr), out, int(ia), int(ib))
+
+
+def _row_key(y, s, i, residual):  # pragma: no cover - compiled
+    """``u = y s`` (margin) or ``y - s`` (residual) of row ``i``: NumPy's arithmetic (``y``
+    of any real type taken as float64, exactly, then one rounded operation)."""
+    yi = float(y[i])
+    return yi - s[i] if residual else yi * s[i]
+
+
+def _partition_rows_py(y, s, b, residual, a_thr, c_thr, out):  # pragma: no cover - compiled
+    """:func:`_partition` of the negated hinge keys ``u - b`` of every row (``u``:
+    :func:`_row_key`; the numbers of :meth:`otstab_solvers.dual.AffineRows.negated_piece`),
+    computed here instead of written block by block first."""
+    size = out.size
+    ia = ib = 0
+    for i in range(s.size):
+        v = _row_key(y, s, i, residual) - b
+        if ia + ib < size:
+            out[ia] = v
+            out[size - 1 - ib] = v
+        a = v < a_thr
+        ia += a
+        ib += (v <= c_thr) & (not a)
+    return ia, ib
+
+
+def _u_range_py(y, s, residual):  # pragma: no cover - compiled
+    """(smallest, largest) ``u`` of every row (nan when a row's is nan, as NumPy's)."""
+    lo = math.inf
+    hi = -math.inf
+    bad = False
+    for i in range(s.size):
+        v = _row_key(y, s, i, residual)
+        bad |= v != v
+        lo = min(lo, v)
+        hi = max(hi, v)
+    if bad:
+        return math.nan, math.nan
+    return lo, hi
+
+
+def rows_ok(y, s) -> bool:
+    """Whether the row kernels take these labels / targets and scores: 1-D, the scores
+    contiguous float64, the labels of a real type (cast to float64 as NumPy casts them)."""
+    return (isinstance(s, np.ndarray) and isinstance(y, np.ndarray) and s.ndim == y.ndim == 1
+            and s.dtype == np.float64 and s.flags.c_contiguous and y.size == s.size
+            and y.dtype.kind in "iubf" and y.dtype.itemsize <= 8)
+
+
+def partition_rows(y, s, b: float, residual: bool, a_thr: float, c_thr: float, out):
+    """:func:`_partition_rows_py` compiled."""
+    return _kernel(_partition_rows_py)(y, s, float(b), bool(residual), float(a_thr),
+                                       float(c_thr), out)
+
+
+def u_range(y, s, residual: bool) -> tuple[float, float]:
+    """:func:`_u_range_py` compiled."""
+    return _kernel(_u_range_py)(y, s, bool(residual))
 
 
 def _chi2_pass(nu, p, A, B, alpha, theta2, dA, dB):  # pragma: no cover - compiled

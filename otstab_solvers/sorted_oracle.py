@@ -203,7 +203,7 @@ class SortedTwoPiece:
     @classmethod
     def window(cls, fill, n: int, c: float, h_lo: float, h_hi: float, umax: float, *,
                size: int | None = None, block: int = KL_BLOCK, tie: float = 1e-12,
-               front_below: float | None = None) -> SortedTwoPiece:
+               front_below: float | None = None, rows=None) -> SortedTwoPiece:
         """The hinge view ``l_h = max(0, u h + c h^2)`` for ``h`` in ``[h_lo, h_hi]`` only
         (``0 < h_lo < h_hi``, ``c > 0``), built without sorting all n keys.
 
@@ -217,7 +217,10 @@ class SortedTwoPiece:
         counting pass comes first. Evaluations outside the bracket raise ``ValueError``.
         ``front_below``: only the keys ``nu`` below it (and below ``A``'s threshold) go to the
         unsorted front, the others of ``A`` are sorted with ``B`` (chi2: the keys where its
-        active set may end, :meth:`_chi2`).
+        active set may end, :meth:`_chi2`). ``rows = (y, s, b, residual)``: the keys that
+        ``fill`` writes are ``y s - b`` (or ``(y - s) - b``) of each row, which the compiled
+        partition computes itself (:func:`otstab_solvers.sorted_kernels.partition_rows`: the
+        same numbers, no block written first).
         """
         if not (0.0 < h_lo < h_hi < math.inf) or not c > 0.0:
             raise ValueError(f"a window needs 0 < h_lo < h_hi < inf and c > 0, got "
@@ -276,8 +279,26 @@ class SortedTwoPiece:
             nu.resize(ia + ib, refcheck=False)
             return nu, ia
 
+        def partition_rows(size):
+            """:func:`partition` over the rows themselves (one compiled loop)."""
+            nu = np.empty(size)
+            y, s, b, residual = rows
+            ia, ib = kernels.partition_rows(y, s, b, residual, a_thr, c_thr, nu)
+            if ia + ib > size:
+                return None
+            if ib:
+                nu[ia:ia + ib] = nu[size - ib:size]
+            nu.resize(ia + ib, refcheck=False)
+            return nu, ia
+
+        def count_rows():
+            y, s, b, residual = rows
+            return sum(kernels.partition_rows(y, s, b, residual, a_thr, c_thr, np.empty(0)))
+
         if kernels.use_kernel(n):
             write = partition  # noqa: F811 - the same keys, in one compiled loop per block
+            if rows is not None:
+                write, count = partition_rows, count_rows  # noqa: F811
         got = write(size) if size is not None and size >= 0 else None
         if got is None:
             got = write(count())

@@ -228,3 +228,48 @@ def test_keyed_certificates_with_kernels(case, monkeypatch, kernels_on):
     """Whole hinge certificates on a window through the keyed builder, with the kernels:
     the sampled audit against the direct one (tests/test_blockwise.py)."""
     tb.test_blockwise_sampled_audit_matches_direct(monkeypatch, case)
+
+
+@pytest.mark.parametrize("kind", ["margin", "residual"])
+@pytest.mark.parametrize("ydtype", [np.int8, np.int64, np.float64])
+@pytest.mark.parametrize("size", [None, 0, 10**6])
+def test_the_window_from_the_rows_holds_the_same_keys(kind, ydtype, size, monkeypatch):
+    """The window's compiled pass over the rows (keys ``y s - b`` computed in the loop) and
+    the rows' range: the same numbers as NumPy's blocks of ``AffineRows``."""
+    from otstab_solvers.dual import AffineOracle, AffineRows, _key_rows, keys_umax
+
+    rng = np.random.default_rng(9)
+    n, c = 7000, 0.6
+    s = rng.standard_normal(n) * 1.3
+    y = (rng.choice((-1, 1), n) if kind == "margin" else rng.standard_normal(n)).astype(ydtype)
+    rows = AffineRows(s, y, kind, [0.0, -1.0], [0.0, 1.0])
+    out = {}
+    for kernel in (False, True):
+        monkeypatch.setattr(K, "USE_KERNEL", kernel)
+        monkeypatch.setattr(K, "KERNEL_MIN_KEYS", 0)
+        oracle = oracle_for(None, np.array([[0.0, c]]), rows=AffineRows(s, y, kind, rows.a,
+                                                                        rows.b),
+                            sorted_view=False)
+        assert isinstance(oracle, AffineOracle)
+        key_rows = _key_rows(oracle)
+        assert key_rows is not None  # (used by the window with the kernels only)
+        umax = keys_umax(oracle)
+        out[kernel] = (oracle.rows.u_range(), umax, [
+            SortedTwoPiece.window(lambda i, j, o: negated_keys(oracle, slice(i, j), o), n, c,
+                                  h_lo, h_hi, umax, size=size, rows=key_rows)
+            for h_lo, h_hi in ((0.05, 0.4), (1.0, 1.2), (3.0, 9.0))])
+    a, b = out[False], out[True]
+    assert a[:2] == b[:2]
+    for va, vb in zip(a[2], b[2]):
+        assert (va.sorted_from, va.n_fin, va._sorted.front_max) == \
+            (vb.sorted_from, vb.n_fin, vb._sorted.front_max)
+        np.testing.assert_array_equal(va.nu, vb.nu)
+
+
+def test_rows_with_nan_have_a_nan_range(kernels_on):
+    from otstab_solvers.dual import AffineRows
+
+    s = np.ones(10)
+    s[3] = np.nan
+    got = AffineRows(s, np.ones(10, dtype=np.int8), "margin", [0.0, -1.0], [0.0, 1.0]).u_range()
+    assert all(math.isnan(v) for v in got)
