@@ -23,6 +23,7 @@ problem never pays it. This module does not import otstab.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import math
 
 import numpy as np
@@ -41,6 +42,8 @@ KERNEL_MIN_KEYS = 1 << 17
 CHUNK = 2048
 
 _COMPILED: dict = {}
+#: whether :func:`load` succeeded (None: not tried yet)
+_LOADED: dict = {"ok": None}
 #: the floating-point liberties of each compiled helper: the exp's polynomial in fused
 #: multiply-adds (each one rounding: more accurate, and a fifth faster); the sums of a chunk
 #: reassociated (several accumulators, vectorised: 2.5x faster). Nothing else is reordered:
@@ -65,8 +68,21 @@ _X_MIN, _X_MAX = -708.0, 709.0
 
 
 def use_kernel(size: int) -> bool:
-    """Whether a view of ``size`` keys runs the compiled kernels."""
-    return USE_KERNEL and size >= KERNEL_MIN_KEYS
+    """Whether a view of ``size`` keys runs the compiled kernels: numba loaded them (on the
+    first such call: :func:`load`; where that fails the NumPy blocks run from then on, with a
+    warning on the "otstab" logger)."""
+    if not (USE_KERNEL and size >= KERNEL_MIN_KEYS):
+        return False
+    if _LOADED["ok"] is None:
+        try:
+            load()
+            _LOADED["ok"] = True
+        except Exception as exc:  # pragma: no cover - a broken numba installation
+            logging.getLogger("otstab").warning(
+                "numba could not compile the sorted oracle's kernels (%s: %s); the NumPy "
+                "passes run instead", type(exc).__name__, exc)
+            _LOADED["ok"] = False
+    return bool(_LOADED["ok"])
 
 
 def _kernel(fn):

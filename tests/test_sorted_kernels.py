@@ -255,7 +255,7 @@ def test_the_window_from_the_rows_holds_the_same_keys(kind, ydtype, size, monkey
         assert key_rows is not None  # (used by the window with the kernels only)
         umax = keys_umax(oracle)
         out[kernel] = (oracle.rows.u_range(), umax, [
-            SortedTwoPiece.window(lambda i, j, o: negated_keys(oracle, slice(i, j), o), n, c,
+            SortedTwoPiece.window(lambda i, j, o, f=oracle: negated_keys(f, slice(i, j), o), n, c,
                                   h_lo, h_hi, umax, size=size, rows=key_rows)
             for h_lo, h_hi in ((0.05, 0.4), (1.0, 1.2), (3.0, 9.0))])
     a, b = out[False], out[True]
@@ -273,3 +273,28 @@ def test_rows_with_nan_have_a_nan_range(kernels_on):
     s[3] = np.nan
     got = AffineRows(s, np.ones(10, dtype=np.int8), "margin", [0.0, -1.0], [0.0, 1.0]).u_range()
     assert all(math.isnan(v) for v in got)
+
+
+def test_a_failing_numba_falls_back_to_numpy(monkeypatch, caplog):
+    """Kernels that cannot be compiled (a broken numba) leave the NumPy blocks running, with
+    a warning, and the same answer."""
+    rng = np.random.default_rng(10)
+    u = rng.standard_normal(3000)
+    oracle = oracle_for(*tso.hinge_form(u, 0.5), sorted_view=False)
+    r = float(np.mean(np.maximum(u, 0.0))) + 0.3
+    monkeypatch.setattr(K, "USE_KERNEL", False)
+    ref = solve_two_piece(oracle, r, 0.25, "kl", min_n=0)
+
+    def broken():
+        raise RuntimeError("no LLVM here")
+
+    monkeypatch.setattr(K, "USE_KERNEL", True)
+    monkeypatch.setattr(K, "KERNEL_MIN_KEYS", 0)
+    monkeypatch.setattr(K, "load", broken)
+    monkeypatch.setitem(K._LOADED, "ok", None)
+    with caplog.at_level("WARNING", logger="otstab"):
+        sol = solve_two_piece(oracle_for(*tso.hinge_form(u, 0.5), sorted_view=False), r, 0.25,
+                              "kl", min_n=0)
+    assert "no LLVM here" in caplog.text and K._LOADED["ok"] is False
+    assert sol.value == ref.value and sol.h == ref.h
+    monkeypatch.setitem(K._LOADED, "ok", None)  # (the next test loads them again)
