@@ -333,12 +333,10 @@ def _chi2_pass(nu, p, A, B, alpha, theta2, dA, dB):  # pragma: no cover - compil
             w_ += wgt
             snu_ += v0
             wd_ += wgt * db
-            if vv <= -two:
-                tv = -theta2
-                dv = -1.0
-            else:
-                tv = vv * vv * inv_four + vv
-                dv = vv * inv_two
+            # (selects, not branches: where half the weights are 0 a branch mispredicts)
+            off = vv <= -two
+            tv = -theta2 if off else vv * vv * inv_four + vv
+            dv = -1.0 if off else vv * inv_two
             t_ += tv
             ta_ += abs(tv)
             phi_ += dv * dv
