@@ -54,6 +54,10 @@ WINDOW_MIN_N = 1 << 17
 WINDOW_SUBSAMPLE = 1 << 14
 #: relative half-widths of the windows tried around the subsample's h, in turn
 WINDOW_WIDTHS = (0.06, 0.25, 0.75)
+#: a window's front (the keys that move at every h of its bracket: up to 0.97 n) is computed
+#: from the rows where a pass reads it, not stored (compiled kernels, rows forms of the hinge
+#: shape: ``SortedTwoPiece.window(front_rows=True)``); False: stored
+WINDOW_FRONT_FROM_ROWS = True
 #: below this share of effective samples under the subsample's KL weights at its h (the
 #: weights concentrate on the largest losses when r nears the largest loss) the first
 #: window is skipped: the subsample's h is then off by up to 8 % (n = 1e6, three data sets,
@@ -614,6 +618,7 @@ def solve_two_piece(oracle: PiecewiseOracle, r: float, theta2: float, divergence
                                                                          out),
                                          n, c, h_lo, h_hi, umax, size=min(size, n),
                                          tie=oracle.TIE, rows=_key_rows(oracle),
+                                         front_rows=WINDOW_FRONT_FROM_ROWS,
                                          front_below=_chi2_front(sub, h_lo, h_hi, theta2)
                                          if chi2 else None)
             try:

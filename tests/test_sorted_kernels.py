@@ -298,3 +298,69 @@ def test_a_failing_numba_falls_back_to_numpy(monkeypatch, caplog):
     assert "no LLVM here" in caplog.text and K._LOADED["ok"] is False
     assert sol.value == ref.value and sol.h == ref.h
     monkeypatch.setitem(K._LOADED, "ok", None)  # (the next test loads them again)
+
+
+@pytest.mark.parametrize("kind", ["margin", "residual"])
+def test_a_front_from_the_rows_equals_the_stored_front(kind, kernels_on):
+    """A window whose front is computed from the rows (not stored: the view holds B alone)
+    gives the stored window's counts, kinks, sums, KL / chi2 / theta2 = inf evaluations on
+    both sides, model steps and keyed sums, inside its bracket."""
+    from otstab_solvers.dual import AffineRows, _chi2_front, _key_rows, keys_umax
+
+    rng = np.random.default_rng(12)
+    n, c = 9000, 0.6
+    s = np.round(rng.standard_normal(n) * 1.3, 3)  # (ties at some kinks)
+    y = rng.choice(np.array([-1, 1], dtype=np.int8), n) if kind == "margin" else \
+        np.round(rng.standard_normal(n), 2)
+    oracle = oracle_for(None, np.array([[0.0, c]]),
+                        rows=AffineRows(s, y, kind, [0.0, -1.0], [0.0, 1.0]),
+                        sorted_view=False)
+    rows, umax = _key_rows(oracle), keys_umax(oracle)
+    sub = SortedTwoPiece(-negated_keys(oracle, slice(0, n, 5), np.empty(len(range(0, n, 5)))),
+                         "hinge", c)
+    for (h_lo, h_hi), theta2 in (((0.3, 0.5), 0.25), ((0.8, 1.1), 0.05), ((0.3, 0.5), 4.0)):
+        fb = _chi2_front(sub, h_lo, h_hi, theta2)  # (chi2's front: its active set sorted)
+        views = [SortedTwoPiece.window(lambda i, j, o: negated_keys(oracle, slice(i, j), o),
+                                       n, c, h_lo, h_hi, umax, rows=rows, front_rows=fr,
+                                       front_below=fb) for fr in (False, True)]
+        stored, virtual = views
+        assert virtual._sorted.front is not None and virtual.sorted_from > 0
+        assert virtual.nu.size == stored.n_fin - stored.sorted_from  # (B alone)
+        assert (virtual.sorted_from, virtual.n_fin, virtual._sorted.front_max) == \
+            (stored.sorted_from, stored.n_fin, stored._sorted.front_max)
+        hs = list(np.linspace(h_lo, h_hi, 7)) + [stored.kink(i) for i in
+                                                 range(stored.sorted_from, stored.n_fin, 97)
+                                                 if h_lo < stored.kink(i) < h_hi]
+        for h in hs:
+            for side in ("left", "right"):
+                assert virtual.count(h, side) == stored.count(h, side)
+                for div, t2 in (("kl", theta2), ("kl", INF), ("chi2", theta2)):
+                    a = stored.reduce(h, side, t2, div)
+                    b = virtual.reduce(h, side, t2, div)
+                    assert b[4] == a[4] and (a[3] is None) == (b[3] is None)
+                    for x, z in zip(a[:2] + a[3:4], b[:2] + b[3:4]):
+                        if x is not None:
+                            assert z == pytest.approx(x, rel=1e-12, abs=1e-14), (h, side, div)
+                    assert b[2] == pytest.approx(a[2], rel=1e-8, abs=1e-12)
+                if side == "right":  # (the model step of the KL pass just made at h)
+                    stored.reduce(h, side, theta2, "kl")
+                    virtual.reduce(h, side, theta2, "kl")
+                    ms = stored.model_step(h, side, 0.01, 1.0)
+                    mv = virtual.model_step(h, side, 0.01, 1.0)
+                    assert (math.isnan(ms) and math.isnan(mv)) or \
+                        mv == pytest.approx(ms, rel=1e-9)
+        assert stored.kinks_between(stored.sorted_from, stored.n_fin, h_lo, h_hi)[:3] == \
+            virtual.kinks_between(stored.sorted_from, stored.n_fin, h_lo, h_hi)[:3]
+        for h in hs[1:6]:
+            for t2 in (theta2, INF, 1e6):
+                for atol in (0.0, 1e300):
+                    a = stored.moving_sums(h, t2, phi_atol=atol)[1]
+                    b = virtual.moving_sums(h, t2, phi_atol=atol)[1]
+                    for key in a:  # (T = theta2 (M - log(n / Z)): rounding of theta2 ulps)
+                        tol = 64 * np.finfo(float).eps * t2 if key == "T" else 1e-12
+                        if key == "phi" and atol:  # (from the sums: cancels near w = 1)
+                            tol = 1e-9 * n
+                        assert b[key] == pytest.approx(a[key], rel=1e-10, abs=tol), key
+            a, b = stored.chi2_sums(h, theta2)[1], virtual.chi2_sums(h, theta2)[1]
+            for key in a:
+                assert b[key] == pytest.approx(a[key], rel=1e-12, abs=1e-13 * a["T_abs"]), key
