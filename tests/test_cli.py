@@ -543,8 +543,32 @@ def german_files(tmp_path_factory):
     df.to_csv(d / "german.csv", index=False)
     res = otstab.certify(model, X, y, loss="zero_one", cost="encoded", r=0.4)
     base = ["certify", "--model", d / "model.joblib", "--data", d / "german.csv", "--target",
-            "credit", "--trust-model", "--r", "0.4"]
+            "credit", "--trust-model", "--r", "0.4", "--cost", "encoded"]
     return d, base, res, list(X.columns)
+
+
+def test_default_cost_is_the_librarys(german_files):
+    """Without --cost the CLI certifies under the cost otstab.certify(cost=None) chooses (a
+    DataCost for this encoded Pipeline on raw columns), names it, and keeps the encoded cost
+    for --features, which is computed under it."""
+    d, base, res, _ = german_files
+    model = joblib.load(d / "model.joblib")
+    df = otstab.datasets.load_german(raw=True)
+    lib = otstab.certify(model, df.drop(columns="credit"), df["credit"], loss="zero_one",
+                         r=0.4)
+    assert lib.info["cost_used"].startswith("auto")
+    assert abs(lib.value - res.value) > 1e-3 * res.value  # (the two costs differ here)
+    plain = base[:base.index("--cost")]
+    code, out, err = run([*plain, "--json", "-"])
+    assert code == 0, err
+    cert = json.loads(out)
+    assert cert["results"]["value"] == pytest.approx(lib.value, rel=1e-9)
+    assert cert["inputs"]["cost"] is not None
+    code, out, err = run(plain)
+    assert code == 0 and "transport cost       auto" in out and "DataCost" in out, out
+    code, out, err = run([*plain, "--json", "-", "--features"])
+    assert code == 0, err
+    assert json.loads(out)["results"]["value"] == pytest.approx(res.value, rel=1e-12)
 
 
 def test_fail_under_gates_on_the_value(german_files):

@@ -241,12 +241,18 @@ def _cmd_certify(args) -> int:
         X, weights = split_weights(X, args.sample_weight)
     costs = None if args.feature_costs is None else parse_feature_costs(args.feature_costs)
     cost, cost_arg = data_cost(args)
-    if cost is not None:
-        for flag, given in (("--features", args.features), ("--grid", args.grid),
-                            ("--dask", args.dask is not None)):
-            if given:
-                raise BadInput(flag, f"{flag} is computed under the encoded cost and is not "
-                                     f"available with a DataCost ({cost_arg}) yet")
+    encoded_only = [flag for flag, given in (("--features", args.features),
+                                             ("--grid", args.grid),
+                                             ("--dask", args.dask is not None)) if given]
+    if cost is not None and encoded_only:
+        flag = encoded_only[0]
+        raise BadInput(flag, f"{flag} is computed under the encoded cost and is not "
+                             f"available with a DataCost ({cost_arg}) yet")
+    # no --cost: the library's default (cost=None), as otstab.certify chooses it (a DataCost
+    # for a Pipeline with encoders on raw columns where a DataCost path answers it, else the
+    # encoded cost); flags computed under the encoded cost keep it
+    chosen = cost if cost is not None else \
+        ("encoded" if args.cost == "encoded" or encoded_only else None)
     model = load_model(args.model, trust_model=args.trust_model)
     _check_cost(cost, cost_arg, args, model, X)
     movable = None
@@ -262,13 +268,12 @@ def _cmd_certify(args) -> int:
     result = _run_library(certify, model, X, y, loss=loss, r=args.r, theta1=args.theta1,
                           theta2=args.theta2, divergence=args.divergence, solver=args.solver,
                           features=movable, se=se, feature_costs=costs,
-                          sample_weight=weights, cost="encoded" if cost is None else cost,
-                          **options)
+                          sample_weight=weights, cost=chosen, **options)
     # with --json - / --card - stdout carries only that document
     out = sys.stderr if "-" in (args.json, args.card) else sys.stdout
     say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=out))
     say(_for_interface(result.summary(), "cli"))
-    if cost is not None:
+    if result.info.get("cost") is not None:  # (a DataCost: given, or the default's choice)
         from ..certificates import hash_cost
 
         say(f"  cost on the data's own variables (DataCost, spec fingerprint "

@@ -220,10 +220,14 @@ def build_parser() -> argparse.ArgumentParser:
                            "'none': every sample gets --max-nodes boxes in one round, "
                            "Python's rtol=None)")
     cert.add_argument("--cost", choices=("auto", "encoded"), default=None,
-                      help="transport cost: 'encoded' (the default: squared distance in the "
-                           "model's input space, the paper's cost) or 'auto' (a DataCost on "
-                           "the data's own variables, every kind, scale and level inferred; "
-                           "Q* is then a valid data set)")
+                      help="transport cost: 'encoded' (squared distance in the model's "
+                           "input space, the paper's cost) or 'auto' (a DataCost on the "
+                           "data's own variables, every kind, scale and level inferred; Q* is "
+                           "then a valid data set). Default: as otstab.certify's cost=None, "
+                           "'auto' for a Pipeline with encoders on raw columns where a "
+                           "DataCost path answers its model and loss, else 'encoded' (also "
+                           "with --features, --grid or --dask); the output names the cost "
+                           "used")
     cert.add_argument("--cost-file", metavar="SPEC.json", default=None,
                       help="a DataCost spec (otstab.DataCost(...).to_dict() as JSON, e.g. "
                            "versioned next to the model): the cost on the data's own variables")

@@ -34,6 +34,7 @@ constraint: the audit of a certificate recomputes its cost with it).
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -466,6 +467,30 @@ class ResolvedCost:
         return "\n".join(lines)
 
 
+def _note_unlisted_levels(var: Variable, col: pd.Series) -> None:
+    """Warn about, and note in the cost's description, rows of ``col`` at levels that
+    ``var.levels`` does not list (e.g. a level the encoder never saw, encoded as all zeros
+    under ``handle_unknown="ignore"``). Such a row keeps its level at no cost; a categorical
+    one may switch to a listed level at the switch cost from it (a matrix lists no pair from
+    it: it stays), an ordinal one has no rank and stays."""
+    assert var.levels is not None
+    listed = {_plain(lv) for lv in var.levels}
+    vals = [_plain(x) for x in col.dropna().unique()]
+    unlisted = [x for x in vals if x not in listed]
+    if not unlisted:
+        return
+    rows = int(col.map(lambda x: _plain(x) in set(unlisted)).sum())
+    shown = ", ".join(repr(x) for x in sorted(unlisted, key=repr)[:5]) + \
+        (", ..." if len(unlisted) > 5 else "")
+    then = ("they may switch to a listed level, never back" if var.kind == "categorical"
+            and not isinstance(var.switch, dict) else "they cannot move")
+    var.notes.append(f"{rows} row(s) at levels it does not list ({shown}): {then}")
+    warnings.warn(f"DataCost: {var.name!r} has {rows} row(s) at levels outside its "
+                  f"{len(var.levels)} levels ({shown}; e.g. levels the encoder never saw): "
+                  f"{then}; pass levels={{{var.name!r}: [...]}} to list them", UserWarning,
+                  stacklevel=4)
+
+
 def _frame(model, X) -> pd.DataFrame:
     if isinstance(X, pd.DataFrame):
         out = X.copy()
@@ -637,6 +662,8 @@ def resolve_cost(spec: DataCost, model, X, encoded_names=None) -> ResolvedCost:
             if b is not None:
                 var.lo = -math.inf if b[0] is None else float(b[0])
                 var.hi = math.inf if b[1] is None else float(b[1])
+        if var.levels is not None:
+            _note_unlisted_levels(var, col)
         out.append(var)
     return ResolvedCost(out, rmap, spec)
 

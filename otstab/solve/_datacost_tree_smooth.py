@@ -52,10 +52,8 @@ import numpy as np
 import pandas as pd
 from otstab_solvers.dual import solve_dual
 
-from ..errors import SolverError
 from ..modeling import _tree_margins as tree_margins
 from ..modeling._nonlinear import as_model_input
-from . import _audit as audit
 from ._datacost_cross_entropy import _priced as priced_costs
 from ._datacost_linear import encode
 from ._datacost_result import edges_before_dual, raw_result
@@ -66,9 +64,7 @@ from ._tree_smooth import (
     FAR_FACTOR,
     FIRST_NODES,
     FIRST_SHARE,
-    GROWTH,
     H_MOVE,
-    MAX_ROUNDS,
     TOP_POINTS,
     SmoothSearch,
     _ce_bound,
@@ -76,9 +72,14 @@ from ._tree_smooth import (
     _ok,
     _options,
     _stop,
+    best_first,
+    finish_interval,
+    heap_lines,
     kept_candidates,
     lines_oracle,
     merged,
+    next_round,
+    no_found_rows,
     round_lower,
 )
 
@@ -220,29 +221,8 @@ class RawSmoothSearch(_RawSample):
             self.far = math.inf
 
     def _run(self, h, budget, deadline, limit, far, tail):
-        def key(ev):
-            return -float(np.max(ev[0])) if math.isinf(h) else -float(np.max(h * ev[0] - ev[1]))
-        ev = self.evaluate(np.arange(self.raw.lo.shape[0]), *self.root)
-        if ev is None:  # pragma: no cover - the root holds x itself (cost 0 < far)
-            raise AssertionError("the root box holds no raw row")
-        heap = [(key(ev), 0, self.root, ev)]
-        counter, used, exact = 1, 1, False
-        while heap:
-            _, _, box, top = heap[0]
-            if top[3]:
-                exact = True
-                break
-            if used >= budget or used >= limit or time.perf_counter() > deadline:
-                break
-            heapq.heappop(heap)
-            for child in self.split(*box, top[2], top[4]):
-                used += 1
-                cev = self.evaluate(top[2], *child)
-                if cev is not None:
-                    heapq.heappush(heap, (key(cev), counter, child, cev))
-                    counter += 1
-        lines = np.column_stack([np.concatenate([e[3][0] for e in heap] + [np.zeros(0)]),
-                                 np.concatenate([e[3][1] for e in heap] + [np.zeros(0)])])
+        heap, exact = best_first(self, self.raw.lo.shape[0], h, budget, deadline, limit)
+        lines = heap_lines(heap)
         if math.isfinite(far):
             lines = np.vstack([lines, [tail, far * (1.0 - B_ROUND)]])
         points = []
@@ -424,59 +404,32 @@ def certify_datacost_tree_smooth(model, prob, rc, frame, *, r, theta1, theta2, d
             sys.stderr.write(f"  tree interval (DataCost): round {rounds} [{value_lower:.6g}, "
                              f"{upper:.6g}] {total} boxes {time.perf_counter() - t_start:.1f}s\n")
             sys.stderr.flush()
-        if stopped or rounds >= MAX_ROUNDS or not can_move:
+        step = next_round(sol_u, lower, found, h=h, budget=budget, max_nodes=max_nodes,
+                          rtol=rtol, value_lower=value_lower, stopped=stopped, rounds=rounds,
+                          can_move=can_move, n=n, theta2=theta2, divergence=divergence, p=p,
+                          settled=lambda h_next: bool(np.all(
+                              exact & (np.abs(h_of - h_next) <= H_MOVE * h_next))))
+        if step is None:
             break
-        if _ok(sol_u) and rtol is not None and value_lower >= (1.0 - rtol) * upper:
-            break
-        h_next = float(sol_u.h) if _ok(sol_u) else 4.0 * h
-        settled = np.all(exact & (np.abs(h_of - h_next) <= H_MOVE * h_next))
-        if _ok(sol_u) and (budget >= max_nodes or settled) and abs(h_next - h) <= H_MOVE * h:
-            break  # (every search ended exact at about this h: another round adds nothing)
-        h = h_next
-        budget = min(budget * GROWTH, max_nodes)
-        todo = _gap_samples(lower, found.oracle(), h, theta2, divergence, p) \
-            if _ok(sol_u) and rtol is not None else np.arange(n)
-        if todo.size == 0:
-            break
+        h, budget, todo = step
     if not _ok(sol_u):
-        raise SolverError(
-            f"the logistic / cross-entropy certificate of the tree Pipeline under the DataCost "
-            f"found no valid raw rows that reach r = {r:g} ({sol_u.native_status}); the "
-            f"certified lower end is {value_lower:.6g}"
-            + (f"; the {stopped.replace('_', ' ')} stopped the search after {total} boxes"
-               if stopped else "") + ": raise max_nodes or the budget, or lower r")
+        raise no_found_rows("the logistic / cross-entropy certificate of the tree Pipeline "
+                            "under the DataCost found no valid raw rows", r, sol_u,
+                            value_lower, stopped, total)
     res = _build(model, prob, rc, frame, found, sol_u, loss0, r, theta1, theta2, divergence,
                  t_start, loss_name)
-    why = audit.accept(res)
-    if why:
-        why2 = audit.accept(res, exact=False, value_lower=value_lower)
-        if why2:
-            raise SolverError("the tree Pipeline's logistic / cross-entropy certificate under "
-                              "the DataCost failed its audit on the Pipeline's own losses "
-                              "and the cost of Q*'s raw rows: " + "; ".join(why2))
-        res.info["unconfirmed_dual"] = "; ".join(why)
-    res.info["lower_bound"] = {
-        "method": "branch-and-bound over raw leaf boxes (independent-trees bound of the "
-                  "margins, exact least DataCost to each box), exact dual of the finite "
-                  "over-estimate of l_h",
-        "value": value_lower, "h": float(sol_l.h) if _ok(sol_l) else None,
-        "nodes": int(total), "rounds": rounds, "stopped": stopped,
-        "node_budget": int(total) if stopped else None, "exact": exact.copy(), "log": log}
-    res.info["candidates"] = int(sum(a.size for a in found.A))
-    if res.status != audit.OPTIMAL:
-        res.value_lower = min(res.value_lower, value_lower) if value_lower > 0 else \
-            res.value_lower
-        return _finish(res, prob, rc, t_start)
-    if not audit.close_interval(res, value_lower, r):
-        note = (f"{loss_name} loss of a tree Pipeline under the DataCost: the audited Q* of "
-                "valid raw rows gives the upper end (value_upper), the exact dual of an "
-                "over-estimate of l_h from raw leaf boxes the certified lower end "
-                "(value_lower)")
-        if stopped:
-            note += (f"; the {stopped.replace('_', ' ')} stopped the search after {total} "
-                     f"boxes (node_budget={total} reproduces it on any machine)")
-        res.message = f"{res.message}; {note}" if res.message else note
-    return _finish(res, prob, rc, t_start)
+    return _finish(finish_interval(
+        res, found, value_lower=value_lower, sol_l=sol_l, total=total, rounds=rounds,
+        stopped=stopped, exact=exact, log=log, r=r,
+        method="branch-and-bound over raw leaf boxes (independent-trees bound of the "
+               "margins, exact least DataCost to each box), exact dual of the finite "
+               "over-estimate of l_h",
+        what="the tree Pipeline's logistic / cross-entropy certificate under the DataCost "
+             "failed its audit on the Pipeline's own losses and the cost of Q*'s raw rows",
+        note=f"{loss_name} loss of a tree Pipeline under the DataCost: the audited Q* of "
+             "valid raw rows gives the upper end (value_upper), the exact dual of an "
+             "over-estimate of l_h from raw leaf boxes the certified lower end "
+             "(value_lower)"), prob, rc, t_start)
 
 
 def _reach(lmax, p, theta2) -> float:

@@ -130,6 +130,44 @@ def _key(h, ev):
     return float(np.max(h * ev[0] - ev[1]))
 
 
+def best_first(search, leaves: int, h: float, budget: int, deadline: float, limit: float):
+    """``(heap, exact)``: the best-first search of ``search`` (its ``root`` box, and its
+    ``evaluate(alive, *box)`` / ``split(*box, alive, info)``) at ``h`` from the root box over
+    ``leaves`` leaves, until the box on top is exact (one leaf per tree: ``exact``) or
+    ``budget`` / ``limit`` boxes or the ``deadline`` are spent. The heap's entries are
+    ``(key, counter, box, evaluation)``, the largest ``h A - B`` first (``h = inf``: the
+    largest loss ``A``)."""
+    def key(ev):
+        return -float(np.max(ev[0])) if math.isinf(h) else -_key(h, ev)
+
+    ev = search.evaluate(np.arange(leaves), *search.root)
+    if ev is None:  # pragma: no cover - the root holds x itself (distance 0 < far)
+        raise AssertionError("the root box holds no input")
+    heap = [(key(ev), 0, search.root, ev)]
+    counter, used, exact = 1, 1, False
+    while heap:
+        _, _, box, top = heap[0]
+        if top[3]:
+            exact = True
+            break
+        if used >= budget or used >= limit or time.perf_counter() > deadline:
+            break
+        heapq.heappop(heap)
+        for child in search.split(*box, top[2], top[4]):
+            used += 1
+            cev = search.evaluate(top[2], *child)
+            if cev is not None:
+                heapq.heappush(heap, (key(cev), counter, child, cev))
+                counter += 1
+    return heap, exact
+
+
+def heap_lines(heap) -> np.ndarray:
+    """The lines ``(A, B)`` of every box left in a :func:`best_first` heap, one a row."""
+    return np.column_stack([np.concatenate([e[3][0] for e in heap] + [np.zeros(0)]),
+                            np.concatenate([e[3][1] for e in heap] + [np.zeros(0)])])
+
+
 def unused_features(prob) -> np.ndarray:
     """Boolean (d,): the features no tree of the boosted ensemble of ``prob`` splits on
     (moving them changes no margin)."""
@@ -336,28 +374,8 @@ class SmoothSearch:
             self.far = math.inf
 
     def _run(self, h, budget, deadline, limit, far, tail):
-        ev = self.evaluate(np.arange(self.idx.size), *self.root)
-        if ev is None:  # pragma: no cover - the root holds x itself (distance 0 < far)
-            raise AssertionError("the root box holds no input")
-        heap = [(-_key(h, ev), 0, self.root, ev)]
-        counter, used = 1, 1
-        exact = False
-        while heap:
-            _, _, box, top = heap[0]
-            if top[3]:
-                exact = True
-                break
-            if used >= budget or used >= limit or time.perf_counter() > deadline:
-                break
-            heapq.heappop(heap)
-            for child in self.split(*box, top[2], top[4]):
-                used += 1
-                cev = self.evaluate(top[2], *child)
-                if cev is not None:
-                    heapq.heappush(heap, (-_key(h, cev), counter, child, cev))
-                    counter += 1
-        lines = np.column_stack([np.concatenate([e[3][0] for e in heap]),
-                                 np.concatenate([e[3][1] for e in heap])])
+        heap, exact = best_first(self, self.idx.size, h, budget, deadline, limit)
+        lines = heap_lines(heap)
         if math.isfinite(far):
             lines = np.vstack([lines, [tail, float(self._price(np.array([far]))[0])]])
         top_entries = heapq.nsmallest(TOP_POINTS, heap)
@@ -457,6 +475,76 @@ def round_lower(lines, sol_u, r, theta2, divergence, p):
     sol_l = solve_dual(lower, r, theta2, divergence, p=p,
                        h_init=sol_u.h if _ok(sol_u) else None)
     return lower, sol_l, _lower_value(lower, sol_l, sol_u, r, theta2, divergence, p)
+
+
+def next_round(sol_u, lower, found, *, h, budget, max_nodes, rtol, value_lower, stopped,
+               rounds, can_move, n, theta2, divergence, p, settled=None):
+    """After a round of the interval search: None to stop, else the next round's ``(h,
+    budget, samples)``. It stops when a budget stopped the round, after ``MAX_ROUNDS``,
+    without moves, when the interval meets ``rtol``, and while h no longer moves at the full
+    budget (or once ``settled(h_next)``: e.g. every search ended exact about the next h).
+    Otherwise: the upper end's h (or, while r is out of the candidates' reach, a larger one:
+    higher losses), a larger budget, and the samples that carry the gap there."""
+    if stopped or rounds >= MAX_ROUNDS or not can_move:
+        return None
+    upper = float(sol_u.value) if _ok(sol_u) else math.inf
+    if _ok(sol_u) and rtol is not None and value_lower >= (1.0 - rtol) * upper:
+        return None
+    h_next = float(sol_u.h) if _ok(sol_u) else 4.0 * h
+    if _ok(sol_u) and (budget >= max_nodes or (settled is not None and settled(h_next))) and \
+            abs(h_next - h) <= H_MOVE * h:
+        return None
+    todo = _gap_samples(lower, found.oracle(), h_next, theta2, divergence, p) \
+        if _ok(sol_u) and rtol is not None else np.arange(n)
+    if todo.size == 0:
+        return None
+    return h_next, min(budget * GROWTH, max_nodes), todo
+
+
+def finish_interval(res, found, *, value_lower, sol_l, total, rounds, stopped, exact, log,
+                    r, method, what, note):
+    """The end of an interval search: the audit of the found side (a dual value it cannot
+    confirm keeps Q*, which still bounds R above; a failed audit of Q* raises, ``what``
+    saying "the ... failed its audit on ..."), the certified lower end and its record
+    (``method``), and the interval closed or explained (``note``, with the budget that
+    stopped the search)."""
+    why = audit.accept(res)
+    if why:
+        # a dual value the audit cannot confirm (e.g. h = 0 with R below the resolution of the
+        # dual: a sample within rounding of a threshold): Q* reaching r still bounds R above
+        why2 = audit.accept(res, exact=False, value_lower=value_lower)
+        if why2:
+            raise SolverError(f"{what}: " + "; ".join(why2))
+        res.info["unconfirmed_dual"] = "; ".join(why)
+    res.info["lower_bound"] = {
+        "method": method, "value": value_lower,
+        "h": float(sol_l.h) if _ok(sol_l) else None,
+        "nodes": int(total), "rounds": rounds, "stopped": stopped,
+        # node_budget = this reproduces the interval on any machine (None: nothing cut)
+        "node_budget": int(total) if stopped else None,
+        "exact": exact.copy(), "log": log}
+    res.info["candidates"] = int(sum(a.size for a in found.A))
+    if res.status != audit.OPTIMAL:  # an unresolved value: the audit's interval stands
+        res.value_lower = min(res.value_lower, value_lower) if value_lower > 0 else \
+            res.value_lower
+        return res
+    if audit.close_interval(res, value_lower, r):
+        return res
+    if stopped:
+        note += (f"; the {stopped.replace('_', ' ')} stopped the search after {total} boxes "
+                 f"(node_budget={total} reproduces it on any machine)")
+    res.message = f"{res.message}; {note}" if res.message else note
+    return res
+
+
+def no_found_rows(what, r, sol_u, value_lower, stopped, total) -> SolverError:
+    """The error of a search whose found rows never reach r (``what``: "the ... found no
+    points")."""
+    return SolverError(
+        f"{what} that reach r = {r:g} ({sol_u.native_status}); the certified "
+        f"lower end is {value_lower:.6g}"
+        + (f"; the {stopped.replace('_', ' ')} stopped the search after {total} boxes"
+           if stopped else "") + ": raise max_nodes or the budget, or lower r")
 
 
 def _options(options):
@@ -654,62 +742,26 @@ def certify_tree_smooth(prob, *, r, theta1, theta2, divergence, mask=None, solve
             sys.stderr.write(f"  tree interval: round {rounds} [{value_lower:.6g}, "
                              f"{upper:.6g}] {total} boxes {time.perf_counter() - t_start:.1f}s\n")
             sys.stderr.flush()
-        if stopped or rounds >= MAX_ROUNDS or not can_move:
+        step = next_round(sol_u, lower, found, h=h, budget=budget, max_nodes=max_nodes,
+                          rtol=rtol, value_lower=value_lower, stopped=stopped, rounds=rounds,
+                          can_move=can_move, n=n, theta2=theta2, divergence=divergence, p=p)
+        if step is None:
             break
-        if _ok(sol_u) and rtol is not None and value_lower >= (1.0 - rtol) * upper:
-            break
-        # the next round: the upper end's h (or, while r is out of the candidates' reach, a
-        # larger one: higher losses), a larger budget on the samples that carry the gap;
-        # at the full budget only while h still moves
-        h_next = float(sol_u.h) if _ok(sol_u) else 4.0 * h
-        if _ok(sol_u) and budget >= max_nodes and abs(h_next - h) <= H_MOVE * h:
-            break
-        h = h_next
-        budget = min(budget * GROWTH, max_nodes)
-        todo = _gap_samples(lower, found.oracle(), h, theta2, divergence, p) \
-            if _ok(sol_u) and rtol is not None else np.arange(n)
-        if todo.size == 0:
-            break
+        h, budget, todo = step
     if not _ok(sol_u):
-        raise SolverError(
-            f"the logistic / cross-entropy certificate of the tree ensemble found no points "
-            f"that reach r = {r:g} ({sol_u.native_status}); the certified lower end is "
-            f"{value_lower:.6g}"
-            + (f"; the {stopped.replace('_', ' ')} stopped the search after {total} boxes"
-               if stopped else "") + ": raise max_nodes or the budget, or lower r")
+        raise no_found_rows("the logistic / cross-entropy certificate of the tree ensemble "
+                            "found no points", r, sol_u, value_lower, stopped, total)
     res = _build(prob, found, sol_u, loss, loss0, r, theta1, theta2, divergence, t_start)
-    why = audit.accept(res)
-    if why:
-        # a dual value the audit cannot confirm (e.g. h = 0 with R below the resolution of the
-        # dual: a sample within rounding of a threshold): Q* reaching r still bounds R above
-        why2 = audit.accept(res, exact=False, value_lower=value_lower)
-        if why2:
-            raise SolverError("the tree ensemble's logistic / cross-entropy certificate failed "
-                              "its audit on the model's own losses at Q*: " + "; ".join(why2))
-        res.info["unconfirmed_dual"] = "; ".join(why)
-    info = {"method": "branch-and-bound over leaf boxes (independent-trees bound of the "
-                      "margins), exact dual of the finite over-estimate of l_h",
-            "value": value_lower, "h": float(sol_l.h) if _ok(sol_l) else None,
-            "nodes": int(total), "rounds": rounds, "stopped": stopped,
-            # node_budget = this reproduces the interval on any machine (None: nothing cut)
-            "node_budget": int(total) if stopped else None,
-            "exact": exact.copy(), "log": log}
-    res.info["lower_bound"] = info
-    res.info["candidates"] = int(sum(a.size for a in found.A))
-    if res.status != audit.OPTIMAL:  # an unresolved value: the audit's interval stands
-        res.value_lower = min(res.value_lower, value_lower) if value_lower > 0 else \
-            res.value_lower
-        return res
-    if audit.close_interval(res, value_lower, r):
-        return res
-    note = (f"{loss} loss of a tree ensemble: the audited Q* of real points gives the upper "
-            "end (value_upper), the exact dual of an over-estimate of l_h from leaf boxes the "
-            "certified lower end (value_lower)")
-    if stopped:
-        note += (f"; the {stopped.replace('_', ' ')} stopped the search after {total} boxes "
-                 f"(node_budget={total} reproduces it on any machine)")
-    res.message = f"{res.message}; {note}" if res.message else note
-    return res
+    return finish_interval(
+        res, found, value_lower=value_lower, sol_l=sol_l, total=total, rounds=rounds,
+        stopped=stopped, exact=exact, log=log, r=r,
+        method="branch-and-bound over leaf boxes (independent-trees bound of the margins), "
+               "exact dual of the finite over-estimate of l_h",
+        what="the tree ensemble's logistic / cross-entropy certificate failed its audit on "
+             "the model's own losses at Q*",
+        note=f"{loss} loss of a tree ensemble: the audited Q* of real points gives the upper "
+             "end (value_upper), the exact dual of an over-estimate of l_h from leaf boxes "
+             "the certified lower end (value_lower)")
 
 
 def _stop(node_budget, total, deadline):
