@@ -11,13 +11,17 @@ tests/test_sorted_kernels.py checks it against mpmath). The sums are accumulated
 :data:`CHUNK` keys and the chunks' sums in order, so their rounding is of the order of NumPy's
 blocked sums (at most ``(CHUNK / 4 + n / CHUNK)`` ulps of the sum of the absolute terms).
 
-Also here: the window's partition of the keys (:func:`window_partition`: one loop writing the
-keys that always move, collecting those whose kinks lie in the bracket) and chi2's keyed sums
-(:func:`chi2_sums_pass`).
+Also here: the window's partition of the keys (:func:`window_partition`, or from the rows
+themselves, :func:`partition_rows`: one loop writing the keys that always move, collecting
+those whose kinks lie in the bracket), chi2's keyed sums (:func:`chi2_sums_pass`), the rows'
+range (:func:`u_range`), and the passes of a front that is not stored but recomputed from the
+rows (:func:`front_moments`, :func:`b_keys`, :func:`kl_front`, :func:`chi2_front`: each row's
+key ``y s - b`` with NumPy's operations, the rows out of the front weighed 0; the keys come
+in row order, so these loops blend by 1 / 0 where the sorted keys' loops may branch).
 
-Every kernel is compiled on first use (or loaded from numba's cache on disk: 0.3-0.6 s the
-first time in a process), only for views of at least :data:`KERNEL_MIN_KEYS` keys, so a small
-problem never pays it. This module does not import otstab.
+Every kernel is compiled on first use (or loaded from numba's cache on disk: 0.3-1 s the
+first time in a process: :func:`load`), only for views of at least :data:`KERNEL_MIN_KEYS`
+keys, so a small problem never pays it. This module does not import otstab.
 """
 
 from __future__ import annotations
@@ -28,9 +32,9 @@ import math
 
 import numpy as np
 
-__all__ = ["HAVE_NUMBA", "USE_KERNEL", "KERNEL_MIN_KEYS", "CHUNK", "use_kernel", "load", "exp_into",
-           "kl_sums", "window_partition", "chi2_sums_pass", "rows_ok", "partition_rows",
-           "u_range"]
+__all__ = ["HAVE_NUMBA", "USE_KERNEL", "KERNEL_MIN_KEYS", "CHUNK", "use_kernel", "load",
+           "exp_into", "kl_sums", "window_partition", "chi2_sums_pass", "rows_ok",
+           "partition_rows", "u_range", "front_moments", "b_keys", "kl_front", "chi2_front"]
 
 #: numba is installed
 HAVE_NUMBA = importlib.util.find_spec("numba") is not None
