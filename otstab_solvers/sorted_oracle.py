@@ -126,6 +126,8 @@ class _Keys:
 
     def u(self, k: int) -> float:
         """The k-th largest key (0-based): ``-nu[k]`` (negation is exact)."""
+        if k < self.base:
+            raise ValueError(f"key {k} is in a front computed from the rows (not stored)")
         return -float(self.nu[k - self.base])
 
     def head(self, q: int) -> np.ndarray:
@@ -479,6 +481,8 @@ class SortedTwoPiece:
 
     def kink(self, i: int) -> float:
         """The h at which sample ``i`` (in sorted order) switches piece."""
+        if i < self._base:
+            raise ValueError(f"key {i} is in a front computed from the rows (not stored)")
         v = float(self.nu[i - self._base])
         return v / self.c if self.kind == "hinge" else v * self.scale
 
