@@ -700,13 +700,18 @@ class SortedTwoPiece:
         del ck
         np.cumsum(cum[:, 1:], axis=1, out=cum[:, 1:])
 
+        c_jump, c_s, c_sh = cum  # (rows: scalar reads below)
+
         def model(hh):
             dh = hh - h
-            q = self.count(hh, "right")
-            # (below h the differences are negative: the kinks undone)
-            jump, cs, csh = cum[:, q - i0] - cum[:, p - i0]
+            q, q0 = self.count(hh, "right") - i0, p - i0
+            # (below h the differences are negative: the kinks undone; the same numbers as
+            # the arrays' differences, read as floats)
+            jump = float(c_jump[q]) - float(c_jump[q0])
+            cs = float(c_s[q]) - float(c_s[q0])
+            csh = float(c_sh[q]) - float(c_sh[q0])
             kinks = jump + hh * cs - csh
-            return g - curv * dh - 0.5 * slope * dh * dh - float(kinks)
+            return g - curv * dh - 0.5 * slope * dh * dh - kinks
 
         fb = model(b)
         if not (fb < 0.0 if g > 0.0 else fb > 0.0):  # no sign change: no model root
