@@ -27,9 +27,11 @@ at the returned ``h`` reads them instead of solving every sample again.
 
 The KL reduction is the one of :func:`otstab_solvers.blockwise.block_kl` (per block the
 largest ``l_h / theta2`` and the sums of ``e``, ``e dl``, ``e dl^2`` and ``e d2l``, combined
-by the log-sum-exp of the blocks) without its ``expm1`` sum: that sum is only read when every
-``l_h / theta2`` is close to the largest (the mean of ``e`` above 1/2), and is then computed
-from the kept ``l_h`` of the pass. theta2 = inf sums ``l_h``, ``dl`` and ``d2l``
+by the log-sum-exp of the blocks), its ``expm1`` sum only in the blocks whose ``l_h /
+theta2`` lie within :data:`EXPM1_SPAN` of their largest (``e = expm1 + 1`` there): that sum
+is only read when every ``l_h / theta2`` is close to the largest (the mean of ``e`` above
+1/2, near the base risk), and is then computed for the other blocks from the kept ``l_h``
+of the pass. theta2 = inf sums ``l_h``, ``dl`` and ``d2l``
 (``info["unit_term"]``: the mean of ``l_h``). chi2 given the binned ``alpha`` sums its terms
 in the same pass (``_Pass._chi2_at``: the rows surely active or not for any alpha within
 :data:`CHI2_BAND` of it summed per block, the rows in that band kept one by one, alpha then
@@ -52,7 +54,7 @@ import numpy as np
 
 from .blockwise import CHI2_MAX_STEPS, BlockwiseDual, in_memory
 from .result import OPTIMAL, DualSolution
-from .smooth import logistic_dtransform
+from .smooth import logistic_dtransform, uniform_d2
 
 __all__ = ["solve_at_root", "G_RTOL", "MAX_NEWTON", "WINDOW"]
 
@@ -64,6 +66,10 @@ MAX_NEWTON = 3
 WINDOW = 1e-2
 #: rows per block of a pass
 BLOCK = 1 << 13
+#: KL: a block whose ``l_h / theta2`` all lie within this of the block's largest sums
+#: ``expm1`` in the pass instead of ``exp`` (read when every ``l_h / theta2`` is close to the
+#: largest: no second pass over the kept ``l_h`` then; elsewhere ``exp``, which costs half)
+EXPM1_SPAN = 1.0
 #: chi2's band of ``l_h - shift + alpha`` around ``-2 theta2`` whose rows a pass keeps one
 #: by one, relative to ``2 theta2 + |alpha|`` (the guess of alpha is some 1e-12 off)
 CHI2_BAND = 1e-7
@@ -105,6 +111,9 @@ class _Pass:
         self.alpha = alpha if self.chi2 and alpha is not None and math.isfinite(alpha) \
             else None
         self.chi2_weights: tuple | None = None
+        #: ``(h, M, Z, mu)`` of a pass that did not sum the curvature (KL's largest value,
+        #: normalisation and mean loss at the maximisers; None for theta2 = inf)
+        self._lazy: tuple | None = None
         self.dual = None
         if not (self.plain_kl or self.plain_mean):
             blocks = [_Kept(self.store, k, None if p is None else p[s:e])
@@ -114,8 +123,59 @@ class _Pass:
 
     def at(self, h, r):
         """``(F, g, curv, alpha)`` of the exact dual at ``h`` (and :attr:`moved`: the
-        P0-mean loss at the maximisers)."""
+        P0-mean loss at the maximisers). ``curv`` None: not summed in the pass (plain KL and
+        theta2 = inf of an oracle that keeps its steps), :meth:`curvature` sums it."""
         self.passes += 1
+        oracle = self.oracle
+        self._lazy = None
+        lazy = (self.plain_kl or self.plain_mean) and getattr(oracle, "keep_values", False) \
+            and getattr(oracle, "curvature", None) is True and oracle.c.strides == (0,)
+        if not lazy:
+            return self._at(h, r, False)
+        oracle.curvature = False  # (no second derivative per sample in this pass)
+        try:
+            return self._at(h, r, True)
+        finally:
+            oracle.curvature = True
+
+    def curvature(self, h):
+        """Minus the second derivative of the dual at ``h``, the last pass's (a pass that did
+        not sum it: from the steps and losses the oracle kept, one read without solving
+        again; the same formulas as the pass's sums: :func:`uniform_d2` from ``s = t / T``,
+        KL's weights from ``l_h = h loss - c t^2`` as the d-transform computed it)."""
+        if self._lazy is None:
+            raise RuntimeError("no pass at h to take the curvature of")
+        at, M, Z, mu = self._lazy
+        assert at == h
+        oracle, p = self.oracle, self.p
+        c = float(oracle.c[0])
+        T = h / (2.0 * c)
+        sd2 = z2 = z3 = 0.0
+        for s, e in self.bounds:
+            loss, t = oracle.kept(h, slice(s, e))
+            d2 = uniform_d2(t / T, c, h)
+            pb = None if p is None else p[s:e]
+            if self.plain_mean:
+                sd2 += float(np.sum(d2)) if pb is None else float(np.dot(pb, d2))
+                continue
+            lb = h * loss
+            lb -= c * t * t
+            a = lb / self.theta2
+            a -= M
+            np.clip(a, -700.0, 0.0, out=a)
+            ev = np.exp(a, out=a)
+            if pb is not None:
+                ev *= pb
+            ed1 = ev * loss
+            z2 += float(np.dot(ed1, loss))
+            z3 += float(np.dot(ev, d2))
+        if self.plain_mean:
+            return sd2 / (float(self.n) if p is None else 1.0)
+        return z3 / Z + max(z2 / Z - mu * mu, 0.0) / self.theta2
+
+    def _at(self, h, r, lazy):
+        """:meth:`at`; ``lazy``: the pass sums no curvature (the oracle gives no second
+        derivative), :meth:`curvature` does when asked."""
         oracle, store = self.oracle, self.store
         if self.plain_mean:  # theta2 = inf: the means of l_h, dl and d2l
             sl = sd1 = sd2 = 0.0
@@ -124,16 +184,21 @@ class _Pass:
                 if self.p is None:
                     sl += float(np.sum(lb))
                     sd1 += float(np.sum(d1))
-                    sd2 += float(np.sum(d2))
+                    if not lazy:
+                        sd2 += float(np.sum(d2))
                 else:  # (sample probabilities: as BlockwiseDual.top sums them)
                     pb = self.p[s:e]
                     sl += float(np.dot(pb, lb))
                     sd1 += float(np.dot(pb, d1))
-                    sd2 += float(np.dot(pb, d2))
+                    if not lazy:
+                        sd2 += float(np.dot(pb, d2))
             N = float(self.n) if self.p is None else 1.0
             self.moved = sd1 / N
             self.unit_term = sl / N
-            return h * r - sl / N, r - sd1 / N, sd2 / N, None  # (as BlockwiseDual.reduce)
+            if lazy:
+                self._lazy = (h, None, None, None)
+            curv = None if lazy else sd2 / N
+            return h * r - sl / N, r - sd1 / N, curv, None  # (as BlockwiseDual.reduce)
         if self.alpha is not None:
             got = self._chi2_at(h, r)
             if got is not None:
@@ -169,11 +234,21 @@ class _Pass:
                 moved += float(np.sum(d1))
                 m = float(a.max())
                 a -= m
-                np.maximum(a, -700.0, out=a)  # (no subnormal terms, as dual._exp_shifted)
-                ev = np.exp(a, out=a)
+                low = float(a.min())
+                if low < -700.0:  # (no subnormal terms, as dual._exp_shifted)
+                    np.maximum(a, -700.0, out=a)
+                em1 = None
+                if low >= -EXPM1_SPAN:  # (then likely read: see below)
+                    em1 = np.expm1(a, out=a)
+                    sem1 = float(np.sum(em1))
+                    ev = np.add(em1, 1.0, out=a)
+                else:
+                    ev = np.exp(a, out=a)
                 ed1 = ev * d1
                 parts.append((m, float(np.sum(ev)), float(np.sum(ed1)),
-                              float(np.dot(ed1, d1)), float(np.dot(ev, d2))))
+                              0.0 if lazy else float(np.dot(ed1, d1)),
+                              0.0 if lazy else float(np.dot(ev, d2)),
+                              None if em1 is None else (sem1, float(e - s)), k))
                 continue
             # sample probabilities, as block_kl sums them: the largest over the rows of
             # positive probability, rows of zero probability above it capped at it
@@ -185,11 +260,19 @@ class _Pass:
             m = float(a[live].max())
             a -= m
             np.clip(a, -700.0, 0.0, out=a)
-            ev = np.exp(a, out=a)
+            em1 = None
+            if float(a.min()) >= -EXPM1_SPAN:
+                em1 = np.expm1(a, out=a)
+                sem1 = float(np.dot(pb, em1))
+                ev = np.add(em1, 1.0, out=a)
+            else:
+                ev = np.exp(a, out=a)
             ev *= pb
             ed1 = ev * d1
-            parts.append((m, float(np.sum(ev)), float(np.sum(ed1)), float(np.dot(ed1, d1)),
-                          float(np.dot(ev, d2))))
+            parts.append((m, float(np.sum(ev)), float(np.sum(ed1)),
+                          0.0 if lazy else float(np.dot(ed1, d1)),
+                          0.0 if lazy else float(np.dot(ev, d2)),
+                          None if em1 is None else (sem1, float(np.sum(pb))), k))
         self.moved = moved / self.n if p is None else moved
         M = max(q[0] for q in parts)
         f = [math.exp(q[0] - M) for q in parts]
@@ -197,7 +280,16 @@ class _Pass:
         N = float(self.n) if p is None else 1.0
         if Z > 0.5 * N:  # every l / theta2 close to the largest: expm1 keeps the accuracy
             em1 = 0.0
+            # the blocks that summed expm1 in the pass: sum_i expm1(a_i - M) = e^d sum_i
+            # expm1(a_i - m_b) + expm1(d) P_b with d = m_b - M (as blockwise.BlockwiseDual.kl)
+            done = set()
+            for fb, q in zip(f, parts):
+                if q[5] is not None:
+                    em1 += fb * q[5][0] + math.expm1(q[0] - M) * q[5][1]
+                    done.add(q[6])
             for k, lb in enumerate(store):
+                if k in done:
+                    continue
                 if lb is None:  # h loss - c t^2, as the d-transform computed it
                     assert kept is not None
                     loss, t = kept(h, slice(*self.bounds[k]))
@@ -216,6 +308,9 @@ class _Pass:
         var = max(Z2 / Z - mu * mu, 0.0)
         term = theta2 * (M + log_mean)
         self.kl_weights = (M, Z, term)
+        if lazy:
+            self._lazy = (h, M, Z, mu)
+            return h * r - term, r - mu, None, None
         return h * r - term, r - mu, Z3 / Z + var / theta2, None
 
 
@@ -395,6 +490,8 @@ def _newton(run, h_c, r, g_rtol, t0):
                 info={"passes": run.passes, "kl_weights": run.kl_weights, "g": g,
                       "moved": run.moved, "chi2_weights": run.chi2_weights,
                       "unit_term": run.unit_term})
+        if curv is None:  # (not summed in the pass: from its kept steps, now needed)
+            curv = run.curvature(h)
         if not curv > 0.0:
             return None
         h = h + g / curv

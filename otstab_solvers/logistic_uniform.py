@@ -41,7 +41,12 @@ is one function of the margin (for one ``c`` and ``h``), so a table of the exact
 :data:`TABLE_POINTS` equally spaced margins, interpolated linearly, starts every sample within
 some ``spacing^2 |t''| / 8`` of its root (mostly 1e-7 or less at spacing 1e-3; up to some
 1e-5 where ``t*`` bends sharply, near ``T = 4``), where one or two Halley steps finish it (the
-start only saves iterations: the acceptance rules above are unchanged).
+start only saves iterations: the acceptance rules above are unchanged). Where that bound,
+read off the table's second differences, is above :data:`QUADRATIC_ABOVE` (a first Halley
+step would not pass the Newton bound ``|q| step^2`` of the tests above, and every sample of
+the block would take a second: e.g. ``T = 2.7``, max error 5e-8), the table interpolates
+quadratically (through three nodes: ``spacing^3 |t'''| / 15``, some 1e-10 there, 2e-9 at
+``T = 3.4``; four more operations per sample).
 
 This module imports neither otstab nor the rest of otstab_solvers.
 """
@@ -53,7 +58,7 @@ import math
 import numpy as np
 from scipy.special import expit
 
-__all__ = ["uniform_steps", "two_branch_steps", "StepTable", "TABLE_POINTS"]
+__all__ = ["uniform_steps", "two_branch_steps", "StepTable", "TABLE_POINTS", "QUADRATIC_ABOVE"]
 
 #: relative size of the last Newton step for a sample to count as converged
 STEP_TOL = 1e-11
@@ -62,17 +67,22 @@ SLOPE_MIN = 1e-3
 MAX_ITER = 6
 #: largest step after which the Taylor estimate of the remaining error is trusted
 TAYLOR_STEP = 1e-6
+_EMPTY = np.zeros(0, dtype=np.intp)
+_EMPTY.setflags(write=False)
 
 
-def uniform_steps(m: np.ndarray, c: float, h: float, start: np.ndarray | None = None):
+def uniform_steps(m: np.ndarray, c: float, h: float, start: np.ndarray | None = None, *,
+                  start_t: np.ndarray | None = None):
     """Newton on ``T sigmoid(u) - u - m = 0`` for every margin of ``m`` (one ``c``, finite and
     > 0; ``h > 0``).
 
-    ``start``: first iterates (e.g. the roots at a nearby ``h``); default one Newton step
-    from ``t = 0``. Returns ``(u, s, rest)``: ``u`` the root (``t - m``), ``s = sigmoid(u)``
-    (the step is ``t = T s``), both of the shape of ``m``, and ``rest`` the indices of the
-    samples not accepted (module docstring), whose entries of ``u`` and ``s`` are meaningless
-    and must be recomputed by the robust solve.
+    ``start``: first iterates (e.g. the roots at a nearby ``h``); ``start_t``: the same as
+    steps ``t = u + m`` (:meth:`StepTable.start_t`, or the steps at a nearby ``h``: two
+    operations per sample fewer); default one Newton step from ``t = 0``. Returns ``(u, s,
+    rest)``: ``u`` the root (``t - m``), ``s = sigmoid(u)`` (the step is ``t = T s``), both of
+    the shape of ``m``, and ``rest`` the indices of the samples not accepted (module
+    docstring), whose entries of ``u`` and ``s`` are meaningless and must be recomputed by the
+    robust solve.
     """
     T = h / (2.0 * c)
     n = m.size
@@ -84,7 +94,11 @@ def uniform_steps(m: np.ndarray, c: float, h: float, start: np.ndarray | None = 
         hi_band = T * (1.0 - sl) - L    # F_m(L), the local maximum
         pad = 1e-9 * (1.0 + abs(lo_band) + abs(hi_band))
         band = (m >= lo_band - pad) & (m <= hi_band + pad)
-    if start is not None:  # a warm start (the roots at a nearby h), clipped to [-m, T - m]
+    if start_t is not None:  # a warm start as steps, clipped to [0, T]
+        u = np.clip(start_t, 0.0, T)
+        u -= m
+        s = np.empty(n)
+    elif start is not None:  # a warm start (the roots at a nearby h), clipped to [-m, T - m]
         u = np.add(start, m)
         np.clip(u, 0.0, T, out=u)
         u -= m
@@ -162,14 +176,19 @@ def uniform_steps(m: np.ndarray, c: float, h: float, start: np.ndarray | None = 
     buf *= step
     buf *= ds
     s -= buf  # s - s' step + s'' step^2 / 2
-    ok = np.isfinite(step) if converged else \
-        np.abs(step) <= STEP_TOL * (1.0 + np.abs(u))
+    # u in [-m, T - m]: |u + m - T / 2| <= T / 2 (every root lies inside, none on the ends).
+    # Converged, every step was finite (the largest is, NaN is not below a bound)
+    ok = np.add(u, m, out=buf)
+    ok -= 0.5 * T
+    np.abs(ok, out=ok)
+    ok = ok <= 0.5 * T
+    if not converged:
+        ok &= np.abs(step) <= STEP_TOL * (1.0 + np.abs(u))
     if slope is not None:
         ok &= np.abs(slope) >= SLOPE_MIN
-    ok &= (u >= -m) & (u <= T - m)
     if band is not None:
         ok &= ~band
-    rest = np.flatnonzero(~ok)
+    rest = _EMPTY if ok.all() else np.flatnonzero(~ok)
     return u, s, rest
 
 
@@ -242,15 +261,20 @@ def two_branch_steps(m: np.ndarray, c: float, h: float):
 
 #: margins of a :class:`StepTable`
 TABLE_POINTS = (1 << 14) + 1
+#: the largest error of the linear interpolation of a :class:`StepTable` (its second
+#: differences / 8) above which it interpolates quadratically
+QUADRATIC_ABOVE = 1e-8
 
 
 class StepTable:
     """First iterates of :func:`uniform_steps` from the exact steps ``t`` at equally spaced
     margins ``lo + k (hi - lo) / (points - 1)`` (``steps(grid) -> t``: e.g. the lean solve
-    itself), interpolated linearly (module docstring); margins outside ``[lo, hi]`` take
-    the nearest segment's line."""
+    itself), interpolated linearly, or quadratically where the linear error would be above
+    :data:`QUADRATIC_ABOVE` (module docstring; ``quadratic`` forces either); margins outside
+    ``[lo, hi]`` take the nearest segment's curve."""
 
-    def __init__(self, lo: float, hi: float, steps, points: int = TABLE_POINTS):
+    def __init__(self, lo: float, hi: float, steps, points: int = TABLE_POINTS,
+                 quadratic: bool | None = None):
         self.lo = float(lo)
         span = float(hi) - self.lo
         self.points = int(points) if span > 0 else 2
@@ -259,17 +283,35 @@ class StepTable:
         t = np.asarray(steps(grid), dtype=np.float64)
         self.t = t[:-1]
         self.dt = np.diff(t)
+        #: half the second difference of the nodes k, k + 1, k + 2 (the last segment: of the
+        #: nodes before it), the quadratic term; None: linear
+        self.half_d2: np.ndarray | None = None
+        if self.points >= 3:
+            d2 = np.diff(self.dt)
+            if quadratic is None:  # (the linear error on a segment: |d2| / 8; NaN: quadratic)
+                quadratic = not float(np.max(np.abs(d2))) / 8.0 <= QUADRATIC_ABOVE
+            if quadratic:
+                self.half_d2 = 0.5 * np.append(d2, d2[-1])
 
     def start(self, m: np.ndarray) -> np.ndarray:
         """The first iterates ``u = t - m`` of the margins ``m``."""
+        u = self.start_t(m)
+        u -= m
+        return u
+
+    def start_t(self, m: np.ndarray) -> np.ndarray:
+        """The first iterates as steps ``t`` (``uniform_steps(..., start_t=)``)."""
         x = np.subtract(m, self.lo)
         x *= self.inv
         k = x.astype(np.intp)
-        np.maximum(k, 0, out=k)
-        np.minimum(k, self.points - 2, out=k)
+        np.clip(k, 0, self.points - 2, out=k)
         x -= k  # the position within the segment (outside [0, 1] beyond the ends)
-        u = self.dt.take(k)
-        u *= x
-        u += self.t.take(k)
-        u -= m
-        return u
+        if self.half_d2 is not None:  # t_k + x (dt_k + (x - 1) d2_k / 2)
+            t = np.subtract(x, 1.0)
+            t *= self.half_d2.take(k)
+            t += self.dt.take(k)
+        else:
+            t = self.dt.take(k)
+        t *= x
+        t += self.t.take(k)
+        return t

@@ -71,17 +71,32 @@ def _softplus(u: np.ndarray) -> np.ndarray:
     return np.logaddexp(0.0, u)
 
 
+def log1p_unit(q: np.ndarray) -> np.ndarray:
+    """``log1p(q)`` of ``q`` in ``[0, 1]`` (NaN stays NaN) to an ulp or two from numpy's
+    vectorised ``log``: ``log(v) - ((v - 1) - q) / v`` with ``v = 1 + q`` rounded (``v - 1``
+    is exact, so ``(v - 1) - q`` is the rounding of ``v`` and ``log(1 - e / v) = -e / v`` to
+    far below an ulp, ``|e / v| <= 2**-53``). numpy's ``log1p`` is a scalar loop, about twice
+    the time of ``log`` and the three divisions and subtractions together (issue 31)."""
+    v = np.add(q, 1.0)
+    e = v - 1.0
+    e -= q
+    e /= v
+    np.log(v, out=v)
+    v -= e
+    return v
+
+
 def _softplus_at(u: np.ndarray, s: np.ndarray) -> np.ndarray:
     """``log(1 + exp(u))`` from ``s = sigmoid(u)`` (to an ulp or two): ``max(u, 0) +
     log1p(q)`` with ``q = exp(-|u|)`` the ratio of the smaller of ``s`` and ``1 - s`` to the
     larger (``1 - s`` is exact where ``s >= 1/2``; where ``q`` is below the rounding of ``s``
-    it is added to ``u``, far above it): one ``log1p`` per sample instead of ``logaddexp``'s
-    exponential and logarithm."""
+    it is added to ``u``, far above it): one logarithm per sample (:func:`log1p_unit`)
+    instead of ``logaddexp``'s exponential and logarithm."""
     r = np.subtract(1.0, s)
     q = np.minimum(s, r)
     np.maximum(s, r, out=r)
     q /= r
-    np.log1p(q, out=q)
+    q = log1p_unit(q)
     np.maximum(u, 0.0, out=r)
     q += r
     return q
@@ -310,15 +325,16 @@ def logistic_dtransform(margins, c, h: float):
 
 
 def _uniform_dtransform(m: np.ndarray, c: float, h: float, start=None, keep=None,
-                        steps_only: bool = False):
+                        steps_only: bool = False, start_t=None, curvature: bool = True):
     """:func:`logistic_dtransform` for one price ``c`` (finite, > 0) and ``h > 0``: the lean
     Newton solve of :func:`~otstab_solvers.logistic_uniform.uniform_steps` (first iterates
-    ``start``, default its own), and :func:`logistic_steps` for the samples it does not
-    accept. ``keep(u, t, lh, loss)`` receives the roots ``u = t - m`` (a warm start for a later
-    ``h``), the steps ``t`` (read again at the same ``h`` by :meth:`LogisticOracle.step_rows`),
-    ``l_h`` and the loss at the maximiser (None with ``steps_only``). ``steps_only``:
-    ``(None, None, None, t)``, the steps alone."""
-    u, s, rest = uniform_steps(m, c, h, start)
+    ``start``, or ``start_t`` as steps; default its own), and :func:`logistic_steps` for the
+    samples it does not accept. ``keep(u, t, lh, loss)`` receives the roots ``u = t - m`` (a
+    warm start for a later ``h``), the steps ``t`` (read again at the same ``h`` by
+    :meth:`LogisticOracle.step_rows`), ``l_h`` and the loss at the maximiser (None with
+    ``steps_only``). ``steps_only``: ``(None, None, None, t)``, the steps alone;
+    ``curvature=False``: None in place of the second derivative."""
+    u, s, rest = uniform_steps(m, c, h, start, start_t=start_t)
     T = h / (2.0 * c)
     t = s * T
     if rest.size:  # both branches by Newton first, the robust solve for what is left
@@ -339,14 +355,20 @@ def _uniform_dtransform(m: np.ndarray, c: float, h: float, start=None, keep=None
     loss_star = _softplus_at(u, s)
     lh = h * loss_star
     lh -= c * t * t
+    d2 = uniform_d2(s, c, h) if curvature else None
+    if keep is not None:
+        keep(u, t, lh, loss_star)
+    return lh, loss_star, d2, t
+
+
+def uniform_d2(s: np.ndarray, c: float, h: float) -> np.ndarray:
+    """The second derivative of ``l_h`` in ``h`` of the samples whose maximiser has
+    ``s = sigmoid(t - m)`` (one price ``c``): ``s^2 / (2 c - h s (1 - s))``."""
     denom = s * (1.0 - s)
     denom *= -h
     denom += 2.0 * c
     with np.errstate(divide="ignore", invalid="ignore"):
-        d2 = s * s / denom
-    if keep is not None:
-        keep(u, t, lh, loss_star)
-    return lh, loss_star, d2, t
+        return s * s / denom
 
 
 class LogisticOracle:
@@ -514,9 +536,9 @@ class LogisticOracle:
         if steps_only and last is not None and last[0] == h:
             return None, None, None, last[1]  # this h's maximisers (Q*'s build after a pass)
         if last is not None and abs(h - last[0]) <= 0.1 * h:
-            start = last[1] - m
+            start = last[1]  # (its steps: uniform_steps clips a copy)
         else:  # a block read at a new h: from the table of this h's steps
-            start = self._table(c, h).start(m)
+            start = self._table(c, h).start_t(m)
 
         def keep(u, t, lh, loss):
             assert self._warm is not None
@@ -535,7 +557,8 @@ class LogisticOracle:
                 lb[s:e] = loss
                 lv = lb[s:e]
             self._warm[key] = (h, tb[s:e], lv)
-        return _uniform_dtransform(m, c, h, start, keep, steps_only)
+        return _uniform_dtransform(m, c, h, None, keep, steps_only, start_t=start,
+                                   curvature=self.curvature)
 
     def _table(self, c: float, h: float) -> StepTable:
         """The :class:`~otstab_solvers.logistic_uniform.StepTable` of ``h`` over the range
@@ -556,6 +579,10 @@ class LogisticOracle:
     #: :meth:`transform_rows` of a slice keeps its loss at the maximiser with its steps (one
     #: more n-vector), for :meth:`kept` (set by the caller)
     keep_values = False
+    #: :meth:`transform_rows` of a slice (warm starts, one price) gives the second derivative;
+    #: False: None in its place (a caller that sums it from the kept steps only when it needs
+    #: it, :mod:`otstab_solvers.logistic_pass`; set by that caller)
+    curvature = True
 
     def kept(self, h: float, rows: slice, *, drop: bool = False):
         """``(loss at the maximiser, step)`` of the slice ``rows`` as its last read at ``h``

@@ -92,6 +92,33 @@ def test_binned_search_nonconcave(monkeypatch, divergence, theta2):
     _same(res, ref)
 
 
+def test_points_oracle_warm_starts(monkeypatch):
+    """The binned points' oracle starts each evaluation from the last one's steps when h
+    moved by at most 10%: the same d-transform as the plain oracle (rtol 1e-13) along a
+    search-like sequence of h (concave and two-maxima regimes), in fewer sigmoids."""
+    import otstab_solvers.logistic_uniform as lu
+
+    rng = np.random.default_rng(4)
+    m = np.sort(rng.normal(0.5, 2.0, 8192))
+    calls: list = []
+    real = lu.expit
+    monkeypatch.setattr(lu, "expit", lambda x, out=None: calls.append(x.size) or
+                        real(x, out=out))
+    hs = [1.0, 1.05, 1.049, 1.0491, 3.0, 3.2, 12.0, 12.5, 12.49]  # (T = h / 2.5: 0.4 to 5)
+    spent = {}
+    for name, cls in (("warm", lb._PointsOracle), ("plain", LogisticOracle)):
+        oracle = cls(m, 0.8, 1.0)
+        calls.clear()
+        got = [oracle.evaluate(h) for h in hs]
+        spent[name] = sum(calls)
+        if name == "warm":
+            warm = got
+    for a, b in zip(warm, got):
+        for x, y in zip(a, b):
+            np.testing.assert_allclose(x, y, rtol=1e-13, atol=1e-300)
+    assert spent["warm"] < 0.8 * spent["plain"]
+
+
 def test_large_n_takes_the_binned_search():
     n = lb.MIN_N + 1000
     model, X, y = _binary(n=n, d=3, seed=2)

@@ -22,7 +22,7 @@ from otstab_solvers import logistic_pass
 from otstab_solvers.dual import solve_dual
 from otstab_solvers.logistic_binned import binned_guess
 from otstab_solvers.logistic_uniform import StepTable, uniform_steps
-from otstab_solvers.smooth import LogisticOracle, _softplus_at, logistic_steps
+from otstab_solvers.smooth import LogisticOracle, _softplus_at, log1p_unit, logistic_steps
 from scipy.special import expit
 
 import otstab
@@ -82,6 +82,82 @@ def test_solve_at_root_newton_steps_and_refusal(divergence, theta2):
     assert far is None
 
 
+@pytest.mark.parametrize("divergence,theta2", [("kl", 0.25), ("kl", 30.0), ("kl", math.inf)])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_curvature_from_the_kept_steps(divergence, theta2, weighted):
+    """A pass of an oracle that keeps its steps (Q*'s build reads them) sums no second
+    derivative (plain KL, theta2 = inf): the curvature that steers a Newton step is summed
+    from the kept steps and losses only when a step is needed, equal to the one the pass
+    sums otherwise (rtol 1e-12), and the Newton steps from a start 1e-4 off reach the same
+    value and h."""
+    s, y = _margins(seed=2)
+    n = s.size
+    a, theta1, r = 0.9, 1.0, 1.1
+    p = None
+    if weighted:
+        p = np.random.default_rng(1).uniform(0.1, 2.0, n)
+        p /= p.sum()
+    ref = solve_dual(LogisticOracle(y * s, a, theta1), r, theta2, divergence, p=p)
+    h = ref.h * (1 + 1e-4)
+    plain = logistic_pass._Pass(LogisticOracle.of_scores(s, y, a, theta1), n, theta2,
+                                divergence, p, 4096)
+    curv = plain.at(h, r)[2]
+    oracle = LogisticOracle.of_scores(s, y, a, theta1)
+    oracle.keep_values = True
+    seen = []
+    rows = oracle.transform_rows
+    oracle.transform_rows = lambda hh, sl: seen.append(rows(hh, sl)) or seen[-1]
+    lazy = logistic_pass._Pass(oracle, n, theta2, divergence, p, 4096)
+    F, g, none, _ = lazy.at(h, r)
+    assert none is None and all(out[2] is None for out in seen) and oracle.curvature
+    assert (F, g) == pytest.approx(plain.at(h, r)[:2], rel=1e-13)
+    assert lazy.curvature(h) == pytest.approx(curv, rel=1e-12)
+    sols = [logistic_pass.solve_at_root(LogisticOracle.of_scores(s, y, a, theta1), n, h, r,
+                                        theta2, divergence, p=p, block=4096, keep_values=keep)
+            for keep in (False, True)]
+    assert all(sol is not None and sol.info["passes"] >= 2 for sol in sols)
+    assert sols[1].value == pytest.approx(sols[0].value, rel=1e-13)
+    assert sols[1].h == pytest.approx(sols[0].h, rel=1e-12)
+    assert sols[1].value == pytest.approx(ref.value, rel=1e-12)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_kl_expm1_sums_of_the_pass(monkeypatch, weighted):
+    """Near the base risk (every l_h / theta2 close to the largest: the expm1 form of the
+    normalisation), a block whose values lie within EXPM1_SPAN of its largest sums expm1 in
+    the pass and the others are summed again after it: the same value whichever blocks do
+    (none, some: at a span of 0.1 the first block, which holds a few large losses, does not,
+    every one), and the plain search's value at the same h."""
+    rng = np.random.default_rng(11)
+    n, block, a, theta1, theta2 = 20_000, 4096, 0.9, 1.0, 0.25
+    s = rng.normal(0.8, 2.0, n)
+    y = np.where(rng.random(n) < 0.85, 1, -1).astype(np.int8)
+    s[:5], y[:5] = -40.0, 1
+    m = y * s
+    p = None
+    if weighted:
+        p = rng.uniform(0.1, 2.0, n)
+        p /= p.sum()
+    r = float(np.mean(np.logaddexp(0.0, -m)) if p is None else p @ np.logaddexp(0.0, -m))
+    r += 0.01
+    ref = solve_dual(LogisticOracle(m, a, theta1), r, theta2, "kl", p=p)
+    lh = LogisticOracle(m, a, theta1).evaluate(ref.h)[0] / theta2
+    spread = [float(np.ptp(lh[i:i + block])) for i in range(0, n, block)]
+    assert spread[0] > 0.1 > max(spread[1:])  # (a span of 0.1: both kinds of block)
+    got = {}
+    for span in (-1.0, 0.1, math.inf):
+        monkeypatch.setattr(logistic_pass, "EXPM1_SPAN", span)
+        sol = logistic_pass.solve_at_root(LogisticOracle.of_scores(s, y, a, theta1), n, ref.h,
+                                          r, theta2, "kl", p=p, block=block, g_rtol=1.0)
+        _, Z, _ = sol.info["kl_weights"]
+        assert Z > 0.5 * (n if p is None else 1.0)  # (the expm1 form)
+        got[span] = sol.value
+    scale = 1e-13 * ref.h * r  # (the value is h r less the term: rounding of h r)
+    for v in got.values():
+        assert abs(v - got[-1.0]) <= scale
+        assert abs(v - ref.value) <= 10 * scale
+
+
 @pytest.mark.parametrize("h", [0.05, 1.6, 6.4, 40.0])
 def test_step_table_starts_near_the_root(h):
     """The table's start is close to the roots outside the two-maxima band (spacing^2 |t''|
@@ -101,6 +177,51 @@ def test_step_table_starts_near_the_root(h):
     assert np.median(err) <= 1e-6 and np.quantile(err, 0.99) <= 1e-4
     np.testing.assert_allclose((u + m)[ok], exact[ok], rtol=1e-12, atol=1e-13)
     np.testing.assert_allclose(sg[ok], expit(u[ok]), rtol=1e-14)
+    # the start as steps (what the oracle passes): the same table, the same roots
+    t0 = table.start_t(m)
+    np.testing.assert_allclose(t0 - m, u0, rtol=0.0, atol=1e-12 * (1.0 + np.abs(m)).max())
+    u_t, sg_t, rest_t = uniform_steps(m, c, h, start_t=t0)
+    ok_t = np.setdiff1d(np.arange(m.size), rest_t)
+    assert ok_t.size > 0.9 * m.size
+    np.testing.assert_allclose((u_t + m)[ok_t], exact[ok_t], rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(sg_t[ok_t], expit(u_t[ok_t]), rtol=1e-14)
+
+
+def test_step_table_quadratic_where_linear_is_coarse(monkeypatch):
+    """Where the linear table's error (its second differences / 8) is above QUADRATIC_ABOVE
+    (T = 2.7: some 5e-8, and a first Halley step fails the Newton bound for most samples),
+    the table interpolates quadratically: the start is within 1e-9 of the robust solve's
+    steps and one Halley step (one sigmoid per sample) finishes every block; where it is
+    small (T = 0.7) it stays linear. Forced either way, both give the same roots."""
+    import otstab_solvers.logistic_uniform as lu
+
+    rng = np.random.default_rng(12)
+    m = rng.normal(0.1, 1.0, 40_000)
+    c = 1.0
+    calls: list = []
+    real = lu.expit
+    monkeypatch.setattr(lu, "expit", lambda x, out=None: calls.append(x.size) or
+                        real(x, out=out))
+    for h, quad in ((1.4, False), (5.4, True)):
+        exact = logistic_steps(m, c, h)
+        steps = lambda g, h=h: logistic_steps(g, c, h)  # noqa: E731
+        auto = StepTable(m.min(), m.max(), steps)
+        assert (auto.half_d2 is not None) == quad
+        lin = StepTable(m.min(), m.max(), steps, quadratic=False)
+        qd = StepTable(m.min(), m.max(), steps, quadratic=True)
+        err_lin = np.abs(lin.start_t(m) - exact).max()
+        err_q = np.abs(qd.start_t(m) - exact).max()
+        assert err_q <= 1e-9 and err_q < err_lin / 10
+        assert (err_lin > lu.QUADRATIC_ABOVE) == quad  # (the estimate agrees)
+        for table in (lin, qd):
+            calls.clear()
+            u, _, rest = uniform_steps(m, c, h, start_t=table.start_t(m))
+            assert not rest.size
+            np.testing.assert_allclose(u + m, exact, rtol=1e-12, atol=1e-13)
+            if table is qd:
+                assert sum(calls) == m.size  # (one step)
+            elif quad:
+                assert sum(calls) >= 2 * m.size  # (the linear start: two)
 
 
 def test_softplus_from_the_sigmoid():
@@ -279,8 +400,9 @@ def test_chi2_pass_sums_once(monkeypatch, weighted, guess):
 
 def test_logistic_loss_values_are_logaddexp():
     """SmoothLoss("logistic").values (the base risk's pass) computes max(-m, 0) +
-    log1p(exp(-|m|)) in vectorised passes: the bits of numpy's logaddexp(0, -m), the
-    caller's arrays untouched."""
+    log1p(exp(-|m|)) in vectorised passes (the log1p by :func:`log1p_unit`): numpy's
+    logaddexp(0, -m) to an ulp or two, exactly at the infinities, the caller's arrays
+    untouched."""
     from otstab.modeling._losses import SmoothLoss
 
     rng = np.random.default_rng(6)
@@ -291,9 +413,25 @@ def test_logistic_loss_values_are_logaddexp():
     with np.errstate(over="ignore", invalid="ignore"):
         got = SmoothLoss("logistic").values(s, y)
         ref = np.logaddexp(0.0, -(y * s))
-    np.testing.assert_array_equal(got, ref)
+    np.testing.assert_allclose(got, ref, rtol=4e-16, atol=0.0)
+    inf = np.isinf(ref) | (ref == 0.0)
+    np.testing.assert_array_equal(got[inf], ref[inf])
     np.testing.assert_array_equal(s, s0)
     np.testing.assert_array_equal(y, y0)
+
+
+def test_log1p_unit_against_50_digits():
+    """log1p_unit (log1p of [0, 1] from numpy's vectorised log and one correction) against a
+    50-digit log1p, from 1 down to the subnormals; NaN stays NaN."""
+    rng = np.random.default_rng(8)
+    q = np.concatenate([rng.random(2000), 10.0 ** rng.uniform(-320, 0, 2000),
+                        [0.0, 1.0, 5e-324, 2.0 ** -53, 2.0 ** -52, 1.5 * 2.0 ** -53,
+                         np.nextafter(1.0, 0.0), 0.5]])
+    with mpmath.workdps(50):
+        ref = np.array([float(mpmath.log1p(mpmath.mpf(float(x)))) for x in q])
+    got = log1p_unit(q)
+    np.testing.assert_allclose(got, ref, rtol=3e-16, atol=0.0)
+    assert math.isnan(float(log1p_unit(np.array([np.nan]))[0]))
 
 
 def test_chi2_keeps_no_more_than_kl(monkeypatch):

@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+from otstab_solvers.smooth import log1p_unit
 
 from ..errors import InputTypeError, ValidationError
 
@@ -178,16 +179,16 @@ class SmoothLoss(Loss):
     def values(self, scores, y):
         S = np.asarray(scores, dtype=float)
         if self.name == "logistic":
-            # log(1 + exp(-m)) as numpy's logaddexp(0, -m) computes it, max(-m, 0) +
-            # log1p(exp(-|m|)) (the same bits), in vectorised passes (some 25 % faster)
+            # log(1 + exp(-m)) = max(-m, 0) + log1p(exp(-|m|)) in vectorised passes, the
+            # log1p from numpy's vectorised log (log1p_unit: to an ulp or two of numpy's
+            # logaddexp(0, -m), in some half its time)
             m = y * S
             out = np.abs(m)
             np.negative(out, out=out)
             np.exp(out, out=out)
-            np.log1p(out, out=out)
-            np.negative(m, out=m)
-            np.maximum(m, 0.0, out=m)
-            out += m
+            out = log1p_unit(out)
+            np.minimum(m, 0.0, out=m)
+            out -= m  # (max(-m, 0) = -min(m, 0): the same bits, one operation fewer)
             return out
         if self.name == "cross_entropy":
             if S.ndim == 1:

@@ -777,6 +777,7 @@ def _audit_rows(prob, atoms, wm, theta1, theta2, divergence, value) -> dict:
     # log(scale) (clamped at -700 as the weights are), the same to rounding as log(w)
     kl_log = math.log(wm.scale) if plain and divergence == "kl" and math.isfinite(theta2) \
         and not wm.weighted else None
+    near_w: list = []  # (KL: the weights near 1 of every block, their phi by one series)
     for s, e in atoms.steps.blocks(ROWS_BLOCK) if plain else ():
         loss_s = atoms.reduced_cache[s:e]
         d2_s = atoms.moved2_of(atoms.steps.Z[s:e])
@@ -803,12 +804,16 @@ def _audit_rows(prob, atoms, wm, theta1, theta2, divergence, value) -> dict:
             near = w - 1.0
             np.abs(near, out=near)
             near = np.flatnonzero(near < NEAR_ONE)
-            if near.size:  # (phi's series, where w log w - w + 1 cancels)
-                ph_w[near] = phi(w[near], "kl")
+            if near.size:  # (phi's series, where w log w - w + 1 cancels: after the loop,
+                # one call for every block's few such weights)
+                near_w.append(w[near])
+                ph_w[near] = 0.0
         risk += float(w @ loss_s)
         tot += float(np.sum(w))
         move += float(w @ d2_s)
         ph += float(np.sum(ph_w))
+    if near_w:
+        ph += float(np.sum(phi(np.concatenate(near_w), "kl")))
     if plain:
         if math.isinf(theta2):
             risk = moved_risk
