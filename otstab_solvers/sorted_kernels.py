@@ -34,7 +34,8 @@ import numpy as np
 
 __all__ = ["HAVE_NUMBA", "USE_KERNEL", "KERNEL_MIN_KEYS", "CHUNK", "use_kernel", "load",
            "exp_into", "kl_sums", "window_partition", "chi2_sums_pass", "rows_ok",
-           "partition_rows", "u_range", "front_moments", "b_keys", "kl_front", "chi2_front"]
+           "partition_rows", "u_range", "front_moments", "b_keys", "kl_front", "chi2_front",
+           "moved_rows"]
 
 #: numba is installed
 HAVE_NUMBA = importlib.util.find_spec("numba") is not None
@@ -475,6 +476,30 @@ def kl_front(rows, a_thr: float, k1: float, k0: float, floor: float | None, c: f
     fl = -math.inf if floor is None else float(floor)
     return _kernel(_kl_front_py)(y, s, float(b), bool(residual), float(a_thr), float(k1),
                                  float(k0), fl, float(c))
+
+
+def _moved_rows_py(Xg, tg, v, out, d2):  # pragma: no cover - compiled
+    """Moved rows ``x* = x + tg_i v`` into ``out`` and each one's squared move ``||x* -
+    x||^2`` (the move as ``x* - x`` in floating point) into ``d2``: NumPy's ``Xg +
+    np.multiply.outer(tg, v)`` element by element (two roundings each, no fused
+    multiply-add; float32 rows taken as float64, exactly)."""
+    m, d = Xg.shape
+    for i in range(m):
+        t = tg[i]
+        acc = 0.0
+        for j in range(d):
+            x = float(Xg[i, j])
+            xs = x + t * v[j]
+            out[i, j] = xs
+            df = xs - x
+            acc += df * df
+        d2[i] = acc
+
+
+def moved_rows(Xg, tg, v, out, d2):
+    """:func:`_moved_rows_py` compiled (the sampled audit's atoms of a margin / residual
+    form, :func:`otstab.solve._piecewise._sample_check`)."""
+    return _kernel(_moved_rows_py)(Xg, tg, v, out, d2)
 
 
 def _chi2_keys_py(nu, s0, m, A, B, alpha, theta2, dA, dB):  # pragma: no cover - compiled

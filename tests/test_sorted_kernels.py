@@ -364,3 +364,20 @@ def test_a_front_from_the_rows_equals_the_stored_front(kind, kernels_on):
             a, b = stored.chi2_sums(h, theta2)[1], virtual.chi2_sums(h, theta2)[1]
             for key in a:
                 assert b[key] == pytest.approx(a[key], rel=1e-12, abs=1e-13 * a["T_abs"]), key
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_moved_rows_are_numpys(dtype):
+    """The sampled audit's moved rows x + t g_i v: NumPy's outer product and sum, bit for
+    bit (no fused multiply-add), float32 rows as float64; the squared moves of x* - x in
+    floating point to the rounding of their sums."""
+    rng = np.random.default_rng(14)
+    Xg = (rng.standard_normal((300, 37)) * np.logspace(-3, 3, 37)).astype(dtype)
+    tg = rng.standard_normal(300) * 1e-3
+    v = rng.standard_normal(37)
+    out, d2 = np.empty((300, 37)), np.empty(300)
+    K.moved_rows(Xg, tg, v, out, d2)
+    ref = Xg + np.multiply.outer(tg, v)
+    np.testing.assert_array_equal(out, ref)
+    diff = ref - Xg
+    np.testing.assert_allclose(d2, np.einsum("ij,ij->i", diff, diff), rtol=1e-14)
