@@ -1,9 +1,12 @@
 """The compiled passes of the sorted two-piece oracle (``otstab_solvers.sorted_kernels``).
 
-Their exp against mpmath and NumPy; their sums, the window's partition and chi2's keyed sums
-against the NumPy blocks they replace (the same numbers up to the order of summation); and
-the sorted oracle's own checks (tests/test_window.py, tests/test_sorted_oracle.py: against
-the dense reduction, brute force and high precision) rerun with the kernels on small data.
+Their exp against mpmath and NumPy; their sums, the window's partition (from blocks of keys
+and from the rows), chi2's keyed sums and the sampled audit's moved rows against the NumPy
+code they replace (the same numbers up to the order of summation; the partition and the moved
+rows bit for bit); a window whose front is computed from the rows against the stored front;
+the fallback where numba fails; and the sorted oracle's own checks (tests/test_window.py,
+tests/test_sorted_oracle.py, tests/test_blockwise.py: against the dense reduction, brute
+force, high precision and the direct audit) rerun with the kernels on small data.
 """
 
 from __future__ import annotations
