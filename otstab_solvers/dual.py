@@ -20,7 +20,7 @@ Every function evaluation is O(nK): the pieces are scanned one at a time over co
 columns, so no n x K temporary is made. The hinge shape (two pieces, one of them zero) is
 evaluated from sorted keys instead (:mod:`otstab_solvers.sorted_oracle`); for KL and
 theta2 = inf :func:`solve_two_piece` sorts only the keys whose kinks lie in a bracket found on a
-subsample, not all n.
+subsample, not all n (chi2: also those where its active set may end).
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from . import sorted_kernels as kernels
 from .result import FAILED, OPTIMAL, DualSolution
-from .sorted_oracle import SortedTwoPiece, window_thresholds
+from .sorted_oracle import SortedTwoPiece, WindowMiss, window_thresholds
 from .weights import (
     chi2_dual_term,
     chi2_solution,
@@ -53,6 +54,10 @@ WINDOW_MIN_N = 1 << 17
 WINDOW_SUBSAMPLE = 1 << 14
 #: relative half-widths of the windows tried around the subsample's h, in turn
 WINDOW_WIDTHS = (0.06, 0.25, 0.75)
+#: a window's front (the keys that move at every h of its bracket: up to 0.97 n) is computed
+#: from the rows where a pass reads it, not stored (compiled kernels, rows forms of the hinge
+#: shape: ``SortedTwoPiece.window(front_rows=True)``); False: stored
+WINDOW_FRONT_FROM_ROWS = True
 #: below this share of effective samples under the subsample's KL weights at its h (the
 #: weights concentrate on the largest losses when r nears the largest loss) the first
 #: window is skipped: the subsample's h is then off by up to 8 % (n = 1e6, three data sets,
@@ -386,7 +391,11 @@ class AffineRows:
         return ((i, min(i + self.BLOCK, self.n)) for i in range(0, self.n, self.BLOCK))
 
     def u_range(self):
-        """(smallest, largest) u, over blocks (inf, -inf for no rows)."""
+        """(smallest, largest) u, over blocks (inf, -inf for no rows; one compiled loop over
+        the rows for at least :data:`~otstab_solvers.sorted_kernels.KERNEL_MIN_KEYS`)."""
+        if self._range is None and self.n and kernels.use_kernel(self.n) and \
+                kernels.rows_ok(self.y, self.s):
+            self._range = kernels.u_range(self.y, self.s, self.kind == "residual")
         if self._range is None:
             lo, hi = math.inf, -math.inf
             for i, j in self.blocks():
@@ -542,7 +551,7 @@ def solve_two_piece(oracle: PiecewiseOracle, r: float, theta2: float, divergence
     """:func:`solve_dual` of a hinge-shaped oracle (:func:`oracle_for` with
     ``sorted_view=False``), sorting only the keys it needs.
 
-    For KL and theta2 = inf with at least ``min_n`` samples (default :data:`WINDOW_MIN_N`):
+    With at least ``min_n`` samples (default :data:`WINDOW_MIN_N`):
     the dual is solved on a strided subsample of :data:`WINDOW_SUBSAMPLE` keys, and the full
     dual on a window (:meth:`SortedTwoPiece.window`) around that ``h``: only the keys whose
     kinks lie in the bracket are sorted (from the second width when the KL weights leave
@@ -552,7 +561,10 @@ def solve_two_piece(oracle: PiecewiseOracle, r: float, theta2: float, divergence
     otherwise a wider one is tried (:data:`WINDOW_WIDTHS`) around the Newton estimate of the
     root from the end that missed it, and in the end every key is sorted
     (:func:`sorted_view_of`). The answer is that of the fully sorted view up to the order
-    of summation (KL) and is exact in the same sense. chi2 and small data sort every key.
+    of summation (KL) and is exact in the same sense. chi2's window sorts, besides ``B``,
+    the keys where its active set may end (:func:`_chi2_front`; a window whose front holds
+    that end is left at once, :class:`~otstab_solvers.sorted_oracle.WindowMiss`, and every
+    key sorted). Small data sort every key.
     ``sol.info["window"]`` records what was done; ``sol.info["view"]`` is the view the answer
     came from (valid at ``sol.h``; a caller that keeps the solution should drop it).
     ``base``: the data's base risk ``mean(max(u, 0))`` when known; the subsample is then
@@ -567,7 +579,8 @@ def solve_two_piece(oracle: PiecewiseOracle, r: float, theta2: float, divergence
         raise ValueError("solve_two_piece needs a hinge-shaped oracle (oracle_for)")
     c = float(oracle.c2[0, k1])
     tries = []
-    if (divergence == "kl" or math.isinf(theta2)) and n >= max(min_n, 1) and c > 0.0:
+    chi2 = divergence == "chi2" and not math.isinf(theta2)
+    if n >= max(min_n, 1) and c > 0.0:
         t0 = time.perf_counter()
         stride = max(1, n // WINDOW_SUBSAMPLE)
         m = len(range(0, n, stride))
@@ -584,7 +597,9 @@ def solve_two_piece(oracle: PiecewiseOracle, r: float, theta2: float, divergence
         h_sub = sub_sol.h if sub_sol.status == OPTIMAL else math.nan
         umax = keys_umax(oracle)
         sub_keys = sub.nu  # (sorted: the window's sizes are estimated from them)
-        del sub
+        sub._sorted.buffers = None  # (its KL scratch: 2 x 128 KB)
+        if not chi2:  # (chi2's windows read its active set: _chi2_front)
+            del sub
         center = h_sub
         widths: tuple[float, ...] = WINDOW_WIDTHS
         if stride > 1 and divergence == "kl" and not math.isinf(theta2) and \
@@ -602,9 +617,17 @@ def solve_two_piece(oracle: PiecewiseOracle, r: float, theta2: float, divergence
             view = SortedTwoPiece.window(lambda i, j, out: negated_keys(oracle, slice(i, j),
                                                                          out),
                                          n, c, h_lo, h_hi, umax, size=min(size, n),
-                                         tie=oracle.TIE)
-            sol = solve_dual(view, r, theta2, divergence, tol=tol, max_iter=max_iter,
-                             bracket=(h_lo, h_hi), h_init=center)
+                                         tie=oracle.TIE, rows=_key_rows(oracle),
+                                         front_rows=WINDOW_FRONT_FROM_ROWS,
+                                         front_below=_chi2_front(sub, h_lo, h_hi, theta2)
+                                         if chi2 else None)
+            try:
+                sol = solve_dual(view, r, theta2, divergence, tol=tol, max_iter=max_iter,
+                                 bracket=(h_lo, h_hi), h_init=center)
+            except WindowMiss as miss:  # chi2's active set ends inside the front: sort all
+                tries.append({"width": width, "h": center, "status": str(miss)})
+                view = None
+                break
             tries.append({"width": width, "h": center, "sorted": view.n_fin - view.sorted_from,
                           "kept": view.n_fin, "status": sol.native_status})
             h_next = sol.info.get("h_newton", math.nan)
@@ -624,6 +647,48 @@ def solve_two_piece(oracle: PiecewiseOracle, r: float, theta2: float, divergence
         sol.info["window"] = {"tries": tries, "fallback": "sorted every key"}
     sol.info["view"] = view
     return sol
+
+
+def _key_rows(oracle: PiecewiseOracle):
+    """``(y, s, b, residual)``: the negated keys of a hinge-shaped rows form are ``y s - b``
+    (margin) or ``(y - s) - b`` (residual) row by row, which the window's compiled pass
+    computes itself (:func:`~otstab_solvers.sorted_kernels.partition_rows`); None for other
+    forms or arrays (the window writes the keys block by block)."""
+    k1 = oracle._hinge_piece
+    if not isinstance(oracle, AffineOracle) or oracle._dense is not None or k1 is None:
+        return None
+    rows = oracle.rows
+    if float(rows.a[k1]) != -1.0 or not kernels.rows_ok(rows.y, rows.s):
+        return None
+    return rows.y, rows.s, float(rows.b[k1]), rows.kind == "residual"
+
+
+#: the keys of the subsample by which chi2's window sorts more than the active set's end
+#: needs (:func:`_chi2_front`): this share of the subsample, plus three standard errors
+CHI2_FRONT_SLACK = 0.02
+
+
+def _chi2_front(sub: SortedTwoPiece, h_lo: float, h_hi: float, theta2: float):
+    """The negated key below which a chi2 window may leave its keys unsorted (the front),
+    from the subsample's view ``sub``: where its active set ends (the largest ``l`` with a
+    positive weight, MATH.md Remark 5) at either end of the bracket ``[h_lo, h_hi]``, moved
+    down by :data:`CHI2_FRONT_SLACK` of the subsample and three standard errors of its count.
+    None: every weight is positive at both ends (the front is the window's own); ``-inf``: no
+    front. A wrong guess costs time only: the window's evaluation checks where the active set
+    ends (:class:`~otstab_solvers.sorted_oracle.WindowMiss`)."""
+    m = sub.n
+    out = math.inf
+    for h in (h_lo, h_hi):
+        p = sub.count(h, "right")
+        A, B, dA, dB, d2 = sub.coefficients(h)
+        alpha = float(sub._chi2(p, A, B, dA, dB, d2, theta2)[3])
+        if alpha + 2.0 * theta2 > 0.0:  # every weight positive (l >= 0 > -alpha - 2 theta2)
+            continue
+        # active: l = A u + B > -alpha - 2 theta2, i.e. nu < (alpha + 2 theta2 + B) / A
+        j = int(sub.nu.searchsorted((alpha + 2.0 * theta2 + B) / A, side="left"))
+        j -= int(CHI2_FRONT_SLACK * m + 3.0 * math.sqrt(j) + 1)
+        out = min(out, float(sub.nu[j]) if j > 0 else -math.inf)
+    return None if math.isinf(out) and out > 0 else out
 
 
 def _kl_ess(nu: np.ndarray, c: float, h: float, theta2: float) -> float:

@@ -20,12 +20,15 @@ are a contiguous range. So:
 - KL evaluations are one exp pass over the active prefix only;
 - the kinks between two points are read off the sorted keys in O(1).
 
-A *window* (:meth:`SortedTwoPiece.window`) serves the KL and theta2 = inf evaluations at the
+A *window* (:meth:`SortedTwoPiece.window`) serves the evaluations (chi2's when its front ends
+before chi2's active set does: :class:`WindowMiss` otherwise) at the
 ``h`` of one bracket ``[h_lo, h_hi]`` only, without sorting every key: the samples that move at
 every ``h`` of the bracket (``A``) are kept unsorted in front, those that switch piece inside it
 (``B``) sorted after them, and those that move at none (``C``) are only counted. Every count,
 sum and kink inside the bracket is then the one of the fully sorted view; one sort of ``B``
-replaces the sort of all n keys (:func:`otstab_solvers.dual.solve_two_piece`).
+replaces the sort of all n keys (:func:`otstab_solvers.dual.solve_two_piece`). With the
+compiled kernels ``A`` need not be stored either (:class:`_Front`: its keys recomputed from
+the rows where a pass reads them; the view holds ``B`` alone).
 
 :func:`otstab_solvers.dual.solve_dual` evaluates a :class:`SortedTwoPiece` directly, and uses
 an oracle's ``prefix`` attribute (one of these) when it has one.
@@ -38,9 +41,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import sorted_kernels as kernels
 from .weights import phi
 
-__all__ = ["SortedTwoPiece", "KeyRule", "KL_BLOCK", "window_thresholds"]
+__all__ = ["SortedTwoPiece", "KeyRule", "KL_BLOCK", "window_thresholds", "WindowMiss"]
 
 #: keys per block of a KL evaluation (two buffers of 128 KB, kept in cache)
 KL_BLOCK = 1 << 14
@@ -52,6 +56,46 @@ _KL_SUMS_KEPT = 4
 #: a KL evaluation sums ``expm1`` in a second pass (instead of taking ``log(Z / n)``) only when
 #: ``Z / n``, the mean of the shifted weights, is within this share of one (see :meth:`_kl`)
 EXPM1_SHARE = 1.0 / 16.0
+
+
+class WindowMiss(ValueError):
+    """A window cannot evaluate a point: chi2's active set ends inside its unsorted front."""
+
+
+@dataclass
+class _Front:
+    """A window's front (the keys below ``a_thr``: moving at every ``h`` of its bracket)
+    computed from the rows where it is read instead of stored: ``rows = (y, s, b,
+    residual)``, the negated keys ``y s - b`` (or ``(y - s) - b``) of every row
+    (:func:`otstab_solvers.sorted_kernels.partition_rows`'s arithmetic); its count, sums of
+    ``nu`` and ``nu^2``, smallest and largest key from the pass that found it."""
+
+    rows: tuple
+    a_thr: float
+    count: int
+    sum_nu: float
+    sum_nu2: float
+    nu_min: float
+    nu_max: float
+
+    def blocks(self):
+        """``(position, keys)``: the front's keys in row order, a block of rows at a time
+        (NumPy: ``AffineRows.negated_piece``'s operations), positions from 0."""
+        y, s, b, residual = self.rows
+        buf = np.empty(KL_BLOCK)
+        pos = 0
+        for i in range(0, s.size, KL_BLOCK):
+            j = min(i + KL_BLOCK, s.size)
+            out = buf[:j - i]
+            if residual:
+                np.subtract(y[i:j], s[i:j], out=out)
+            else:
+                np.multiply(y[i:j], s[i:j], out=out)
+            out -= b
+            nb = out[out < self.a_thr]
+            if nb.size:
+                yield pos, nb
+                pos += nb.size
 
 
 class _Keys:
@@ -66,21 +110,30 @@ class _Keys:
         umax = max(abs(float(nu[0])), abs(float(nu[n_fin - 1]))) if n_fin else 0.0
         return cls(nu, n_fin, umax)
 
-    def __init__(self, nu, n_fin, umax, front_max=None, sorted_from=0):
+    def __init__(self, nu, n_fin, umax, front_max=None, sorted_from=0, front=None):
         self.nu, self.n_fin, self.umax = nu, n_fin, umax
         # a window's unsorted front: its length and its largest key (0 and None: every key
         # sorted)
         self.sorted_from, self.front_max = sorted_from, front_max
+        #: a front computed from the rows instead of stored (:class:`_Front`; None: stored,
+        #: ``nu`` holds it): ``nu`` then holds the sorted keys alone, the positions from
+        #: ``base`` on
+        self.front = front
+        self.base = sorted_from if front is not None else 0
         self._prefix = None
         self._blocked = None  # (sums of the keys and squares before each block, the front's)
         self.buffers = None  # the KL evaluations' scratch (SortedTwoPiece._kl_buffers)
 
     def u(self, k: int) -> float:
         """The k-th largest key (0-based): ``-nu[k]`` (negation is exact)."""
-        return -float(self.nu[k])
+        if k < self.base:
+            raise ValueError(f"key {k} is in a front computed from the rows (not stored)")
+        return -float(self.nu[k - self.base])
 
     def head(self, q: int) -> np.ndarray:
         """The q largest keys in decreasing order (a new array ``-nu[:q]``)."""
+        if self.base:
+            raise ValueError("the keys of a front computed from the rows are not stored")
         return np.negative(self.nu[:q])
 
     def prefix(self):
@@ -89,6 +142,8 @@ class _Keys:
         ``-nu`` are the negated sums of ``nu``, exactly, and ``u^2 = nu^2``. A window's are
         those of its sorted part, after the sums of its front (:meth:`at`)."""
         if self._prefix is None:
+            if self.base:
+                raise ValueError("the keys of a front computed from the rows are not stored")
             lo, n_fin = self.sorted_from, self.n_fin
             nf = self.nu[lo:n_fin]
             cu = np.zeros(n_fin - lo + 1 if lo else self.nu.size + 1)
@@ -108,7 +163,7 @@ class _Keys:
         front's sums; ``n / 128`` numbers instead of the ``2 n`` of :meth:`prefix`."""
         if self._blocked is None:
             lo, n_fin = self.sorted_from, self.n_fin
-            nf = self.nu[lo:n_fin]
+            nf = self.nu[lo - self.base:n_fin - self.base]
             nb = nf.size // PREFIX_BLOCK
             full = nf[:nb * PREFIX_BLOCK].reshape(nb, PREFIX_BLOCK)
             c1 = np.zeros(nb + 1)
@@ -116,8 +171,12 @@ class _Keys:
             np.cumsum(full.sum(axis=1), out=c1[1:])
             np.negative(c1, out=c1)  # sums of u = -nu
             np.cumsum(np.einsum("ij,ij->i", full, full), out=c2[1:])
-            front = self.nu[:lo]
-            self._blocked = (c1, c2, (-float(np.sum(front)), float(np.dot(front, front))))
+            if self.front is not None:  # (its sums from the pass that found it)
+                fs = (-self.front.sum_nu, self.front.sum_nu2)
+            else:
+                front = self.nu[:lo]
+                fs = (-float(np.sum(front)), float(np.dot(front, front)))
+            self._blocked = (c1, c2, fs)
         return self._blocked
 
     def at(self, q: int, squares: bool = True) -> tuple[float, float]:
@@ -132,7 +191,7 @@ class _Keys:
         if k > self.n_fin - lo:  # (as the full prefix arrays: 0 past the finite keys)
             return 0.0, 0.0
         j = k // PREFIX_BLOCK
-        rest = self.nu[lo + j * PREFIX_BLOCK:lo + k]
+        rest = self.nu[lo - self.base + j * PREFIX_BLOCK:lo - self.base + k]
         s1 = float(c1[j]) - float(np.sum(rest))
         s2 = float(c2[j]) + float(np.dot(rest, rest)) if squares else 0.0
         if not lo:
@@ -188,6 +247,8 @@ class SortedTwoPiece:
         self._sorted = _sorted
         self.nu, self.n_fin, self.umax = _sorted.nu, _sorted.n_fin, _sorted.umax
         self.n = self.nu.size
+        #: positions before ``nu[0]`` (a front computed from the rows: :class:`_Front`)
+        self._base = _sorted.base
         #: the sums of recent KL passes that :meth:`moving_sums` reads again (``_kl``)
         self._kl_sums: dict = {}
         #: the local model of recent KL evaluations that :meth:`model_step` reads
@@ -196,8 +257,9 @@ class SortedTwoPiece:
 
     @classmethod
     def window(cls, fill, n: int, c: float, h_lo: float, h_hi: float, umax: float, *,
-               size: int | None = None, block: int = KL_BLOCK,
-               tie: float = 1e-12) -> SortedTwoPiece:
+               size: int | None = None, block: int = KL_BLOCK, tie: float = 1e-12,
+               front_below: float | None = None, rows=None,
+               front_rows: bool = False) -> SortedTwoPiece:
         """The hinge view ``l_h = max(0, u h + c h^2)`` for ``h`` in ``[h_lo, h_hi]`` only
         (``0 < h_lo < h_hi``, ``c > 0``), built without sorting all n keys.
 
@@ -209,11 +271,21 @@ class SortedTwoPiece:
         ``-inf`` keys of the full view). ``size``: an estimate of ``|A| + |B|`` (from a
         subsample) the array is allocated with; without it, or when it proves too small, a
         counting pass comes first. Evaluations outside the bracket raise ``ValueError``.
+        ``front_below``: only the keys ``nu`` below it (and below ``A``'s threshold) go to the
+        unsorted front, the others of ``A`` are sorted with ``B`` (chi2: the keys where its
+        active set may end, :meth:`_chi2`). ``rows = (y, s, b, residual)``: the keys that
+        ``fill`` writes are ``y s - b`` (or ``(y - s) - b``) of each row, which the compiled
+        partition computes itself (:func:`otstab_solvers.sorted_kernels.partition_rows`: the
+        same numbers, no block written first). ``front_rows`` (with ``rows`` and the kernels):
+        the front is not stored but computed from the rows where a pass reads it
+        (:class:`_Front`): the view holds ``B`` alone (up to 0.9 n fewer keys at n = 1e6).
         """
         if not (0.0 < h_lo < h_hi < math.inf) or not c > 0.0:
             raise ValueError(f"a window needs 0 < h_lo < h_hi < inf and c > 0, got "
                              f"[{h_lo}, {h_hi}], c = {c}")
         a_thr, c_thr = window_thresholds(c, h_lo, h_hi, umax, tie)
+        if front_below is not None:
+            a_thr = min(a_thr, float(front_below))
         m = min(block, n)
         buf, ina, le = np.empty(m), np.empty(m, dtype=bool), np.empty(m, dtype=bool)
         spans = [(i, min(i + block, n)) for i in range(0, n, block)]
@@ -250,6 +322,44 @@ class SortedTwoPiece:
             nu.resize(ia + n_b, refcheck=False)  # the estimate's spare room given back
             return nu, ia
 
+        def partition(size):
+            """:func:`write` by the compiled partition (``B`` written from the back of the
+            array, in reverse, then moved behind ``A``: one loop over each block)."""
+            nu = np.empty(size)
+            ia = ib = 0
+            for i, j in spans:
+                ia, ib = kernels.window_partition(fill(i, j, buf[:j - i]), a_thr, c_thr, nu,
+                                                  ia, ib)
+                if ia + ib > size:
+                    return None
+            if ib:
+                nu[ia:ia + ib] = nu[size - ib:size]  # (overlapping: NumPy copies through a buffer)
+            nu.resize(ia + ib, refcheck=False)
+            return nu, ia
+
+        def partition_rows(size):
+            """:func:`partition` over the rows themselves (one compiled loop)."""
+            nu = np.empty(size)
+            y, s, b, residual = rows
+            ia, ib = kernels.partition_rows(y, s, b, residual, a_thr, c_thr, nu)
+            if ia + ib > size:
+                return None
+            if ib:
+                nu[ia:ia + ib] = nu[size - ib:size]
+            nu.resize(ia + ib, refcheck=False)
+            return nu, ia
+
+        def count_rows():
+            y, s, b, residual = rows
+            return sum(kernels.partition_rows(y, s, b, residual, a_thr, c_thr, np.empty(0)))
+
+        if front_rows and rows is not None and kernels.use_kernel(n):
+            return cls._window_front_rows(rows, n, c, h_lo, h_hi, umax, a_thr, c_thr, size,
+                                          tie)
+        if kernels.use_kernel(n):
+            write = partition  # noqa: F811 - the same keys, in one compiled loop per block
+            if rows is not None:
+                write, count = partition_rows, count_rows  # noqa: F811
         got = write(size) if size is not None and size >= 0 else None
         if got is None:
             got = write(count())
@@ -262,6 +372,27 @@ class SortedTwoPiece:
             nu[0], nu[k] = nu[k], nu[0]    # largest l_h there
         view = cls(nu, "hinge", c, tie=tie,
                    _sorted=_Keys(nu, nu.size, float(umax), front_max, n_a))
+        view.n, view.sorted_from, view.domain = int(n), n_a, (float(h_lo), float(h_hi))
+        return view
+
+    @classmethod
+    def _window_front_rows(cls, rows, n, c, h_lo, h_hi, umax, a_thr, c_thr, size,
+                           tie) -> SortedTwoPiece:
+        """:meth:`window` with its front computed from the rows (:class:`_Front`)."""
+        n_a, sum_nu, sum_nu2, nu_min, nu_max = kernels.front_moments(rows, a_thr)
+        room = max((size if size is not None and size >= 0 else n) - n_a, 0) + 1024
+        nu = np.empty(min(room, n))
+        n_b = kernels.b_keys(rows, a_thr, c_thr, nu)
+        if n_b > nu.size:  # (the estimate was too small: the count is exact now)
+            nu = np.empty(n_b)
+            kernels.b_keys(rows, a_thr, c_thr, nu)
+        nu.resize(n_b, refcheck=False)
+        nu.sort()
+        front = _Front(rows, float(a_thr), int(n_a), float(sum_nu), float(sum_nu2),
+                       float(nu_min), float(nu_max)) if n_a else None
+        view = cls(nu, "hinge", c, tie=tie,
+                   _sorted=_Keys(nu, n_a + n_b, float(umax), float(nu_max) if n_a else None,
+                                 n_a, front))
         view.n, view.sorted_from, view.domain = int(n), n_a, (float(h_lo), float(h_hi))
         return view
 
@@ -323,7 +454,7 @@ class SortedTwoPiece:
         lo = self.sorted_from
         if self.domain is not None and not self.domain[0] <= h <= self.domain[1]:
             raise ValueError(f"h = {h!r} is outside this window's bracket {self.domain}")
-        nu = self.nu[lo:self.n_fin]
+        nu = self.nu[lo - self._base:self.n_fin - self._base]
         if A == 0.0:  # every l is B = 0: the piece with the larger (right) derivative wins
             if dA == 0.0:
                 return self.n_fin if (dB > 0) == (side == "right") else 0
@@ -350,7 +481,9 @@ class SortedTwoPiece:
 
     def kink(self, i: int) -> float:
         """The h at which sample ``i`` (in sorted order) switches piece."""
-        v = float(self.nu[i])
+        if i < self._base:
+            raise ValueError(f"key {i} is in a front computed from the rows (not stored)")
+        v = float(self.nu[i - self._base])
         return v / self.c if self.kind == "hinge" else v * self.scale
 
     def kinks_between(self, p_lo: int, p_hi: int, h_lo: float, h_hi: float):
@@ -358,7 +491,7 @@ class SortedTwoPiece:
         the samples that switch between the two points (sorted positions ``p_lo..p_hi``)."""
         if p_hi <= p_lo or (self.kind == "hinge" and self.c <= 0.0):
             return 0, math.nan, math.nan, math.nan
-        seg = self.nu[p_lo:p_hi]
+        seg = self.nu[p_lo - self._base:p_hi - self._base]
         f = self.c if self.kind == "hinge" else 1.0 / self.scale  # kink > h <=> nu > f h
         i0 = p_lo + int(seg.searchsorted(h_lo * f, side="right"))
         i1 = p_lo + int(seg.searchsorted(h_hi * f, side="left"))
@@ -374,7 +507,7 @@ class SortedTwoPiece:
     def _head_sums(self, q: int):
         """(sum, sum of squares) of the first q sorted keys: from the prefix sums when they
         exist, else directly (one pass over the q keys, no n-sized arrays)."""
-        if self._sorted._blocked is not None:
+        if self._sorted._blocked is not None or self._base:
             return self._sorted.at(q)
         head = self.nu[:q]  # -u
         return -float(np.sum(head)), float(np.dot(head, head))
@@ -407,7 +540,6 @@ class SortedTwoPiece:
                     self._kl_models.pop(next(iter(self._kl_models)))
                 self._kl_models[(h, side)] = (p, *self._kl_last)
             return term, mu, curv, None, p
-        self._whole("chi2")  # (its alpha reads the keys in sorted order)
         return (*self._chi2(p, A, B, dA, dB, d2, theta2), p)
 
     def _kl(self, p, A, B, dA, dB, d2, theta2):
@@ -422,9 +554,10 @@ class SortedTwoPiece:
         if p == 0:
             return 0.0, 0.0, 0.0
         nu_all = self.nu  # -u, increasing: the passes work on it (no copy of u)
-        top = (-A * float(nu_all[0]) + B) / theta2  # largest l / theta2 (u is decreasing)
+        top = (-A * self._nu_first() + B) / theta2  # largest l / theta2 (u is decreasing)
         M = max(top, 0.0)
-        c = float(nu_all[(p - 1) // 2])
+        c = self._nu_near((p - 1) // 2)
+        front = self._sorted.front
         if A == 0.0:
             e_val = math.exp(max(B / theta2 - M, -700.0))
             s1, s2 = self._head_sums(p)  # sums of u and u^2
@@ -436,7 +569,15 @@ class SortedTwoPiece:
             x, e = self._kl_buffers()
             k1, k0, floor = self._exponent_map(p, A, B, theta2, M)
             Z1 = S1 = S2 = S3 = Enu = Ex = Snu = 0.0
-            for s in range(0, p, KL_BLOCK):
+            if front is not None:  # the front's from the rows, then the sorted keys'
+                sums = [a + b for a, b in zip(
+                    kernels.kl_front(front.rows, front.a_thr, k1, k0, floor, c),
+                    kernels.kl_sums(nu_all, 0, p - self._base, k1, k0, floor, c))]
+                Z1, Enu, Ex, Snu, S1, S2, S3 = sums
+            elif kernels.use_kernel(n):  # the same sums in one compiled loop
+                Z1, Enu, Ex, Snu, S1, S2, S3 = kernels.kl_sums(nu_all, 0, p, k1, k0, floor, c)
+            for s in range(0, p if not kernels.use_kernel(n) and front is None else 0,
+                           KL_BLOCK):
                 nb = nu_all[s:min(s + KL_BLOCK, p)]
                 xb, eb = _exponents(nb, k1, k0, floor, x), e[:nb.size]
                 np.exp(xb, out=eb)
@@ -473,8 +614,7 @@ class SortedTwoPiece:
                 zm1 = p * math.expm1(max(B / theta2 - M, -700.0))
             else:
                 zm1 = 0.0
-                for s in range(0, p, KL_BLOCK):
-                    nb = nu_all[s:min(s + KL_BLOCK, p)]
+                for _, nb in self._key_blocks(p):
                     xb = _exponents(nb, k1, k0, floor, x)
                     zm1 += float(np.sum(np.expm1(xb, out=xb)))
             log_mean = math.log1p((zm1 + (n - p) * math.expm1(-M)) / n)
@@ -537,7 +677,7 @@ class SortedTwoPiece:
         i0, i1 = min(p, qb), max(p, qb)
         if i1 - i0 > max(self.n // 32, 64):  # (5 arrays of them: at most 0.16 n-vectors)
             return math.nan
-        nu = self.nu[i0:i1]
+        nu = self.nu[i0 - self._base:i1 - self._base]
         cum = np.zeros((3, nu.size + 1))
         w, t = cum[1, 1:], cum[2, 1:]  # (scratch: the prefix sums are taken last)
         np.multiply(nu, 1.0 / self.c, out=t)  # the kinks h_k
@@ -560,13 +700,18 @@ class SortedTwoPiece:
         del ck
         np.cumsum(cum[:, 1:], axis=1, out=cum[:, 1:])
 
+        c_jump, c_s, c_sh = cum  # (rows: scalar reads below)
+
         def model(hh):
             dh = hh - h
-            q = self.count(hh, "right")
-            # (below h the differences are negative: the kinks undone)
-            jump, cs, csh = cum[:, q - i0] - cum[:, p - i0]
+            q, q0 = self.count(hh, "right") - i0, p - i0
+            # (below h the differences are negative: the kinks undone; the same numbers as
+            # the arrays' differences, read as floats)
+            jump = float(c_jump[q]) - float(c_jump[q0])
+            cs = float(c_s[q]) - float(c_s[q0])
+            csh = float(c_sh[q]) - float(c_sh[q0])
             kinks = jump + hh * cs - csh
-            return g - curv * dh - 0.5 * slope * dh * dh - float(kinks)
+            return g - curv * dh - 0.5 * slope * dh * dh - kinks
 
         fb = model(b)
         if not (fb < 0.0 if g > 0.0 else fb > 0.0):  # no sign change: no model root
@@ -584,6 +729,28 @@ class SortedTwoPiece:
                 b = m
         return 0.5 * (a + b)
 
+    def _nu_first(self) -> float:
+        """The smallest negated key (the largest key ``u``: a window's front holds it)."""
+        if self._base:
+            return self._sorted.front.nu_min
+        return float(self.nu[0])
+
+    def _nu_near(self, k: int) -> float:
+        """The negated key at sorted position ``k``, or (in a front computed from the rows,
+        whose keys are not stored) the front's mean: a centre for the KL pass's moments."""
+        if k >= self._base:
+            return float(self.nu[k - self._base])
+        return self._sorted.front.sum_nu / self._base
+
+    def _key_blocks(self, q: int):
+        """``(position, keys)``: the first ``q`` keys in blocks of at most :data:`KL_BLOCK`
+        (a front computed from the rows first, block by block in row order)."""
+        base = self._base
+        if base:
+            yield from self._sorted.front.blocks()
+        for s in range(base, q, KL_BLOCK):
+            yield s, self.nu[s - base:min(s + KL_BLOCK, q) - base]
+
     def _kl_buffers(self):
         """Two scratch buffers of :data:`KL_BLOCK` floats, kept between evaluations."""
         buf = self._sorted.buffers
@@ -599,7 +766,7 @@ class SortedTwoPiece:
         The largest is 0 up to rounding, which ``exp`` takes as it is."""
         k1, k0 = -A / theta2, B / theta2 - M
         lo = self.sorted_from
-        nu_max = float(self.nu[p - 1]) if p > lo else self._sorted.front_max
+        nu_max = float(self.nu[p - 1 - self._base]) if p > lo else self._sorted.front_max
         if nu_max is None:  # p = 0 (no key: no exponent to clamp)
             return k1, k0, None
         return k1, k0, (-700.0 if k1 * nu_max + k0 < -700.0 else None)
@@ -609,9 +776,14 @@ class SortedTwoPiece:
         return (A * self._sorted.u(k - 1) + B) / (2.0 * theta2) if k <= p else 0.0
 
     def _chi2(self, p, A, B, dA, dB, d2, theta2):
+        """chi2's ``(term, mu, curv, alpha)`` at a point with ``p`` samples moving: its
+        active set (the ``kk`` largest ``l``, MATH.md Remark 5) by a binary search over the
+        sorted keys. On a window the active set must not end inside the unsorted front (the
+        search starts at the front's end, whose validity its largest key decides); where it
+        does, :class:`WindowMiss` is raised (``solve_two_piece`` then sorts every key)."""
         n = self.n
         two = 2.0 * theta2
-        self._whole("chi2")
+        front = self.sorted_from
 
         def cu(q):  # the sum of the q largest keys (blocked prefix sums)
             return self._sorted.at(q, squares=False)[0]
@@ -633,7 +805,15 @@ class SortedTwoPiece:
         if valid(n):
             kk = n
         else:
-            lo, hi = 1, n
+            lo, hi = max(front, 1), n
+            if front:  # a window: the top ``front`` keys are its front, the smallest of them
+                # -front_max (its u(front - 1)); in front of every key it sorted
+                u_last = -float(self._sorted.front_max)
+                ok = two * n > A * (cu(front) - front * u_last) if front <= p else \
+                    two * n > (A * cu(p) + p * B)
+                if not ok:
+                    raise WindowMiss(f"chi2's active set ends inside the window's unsorted "
+                                     f"front ({front} keys) at h = {A!r}")
             while hi - lo > 1:
                 mid = (lo + hi) // 2
                 if valid(mid):
@@ -747,7 +927,8 @@ class SortedTwoPiece:
             T = (A * s_u + B * p_l) / n if p_l else 0.0
             return rule, {"p_l": p_l, "p_r": p_r, "w": float(p_l), "wd": d_sum, "d": d_sum,
                           "phi": 0.0, "T": T}
-        M = max((-A * float(nu[0]) + B) / theta2, 0.0) if p_r else 0.0
+        M = max((-A * self._nu_first() + B) / theta2, 0.0) if p_r else 0.0
+        front = self._sorted.front
         # every exponent at least that of l_h = 0 (x0): a tied sample's l_h (within the tie
         # tolerance of 0) counts as 0, as the scan of the pieces takes it; this also clamps
         # the exponents at -700
@@ -762,7 +943,16 @@ class SortedTwoPiece:
             # rounding of x), so its sums are these, bit for bit
             _, Z, Enu, Ex, Snu = known
             E1 = Z
-        for s in range(0, p_r if known is None else 0, KL_BLOCK):
+        kernel = kernels.use_kernel(n) or front is not None
+        if kernel and known is None:  # the same sums in compiled loops (sorted_kernels)
+            base = self._base
+            E1, Enu, Ex, Snu = kernels.kl_sums(nu, 0, p_l - base, k1, k0, x0, 0.0)[:4]
+            if front is not None:  # (the front's from the rows: every one moves)
+                E1, Enu, Ex, Snu = (a + b for a, b in zip(
+                    (E1, Enu, Ex, Snu),
+                    kernels.kl_front(front.rows, front.a_thr, k1, k0, x0, 0.0)[:4]))
+            Z = E1 + kernels.kl_sums(nu, p_l - base, p_r - base, k1, k0, x0, 0.0)[0]
+        for s in range(0, p_r if known is None and not kernel else 0, KL_BLOCK):
             stop = min(s + KL_BLOCK, p_r)
             nb = nu[s:stop]
             xb, eb = _exponents(nb, k1, k0, x0, x), e[:nb.size]
@@ -776,7 +966,7 @@ class SortedTwoPiece:
                 Snu += float(nb[:q].sum())
         Z += (n - p_r) * math.exp(x0)
         scale = n / Z
-        rule = KeyRule(left, right, k1, k0, x0, scale, dA, dB)
+        rule = KeyRule(left, right, k1, k0, x0, scale, dA, dB, kernel=kernel)
         # sum phi(w) = sum (w log w - w + 1), log w = x + log(scale): from the sums, unless
         # their cancellation (weights near one: large theta2) could exceed phi_atol
         L = math.log(scale)
@@ -784,10 +974,12 @@ class SortedTwoPiece:
         bound = 8.0 * np.finfo(float).eps * (scale * (-Ex + abs(L) * E1 + E1) + p_l)
         if bound > phi_atol:
             phi_sum = 0.0
-            for s in range(0, p_l, KL_BLOCK):
-                nb = nu[s:min(s + KL_BLOCK, p_l)]
+            for _, nb in self._key_blocks(p_l):
                 xb, eb = _exponents(nb, k1, k0, x0, x), e[:nb.size]
-                np.exp(xb, out=eb)
+                if kernel:
+                    kernels.exp_into(xb, eb)
+                else:
+                    np.exp(xb, out=eb)
                 eb *= scale
                 phi_sum += float(np.sum(phi(eb, "kl")))
         return rule, {"p_l": p_l, "p_r": p_r, "w": scale * E1,
@@ -795,15 +987,15 @@ class SortedTwoPiece:
                       "phi": phi_sum, "T": theta2 * (M - L)}
 
     def chi2_sums(self, h: float, theta2: float):
-        """:meth:`moving_sums` for chi2 (the fully sorted view): the same ``(rule, sums)``,
-        the weights ``((l_h + alpha) / (2 theta2) + 1)_+`` at the view's own ``alpha`` at
-        ``h`` (the right side, as the dual's term), in one pass over the samples that move
+        """:meth:`moving_sums` for chi2 (the full view, or a window: :meth:`_chi2`): the same
+        ``(rule, sums)``, the weights ``((l_h + alpha) / (2 theta2) + 1)_+`` at the view's own
+        ``alpha`` at ``h`` (the right side, as the dual's term), in one pass over the samples
+        that move
         (no exp; the weights of the others are that of ``l_h = 0``). ``sums`` also holds
         ``alpha`` and ``T_abs`` (the sum of the absolute terms of ``T``, its rounding scale).
         """
         if self.kind != "hinge":
             raise ValueError("chi2_sums serves the hinge kind")
-        self._whole("chi2_sums")
         n = self.n
         p_l, p_r = self.count(h, "left"), self.count(h, "right")
         A, B, dA, dB, d2 = self.coefficients(h)
@@ -816,8 +1008,16 @@ class SortedTwoPiece:
         t3, flag = np.empty(x.size), np.empty(x.size, dtype=bool)  # (no block temporaries)
         W = WD = PHI = T = T_abs = Snu = 0.0
         nu = self.nu
-        for s in range(0, p_l, KL_BLOCK):
-            nb = nu[s:min(s + KL_BLOCK, p_l)]
+        front = self._sorted.front
+        kernel = kernels.use_kernel(n) or front is not None
+        if kernel:  # the same per-key arithmetic in one compiled loop
+            W, WD, PHI, T, T_abs, Snu = kernels.chi2_sums_pass(nu, p_l - self._base, A, B,
+                                                               alpha, theta2, dA, dB)
+            if front is not None:  # (the front's from the rows)
+                W, WD, PHI, T, T_abs, Snu = (a + b for a, b in zip(
+                    (W, WD, PHI, T, T_abs, Snu),
+                    kernels.chi2_front(front.rows, front.a_thr, A, B, alpha, theta2, dA, dB)))
+        for _, nb in (self._key_blocks(p_l) if not kernel else ()):
             wb = _chi2_weights(nb, A, B, alpha, theta2, e)
             W += float(wb.sum())
             Snu += float(nb.sum())
@@ -876,6 +1076,9 @@ class KeyRule:
     A: float = 0.0
     B: float = 0.0
     theta2: float = math.inf
+    #: the weights' exponentials by :func:`otstab_solvers.sorted_kernels.exp_into` (the exp of
+    #: the compiled sums the rule came from), not NumPy's
+    kernel: bool = False
 
     def moving(self, nu: np.ndarray) -> np.ndarray:
         return nu < self.left
@@ -891,7 +1094,10 @@ class KeyRule:
             return _chi2_weights(nu, self.A, self.B, self.alpha, self.theta2,
                                  np.empty(np.shape(nu)))
         x = _exponents(nu, self.k1, self.k0, self.x0, np.empty(np.shape(nu)))
-        np.exp(x, out=x)
+        if self.kernel:
+            kernels.exp_into(x, x)
+        else:
+            np.exp(x, out=x)
         x *= self.scale
         return x
 

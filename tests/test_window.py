@@ -90,8 +90,6 @@ def test_window_refuses_what_needs_every_key():
     for h in (0.0, 0.19, 0.31, 5.0):
         with pytest.raises(ValueError, match="outside this window"):
             win.reduce(h, "right", 1.0, "kl")
-    with pytest.raises(ValueError, match="fully sorted view"):
-        win.reduce(0.25, "right", 1.0, "chi2")
     for call in (lambda: win.with_c(1.0), lambda: win.risk_parts(0.25, 1.0, "kl"),
                  lambda: win.weights_prefix(0.25, 10, 1.0, "kl")):
         with pytest.raises(ValueError, match="fully sorted view"):
@@ -119,12 +117,10 @@ def test_solve_two_piece_matches_the_fully_sorted_solve(kind, theta2, div, c):
     assert same(sol.value, ref.value, 1e-11) and same(sol.value, dense.value, 1e-10)
     assert same(sol.h, ref.h, 1e-9)
     window = sol.info.get("window")
-    if div == "kl" or math.isinf(theta2):  # windowed (chi2 sorts every key)
-        assert window["tries"] and window["tries"][-1]["status"] == "optimal"
-        assert window["tries"][-1]["sorted"] < n
-        assert sol.info["view"].domain is not None
-    else:
-        assert window is None and sol.info["view"].domain is None
+    # windowed (chi2 too: its front ends where its active set may end)
+    assert window["tries"] and window["tries"][-1]["status"] == "optimal"
+    assert window["tries"][-1]["sorted"] < n
+    assert sol.info["view"].domain is not None
 
 
 def test_windows_that_miss_the_root_widen_then_sort_every_key(monkeypatch):
@@ -229,9 +225,16 @@ def test_chi2_sums_and_key_rule_match_dense_chi2(theta2, kind):
     rng = np.random.default_rng(12)
     n, c = 800, 0.6
     u = keys(rng, n, kind)
-    _, full, win = views(u, c, 0.1, 0.2)
-    with pytest.raises(ValueError, match="fully sorted"):
-        win.chi2_sums(0.15, theta2)
+    oracle, full, _ = views(u, c, 0.1, 0.2)
+    # a window with every key it keeps sorted (no front): the full view's sums in its bracket
+    win = SortedTwoPiece.window(lambda i, j, out: negated_keys(oracle, slice(i, j), out), n,
+                                c, 0.1, 0.2, sd.keys_umax(oracle), block=64,
+                                front_below=-INF)
+    assert win.sorted_from == 0 and win.n_fin < n
+    for h in (0.1, 0.15, 0.2):
+        for (_, a), (_, b) in [(full.chi2_sums(h, theta2), win.chi2_sums(h, theta2))]:
+            for key in a:
+                assert b[key] == pytest.approx(a[key], rel=1e-12, abs=1e-13 * a["T_abs"]), key
     for h in (0.05, 0.5, 3.0):
         rule, sums = full.chi2_sums(h, theta2)
         nu = -u

@@ -18,6 +18,7 @@ from typing import Any, cast
 
 import numpy as np
 from otstab_solvers import conic as _conic
+from otstab_solvers import sorted_kernels as kernels
 from otstab_solvers.blockwise import BlockwiseDual, affine_blocks, in_memory, weight_map_blocks
 from otstab_solvers.dual import (
     AffineRows,
@@ -152,7 +153,7 @@ def solve_reduced(prob: Problem, red: Reduced, r, theta1, theta2, divergence, so
     # (K, n) array, no n-vectors of l_h); the sorted view serves uniform samples only
     weighted_rows = p is not None and red.c1_dense is None and red.rows is not None
     # a hinge-shaped form with uniform samples: solve_two_piece sorts the keys it needs (a
-    # window of them for KL and theta2 = inf); the dense weighted dual sorts all of them
+    # window of them); the dense weighted dual sorts all of them
     oracle = red.oracle(sorted_view=p is not None and not weighted_rows)
     # weighted_rows: c1_dense is None, the rows form is set
     dual = BlockwiseDual(in_memory(affine_blocks(cast(AffineRows, red.rows), red.c2,
@@ -238,9 +239,7 @@ def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, thet
     oracle = red.oracle(sorted_view=False) if oracle is None else oracle
     # the sorted view the dual came from (solve_two_piece; an n-vector of keys): the keyed
     # builder takes it over and frees it once its sums are taken; no result keeps it
-    if sol.info.get("view") is not None and n > AUDIT_DIRECT_MAX and prob.p is None and \
-            h > 0 and (divergence == "kl" or math.isinf(theta2) or
-                       sol.info["view"].domain is None):
+    if sol.info.get("view") is not None and n > AUDIT_DIRECT_MAX and prob.p is None and h > 0:
         return _build_keyed(prob, red, sol, sol.info.pop("view"), oracle, r, theta1, theta2,
                             divergence, t_start)
     sol.info.pop("view", None)
@@ -437,8 +436,8 @@ def _candidate(prob, red, sol, atoms, res, moved2, split: bool, question: _Quest
 def _build_keyed(prob, red, sol, view, oracle, r, theta1, theta2, divergence,
                  t_start) -> StabilityResult:
     """:func:`build_result` from the sorted view the dual came from (a hinge-shaped form,
-    uniform samples, KL, chi2 or theta2 = inf, above ``AUDIT_DIRECT_MAX`` rows; chi2 from its
-    fully sorted view, :meth:`~otstab_solvers.sorted_oracle.SortedTwoPiece.chi2_sums`).
+    uniform samples, KL, chi2 or theta2 = inf, above ``AUDIT_DIRECT_MAX`` rows; chi2 by
+    :meth:`~otstab_solvers.sorted_oracle.SortedTwoPiece.chi2_sums`).
 
     The view gives Q* as a rule on each sample's key (:class:`~otstab_solvers.sorted_oracle.
     KeyRule`: which samples move, their weights and losses at the moved points) and the
@@ -451,7 +450,7 @@ def _build_keyed(prob, red, sol, view, oracle, r, theta1, theta2, divergence,
     n = red.n
     value = min(float(sol.value), h * r)  # (F(h) <= h r: the losses are nonnegative)
     chi2 = divergence == "chi2" and not math.isinf(theta2)
-    if chi2:  # (a fully sorted view: chi2 sorts every key)
+    if chi2:
         rule, sums = view.chi2_sums(h, theta2)
     else:
         rule, sums = view.moving_sums(h, theta2, phi_atol=_PHI_RTOL * abs(value) * n / theta2)
@@ -645,12 +644,28 @@ def _sample_check(prob, red, h, rows, piece, loss_star, moved2) -> dict:
     err = 0.0
     # small blocks: the gathered rows, their moves and the moved rows stay cache-sized
     step = audit.rows_per_block(prob.d, SAMPLE_BLOCK)
+    # a margin / residual form's moves x* - x = t g_i v in one compiled loop per block (the
+    # same moved rows as NumPy's outer product and sum, bit for bit; the squared moves
+    # summed in order): numba is there and the data large (sorted_kernels)
+    compiled = red.v is not None and red.kind != "multiclass" and \
+        kernels.use_kernel(prob.n) and not math.isinf(red.theta1) and h != 0.0
+    if compiled:
+        t = h / (2.0 * red.theta1)
+        v = np.ascontiguousarray(red.v, dtype=np.float64)
+        xs_buf, d2_buf = np.empty((step, prob.d)), np.empty(step)
     for s in range(0, rows.size, step):
         rb, pb = rows[s:s + step], piece[s:s + step]
         Xg = prob.X[rb]
-        delta = red.displacement(rb, pb, h)
-        Xs = Xg if delta is None else Xg + delta
-        direct_loss, direct_d2 = audit.rescored(prob.losses, prob.y[rb], Xg, Xs)
+        if compiled and Xg.ndim == 2 and Xg.dtype in (np.float64, np.float32):
+            k = rb.size
+            Xs, direct_d2 = xs_buf[:k], d2_buf[:k]
+            kernels.moved_rows(np.ascontiguousarray(Xg), t * red.coef(rb, pb), v, Xs,
+                               direct_d2)
+            direct_loss = np.asarray(prob.losses(Xs, prob.y[rb]), dtype=np.float64)
+        else:
+            delta = red.displacement(rb, pb, h)
+            Xs = Xg if delta is None else Xg + delta
+            direct_loss, direct_d2 = audit.rescored(prob.losses, prob.y[rb], Xg, Xs)
         err = max(err, audit.sampled_error(direct_loss, loss_star[s:s + step], direct_d2,
                                            moved2[s:s + step]))
     return {"method": "sampled", "sample": int(rows.size), "max_rel_error": err}
