@@ -709,6 +709,13 @@ def test_zero_one_sampled_audit_refuses_a_wrong_reduced_form(monkeypatch):
     honest = oz.NearPoints.displacement
     monkeypatch.setattr(oz.NearPoints, "displacement",
                         lambda self, rows: 0.5 * honest(self, rows))
+    honest_pr = oz.NearPoints.points_and_reduced  # (the sampled audit's points: built there)
+
+    def halfway(self, X, rows):
+        Xr, Xm, loss, sq = honest_pr(self, X, rows)
+        return Xr, Xr + 0.5 * (Xm - Xr), loss, sq
+
+    monkeypatch.setattr(oz.NearPoints, "points_and_reduced", halfway)
     with pytest.raises(SolverError, match="audit"):
         otstab.certify(model, X, y, loss="zero_one", r=r, se=None)
     # what stopped it is the sampled check: the reduced sums alone pass
