@@ -149,7 +149,7 @@ def _versions() -> dict:
 
     out = {}
     for pkg in ("otstab", "numpy", "scipy", "cvxpy", "clarabel", "ecos", "scs", "mosek",
-                "pandas", "pytest-benchmark"):
+                "pandas", "pytest-benchmark", "numba"):
         try:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:

@@ -671,6 +671,17 @@ GRID_LOSS_NAME = {"hinge": "hinge", "zero_one": "0/1", "logistic": "logistic",
                   "multiclass": "multiclass hinge (K = 4)"}
 
 
+def _numba_note(data) -> str:
+    """Whether the run had numba (the binary and multiclass hinge's compiled passes)."""
+    ver = (data.get("otstab") or {}).get("versions", {}).get("numba", "?")
+    if ver is None:
+        return "numba was not installed: every pass ran in NumPy."
+    return (f"numba {ver} was installed: the binary and multiclass hinge ran their compiled "
+            "passes (loaded by the benchmark's first call, which is not timed; the first "
+            "large certificate of a fresh process pays that once, 0.3-1 s, "
+            "[scale.md](scale.md)); without numba they run in NumPy.")
+
+
 def grid_points(data) -> list[dict]:
     """The grid's points with their baseline and ratio (worst first)."""
     base, points = {}, []
@@ -740,7 +751,7 @@ def section_grid(path=GRID_JSON) -> list[str]:
            "0.01 (near base), 0.5 (middle), 0.95 (near max); theta1 = 1. A DataFrame (one "
            "float64 block: its Fortran-ordered values are used as they are) is compared with "
            "the float64 baseline. Memory targets: issue 31's 2 n-vectors beyond X for hinge "
-           "and 0/1 (tracemalloc, one certificate).", "",
+           "and 0/1 (tracemalloc, one certificate). " + _numba_note(data), "",
            f"**Worst point of the grid: {worst['ratio']:.2f}x** ({label(worst)}; target "
            + (f"{worst['target']:g}x: {met(worst)})." if worst["target"] is not None
               else "none)."), ""]
