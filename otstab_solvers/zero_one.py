@@ -276,6 +276,37 @@ def solve_zero_one(a, r: float, theta2: float, divergence: str, *,
                         iterations=1, gap_bound=0.0, solve_time=time.perf_counter() - t0)
 
 
+def _window_root(cand, right_end, price, *, j0, n_fin, below, hi_known, lo):
+    """The optimal h of a window's closed form (:func:`solve_window`,
+    :func:`solve_window_chi2`), or None when the window does not hold it: the first segment
+    ``j`` (the j cheapest samples move) whose candidate ``cand(j)`` does not exceed its right
+    end, by bisection over the segments the window knows, and the candidate or, below it, the
+    segment's left end ``price(j - 1)``."""
+    lo_j, hi_j = max(j0, 1), n_fin
+    a_j, b_j = max(lo_j, below), min(hi_j, hi_known)
+    if a_j > b_j:
+        return None
+    if a_j > lo_j and cand(a_j) <= right_end(a_j):
+        return None  # the first such segment may lie below the window
+    if not cand(b_j) <= right_end(b_j):
+        return None  # beyond the window (or no segment holds the root: the full form says)
+    while a_j < b_j:
+        mid = (a_j + b_j) // 2
+        if cand(mid) <= right_end(mid):
+            b_j = mid
+        else:
+            a_j = mid + 1
+    jj = a_j
+    if jj - 1 < below and jj - 1 >= j0:
+        return None
+    hj = cand(jj)
+    left = price(jj - 1)
+    h = max(hj if hj >= left else left, 0.0)
+    if h <= 0.0 or (h < lo and below):
+        return None
+    return h
+
+
 def solve_window(window, r: float, theta2: float, divergence: str, n: int, *, below: int,
                  below_exp: float, below_gap: float, lo: float, n_zero: int, n_fin: int,
                  top: bool, below_em1: float = math.nan) -> DualSolution | None:
@@ -348,27 +379,9 @@ def solve_window(window, r: float, theta2: float, divergence: str, n: int, *, be
         return theta2 * (math.log(r * (n - j) / (1.0 - r)) - math.log(prefix(j))) \
             if j < n else -math.inf
 
-    lo_j, hi_j = max(j0, 1), n_fin
-    a_j, b_j = max(lo_j, below), min(hi_j, hi_known)
-    if a_j > b_j:
-        return None
-    if a_j > lo_j and cand(a_j) <= right_end(a_j):
-        return None  # the first such segment may lie below the window
-    if not cand(b_j) <= right_end(b_j):
-        return None  # beyond the window (or no segment holds the root: the full form says)
-    while a_j < b_j:
-        mid = (a_j + b_j) // 2
-        if cand(mid) <= right_end(mid):
-            b_j = mid
-        else:
-            a_j = mid + 1
-    jj = a_j
-    if jj - 1 < below and jj - 1 >= j0:
-        return None
-    hj = cand(jj)
-    left = price(jj - 1)
-    h = max(hj if hj >= left else left, 0.0)
-    if h <= 0.0 or (h < lo and below):
+    h = _window_root(cand, right_end, price, j0=j0, n_fin=n_fin, below=below,
+                     hi_known=hi_known, lo=lo)
+    if h is None:
         return None
     j_in = below + int(s.searchsorted(h, side="left"))
     n_tied = below + int(s.searchsorted(h, side="right")) - j_in
@@ -450,27 +463,9 @@ def solve_window_chi2(window, r: float, theta2: float, n: int, *, below: int, lo
         mstar = 2.0 * theta2 * (r - p) / (1.0 - p)
         return lo + (n * mstar - dsum(j)) / j
 
-    lo_j, hi_j = max(j0, 1), n_fin
-    a_j, b_j = max(lo_j, below), min(hi_j, hi_known)
-    if a_j > b_j:
-        return None
-    if a_j > lo_j and cand(a_j) <= right_end(a_j):
-        return None  # the first such segment may lie below the window
-    if not cand(b_j) <= right_end(b_j):
-        return None
-    while a_j < b_j:
-        mid = (a_j + b_j) // 2
-        if cand(mid) <= right_end(mid):
-            b_j = mid
-        else:
-            a_j = mid + 1
-    jj = a_j
-    if jj - 1 < below and jj - 1 >= j0:
-        return None
-    hj = cand(jj)
-    left = price(jj - 1)
-    h = max(hj if hj >= left else left, 0.0)
-    if h <= 0.0 or (h < lo and below):
+    h = _window_root(cand, right_end, price, j0=j0, n_fin=n_fin, below=below,
+                     hi_known=hi_known, lo=lo)
+    if h is None:
         return None
     # the value as h (r - p) + mean(a 1[moved]) - var(l_h) / (4 theta2) (h r - m without its
     # cancellation), var about m: l_i - m = (h - lo - m) + (lo - a_i) below the window, h - a_i
