@@ -141,7 +141,11 @@ def test_hinge_window_peak(divergence, theta2, r):
     at every threshold: the scores, all n keys, the sampled audit's blocks, a fixed size),
     2.38 (KL near the largest loss) and 2.44 n-vectors (theta2 = inf there); 2.24 now, that
     of the scores pass and the sampled audit (at n = 1e6, d = 50: 1.52, chi2 near the
-    largest loss 1.76: its 536,000 sorted keys)."""
+    largest loss 1.76: its 536,000 sorted keys). The front is recomputed from the rows by
+    numba's kernels: without numba the NumPy passes keep it (KL and theta2 = inf: 2.38 and
+    2.44 as before; chi2's window holds either way)."""
+    from otstab_solvers import sorted_kernels
+
     n, d = 250_000, 20
     rng = np.random.default_rng(0)
     X = rng.standard_normal((n, d))
@@ -152,4 +156,4 @@ def test_hinge_window_peak(divergence, theta2, r):
     otstab.certify(model, X, y, **kw)  # (numba's kernels loaded: not data)
     res, peak = _peak_vectors(lambda: otstab.certify(model, X, y, **kw), n)
     assert res.status == "optimal" and res.info["window"]["tries"][-1]["kept"] < n
-    assert peak < 2.33, peak
+    assert peak < (2.33 if sorted_kernels.use_kernel(n) or divergence == "chi2" else 2.5), peak
