@@ -329,6 +329,19 @@ def sample_leaves(table: LeafTable, x, y: int, mv):
             x[mv], table.tree[idx], V[:, [y]] - V[:, others], table.base[y] - table.base[others])
 
 
+def tree_bound(tree, n_trees: int, marg, base):
+    """``(starts, mins, bound)`` of the leaves that meet a box, grouped by tree (``tree``:
+    their tree ids, in runs; ``marg``: their margins, leaves x classes): where each tree's
+    run starts, each tree's smallest margin per class, and the box's margin bound ``base +
+    sum of mins`` per class. None when some of the ``n_trees`` trees has no leaf in the box
+    (no point of the box)."""
+    starts = np.flatnonzero(np.concatenate(([True], tree[1:] != tree[:-1])))
+    if starts.size < n_trees:
+        return None
+    mins = np.minimum.reduceat(marg, starts, axis=0)  # (trees, classes)
+    return starts, mins, base + mins.sum(axis=0)
+
+
 def worst_leaf(marg, alive, mins, starts, bound):
     """The split rule of the tree branch and bounds: ``(worst, rows)``, the position (in
     ``alive``) of the leaf with the smallest margin, on the class whose margin bound is
@@ -394,12 +407,11 @@ class _Sample:
         tree = self.tree[alive]
         if alive.size == 0:
             return None
-        starts = np.flatnonzero(np.concatenate(([True], tree[1:] != tree[:-1])))
-        if starts.size < self.n_trees:  # some tree has no leaf here: no point of the box
+        got = tree_bound(tree, self.n_trees, self.marg[alive], self.base)
+        if got is None:  # some tree has no leaf here: no point of the box
             return None
+        starts, mins, bound = got
         key = float(np.max(np.minimum.reduceat(dist, starts)))
-        mins = np.minimum.reduceat(self.marg[alive], starts, axis=0)  # (trees, K-1)
-        bound = self.base + mins.sum(axis=0)
         if np.all(bound > self.tol):
             return None  # proved: no point of the box within U changes the prediction
         # the margins as well: no input closer than the radius key can be misclassified

@@ -54,6 +54,7 @@ from otstab_solvers.dual import solve_dual
 
 from ..modeling import _tree_margins as tree_margins
 from ..modeling._nonlinear import as_model_input
+from ._bounds import tree_bound
 from ._datacost_cross_entropy import _priced as priced_costs
 from ._datacost_linear import encode
 from ._datacost_result import edges_before_dual, raw_result
@@ -166,13 +167,11 @@ class RawSmoothSearch(_RawSample):
         alive, lo, hi, dist = alive[fin], lo[fin], hi[fin], dist[fin]
         if alive.size == 0:
             return None
-        tree = raw.tree[alive]
-        starts = np.flatnonzero(np.concatenate(([True], tree[1:] != tree[:-1])))
-        if starts.size < raw.n_trees:
-            return None
         marg = self.marg[alive]
-        mins = np.minimum.reduceat(marg, starts, axis=0)
-        bound = self.base + mins.sum(axis=0)
+        got = tree_bound(raw.tree[alive], raw.n_trees, marg, self.base)
+        if got is None:
+            return None
+        starts, mins, bound = got
         single = starts.size == alive.size
         point = None
         if single:

@@ -516,13 +516,11 @@ class _RawSample:
         alive, dist, lo, hi, M = alive[near], dist[near], lo[near], hi[near], M[near]
         if alive.size == 0:
             return None
-        tree = raw.tree[alive]
-        starts = np.flatnonzero(np.concatenate(([True], tree[1:] != tree[:-1])))
-        if starts.size < raw.n_trees:
+        got = bounds.tree_bound(raw.tree[alive], raw.n_trees, self.marg[alive], self.base)
+        if got is None:
             return None
+        starts, mins, bound = got
         key = float(np.max(np.minimum.reduceat(dist, starts)))
-        mins = np.minimum.reduceat(self.marg[alive], starts, axis=0)
-        bound = self.base + mins.sum(axis=0)
         if np.all(bound > self.tol):
             return None
         key = max(key, radius_key(dist, starts, self.marg[alive], self.base, self.tol,

@@ -65,6 +65,7 @@ from ._bounds import (
     LeafTable,
     leaf_table,
     sample_leaves,
+    tree_bound,
     worst_leaf,
 )
 from ._datacost_cross_entropy import FiniteOracle
@@ -238,13 +239,11 @@ class SmoothSearch:
         alive, lo, hi, dist = alive[near], lo[near], hi[near], dist[near]
         if alive.size == 0:
             return None
-        tree = self.tree[alive]
-        starts = np.flatnonzero(np.concatenate(([True], tree[1:] != tree[:-1])))
-        if starts.size < self.n_trees:
-            return None
         marg = self.marg[alive]
-        mins = np.minimum.reduceat(marg, starts, axis=0)
-        bound = self.base + mins.sum(axis=0)
+        got = tree_bound(self.tree[alive], self.n_trees, marg, self.base)
+        if got is None:
+            return None
+        starts, mins, bound = got
         single = starts.size == alive.size
         if single:
             rlo, rhi = lo.max(axis=0), hi.min(axis=0)
