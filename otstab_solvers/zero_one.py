@@ -276,6 +276,26 @@ def solve_zero_one(a, r: float, theta2: float, divergence: str, *,
                         iterations=1, gap_bound=0.0, solve_time=time.perf_counter() - t0)
 
 
+def _window_prices(s, below: int, j0: int, n_fin: int):
+    """``(price, right_end)`` of a window ``s`` of the sorted prices starting at position
+    ``below``: ``price(j)``, the j-th smallest price (0-based: in the window, or 0 below the
+    ``j0`` zero prices; IndexError elsewhere), and ``right_end(j)``, the right end of segment
+    ``j`` (``inf`` from the ``n_fin``-th on: infinite prices)."""
+    m = s.size
+
+    def price(j):
+        if below <= j < below + m:
+            return float(s[j - below])
+        if j < j0:
+            return 0.0
+        raise IndexError(j)
+
+    def right_end(j):
+        return price(j) if j < n_fin else math.inf
+
+    return price, right_end
+
+
 def _window_root(cand, right_end, price, *, j0, n_fin, below, hi_known, lo):
     """The optimal h of a window's closed form (:func:`solve_window`,
     :func:`solve_window_chi2`), or None when the window does not hold it: the first segment
@@ -344,16 +364,7 @@ def solve_window(window, r: float, theta2: float, divergence: str, n: int, *, be
         return None
     hi_known = below + m if top else below + m - 1  # the largest j whose right end is known
 
-    def price(j):  # the j-th smallest price (0-based), known in the window (and 0 below j0)
-        if below <= j < below + m:
-            return float(s[j - below])
-        if j < j0:
-            return 0.0
-        raise IndexError(j)
-
-    def right_end(j):
-        return price(j) if j < n_fin else math.inf
-
+    price, right_end = _window_prices(s, below, j0, n_fin)
     if math.isinf(theta2):
         J = max(int(math.ceil(r * n - 1e-12 * n)), 1)
         if J > n_fin:
@@ -446,16 +457,7 @@ def solve_window_chi2(window, r: float, theta2: float, n: int, *, below: int, lo
     def dsum(j):  # D1_j, j >= below
         return d1 + (float(cum[j - below - 1]) if j > below else 0.0)
 
-    def price(j):
-        if below <= j < below + m_w:
-            return float(s[j - below])
-        if j < j0:
-            return 0.0
-        raise IndexError(j)
-
-    def right_end(j):
-        return price(j) if j < n_fin else math.inf
-
+    price, right_end = _window_prices(s, below, j0, n_fin)
     def cand(j):  # the stationary point of segment j (j samples move)
         p = j / n
         if j >= n:
