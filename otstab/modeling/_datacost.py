@@ -475,11 +475,11 @@ def _note_unlisted_levels(var: Variable, col: pd.Series) -> None:
     it: it stays), an ordinal one has no rank and stays."""
     assert var.levels is not None
     listed = {_plain(lv) for lv in var.levels}
-    vals = [_plain(x) for x in col.dropna().unique()]
-    unlisted = [x for x in vals if x not in listed]
+    counts = [(_plain(x), int(c)) for x, c in col.value_counts(dropna=True).items()]
+    unlisted = [x for x, _ in counts if x not in listed]
     if not unlisted:
         return
-    rows = int(col.map(lambda x: _plain(x) in set(unlisted)).sum())
+    rows = sum(c for x, c in counts if x not in listed)
     shown = ", ".join(repr(x) for x in sorted(unlisted, key=repr)[:5]) + \
         (", ..." if len(unlisted) > 5 else "")
     then = ("they may switch to a listed level, never back" if var.kind == "categorical"
