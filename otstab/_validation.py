@@ -221,11 +221,14 @@ def as_one_dim(arr: np.ndarray, name: str) -> np.ndarray:
     return arr
 
 
-def as_float_vector(v, name: str, *, finite: bool = True, nonnegative: bool = False) -> np.ndarray:
-    """A float64 1-D copy; rejects NaN/inf (if ``finite``) and negative values (if asked)."""
+def as_float_vector(v, name: str, *, finite: bool = True, nonnegative: bool = False,
+                    copy: bool = True) -> np.ndarray:
+    """A float64 1-D copy (``copy=False``: the caller's float64 array itself where it is one,
+    for a caller that only reads it); rejects NaN/inf (if ``finite``) and negative values
+    (if asked)."""
     if v is None:
         raise ValidationError(f"{name} is required, got None")
-    arr = as_one_dim(_real_array(v, name), name)
+    arr = as_one_dim(_real_array(v, name, copy=copy), name)
     if finite and not np.all(np.isfinite(arr)):
         i = int(np.argmax(~np.isfinite(arr)))
         raise ValidationError(f"{name} contains NaN or inf (first at index {i})")
@@ -246,7 +249,8 @@ def as_sample_weight(v, n: int, name: str = "sample_weight") -> np.ndarray | Non
     if np.asarray(raw).dtype.kind == "b":
         raise ValidationError(f"{name} must hold numbers, got booleans (to keep some rows, "
                               "select them instead)")
-    arr = as_float_vector(raw, name, nonnegative=True)
+    # (no copy: only read here; the probabilities returned are a new array)
+    arr = as_float_vector(raw, name, nonnegative=True, copy=False)
     if arr.size != n:
         raise ValidationError(f"{name} has {arr.size} entries but X has {n} rows")
     total = float(np.sum(arr))

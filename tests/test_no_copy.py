@@ -19,6 +19,7 @@ from threadpoolctl import threadpool_limits
 
 import otstab
 from otstab import fingerprint
+from otstab.modeling import _pass_kernels
 from otstab.scale import DataChangedError
 
 
@@ -164,9 +165,10 @@ def test_no_copy_of_a_writable_x():
     direct audit) stays below half the size of X (the old copy alone was X); the result keeps
     X itself."""
     X, model, y = _binary(n=250_000, d=20, seed=6)
-    # the compiled kernels of the hinge's sorted view, loaded once per process (numba: some
-    # 40 MB of Python objects, not data) before the peak is traced
+    # the compiled kernels of the hinge's sorted view and of the scores pass, loaded once per
+    # process (numba: some 40 MB of Python objects, not data) before the peak is traced
     sorted_kernels.load()
+    _pass_kernels.available(X.shape[0])
     for kw in (dict(loss="hinge", r=0.6), dict(loss="zero_one", r=0.3)):
         tracemalloc.start()
         try:
