@@ -337,17 +337,8 @@ def _uniform_dtransform(m: np.ndarray, c: float, h: float, start=None, keep=None
     u, s, rest = uniform_steps(m, c, h, start, start_t=start_t)
     T = h / (2.0 * c)
     t = s * T
-    if rest.size:  # both branches by Newton first, the robust solve for what is left
-        ub, sb, okb = two_branch_steps(m[rest], c, h)
-        got = rest[okb]
-        u[got], s[got], t[got] = ub[okb], sb[okb], T * sb[okb]
-        rest = rest[~okb]
     if rest.size:
-        mr = m[rest]
-        tr = logistic_steps(mr, np.broadcast_to(c, (rest.size,)), h)
-        t[rest] = tr
-        u[rest] = tr - mr
-        s[rest] = expit(u[rest])
+        u[rest], s[rest], t[rest] = _robust_uniform(m[rest], c, h)
     if steps_only:
         if keep is not None:
             keep(u, t, None, None)
@@ -361,6 +352,24 @@ def _uniform_dtransform(m: np.ndarray, c: float, h: float, start=None, keep=None
     return lh, loss_star, d2, t
 
 
+def _robust_uniform(m: np.ndarray, c: float, h: float):
+    """``(u, s, t)`` of the margins ``m`` that the lean solve did not accept (one price
+    ``c``, ``h > 0``): both branches by Newton first
+    (:func:`~otstab_solvers.logistic_uniform.two_branch_steps`), the robust bracketed solve
+    (:func:`logistic_steps`) for what is left."""
+    T = h / (2.0 * c)
+    u, s, okb = two_branch_steps(m, c, h)
+    t = T * s
+    left = np.flatnonzero(~okb)
+    if left.size:
+        mr = m[left]
+        tr = logistic_steps(mr, np.broadcast_to(c, (left.size,)), h)
+        t[left] = tr
+        u[left] = tr - mr
+        s[left] = expit(u[left])
+    return u, s, t
+
+
 def uniform_d2(s: np.ndarray, c: float, h: float) -> np.ndarray:
     """The second derivative of ``l_h`` in ``h`` of the samples whose maximiser has
     ``s = sigmoid(t - m)`` (one price ``c``): ``s^2 / (2 c - h s (1 - s))``."""
@@ -369,6 +378,9 @@ def uniform_d2(s: np.ndarray, c: float, h: float) -> np.ndarray:
     denom += 2.0 * c
     with np.errstate(divide="ignore", invalid="ignore"):
         return s * s / denom
+
+
+_NONE = np.zeros(1)  # (an array argument the compiled pass does not read)
 
 
 class LogisticOracle:
@@ -472,7 +484,9 @@ class LogisticOracle:
         if self._margins is not None:
             return self._margins[rows]
         assert self._scores is not None and self._score_signs is not None  # made from scores
-        return self._score_signs[rows] * self._scores[rows]
+        # (float64 whatever the scores' type: float32 margins would keep the solves' roots
+        # in float32, NumPy's promotion rules)
+        return np.multiply(self._score_signs[rows], self._scores[rows], dtype=np.float64)
 
     @classmethod
     def from_linear(cls, X, y_signs, coef, intercept, theta1, mask=None) -> LogisticOracle:
@@ -560,6 +574,63 @@ class LogisticOracle:
         return _uniform_dtransform(m, c, h, None, keep, steps_only, start_t=start,
                                    curvature=self.curvature)
 
+    def fused_rows(self, h: float, rows: slice, mode: int, theta2: float, lazy: bool,
+                   span: float):
+        """The sums of one exact pass over the slice ``rows`` at ``h`` in one compiled loop
+        (:func:`otstab_solvers.logistic_kernels.solve_block`: ``mode`` KL or theta2 = inf,
+        ``lazy``: no second derivative, ``span``: KL's expm1 span), keeping the steps and
+        losses as :meth:`transform_rows` keeps them (:attr:`keep_values`); the rows the loop
+        does not accept are solved by the robust NumPy solve first. None where it does not
+        apply (numba absent or the oracle below the kernels' size, several prices, no warm
+        starts or kept values, h = 0): the caller then reads :meth:`transform_rows`."""
+        from . import logistic_kernels as lk
+
+        c0 = float(self.c[0])
+        if not (self.keep_values and self._warm is not None and self.c.strides == (0,)
+                and 0.0 < c0 < math.inf and h > 0.0 and rows.stop > rows.start
+                and lk.use_kernel(self.n)):
+            return None
+        y, sc = self._score_signs, self._scores  # (warm starts: an oracle of scores)
+        if not (isinstance(sc, np.ndarray) and sc.dtype in (np.float64, np.float32)
+                and isinstance(y, np.ndarray) and y.dtype.kind in "iuf"
+                and y.dtype.itemsize <= 8):
+            return None
+        key = (rows.start, rows.stop)
+        s, e = key
+        k = e - s
+        last = self._warm.get(key)
+        warm = last is not None and abs(h - last[0]) <= 0.1 * h
+        if self._kept_buf is None:
+            self._kept_buf = (np.empty(self.n), np.empty(self.n))
+        tb, lb = self._kept_buf
+        buf = self._fuse_buf
+        if buf is None or buf.shape[1] < k:
+            buf = self._fuse_buf = np.empty((4, k))
+        if warm:
+            tprev, table, lo, inv, quad = last[1], (_NONE, _NONE, _NONE), 0.0, 0.0, False
+        else:  # a block read at a new h: from the table of this h's steps
+            tab = self._table(c0, h)
+            quad = tab.half_d2 is not None
+            tprev, lo, inv = _NONE, tab.lo, tab.inv
+            table = (tab.t, tab.dt, tab.half_d2 if quad else tab.dt)
+        rest, sums = lk.solve_block(y, sc, s, e, c0, h, warm, tprev, table, lo, inv, quad,
+                                    buf, mode, theta2, lazy, span, out_t=tb[s:e],
+                                    out_loss=lb[s:e])
+        if rest.size:  # the robust solve, then the block's sums
+            mr = self._margins_of(rest + s).astype(np.float64)
+            u, sg, t = _robust_uniform(mr, c0, h)
+            loss = _softplus_at(u, sg)
+            lh = h * loss
+            lh -= c0 * t * t
+            tb[s + rest], lb[s + rest] = t, loss
+            buf[0, rest], buf[1, rest], buf[2, rest], buf[3, rest] = t, loss, lh, sg
+            sums = lk.block_sums(buf, k, c0, h, mode, theta2, lazy, span)
+        self._warm[key] = (h, tb[s:e], lb[s:e])
+        return sums
+
+    #: (4, rows) scratch of :meth:`fused_rows`
+    _fuse_buf: np.ndarray | None = None
+
     def _table(self, c: float, h: float) -> StepTable:
         """The :class:`~otstab_solvers.logistic_uniform.StepTable` of ``h`` over the range
         of the margins (one per ``h``: the last is kept)."""
@@ -628,6 +699,7 @@ class LogisticOracle:
             self._warm.clear()
         self._step_table = None
         self._kept_buf = None
+        self._fuse_buf = None
 
     def evaluate(self, h: float):
         """``(l_h, dl_h/dh, d2l_h/dh2)`` at ``h``, each of shape (n,)."""
