@@ -39,7 +39,7 @@ from . import sorted_kernels
 from .logistic_uniform import MAX_ITER, SLOPE_MIN, STEP_TOL, TAYLOR_STEP
 
 __all__ = ["USE_KERNEL", "CHUNK", "use_kernel", "load", "solve_block", "block_sums",
-           "MODE_KL", "MODE_MEAN"]
+           "audit_sums", "MODE_KL", "MODE_MEAN"]
 
 #: use the compiled loops (False: the NumPy path; set to compare the two)
 USE_KERNEL = sorted_kernels.HAVE_NUMBA
@@ -56,8 +56,9 @@ _COMPILED: dict = {}
 #: the floating-point liberties of the compiled helpers: the exp's polynomial in fused
 #: multiply-adds (as sorted_kernels'), the chunk's sums reassociated (vectorised)
 _FASTMATH = {"_exp_chunk": {"contract"}, "_kl_chunk": {"reassoc"}}
-#: :func:`sorted_kernels._exp_chunk_py`, compiled once a kernel is
+#: :func:`sorted_kernels._exp_chunk_py` and ``_extremes_py``, compiled once a kernel is
 _exp_chunk = sorted_kernels._exp_chunk_py
+_extremes = sorted_kernels._extremes_py
 _LOADED: dict = {"ok": None}
 
 
@@ -86,7 +87,8 @@ def _kernel(fn):
         import numba
 
         for name, py in (("_exp_chunk", sorted_kernels._exp_chunk_py),
-                         ("_log1p_unit", _log1p_unit_py),
+                         ("_extremes", sorted_kernels._extremes_py),
+                         ("_log1p_unit", _log1p_unit_py), ("_finish", _finish_py),
                          ("_chunk_steps", _chunk_steps_py), ("_kl_chunk", _kl_chunk_py),
                          ("_sums", _sums_py)):
             if name not in _COMPILED:  # (the kernels call them by these names)
@@ -108,9 +110,10 @@ def load() -> None:
     m = np.array([-1.0, 0.0, 1.0, 2.0])
     tab = (np.zeros(2), np.ones(2), np.zeros(2))
     for s in (m, m.astype(np.float32)):  # (labels +-1 as int8; other types on first use)
+        t, loss = np.empty(4), np.empty(4)
         solve_block(np.ones(4, dtype=np.int8), s, 0, 4, 1.0, 1.0, False, np.zeros(4), tab,
-                    -2.0, 0.25, False, np.empty((4, 4)), MODE_KL, 1.0, True, 1.0)
-    block_sums(np.empty((4, 4)), 4, 1.0, 1.0, MODE_MEAN, 1.0, True, 1.0)
+                    -2.0, 0.25, False, t, loss, MODE_KL, 1.0, True, 1.0)
+    block_sums(t, loss, 1.0, 1.0, MODE_MEAN, 1.0, True, 1.0)
 
 
 def _chunk_steps_py(y, sc, i0, kk, warm, tprev, j0, tab_t, tab_dt, tab_hd2, quad,
@@ -222,13 +225,13 @@ def _log1p_unit_py(q):  # pragma: no cover - compiled
 _log1p_unit = _log1p_unit_py
 
 
-def _kl_chunk_py(buf, c0, kk, eb, em, use_em1, lazy, two_c, h):  # pragma: no cover
-    """KL's sums over rows ``c0..c0 + kk`` of ``buf`` with their ``e`` in ``eb`` (and
-    ``expm1`` in ``em`` where ``use_em1``)."""
+def _kl_chunk_py(tv, lv, c0, kk, eb, em, use_em1, lazy, two_c, h, T):  # pragma: no cover
+    """KL's sums over rows ``c0..c0 + kk`` (steps ``tv``, losses ``lv``) with their ``e``
+    in ``eb`` (and ``expm1`` in ``em`` where ``use_em1``)."""
     z = z1 = z2 = z3 = e1 = sd1 = 0.0
     for j in range(kk):
         ev = eb[j]
-        d1 = buf[1, c0 + j]
+        d1 = lv[c0 + j]
         ed1 = ev * d1
         z += ev
         z1 += ed1
@@ -236,8 +239,8 @@ def _kl_chunk_py(buf, c0, kk, eb, em, use_em1, lazy, two_c, h):  # pragma: no co
         sd1 += d1
         if use_em1:
             e1 += em[j]
-        if not lazy:
-            s = buf[3, c0 + j]
+        if not lazy:  # (d2 from s = t / T, as logistic_pass's curvature from kept steps)
+            s = tv[c0 + j] / T
             z3 += ev * (s * s / (two_c - s * (1.0 - s) * h))
     return z, z1, z2, z3, e1, sd1
 
@@ -245,42 +248,51 @@ def _kl_chunk_py(buf, c0, kk, eb, em, use_em1, lazy, two_c, h):  # pragma: no co
 _kl_chunk = _kl_chunk_py
 
 
-def _sums_py(buf, k, c, h, mode, theta2, lazy, span):  # pragma: no cover - compiled
-    """The sums of a block whose rows ``0..k`` hold ``(t, loss, l_h, s)`` in ``buf[:, i]``
-    (module docstring); returns eight numbers: KL ``(largest a, sum e, sum e dl, sum e dl^2,
-    sum e d2l, sum expm1 (nan: exp was summed), sum dl, 0)`` with ``a = l_h / theta2``;
-    theta2 = inf ``(sum l_h, sum dl, sum d2l, ...)``."""
+def _sums_py(tv, lv, k, c, h, mode, theta2, lazy, span):  # pragma: no cover - compiled
+    """The sums of a block of ``k`` rows with the steps ``tv`` and the losses ``lv`` at
+    their maximisers (``l_h = h loss - c t^2`` from them, as the NumPy pass); returns eight
+    numbers: KL ``(largest a, sum e, sum e dl, sum e dl^2, sum e d2l, sum expm1 (nan: exp
+    was summed), sum dl, 0)`` with ``a = l_h / theta2``; theta2 = inf ``(sum l_h, sum dl,
+    sum d2l, ...)``."""
     two_c = 2.0 * c
+    T = h / two_c
     if mode == 1:
         SL = SD1 = SD2 = 0.0
         for c0 in range(0, k, CHUNK):
             sl = sd1 = sd2 = 0.0
             for i in range(c0, min(c0 + CHUNK, k)):
-                sl += buf[2, i]
-                sd1 += buf[1, i]
+                t = tv[i]
+                d1 = lv[i]
+                sl += h * d1 - c * t * t
+                sd1 += d1
                 if not lazy:
-                    s = buf[3, i]
+                    s = t / T
                     sd2 += s * s / (two_c - s * (1.0 - s) * h)
             SL += sl
             SD1 += sd1
             SD2 += sd2
         return SL, SD1, SD2, 0.0, 0.0, 0.0, 0.0, 0.0
-    mx = -math.inf
-    lo = math.inf
-    for i in range(k):
-        a = buf[2, i] / theta2
-        mx = max(mx, a)
-        lo = min(lo, a)
-    use_em1 = lo - mx >= -span
     xb = np.empty(CHUNK)
     eb = np.empty(CHUNK)
     em = np.empty(CHUNK)
     scb = np.empty(CHUNK)
+    mx = -math.inf
+    lo = math.inf
+    for c0 in range(0, k, CHUNK):
+        kk = min(CHUNK, k - c0)
+        for j in range(kk):
+            t = tv[c0 + j]
+            xb[j] = (h * lv[c0 + j] - c * t * t) / theta2
+        l0, m0 = _extremes(xb, kk, math.inf, -math.inf)
+        mx = max(mx, m0)
+        lo = min(lo, l0)
+    use_em1 = lo - mx >= -span
     Z = Z1 = Z2 = Z3 = E = SD1 = 0.0
     for c0 in range(0, k, CHUNK):
         kk = min(CHUNK, k - c0)
         for j in range(kk):
-            a = buf[2, c0 + j] / theta2 - mx
+            t = tv[c0 + j]
+            a = (h * lv[c0 + j] - c * t * t) / theta2 - mx
             xb[j] = a if a >= _A_MIN else _A_MIN
         if use_em1:  # (e = expm1 + 1 there, as the NumPy pass)
             for j in range(kk):
@@ -288,7 +300,8 @@ def _sums_py(buf, k, c, h, mode, theta2, lazy, span):  # pragma: no cover - comp
                 eb[j] = em[j] + 1.0
         else:
             _exp_chunk(xb, eb, scb, kk)
-        z, z1, z2, z3, e1, sd1 = _kl_chunk(buf, c0, kk, eb, em, use_em1, lazy, two_c, h)
+        z, z1, z2, z3, e1, sd1 = _kl_chunk(tv, lv, c0, kk, eb, em, use_em1, lazy, two_c, h,
+                                           T)
         Z += z
         Z1 += z1
         Z2 += z2
@@ -301,12 +314,28 @@ def _sums_py(buf, k, c, h, mode, theta2, lazy, span):  # pragma: no cover - comp
 _sums = _sums_py
 
 
+def _finish_py(sb, stb, ub, out_t, out_loss, c0, kk, T):  # pragma: no cover - compiled
+    """The steps and losses of rows ``c0..c0 + kk`` from their roots ``ub``, the sigmoid
+    before the last step ``sb`` and that step ``stb`` (as uniform_steps and _softplus_at)."""
+    for jj in range(kk):
+        s = sb[jj]
+        step = stb[jj]
+        ds = s * (1.0 - s)
+        s -= (1.0 - (0.5 - s) * step) * step * ds  # sigmoid at the new u
+        r = 1.0 - s
+        out_t[c0 + jj] = s * T
+        out_loss[c0 + jj] = max(ub[jj], 0.0) + _log1p_unit(min(s, r) / max(s, r))
+
+
+_finish = _finish_py
+
+
 def _solve_block_py(y, sc, i0, i1, c, h, warm, tprev, tab_t, tab_dt, tab_hd2, quad, tab_lo,
-                    tab_inv, out_t, out_loss, buf, rest, mode, theta2, lazy,
+                    tab_inv, out_t, out_loss, rest, mode, theta2, lazy,
                     span):  # pragma: no cover - compiled
     """Rows ``i0..i1`` (margins ``y[i] sc[i]``, labels +-1 times scores): the
     steps from ``tprev`` (``warm``: the steps of the last ``h``) or the table, into ``out_t``
-    and ``out_loss`` (block-local) and ``buf`` (``t, loss, l_h, s`` per row); the indices not
+    and ``out_loss`` (block-local); the indices not
     accepted into ``rest``. Returns ``(count not accepted, the block's sums)``: the sums only
     where every row was accepted (else the caller's :func:`block_sums` after the robust
     solve)."""
@@ -338,58 +367,116 @@ def _solve_block_py(y, sc, i0, i1, c, h, warm, tprev, tab_t, tab_dt, tab_hd2, qu
         _chunk_steps(y, sc, i0 + c0, kk, warm, tprev, c0, tab_t, tab_dt, tab_hd2, quad,
                      tab_lo, tab_inv, T, band, lo_b, hi_b, mb, ub, sb, stb, done, bad, xb, eb,
                      scb)
-        for jj in range(kk):  # (every row: those not accepted are written again below)
-            j = c0 + jj
+        for jj in range(kk):
             s = sb[jj]
-            step = stb[jj]
             u = ub[jj]
-            m = mb[jj]
-            ds = s * (1.0 - s)
             # accepted: converged, |F'| >= SLOPE_MIN at the root, u in [-m, T - m]
-            ok = done[jj] & (not bad[jj]) & (abs(u + m - 0.5 * T) <= 0.5 * T)
+            ok = done[jj] & (not bad[jj]) & (abs(u + mb[jj] - 0.5 * T) <= 0.5 * T)
             if slope_test:
-                ok = ok & (abs(T * ds - 1.0) >= SLOPE_MIN)
+                ok = ok & (abs(T * (s * (1.0 - s)) - 1.0) >= SLOPE_MIN)
             done[jj] = ok
-            s -= (1.0 - (0.5 - s) * step) * step * ds  # sigmoid at the new u
-            t = s * T
-            r = 1.0 - s
-            loss = max(u, 0.0) + _log1p_unit(min(s, r) / max(s, r))
-            out_t[j] = t
-            out_loss[j] = loss
-            buf[0, j] = t
-            buf[1, j] = loss
-            buf[2, j] = h * loss - c * t * t
-            buf[3, j] = s
+        # (every row: those not accepted are written again by the caller; two outputs, so
+        # that the loop is vectorised)
+        _finish(sb, stb, ub, out_t, out_loss, c0, kk, T)
         for jj in range(kk):
             if not done[jj]:
                 rest[nr] = c0 + jj
                 nr += 1
     if nr:
         return nr, (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
-    return 0, _sums(buf, k, c, h, mode, theta2, lazy, span)
+    return 0, _sums(out_t, out_loss, k, c, h, mode, theta2, lazy, span)
 
 
 def solve_block(y, sc, i0: int, i1: int, c: float, h: float, warm: bool, tprev, table,
-                tab_lo: float, tab_inv: float, quad: bool, buf, mode: int, theta2: float,
-                lazy: bool, span: float, out_t=None, out_loss=None, rest=None):
+                tab_lo: float, tab_inv: float, quad: bool, out_t, out_loss, mode: int,
+                theta2: float, lazy: bool, span: float, rest=None):
     """:func:`_solve_block_py` compiled: ``(rest, sums)`` with ``rest`` the block-local
-    indices of the rows not accepted (empty: ``sums`` are the block's). ``table``: ``(t, dt,
-    half_d2)`` of a :class:`~otstab_solvers.logistic_uniform.StepTable` (``half_d2`` read
-    where ``quad``); ``buf``: (4, rows) scratch; ``out_t`` / ``out_loss``: the kept steps and
-    losses of the block (default: rows 0 and 1 of ``buf``)."""
+    indices of the rows not accepted (empty: ``sums`` are the block's; else the caller
+    solves those rows, writes them into ``out_t`` and ``out_loss`` and sums the block by
+    :func:`block_sums`). ``table``: ``(t, dt, half_d2)`` of a
+    :class:`~otstab_solvers.logistic_uniform.StepTable` (``half_d2`` read where ``quad``);
+    ``tprev``: the steps of the last ``h`` (read where ``warm``; may be ``out_t`` itself);
+    ``out_t`` / ``out_loss``: the block's steps and losses (contiguous float64)."""
     k = int(i1) - int(i0)
-    out_t = buf[0] if out_t is None else out_t
-    out_loss = buf[1] if out_loss is None else out_loss
     rest = np.empty(k, dtype=np.intp) if rest is None else rest
     nr, sums = _kernel(_solve_block_py)(
         y, sc, int(i0), int(i1), float(c), float(h), bool(warm), tprev, table[0], table[1],
-        table[2], bool(quad), float(tab_lo), float(tab_inv), out_t, out_loss, buf, rest,
+        table[2], bool(quad), float(tab_lo), float(tab_inv), out_t, out_loss, rest,
         int(mode), float(theta2), bool(lazy), float(span))
     return rest[:nr], sums
 
 
-def block_sums(buf, k: int, c: float, h: float, mode: int, theta2: float, lazy: bool,
+def block_sums(out_t, out_loss, c: float, h: float, mode: int, theta2: float, lazy: bool,
                span: float) -> tuple:
     """:func:`_sums_py` compiled (a block whose rows the caller completed)."""
-    return _kernel(_sums_py)(buf, int(k), float(c), float(h), int(mode), float(theta2),
-                             bool(lazy), float(span))
+    return _kernel(_sums_py)(out_t, out_loss, out_t.size, float(c), float(h), int(mode),
+                             float(theta2), bool(lazy), float(span))
+
+
+_NO_NEAR = np.empty(0)
+
+
+def _audit_py(loss, z, g, h, theta1, theta2, shift, scale, kl_log, near_one, mode,
+              near):  # pragma: no cover - compiled
+    """The audit's sums over a block of Q*'s atoms on the score path, each its sample at its
+    step ``z`` at h (mass 1) with the loss ``loss`` there (the arithmetic of
+    ``otstab.solve._smooth._audit_rows``' plain loop): ``d2 = (z g) z``; theta2 = inf
+    (``mode`` 1): ``(sum loss, 0, 0, sum d2, 0, 0)``; KL: with ``a = max((h loss - theta1
+    d2) / theta2 - shift, -700)`` and ``w = exp(a) scale``, ``(sum loss, sum w loss, sum w,
+    sum w d2, sum of w (a + kl_log) - w + 1 over the weights not within ``near_one`` of 1,
+    count of those)``, those weights into ``near``."""
+    k = loss.size
+    xb = np.empty(CHUNK)
+    eb = np.empty(CHUNK)
+    scb = np.empty(CHUNK)
+    MR = R = TOT = MV = PH = 0.0
+    nn = 0
+    for c0 in range(0, k, CHUNK):
+        kk = min(CHUNK, k - c0)
+        mr = r = tot = mv = ph = 0.0
+        if mode == 1:
+            for j in range(kk):
+                zz = z[c0 + j]
+                mr += loss[c0 + j]
+                mv += zz * g * zz
+            MR += mr
+            MV += mv
+            continue
+        for j in range(kk):
+            zz = z[c0 + j]
+            d2 = zz * g * zz
+            a = (h * loss[c0 + j] - theta1 * d2) / theta2 - shift
+            xb[j] = a if a >= _A_MIN else _A_MIN
+        _exp_chunk(xb, eb, scb, kk)
+        for j in range(kk):
+            zz = z[c0 + j]
+            d2 = zz * g * zz
+            ls = loss[c0 + j]
+            w = eb[j] * scale
+            a = xb[j]
+            mr += ls
+            r += w * ls
+            tot += w
+            mv += w * d2
+            if abs(w - 1.0) < near_one:  # (phi's series, by the caller)
+                near[nn] = w
+                nn += 1
+            else:
+                ph += (((a + kl_log) * w) - w) + 1.0
+        MR += mr
+        R += r
+        TOT += tot
+        MV += mv
+        PH += ph
+    return MR, R, TOT, MV, PH, nn
+
+
+def audit_sums(loss, z, g: float, h: float, theta1: float, theta2: float, shift: float,
+               scale: float, kl_log: float, near_one: float, near=None) -> tuple:
+    """:func:`_audit_py` compiled (``theta2`` inf: the sums of theta2 = inf); ``near``: room
+    for ``loss.size`` weights (KL)."""
+    mode = MODE_MEAN if math.isinf(theta2) else MODE_KL
+    near = _NO_NEAR if near is None else near
+    return _kernel(_audit_py)(loss, z, float(g), float(h), float(theta1),
+                              1.0 if mode == MODE_MEAN else float(theta2), float(shift),
+                              float(scale), float(kl_log), float(near_one), mode, near)

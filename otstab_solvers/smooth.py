@@ -597,15 +597,11 @@ class LogisticOracle:
             return None
         key = (rows.start, rows.stop)
         s, e = key
-        k = e - s
         last = self._warm.get(key)
         warm = last is not None and abs(h - last[0]) <= 0.1 * h
         if self._kept_buf is None:
             self._kept_buf = (np.empty(self.n), np.empty(self.n))
         tb, lb = self._kept_buf
-        buf = self._fuse_buf
-        if buf is None or buf.shape[1] < k:
-            buf = self._fuse_buf = np.empty((4, k))
         if warm:
             tprev, table, lo, inv, quad = last[1], (_NONE, _NONE, _NONE), 0.0, 0.0, False
         else:  # a block read at a new h: from the table of this h's steps
@@ -613,23 +609,16 @@ class LogisticOracle:
             quad = tab.half_d2 is not None
             tprev, lo, inv = _NONE, tab.lo, tab.inv
             table = (tab.t, tab.dt, tab.half_d2 if quad else tab.dt)
+        tk, lk_ = tb[s:e], lb[s:e]
         rest, sums = lk.solve_block(y, sc, s, e, c0, h, warm, tprev, table, lo, inv, quad,
-                                    buf, mode, theta2, lazy, span, out_t=tb[s:e],
-                                    out_loss=lb[s:e])
+                                    tk, lk_, mode, theta2, lazy, span)
         if rest.size:  # the robust solve, then the block's sums
-            mr = self._margins_of(rest + s).astype(np.float64)
+            mr = self._margins_of(rest + s)
             u, sg, t = _robust_uniform(mr, c0, h)
-            loss = _softplus_at(u, sg)
-            lh = h * loss
-            lh -= c0 * t * t
-            tb[s + rest], lb[s + rest] = t, loss
-            buf[0, rest], buf[1, rest], buf[2, rest], buf[3, rest] = t, loss, lh, sg
-            sums = lk.block_sums(buf, k, c0, h, mode, theta2, lazy, span)
-        self._warm[key] = (h, tb[s:e], lb[s:e])
+            tk[rest], lk_[rest] = t, _softplus_at(u, sg)
+            sums = lk.block_sums(tk, lk_, c0, h, mode, theta2, lazy, span)
+        self._warm[key] = (h, tk, lk_)
         return sums
-
-    #: (4, rows) scratch of :meth:`fused_rows`
-    _fuse_buf: np.ndarray | None = None
 
     def _table(self, c: float, h: float) -> StepTable:
         """The :class:`~otstab_solvers.logistic_uniform.StepTable` of ``h`` over the range
@@ -699,7 +688,6 @@ class LogisticOracle:
             self._warm.clear()
         self._step_table = None
         self._kept_buf = None
-        self._fuse_buf = None
 
     def evaluate(self, h: float):
         """``(l_h, dl_h/dh, d2l_h/dh2)`` at ``h``, each of shape (n,)."""

@@ -191,3 +191,46 @@ def test_kernel_only_at_its_size(monkeypatch):
     monkeypatch.setattr(K, "KERNEL_MIN_KEYS", 0)
     _pass(monkeypatch, True, s, y, 1.0, 0.7, 0.25)
     assert seen["blocks"] > 0
+
+
+@pytest.mark.parametrize("theta2,t", [(0.25, 0.5), (0.25, 0.001), (math.inf, 0.5)])
+def test_audit_sums_match_numpy(monkeypatch, kernels_on, theta2, t):
+    """The audit's compiled sums (logistic_kernels.audit_sums) against its NumPy blocks: the
+    certificate's primal cost, gap and risk; near the base risk (t = 0.001) most KL weights
+    lie within NEAR_ONE of 1 (phi's series)."""
+    import otstab.solve._audit as au
+
+    monkeypatch.setattr(au, "AUDIT_DIRECT_MAX", 100)  # (the sampled audit: reduced form)
+    monkeypatch.setattr(lb, "MIN_N", 0)
+    rng = np.random.default_rng(5)
+    n = 20_000
+    X = rng.standard_normal((n, 3))
+    coef = np.array([1.0, -0.6, 0.4])
+    y = np.where(X @ coef + 0.5 * rng.standard_normal(n) > 0, 1, -1)
+    model = otstab.LinearModel(coef, 0.1)
+    losses = np.logaddexp(0.0, -y * model.decision_function(X))
+    r = losses.mean() + t * (losses.max() - losses.mean())
+    calls = {"n": 0, "near": 0}
+    real = LK.audit_sums
+
+    def counted(*a, **k):
+        got = real(*a, **k)
+        calls["n"] += 1
+        calls["near"] += got[5]
+        return got
+    monkeypatch.setattr(LK, "audit_sums", counted)
+    res = {}
+    for use in (False, True):
+        monkeypatch.setattr(LK, "USE_KERNEL", use)
+        res[use] = otstab.certify(model, X, y, loss="logistic", r=r, theta1=1.0,
+                                  theta2=theta2, divergence="kl")
+        assert res[use].status == "optimal"
+        assert res[use].info["audit"]["method"] == "sampled"
+        assert (calls["n"] > 0) == use
+    a, b = res[False], res[True]
+    assert b.value == pytest.approx(a.value, rel=1e-13)  # (the pass compiled too)
+    assert b.primal_cost == pytest.approx(a.primal_cost, rel=1e-13)
+    assert b.risk_star == pytest.approx(a.risk_star, rel=1e-13)
+    assert abs(b.gap - a.gap) <= 1e-13 * max(abs(a.value), r)  # (sums of order r)
+    if t < 0.01 and math.isfinite(theta2):
+        assert calls["near"] > 0

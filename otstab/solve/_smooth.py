@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from otstab_solvers import logistic_binned, logistic_pass
+from otstab_solvers import logistic_binned, logistic_kernels, logistic_pass
 from otstab_solvers.blockwise import BlockwiseDual, RowsBlock, in_memory, weight_map_blocks
 from otstab_solvers.dual import solve_dual
 from otstab_solvers.first_order import solve_first_order
@@ -778,7 +778,32 @@ def _audit_rows(prob, atoms, wm, theta1, theta2, divergence, value) -> dict:
     kl_log = math.log(wm.scale) if plain and divergence == "kl" and math.isfinite(theta2) \
         and not wm.weighted else None
     near_w: list = []  # (KL: the weights near 1 of every block, their phi by one series)
+    # the same sums in one compiled loop per block (numba; the moves of one step each, l_h
+    # from the loss and the move)
+    fused = plain and atoms.lh_cache is None and atoms.moves.G.shape == (1, 1) \
+        and (kl_log is not None or math.isinf(theta2)) and logistic_kernels.use_kernel(n)
+    near_buf = np.empty(ROWS_BLOCK) if fused and kl_log is not None else None
     for s, e in atoms.steps.blocks(ROWS_BLOCK) if plain else ():
+        if fused:
+            g1 = float(atoms.moves.G[0, 0])
+            mr, rb, tb, mv, pb, nn = logistic_kernels.audit_sums(
+                atoms.reduced_cache[s:e], atoms.steps.Z[s:e, 0], g1, atoms.h,
+                0.0 if math.isinf(theta1) else theta1, theta2,
+                0.0 if kl_log is None else wm.shift, 1.0 if kl_log is None else wm.scale,
+                0.0 if kl_log is None else kl_log, NEAR_ONE, near_buf)
+            moved_risk += mr
+            if math.isinf(theta2):
+                tot += e - s
+                move += mv
+                continue
+            risk += rb
+            tot += tb
+            move += mv
+            ph += pb
+            if nn:
+                assert near_buf is not None
+                near_w.append(near_buf[:nn].copy())
+            continue
         loss_s = atoms.reduced_cache[s:e]
         d2_s = atoms.moved2_of(atoms.steps.Z[s:e])
         moved_risk += float(np.sum(loss_s))
