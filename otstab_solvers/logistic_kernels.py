@@ -39,7 +39,7 @@ from . import sorted_kernels
 from .logistic_uniform import MAX_ITER, SLOPE_MIN, STEP_TOL, TAYLOR_STEP
 
 __all__ = ["USE_KERNEL", "CHUNK", "use_kernel", "load", "solve_block", "block_sums",
-           "audit_sums", "MODE_KL", "MODE_MEAN"]
+           "audit_sums", "bin_block", "MODE_KL", "MODE_MEAN"]
 
 #: use the compiled loops (False: the NumPy path; set to compare the two)
 USE_KERNEL = sorted_kernels.HAVE_NUMBA
@@ -480,3 +480,28 @@ def audit_sums(loss, z, g: float, h: float, theta1: float, theta2: float, shift:
     return _kernel(_audit_py)(loss, z, float(g), float(h), float(theta1),
                               1.0 if mode == MODE_MEAN else float(theta2), float(shift),
                               float(scale), float(kl_log), float(near_one), mode, near)
+
+
+def _bin_block_py(y, sc, i0, i1, lo, scale, bins, count, first,
+                  second):  # pragma: no cover - compiled
+    """The binning of :class:`otstab_solvers.logistic_binned._Bins` (no sample
+    probabilities) of rows ``i0..i1`` (margins ``y sc``) added into ``count``, ``first`` and
+    ``second``: row by row, as ``np.bincount`` adds them."""
+    top = bins - 1
+    for i in range(i0, i1):
+        k = (float(y[i]) * float(sc[i]) - lo) * scale
+        j = int(k)
+        if j > top:
+            j = top
+        off = (k - j) - 0.5
+        count[j] += 1.0
+        first[j] += off
+        second[j] += off * off
+
+
+def bin_block(y, sc, i0: int, i1: int, lo: float, scale: float, count, first,
+              second) -> None:
+    """:func:`_bin_block_py` compiled (``count``, ``first``, ``second``: float64 of the bins,
+    added to)."""
+    _kernel(_bin_block_py)(y, sc, int(i0), int(i1), float(lo), float(scale), count.size,
+                           count, first, second)

@@ -602,7 +602,8 @@ class LogisticOracle:
         if self._kept_buf is None:
             self._kept_buf = (np.empty(self.n), np.empty(self.n))
         tb, lb = self._kept_buf
-        if warm:
+        table: tuple
+        if warm and last is not None:
             tprev, table, lo, inv, quad = last[1], (_NONE, _NONE, _NONE), 0.0, 0.0, False
         else:  # a block read at a new h: from the table of this h's steps
             tab = self._table(c0, h)

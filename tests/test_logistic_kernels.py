@@ -234,3 +234,30 @@ def test_audit_sums_match_numpy(monkeypatch, kernels_on, theta2, t):
     assert abs(b.gap - a.gap) <= 1e-13 * max(abs(a.value), r)  # (sums of order r)
     if t < 0.01 and math.isfinite(theta2):
         assert calls["near"] > 0
+
+
+def test_binning_matches_numpy(monkeypatch, kernels_on):
+    """The binned margins' range and per-bin sums compiled (logistic_kernels.bin_block):
+    the same sums as the NumPy bincounts (row order within each block, blocks added)."""
+    rng = np.random.default_rng(8)
+    n = 150_000  # (more than one block of the binning)
+    s = rng.standard_normal(n) * 3.0
+    s[:5] = [-700.0, 700.0, 0.0, 1e-300, -1e-300]
+    y = np.where(rng.random(n) < 0.5, 1, -1).astype(np.int8)
+
+    def margins_of(a, b):
+        return np.multiply(y[a:b], s[a:b], dtype=np.float64)
+    calls = {"n": 0}
+    real = LK.bin_block
+
+    def counted(*a):
+        calls["n"] += 1
+        return real(*a)
+    monkeypatch.setattr(LK, "bin_block", counted)
+    ref = lb._Bins(margins_of, n, None, lb.BINS)
+    assert calls["n"] == 0
+    got = lb._Bins(margins_of, n, None, lb.BINS, rows=(y, s))
+    assert calls["n"] > 0
+    assert (got.lo, got.hi) == (ref.lo, ref.hi)
+    for key in ("count", "first", "second"):
+        np.testing.assert_array_equal(getattr(got, key), getattr(ref, key))

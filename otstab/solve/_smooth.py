@@ -423,9 +423,10 @@ def _solve_logistic_binned(oracle, dual, n, p, r, theta2, divergence, solver_opt
             or oracle.c.strides != (0,) or not 0.0 < float(oracle.c[0]) < math.inf \
             or "h_init" in solver_options:
         return None
+    rows = None if oracle._scores is None else (oracle._score_signs, oracle._scores)
     h_c, alpha, span = logistic_binned.binned_solution(
         lambda s, e: oracle._margins_of(slice(s, e)), n, float(oracle.direction_norm2[0]),
-        oracle.theta1, r, theta2, divergence, p=p)
+        oracle.theta1, r, theta2, divergence, p=p, rows=rows)
     if h_c is None:
         return None
     if oracle.margin_range is None:  # (the binning read them: the table of steps need not)
