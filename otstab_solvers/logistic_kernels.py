@@ -39,14 +39,17 @@ from . import sorted_kernels
 from .logistic_uniform import MAX_ITER, SLOPE_MIN, STEP_TOL, TAYLOR_STEP
 
 __all__ = ["USE_KERNEL", "CHUNK", "use_kernel", "load", "solve_block", "block_sums",
-           "audit_sums", "bin_block", "MODE_KL", "MODE_MEAN"]
+           "audit_sums", "bin_block", "MODE_KL", "MODE_MEAN", "MODE_CHI2"]
 
 #: use the compiled loops (False: the NumPy path; set to compare the two)
 USE_KERNEL = sorted_kernels.HAVE_NUMBA
 #: rows per partial sum
 CHUNK = 256
-#: the sums :func:`solve_block` returns: KL's (finite theta2) or theta2 = inf's
-MODE_KL, MODE_MEAN = 0, 1
+#: the sums :func:`solve_block` returns: KL's (finite theta2), theta2 = inf's, or chi2's
+#: from a guess of alpha (:meth:`otstab_solvers.logistic_pass._Pass._chi2_at`)
+MODE_KL, MODE_MEAN, MODE_CHI2 = 0, 1, 2
+#: twelve zeros (the sums of a block whose rows are not all solved yet)
+_ZEROS = (0.0,) * 12
 #: the lower clamp of KL's shifted exponents (as the NumPy pass: no subnormal terms)
 _A_MIN = -700.0
 #: KL: a block whose ``l_h / theta2`` lie within this of its largest sums ``expm1``
@@ -89,6 +92,7 @@ def _kernel(fn):
         for name, py in (("_exp_chunk", sorted_kernels._exp_chunk_py),
                          ("_extremes", sorted_kernels._extremes_py),
                          ("_log1p_unit", _log1p_unit_py), ("_finish", _finish_py),
+                         ("_chi2", _chi2_py),
                          ("_chunk_steps", _chunk_steps_py), ("_kl_chunk", _kl_chunk_py),
                          ("_sums", _sums_py)):
             if name not in _COMPILED:  # (the kernels call them by these names)
@@ -114,6 +118,7 @@ def load() -> None:
         solve_block(np.ones(4, dtype=np.int8), s, 0, 4, 1.0, 1.0, False, np.zeros(4), tab,
                     -2.0, 0.25, False, t, loss, MODE_KL, 1.0, True, 1.0)
     block_sums(t, loss, 1.0, 1.0, MODE_MEAN, 1.0, True, 1.0)
+    block_sums(t, loss, 1.0, 1.0, MODE_CHI2, 1.0, False, 0.0, (0.0, 0.0, 1.0, -1.0))
 
 
 def _chunk_steps_py(y, sc, i0, kk, warm, tprev, j0, tab_t, tab_dt, tab_hd2, quad,
@@ -248,14 +253,71 @@ def _kl_chunk_py(tv, lv, c0, kk, eb, em, use_em1, lazy, two_c, h, T):  # pragma:
 _kl_chunk = _kl_chunk_py
 
 
-def _sums_py(tv, lv, k, c, h, mode, theta2, lazy, span):  # pragma: no cover - compiled
-    """The sums of a block of ``k`` rows with the steps ``tv`` and the losses ``lv`` at
-    their maximisers (``l_h = h loss - c t^2`` from them, as the NumPy pass); returns eight
-    numbers: KL ``(largest a, sum e, sum e dl, sum e dl^2, sum e d2l, sum expm1 (nan: exp
-    was summed), sum dl, 0)`` with ``a = l_h / theta2``; theta2 = inf ``(sum l_h, sum dl,
-    sum d2l, ...)``."""
+def _chi2_py(tv, lv, k, c, h, cpar, edge):  # pragma: no cover - compiled
+    """chi2's sums of a block from a guess of alpha (``_Pass._chi2_at``; ``cpar = (shift,
+    shifted guess a0, upper threshold, lower threshold)``): with ``s0 = l_h - shift + a0``,
+    over the rows with ``s0`` above the upper threshold (surely active) the count (twice),
+    0, and the sums of ``s0``, ``s0^2``, ``dl``, ``dl^2``, ``s0 dl``, ``d2l``, ``s0 d2l``;
+    then the sum of ``dl`` over every row and the count of the rows between the thresholds
+    (the edge), whose indices go to ``edge``."""
+    shift, a0, hi_thr, lo_thr = cpar[0], cpar[1], cpar[2], cpar[3]
     two_c = 2.0 * c
     T = h / two_c
+    K = S0 = S00 = D1 = D11 = S0D1 = D2 = S0D2 = MV = 0.0
+    ne = 0
+    for c0 in range(0, k, CHUNK):
+        kk = min(CHUNK, k - c0)
+        cnt = s0s = s00 = d1s = d11 = s0d1 = d2s = s0d2 = mv = 0.0
+        for j in range(kk):
+            t = tv[c0 + j]
+            d1 = lv[c0 + j]
+            s0 = ((h * d1 - c * t * t) - shift) + a0
+            s = t / T
+            d2 = s * s / (two_c - s * (1.0 - s) * h)
+            w = 1.0 if s0 > hi_thr else 0.0  # (surely active: weight 1, else 0)
+            ws0 = w * s0
+            wd1 = w * d1
+            cnt += w
+            s0s += ws0
+            s00 += ws0 * s0
+            d1s += wd1
+            d11 += wd1 * d1
+            s0d1 += ws0 * d1
+            d2s += w * d2
+            s0d2 += ws0 * d2
+            mv += d1
+        for j in range(kk):
+            t = tv[c0 + j]
+            s0 = ((h * lv[c0 + j] - c * t * t) - shift) + a0
+            if s0 > lo_thr and not s0 > hi_thr:
+                edge[ne] = c0 + j
+                ne += 1
+        K += cnt
+        S0 += s0s
+        S00 += s00
+        D1 += d1s
+        D11 += d11
+        S0D1 += s0d1
+        D2 += d2s
+        S0D2 += s0d2
+        MV += mv
+    return K, K, 0.0, S0, S00, D1, D11, S0D1, D2, S0D2, MV, float(ne)
+
+
+_chi2 = _chi2_py
+
+
+def _sums_py(tv, lv, k, c, h, mode, theta2, lazy, span, cpar,
+             edge):  # pragma: no cover - compiled
+    """The sums of a block of ``k`` rows with the steps ``tv`` and the losses ``lv`` at
+    their maximisers (``l_h = h loss - c t^2`` from them, as the NumPy pass); returns twelve
+    numbers: KL ``(largest a, sum e, sum e dl, sum e dl^2, sum e d2l, sum expm1 (nan: exp
+    was summed), sum dl, 0, ...)`` with ``a = l_h / theta2``; theta2 = inf ``(sum l_h, sum
+    dl, sum d2l, 0, ...)``; chi2 :func:`_chi2_py`'s."""
+    two_c = 2.0 * c
+    T = h / two_c
+    if mode == 2:
+        return _chi2(tv, lv, k, c, h, cpar, edge)
     if mode == 1:
         SL = SD1 = SD2 = 0.0
         for c0 in range(0, k, CHUNK):
@@ -271,7 +333,7 @@ def _sums_py(tv, lv, k, c, h, mode, theta2, lazy, span):  # pragma: no cover - c
             SL += sl
             SD1 += sd1
             SD2 += sd2
-        return SL, SD1, SD2, 0.0, 0.0, 0.0, 0.0, 0.0
+        return SL, SD1, SD2, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
     xb = np.empty(CHUNK)
     eb = np.empty(CHUNK)
     em = np.empty(CHUNK)
@@ -308,7 +370,7 @@ def _sums_py(tv, lv, k, c, h, mode, theta2, lazy, span):  # pragma: no cover - c
         Z3 += z3
         E += e1
         SD1 += sd1
-    return mx, Z, Z1, Z2, Z3, (E if use_em1 else math.nan), SD1, 0.0
+    return mx, Z, Z1, Z2, Z3, (E if use_em1 else math.nan), SD1, 0.0, 0.0, 0.0, 0.0, 0.0
 
 
 _sums = _sums_py
@@ -331,8 +393,8 @@ _finish = _finish_py
 
 
 def _solve_block_py(y, sc, i0, i1, c, h, warm, tprev, tab_t, tab_dt, tab_hd2, quad, tab_lo,
-                    tab_inv, out_t, out_loss, rest, mode, theta2, lazy,
-                    span):  # pragma: no cover - compiled
+                    tab_inv, out_t, out_loss, rest, mode, theta2, lazy, span, cpar,
+                    edge):  # pragma: no cover - compiled
     """Rows ``i0..i1`` (margins ``y[i] sc[i]``, labels +-1 times scores): the
     steps from ``tprev`` (``warm``: the steps of the last ``h``) or the table, into ``out_t``
     and ``out_loss`` (block-local); the indices not
@@ -383,34 +445,42 @@ def _solve_block_py(y, sc, i0, i1, c, h, warm, tprev, tab_t, tab_dt, tab_hd2, qu
                 rest[nr] = c0 + jj
                 nr += 1
     if nr:
-        return nr, (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
-    return 0, _sums(out_t, out_loss, k, c, h, mode, theta2, lazy, span)
+        return nr, _ZEROS
+    return 0, _sums(out_t, out_loss, k, c, h, mode, theta2, lazy, span, cpar, edge)
 
 
 def solve_block(y, sc, i0: int, i1: int, c: float, h: float, warm: bool, tprev, table,
                 tab_lo: float, tab_inv: float, quad: bool, out_t, out_loss, mode: int,
-                theta2: float, lazy: bool, span: float, rest=None):
-    """:func:`_solve_block_py` compiled: ``(rest, sums)`` with ``rest`` the block-local
-    indices of the rows not accepted (empty: ``sums`` are the block's; else the caller
-    solves those rows, writes them into ``out_t`` and ``out_loss`` and sums the block by
-    :func:`block_sums`). ``table``: ``(t, dt, half_d2)`` of a
-    :class:`~otstab_solvers.logistic_uniform.StepTable` (``half_d2`` read where ``quad``);
-    ``tprev``: the steps of the last ``h`` (read where ``warm``; may be ``out_t`` itself);
-    ``out_t`` / ``out_loss``: the block's steps and losses (contiguous float64)."""
+                theta2: float, lazy: bool, span: float, rest=None, chi2=None):
+    """:func:`_solve_block_py` compiled: ``(rest, sums, edge)`` with ``rest`` the
+    block-local indices of the rows not accepted (empty: ``sums`` are the block's; else the
+    caller solves those rows, writes them into ``out_t`` and ``out_loss`` and sums the block
+    by :func:`block_sums`) and ``edge`` chi2's rows between its thresholds. ``table``:
+    ``(t, dt, half_d2)`` of a :class:`~otstab_solvers.logistic_uniform.StepTable`
+    (``half_d2`` read where ``quad``); ``tprev``: the steps of the last ``h`` (read where
+    ``warm``; may be ``out_t`` itself); ``out_t`` / ``out_loss``: the block's steps and losses
+    (contiguous float64); ``chi2``: ``(shift, shifted guess of alpha, upper threshold, lower
+    threshold)`` (:data:`MODE_CHI2`)."""
     k = int(i1) - int(i0)
     rest = np.empty(k, dtype=np.intp) if rest is None else rest
+    cpar = np.array(chi2 if chi2 is not None else (0.0,) * 4, dtype=np.float64)
+    edge = np.empty(k if mode == MODE_CHI2 else 0, dtype=np.intp)
     nr, sums = _kernel(_solve_block_py)(
         y, sc, int(i0), int(i1), float(c), float(h), bool(warm), tprev, table[0], table[1],
         table[2], bool(quad), float(tab_lo), float(tab_inv), out_t, out_loss, rest,
-        int(mode), float(theta2), bool(lazy), float(span))
-    return rest[:nr], sums
+        int(mode), float(theta2), bool(lazy), float(span), cpar, edge)
+    return rest[:nr], sums, edge[:int(sums[11])] if mode == MODE_CHI2 and not nr else edge[:0]
 
 
 def block_sums(out_t, out_loss, c: float, h: float, mode: int, theta2: float, lazy: bool,
-               span: float) -> tuple:
-    """:func:`_sums_py` compiled (a block whose rows the caller completed)."""
-    return _kernel(_sums_py)(out_t, out_loss, out_t.size, float(c), float(h), int(mode),
-                             float(theta2), bool(lazy), float(span))
+               span: float, chi2=None) -> tuple:
+    """:func:`_sums_py` compiled (a block whose rows the caller completed): ``(sums,
+    edge)``."""
+    cpar = np.array(chi2 if chi2 is not None else (0.0,) * 4, dtype=np.float64)
+    edge = np.empty(out_t.size if mode == MODE_CHI2 else 0, dtype=np.intp)
+    sums = _kernel(_sums_py)(out_t, out_loss, out_t.size, float(c), float(h), int(mode),
+                             float(theta2), bool(lazy), float(span), cpar, edge)
+    return sums, edge[:int(sums[11])] if mode == MODE_CHI2 else edge[:0]
 
 
 _NO_NEAR = np.empty(0)

@@ -53,7 +53,7 @@ import time
 import numpy as np
 
 from .blockwise import CHI2_MAX_STEPS, BlockwiseDual, in_memory
-from .logistic_kernels import MODE_KL, MODE_MEAN
+from .logistic_kernels import MODE_CHI2, MODE_KL, MODE_MEAN
 from .result import OPTIMAL, DualSolution
 from .smooth import logistic_dtransform, uniform_d2
 
@@ -370,7 +370,26 @@ class _Pass:
         acc = np.zeros(10)
         moved = 0.0
         edge: list = []
+        # one compiled loop per block (logistic_kernels; None: NumPy's blocks): the sums over
+        # the surely active rows and the edge's rows, their l_h and derivatives from the kept
+        # steps and losses (d2l from s = t / T, as :meth:`curvature`)
+        fused = getattr(oracle, "fused_rows", None) if p is None else None
+        c0 = float(oracle.c[0])
         for s, e in self.bounds:
+            got = None if fused is None else fused(h, slice(s, e), MODE_CHI2, theta2, False,
+                                                   0.0, (shift, a0, hi_thr, lo_thr))
+            if got is not None:
+                sums, near_rows = got
+                acc += sums[:10]
+                moved += sums[10]
+                if near_rows.size:
+                    loss, t = oracle.kept(h, slice(s, e))
+                    te, d1e = t[near_rows], loss[near_rows]
+                    lbe = h * d1e
+                    lbe -= c0 * te * te
+                    lbe -= shift
+                    edge.append((lbe, d1e, uniform_d2(te / (h / (2.0 * c0)), c0, h), None))
+                continue
             lb, d1, d2 = oracle.transform_rows(h, slice(s, e))[:3]
             pb = None if p is None else p[s:e]
             moved += float(np.sum(d1)) if pb is None else float(np.dot(pb, d1))

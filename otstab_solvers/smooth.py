@@ -575,10 +575,11 @@ class LogisticOracle:
                                    curvature=self.curvature)
 
     def fused_rows(self, h: float, rows: slice, mode: int, theta2: float, lazy: bool,
-                   span: float):
+                   span: float, chi2=None):
         """The sums of one exact pass over the slice ``rows`` at ``h`` in one compiled loop
         (:func:`otstab_solvers.logistic_kernels.solve_block`: ``mode`` KL or theta2 = inf,
-        ``lazy``: no second derivative, ``span``: KL's expm1 span), keeping the steps and
+        ``lazy``: no second derivative, ``span``: KL's expm1 span; chi2: ``chi2`` its
+        thresholds, and the sums are ``(sums, edge rows)``), keeping the steps and
         losses as :meth:`transform_rows` keeps them (:attr:`keep_values`); the rows the loop
         does not accept are solved by the robust NumPy solve first. None where it does not
         apply (numba absent or the oracle below the kernels' size, several prices, no warm
@@ -611,15 +612,16 @@ class LogisticOracle:
             tprev, lo, inv = _NONE, tab.lo, tab.inv
             table = (tab.t, tab.dt, tab.half_d2 if quad else tab.dt)
         tk, lk_ = tb[s:e], lb[s:e]
-        rest, sums = lk.solve_block(y, sc, s, e, c0, h, warm, tprev, table, lo, inv, quad,
-                                    tk, lk_, mode, theta2, lazy, span)
+        rest, sums, edge = lk.solve_block(y, sc, s, e, c0, h, warm, tprev, table, lo, inv,
+                                          quad, tk, lk_, mode, theta2, lazy, span,
+                                          chi2=chi2)
         if rest.size:  # the robust solve, then the block's sums
             mr = self._margins_of(rest + s)
             u, sg, t = _robust_uniform(mr, c0, h)
             tk[rest], lk_[rest] = t, _softplus_at(u, sg)
-            sums = lk.block_sums(tk, lk_, c0, h, mode, theta2, lazy, span)
+            sums, edge = lk.block_sums(tk, lk_, c0, h, mode, theta2, lazy, span, chi2)
         self._warm[key] = (h, tk, lk_)
-        return sums
+        return (sums, edge) if mode == lk.MODE_CHI2 else sums
 
     def _table(self, c: float, h: float) -> StepTable:
         """The :class:`~otstab_solvers.logistic_uniform.StepTable` of ``h`` over the range

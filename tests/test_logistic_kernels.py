@@ -40,14 +40,15 @@ def kernels_on(monkeypatch):
 
 def _count_blocks(monkeypatch):
     """Count the blocks the compiled pass solves (and the rows it hands back)."""
-    seen = {"blocks": 0, "rest": 0}
+    seen = {"blocks": 0, "rest": 0, "edge": 0}
     real = LK.solve_block
 
     def counted(*a, **k):
-        rest, sums = real(*a, **k)
+        rest, sums, edge = real(*a, **k)
         seen["blocks"] += 1
         seen["rest"] += rest.size
-        return rest, sums
+        seen["edge"] += edge.size
+        return rest, sums, edge
     monkeypatch.setattr(LK, "solve_block", counted)
     return seen
 
@@ -142,7 +143,7 @@ def test_rows_near_the_fold_and_float32_scores(monkeypatch, kernels_on):
     assert seen["rest"] > 0
 
 
-@pytest.mark.parametrize("divergence,theta2", [("kl", 0.5), ("kl", math.inf)])
+@pytest.mark.parametrize("divergence,theta2", [("kl", 0.5), ("kl", math.inf), ("chi2", 0.5)])
 def test_against_30_digits_with_kernels(monkeypatch, kernels_on, divergence, theta2):
     """tests/test_logistic_hp.py's 30-digit dual, the binned path's exact pass compiled."""
     seen = _count_blocks(monkeypatch)
@@ -152,7 +153,9 @@ def test_against_30_digits_with_kernels(monkeypatch, kernels_on, divergence, the
 
 
 @pytest.mark.parametrize("divergence,theta2,t", [("kl", 0.25, 0.5), ("kl", 0.25, 0.02),
-                                                 ("kl", math.inf, 0.5), ("kl", 2.0, 0.9)])
+                                                 ("kl", math.inf, 0.5), ("kl", 2.0, 0.9),
+                                                 ("chi2", 0.25, 0.5), ("chi2", 0.25, 0.02),
+                                                 ("chi2", 2.0, 0.9)])
 def test_certificate_matches_numpy_path(monkeypatch, kernels_on, divergence, theta2, t):
     rng = np.random.default_rng(11)
     n, d = 20_000, 4
@@ -261,3 +264,34 @@ def test_binning_matches_numpy(monkeypatch, kernels_on):
     assert (got.lo, got.hi) == (ref.lo, ref.hi)
     for key in ("count", "first", "second"):
         np.testing.assert_array_equal(getattr(got, key), getattr(ref, key))
+
+
+@pytest.mark.parametrize("c,h", [(1.0, 0.7), (1.0, 5.0), (0.05, 0.4)])
+def test_chi2_pass_matches_numpy(monkeypatch, kernels_on, c, h):
+    """chi2's pass from a guess of alpha with the kernels against NumPy's, with a band wide
+    enough that many rows are the edge's (kept one by one): value, derivative, alpha."""
+    monkeypatch.setattr(lp, "CHI2_BAND", 3e-2)
+    s, y = _margins(int(c * 100 + h))
+    s = s[100:]  # (no extreme margins: the active set's edge among many rows)
+    y = y[100:]
+    theta2 = 0.02  # (small: the active set ends among the rows)
+    o = LogisticOracle.of_scores(s, y, 1.0 / c, 1.0)
+    exact = lp._Pass(o, s.size, theta2, "chi2", None, 1000)  # (alpha by the active set)
+    o.keep_values = True
+    alpha = exact.at(h, 1.0)[3]
+    seen = _count_blocks(monkeypatch)
+    out = {}
+    for use in (False, True):
+        monkeypatch.setattr(LK, "USE_KERNEL", use)
+        o = LogisticOracle.of_scores(s, y, 1.0 / c, 1.0)
+        run = lp._Pass(o, s.size, theta2, "chi2", None, 1000, alpha=alpha * (1 + 1e-3))
+        o.keep_values = True
+        got = run._chi2_at(h, 1.0)
+        assert got is not None
+        out[use] = np.array(got)
+    assert seen["blocks"] == 3 and seen["edge"] > 0
+    a, b = out[False], out[True]
+    scale = np.maximum(np.abs(a), 1.0)
+    assert np.all(np.abs(a - b)[[0, 1, 3]] <= 1e-13 * scale[[0, 1, 3]]), (a, b)
+    assert abs(a[2] - b[2]) <= 1e-9 * abs(a[2])  # (the curvature: d2l from s = t / T)
+    assert a[3] == pytest.approx(alpha, rel=1e-9)
