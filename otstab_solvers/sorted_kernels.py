@@ -1,15 +1,16 @@
 """Compiled passes of the sorted two-piece oracle (numba; NumPy's blocks without it).
 
 A KL evaluation of :class:`~otstab_solvers.sorted_oracle.SortedTwoPiece` is one pass over the
-active keys: the exponents ``k1 nu + k0`` (at least a floor), their exponentials and seven sums.
-In NumPy that is a dozen passes over each block, and NumPy's float64 ``exp`` is scalar on
-machines without AVX-512 (5 ns a key; 9 ns a key for the whole evaluation at n = 1e6). The
-kernels here do it in one loop per chunk of keys that the compiler vectorises, with an ``exp``
-of their own (:func:`_exp_chunk_py`: Cody-Waite reduction by ``ln 2`` and a degree-13 Taylor
-polynomial, within 1 ulp of NumPy's over the exponents an evaluation takes, ``[-700, 0]``;
-tests/test_sorted_kernels.py checks it against mpmath). The sums are accumulated per chunk of
-:data:`CHUNK` keys and the chunks' sums in order, so their rounding is of the order of NumPy's
-blocked sums (at most ``(CHUNK / 4 + n / CHUNK)`` ulps of the sum of the absolute terms).
+active keys: the exponents ``k1 (nu - piv) + k0`` (at least a floor), their exponentials and
+seven sums. In NumPy that is a dozen passes over each block, and NumPy's float64 ``exp`` is
+scalar on machines without AVX-512 (5 ns a key; 9 ns a key for the whole evaluation at n =
+1e6). The kernels here do it in one loop per chunk of keys that the compiler vectorises, with
+an ``exp`` of their own (:func:`_exp_chunk_py`: Cody-Waite reduction by ``ln 2`` and a
+degree-13 Taylor polynomial, within 1 ulp of NumPy's over the exponents an evaluation takes,
+``[-700, 0]``; tests/test_sorted_kernels.py checks it against mpmath). The sums are accumulated
+per chunk of :data:`CHUNK` keys and the chunks' sums in order, so their rounding is of the
+order of NumPy's blocked sums (at most ``(CHUNK / 4 + n / CHUNK)`` ulps of the sum of the
+absolute terms).
 
 Also here: the window's partition of the keys (:func:`window_partition`, or from the rows
 themselves, :func:`partition_rows`: one loop writing the keys that always move, collecting
@@ -200,8 +201,9 @@ def _kl_chunk_py(nu, s, m, xb, eb, c):  # pragma: no cover - compiled
 _kl_chunk = _kl_chunk_py
 
 
-def _kl_sums(nu, start, stop, k1, k0, floor, c):  # pragma: no cover - compiled
-    """The sums of a KL pass over ``nu[start:stop]``: with ``x = max(k1 nu + k0, floor)`` and
+def _kl_sums(nu, start, stop, k1, k0, floor, c, piv):  # pragma: no cover - compiled
+    """The sums of a KL pass over ``nu[start:stop]``: with ``x = max(k1 (nu - piv) + k0,
+    floor)`` and
     ``e = exp(x)``: ``sum e``, ``sum e nu``, ``sum e x``, ``sum nu``, and ``sum e (nu - c)^j``
     for j = 1, 2, 3."""
     xb = np.empty(CHUNK)
@@ -211,7 +213,7 @@ def _kl_sums(nu, start, stop, k1, k0, floor, c):  # pragma: no cover - compiled
     for s in range(start, stop, CHUNK):
         m = min(CHUNK, stop - s)
         for i in range(m):
-            x = k1 * nu[s + i] + k0
+            x = k1 * (nu[s + i] - piv) + k0
             if x < floor:
                 x = floor
             xb[i] = x
@@ -233,10 +235,11 @@ def exp_into(x: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 
 def kl_sums(nu: np.ndarray, start: int, stop: int, k1: float, k0: float,
-            floor: float | None, c: float) -> tuple[float, ...]:
+            floor: float | None, c: float, piv: float = 0.0) -> tuple[float, ...]:
     """:func:`_kl_sums` compiled (``floor`` None: none)."""
     fl = -math.inf if floor is None else float(floor)
-    return _kernel(_kl_sums)(nu, int(start), int(stop), float(k1), float(k0), fl, float(c))
+    return _kernel(_kl_sums)(nu, int(start), int(stop), float(k1), float(k0), fl, float(c),
+                             float(piv))
 
 
 def _partition(nb, a_thr, c_thr, out, ia, ib):  # pragma: no cover - compiled
@@ -425,7 +428,8 @@ def _front_moments_py(y, s, b, residual, a_thr):  # pragma: no cover - compiled
     return cnt, S1, S2, lo, hi
 
 
-def _kl_front_py(y, s, b, residual, a_thr, k1, k0, floor, c):  # pragma: no cover - compiled
+def _kl_front_py(y, s, b, residual, a_thr, k1, k0, floor, c,
+                 piv):  # pragma: no cover - compiled
     """:func:`_kl_sums` over the front's keys, computed from the rows chunk by chunk: every
     row's exponential, those out of the front weighed 0 (no branch, no compaction: 1.3x the
     pass over stored keys, against 2x compacted)."""
@@ -444,7 +448,7 @@ def _kl_front_py(y, s, b, residual, a_thr, k1, k0, floor, c):  # pragma: no cove
             mask[i] = 1.0 if a else 0.0
             v = v if a else 0.0
             keys[i] = v
-            x = k1 * v + k0
+            x = k1 * (v - piv) + k0
             if x < floor:
                 x = floor
             xb[i] = x
@@ -470,12 +474,13 @@ def front_moments(rows, a_thr: float):
     return _kernel(_front_moments_py)(y, s, float(b), bool(residual), float(a_thr))
 
 
-def kl_front(rows, a_thr: float, k1: float, k0: float, floor: float | None, c: float):
+def kl_front(rows, a_thr: float, k1: float, k0: float, floor: float | None, c: float,
+             piv: float = 0.0):
     """:func:`_kl_front_py` compiled (``floor`` None: none)."""
     y, s, b, residual = rows
     fl = -math.inf if floor is None else float(floor)
     return _kernel(_kl_front_py)(y, s, float(b), bool(residual), float(a_thr), float(k1),
-                                 float(k0), fl, float(c))
+                                 float(k0), fl, float(c), float(piv))
 
 
 def _moved_rows_py(Xg, tg, v, out, d2):  # pragma: no cover - compiled

@@ -567,19 +567,20 @@ class SortedTwoPiece:
             S3 = math.nan  # (h = 0: no model step)
         else:
             x, e = self._kl_buffers()
-            k1, k0, floor = self._exponent_map(p, A, B, theta2, M)
+            k1, k0, floor, piv = self._exponent_map(p, A, B, theta2, M)
             Z1 = S1 = S2 = S3 = Enu = Ex = Snu = 0.0
             if front is not None:  # the front's from the rows, then the sorted keys'
                 sums = [a + b for a, b in zip(
-                    kernels.kl_front(front.rows, front.a_thr, k1, k0, floor, c),
-                    kernels.kl_sums(nu_all, 0, p - self._base, k1, k0, floor, c))]
+                    kernels.kl_front(front.rows, front.a_thr, k1, k0, floor, c, piv),
+                    kernels.kl_sums(nu_all, 0, p - self._base, k1, k0, floor, c, piv))]
                 Z1, Enu, Ex, Snu, S1, S2, S3 = sums
             elif kernels.use_kernel(n):  # the same sums in one compiled loop
-                Z1, Enu, Ex, Snu, S1, S2, S3 = kernels.kl_sums(nu_all, 0, p, k1, k0, floor, c)
+                Z1, Enu, Ex, Snu, S1, S2, S3 = kernels.kl_sums(nu_all, 0, p, k1, k0, floor, c,
+                                                               piv)
             for s in range(0, p if not kernels.use_kernel(n) and front is None else 0,
                            KL_BLOCK):
                 nb = nu_all[s:min(s + KL_BLOCK, p)]
-                xb, eb = _exponents(nb, k1, k0, floor, x), e[:nb.size]
+                xb, eb = _exponents(nb, k1, k0, floor, x, piv), e[:nb.size]
                 np.exp(xb, out=eb)
                 Z1 += float(eb.sum())
                 # (what moving_sums sums at this h: read there instead of a pass of its own)
@@ -615,7 +616,7 @@ class SortedTwoPiece:
             else:
                 zm1 = 0.0
                 for _, nb in self._key_blocks(p):
-                    xb = _exponents(nb, k1, k0, floor, x)
+                    xb = _exponents(nb, k1, k0, floor, x, piv)
                     zm1 += float(np.sum(np.expm1(xb, out=xb)))
             log_mean = math.log1p((zm1 + (n - p) * math.expm1(-M)) / n)
         else:
@@ -759,17 +760,29 @@ class SortedTwoPiece:
         return buf
 
     def _exponent_map(self, p, A, B, theta2, M):
-        """``(k1, k0, floor)``: the exponents ``(l - max l) / theta2`` of the first ``p`` keys
-        are ``k1 nu + k0`` (``l = A u + B``, ``u = -nu``); ``floor`` is -700 when the smallest
-        of them falls below it, where they are clamped (terms below 1e-304 are far under the
-        rounding of any sum they enter; subnormal exponentials are 10-100x slower), else None.
-        The largest is 0 up to rounding, which ``exp`` takes as it is."""
-        k1, k0 = -A / theta2, B / theta2 - M
+        """``(k1, k0, floor, piv)``: the exponents ``l / theta2 - M`` of the first ``p`` keys
+        are ``k1 (nu - piv) + k0`` (``l = A u + B``, ``u = -nu``); ``floor`` is -700 when the
+        smallest of them falls below it, where they are clamped (terms below 1e-304 are far
+        under the rounding of any sum they enter; subnormal exponentials are 10-100x slower),
+        else None. See :meth:`_pivot_map`."""
+        k1, k0, piv = self._pivot_map(A, B, theta2, M)
         lo = self.sorted_from
         nu_max = float(self.nu[p - 1 - self._base]) if p > lo else self._sorted.front_max
         if nu_max is None:  # p = 0 (no key: no exponent to clamp)
-            return k1, k0, None
-        return k1, k0, (-700.0 if k1 * nu_max + k0 < -700.0 else None)
+            return k1, k0, None, piv
+        return k1, k0, (-700.0 if k1 * (nu_max - piv) + k0 < -700.0 else None), piv
+
+    def _pivot_map(self, A, B, theta2, M):
+        """``(k1, k0, piv)``: ``l / theta2 - M = k1 (nu - piv) + k0`` about the first key
+        ``piv`` (the largest ``l``): ``k0 = top - M`` with ``top`` its ``l / theta2`` (0 when
+        ``M = top``), so that the largest exponent is ``k0`` exactly and the others differ from
+        it by ``k1 (nu - piv)``, each with a relative rounding. (``k1 nu + (B / theta2 - M)``
+        would cancel two terms as large as ``A |nu| / theta2``: at theta1 = 1e12 and theta2 =
+        1e-6 those are 1e19, and the exponents were off by some 1e3.)"""
+        piv = self._nu_first()
+        k1 = -A / theta2
+        top = (-A * piv + B) / theta2
+        return k1, top - M, piv
 
     def _v(self, k: int, p: int, A, B, theta2):
         """The k-th largest (1-based) of l / (2 theta2)."""
@@ -932,7 +945,8 @@ class SortedTwoPiece:
         # every exponent at least that of l_h = 0 (x0): a tied sample's l_h (within the tie
         # tolerance of 0) counts as 0, as the scan of the pieces takes it; this also clamps
         # the exponents at -700
-        k1, k0, x0 = -A / theta2, B / theta2 - M, max(-M, -700.0)
+        k1, k0, piv = self._pivot_map(A, B, theta2, M) if p_r else (0.0, -M, 0.0)
+        x0 = max(-M, -700.0)
         x, e = self._kl_buffers()
         Z = E1 = Enu = Ex = Snu = 0.0
         known = self._kl_sums.get((p_r, A, B, theta2)) if p_l == p_r else None
@@ -946,16 +960,16 @@ class SortedTwoPiece:
         kernel = kernels.use_kernel(n) or front is not None
         if kernel and known is None:  # the same sums in compiled loops (sorted_kernels)
             base = self._base
-            E1, Enu, Ex, Snu = kernels.kl_sums(nu, 0, p_l - base, k1, k0, x0, 0.0)[:4]
+            E1, Enu, Ex, Snu = kernels.kl_sums(nu, 0, p_l - base, k1, k0, x0, 0.0, piv)[:4]
             if front is not None:  # (the front's from the rows: every one moves)
                 E1, Enu, Ex, Snu = (a + b for a, b in zip(
                     (E1, Enu, Ex, Snu),
-                    kernels.kl_front(front.rows, front.a_thr, k1, k0, x0, 0.0)[:4]))
-            Z = E1 + kernels.kl_sums(nu, p_l - base, p_r - base, k1, k0, x0, 0.0)[0]
+                    kernels.kl_front(front.rows, front.a_thr, k1, k0, x0, 0.0, piv)[:4]))
+            Z = E1 + kernels.kl_sums(nu, p_l - base, p_r - base, k1, k0, x0, 0.0, piv)[0]
         for s in range(0, p_r if known is None and not kernel else 0, KL_BLOCK):
             stop = min(s + KL_BLOCK, p_r)
             nb = nu[s:stop]
-            xb, eb = _exponents(nb, k1, k0, x0, x), e[:nb.size]
+            xb, eb = _exponents(nb, k1, k0, x0, x, piv), e[:nb.size]
             np.exp(xb, out=eb)
             Z += float(eb.sum())
             if s < p_l:  # the samples that move on both sides (the tied ones come last)
@@ -966,7 +980,7 @@ class SortedTwoPiece:
                 Snu += float(nb[:q].sum())
         Z += (n - p_r) * math.exp(x0)
         scale = n / Z
-        rule = KeyRule(left, right, k1, k0, x0, scale, dA, dB, kernel=kernel)
+        rule = KeyRule(left, right, k1, k0, x0, scale, dA, dB, kernel=kernel, piv=piv)
         # sum phi(w) = sum (w log w - w + 1), log w = x + log(scale): from the sums, unless
         # their cancellation (weights near one: large theta2) could exceed phi_atol
         L = math.log(scale)
@@ -975,7 +989,7 @@ class SortedTwoPiece:
         if bound > phi_atol:
             phi_sum = 0.0
             for _, nb in self._key_blocks(p_l):
-                xb, eb = _exponents(nb, k1, k0, x0, x), e[:nb.size]
+                xb, eb = _exponents(nb, k1, k0, x0, x, piv), e[:nb.size]
                 if kernel:
                     kernels.exp_into(xb, eb)
                 else:
@@ -1056,7 +1070,7 @@ class KeyRule:
 
     A sample moves when ``nu < left``, is tied (moves or not, as the split decides) when
     ``left <= nu <= right`` and stays otherwise. Its weight is ``scale exp(x)`` with the
-    exponent ``x = max(k1 nu + k0, x0)``, ``x0`` that of ``l_h = 0`` (all one when ``unit``:
+    exponent ``x = max(k1 (nu - piv) + k0, x0)``, ``x0`` that of ``l_h = 0`` (all one when ``unit``:
     theta2 = inf); its loss at the moved point ``dA u + dB`` (0 where it stays: the zero
     piece).
     """
@@ -1079,6 +1093,8 @@ class KeyRule:
     #: the weights' exponentials by :func:`otstab_solvers.sorted_kernels.exp_into` (the exp of
     #: the compiled sums the rule came from), not NumPy's
     kernel: bool = False
+    #: the key the exponents are taken about (:meth:`SortedTwoPiece._pivot_map`)
+    piv: float = 0.0
 
     def moving(self, nu: np.ndarray) -> np.ndarray:
         return nu < self.left
@@ -1093,7 +1109,7 @@ class KeyRule:
         if self.alpha is not None:
             return _chi2_weights(nu, self.A, self.B, self.alpha, self.theta2,
                                  np.empty(np.shape(nu)))
-        x = _exponents(nu, self.k1, self.k0, self.x0, np.empty(np.shape(nu)))
+        x = _exponents(nu, self.k1, self.k0, self.x0, np.empty(np.shape(nu)), self.piv)
         if self.kernel:
             kernels.exp_into(x, x)
         else:
@@ -1124,10 +1140,15 @@ def _chi2_weights(nu, A, B, alpha, theta2, buf):
     return w
 
 
-def _exponents(nu, k1, k0, floor, buf):
-    """The exponents ``k1 nu + k0`` of the keys ``nu`` in ``buf``, at least ``floor`` (None:
-    no floor)."""
-    x = np.multiply(nu, k1, out=buf[:np.size(nu)])
+def _exponents(nu, k1, k0, floor, buf, piv=0.0):
+    """The exponents ``k1 (nu - piv) + k0`` of the keys ``nu`` in ``buf``, at least ``floor``
+    (None: no floor)."""
+    x = buf[:np.size(nu)]
+    if piv != 0.0:
+        np.subtract(nu, piv, out=x)
+        x *= k1
+    else:
+        np.multiply(nu, k1, out=x)
     x += k0
     if floor is not None:
         np.maximum(x, floor, out=x)

@@ -262,3 +262,43 @@ def test_kl_model_step_counts_the_kinks(offset, monkeypatch):
     # against the dense reduction (independent of the sorted sums) at the root
     dense = PiecewiseOracle(*hinge_form(u, c))
     assert_same_reduction(dense, view, with_model.h, "right", theta2, "kl")
+
+
+@pytest.mark.parametrize("use_kernel", [False, True])
+def test_kl_weights_exact_when_the_exponents_offset_is_huge(monkeypatch, use_kernel):
+    """At extreme prices (theta1 = 1e12, theta2 = 1e-6) ``l / theta2 = (A u + B) / theta2``
+    is near 1e19: the exponents ``(l - max l) / theta2`` must be taken about the largest key
+    (``k1 (nu - piv) + k0``), not as ``k1 nu + (B / theta2 - M)``, whose cancellation left the
+    largest one off by up to 2^10 (its weight 0, or an overflow). Reference: the weights
+    ``exp((l_i - max l) / theta2)`` with ``l_i`` evaluated exactly in mpmath: here 1 for the
+    three tied top keys and 0 for the others."""
+    mpmath = pytest.importorskip("mpmath")
+    from otstab_solvers import sorted_kernels as K
+
+    if use_kernel:
+        if not K.HAVE_NUMBA:
+            pytest.skip("needs numba")
+        monkeypatch.setattr(K, "KERNEL_MIN_KEYS", 1)
+    else:
+        monkeypatch.setattr(K, "USE_KERNEL", False)
+    rng = np.random.default_rng(5)
+    theta2 = 1e-6
+    for _ in range(20):
+        top_key = rng.uniform(1.0, 2.0)
+        u = np.concatenate([np.full(3, top_key), top_key - rng.uniform(0.01, 1.0, 40)])
+        h = rng.uniform(1e12, 5e12)
+        view = SortedTwoPiece(u, "hinge", rng.uniform(0.5, 2.0) * 1e12 / h ** 2)
+        rule, sums = view.moving_sums(h, theta2)
+        assert sums["p_l"] == u.size
+        got = rule.weights(-np.sort(u)[::-1])
+        A, B, _, _, _ = view.coefficients(h)
+        with mpmath.workdps(60):
+            ls = [mpmath.mpf(A) * mpmath.mpf(float(x)) + mpmath.mpf(B) for x in np.sort(u)[::-1]]
+            top = max(ls)
+            ref = np.array([float(mpmath.exp((v - top) / mpmath.mpf(theta2))) for v in ls])
+            Z = mpmath.fsum(mpmath.exp((v - top) / mpmath.mpf(theta2)) for v in ls)
+            exact = float(top + mpmath.mpf(theta2) * mpmath.log(Z / u.size))
+        assert np.all(np.isfinite(got)) and got.sum() > 0
+        np.testing.assert_allclose(got / got.sum(), ref / ref.sum(), rtol=1e-12, atol=1e-300)
+        term = view.reduce(h, "right", theta2, "kl")[0]
+        assert term == pytest.approx(exact, rel=1e-14)
