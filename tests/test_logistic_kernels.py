@@ -295,3 +295,35 @@ def test_chi2_pass_matches_numpy(monkeypatch, kernels_on, c, h):
     assert np.all(np.abs(a - b)[[0, 1, 3]] <= 1e-13 * scale[[0, 1, 3]]), (a, b)
     assert abs(a[2] - b[2]) <= 1e-9 * abs(a[2])  # (the curvature: d2l from s = t / T)
     assert a[3] == pytest.approx(alpha, rel=1e-9)
+
+
+def test_a_failing_numba_falls_back_to_numpy(monkeypatch, caplog):
+    """Loops that cannot be compiled leave the NumPy passes running, with a warning, and the
+    same certificate."""
+    rng = np.random.default_rng(4)
+    n = 5000
+    X = rng.standard_normal((n, 3))
+    coef = np.array([1.0, -0.5, 0.3])
+    y = np.where(X @ coef + 0.5 * rng.standard_normal(n) > 0, 1, -1)
+    model = otstab.LinearModel(coef, 0.0)
+    losses = np.logaddexp(0.0, -y * model.decision_function(X))
+    kw = dict(loss="logistic", r=float(losses.mean() + 0.2), theta1=1.0, theta2=0.5,
+              divergence="kl")
+    monkeypatch.setattr(lb, "MIN_N", 0)
+    monkeypatch.setattr(LK, "USE_KERNEL", False)
+    ref = otstab.certify(model, X, y, **kw)
+
+    def broken():
+        raise RuntimeError("no LLVM here")
+
+    monkeypatch.setattr(LK, "USE_KERNEL", True)
+    monkeypatch.setattr(K, "KERNEL_MIN_KEYS", 0)
+    monkeypatch.setattr(LK, "load", broken)
+    monkeypatch.setitem(LK._LOADED, "ok", None)
+    seen = _count_blocks(monkeypatch)
+    with caplog.at_level("WARNING", logger="otstab"):
+        got = otstab.certify(model, X, y, **kw)
+    assert "no LLVM here" in caplog.text and LK._LOADED["ok"] is False
+    assert seen["blocks"] == 0
+    assert got.value == ref.value and got.h == ref.h and got.status == "optimal"
+    monkeypatch.setitem(LK._LOADED, "ok", None)  # (the next test loads them again)
