@@ -327,3 +327,40 @@ def test_a_failing_numba_falls_back_to_numpy(monkeypatch, caplog):
     assert seen["blocks"] == 0
     assert got.value == ref.value and got.h == ref.h and got.status == "optimal"
     monkeypatch.setitem(LK._LOADED, "ok", None)  # (the next test loads them again)
+
+
+def test_certify_uses_the_kernels_at_their_size(monkeypatch):
+    """Defaults (KERNEL_MIN_KEYS = 2^17 rows): a certificate of that many rows runs the
+    compiled pass, binning and audit sums; one row fewer runs none of them."""
+    rng = np.random.default_rng(6)
+    n = K.KERNEL_MIN_KEYS
+    X = rng.standard_normal((n, 2))
+    coef = np.array([1.0, -0.5])
+    y = np.where(X @ coef + 0.5 * rng.standard_normal(n) > 0, 1, -1)
+    model = otstab.LinearModel(coef, 0.0)
+    losses = np.logaddexp(0.0, -y * model.decision_function(X))
+    kw = dict(loss="logistic", r=float(losses.mean() + 0.2), theta1=1.0, theta2=0.5,
+              divergence="kl")
+    import otstab.solve._audit as au
+
+    # (the sampled audit, whose sums the kernel takes, above AUDIT_DIRECT_MAX rows)
+    monkeypatch.setattr(au, "AUDIT_DIRECT_MAX", min(au.AUDIT_DIRECT_MAX, n // 2))
+    seen = _count_blocks(monkeypatch)
+    used = {"bin": 0, "audit": 0}
+    real_bin, real_audit = LK.bin_block, LK.audit_sums
+
+    def bin_block(*a):
+        used["bin"] += 1
+        return real_bin(*a)
+
+    def audit_sums(*a, **k):
+        used["audit"] += 1
+        return real_audit(*a, **k)
+    monkeypatch.setattr(LK, "bin_block", bin_block)
+    monkeypatch.setattr(LK, "audit_sums", audit_sums)
+    res = otstab.certify(model, X, y, **kw)
+    assert res.status == "optimal" and "binned_h" in res.info
+    assert seen["blocks"] > 0 and used["bin"] > 0 and used["audit"] > 0
+    seen["blocks"] = used["bin"] = used["audit"] = 0
+    assert otstab.certify(model, X[1:], y[1:], **kw).status == "optimal"
+    assert seen["blocks"] == used["bin"] == used["audit"] == 0
