@@ -494,7 +494,8 @@ def _audit_py(loss, z, g, h, theta1, theta2, shift, scale, kl_log, near_one, mod
     (``mode`` 1): ``(sum loss, 0, 0, sum d2, 0, 0)``; KL: with ``a = max((h loss - theta1
     d2) / theta2 - shift, -700)`` and ``w = exp(a) scale``, ``(sum loss, sum w loss, sum w,
     sum w d2, sum of w (a + kl_log) - w + 1 over the weights not within ``near_one`` of 1,
-    count of those)``, those weights into ``near``."""
+    count of those)``, those weights into ``near``; chi2 (``mode`` 2) the same sums with
+    its weights and ``phi = (w - 1)^2`` (count 0)."""
     k = loss.size
     xb = np.empty(CHUNK)
     eb = np.empty(CHUNK)
@@ -511,6 +512,24 @@ def _audit_py(loss, z, g, h, theta1, theta2, shift, scale, kl_log, near_one, mod
                 mv += zz * g * zz
             MR += mr
             MV += mv
+            continue
+        if mode == 2:  # chi2: w = max(((l_h - shift) + scale) / (2 theta2) + 1, 0)
+            for j in range(kk):
+                zz = z[c0 + j]
+                d2 = zz * g * zz
+                ls = loss[c0 + j]
+                w = (((h * ls - theta1 * d2) - shift) + scale) / (2.0 * theta2) + 1.0
+                w = max(w, 0.0)
+                mr += ls
+                r += w * ls
+                tot += w
+                mv += w * d2
+                ph += (w - 1.0) ** 2
+            MR += mr
+            R += r
+            TOT += tot
+            MV += mv
+            PH += ph
             continue
         for j in range(kk):
             zz = z[c0 + j]
@@ -542,10 +561,12 @@ def _audit_py(loss, z, g, h, theta1, theta2, shift, scale, kl_log, near_one, mod
 
 
 def audit_sums(loss, z, g: float, h: float, theta1: float, theta2: float, shift: float,
-               scale: float, kl_log: float, near_one: float, near=None) -> tuple:
-    """:func:`_audit_py` compiled (``theta2`` inf: the sums of theta2 = inf); ``near``: room
-    for ``loss.size`` weights (KL)."""
-    mode = MODE_MEAN if math.isinf(theta2) else MODE_KL
+               scale: float, kl_log: float, near_one: float, near=None,
+               chi2: bool = False) -> tuple:
+    """:func:`_audit_py` compiled (``theta2`` inf: the sums of theta2 = inf; ``chi2``: chi2's
+    weights ``max(((l_h - shift) + scale) / (2 theta2) + 1, 0)`` and ``phi = (w - 1)^2``, the
+    WeightMap's ``shift`` and ``scale``); ``near``: room for ``loss.size`` weights (KL)."""
+    mode = MODE_MEAN if math.isinf(theta2) else MODE_CHI2 if chi2 else MODE_KL
     near = _NO_NEAR if near is None else near
     return _kernel(_audit_py)(loss, z, float(g), float(h), float(theta1),
                               1.0 if mode == MODE_MEAN else float(theta2), float(shift),

@@ -781,8 +781,10 @@ def _audit_rows(prob, atoms, wm, theta1, theta2, divergence, value) -> dict:
     near_w: list = []  # (KL: the weights near 1 of every block, their phi by one series)
     # the same sums in one compiled loop per block (numba; the moves of one step each, l_h
     # from the loss and the move)
+    chi2 = divergence == "chi2" and math.isfinite(theta2)
     fused = plain and atoms.lh_cache is None and atoms.moves.G.shape == (1, 1) \
-        and (kl_log is not None or math.isinf(theta2)) and logistic_kernels.use_kernel(n)
+        and (kl_log is not None or math.isinf(theta2) or chi2) \
+        and logistic_kernels.use_kernel(n)
     near_buf = np.empty(ROWS_BLOCK) if fused and kl_log is not None else None
     for s, e in atoms.steps.blocks(ROWS_BLOCK) if plain else ():
         if fused:
@@ -790,8 +792,9 @@ def _audit_rows(prob, atoms, wm, theta1, theta2, divergence, value) -> dict:
             mr, rb, tb, mv, pb, nn = logistic_kernels.audit_sums(
                 atoms.reduced_cache[s:e], atoms.steps.Z[s:e, 0], g1, atoms.h,
                 0.0 if math.isinf(theta1) else theta1, theta2,
-                0.0 if kl_log is None else wm.shift, 1.0 if kl_log is None else wm.scale,
-                0.0 if kl_log is None else kl_log, NEAR_ONE, near_buf)
+                wm.shift if kl_log is not None or chi2 else 0.0,
+                wm.scale if kl_log is not None or chi2 else 1.0,
+                0.0 if kl_log is None else kl_log, NEAR_ONE, near_buf, chi2=chi2)
             moved_risk += mr
             if math.isinf(theta2):
                 tot += e - s
