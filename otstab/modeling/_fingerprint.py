@@ -8,9 +8,13 @@ changed (docs/guarantees.md, "Data ownership").
 
 The fingerprint: the rows are cut into groups of ``GROUP`` = 32 consecutive rows, and each
 group ``k`` gets the number ``g_k = sum_{i in k, j} u_(i mod 32) v_j x_ij`` for fixed
-pseudo-random weights ``u`` (32) and ``v`` (d) drawn from [1, 2) with random signs. It is
-computed as ``X.reshape(n / 32, 32 d) @ kron(u, v)`` over blocks of rows that the scores pass
-has just read (cache-resident): one more matrix-vector product, n / 32 numbers kept.
+pseudo-random weights ``u`` (32) and ``v`` (d) drawn from [1, 2) with random signs. With
+numba (at least :data:`otstab.modeling._pass_kernels.KERNEL_MIN_ROWS` rows) it is summed in
+the compiled loop that computes the scores, each row read once (:func:`compiled_pass`);
+otherwise it is computed as ``X.reshape(n / 32, 32 d) @ kron(u, v)`` over blocks of rows
+that the scores pass has just read (cache-resident): one more matrix-vector product. n / 32
+numbers are kept, and how they were taken (``Fingerprint.how``), so that the check takes
+them the same way.
 
 What it detects: any change of the values of X (entries, rows moved or swapped, a column
 rescaled, NaN written in) that moves some ``g_k`` by more than the rounding of its float
@@ -38,10 +42,12 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..errors import DataChangedError
+from . import _pass_kernels
 from ._threads import blas_threads, one_blas_thread
 
 __all__ = ["GROUP", "Fingerprint", "block_rows", "column_major", "of_matrix", "register",
-           "fingerprint_of", "check", "each_block"]
+           "fingerprint_of", "check", "each_block", "each_run", "kernel_layout",
+           "compiled_pass"]
 
 #: rows per fingerprint group (n / GROUP numbers are kept: 1/32 of an n-vector)
 GROUP = 32
@@ -107,51 +113,102 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pools)
 
 
+def each_run(n: int, unit: int, run: Callable[[int, int], None], size: int,
+             workers: int | None = None) -> None:
+    """Call ``run(lo, hi)`` for ``workers`` contiguous runs of rows covering ``0:n``, each
+    starting at a multiple of ``unit`` (the units spread as evenly as they go), on the
+    threads of a pool (NumPy, BLAS and the compiled passes release the GIL) and every BLAS
+    call inside on one thread. ``size``: the entries of the pass (below
+    :data:`PARALLEL_MIN` it runs in the calling thread); ``workers`` default: as many as BLAS
+    would use."""
+    units = -(-n // unit)
+    if threading.current_thread().name.startswith("otstab-pass"):
+        workers = 1  # (a pass inside a pass: never wait on the pool from its own thread)
+    elif workers is None:  # (read before the limit below)
+        workers = 1 if size < PARALLEL_MIN else blas_threads()
+    workers = max(1, min(int(workers), units))
+    cuts = [min(n, units * k // workers * unit) for k in range(workers)] + [n]
+    with one_blas_thread():
+        if workers == 1:
+            run(0, n)
+        else:
+            for f in [_pool(workers).submit(run, cuts[k], cuts[k + 1])
+                      for k in range(workers)]:
+                f.result()
+
+
 def each_block(X: np.ndarray, visit: Callable[[np.ndarray, int], None],
                workers: int | None = None) -> None:
     """Call ``visit(block, start)`` for every block of :func:`block_rows` rows of the
     row-major ``X`` (float64, or float32 cast by :func:`block64` into a buffer of the calling
-    thread), in order within each of ``workers`` contiguous runs of blocks.
+    thread), in order within each of ``workers`` contiguous runs of blocks (:func:`each_run`).
 
     The blocks are the same whatever the number of workers, and every BLAS call in ``visit``
     runs on one thread (:func:`otstab.modeling._threads.one_blas_thread`): the numbers each
     block gives do not depend on the thread count or on the dtype (float32 -> float64 is
-    exact). The runs go to ``workers`` Python threads (default: as many as BLAS would use;
-    NumPy and BLAS release the GIL), which spreads the pass over the cores as BLAS would,
-    without the thread wake-ups of two small multi-threaded BLAS calls per block (on two
-    cores at n = 1e6, d = 50 those cost as much as the pass itself). ``visit`` must only
-    write to the rows of its block."""
+    exact). The runs go to ``workers`` Python threads (default: as many as BLAS would use),
+    which spreads the pass over the cores as BLAS would, without the thread wake-ups of two
+    small multi-threaded BLAS calls per block (on two cores at n = 1e6, d = 50 those cost as
+    much as the pass itself). ``visit`` must only write to the rows of its block."""
     n, d = X.shape
     step = block_rows(d)
-    nblocks = -(-n // step)
-    if threading.current_thread().name.startswith("otstab-pass"):
-        workers = 1  # (a pass inside a pass: never wait on the pool from its own thread)
-    elif workers is None:  # (read before the limit below)
-        workers = 1 if n * d < PARALLEL_MIN else blas_threads()
-    workers = max(1, min(int(workers), nblocks))
-    with one_blas_thread():
-        def run(k: int) -> None:
-            lo, hi = nblocks * k // workers * step, min(n, nblocks * (k + 1) // workers * step)
-            buf = np.empty((min(step, hi - lo), d)) if X.dtype != np.float64 else None
-            for s in range(lo, hi, step):
-                visit(block64(X[s:min(s + step, hi)], buf), s)
 
-        if workers == 1:
-            run(0)
-        else:
-            for f in [_pool(workers).submit(run, k) for k in range(workers)]:
-                f.result()
+    def run(lo: int, hi: int) -> None:
+        buf = np.empty((min(step, hi - lo), d)) if X.dtype != np.float64 else None
+        for s in range(lo, hi, step):
+            visit(block64(X[s:min(s + step, hi)], buf), s)
+
+    each_run(n, step, run, n * d, workers)
+
+
+def kernel_layout(X) -> str | None:
+    """How the compiled pass (:mod:`otstab.modeling._pass_kernels`) reads ``X``: ``"rows"``
+    (each row contiguous), ``"cols"`` (column-major), or None (another layout or dtype, or
+    fewer rows than it is loaded for, or no numba: the NumPy pass)."""
+    if X.ndim != 2 or X.dtype not in (np.float64, np.float32) or X.shape[1] == 0:
+        return None
+    if X.flags.f_contiguous and not X.flags.c_contiguous:
+        layout = "cols"
+    elif X.strides[1] == X.itemsize:
+        layout = "rows"
+    else:
+        return None
+    return layout if _pass_kernels.available(X.shape[0]) else None
+
+
+def compiled_pass(X: np.ndarray, layout: str, W: np.ndarray, b: np.ndarray,
+                  out: np.ndarray | None, fp: Fingerprint, values: np.ndarray | None = None,
+                  workers: int | None = None) -> None:
+    """The scores ``out = X @ W.T + b`` ((n, K) C-ordered; W with no row: none) and the fingerprint
+    (into ``values``, default ``fp.values``) in one compiled pass over ``X``, read as
+    ``layout`` says (:func:`kernel_layout`); the runs over the threads of :func:`each_run`."""
+    n, d = X.shape
+    g = fp.values if values is None else values
+    store = W.shape[0] > 0
+    if not store:  # (the fingerprint alone: the same loop, with a row of W it does not use)
+        W, b, out = np.zeros((1, d)), np.zeros(1), np.empty((1, 1))
+    W = np.ascontiguousarray(W, dtype=np.float64)
+    b = np.ascontiguousarray(b, dtype=np.float64)
+    kernel = _pass_kernels.rows_pass if layout == "rows" else _pass_kernels.cols_pass
+    unit = GROUP if layout == "rows" else _pass_kernels.COL_BLOCK
+    each_run(n, unit, lambda lo, hi: kernel(X, W, b, fp.v, fp.u, out, g, lo, hi, store),
+             n * d, workers)
+    if values is None:
+        fp.how = layout
 
 
 class Fingerprint:
     """The group sums ``values`` of an (n, d) matrix (see the module docstring)."""
 
-    __slots__ = ("n", "d", "values", "u", "v", "w", "__weakref__")
+    __slots__ = ("n", "d", "values", "u", "v", "w", "how", "__weakref__")
 
     def __init__(self, n: int, d: int):
         self.n, self.d = int(n), int(d)
         self.u, self.v, self.w = _weights(self.d)
         self.values = np.empty(-(-self.n // GROUP))
+        #: how the values were taken: "blas" (NumPy's products), "rows" or "cols" (the
+        #: compiled pass, :func:`compiled_pass`); the check recomputes them the same way
+        self.how = "blas"
 
     def fill(self, block: np.ndarray, start: int, out: np.ndarray | None = None) -> None:
         """Fingerprint the float64 C-contiguous rows ``block`` of X starting at row ``start``
@@ -199,7 +256,10 @@ class Fingerprint:
         if X.shape != (n, d):
             return np.arange(self.values.size)
         now = np.empty_like(self.values)
-        if column_major(X):  # (as it was taken: the same products, the same numbers)
+        layout = kernel_layout(X) if self.how != "blas" else None
+        if layout is not None and layout == self.how:  # (as taken: the same loop and numbers)
+            compiled_pass(X, layout, np.empty((0, d)), np.empty(0), None, self, now)
+        elif column_major(X):
             self.fill_columns(X, now)
         else:
             each_block(X, lambda block, s: self.fill(block, s, now))
@@ -234,10 +294,13 @@ def of_matrix(X: np.ndarray) -> Fingerprint:
     """The fingerprint of ``X`` in a pass of its own (paths without a scores pass)."""
     n, d = X.shape
     fp = Fingerprint(n, d)
-    if column_major(X):
+    layout = kernel_layout(X)
+    if layout is not None:
+        compiled_pass(X, layout, np.empty((0, d)), np.empty(0), None, fp)
+    elif column_major(X):
         fp.fill_columns(X)
-        return fp
-    each_block(X, fp.fill)
+    else:
+        each_block(X, fp.fill)
     return fp
 
 

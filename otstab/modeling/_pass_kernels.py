@@ -1,0 +1,237 @@
+"""The scores + fingerprint pass of a linear model as compiled loops (numba).
+
+A certificate of a linear model reads X once: the scores ``X @ W.T + b`` and the fingerprint
+of X (:mod:`otstab.modeling._fingerprint`) from the same rows. In NumPy that is two BLAS
+products per block of rows (the second one on the block just read); at n = 1e6, d = 50 the
+pass took 1.5-1.7 times one ``X @ coef`` on this project's 2-core machine. Compiled, each row
+is read once into registers for both sums, and the pass runs at the speed of one product
+(docs/scale.md).
+
+Two loops, each over a run of rows ``lo:hi`` (``lo`` a multiple of ``GROUP`` = 32; the runs
+go to Python threads, as :func:`otstab.modeling._fingerprint.each_block` spreads its blocks):
+
+* :func:`rows_pass` for row-major X (each row contiguous): every row is copied into a float64
+  buffer of ``d`` numbers (float32 converted exactly) and its dot products with ``v`` and
+  ``W``'s first row summed in one compiled loop (reassociated: vectorised), with the other
+  rows of ``W`` one by one. Float32 data and its float64 copy run the very same code on the
+  same numbers: equal scores and fingerprints, bit for bit; so do one thread and several (a
+  row is one thread's), and a fingerprint taken alone (the check) and with the scores.
+* :func:`cols_pass` for column-major X (a DataFrame's values): blocks of ``COL_BLOCK`` rows,
+  the columns of the block added four at a time into per-row sums, in column order (no
+  reassociation: the loop is vectorised across rows).
+
+Their fingerprints are the same numbers as the NumPy pass's up to rounding (each a sum of the
+same ``32 d`` products in another order): a fingerprint records how it was taken
+(``Fingerprint.how``) and its check recomputes it the same way, so that unchanged data gives
+the same bits; where that is not possible, the check compares with the rounding bound.
+
+Compiled on first use for at least :data:`KERNEL_MIN_ROWS` rows (or loaded from numba's
+cache on disk: the first large certificate of a process pays that once); without numba, or
+when compiling fails (a warning on the "otstab" logger), the NumPy pass runs. This module
+does not import the rest of otstab.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+
+import numpy as np
+
+__all__ = ["HAVE_NUMBA", "USE_KERNEL", "KERNEL_MIN_ROWS", "COL_BLOCK", "GROUP", "available",
+           "rows_pass", "cols_pass", "loss_stats"]
+
+#: numba is installed
+HAVE_NUMBA = importlib.util.find_spec("numba") is not None
+#: use the compiled pass (False: NumPy's blocks; set to compare the two)
+USE_KERNEL = HAVE_NUMBA
+#: the fewest rows of X for the compiled pass (loading it costs some 0.3-0.6 s once a process)
+KERNEL_MIN_ROWS = 1 << 17
+#: rows per block of :func:`cols_pass` (a multiple of GROUP; its sums stay in the L1 cache)
+COL_BLOCK = 2048
+#: rows per fingerprint group (as :data:`otstab.modeling._fingerprint.GROUP`)
+GROUP = 32
+
+_COMPILED: dict = {}
+_LOADED: dict = {"ok": None}
+
+
+def available(n: int) -> bool:
+    """Whether a pass over ``n`` rows runs compiled (loading the loops on the first call)."""
+    if not (USE_KERNEL and n >= KERNEL_MIN_ROWS):
+        return False
+    if _LOADED["ok"] is None:
+        try:
+            _load()
+            _LOADED["ok"] = True
+        except Exception as exc:  # pragma: no cover - a broken numba installation
+            logging.getLogger("otstab").warning(
+                "numba could not compile the scores pass (%s: %s); the NumPy pass runs "
+                "instead", type(exc).__name__, exc)
+            _LOADED["ok"] = False
+    return bool(_LOADED["ok"])
+
+
+def _load() -> None:
+    import numba
+
+    for name, py, fast in (("_dot", _dot_py, {"reassoc"}), ("_dot2", _dot2_py, {"reassoc"}),
+                           ("_rows", _rows_py, False), ("_cols", _cols_py, False),
+                           ("_stats", _stats_py, False)):
+        if name not in _COMPILED:  # (_rows calls _dot by its name: compiled first)
+            _COMPILED[name] = numba.njit(cache=True, nogil=True, fastmath=fast)(py)
+            globals()[name] = _COMPILED[name]
+    W, b, v, u = np.zeros((1, 2)), np.zeros(1), np.zeros(2), np.zeros(GROUP)
+    for dtype in (np.float64, np.float32):  # (compile or load both now, not inside a pass)
+        X = np.zeros((2, 2), dtype=dtype)
+        X.setflags(write=False)  # (certify reads X through a read-only view: that type)
+        for store in (True, False):
+            rows_pass(X, W, b, v, u, np.empty((2, 1)), np.empty(1), 0, 2, store)
+            cols_pass(np.asfortranarray(X), W, b, v, u, np.empty((2, 1)), np.empty(1), 0, 2,
+                      store)
+    for y in (np.ones(2, dtype=np.int8), np.ones(2)):  # (labels +-1 int8, targets float64)
+        for p in (None, np.ones(2)):
+            loss_stats(np.zeros(2), y, "margin", (1.0,), (0.0,), p)
+
+
+def _dot_py(x, w):  # pragma: no cover - compiled
+    s = 0.0
+    for j in range(x.size):
+        s += x[j] * w[j]
+    return s
+
+
+def _dot2_py(x, w, v):  # pragma: no cover - compiled
+    s = t = 0.0
+    for j in range(x.size):
+        s += x[j] * w[j]
+        t += x[j] * v[j]
+    return s, t
+
+
+#: :func:`_dot_py` and :func:`_dot2_py`, compiled once the pass is (the loops call them by
+#: these names)
+_dot = _dot_py
+_dot2 = _dot2_py
+
+
+def _rows_py(X, W, b, v, u, out, g, lo, hi, store):  # pragma: no cover - compiled
+    d = X.shape[1]
+    K = W.shape[0]
+    buf = np.empty(d)
+    w0 = W[0]
+    for k in range(lo // GROUP, (hi + GROUP - 1) // GROUP):
+        r0 = k * GROUP
+        acc = 0.0
+        for i in range(min(GROUP, hi - r0)):
+            r = r0 + i
+            for j in range(d):
+                buf[j] = X[r, j]
+            s, t = _dot2(buf, w0, v)  # (the same loop for every K: the same fingerprint)
+            acc += u[i] * t
+            if store:
+                out[r, 0] = s + b[0]
+                for c in range(1, K):
+                    out[r, c] = _dot(buf, W[c]) + b[c]
+        g[k] = acc
+
+
+def _cols_py(X, W, b, v, u, out, g, lo, hi, store):  # pragma: no cover - compiled
+    d = X.shape[1]
+    K = W.shape[0] if store else 0
+    t = np.empty(COL_BLOCK)
+    s = np.empty((K, COL_BLOCK))
+    for s0 in range(lo, hi, COL_BLOCK):
+        m = min(COL_BLOCK, hi - s0)
+        t[:m] = 0.0
+        s[:, :m] = 0.0
+        for j in range(0, d - d % 4, 4):  # four columns at a time, added in column order
+            x0, x1 = X[s0:s0 + m, j], X[s0:s0 + m, j + 1]
+            x2, x3 = X[s0:s0 + m, j + 2], X[s0:s0 + m, j + 3]
+            a0, a1, a2, a3 = v[j], v[j + 1], v[j + 2], v[j + 3]
+            for i in range(m):
+                t[i] = (((t[i] + x0[i] * a0) + x1[i] * a1) + x2[i] * a2) + x3[i] * a3
+            for c in range(K):
+                a0, a1, a2, a3 = W[c, j], W[c, j + 1], W[c, j + 2], W[c, j + 3]
+                for i in range(m):
+                    s[c, i] = (((s[c, i] + x0[i] * a0) + x1[i] * a1) + x2[i] * a2) \
+                        + x3[i] * a3
+        for j in range(d - d % 4, d):
+            x0 = X[s0:s0 + m, j]
+            a0 = v[j]
+            for i in range(m):
+                t[i] += x0[i] * a0
+            for c in range(K):
+                a0 = W[c, j]
+                for i in range(m):
+                    s[c, i] += x0[i] * a0
+        for c in range(K):
+            for i in range(m):
+                out[s0 + i, c] = s[c, i] + b[c]
+        for k in range(s0 // GROUP, (s0 + m + GROUP - 1) // GROUP):
+            acc = 0.0
+            for i in range(min(GROUP, s0 + m - k * GROUP)):
+                acc += u[i] * t[k * GROUP - s0 + i]
+            g[k] = acc
+
+
+def rows_pass(X, W, b, v, u, out, g, lo: int, hi: int, store: bool = True) -> None:
+    """Rows ``lo:hi`` of a row-major X (float64 or float32): ``out[r, c] = X[r] . W[c] +
+    b[c]`` (``out`` (n, K), K >= 1; ``store=False``: not written, the fingerprint alone) and
+    ``g[k] = sum_i u_i (X[32 k + i] . v)`` for the groups of the run; ``lo`` a multiple of
+    32."""
+    _COMPILED["_rows"](X, W, b, v, u, out, g, lo, hi, store)
+
+
+def cols_pass(X, W, b, v, u, out, g, lo: int, hi: int, store: bool = True) -> None:
+    """:func:`rows_pass` for a column-major X; ``lo`` a multiple of :data:`COL_BLOCK`."""
+    _COMPILED["_cols"](X, W, b, v, u, out, g, lo, hi, store)
+
+
+#: rows per partial sum of :func:`loss_stats` (the partial sums then added in order)
+STATS_CHUNK = 2048
+
+
+def _stats_py(s, y, kind, a, c, p, weighted):  # pragma: no cover - compiled
+    n = s.size
+    K = a.size
+    total = 0.0
+    top = -np.inf
+    for c0 in range(0, n, STATS_CHUNK):
+        part = 0.0
+        for i in range(c0, min(n, c0 + STATS_CHUNK)):
+            if kind == 2:  # 0/1: 1[(s > 0) != (y > 0)]
+                loss = 1.0 if (s[i] > 0.0) != (y[i] > 0) else 0.0
+            else:
+                u = y[i] * s[i] if kind == 0 else y[i] - s[i]
+                loss = a[0] * u + c[0]
+                for k in range(1, K):
+                    piece = a[k] * u + c[k]
+                    if piece > loss:
+                        loss = piece
+            if weighted:
+                part += p[i] * loss
+                if p[i] > 0.0 and loss > top:
+                    top = loss
+            else:
+                part += loss
+                if loss > top:
+                    top = loss
+        total += part
+    return total, top
+
+
+def loss_stats(scores, y, on: str, slopes, intercepts,
+               p=None) -> tuple[float, float]:
+    """``(sum of p_i l_i (1 without p), largest l_i over p_i > 0)`` of the per-sample losses
+    from a binary or regression model's scores in one compiled loop: ``on`` "margin" (``l =
+    max_k(a_k y s + c_k)``), "residual" (``u = y - s``) or "zero_one" (``1[(s > 0) != (y >
+    0)]``); the same losses as :mod:`otstab.modeling._losses`, bit for bit, summed in chunks
+    of :data:`STATS_CHUNK` rows."""
+    kind = {"margin": 0, "residual": 1, "zero_one": 2}[on]
+    a = np.asarray(slopes if kind != 2 else (0.0,), dtype=np.float64)
+    c = np.asarray(intercepts if kind != 2 else (0.0,), dtype=np.float64)
+    weighted = p is not None
+    pv = np.asarray(p, dtype=np.float64) if weighted else np.empty(0)
+    total, top = _COMPILED["_stats"](scores, y, kind, a, c, pv, weighted)
+    return float(total), float(top)
