@@ -12,6 +12,10 @@ machine, a transcendental some 5-14 ms, one ``X @ coef`` some 16-20 ms.
 Usage (the machine is shared: say the load, ``uptime``, next to any number)::
 
     PYTHONPATH=. python benchmarks/logistic_phases.py [--n 1e6] [--reps 3] [--only middle-kl]
+        [--no-kernel]
+
+``--no-kernel``: the NumPy passes where numba would compile the exact pass, the binning and
+the audit's sums (``otstab_solvers.logistic_kernels.USE_KERNEL``), to compare the two.
 
 The wrappers and counters patch module attributes of this process only (``numpy.exp`` and the
 like included); the timings in the table are of one extra certificate after ``--reps`` timed
@@ -28,6 +32,7 @@ import time
 
 import numpy as np
 import otstab_solvers.logistic_binned as lb
+import otstab_solvers.logistic_kernels as lk
 import otstab_solvers.logistic_pass as lp
 import otstab_solvers.logistic_uniform as lu
 import otstab_solvers.smooth as sm
@@ -58,6 +63,9 @@ PHASES = [
     (sm, "logistic_steps", "two-branch / robust steps"),
     (sm, "_softplus_at", "loss at the maximiser (softplus)"),
     (sm, "_uniform_dtransform", "l_h, d2 and kept arrays"),
+    (sm.LogisticOracle, "fused_rows", "exact pass: compiled loop (logistic_kernels)"),
+    (lk, "bin_block", "binning the margins"),
+    (lk, "audit_sums", "audit: sums over Q*"),
     (lp._Pass, "at", "exact pass: reductions"),
     (lp._Pass, "_chi2_at", "exact pass: reductions"),
     (smooth_path, "solve_dual", "bracketed exact search"),
@@ -141,7 +149,11 @@ def main(argv=None):
     ap.add_argument("--n", type=float, default=1e6)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--only", default=None, help="points whose name contains this")
+    ap.add_argument("--no-kernel", action="store_true",
+                    help="NumPy passes instead of the compiled logistic ones")
     args = ap.parse_args(argv)
+    if args.no_kernel:
+        lk.USE_KERNEL = False
     n = int(args.n)
     model, X, y, base, top = _data(n)
     inputs = {"float64": X, "float32": X.astype(np.float32),
@@ -149,6 +161,9 @@ def main(argv=None):
     coef32 = model.coef_.astype(np.float32)
     points = [(rp, price, "float64") for rp in R_POINTS for price in PRICES]
     points += [("middle", "kl", "float32"), ("middle", "kl", "frame")]
+    # (numba compiles / loads the kernels before the counters replace numpy's ufuncs, which
+    # its typing reads)
+    lk.use_kernel(n)
     timer = Timer()
     for owner, name, phase in PHASES:
         timer.wrap(owner, name, phase)

@@ -24,6 +24,7 @@ import math
 
 import numpy as np
 
+from . import logistic_kernels, sorted_kernels
 from .dual import solve_dual
 from .result import OPTIMAL
 from .smooth import LogisticOracle, _uniform_dtransform
@@ -49,9 +50,15 @@ class _Bins:
     width]``: P0-mass ``count``, and the sums of the offsets from the bin's centre (in bin
     widths) ``first`` and of their squares ``second``."""
 
-    def __init__(self, margins_of, n: int, p, bins: int):
+    def __init__(self, margins_of, n: int, p, bins: int, rows=None):
+        # (``rows``: the labels and scores whose products are the margins, for compiled
+        # passes: logistic_kernels, numba, at least KERNEL_MIN_KEYS rows, no probabilities)
+        fused = rows is not None and p is None and sorted_kernels.rows_ok(*rows) \
+            and logistic_kernels.use_kernel(n)
         lo, hi = math.inf, -math.inf
-        for s in range(0, n, _BLOCK):
+        if fused:
+            lo, hi = sorted_kernels.u_range(rows[0], rows[1], False)
+        for s in range(0, 0 if fused else n, _BLOCK):
             m = margins_of(s, min(s + _BLOCK, n))
             lo, hi = min(lo, float(m.min())), max(hi, float(m.max()))
         if not (math.isfinite(lo) and math.isfinite(hi)):
@@ -61,7 +68,16 @@ class _Bins:
         self.width = width = (hi - lo) / bins
         self.scale = 1.0 / width if width > 0 else 0.0
         count, first, second = np.zeros(bins), np.zeros(bins), np.zeros(bins)
-        for s in range(0, n, _BLOCK):
+        if fused:  # (per block, as the bincounts below: the same sums)
+            part = np.zeros((3, bins))
+            for s in range(0, n, _BLOCK):
+                part[:] = 0.0
+                logistic_kernels.bin_block(rows[0], rows[1], s, min(s + _BLOCK, n), lo,
+                                           self.scale, *part)
+                count += part[0]
+                first += part[1]
+                second += part[2]
+        for s in range(0, 0 if fused else n, _BLOCK):
             e = min(s + _BLOCK, n)
             k, idx = self._position(margins_of(s, e))
             k -= 0.5  # the offset from the bin's centre, in bin widths (no cancellation)
@@ -194,7 +210,7 @@ def binned_guess(margins_of, n: int, direction_norm2: float, theta1: float, r: f
 
 
 def binned_solution(margins_of, n: int, direction_norm2: float, theta1: float, r: float,
-                    theta2: float, divergence: str, p=None, bins: int = BINS):
+                    theta2: float, divergence: str, p=None, bins: int = BINS, rows=None):
     """``(h_c, alpha, (smallest, largest margin))``: :func:`binned_guess`'s root (None where
     there is none) and, for chi2 with a finite ``theta2``, the multiplier ``alpha`` of the
     binned dual there (the weights are ``((l_h + alpha) / (2 theta2) + 1)_+``; None
@@ -205,8 +221,10 @@ def binned_solution(margins_of, n: int, direction_norm2: float, theta1: float, r
     square of the bin's width (some 1e-8 of ``h`` at n = 1e6, against 1e-13 for a smooth
     summand). Those bins (with a neighbour on each side) are given margin by margin instead,
     gathered by one more read of the margins, and the root is solved again, up to
-    :data:`KINK_ROUNDS` times until the edge lies among the exact margins."""
-    binned = _Bins(margins_of, n, p, bins)
+    :data:`KINK_ROUNDS` times until the edge lies among the exact margins. ``rows``: the
+    labels and scores whose products are the margins (the binning's passes compiled,
+    :mod:`otstab_solvers.logistic_kernels`, where numba is installed)."""
+    binned = _Bins(margins_of, n, p, bins, rows)
     points, mass = binned.points()
     h = binned_root(points, mass, direction_norm2, theta1, r, theta2, divergence)
     span = (binned.lo, binned.hi)

@@ -53,6 +53,7 @@ import time
 import numpy as np
 
 from .blockwise import CHI2_MAX_STEPS, BlockwiseDual, in_memory
+from .logistic_kernels import MODE_CHI2, MODE_KL, MODE_MEAN
 from .result import OPTIMAL, DualSolution
 from .smooth import logistic_dtransform, uniform_d2
 
@@ -177,9 +178,18 @@ class _Pass:
         """:meth:`at`; ``lazy``: the pass sums no curvature (the oracle gives no second
         derivative), :meth:`curvature` does when asked."""
         oracle, store = self.oracle, self.store
+        # one compiled loop per block (logistic_kernels; None: NumPy's blocks)
+        fused = getattr(oracle, "fused_rows", None) if self.p is None else None
         if self.plain_mean:  # theta2 = inf: the means of l_h, dl and d2l
             sl = sd1 = sd2 = 0.0
             for s, e in self.bounds:
+                got = None if fused is None else fused(h, slice(s, e), MODE_MEAN, math.inf,
+                                                       lazy, 0.0)
+                if got is not None:
+                    sl += got[0]
+                    sd1 += got[1]
+                    sd2 += got[2]
+                    continue
                 lb, d1, d2 = oracle.transform_rows(h, slice(s, e))[:3]
                 if self.p is None:
                     sl += float(np.sum(lb))
@@ -227,6 +237,15 @@ class _Pass:
         kept = getattr(oracle, "kept", None) if getattr(oracle, "keep_values", False) else None
         p = self.p
         for k, (s, e) in enumerate(self.bounds):
+            got = None if fused is None else fused(h, slice(s, e), MODE_KL, theta2, lazy,
+                                                   EXPM1_SPAN)
+            if got is not None:  # (its steps and losses kept by the oracle: l_h from them)
+                store[k] = None
+                moved += got[6]
+                parts.append((got[0], got[1], got[2], 0.0 if lazy else got[3],
+                              0.0 if lazy else got[4],
+                              None if math.isnan(got[5]) else (got[5], float(e - s)), k))
+                continue
             lb, d1, d2 = oracle.transform_rows(h, slice(s, e))[:3]
             store[k] = None if kept is not None and kept(h, slice(s, e)) is not None else lb
             a = lb / theta2
@@ -351,7 +370,26 @@ class _Pass:
         acc = np.zeros(10)
         moved = 0.0
         edge: list = []
+        # one compiled loop per block (logistic_kernels; None: NumPy's blocks): the sums over
+        # the surely active rows and the edge's rows, their l_h and derivatives from the kept
+        # steps and losses (d2l from s = t / T, as :meth:`curvature`)
+        fused = getattr(oracle, "fused_rows", None) if p is None else None
+        c0 = float(oracle.c[0])
         for s, e in self.bounds:
+            got = None if fused is None else fused(h, slice(s, e), MODE_CHI2, theta2, False,
+                                                   0.0, (shift, a0, hi_thr, lo_thr))
+            if got is not None:
+                sums, near_rows = got
+                acc += sums[:10]
+                moved += sums[10]
+                if near_rows.size:
+                    loss, t = oracle.kept(h, slice(s, e))
+                    te, d1e = t[near_rows], loss[near_rows]
+                    lbe = h * d1e
+                    lbe -= c0 * te * te
+                    lbe -= shift
+                    edge.append((lbe, d1e, uniform_d2(te / (h / (2.0 * c0)), c0, h), None))
+                continue
             lb, d1, d2 = oracle.transform_rows(h, slice(s, e))[:3]
             pb = None if p is None else p[s:e]
             moved += float(np.sum(d1)) if pb is None else float(np.dot(pb, d1))

@@ -337,17 +337,8 @@ def _uniform_dtransform(m: np.ndarray, c: float, h: float, start=None, keep=None
     u, s, rest = uniform_steps(m, c, h, start, start_t=start_t)
     T = h / (2.0 * c)
     t = s * T
-    if rest.size:  # both branches by Newton first, the robust solve for what is left
-        ub, sb, okb = two_branch_steps(m[rest], c, h)
-        got = rest[okb]
-        u[got], s[got], t[got] = ub[okb], sb[okb], T * sb[okb]
-        rest = rest[~okb]
     if rest.size:
-        mr = m[rest]
-        tr = logistic_steps(mr, np.broadcast_to(c, (rest.size,)), h)
-        t[rest] = tr
-        u[rest] = tr - mr
-        s[rest] = expit(u[rest])
+        u[rest], s[rest], t[rest] = _robust_uniform(m[rest], c, h)
     if steps_only:
         if keep is not None:
             keep(u, t, None, None)
@@ -361,6 +352,24 @@ def _uniform_dtransform(m: np.ndarray, c: float, h: float, start=None, keep=None
     return lh, loss_star, d2, t
 
 
+def _robust_uniform(m: np.ndarray, c: float, h: float):
+    """``(u, s, t)`` of the margins ``m`` that the lean solve did not accept (one price
+    ``c``, ``h > 0``): both branches by Newton first
+    (:func:`~otstab_solvers.logistic_uniform.two_branch_steps`), the robust bracketed solve
+    (:func:`logistic_steps`) for what is left."""
+    T = h / (2.0 * c)
+    u, s, okb = two_branch_steps(m, c, h)
+    t = T * s
+    left = np.flatnonzero(~okb)
+    if left.size:
+        mr = m[left]
+        tr = logistic_steps(mr, np.broadcast_to(c, (left.size,)), h)
+        t[left] = tr
+        u[left] = tr - mr
+        s[left] = expit(u[left])
+    return u, s, t
+
+
 def uniform_d2(s: np.ndarray, c: float, h: float) -> np.ndarray:
     """The second derivative of ``l_h`` in ``h`` of the samples whose maximiser has
     ``s = sigmoid(t - m)`` (one price ``c``): ``s^2 / (2 c - h s (1 - s))``."""
@@ -369,6 +378,9 @@ def uniform_d2(s: np.ndarray, c: float, h: float) -> np.ndarray:
     denom += 2.0 * c
     with np.errstate(divide="ignore", invalid="ignore"):
         return s * s / denom
+
+
+_NONE = np.zeros(1)  # (an array argument the compiled pass does not read)
 
 
 class LogisticOracle:
@@ -472,7 +484,9 @@ class LogisticOracle:
         if self._margins is not None:
             return self._margins[rows]
         assert self._scores is not None and self._score_signs is not None  # made from scores
-        return self._score_signs[rows] * self._scores[rows]
+        # (float64 whatever the scores' type: float32 margins would keep the solves' roots
+        # in float32, NumPy's promotion rules)
+        return np.multiply(self._score_signs[rows], self._scores[rows], dtype=np.float64)
 
     @classmethod
     def from_linear(cls, X, y_signs, coef, intercept, theta1, mask=None) -> LogisticOracle:
@@ -559,6 +573,55 @@ class LogisticOracle:
             self._warm[key] = (h, tb[s:e], lv)
         return _uniform_dtransform(m, c, h, None, keep, steps_only, start_t=start,
                                    curvature=self.curvature)
+
+    def fused_rows(self, h: float, rows: slice, mode: int, theta2: float, lazy: bool,
+                   span: float, chi2=None):
+        """The sums of one exact pass over the slice ``rows`` at ``h`` in one compiled loop
+        (:func:`otstab_solvers.logistic_kernels.solve_block`: ``mode`` KL or theta2 = inf,
+        ``lazy``: no second derivative, ``span``: KL's expm1 span; chi2: ``chi2`` its
+        thresholds, and the sums are ``(sums, edge rows)``), keeping the steps and
+        losses as :meth:`transform_rows` keeps them (:attr:`keep_values`); the rows the loop
+        does not accept are solved by the robust NumPy solve first. None where it does not
+        apply (numba absent or the oracle below the kernels' size, several prices, no warm
+        starts or kept values, h = 0): the caller then reads :meth:`transform_rows`."""
+        from . import logistic_kernels as lk
+
+        c0 = float(self.c[0])
+        if not (self.keep_values and self._warm is not None and self.c.strides == (0,)
+                and 0.0 < c0 < math.inf and h > 0.0 and rows.stop > rows.start
+                and lk.use_kernel(self.n)):
+            return None
+        y, sc = self._score_signs, self._scores  # (warm starts: an oracle of scores)
+        if not (isinstance(sc, np.ndarray) and sc.dtype in (np.float64, np.float32)
+                and isinstance(y, np.ndarray) and y.dtype.kind in "iuf"
+                and y.dtype.itemsize <= 8):
+            return None
+        key = (rows.start, rows.stop)
+        s, e = key
+        last = self._warm.get(key)
+        warm = last is not None and abs(h - last[0]) <= 0.1 * h
+        if self._kept_buf is None:
+            self._kept_buf = (np.empty(self.n), np.empty(self.n))
+        tb, lb = self._kept_buf
+        table: tuple
+        if warm and last is not None:
+            tprev, table, lo, inv, quad = last[1], (_NONE, _NONE, _NONE), 0.0, 0.0, False
+        else:  # a block read at a new h: from the table of this h's steps
+            tab = self._table(c0, h)
+            quad = tab.half_d2 is not None
+            tprev, lo, inv = _NONE, tab.lo, tab.inv
+            table = (tab.t, tab.dt, tab.half_d2 if quad else tab.dt)
+        tk, lk_ = tb[s:e], lb[s:e]
+        rest, sums, edge = lk.solve_block(y, sc, s, e, c0, h, warm, tprev, table, lo, inv,
+                                          quad, tk, lk_, mode, theta2, lazy, span,
+                                          chi2=chi2)
+        if rest.size:  # the robust solve, then the block's sums
+            mr = self._margins_of(rest + s)
+            u, sg, t = _robust_uniform(mr, c0, h)
+            tk[rest], lk_[rest] = t, _softplus_at(u, sg)
+            sums, edge = lk.block_sums(tk, lk_, c0, h, mode, theta2, lazy, span, chi2)
+        self._warm[key] = (h, tk, lk_)
+        return (sums, edge) if mode == lk.MODE_CHI2 else sums
 
     def _table(self, c: float, h: float) -> StepTable:
         """The :class:`~otstab_solvers.logistic_uniform.StepTable` of ``h`` over the range

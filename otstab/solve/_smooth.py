@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from otstab_solvers import logistic_binned, logistic_pass
+from otstab_solvers import logistic_binned, logistic_kernels, logistic_pass
 from otstab_solvers.blockwise import BlockwiseDual, RowsBlock, in_memory, weight_map_blocks
 from otstab_solvers.dual import solve_dual
 from otstab_solvers.first_order import solve_first_order
@@ -423,9 +423,10 @@ def _solve_logistic_binned(oracle, dual, n, p, r, theta2, divergence, solver_opt
             or oracle.c.strides != (0,) or not 0.0 < float(oracle.c[0]) < math.inf \
             or "h_init" in solver_options:
         return None
+    rows = None if oracle._scores is None else (oracle._score_signs, oracle._scores)
     h_c, alpha, span = logistic_binned.binned_solution(
         lambda s, e: oracle._margins_of(slice(s, e)), n, float(oracle.direction_norm2[0]),
-        oracle.theta1, r, theta2, divergence, p=p)
+        oracle.theta1, r, theta2, divergence, p=p, rows=rows)
     if h_c is None:
         return None
     if oracle.margin_range is None:  # (the binning read them: the table of steps need not)
@@ -778,7 +779,35 @@ def _audit_rows(prob, atoms, wm, theta1, theta2, divergence, value) -> dict:
     kl_log = math.log(wm.scale) if plain and divergence == "kl" and math.isfinite(theta2) \
         and not wm.weighted else None
     near_w: list = []  # (KL: the weights near 1 of every block, their phi by one series)
+    # the same sums in one compiled loop per block (numba; the moves of one step each, l_h
+    # from the loss and the move)
+    chi2 = divergence == "chi2" and math.isfinite(theta2)
+    fused = plain and atoms.lh_cache is None and atoms.moves.G.shape == (1, 1) \
+        and (kl_log is not None or math.isinf(theta2) or chi2) \
+        and logistic_kernels.use_kernel(n)
+    near_buf = np.empty(ROWS_BLOCK) if fused and kl_log is not None else None
     for s, e in atoms.steps.blocks(ROWS_BLOCK) if plain else ():
+        if fused:
+            g1 = float(atoms.moves.G[0, 0])
+            mr, rb, tb, mv, pb, nn = logistic_kernels.audit_sums(
+                atoms.reduced_cache[s:e], atoms.steps.Z[s:e, 0], g1, atoms.h,
+                0.0 if math.isinf(theta1) else theta1, theta2,
+                wm.shift if kl_log is not None or chi2 else 0.0,
+                wm.scale if kl_log is not None or chi2 else 1.0,
+                0.0 if kl_log is None else kl_log, NEAR_ONE, near_buf, chi2=chi2)
+            moved_risk += mr
+            if math.isinf(theta2):
+                tot += e - s
+                move += mv
+                continue
+            risk += rb
+            tot += tb
+            move += mv
+            ph += pb
+            if nn:
+                assert near_buf is not None
+                near_w.append(near_buf[:nn].copy())
+            continue
         loss_s = atoms.reduced_cache[s:e]
         d2_s = atoms.moved2_of(atoms.steps.Z[s:e])
         moved_risk += float(np.sum(loss_s))
