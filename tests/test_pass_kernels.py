@@ -184,3 +184,36 @@ def test_loss_stats_compiled_equal_the_losses_of_the_model(kernel, monkeypatch, 
     assert prob._compiled_stats() is None
     ref = prob.loss_stats()
     assert ref[0] == pytest.approx(got[0], rel=1e-13) and ref[1] == got[1]
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("ties", [False, True])
+def test_logistic_stats_compiled(kernel, monkeypatch, weighted, ties):
+    """The logistic loss's base risk from the compiled loop against math.fsum of the loss's
+    own values (NumPy), and its largest loss equal to theirs bit for bit: taken from the rows
+    near the smallest margin, or from every row when more than TOP_ROWS tie there."""
+    import math
+
+    import otstab
+    from otstab.modeling._models import resolve_model
+
+    rng = np.random.default_rng(7)
+    n = 5000
+    X = rng.standard_normal((n, 4)) * np.array([1.0, 10.0, 100.0, 0.1])
+    coef = rng.standard_normal(4)
+    y = np.where(rng.random(n) > 0.5, 1, -1)
+    if ties:  # half the rows at the smallest margin
+        i = int(np.argmin(y * (X @ coef)))
+        X[: n // 2], y[: n // 2] = X[i], y[i]
+        monkeypatch.setattr(PK, "TOP_ROWS", 64)
+    w = rng.uniform(0.0, 2.0, n) * (rng.random(n) > 0.1) if weighted else None
+    prob = resolve_model(otstab.LinearModel(coef, 0.3), X, y, loss="logistic", sample_weight=w)
+    assert prob._compiled_stats() == "logistic"
+    assert (PK.logistic_stats(prob.scores, prob.y, prob.p)[1] is None) == ties
+    got = prob.loss_stats()
+    losses = prob.losses_from_scores(prob.scores, prob.y)
+    p = prob.p
+    exact = math.fsum(losses) / n if p is None else math.fsum(p * losses)
+    top = losses.max() if p is None else losses[p > 0].max()
+    assert got[0] == pytest.approx(exact, rel=1e-14)
+    assert got[1] == top

@@ -243,6 +243,20 @@ class Problem:
             self.extra["loss_stats"] = (key, out)
             return out
         on = self._compiled_stats()
+        if on == "logistic":  # the sum compiled; the largest loss from the loss's own values
+            total, rows = _pass_kernels.logistic_stats(self.scores, self.y, p)
+            if rows is not None:
+                top = float(self._loss_block(self.scores[rows], self.y[rows]).max())
+            else:  # (many rows tied at the smallest margin: every row's loss)
+                top = -math.inf
+                for s in range(0, self.n, LOSS_BLOCK):
+                    lb = self._loss_block(self.scores[s:s + LOSS_BLOCK], self.y[s:s + LOSS_BLOCK])
+                    live = lb if p is None else lb[p[s:s + LOSS_BLOCK] > 0]
+                    if live.size:
+                        top = max(top, float(live.max()))
+            out = (total / self.n if p is None else total), top
+            self.extra["loss_stats"] = (key, out)
+            return out
         if on is not None:  # one compiled loop over the scores (numba; at least 2^17 rows)
             total, top = _pass_kernels.loss_stats(self.scores, self.y, on,
                                                   getattr(self.loss, "slopes", ()),
@@ -268,9 +282,10 @@ class Problem:
         return out
 
     def _compiled_stats(self) -> str | None:
-        """How :meth:`loss_stats` runs compiled (``on`` of :func:`_pass_kernels.loss_stats`),
-        or None: a piecewise-linear loss of a binary or regression model, or the binary 0/1
-        loss, on scores of contiguous float64, with numba and enough rows."""
+        """How :meth:`loss_stats` runs compiled (``on`` of :func:`_pass_kernels.loss_stats`, or
+        "logistic": :func:`_pass_kernels.logistic_stats`), or None: a piecewise-linear loss of
+        a binary or regression model, or the binary 0/1 or logistic loss, on scores of
+        contiguous float64, with numba and enough rows."""
         s, loss = self.scores, self.loss
         if s is None or s.ndim != 1 or not s.flags.c_contiguous or s.dtype != np.float64 \
                 or self.scorer is None or self.scorer.task == "multiclass":
@@ -279,6 +294,9 @@ class Problem:
             on = loss.on
         elif isinstance(loss, ZeroOne) and self.scorer.task == "binary":
             on = "zero_one"
+        elif isinstance(loss, SmoothLoss) and loss.name == "logistic" \
+                and self.scorer.task == "binary" and self.y.dtype == np.int8:
+            on = "logistic"
         else:
             return None
         if self.y.dtype not in (np.int8, np.float64) or not _pass_kernels.available(self.n):

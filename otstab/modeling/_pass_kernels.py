@@ -37,9 +37,11 @@ import importlib.util
 import logging
 
 import numpy as np
+from otstab_solvers import logistic_kernels as _lk
+from otstab_solvers import sorted_kernels as _sk
 
 __all__ = ["HAVE_NUMBA", "USE_KERNEL", "KERNEL_MIN_ROWS", "COL_BLOCK", "GROUP", "available",
-           "rows_pass", "cols_pass", "loss_stats"]
+           "rows_pass", "cols_pass", "loss_stats", "logistic_stats"]
 
 #: numba is installed
 HAVE_NUMBA = importlib.util.find_spec("numba") is not None
@@ -77,9 +79,19 @@ def _load() -> None:
 
     for name, py, fast in (("_dot", _dot_py, {"reassoc"}), ("_dot2", _dot2_py, {"reassoc"}),
                            ("_rows", _rows_py, False), ("_cols", _cols_py, False),
-                           ("_stats", _stats_py, False)):
+                           ("_reduce", _reduce_py, {"reassoc", "nnan", "nsz"}),
+                           ("_low", _low_py, {"reassoc", "nnan", "nsz"}),
+                           ("_stats", _stats_py, False), ("_exp_chunk", _exp_chunk_py, None),
+                           ("_log1p_unit", _log1p_unit_py, None),
+                           ("_logit_stats", _logit_stats_py, False),
+                           ("_below", _below_py, False)):
+        if fast is None:  # (the logistic pass's own helpers, with its floating-point flags)
+            fast = _LK_FASTMATH.get(name, False)
         if name not in _COMPILED:  # (_rows calls _dot by its name: compiled first)
-            _COMPILED[name] = numba.njit(cache=True, nogil=True, fastmath=fast)(py)
+            # (error_model="numpy": no zero-division check in the loops, which would keep
+            # them from being vectorised; none of them divides by zero)
+            _COMPILED[name] = numba.njit(cache=True, nogil=True, fastmath=fast,
+                                         error_model="numpy")(py)
             globals()[name] = _COMPILED[name]
     W, b, v, u = np.zeros((1, 2)), np.zeros(1), np.zeros(2), np.zeros(GROUP)
     for dtype in (np.float64, np.float32):  # (compile or load both now, not inside a pass)
@@ -92,6 +104,8 @@ def _load() -> None:
     for y in (np.ones(2, dtype=np.int8), np.ones(2)):  # (labels +-1 int8, targets float64)
         for p in (None, np.ones(2)):
             loss_stats(np.zeros(2), y, "margin", (1.0,), (0.0,), p)
+            if y.dtype == np.int8:
+                logistic_stats(np.zeros(2), y, p)
 
 
 def _dot_py(x, w):  # pragma: no cover - compiled
@@ -195,30 +209,60 @@ STATS_CHUNK = 2048
 def _stats_py(s, y, kind, a, c, p, weighted):  # pragma: no cover - compiled
     n = s.size
     K = a.size
+    lb = np.empty(STATS_CHUNK)
     total = 0.0
     top = -np.inf
     for c0 in range(0, n, STATS_CHUNK):
-        part = 0.0
-        for i in range(c0, min(n, c0 + STATS_CHUNK)):
+        kk = min(STATS_CHUNK, n - c0)
+        for j in range(kk):  # (no reduction here: vectorised)
+            i = c0 + j
             if kind == 2:  # 0/1: 1[(s > 0) != (y > 0)]
-                loss = 1.0 if (s[i] > 0.0) != (y[i] > 0) else 0.0
+                lb[j] = 1.0 if (s[i] > 0.0) != (y[i] > 0) else 0.0
             else:
                 u = y[i] * s[i] if kind == 0 else y[i] - s[i]
                 loss = a[0] * u + c[0]
                 for k in range(1, K):
-                    piece = a[k] * u + c[k]
-                    if piece > loss:
-                        loss = piece
-            if weighted:
-                part += p[i] * loss
-                if p[i] > 0.0 and loss > top:
-                    top = loss
-            else:
-                part += loss
-                if loss > top:
-                    top = loss
+                    loss = max(loss, a[k] * u + c[k])
+                lb[j] = loss
+        part, high = _reduce(lb, p, c0, kk, weighted)
         total += part
+        top = max(top, high)
     return total, top
+
+
+def _reduce_py(lb, p, c0, kk, weighted):  # pragma: no cover - compiled
+    """``(sum of p_i l_i or of l_i, largest l_i over p_i > 0)`` of a chunk (reassociated:
+    vectorised; the losses are finite)."""
+    part = 0.0
+    high = -np.inf
+    if weighted:
+        for j in range(kk):
+            pj = p[c0 + j]
+            part += pj * lb[j]
+            high = max(high, lb[j] if pj > 0.0 else -np.inf)
+    else:
+        for j in range(kk):
+            part += lb[j]
+            high = max(high, lb[j])
+    return part, high
+
+
+_reduce = _reduce_py
+
+
+def _low_py(mb, p, c0, kk, weighted):  # pragma: no cover - compiled
+    """The smallest ``mb[j]`` of a chunk over ``p > 0`` (vectorised; finite)."""
+    low = np.inf
+    if weighted:
+        for j in range(kk):
+            low = min(low, mb[j] if p[c0 + j] > 0.0 else np.inf)
+    else:
+        for j in range(kk):
+            low = min(low, mb[j])
+    return low
+
+
+_low = _low_py
 
 
 def loss_stats(scores, y, on: str, slopes, intercepts,
@@ -235,3 +279,63 @@ def loss_stats(scores, y, on: str, slopes, intercepts,
     pv = np.asarray(p, dtype=np.float64) if weighted else np.empty(0)
     total, top = _COMPILED["_stats"](scores, y, kind, a, c, pv, weighted)
     return float(total), float(top)
+
+
+#: the exp and log1p of the logistic pass (otstab_solvers.logistic_kernels: within an ulp or
+#: two, vectorised), compiled here under these names with that module's flags
+_exp_chunk_py = _sk._exp_chunk_py
+_log1p_unit_py = _lk._log1p_unit_py
+_LK_FASTMATH = {"_exp_chunk": {"contract"}}
+_exp_chunk = _exp_chunk_py
+_log1p_unit = _log1p_unit_py
+#: the most rows :func:`logistic_stats` reads again for the largest loss
+TOP_ROWS = 4096
+
+
+def _logit_stats_py(s, y, p, weighted):  # pragma: no cover - compiled
+    n = s.size
+    mb = np.empty(STATS_CHUNK)
+    xb = np.empty(STATS_CHUNK)
+    eb = np.empty(STATS_CHUNK)
+    scb = np.empty(STATS_CHUNK)
+    total = 0.0
+    low = np.inf
+    for c0 in range(0, n, STATS_CHUNK):
+        kk = min(STATS_CHUNK, n - c0)
+        for j in range(kk):
+            m = y[c0 + j] * s[c0 + j]
+            mb[j] = m
+            xb[j] = -abs(m)
+        _exp_chunk(xb, eb, scb, kk)
+        for j in range(kk):  # (no reduction here: vectorised)
+            eb[j] = max(-mb[j], 0.0) + _log1p_unit(eb[j])
+        total += _reduce(eb, p, c0, kk, weighted)[0]
+        low = min(low, _low(mb, p, c0, kk, weighted))
+    return total, low
+
+
+def _below_py(s, y, p, weighted, thr, out):  # pragma: no cover - compiled
+    k = 0
+    for i in range(s.size):
+        if y[i] * s[i] <= thr and (not weighted or p[i] > 0.0):
+            if k < out.size:
+                out[k] = i
+            k += 1
+    return k
+
+
+def logistic_stats(scores, y, p=None) -> tuple[float, np.ndarray | None]:
+    """``(sum of p_i l_i (1 without p), rows)`` of the binary logistic loss ``l = log(1 +
+    exp(-m))``, ``m = y s``, in one compiled loop (the exp and log1p of the logistic pass,
+    within an ulp or two of NumPy's), and the rows whose margins are within 1e-9 (relative)
+    of the smallest (positive probability): the largest loss is among them, where the loss
+    itself gives it (a margin further up has a loss smaller by far more than the rounding).
+    ``rows`` None: more than :data:`TOP_ROWS` of them (the caller then takes the largest
+    loss over every row)."""
+    weighted = p is not None
+    pv = np.asarray(p, dtype=np.float64) if weighted else np.empty(0)
+    total, low = _COMPILED["_logit_stats"](scores, y, pv, weighted)
+    thr = low + 1e-9 * abs(low) + 1e-300
+    out = np.empty(TOP_ROWS, dtype=np.intp)
+    k = _COMPILED["_below"](scores, y, pv, weighted, thr, out)
+    return float(total), (out[:k] if k <= TOP_ROWS else None)
