@@ -30,6 +30,9 @@ from __future__ import annotations
 import importlib.util
 import logging
 import math
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -468,19 +471,54 @@ def _kl_front_py(y, s, b, residual, a_thr, k1, k0, floor, c,
     return Z, Enu, Ex, Snu, S1, S2, S3
 
 
-def front_moments(rows, a_thr: float):
-    """:func:`_front_moments_py` compiled (``rows = (y, s, b, residual)``)."""
+#: the front's passes over the rows run as two halves (split at a multiple of CHUNK, their
+#: results combined in order), on two threads where there are two CPUs: the same numbers on
+#: one thread or two. None: found on first use
+_PAIR: dict = {"pool": None, "pid": None}
+
+
+def _two_cpus() -> bool:
+    try:
+        return len(os.sched_getaffinity(0)) >= 2
+    except AttributeError:  # pragma: no cover - not Linux
+        return (os.cpu_count() or 1) >= 2
+
+
+def _halves(fn, rows, *args):
+    """``(fn(first half), fn(second half))`` of the rows ``(y, s, b, residual)``: in
+    parallel where there are two CPUs (the compiled loops release the GIL), else in turn.
+    A forked child makes its own pool (the parent's threads are not in it)."""
     y, s, b, residual = rows
-    return _kernel(_front_moments_py)(y, s, float(b), bool(residual), float(a_thr))
+    n = s.size
+    h = (n // 2) // CHUNK * CHUNK
+    kern = _kernel(fn)
+    lo = (y[:h], s[:h], float(b), bool(residual), *args)
+    hi = (y[h:], s[h:], float(b), bool(residual), *args)
+    if h == 0 or not _two_cpus() or threading.current_thread().name.startswith("otstab"):
+        return kern(*lo), kern(*hi)
+    if _PAIR["pool"] is None or _PAIR["pid"] != os.getpid():
+        _PAIR["pool"] = ThreadPoolExecutor(1, thread_name_prefix="otstab-front")
+        _PAIR["pid"] = os.getpid()
+    second = _PAIR["pool"].submit(kern, *hi)
+    first = kern(*lo)
+    return first, second.result()
+
+
+def front_moments(rows, a_thr: float):
+    """:func:`_front_moments_py` compiled (``rows = (y, s, b, residual)``), over two halves
+    of the rows (:func:`_halves`)."""
+    one, two = _halves(_front_moments_py, rows, float(a_thr))
+    return (one[0] + two[0], one[1] + two[1], one[2] + two[2], min(one[3], two[3]),
+            max(one[4], two[4]))
 
 
 def kl_front(rows, a_thr: float, k1: float, k0: float, floor: float | None, c: float,
              piv: float = 0.0):
-    """:func:`_kl_front_py` compiled (``floor`` None: none)."""
-    y, s, b, residual = rows
+    """:func:`_kl_front_py` compiled (``floor`` None: none), over two halves of the rows."""
     fl = -math.inf if floor is None else float(floor)
-    return _kernel(_kl_front_py)(y, s, float(b), bool(residual), float(a_thr), float(k1),
-                                 float(k0), fl, float(c), float(piv))
+    one, two = _halves(_kl_front_py, rows, float(a_thr), float(k1), float(k0), fl, float(c),
+                       float(piv))
+    return tuple(a + b for a, b in zip(one, two))
 
 
 def _moved_rows_py(Xg, tg, v, out, d2):  # pragma: no cover - compiled
@@ -602,11 +640,10 @@ def _chi2_front_py(y, s, b, residual, a_thr, A, B, alpha, theta2, dA,
 
 
 def chi2_front(rows, a_thr: float, A, B, alpha, theta2, dA, dB) -> tuple[float, ...]:
-    """:func:`_chi2_front_py` compiled."""
-    y, s, b, residual = rows
-    return _kernel(_chi2_front_py)(y, s, float(b), bool(residual), float(a_thr), float(A),
-                                   float(B), float(alpha), float(theta2), float(dA),
-                                   float(dB))
+    """:func:`_chi2_front_py` compiled, over two halves of the rows (:func:`_halves`)."""
+    one, two = _halves(_chi2_front_py, rows, float(a_thr), float(A), float(B), float(alpha),
+                       float(theta2), float(dA), float(dB))
+    return tuple(a + b for a, b in zip(one, two))
 
 
 def chi2_sums_pass(nu, p: int, A, B, alpha, theta2, dA, dB) -> tuple[float, ...]:

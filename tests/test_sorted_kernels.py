@@ -384,3 +384,35 @@ def test_moved_rows_are_numpys(dtype):
     np.testing.assert_array_equal(out, ref)
     diff = ref - Xg
     np.testing.assert_allclose(d2, np.einsum("ij,ij->i", diff, diff), rtol=1e-14)
+
+
+def test_the_front_passes_over_two_halves_equal_one_pass_on_any_cpu_count(monkeypatch):
+    """kl_front, front_moments and chi2_front run over two halves of the rows (split at a
+    multiple of CHUNK), on two threads where there are two CPUs: the same bits on one CPU
+    as on two, and the numbers of one pass over all rows up to the order of summation;
+    the count, smallest and largest key exactly."""
+    rng = np.random.default_rng(11)
+    n = 5 * K.CHUNK + 37
+    y = np.where(rng.random(n) > 0.5, 1, -1).astype(np.int8)
+    s = rng.standard_normal(n)
+    rows = (y, s, 0.3, False)
+    a_thr = 0.2
+    calls = {
+        "kl": lambda: K.kl_front(rows, a_thr, -2.0, 0.1, -700.0, 0.05, 0.4),
+        "moments": lambda: K.front_moments(rows, a_thr),
+        "chi2": lambda: K.chi2_front(rows, a_thr, 1.5, 0.2, -0.1, 0.25, 1.0, 0.3),
+    }
+    both = {k: f() for k, f in calls.items()}
+    monkeypatch.setattr(K, "_two_cpus", lambda: False)
+    one_cpu = {k: f() for k, f in calls.items()}
+    assert both == one_cpu  # bit for bit
+    whole = {  # one pass over every row (no split)
+        "kl": K._kernel(K._kl_front_py)(y, s, 0.3, False, a_thr, -2.0, 0.1, -700.0, 0.05, 0.4),
+        "moments": K._kernel(K._front_moments_py)(y, s, 0.3, False, a_thr),
+        "chi2": K._kernel(K._chi2_front_py)(y, s, 0.3, False, a_thr, 1.5, 0.2, -0.1, 0.25, 1.0,
+                                            0.3),
+    }
+    for k in calls:
+        np.testing.assert_allclose(both[k], whole[k], rtol=1e-13, atol=1e-12)
+    assert both["moments"][0] == whole["moments"][0]
+    assert both["moments"][3:] == whole["moments"][3:]
