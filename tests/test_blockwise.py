@@ -561,13 +561,20 @@ def test_plain_pickle_roundtrip_of_lazy_result(monkeypatch, access_first):
 
 @pytest.mark.parametrize("solver", ["dual", pytest.param("auto", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("sign", [1.0, -1.0], ids=["margin_up", "margin_down"])
-def test_sampled_audit_refuses_a_corrupted_reduced_form(monkeypatch, solver, sign):
+@pytest.mark.parametrize("threads", [1, 2])
+def test_sampled_audit_refuses_a_corrupted_reduced_form(monkeypatch, solver, sign, threads):
     """The moved scores of the reduced form shifted by 1e-3 y (y the +-1 label, so every margin
     moves by sign 1e-3): margin_up lowers the risk the sums report (the audit's own risk check
     refuses that), margin_down raises it above r, and then only the sampled check against the
     model stands between the corrupted sums and an answer. The hinge's builder from the sorted
     keys (``piecewise._build_keyed``) sums the loss at the moved points from the keys
-    (``KeyRule.loss_moved``): that is corrupted the same way."""
+    (``KeyRule.loss_moved``): that is corrupted the same way. ``threads``: the sampled
+    check's blocks spread over two threads (as at 1e6 rows)."""
+    if threads == 2:
+        from otstab.modeling import _fingerprint
+
+        monkeypatch.setattr(_fingerprint, "PARALLEL_MIN", 1)
+        monkeypatch.setattr(_fingerprint, "blas_threads", lambda: 2)
     name, div = "hinge", ("kl", 0.5)
     args = config(name, div, 1.0, False)
     model, X, y, sw, r, _ = args

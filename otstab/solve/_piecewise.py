@@ -38,6 +38,7 @@ from otstab_solvers.result import OPTIMAL, DualSolution
 from otstab_solvers.weights import phi, pmean, support_max, weights_at
 
 from ..errors import SolverError, SolverNotAvailableError
+from ..modeling._fingerprint import each_run
 from ..modeling._models import Problem
 from ..modeling._params import check_options
 from ..modeling._reduction import Reduced
@@ -640,8 +641,9 @@ def _sample_check(prob, red, h, rows, piece, loss_star, moved2) -> dict:
     """The reduced form against the model on random atoms (``rows``, ``piece``; at most
     AUDIT_SAMPLE): each is materialised (x* = x + displacement), re-scored by the model and
     re-measured, and compared with the loss at x* and the squared move the audit's sums
-    used (``loss_star``, ``moved2``)."""
-    err = 0.0
+    used (``loss_star``, ``moved2``). The blocks are spread over the threads of the scores
+    pass (:func:`otstab.modeling._fingerprint.each_run`): the largest error of all blocks,
+    the same on any number of threads."""
     # small blocks: the gathered rows, their moves and the moved rows stay cache-sized
     step = audit.rows_per_block(prob.d, SAMPLE_BLOCK)
     # a margin / residual form's moves x* - x = t g_i v in one compiled loop per block (the
@@ -652,23 +654,32 @@ def _sample_check(prob, red, h, rows, piece, loss_star, moved2) -> dict:
     if compiled:
         t = h / (2.0 * red.theta1)
         v = np.ascontiguousarray(red.v, dtype=np.float64)
-        xs_buf, d2_buf = np.empty((step, prob.d)), np.empty(step)
-    for s in range(0, rows.size, step):
-        rb, pb = rows[s:s + step], piece[s:s + step]
-        Xg = prob.X[rb]
-        if compiled and Xg.ndim == 2 and Xg.dtype in (np.float64, np.float32):
-            k = rb.size
-            Xs, direct_d2 = xs_buf[:k], d2_buf[:k]
-            kernels.moved_rows(np.ascontiguousarray(Xg), t * red.coef(rb, pb), v, Xs,
-                               direct_d2)
-            direct_loss = np.asarray(prob.losses(Xs, prob.y[rb]), dtype=np.float64)
-        else:
-            delta = red.displacement(rb, pb, h)
-            Xs = Xg if delta is None else Xg + delta
-            direct_loss, direct_d2 = audit.rescored(prob.losses, prob.y[rb], Xg, Xs)
-        err = max(err, audit.sampled_error(direct_loss, loss_star[s:s + step], direct_d2,
-                                           moved2[s:s + step]))
-    return {"method": "sampled", "sample": int(rows.size), "max_rel_error": err}
+    errs: list[float] = []
+
+    def run(lo: int, hi: int) -> None:
+        err = 0.0
+        if compiled:
+            xs_buf, d2_buf = np.empty((step, prob.d)), np.empty(step)
+        for s in range(lo, hi, step):
+            e = min(s + step, hi)
+            rb, pb = rows[s:e], piece[s:e]
+            Xg = prob.X[rb]
+            if compiled and Xg.ndim == 2 and Xg.dtype in (np.float64, np.float32):
+                k = rb.size
+                Xs, direct_d2 = xs_buf[:k], d2_buf[:k]
+                kernels.moved_rows(np.ascontiguousarray(Xg), t * red.coef(rb, pb), v, Xs,
+                                   direct_d2)
+                direct_loss = np.asarray(prob.losses(Xs, prob.y[rb]), dtype=np.float64)
+            else:
+                delta = red.displacement(rb, pb, h)
+                Xs = Xg if delta is None else Xg + delta
+                direct_loss, direct_d2 = audit.rescored(prob.losses, prob.y[rb], Xg, Xs)
+            err = max(err, audit.sampled_error(direct_loss, loss_star[s:e], direct_d2,
+                                               moved2[s:e]))
+        errs.append(err)  # (list.append is atomic)
+
+    each_run(rows.size, step, run, rows.size * prob.d)
+    return {"method": "sampled", "sample": int(rows.size), "max_rel_error": max(errs)}
 
 
 def _audit_blocks(prob, moved_block, src, mass, w, theta1, theta2, divergence, value) -> dict:
