@@ -52,6 +52,7 @@ import time
 
 import numpy as np
 
+from . import sorted_kernels
 from .blockwise import CHI2_MAX_STEPS, BlockwiseDual, in_memory
 from .logistic_kernels import MODE_CHI2, MODE_KL, MODE_MEAN
 from .result import OPTIMAL, DualSolution
@@ -174,6 +175,28 @@ class _Pass:
             return sd2 / (float(self.n) if p is None else 1.0)
         return z3 / Z + max(z2 / Z - mu * mu, 0.0) / self.theta2
 
+    def _fused_blocks(self, fused, h, *args) -> list:
+        """``fused(h, block, *args)`` of every block (None where the compiled loop does not
+        apply): the first here (it loads the loops and makes the oracle's kept vectors),
+        then the others in two halves, the second on a thread of its own where there are two
+        CPUs (:func:`otstab_solvers.sorted_kernels.pair`): each block's sums are the same
+        on any thread, and the caller adds them in block order."""
+        bounds = self.bounds
+        out: list = [None] * len(bounds)
+        if fused is None or not bounds:
+            return out
+        out[0] = fused(h, slice(*bounds[0]), *args)
+        if out[0] is None or len(bounds) == 1:
+            return out
+        mid = 1 + (len(bounds) - 1) // 2
+
+        def run(ks) -> None:
+            for k in ks:
+                out[k] = fused(h, slice(*bounds[k]), *args)
+
+        sorted_kernels.pair(lambda: run(range(1, mid)), lambda: run(range(mid, len(bounds))))
+        return out
+
     def _at(self, h, r, lazy):
         """:meth:`at`; ``lazy``: the pass sums no curvature (the oracle gives no second
         derivative), :meth:`curvature` does when asked."""
@@ -182,9 +205,8 @@ class _Pass:
         fused = getattr(oracle, "fused_rows", None) if self.p is None else None
         if self.plain_mean:  # theta2 = inf: the means of l_h, dl and d2l
             sl = sd1 = sd2 = 0.0
-            for s, e in self.bounds:
-                got = None if fused is None else fused(h, slice(s, e), MODE_MEAN, math.inf,
-                                                       lazy, 0.0)
+            fused_got = self._fused_blocks(fused, h, MODE_MEAN, math.inf, lazy, 0.0)
+            for (s, e), got in zip(self.bounds, fused_got):
                 if got is not None:
                     sl += got[0]
                     sd1 += got[1]
@@ -236,9 +258,9 @@ class _Pass:
         # expm1 sum below: no n-vector of l_h kept here)
         kept = getattr(oracle, "kept", None) if getattr(oracle, "keep_values", False) else None
         p = self.p
+        fused_got = self._fused_blocks(fused, h, MODE_KL, theta2, lazy, EXPM1_SPAN)
         for k, (s, e) in enumerate(self.bounds):
-            got = None if fused is None else fused(h, slice(s, e), MODE_KL, theta2, lazy,
-                                                   EXPM1_SPAN)
+            got = fused_got[k]
             if got is not None:  # (its steps and losses kept by the oracle: l_h from them)
                 store[k] = None
                 moved += got[6]
@@ -375,9 +397,9 @@ class _Pass:
         # steps and losses (d2l from s = t / T, as :meth:`curvature`)
         fused = getattr(oracle, "fused_rows", None) if p is None else None
         c0 = float(oracle.c[0])
-        for s, e in self.bounds:
-            got = None if fused is None else fused(h, slice(s, e), MODE_CHI2, theta2, False,
-                                                   0.0, (shift, a0, hi_thr, lo_thr))
+        fused_got = self._fused_blocks(fused, h, MODE_CHI2, theta2, False, 0.0,
+                                       (shift, a0, hi_thr, lo_thr))
+        for (s, e), got in zip(self.bounds, fused_got):
             if got is not None:
                 sums, near_rows = got
                 acc += sums[:10]

@@ -38,7 +38,7 @@ import numpy as np
 
 __all__ = ["HAVE_NUMBA", "USE_KERNEL", "KERNEL_MIN_KEYS", "CHUNK", "use_kernel", "load",
            "exp_into", "kl_sums", "window_partition", "chi2_sums_pass", "rows_ok",
-           "partition_rows", "u_range", "front_moments", "b_keys", "kl_front", "chi2_front",
+           "partition_rows", "u_range", "front_moments", "b_keys", "kl_front", "chi2_front", "pair",
            "moved_rows"]
 
 #: numba is installed
@@ -484,6 +484,20 @@ def _two_cpus() -> bool:
         return (os.cpu_count() or 1) >= 2
 
 
+def pair(first, second):
+    """``(first(), second())``: ``second`` on a thread of its own where the process has two
+    CPUs (for compiled loops, which release the GIL, and NumPy), in turn otherwise; inside
+    such a thread, in turn. A forked child makes its own pool (the parent's threads are not
+    in it)."""
+    if not _two_cpus() or threading.current_thread().name.startswith("otstab"):
+        return first(), second()
+    if _PAIR["pool"] is None or _PAIR["pid"] != os.getpid():
+        _PAIR["pool"] = ThreadPoolExecutor(1, thread_name_prefix="otstab-front")
+        _PAIR["pid"] = os.getpid()
+    other = _PAIR["pool"].submit(second)
+    return first(), other.result()
+
+
 def _halves(fn, rows, *args):
     """``(fn(first half), fn(second half))`` of the rows ``(y, s, b, residual)``: in
     parallel where there are two CPUs (the compiled loops release the GIL), else in turn.
@@ -494,14 +508,9 @@ def _halves(fn, rows, *args):
     kern = _kernel(fn)
     lo = (y[:h], s[:h], float(b), bool(residual), *args)
     hi = (y[h:], s[h:], float(b), bool(residual), *args)
-    if h == 0 or not _two_cpus() or threading.current_thread().name.startswith("otstab"):
+    if h == 0:
         return kern(*lo), kern(*hi)
-    if _PAIR["pool"] is None or _PAIR["pid"] != os.getpid():
-        _PAIR["pool"] = ThreadPoolExecutor(1, thread_name_prefix="otstab-front")
-        _PAIR["pid"] = os.getpid()
-    second = _PAIR["pool"].submit(kern, *hi)
-    first = kern(*lo)
-    return first, second.result()
+    return pair(lambda: kern(*lo), lambda: kern(*hi))
 
 
 def front_moments(rows, a_thr: float):

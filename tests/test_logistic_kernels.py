@@ -366,3 +366,35 @@ def test_certify_uses_the_kernels_at_their_size(monkeypatch):
     seen["blocks"] = used["bin"] = used["audit"] = 0
     assert otstab.certify(model, X[1:], y[1:], **kw).status == "optimal"
     assert seen["blocks"] == used["bin"] == used["audit"] == 0
+
+
+@pytest.mark.parametrize("divergence,theta2", [("kl", 0.25), ("kl", math.inf), ("chi2", 0.25)])
+def test_blocks_on_two_threads_give_the_same_bits(monkeypatch, kernels_on, divergence, theta2):
+    """The exact pass's blocks run in two halves, the second on a thread of its own where
+    there are two CPUs (sorted_kernels.pair); each block's sums are added in block order, so
+    the certificate is the same bit for bit on one CPU."""
+    rng = np.random.default_rng(12)
+    n, d = 30_000, 3
+    X = rng.standard_normal((n, d))
+    coef = np.array([1.0, -0.5, 0.25])
+    y = np.where(X @ coef + 0.5 * rng.standard_normal(n) > 0, 1, -1)
+    model = otstab.LinearModel(coef, 0.1)
+    losses = np.logaddexp(0.0, -y * model.decision_function(X))
+    r = losses.mean() + 0.5 * (losses.max() - losses.mean())
+    monkeypatch.setattr(lb, "MIN_N", 0)
+    kw = dict(loss="logistic", r=r, theta1=1.0, theta2=theta2, divergence=divergence)
+    threads = []
+    real = K.pair
+
+    def watched(first, second):
+        threads.append(K._two_cpus())
+        return real(first, second)
+
+    monkeypatch.setattr(K, "pair", watched)
+    two = otstab.certify(model, X, y, **kw)
+    assert threads  # the pass went through pair()
+    monkeypatch.setattr(K, "_two_cpus", lambda: False)
+    one = otstab.certify(model, X, y, **kw)
+    assert two.status == one.status == "optimal"
+    assert two.value == one.value and two.h == one.h
+    np.testing.assert_array_equal(two.weights, one.weights)
