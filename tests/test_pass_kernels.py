@@ -217,3 +217,28 @@ def test_logistic_stats_compiled(kernel, monkeypatch, weighted, ties):
     top = losses.max() if p is None else losses[p > 0].max()
     assert got[0] == pytest.approx(exact, rel=1e-14)
     assert got[1] == top
+
+
+def test_a_failing_numba_leaves_the_numpy_pass(monkeypatch, caplog):
+    """Where compiling the loops fails, the NumPy pass runs from then on, with a warning on
+    the "otstab" logger, and certificates are unchanged in value."""
+    import logging
+
+    import otstab
+
+    X, W = _data(n=3000, d=5)
+    y = np.where(X @ W[0, :5] > 0, 1, -1)
+    model = otstab.LinearModel(W[0, :5], 0.1)
+    ref = otstab.certify(model, X, y, loss="hinge", r=1.0)  # (below the threshold: NumPy)
+
+    def broken():
+        raise RuntimeError("no compiler")
+
+    monkeypatch.setattr(PK, "KERNEL_MIN_ROWS", 1)
+    monkeypatch.setattr(PK, "_LOADED", {"ok": None})
+    monkeypatch.setattr(PK, "_load", broken)
+    with caplog.at_level(logging.WARNING, logger="otstab"):
+        res = otstab.certify(model, X, y, loss="hinge", r=1.0)
+    assert any("could not compile the scores pass" in m for m in caplog.messages)
+    assert F.kernel_layout(X) is None
+    assert res.value == pytest.approx(ref.value, rel=1e-12)

@@ -25,10 +25,17 @@ same ``32 d`` products in another order): a fingerprint records how it was taken
 (``Fingerprint.how``) and its check recomputes it the same way, so that unchanged data gives
 the same bits; where that is not possible, the check compares with the rounding bound.
 
+Also here, from the scores the pass wrote: the base risk and the largest loss
+(:func:`loss_stats`: piecewise-linear and binary 0/1 losses, the same loss values as
+:mod:`otstab.modeling._losses` bit for bit; :func:`logistic_stats`: the logistic loss's sum
+with the exp and log1p of the logistic pass, and the rows at the smallest margin, where the
+caller takes the largest loss from the loss itself), each chunk's losses written first and
+reduced in a separate loop (vectorised).
+
 Compiled on first use for at least :data:`KERNEL_MIN_ROWS` rows (or loaded from numba's
 cache on disk: the first large certificate of a process pays that once); without numba, or
 when compiling fails (a warning on the "otstab" logger), the NumPy pass runs. This module
-does not import the rest of otstab.
+does not import the rest of otstab (only otstab_solvers' exp and log1p).
 """
 
 from __future__ import annotations
