@@ -17,8 +17,9 @@ lasts: BLAS calls made meanwhile by other threads of the same process also run o
 from __future__ import annotations
 
 import contextlib
+import os
 
-__all__ = ["one_blas_thread", "blas_threads"]
+__all__ = ["one_blas_thread", "blas_threads", "usable_cpus"]
 
 _CONTROLLER: list = []  # the threadpoolctl controller, made on first use (it scans the libraries)
 
@@ -48,3 +49,13 @@ def blas_threads() -> int:
         return 1
     counts = [int(lib.num_threads) for lib in ctl.select(user_api="blas").lib_controllers]
     return max(counts, default=1)
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity where the system reports it): the
+    threads of a pass that runs while BLAS is limited to one thread (:func:`blas_threads`
+    then says 1)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)

@@ -38,10 +38,12 @@ from otstab_solvers.result import OPTIMAL, DualSolution
 from otstab_solvers.weights import phi, pmean, support_max, weights_at
 
 from ..errors import SolverError, SolverNotAvailableError
+from ..modeling import _fingerprint as fingerprint
 from ..modeling._fingerprint import each_run
 from ..modeling._models import Problem
 from ..modeling._params import check_options
 from ..modeling._reduction import Reduced
+from ..modeling._threads import usable_cpus
 from . import _audit as audit
 from ._results import Lazy, StabilityResult
 
@@ -642,10 +644,15 @@ def _sample_check(prob, red, h, rows, piece, loss_star, moved2) -> dict:
     AUDIT_SAMPLE): each is materialised (x* = x + displacement), re-scored by the model and
     re-measured, and compared with the loss at x* and the squared move the audit's sums
     used (``loss_star``, ``moved2``). The blocks are spread over the threads of the scores
-    pass (:func:`otstab.modeling._fingerprint.each_run`): the largest error of all blocks,
-    the same on any number of threads."""
-    # small blocks: the gathered rows, their moves and the moved rows stay cache-sized
-    step = audit.rows_per_block(prob.d, SAMPLE_BLOCK)
+    pass (:func:`otstab.modeling._fingerprint.each_run`), on as many threads as the process
+    has CPUs: the largest error of all blocks, the same on any number of threads."""
+    # (BLAS is limited to one thread after the scores pass, so blas_threads() says 1 here:
+    # the CPUs the process may use instead, above the size where threads pay)
+    big = rows.size * prob.d >= fingerprint.PARALLEL_MIN
+    workers = usable_cpus() if big else 1
+    # small blocks: the gathered rows, their moves and the moved rows stay cache-sized, and
+    # all threads' together as large as one thread's were
+    step = audit.rows_per_block(prob.d, max(SAMPLE_BLOCK // workers, 256))
     # a margin / residual form's moves x* - x = t g_i v in one compiled loop per block (the
     # same moved rows as NumPy's outer product and sum, bit for bit; the squared moves
     # summed in order): numba is there and the data large (sorted_kernels)
@@ -678,7 +685,7 @@ def _sample_check(prob, red, h, rows, piece, loss_star, moved2) -> dict:
                                                moved2[s:e]))
         errs.append(err)  # (list.append is atomic)
 
-    each_run(rows.size, step, run, rows.size * prob.d)
+    each_run(rows.size, step, run, rows.size * prob.d, workers)
     return {"method": "sampled", "sample": int(rows.size), "max_rel_error": max(errs)}
 
 
