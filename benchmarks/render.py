@@ -672,13 +672,14 @@ GRID_LOSS_NAME = {"hinge": "hinge", "zero_one": "0/1", "logistic": "logistic",
 
 
 def _numba_note(data) -> str:
-    """Whether the run had numba (the binary and multiclass hinge's compiled passes)."""
+    """Whether the run had numba (the compiled passes)."""
     ver = (data.get("otstab") or {}).get("versions", {}).get("numba", "?")
     if ver is None:
         return "numba was not installed: every pass ran in NumPy."
-    return (f"numba {ver} was installed: the binary and multiclass hinge ran their compiled "
-            "passes (loaded by the benchmark's first call, which is not timed; the first "
-            "large certificate of a fresh process pays that once, 0.3-1 s, "
+    return (f"numba {ver} was installed: the scores and fingerprint pass, the loss "
+            "statistics, the binary and multiclass hinge's passes and the logistic exact "
+            "pass ran compiled (loaded by the benchmark's first call, which is not timed; "
+            "the first large certificate of a fresh process pays that once, 0.5-1.5 s, "
             "[scale.md](scale.md)); without numba they run in NumPy.")
 
 
