@@ -30,7 +30,6 @@ off). This module imports neither otstab nor numba at import time.
 
 from __future__ import annotations
 
-import logging
 import math
 
 import numpy as np
@@ -71,16 +70,7 @@ def use_kernel(size: int) -> bool:
     warning on the "otstab" logger)."""
     if not (USE_KERNEL and sorted_kernels.USE_KERNEL and size >= sorted_kernels.KERNEL_MIN_KEYS):
         return False
-    if _LOADED["ok"] is None:
-        try:
-            load()
-            _LOADED["ok"] = True
-        except Exception as exc:  # pragma: no cover - a broken numba installation
-            logging.getLogger("otstab").warning(
-                "numba could not compile the logistic pass (%s: %s); the NumPy passes run "
-                "instead", type(exc).__name__, exc)
-            _LOADED["ok"] = False
-    return bool(_LOADED["ok"])
+    return sorted_kernels.load_once(_LOADED, load, "the logistic pass")
 
 
 def _kernel(fn):

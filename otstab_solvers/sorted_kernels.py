@@ -39,6 +39,7 @@ import numpy as np
 __all__ = ["HAVE_NUMBA", "USE_KERNEL", "KERNEL_MIN_KEYS", "CHUNK", "use_kernel", "load",
            "exp_into", "kl_sums", "window_partition", "chi2_sums_pass", "rows_ok",
            "partition_rows", "u_range", "front_moments", "b_keys", "kl_front", "chi2_front", "pair",
+           "load_once",
            "moved_rows"]
 
 #: numba is installed
@@ -83,16 +84,24 @@ def use_kernel(size: int) -> bool:
     warning on the "otstab" logger)."""
     if not (USE_KERNEL and size >= KERNEL_MIN_KEYS):
         return False
-    if _LOADED["ok"] is None:
+    return load_once(_LOADED, load, "the sorted oracle's kernels")
+
+
+def load_once(state: dict, load_fn, what: str) -> bool:
+    """Whether the compiled loops of a module are there: ``load_fn()`` runs on the first call
+    (``state["ok"]`` None) and its outcome is kept in ``state``; where it fails (a broken
+    numba installation), a warning on the "otstab" logger names ``what`` and the NumPy
+    passes run from then on."""
+    if state["ok"] is None:
         try:
-            load()
-            _LOADED["ok"] = True
+            load_fn()
+            state["ok"] = True
         except Exception as exc:  # pragma: no cover - a broken numba installation
             logging.getLogger("otstab").warning(
-                "numba could not compile the sorted oracle's kernels (%s: %s); the NumPy "
-                "passes run instead", type(exc).__name__, exc)
-            _LOADED["ok"] = False
-    return bool(_LOADED["ok"])
+                "numba could not compile %s (%s: %s); the NumPy passes run instead", what,
+                type(exc).__name__, exc)
+            state["ok"] = False
+    return bool(state["ok"])
 
 
 def _kernel(fn):

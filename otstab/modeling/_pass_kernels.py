@@ -41,7 +41,6 @@ does not import the rest of otstab (only otstab_solvers' exp and log1p).
 from __future__ import annotations
 
 import importlib.util
-import logging
 
 import numpy as np
 from otstab_solvers import logistic_kernels as _lk
@@ -69,16 +68,7 @@ def available(n: int) -> bool:
     """Whether a pass over ``n`` rows runs compiled (loading the loops on the first call)."""
     if not (USE_KERNEL and n >= KERNEL_MIN_ROWS):
         return False
-    if _LOADED["ok"] is None:
-        try:
-            _load()
-            _LOADED["ok"] = True
-        except Exception as exc:  # pragma: no cover - a broken numba installation
-            logging.getLogger("otstab").warning(
-                "numba could not compile the scores pass (%s: %s); the NumPy pass runs "
-                "instead", type(exc).__name__, exc)
-            _LOADED["ok"] = False
-    return bool(_LOADED["ok"])
+    return _sk.load_once(_LOADED, _load, "the scores pass")
 
 
 def _load() -> None:
