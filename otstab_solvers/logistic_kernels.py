@@ -107,6 +107,8 @@ def load() -> None:
         t, loss = np.empty(4), np.empty(4)
         solve_block(np.ones(4, dtype=np.int8), s, 0, 4, 1.0, 1.0, False, np.zeros(4), tab,
                     -2.0, 0.25, False, t, loss, MODE_KL, 1.0, True, 1.0)
+        bin_block(np.ones(4, dtype=np.int8), s, 0, 4, -2.0, 1.0, np.zeros(8), np.zeros(8),
+                  np.zeros(8))
     block_sums(t, loss, 1.0, 1.0, MODE_MEAN, 1.0, True, 1.0)
     block_sums(t, loss, 1.0, 1.0, MODE_CHI2, 1.0, False, 0.0, (0.0, 0.0, 1.0, -1.0))
 

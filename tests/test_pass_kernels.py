@@ -242,3 +242,44 @@ def test_a_failing_numba_leaves_the_numpy_pass(monkeypatch, caplog):
     assert any("could not compile the scores pass" in m for m in caplog.messages)
     assert F.kernel_layout(X) is None
     assert res.value == pytest.approx(ref.value, rel=1e-12)
+
+
+def test_loading_compiles_every_type_a_certificate_passes(monkeypatch):
+    """After the modules' loads (what the first large certificate does), certificates of
+    float64, float32 and column-major data, hinge / 0/1 / logistic, KL / chi2 / theta2 = inf
+    and sample weights compile no further specialisation: nothing is compiled inside a
+    certificate (its time, and the memory tests that trace one)."""
+    from otstab_solvers import logistic_binned as LB
+    from otstab_solvers import logistic_kernels as LK
+    from otstab_solvers import sorted_kernels as SK
+
+    import otstab
+
+    monkeypatch.setattr(PK, "KERNEL_MIN_ROWS", 1024)
+    monkeypatch.setattr(SK, "KERNEL_MIN_KEYS", 1024)
+    monkeypatch.setattr(LB, "MIN_N", 0)
+    PK.available(1 << 20)
+    SK.use_kernel(1 << 20)
+    LK.use_kernel(1 << 20)
+
+    def signatures():
+        return {(mod.__name__, k): len(d.signatures) for mod in (PK, SK, LK)
+                for k, d in mod._COMPILED.items()}
+
+    before = signatures()
+    n, d = 3000, 4
+    rng = np.random.default_rng(9)
+    X = rng.standard_normal((n, d))
+    coef = rng.standard_normal(d)
+    y = np.where(X @ coef + rng.standard_normal(n) > 0, 1, -1)
+    model = otstab.LinearModel(coef, 0.1)
+    for Xi in (X, X.astype(np.float32), np.asfortranarray(X)):
+        for loss, r in (("hinge", 1.0), ("zero_one", 0.4), ("logistic", 0.8)):
+            for div, th2 in (("kl", 0.25), ("chi2", 0.25), ("kl", np.inf)):
+                otstab.certify(model, Xi, y, loss=loss, r=r, theta2=th2, divergence=div)
+        otstab.certify(model, Xi, y, loss="hinge", r=1.0,
+                       sample_weight=rng.uniform(0.5, 1.5, n))
+    after = signatures()
+    assert set(after) >= set(before)
+    grown = {k: (before.get(k, 0), v) for k, v in after.items() if v != before.get(k, 0)}
+    assert not grown, grown

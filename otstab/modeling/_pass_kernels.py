@@ -90,14 +90,21 @@ def _load() -> None:
             _COMPILED[name] = numba.njit(cache=True, nogil=True, fastmath=fast,
                                          error_model="numpy")(py)
             globals()[name] = _COMPILED[name]
-    W, b, v, u = np.zeros((1, 2)), np.zeros(1), np.zeros(2), np.zeros(GROUP)
-    for dtype in (np.float64, np.float32):  # (compile or load both now, not inside a pass)
+    W, b = np.zeros((1, 2)), np.zeros(1)
+    # (the fingerprint's weights u and v are read-only arrays, and certify reads X through a
+    # read-only view: numba compiles per type, so these are the types a certificate passes,
+    # compiled or loaded now rather than inside its first pass)
+    v, u = np.zeros(2), np.zeros(GROUP)
+    v.setflags(write=False)
+    u.setflags(write=False)
+    for dtype in (np.float64, np.float32):
         X = np.zeros((2, 2), dtype=dtype)
-        X.setflags(write=False)  # (certify reads X through a read-only view: that type)
+        X.setflags(write=False)
+        XF = np.asfortranarray(X)
+        XF.setflags(write=False)
         for store in (True, False):
             rows_pass(X, W, b, v, u, np.empty((2, 1)), np.empty(1), 0, 2, store)
-            cols_pass(np.asfortranarray(X), W, b, v, u, np.empty((2, 1)), np.empty(1), 0, 2,
-                      store)
+            cols_pass(XF, W, b, v, u, np.empty((2, 1)), np.empty(1), 0, 2, store)
     for y in (np.ones(2, dtype=np.int8), np.ones(2)):  # (labels +-1 int8, targets float64)
         for p in (None, np.ones(2)):
             loss_stats(np.zeros(2), y, "margin", (1.0,), (0.0,), p)
