@@ -242,41 +242,31 @@ class Problem:
             out = pmean(losses, p), support_max(losses, p)
             self.extra["loss_stats"] = (key, out)
             return out
-        on = self._compiled_stats()
+        on, got = self._compiled_stats(), None
         if on == "logistic":  # the sum compiled; the largest loss from the loss's own values
             total, rows = _pass_kernels.logistic_stats(self.scores, self.y, p)
-            if rows is not None:
-                top = float(self._loss_block(self.scores[rows], self.y[rows]).max())
-            else:  # (many rows tied at the smallest margin: every row's loss)
-                top = -math.inf
-                for s in range(0, self.n, LOSS_BLOCK):
-                    lb = self._loss_block(self.scores[s:s + LOSS_BLOCK], self.y[s:s + LOSS_BLOCK])
-                    live = lb if p is None else lb[p[s:s + LOSS_BLOCK] > 0]
+            if rows is not None:  # (else many rows tie at the smallest margin: the blocks)
+                got = total, float(self._loss_block(self.scores[rows], self.y[rows]).max())
+        elif on is not None:  # one compiled loop over the scores (numba; at least 2^17 rows)
+            got = _pass_kernels.loss_stats(self.scores, self.y, on,
+                                           getattr(self.loss, "slopes", ()),
+                                           getattr(self.loss, "intercepts", ()), p)
+        if got is not None:
+            total, top = got
+        else:
+            total, top = 0.0, -math.inf
+            for s in range(0, self.n, LOSS_BLOCK):
+                e = min(s + LOSS_BLOCK, self.n)
+                lb = self._loss_block(self.scores[s:e], self.y[s:e])
+                if p is None:
+                    total += float(np.sum(lb))
+                    top = max(top, float(lb.max()))
+                else:
+                    pb = p[s:e]
+                    total += float(np.dot(pb, lb))
+                    live = lb[pb > 0]
                     if live.size:
                         top = max(top, float(live.max()))
-            out = (total / self.n if p is None else total), top
-            self.extra["loss_stats"] = (key, out)
-            return out
-        if on is not None:  # one compiled loop over the scores (numba; at least 2^17 rows)
-            total, top = _pass_kernels.loss_stats(self.scores, self.y, on,
-                                                  getattr(self.loss, "slopes", ()),
-                                                  getattr(self.loss, "intercepts", ()), p)
-            out = (total / self.n if p is None else total), top
-            self.extra["loss_stats"] = (key, out)
-            return out
-        total, top = 0.0, -math.inf
-        for s in range(0, self.n, LOSS_BLOCK):
-            e = min(s + LOSS_BLOCK, self.n)
-            lb = self._loss_block(self.scores[s:e], self.y[s:e])
-            if p is None:
-                total += float(np.sum(lb))
-                top = max(top, float(lb.max()))
-            else:
-                pb = p[s:e]
-                total += float(np.dot(pb, lb))
-                live = lb[pb > 0]
-                if live.size:
-                    top = max(top, float(live.max()))
         out = (total / self.n if p is None else total), top
         self.extra["loss_stats"] = (key, out)
         return out
