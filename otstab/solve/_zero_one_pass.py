@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import threading
 
 import numpy as np
 
 from ..modeling._fingerprint import _pool
+from ..modeling._threads import usable_cpus
 
 __all__ = ["near_pass", "pass_workers", "run_blocks"]
 
@@ -60,11 +60,7 @@ def pass_workers(n: int) -> int:
         return 1
     if WORKERS is not None:
         return max(1, min(int(WORKERS), MAX_WORKERS))
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        cpus = os.cpu_count() or 1
-    return max(1, min(cpus, MAX_WORKERS))
+    return max(1, min(usable_cpus(), MAX_WORKERS))
 
 
 def run_blocks(runs, workers: int) -> None:
