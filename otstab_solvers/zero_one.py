@@ -225,13 +225,7 @@ def solve_zero_one(a, r: float, theta2: float, divergence: str, *,
                 return DualSolution(math.nan, None, math.inf, FAILED, "zero_one_closed_form",
                                     "no segment holds the root",
                                     solve_time=time.perf_counter() - t0)
-            while lo_j < hi_j:
-                mid = (lo_j + hi_j) // 2
-                if cand(mid) <= right_end(mid):
-                    hi_j = mid
-                else:
-                    lo_j = mid + 1
-            jj = lo_j
+            jj = _first_root_segment(cand, right_end, lo_j, hi_j)
             hj = cand(jj)
             h = hj if hj >= s[jj - 1] else float(s[jj - 1])
             h = max(h, 0.0)
@@ -276,6 +270,19 @@ def solve_zero_one(a, r: float, theta2: float, divergence: str, *,
                         iterations=1, gap_bound=0.0, solve_time=time.perf_counter() - t0)
 
 
+def _first_root_segment(cand, right_end, lo: int, hi: int) -> int:
+    """The first segment ``j`` in ``[lo, hi]`` whose candidate root lies at or below its right
+    end (``cand(j) <= right_end(j)``, which holds from some ``j`` on and at ``hi``), by
+    bisection."""
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if cand(mid) <= right_end(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
 def _window_prices(s, below: int, j0: int, n_fin: int):
     """``(price, right_end)`` of a window ``s`` of the sorted prices starting at position
     ``below``: ``price(j)``, the j-th smallest price (0-based: in the window, or 0 below the
@@ -310,13 +317,7 @@ def _window_root(cand, right_end, price, *, j0, n_fin, below, hi_known, lo):
         return None  # the first such segment may lie below the window
     if not cand(b_j) <= right_end(b_j):
         return None  # beyond the window (or no segment holds the root: the full form says)
-    while a_j < b_j:
-        mid = (a_j + b_j) // 2
-        if cand(mid) <= right_end(mid):
-            b_j = mid
-        else:
-            a_j = mid + 1
-    jj = a_j
+    jj = _first_root_segment(cand, right_end, a_j, b_j)
     if jj - 1 < below and jj - 1 >= j0:
         return None
     hj = cand(jj)
