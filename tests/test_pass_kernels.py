@@ -252,18 +252,22 @@ def test_loading_compiles_every_type_a_certificate_passes(monkeypatch):
     from otstab_solvers import logistic_binned as LB
     from otstab_solvers import logistic_kernels as LK
     from otstab_solvers import sorted_kernels as SK
+    from otstab_solvers import zero_one_kernels as ZK
 
     import otstab
+    from otstab.solve import _zero_one as zo
 
+    monkeypatch.setattr(zo, "SUBSAMPLE", 256)  # (0/1's window pass at n = 3000)
     monkeypatch.setattr(PK, "KERNEL_MIN_ROWS", 1024)
     monkeypatch.setattr(SK, "KERNEL_MIN_KEYS", 1024)
     monkeypatch.setattr(LB, "MIN_N", 0)
     PK.available(1 << 20)
     SK.use_kernel(1 << 20)
     LK.use_kernel(1 << 20)
+    ZK.use_kernel(1 << 20)
 
     def signatures():
-        return {(mod.__name__, k): len(d.signatures) for mod in (PK, SK, LK)
+        return {(mod.__name__, k): len(d.signatures) for mod in (PK, SK, LK, ZK)
                 for k, d in mod._COMPILED.items()}
 
     before = signatures()
@@ -280,6 +284,7 @@ def test_loading_compiles_every_type_a_certificate_passes(monkeypatch):
         otstab.certify(model, Xi, y, loss="hinge", r=1.0,
                        sample_weight=rng.uniform(0.5, 1.5, n))
     after = signatures()
+    assert ("otstab_solvers.zero_one_kernels", "_window_block_py") in before
     assert set(after) >= set(before)
     grown = {k: (before.get(k, 0), v) for k, v in after.items() if v != before.get(k, 0)}
     assert not grown, grown

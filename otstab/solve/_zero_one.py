@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+from otstab_solvers import zero_one_kernels
 from otstab_solvers.blockwise import BlockwiseDual, distance_block, in_memory, weight_map_blocks
 from otstab_solvers.dual import solve_dual
 from otstab_solvers.result import OPTIMAL
@@ -182,6 +183,7 @@ def _binary_near(prob, W, S, wrong, theta1):
         return c
 
     near.c = step
+    near.binary = (float(b), wv)
     return prices, near
 
 
@@ -365,6 +367,39 @@ class RowPrices:
             out_b = zero_one_pass._Out(est if est is not None else self.size,
                                        row_index_dtype(self.size))
 
+        kernel = self._kernel_args(fuse, small, gaps, chi2, theta2)
+        if kernel is not None:
+            mode, fargs = kernel
+            idt = row_index_dtype(self.size)
+
+        def compiled(i, j, back=False):
+            """:func:`block` in one compiled loop (otstab_solvers.zero_one_kernels); the
+            NumPy block where the kept rows' sums are not finite."""
+            m = j - i
+            keep = fuse is not None and not out_b.full
+            kb, win_a = np.empty(m, dtype=idt), np.empty(m)
+            wrows, res = np.empty(m, dtype=idt), np.empty(zero_one_kernels.N_OUT)
+            zero_one_kernels.window_block(self.S, self.y, self.wrong, i, j, self.nw,
+                                          self.theta1, lo, fin_hi, mode, theta2, keep,
+                                          *fargs, kb, win_a, wrows, res)
+            if keep and not res[17]:
+                return block(i, j, back)
+            nz, ni, nb, above, nwin, nkb, nl = (int(x) for x in res[:7])
+            bsums = None
+            if keep and nb:
+                bsums = (float(res[12]), nl, *(float(x) for x in res[13:17]))
+                at = out_b.reserve(nkb, back)
+                if at is not None:
+                    np.add(kb[:nkb], i, out=out_b.cand[at:at + nkb], casting="unsafe")
+            del kb
+            part = rows = None
+            if nwin:
+                part = win_a[:nwin].copy()
+                if fuse is not None:
+                    rows = wrows[:nwin].copy()
+            return (nz, ni, nb, float(res[7]), float(res[8]), float(res[9]),
+                    (float(res[10]), float(res[11])), above, part, rows, bsums)
+
         def block(i, j, back=False):
             """What rows i..j add: (zeros, infs, below lo, expm1 / exp / gap terms, above
             hi, the prices in the window, their rows, the sums of the rows below lo)."""
@@ -426,7 +461,7 @@ class RowPrices:
         def run(w):  # (the second run from its last block: it writes kept rows from the back)
             span = range(len(blocks) * w // workers, len(blocks) * (w + 1) // workers)
             for b in (span if w == 0 else reversed(span)):
-                got[b] = block(*blocks[b], w > 0)
+                got[b] = (block if kernel is None else compiled)(*blocks[b], w > 0)
 
         zero_one_pass.run_blocks([lambda w=w: run(w) for w in range(workers)], workers)
         parts, part_rows = [], []
@@ -476,6 +511,28 @@ class RowPrices:
         del parts
         out.sort()
         return out
+
+    def _kernel_args(self, fuse, small: bool, gaps: bool, chi2: bool, theta2: float):
+        """``(mode, (b, wv, push, tiny))`` of the compiled window pass
+        (:func:`otstab_solvers.zero_one_kernels.window_block`), or None where it does not
+        serve: fewer rows than it is loaded for, no numba, scores other than float64, or
+        kept rows whose moves are not the binary ones of :func:`_binary_near`."""
+        S, y, wrong = self.S, self.y, self.wrong
+        if not (S.dtype == np.float64 and S.ndim == 1 and S.flags.c_contiguous and
+                y.dtype in (np.int8, np.float64) and y.ndim == 1 and y.flags.c_contiguous and
+                wrong.dtype == bool and wrong.flags.c_contiguous and self.nw > 0.0):
+            return None
+        near = None if fuse is None else getattr(fuse[0], "__self__", None)
+        if fuse is not None and (getattr(near, "binary", None) is None or
+                                 fuse[1] is not wrong):
+            return None
+        if not zero_one_kernels.use_kernel(self.size):
+            return None
+        mode = zero_one_kernels.MODE_SMALL if small else (
+            zero_one_kernels.MODE_CHI2 if chi2 else (
+                zero_one_kernels.MODE_GAP if gaps else zero_one_kernels.MODE_EXP))
+        b, wv = (0.0, 0.0) if near is None else near.binary
+        return mode, (b, wv, PUSH, 256.0 * EPS)
 
     def _write_below(self, tau: float, size: int | None) -> np.ndarray | None:
         """The prices at most ``tau`` in row order, in an array of ``size`` (None: it is too
@@ -627,6 +684,9 @@ class NearPoints:
         self.moves_fn, self.scores, self.labels = moves, scores, labels
         #: which rows are misclassified now (booleans; set by :func:`linear_distances`)
         self.misclassified = None
+        #: ``(b, wv)`` of a binary model's steps (:func:`_binary_near`: the compiled window
+        #: pass recomputes its moves from them), None for any other
+        self.binary: tuple[float, float] | None = None
 
     def steps(self, rows) -> np.ndarray:
         """``c`` of ``rows`` (the signed step along each row's direction)."""

@@ -17,6 +17,12 @@ it cheap at large n:
   reserving its block's range under a lock; the back part is moved up to the front part at
   the end (in chunks: no second array). Every block's sums are kept per block and added up in
   block order afterwards, so the numbers do not depend on the number of threads.
+- **Compiled blocks.** With numba, from :data:`sorted_kernels.KERNEL_MIN_KEYS` rows, a block
+  of unit or chi2 weights is one compiled call
+  (:func:`otstab_solvers.zero_one_kernels.near_block`, :func:`kernel_args`), and so is each
+  block of the window pass that keeps the rows below its window
+  (:func:`otstab_solvers.zero_one_kernels.window_block`); KL's moved-rows blocks (rare:
+  the window pass's kept rows serve most KL certificates) stay in NumPy.
 
 No n-vector other than the candidates' indices is written; the tied candidates (``a_i`` within
 the tolerance of h, which the plan may split) are returned as positions.
@@ -29,11 +35,12 @@ import math
 import threading
 
 import numpy as np
+from otstab_solvers import zero_one_kernels
 
 from ..modeling._fingerprint import _pool
 from ..modeling._threads import usable_cpus
 
-__all__ = ["near_pass", "pass_workers", "run_blocks"]
+__all__ = ["near_pass", "pass_workers", "run_blocks", "kernel_args"]
 
 #: worker threads of the passes (None: as many as the process may run on, at most
 #: MAX_WORKERS: one run writes from the front, one from the back); rows below
@@ -226,7 +233,60 @@ def _reduced_sums(reduced, lb, kb, i, wb):
     return float(np.dot(wb, dd)), float(np.dot(wb, dlb)), float(np.sum(dlb)), int(kb.size)
 
 
-def _run(rp, blocks, w, workers, out, results, args):
+def _compiled(kargs, rp, i, j, thr, lim, fn, loss0, divergence, reduced, base, phi_base,
+              out=None, back=False):
+    """:func:`_block` in one compiled loop (:func:`otstab_solvers.zero_one_kernels.near_block`:
+    unit or chi2 weights); NumPy's block where the moves' sums are not finite."""
+    m = j - i
+    idt = out.cand.dtype
+    kout, tied, res = np.empty(m, dtype=idt), np.empty(m, dtype=np.intp), \
+        np.empty(zero_one_kernels.N_NEAR)
+    zero_one_kernels.near_block(rp.S, rp.y, rp.wrong, i, j, rp.nw, rp.theta1, thr, lim,
+                                *kargs, kout, tied, res)
+    if not res[12]:
+        return _block(rp, i, j, thr, lim, fn, loss0, divergence, reduced, base, phi_base,
+                      out=out, back=back)
+    kc, nt = int(res[0]), int(res[1])
+    if not kc:
+        return None
+    at = out.reserve(kc, back)
+    if at is None:
+        return False
+    np.add(kout[:kc], i, out=out.cand[at:at + kc], casting="unsafe")
+    del kout
+    chi2 = bool(kargs[0])
+    nl, nbl = int(res[5]), int(res[10])
+    sw = float(res[2]) if chi2 else float(kc)
+    wl = float(res[4]) if chi2 else float(nl)
+    w_gain = float(res[6]) if chi2 else float(res[11])
+    red = (0.0, 0.0, 0.0, 0)
+    if reduced is not None:
+        red = (float(res[7]), float(res[8]), float(res[9]), nbl)
+    return kc, (tied[:nt].copy() if nt else None), \
+        (sw, float(res[3]) if chi2 else 0.0, wl, nl, w_gain) + red
+
+
+def kernel_args(rp, h, fn, loss0, divergence, reduced):
+    """The arguments after the rows of :func:`~otstab_solvers.zero_one_kernels.near_block`
+    for this pass (``chi2, h, alpha, theta2, red, b, wv, push, tiny``), or None where the
+    compiled block does not serve it: KL weights, other losses than the prices' own
+    misclassified rows, moves other than the binary ones, or no kernel."""
+    kw = getattr(rp, "_kernel_args", None)
+    if kw is None or loss0 is not rp.wrong:
+        return None
+    chi2 = divergence == "chi2" and hasattr(fn, "alpha") and hasattr(fn, "theta2")
+    if not (chi2 or divergence is None):
+        return None
+    got = kw(None if reduced is None else (reduced, loss0), False, True, chi2,
+             fn.theta2 if chi2 else math.inf)
+    if got is None:
+        return None
+    b, wv, push, tiny = got[1]
+    alpha, theta2 = (float(fn.alpha), float(fn.theta2)) if chi2 else (0.0, 1.0)
+    return (chi2, float(h), alpha, theta2, reduced is not None, b, wv, push, tiny)
+
+
+def _run(rp, blocks, w, workers, out, results, args, kargs=None):
     """Run ``w`` of ``workers``: its contiguous blocks, the first run's from the front of
     ``out``, the others' from the back (their blocks in reverse order)."""
     nb = len(blocks)
@@ -235,7 +295,8 @@ def _run(rp, blocks, w, workers, out, results, args):
         if out.full:
             return
         i, j = blocks[b]
-        got = _block(rp, i, j, *args, out=out, back=w > 0)
+        got = _block(rp, i, j, *args, out=out, back=w > 0) if kargs is None else \
+            _compiled(kargs, rp, i, j, *args, out=out, back=w > 0)
         if got is False:
             return
         results[b] = (0, None, None) if got is None else got
@@ -265,11 +326,12 @@ def near_pass(rp, h, fn, loss0, divergence, tol, reduced, size, index_dtype,
         phi_base = float(phi(np.array([base]), divergence)[0])
     if size is None:
         size = sum(int(np.count_nonzero(rp[s:e] <= thr)) for s, e in blocks)
+    kargs = kernel_args(rp, h, fn, loss0, divergence, reduced)
     for _ in range(2):
         out = _Out(size, index_dtype)
         results: list = [None] * nb
         args = (thr, lim, fn, loss0, divergence, reduced, base, phi_base)
-        run_blocks([functools.partial(_run, rp, blocks, w, workers, out, results, args)
+        run_blocks([functools.partial(_run, rp, blocks, w, workers, out, results, args, kargs)
                     for w in range(workers)], workers)
         if not out.full:
             break
