@@ -176,3 +176,34 @@ def test_fixed_features_and_weights_match_certify(monkeypatch):
             assert bool(df.loc["x2", "ignored"])
             assert df.loc["x2", "score"] == pytest.approx(
                 otstab.feature_stability(model, X, y, **kw).reweighting_only_value, rel=1e-12)
+
+
+@pytest.mark.parametrize("price", [("kl", 0.25), ("chi2", 0.25), ("kl", math.inf)])
+def test_units_on_one_thread_and_two_give_the_same_table(monkeypatch, price):
+    """The units' quadrature answers run on the process's CPUs (at most MAX_WORKERS threads):
+    every score, h and share the same bits as on one thread."""
+    model, X, y = _problem(seed=3)
+    divergence, theta2 = price
+    kw = dict(loss="logistic", r=_r(model, X, y, 0.5), theta1=0.5, theta2=theta2,
+              divergence=divergence,
+              feature_groups={"x0+x4": [0, 4], "x1+x2": [1, 2], "x0+x1": [0, 1]})
+    import threading
+
+    tables = {}
+    real_root = lb.binned_root
+    for workers in (1, 2):
+        names = set()
+
+        def root(*a, names=names, **k):
+            names.add(threading.current_thread().name.startswith("otstab-pass"))
+            return real_root(*a, **k)
+        monkeypatch.setattr(lb, "binned_root", root)
+        monkeypatch.setattr(fl, "MAX_WORKERS", workers)
+        monkeypatch.setattr(fl, "usable_cpus", lambda: 2)
+        df, calls = _scores(monkeypatch, True, model, X, y, **kw)
+        assert calls and calls[0] is not None and sum(row is not None for row in calls[0]) >= 3
+        assert (True in names) == (workers == 2)  # (the pool's threads answered)
+        tables[workers] = df
+    import pandas as pd
+
+    pd.testing.assert_frame_equal(tables[1], tables[2], check_exact=True)

@@ -23,6 +23,11 @@ other unit costs:
 3. if ``|g| > 1e-9 r`` a Newton step ``h_1 = h_c + g / curv`` and the same at ``h_1`` (up to
    three steps within 1 % of ``h_c``).
 
+The distinct prices' steps 1-3 run on the CPUs the process may use (at most
+:data:`MAX_WORKERS` threads; NumPy releases the GIL in its loops); each price's numbers are
+its own, so the table does not depend on the thread count. The exact passes of the prices the
+quadrature leaves run one after the other (they share one table of steps).
+
 The score is accepted when ``|g| <= 1e-9 r`` at its ``h`` (:data:`G_RTOL`; the most
 sensitive distribution there has the risk ``r - g``, which certify's audit would accept
 within ``1e-8 r``). ``F(h)`` is a lower bound on the score at any ``h`` (weak duality), and
@@ -44,7 +49,9 @@ import numpy as np
 from otstab_solvers import logistic_binned, logistic_pass, logistic_quadrature
 from otstab_solvers.smooth import LogisticOracle
 
+from ..modeling._fingerprint import _pool
 from ..modeling._nonlinear import loss_name
+from ..modeling._threads import usable_cpus
 from ..solve._piecewise import edge_kind
 
 __all__ = ["logistic_feature_scores", "shared_margins", "SharedMargins"]
@@ -56,6 +63,8 @@ BLOCK = 1 << 13
 #: was still accepted at it, at r near the base, middle and near the largest loss; 1024
 #: needed a second evaluation for most units)
 ROOT_BINS = 2048
+#: threads of the units' quadrature answers (at most; the CPUs the process may use)
+MAX_WORKERS = 2
 #: the derivative of the dual accepted at a unit's h, relative to r: the risk of the most
 #: sensitive distribution there is r - g, and certify's audit accepts a risk within
 #: RISK_RTOL = 1e-8 r of r (the score F(h) is within some g^2 / curv of the optimum)
@@ -131,23 +140,31 @@ def logistic_feature_scores(prob, units, r, theta1, theta2, divergence, moderate
     points, mass, quad = shared.points, shared.mass, shared.quad
     base = prob.loss_stats()[0]
     W = prob.scorer.W[0]
-    m_range = None
-    done: dict = {}  # ||w_J||^2 -> its row (units of one price share their answer)
-    out: list = []
-    for _label, cols in units:
-        a = float(np.sum(W[cols] ** 2))
-        if a in done:
-            out.append(done[a])
-            continue
+    prices = [float(np.sum(W[cols] ** 2)) for _label, cols in units]
+    distinct = list(dict.fromkeys(prices))  # (units of one price share their answer)
+
+    def from_bins(a):
+        """``(h_c, quadrature's answer or None)`` of the price ``a`` (h_c None: no root)."""
         h = logistic_binned.binned_root(points, mass, a, theta1, r, theta2, divergence) \
             if a > 0 else None
-        if h is None:
-            out.append(None)
-            continue
-        got = None
-        if quad is not None:
-            got = logistic_quadrature.solve_from(quad, theta1 / a, h, r, theta2, G_RTOL,
+        if h is None or quad is None:
+            return h, None
+        return h, logistic_quadrature.solve_from(quad, theta1 / a, h, r, theta2, G_RTOL,
                                                  divergence)
+
+    # the prices on the CPUs the process may use (each price's numbers its own: the same on
+    # any number of threads), the exact passes one by one (they share one table of steps)
+    workers = min(usable_cpus(), len(distinct), MAX_WORKERS)
+    if workers > 1:
+        quick = list(_pool(workers).map(from_bins, distinct))
+    else:
+        quick = [from_bins(a) for a in distinct]
+    m_range = None
+    done: dict = {}  # ||w_J||^2 -> its row
+    for a, (h, got) in zip(distinct, quick):
+        if h is None:
+            done[a] = None
+            continue
         if got is not None:
             h_at, value, g, moved = got[:4]
         else:
@@ -158,18 +175,16 @@ def logistic_feature_scores(prob, units, r, theta1, theta2, divergence, moderate
                                               block=BLOCK, g_rtol=G_RTOL)
             m_range = oracle.margin_range
             if sol is None or not math.isfinite(sol.value):
-                out.append(None)
+                done[a] = None
                 continue
             h_at, value, g, moved = sol.h, sol.value, sol.info["g"], sol.info["moved"]
         if not math.isfinite(value):
-            out.append(None)
+            done[a] = None
             continue
         risk = r - g
         excess = risk - base
         if excess > 0:
-            row = (value, h_at, (moved - base) / excess, (risk - moved) / excess)
+            done[a] = (value, h_at, (moved - base) / excess, (risk - moved) / excess)
         else:
-            row = (value, h_at, 0.0, 0.0)
-        done[a] = row
-        out.append(row)
-    return out
+            done[a] = (value, h_at, 0.0, 0.0)
+    return [done[a] for a in prices]
