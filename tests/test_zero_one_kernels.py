@@ -263,3 +263,33 @@ def test_compiled_moved_rows_pass_equals_numpy_blocks(monkeypatch, divergence, a
     np.testing.assert_array_equal(flagged[1], ref[1])
     for k in ref[2]:
         assert flagged[2][k] == pytest.approx(ref[2][k], rel=1e-12, abs=1e-9), k
+
+
+@pytest.mark.parametrize("fused_chi2", [False, True])
+def test_kept_rows_of_theta2_inf_and_chi2(monkeypatch, fused_chi2):
+    """With the window pass keeping the rows below it for theta2 = inf (FUSED_INF, off by
+    default) the NumPy blocks run (unit terms, not the kernel's gaps); for chi2 (FUSED_CHI2)
+    the kernel's kept sums, with chi2's terms ``lo - a``, equal NumPy's."""
+    monkeypatch.setattr(zp, "FUSED_INF", True)
+    monkeypatch.setattr(zp, "FUSED_CHI2", fused_chi2)
+    prob = _problem(n=6000, seed=11)
+    rp, _ = zo.linear_prices(prob, None, 1.0)
+    a = np.sort(rp.array())
+    lo, hi = float(a[3000]), float(a[3300])
+    theta2, chi2 = (0.25, True) if fused_chi2 else (INF, False)
+    ref = _window(prob, 1.0, lo, hi, theta2, chi2, False, 1, monkeypatch)
+    monkeypatch.setattr(ZK, "USE_KERNEL", True)
+    calls = []
+    real = ZK.window_block
+    monkeypatch.setattr(ZK, "window_block", lambda *a: calls.append(1) or real(*a))
+    rp, near = zo.linear_prices(prob, None, 1.0)
+    rp._fuse = (near.reduced, near.misclassified)
+    win = rp._window(lo, hi, theta2, chi2=chi2)
+    assert bool(calls) == fused_chi2
+    np.testing.assert_array_equal(win, ref[0])
+    _close(dict(rp._window_sums), ref[1])
+    fz = rp._fused
+    assert fz is not None and ref[2] is not None
+    np.testing.assert_array_equal(fz.cand, ref[2][0])
+    for x, y in zip((fz.W, fz.A, fz.NL, fz.WD2, fz.WDL, fz.QDL, fz.SDD), ref[2][2]):
+        assert x == pytest.approx(y, rel=1e-12, abs=1e-12)

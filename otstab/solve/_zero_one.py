@@ -524,8 +524,8 @@ class RowPrices:
             return None
         near = None if fuse is None else getattr(fuse[0], "__self__", None)
         if fuse is not None and (getattr(near, "binary", None) is None or
-                                 fuse[1] is not wrong):
-            return None
+                                 fuse[1] is not wrong or (gaps and not chi2)):
+            return None  # (kept rows with theta2 = inf: unit terms, NumPy's blocks)
         if not zero_one_kernels.use_kernel(self.size):
             return None
         mode = zero_one_kernels.MODE_SMALL if small else (

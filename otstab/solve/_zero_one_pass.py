@@ -275,10 +275,11 @@ def kernel_args(rp, h, fn, loss0, divergence, reduced):
     if kw is None or loss0 is not rp.wrong:
         return None
     chi2 = divergence == "chi2" and hasattr(fn, "alpha") and hasattr(fn, "theta2")
-    if not (chi2 or divergence is None):
-        return None
-    got = kw(None if reduced is None else (reduced, loss0), False, True, chi2,
-             fn.theta2 if chi2 else math.inf)
+    if not (chi2 or (divergence is None and
+                     np.array_equal(fn(np.array([0.0, h, 2.0 * h])), np.ones(3)))):
+        return None  # (KL, or weights other than chi2's and theta2 = inf's unit ones)
+    got = kw(None if reduced is None else (reduced, loss0), False, False, False,  # (its mode:
+             fn.theta2 if chi2 else math.inf)                                   # unused)
     if got is None:
         return None
     b, wv, push, tiny = got[1]
