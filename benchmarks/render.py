@@ -677,8 +677,9 @@ def _numba_note(data) -> str:
     if ver is None:
         return "numba was not installed: every pass ran in NumPy."
     return (f"numba {ver} was installed: the scores and fingerprint pass, the loss "
-            "statistics, the binary and multiclass hinge's passes and the logistic exact "
-            "pass ran compiled (loaded by the benchmark's first call, which is not timed; "
+            "statistics, the binary and multiclass hinge's passes, the binary 0/1 "
+            "certificate's window and moved-rows passes and the logistic exact pass ran "
+            "compiled (loaded by the benchmark's first call, which is not timed; "
             "the first large certificate of a fresh process pays that once, 0.5-1.5 s, "
             "[scale.md](scale.md)); without numba they run in NumPy.")
 
@@ -742,7 +743,7 @@ def section_grid(path=GRID_JSON) -> list[str]:
            f"`benchmarks/test_bench_grid.py` (`{GRID_CMD}`), finished "
            f"{data.get('datetime', '?')} on {m.get('cpu_model', '?')} "
            f"({m.get('nproc', '?')} logical cores, shared with other processes: the timings "
-           f"are noisy, minima over up to 3 rounds{_load_note(m)}); n = {n:,}, d = 50, "
+           f"are noisy, minima over up to 5 rounds{_load_note(m)}); n = {n:,}, d = 50, "
            "default BLAS threads "
            f"({pts[0].get('blas_threads', '?')}), X writable as a user passes it (not copied: "
            "fingerprinted, [guarantees.md](guarantees.md#data-ownership)). Each certificate "

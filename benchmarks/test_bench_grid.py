@@ -132,7 +132,7 @@ def test_grid(benchmark, loss, rpoint, price, kind, n):
     benchmark.group = f"grid n={fmt_n(n)} {loss}"
     with _default_threads():
         res = measure(benchmark, lambda: otstab.certify(model, X, y, **kw),
-                      budget=2.0 if bl.FULL else 0.3, max_rounds=3)
+                      budget=2.0 if bl.FULL else 0.3, max_rounds=5)
     assert res.status == "optimal", (res.status, res.message)
     assert res.risk_star >= r - 1e-6 * max(1.0, abs(r))
     info = dict(suite="grid", role="certify", loss=loss, rpoint=rpoint, r=r, price=price,
