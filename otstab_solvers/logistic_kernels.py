@@ -38,7 +38,7 @@ from . import sorted_kernels
 from .logistic_uniform import MAX_ITER, SLOPE_MIN, STEP_TOL, TAYLOR_STEP
 
 __all__ = ["USE_KERNEL", "CHUNK", "use_kernel", "load", "solve_block", "block_sums",
-           "audit_sums", "bin_block", "MODE_KL", "MODE_MEAN", "MODE_CHI2"]
+           "audit_sums", "bin_block", "moments", "MODE_KL", "MODE_MEAN", "MODE_CHI2"]
 
 #: use the compiled loops (False: the NumPy path; set to compare the two)
 USE_KERNEL = sorted_kernels.HAVE_NUMBA
@@ -110,6 +110,8 @@ def load() -> None:
         bin_block(np.ones(4, dtype=np.int8), s, 0, 4, -2.0, 1.0, np.zeros(8), np.zeros(8),
                   np.zeros(8))
     block_sums(t, loss, 1.0, 1.0, MODE_MEAN, 1.0, True, 1.0)
+    idx = np.array([0, 2])
+    moments(m, idx, np.array([2, 4]), np.zeros(2), np.ones(2), np.zeros((2, 9)))
     block_sums(t, loss, 1.0, 1.0, MODE_CHI2, 1.0, False, 0.0, (0.0, 0.0, 1.0, -1.0))
 
 
@@ -588,3 +590,32 @@ def bin_block(y, sc, i0: int, i1: int, lo: float, scale: float, count, first,
     added to)."""
     _kernel(_bin_block_py)(y, sc, int(i0), int(i1), float(lo), float(scale), count.size,
                            count, first, second)
+
+
+def _moments_py(ms, starts, stops, centre, inv, mom):  # pragma: no cover - compiled
+    """The Chebyshev moments of :class:`otstab_solvers.logistic_quadrature.MarginQuadrature`:
+    for each bin ``b`` (its sorted margins ``ms[starts[b]:stops[b]]``, position
+    ``x = clip((m - centre_b) inv_b, -1, 1)``) ``mom[b, k] = sum T_k(x)`` for k >= 1 (the
+    recurrence ``T_k = (2 x) T_{k-1} - T_{k-2}`` with NumPy's operations, summed row by row
+    in row order)."""
+    p = mom.shape[1] - 1
+    t = np.empty(p + 1)
+    for b in range(starts.size):
+        c, s = centre[b], inv[b]
+        for k in range(1, p + 1):
+            mom[b, k] = 0.0
+        for i in range(starts[b], stops[b]):
+            x = (ms[i] - c) * s
+            x = -1.0 if x < -1.0 else (1.0 if x > 1.0 else x)
+            t[0] = 1.0
+            t[1] = x
+            for k in range(2, p + 1):
+                t[k] = 2.0 * x * t[k - 1] - t[k - 2]
+            for k in range(1, p + 1):
+                mom[b, k] += t[k]
+
+
+def moments(ms, starts, stops, centre, inv, mom) -> None:
+    """:func:`_moments_py` compiled (``mom`` (bins, degree + 1) float64, its columns from 1
+    written)."""
+    _kernel(_moments_py)(ms, starts, stops, centre, inv, mom)

@@ -47,6 +47,7 @@ import math
 
 import numpy as np
 
+from . import logistic_kernels
 from .smooth import logistic_dtransform
 
 __all__ = ["MarginQuadrature", "solve_from", "BINS", "DEGREE", "RTOL"]
@@ -92,23 +93,26 @@ class MarginQuadrature:
         centre = 0.5 * (b_lo + b_hi)
         hw = 0.5 * (b_hi - b_lo)
         inv = np.divide(1.0, hw, out=np.zeros_like(hw), where=hw > 0)
-        which = np.repeat(self.bins, self.stops - self.starts)
-        pos = ms - centre[which]
-        pos *= inv[which]  # x in [-1, 1] (0 in a bin of one margin value)
-        del which
-        np.clip(pos, -1.0, 1.0, out=pos)
         p = self.degree
         mom = np.empty((self.starts.size, p + 1))
         mom[:, 0] = self.count
-        t_prev = np.ones_like(pos)
-        t_cur = pos.copy()
-        mom[:, 1] = np.add.reduceat(t_cur, self.starts)
-        for k in range(2, p + 1):
-            t_next = 2.0 * pos * t_cur
-            t_next -= t_prev
-            mom[:, k] = np.add.reduceat(t_next, self.starts)
-            t_prev, t_cur = t_cur, t_next
-        del t_prev, t_cur, pos
+        if p >= 1 and logistic_kernels.use_kernel(n):  # (one compiled pass, no n-vector)
+            logistic_kernels.moments(ms, self.starts, self.stops, centre, inv, mom)
+        elif p >= 1:
+            which = np.repeat(self.bins, self.stops - self.starts)
+            pos = ms - centre[which]
+            pos *= inv[which]  # x in [-1, 1] (0 in a bin of one margin value)
+            del which
+            np.clip(pos, -1.0, 1.0, out=pos)
+            t_prev = np.ones_like(pos)
+            t_cur = pos.copy()
+            mom[:, 1] = np.add.reduceat(t_cur, self.starts)
+            for k in range(2, p + 1):
+                t_next = 2.0 * pos * t_cur
+                t_next -= t_prev
+                mom[:, k] = np.add.reduceat(t_next, self.starts)
+                t_prev, t_cur = t_cur, t_next
+            del t_prev, t_cur, pos
         # Chebyshev points of the first kind and the map from values to coefficients
         j = np.arange(p + 1)
         xk = np.cos(math.pi * (j + 0.5) / (p + 1))
