@@ -143,7 +143,33 @@ def test_grid(benchmark, loss, rpoint, price, kind, n):
         with _default_threads():
             info["peak_extra_n_vectors"] = bl.peak_vectors(
                 lambda: otstab.certify(model, X, y, **kw), n)
+            # the point's own baseline, timed right after its rounds (the machine's speed
+            # drifts during a run on a shared VM: 10-35 % between minutes here)
+            info["baseline_part"], info["baseline_adjacent"] = _adjacent_baseline(
+                loss, model, X)
     record(benchmark, **info)
+
+
+def _adjacent_baseline(loss, model, X, calls: int = 5):
+    """``(part, seconds)``: the minimum over ``calls`` calls of the one-pass baseline of
+    ``loss`` on ``X`` (:func:`test_grid_baseline`'s: ``X @ coef``, ``X @ W.T`` or
+    ``X @ coef`` + ``np.sort``; a DataFrame's float64 values)."""
+    import time
+
+    Xa = X.to_numpy() if isinstance(X, pd.DataFrame) else X
+    if isinstance(X, pd.DataFrame):  # (the float64 C-ordered array a user has beside it)
+        Xa = _data(loss, X.shape[0])[1]
+    W = model.coef_.astype(Xa.dtype)
+    part = "matmul multiclass" if loss == "multiclass" else \
+        "sort" if loss == "zero_one" else "matmul"
+    fn = {"matmul": lambda: Xa @ W, "matmul multiclass": lambda: Xa @ W.T,
+          "sort": lambda: np.sort(Xa @ W)}[part]
+    best = math.inf
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return part, best
 
 
 @pytest.mark.parametrize("n", SIZES)
