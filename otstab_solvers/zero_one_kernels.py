@@ -37,7 +37,7 @@ from . import sorted_kernels
 __all__ = ["USE_KERNEL", "MODE_SMALL", "MODE_EXP", "MODE_GAP", "MODE_CHI2", "N_OUT",
            "N_NEAR", "use_kernel", "load", "window_block", "near_block"]
 
-#: use the compiled pass (False: NumPy's blocks; set to compare the two)
+#: use the compiled passes (False: NumPy's blocks; set to compare the two)
 USE_KERNEL = sorted_kernels.HAVE_NUMBA
 #: the terms summed below the window: ``expm1((lo - a) / theta2)`` (KL, every exponent
 #: small), ``exp(max(-a / theta2, -700))`` (KL), ``lo - a`` (theta2 = inf) and also its
@@ -53,12 +53,12 @@ _LOADED: dict = {"ok": None}
 
 
 def use_kernel(size: int) -> bool:
-    """Whether a window pass over ``size`` rows runs compiled (numba loaded it: on the first
+    """Whether the passes over ``size`` rows run compiled (numba loaded them: on the first
     such call, :func:`load`; where that fails, the NumPy blocks from then on with a warning
     on the "otstab" logger)."""
     if not (USE_KERNEL and sorted_kernels.USE_KERNEL and size >= sorted_kernels.KERNEL_MIN_KEYS):
         return False
-    return sorted_kernels.load_once(_LOADED, load, "the 0/1 window pass")
+    return sorted_kernels.load_once(_LOADED, load, "the 0/1 passes")
 
 
 #: rows per chunk of the passes (their prices, terms and moves stay in the L1 cache)
@@ -68,7 +68,7 @@ CHUNK = 512
 _exp_chunk = sorted_kernels._exp_chunk_py
 
 
-def _prices(S, y, wrong, c0, m_len, nw, t1, pa, pm):  # pragma: no cover - compiled
+def _prices(S, y, wrong, c0, m_len, nw, theta1, pa, pm):  # pragma: no cover - compiled
     """The prices and margins of rows ``c0:c0 + m_len`` into ``pa``, ``pm`` (NumPy's
     operations: maximum keeps a nan)."""
     for k in range(m_len):
@@ -78,7 +78,7 @@ def _prices(S, y, wrong, c0, m_len, nw, t1, pa, pm):  # pragma: no cover - compi
         d = 0.0 if (d > 0.0) & wrong[r] else d
         d = d * d
         d = d / nw
-        pa[k] = d * t1
+        pa[k] = d * theta1
         pm[k] = m
 
 
@@ -128,11 +128,9 @@ def _window_block_py(S, y, wrong, i, j, nw, theta1, lo, fin_hi, mode, theta2, fu
     neg = -1.0 / theta2
     babs = abs(b)
     mwv = -wv
-    # (theta1 = 1: the prices are d* itself, as NumPy's path that skips the product)
-    t1 = 1.0 if theta1 == 1.0 else theta1
     for c0 in range(i, j, CHUNK):
         m_len = min(CHUNK, j - c0)
-        _prices(S, y, wrong, c0, m_len, nw, t1, pa, pm)
+        _prices(S, y, wrong, c0, m_len, nw, theta1, pa, pm)
         for k in range(m_len):
             plt[k] = pa[k] < lo
         if mode == 1:  # exp(max(-a / theta2, -700)) of every row
@@ -242,13 +240,12 @@ def _near_block_py(S, y, wrong, i, j, nw, theta1, thr, lim, chi2, h, alpha, thet
     acc = np.zeros(8)
     kc = nt = 0
     nl = n_below = gain = 0
-    t1 = 1.0 if theta1 == 1.0 else theta1
     two = 2.0 * theta2
     babs = abs(b)
     mwv = -wv
     for c0 in range(i, j, CHUNK):
         m_len = min(CHUNK, j - c0)
-        _prices(S, y, wrong, c0, m_len, nw, t1, pa, pm)
+        _prices(S, y, wrong, c0, m_len, nw, theta1, pa, pm)
         for k in range(m_len):  # the candidates and, among them, the tied ones
             a = pa[k]
             cand = a <= thr
