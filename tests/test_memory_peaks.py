@@ -21,12 +21,14 @@ def _compiled_passes_loaded():
     """Load the compiled passes (numba, where installed) before any peak is traced: loading
     them allocates some 40 MB of Python objects once a process, which is not the
     certificate's memory."""
-    from otstab_solvers import sorted_kernels
+    from otstab_solvers import logistic_kernels, sorted_kernels, zero_one_kernels
 
     from otstab.modeling import _pass_kernels
 
     _pass_kernels.available(1 << 20)
     sorted_kernels.use_kernel(1 << 20)
+    logistic_kernels.use_kernel(1 << 20)
+    zero_one_kernels.use_kernel(1 << 20)
 
 
 def _peak_vectors(fn, n):

@@ -14,7 +14,7 @@ import tracemalloc
 import numpy as np
 import pandas as pd
 import pytest
-from otstab_solvers import sorted_kernels
+from otstab_solvers import sorted_kernels, zero_one_kernels
 from threadpoolctl import threadpool_limits
 
 import otstab
@@ -165,9 +165,11 @@ def test_no_copy_of_a_writable_x():
     direct audit) stays below half the size of X (the old copy alone was X); the result keeps
     X itself."""
     X, model, y = _binary(n=250_000, d=20, seed=6)
-    # the compiled kernels of the hinge's sorted view and of the scores pass, loaded once per
-    # process (numba: some 40 MB of Python objects, not data) before the peak is traced
+    # the compiled kernels of the hinge's sorted view, of the 0/1 passes and of the scores
+    # pass, loaded once per process (numba: some 40 MB of Python objects, not data) before
+    # the peak is traced
     sorted_kernels.load()
+    zero_one_kernels.use_kernel(X.shape[0])
     _pass_kernels.available(X.shape[0])
     for kw in (dict(loss="hinge", r=0.6), dict(loss="zero_one", r=0.3)):
         tracemalloc.start()
