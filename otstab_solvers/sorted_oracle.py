@@ -59,7 +59,8 @@ EXPM1_SHARE = 1.0 / 16.0
 
 
 class WindowMiss(ValueError):
-    """A window cannot evaluate a point: chi2's active set ends inside its unsorted front."""
+    """A window cannot evaluate a point: chi2's active set ends inside its unsorted front, or
+    a key it needs lies in a front computed from the rows (not stored)."""
 
 
 @dataclass
@@ -126,14 +127,14 @@ class _Keys:
 
     def u(self, k: int) -> float:
         """The k-th largest key (0-based): ``-nu[k]`` (negation is exact)."""
-        if k < self.base:
-            raise ValueError(f"key {k} is in a front computed from the rows (not stored)")
+        if k < self.base:  # (WindowMiss: a window's solve then sorts every key instead)
+            raise WindowMiss(f"key {k} is in a front computed from the rows (not stored)")
         return -float(self.nu[k - self.base])
 
     def head(self, q: int) -> np.ndarray:
         """The q largest keys in decreasing order (a new array ``-nu[:q]``)."""
         if self.base:
-            raise ValueError("the keys of a front computed from the rows are not stored")
+            raise WindowMiss("the keys of a front computed from the rows are not stored")
         return np.negative(self.nu[:q])
 
     def prefix(self):

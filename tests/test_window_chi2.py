@@ -113,3 +113,48 @@ def test_chi2_windows_placed_by_the_subsample_hold_the_answer(theta2, monkeypatc
     dense = solve_dual(PiecewiseOracle(*hinge_form(small, c)), r, theta2, "chi2")
     assert sol.value == pytest.approx(dense.value, rel=1e-10)
     assert not math.isnan(sol.h)
+
+
+@pytest.mark.parametrize("seed, thetas, u", [(0, (1e-6, 1e-6), 1.0), (1, (1e-6, 1e-6), 1.0),
+                                             (0, (1e-3, 1e-6), 0.99)])
+def test_a_key_in_a_front_from_the_rows_is_a_window_miss(monkeypatch, seed, thetas, u):
+    """With the compiled passes (a window's front computed from the rows, not stored) chi2's
+    active set may need a key of that front: the window reports a miss and the solve sorts
+    every key (found by tests/test_audit_properties.py with the kernels forced at n = 3:
+    "key 2 is in a front computed from the rows" was a ValueError out of certify). The
+    certificate passes its audit, with the value of the fully sorted solve."""
+    pytest.importorskip("numba")
+    from otstab_solvers import sorted_kernels
+
+    import otstab
+    import otstab.solve._piecewise as pw
+    from otstab.modeling import _pass_kernels
+    from otstab.modeling._models import per_sample_losses
+
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(3, 1))
+    y = np.array([-1, 1, 1 if seed else -1])
+    model = otstab.LinearModel(np.array([0.8]), 0.1)
+    losses = per_sample_losses(model, X, y, "hinge")
+    r = float(losses.mean() + u * (losses.max() - losses.mean()))
+    kw = dict(loss="hinge", r=r, theta1=thetas[0], theta2=thetas[1], divergence="chi2")
+    ref = otstab.certify(model, X, y, **kw)
+    monkeypatch.setattr(sd, "WINDOW_MIN_N", 0)
+    monkeypatch.setattr(pw, "AUDIT_DIRECT_MAX", 0)
+    monkeypatch.setattr(sorted_kernels, "KERNEL_MIN_KEYS", 1)
+    monkeypatch.setattr(_pass_kernels, "KERNEL_MIN_ROWS", 1)
+    misses = []
+    real = SortedTwoPiece._chi2
+
+    def spy(self, *a):
+        try:
+            return real(self, *a)
+        except WindowMiss as miss:
+            misses.append(str(miss))
+            raise
+    monkeypatch.setattr(SortedTwoPiece, "_chi2", spy)
+    res = otstab.certify(model, X, y, **kw)
+    assert res.status == ref.status
+    assert res.value == pytest.approx(ref.value, rel=1e-9, abs=1e-300)
+    if seed == 0 and u == 1.0:
+        assert any("computed from the rows" in m for m in misses), misses
