@@ -74,26 +74,12 @@ def use_kernel(size: int) -> bool:
 
 
 def _kernel(fn):
-    """The compiled ``fn`` (numba, cached on disk; compiled or loaded on first use)."""
-    got = _COMPILED.get(fn.__name__)
-    if got is None:
-        import numba
-
-        for name, py in (("_exp_chunk", sorted_kernels._exp_chunk_py),
-                         ("_extremes", sorted_kernels._extremes_py),
-                         ("_log1p_unit", _log1p_unit_py), ("_finish", _finish_py),
-                         ("_chi2", _chi2_py),
-                         ("_chunk_steps", _chunk_steps_py), ("_kl_chunk", _kl_chunk_py),
-                         ("_sums", _sums_py)):
-            if name not in _COMPILED:  # (the kernels call them by these names)
-                _COMPILED[name] = numba.njit(cache=True, nogil=True, error_model="numpy",
-                                             fastmath=_FASTMATH.get(name, False))(py)
-                globals()[name] = _COMPILED[name]
-        # (error_model="numpy": a division by zero gives inf / nan as NumPy's, no check in
-        # the loop, which would keep it from being vectorised)
-        got = _COMPILED[fn.__name__] = numba.njit(cache=True, nogil=True,
-                                                  error_model="numpy")(fn)
-    return got
+    """The compiled ``fn`` (:func:`sorted_kernels.compile_with`, NumPy's error model)."""
+    return sorted_kernels.compile_with(fn, _COMPILED, globals(), (
+        ("_exp_chunk", sorted_kernels._exp_chunk_py), ("_extremes", sorted_kernels._extremes_py),
+        ("_log1p_unit", _log1p_unit_py), ("_finish", _finish_py), ("_chi2", _chi2_py),
+        ("_chunk_steps", _chunk_steps_py), ("_kl_chunk", _kl_chunk_py), ("_sums", _sums_py)),
+        _FASTMATH, error_model="numpy")
 
 
 def load() -> None:
@@ -110,9 +96,8 @@ def load() -> None:
         bin_block(np.ones(4, dtype=np.int8), s, 0, 4, -2.0, 1.0, np.zeros(8), np.zeros(8),
                   np.zeros(8))
     block_sums(t, loss, 1.0, 1.0, MODE_MEAN, 1.0, True, 1.0)
-    idx = np.array([0, 2])
-    moments(m, idx, np.array([2, 4]), np.zeros(2), np.ones(2), np.zeros((2, 9)))
     block_sums(t, loss, 1.0, 1.0, MODE_CHI2, 1.0, False, 0.0, (0.0, 0.0, 1.0, -1.0))
+    moments(m, np.array([0, 2]), np.array([2, 4]), np.zeros(2), np.ones(2), np.zeros((2, 9)))
 
 
 def _chunk_steps_py(y, sc, i0, kk, warm, tprev, j0, tab_t, tab_dt, tab_hd2, quad,

@@ -33,13 +33,14 @@ import math
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Literal
 
 import numpy as np
 
 __all__ = ["HAVE_NUMBA", "USE_KERNEL", "KERNEL_MIN_KEYS", "CHUNK", "use_kernel", "load",
            "exp_into", "kl_sums", "window_partition", "chi2_sums_pass", "rows_ok",
            "partition_rows", "u_range", "front_moments", "b_keys", "kl_front", "chi2_front", "pair",
-           "load_once",
+           "load_once", "compile_with",
            "moved_rows"]
 
 #: numba is installed
@@ -104,22 +105,35 @@ def load_once(state: dict, load_fn, what: str) -> bool:
     return bool(state["ok"])
 
 
-def _kernel(fn):
-    """The compiled ``fn`` (numba, cached on disk; compiled or loaded on first use)."""
-    got = _COMPILED.get(fn.__name__)
+def compile_with(fn, compiled: dict, namespace: dict, helpers, fastmath: dict,
+                 error_model: Literal["python", "numpy"] = "python"):
+    """``fn`` compiled by numba (cached on disk; compiled or loaded on first use) and kept in
+    ``compiled``, after its ``helpers``, the ``(name, function)`` pairs its loops call by
+    those names: each compiled once (with ``fastmath[name]``, else none) and bound in
+    ``namespace`` (the globals of the module that defines the loops, where numba looks the
+    names up). ``error_model="numpy"``: a division by zero gives inf / nan as NumPy's, no
+    check in the loop (which would keep it from being vectorised). The compiled kernel
+    modules share this."""
+    got = compiled.get(fn.__name__)
     if got is None:
         import numba
 
-        for name, py in (("_exp_chunk", _exp_chunk_py), ("_kl_chunk", _kl_chunk_py),
-                         ("_row_key", _row_key), ("_front_chunk", _front_chunk_py),
-                         ("_moments_chunk", _moments_chunk_py), ("_extremes", _extremes_py),
-                         ("_chi2_keys", _chi2_keys_py)):
-            if name not in _COMPILED:  # (the kernels call them by these names: compiled first)
-                _COMPILED[name] = numba.njit(cache=True, nogil=True,
-                                             fastmath=_FASTMATH.get(name, False))(py)
-                globals()[name] = _COMPILED[name]
-        got = _COMPILED[fn.__name__] = numba.njit(cache=True, nogil=True)(fn)
+        for name, py in helpers:
+            if name not in compiled:  # (the loops call them by these names: compiled first)
+                compiled[name] = numba.njit(cache=True, nogil=True, error_model=error_model,
+                                            fastmath=fastmath.get(name, False))(py)
+                namespace[name] = compiled[name]
+        got = compiled[fn.__name__] = numba.njit(cache=True, nogil=True,
+                                                 error_model=error_model)(fn)
     return got
+
+
+def _kernel(fn):
+    """The compiled ``fn`` (:func:`compile_with`)."""
+    return compile_with(fn, _COMPILED, globals(), (
+        ("_exp_chunk", _exp_chunk_py), ("_kl_chunk", _kl_chunk_py), ("_row_key", _row_key),
+        ("_front_chunk", _front_chunk_py), ("_moments_chunk", _moments_chunk_py),
+        ("_extremes", _extremes_py), ("_chi2_keys", _chi2_keys_py)), _FASTMATH)
 
 
 def load() -> None:

@@ -50,6 +50,10 @@ N_NEAR = 13
 
 _COMPILED: dict = {}
 _LOADED: dict = {"ok": None}
+#: the floating-point liberties of the compiled helpers: the exp's polynomial in fused
+#: multiply-adds (as :mod:`sorted_kernels`), the chunks' sums reassociated (vectorised);
+#: every row's own numbers are computed without any
+_FASTMATH = {"_exp_chunk": {"contract"}, "_sums": {"reassoc"}, "_near_sums": {"reassoc"}}
 
 
 def use_kernel(size: int) -> bool:
@@ -122,7 +126,7 @@ def _window_block_py(S, y, wrong, i, j, nw, theta1, lo, fin_hi, mode, theta2, fu
     pdl = np.empty(CHUNK)
     plt = np.empty(CHUNK, dtype=np.bool_)
     cnt = np.zeros(5, dtype=np.int64)  # at 0, at inf, below lo, above fin_hi, misclassified
-    acc = np.zeros(10)                 # below lo (:func:`_sums_py`)
+    acc = np.zeros(8)                  # below lo (:func:`_sums_py`)
     nwin = nkb = 0
     em1 = 0.0
     neg = -1.0 / theta2
@@ -169,10 +173,10 @@ def _window_block_py(S, y, wrong, i, j, nw, theta1, lo, fin_hi, mode, theta2, fu
     out[7] = em1
     out[8] = acc[0] if mode == 1 else 0.0  # (the exp terms' sum, or the gaps')
     out[9] = acc[0] if mode >= 2 else 0.0
-    for q in range(2, 9):
-        out[8 + q] = acc[q]
-    out[17] = 1.0 if math.isfinite(acc[5]) and math.isfinite(acc[6]) and \
-        math.isfinite(acc[7]) and math.isfinite(acc[8]) else 0.0
+    for q in range(1, 8):
+        out[9 + q] = acc[q]
+    out[17] = 1.0 if math.isfinite(acc[4]) and math.isfinite(acc[5]) and \
+        math.isfinite(acc[6]) and math.isfinite(acc[7]) else 0.0
 
 
 def _sums_py(pa, pe, pdd, pdl, wrong, c0, m_len, lo, fin_hi, chi2, fuse, cnt,
@@ -215,13 +219,13 @@ def _sums_py(pa, pe, pdd, pdl, wrong, c0, m_len, lo, fin_hi, chi2, fuse, cnt,
     cnt[3] += above
     cnt[4] += nl
     acc[0] += se
-    acc[2] += sq
-    acc[3] += sa
-    acc[4] += A
-    acc[5] += wd2
-    acc[6] += wdl
-    acc[7] += qdl
-    acc[8] += sdd
+    acc[1] += sq
+    acc[2] += sa
+    acc[3] += A
+    acc[4] += wd2
+    acc[5] += wdl
+    acc[6] += qdl
+    acc[7] += sdd
 
 
 #: :func:`_sums_py`, compiled once the pass is (the loop calls it by this name)
@@ -237,7 +241,7 @@ def _near_block_py(S, y, wrong, i, j, nw, theta1, thr, lim, chi2, h, alpha, thet
     pdl = np.empty(CHUNK)
     below = np.empty(CHUNK, dtype=np.bool_)
     cmask = np.empty(CHUNK, dtype=np.bool_)
-    acc = np.zeros(8)
+    acc = np.zeros(7)  # (:func:`_near_sums_py`)
     kc = nt = 0
     nl = n_below = gain = 0
     two = 2.0 * theta2
@@ -343,22 +347,12 @@ def near_block(S, y, wrong, i: int, j: int, nw: float, theta1: float, thr: float
 
 
 def _kernel(fn):
-    got = _COMPILED.get(fn.__name__)
-    if got is None:
-        import numba
-
-        for name, py, fast in (("_exp_chunk", sorted_kernels._exp_chunk_py, {"contract"}),
-                               ("_sums", _sums_py, {"reassoc"}),
-                               ("_near_sums", _near_sums_py, {"reassoc"}),
-                               ("_prices", _prices, False), ("_moves", _moves, False)):
-            if name not in _COMPILED:  # (the pass calls them by these names: compiled first)
-                _COMPILED[name] = numba.njit(cache=True, nogil=True, error_model="numpy",
-                                             fastmath=fast)(py)
-                globals()[name] = _COMPILED[name]
-        # (error_model="numpy": a division by zero gives inf / nan as NumPy's)
-        got = _COMPILED[fn.__name__] = numba.njit(cache=True, nogil=True,
-                                                  error_model="numpy")(fn)
-    return got
+    """The compiled ``fn`` (:func:`sorted_kernels.compile_with`, NumPy's error model: a
+    division by zero gives inf / nan as NumPy's)."""
+    return sorted_kernels.compile_with(fn, _COMPILED, globals(), (
+        ("_exp_chunk", sorted_kernels._exp_chunk_py), ("_sums", _sums_py),
+        ("_near_sums", _near_sums_py), ("_prices", _prices), ("_moves", _moves)),
+        _FASTMATH, error_model="numpy")
 
 
 def window_block(S, y, wrong, i: int, j: int, nw: float, theta1: float, lo: float,

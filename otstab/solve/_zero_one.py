@@ -367,7 +367,7 @@ class RowPrices:
             out_b = zero_one_pass._Out(est if est is not None else self.size,
                                        row_index_dtype(self.size))
 
-        kernel = self._kernel_args(fuse, small, gaps, chi2, theta2)
+        kernel = self._kernel_args(fuse, small, gaps, chi2)
         if kernel is not None:
             mode, fargs = kernel
             idt = row_index_dtype(self.size)
@@ -377,7 +377,7 @@ class RowPrices:
             NumPy block where the kept rows' sums are not finite."""
             m = j - i
             keep = fuse is not None and not out_b.full
-            kb, win_a = np.empty(m, dtype=idt), np.empty(m)
+            kb, win_a = np.empty(m if keep else 0, dtype=idt), np.empty(m)
             wrows, res = np.empty(m, dtype=idt), np.empty(zero_one_kernels.N_OUT)
             zero_one_kernels.window_block(self.S, self.y, self.wrong, i, j, self.nw,
                                           self.theta1, lo, fin_hi, mode, theta2, keep,
@@ -512,27 +512,41 @@ class RowPrices:
         out.sort()
         return out
 
-    def _kernel_args(self, fuse, small: bool, gaps: bool, chi2: bool, theta2: float):
-        """``(mode, (b, wv, push, tiny))`` of the compiled window pass
-        (:func:`otstab_solvers.zero_one_kernels.window_block`), or None where it does not
-        serve: fewer rows than it is loaded for, no numba, scores other than float64, or
-        kept rows whose moves are not the binary ones of :func:`_binary_near`."""
+    def compiled_moves(self, moves):
+        """``(b, wv, push, tiny)``, what the compiled passes
+        (:mod:`otstab_solvers.zero_one_kernels`) need to recompute the audit's moves ``moves``
+        (``(reduced, loss0)``, :meth:`NearPoints.reduced` and the misclassified rows; None:
+        no moves summed, zeros), or None where those passes do not serve: fewer rows than
+        they are loaded for, no numba, scores other than float64, or moves other than the
+        binary ones of :func:`_binary_near` over these prices' own misclassified rows."""
         S, y, wrong = self.S, self.y, self.wrong
         if not (S.dtype == np.float64 and S.ndim == 1 and S.flags.c_contiguous and
                 y.dtype in (np.int8, np.float64) and y.ndim == 1 and y.flags.c_contiguous and
                 wrong.dtype == bool and wrong.flags.c_contiguous and self.nw > 0.0):
             return None
-        near = None if fuse is None else getattr(fuse[0], "__self__", None)
-        if fuse is not None and (getattr(near, "binary", None) is None or
-                                 fuse[1] is not wrong or (gaps and not chi2)):
-            return None  # (kept rows with theta2 = inf: unit terms, NumPy's blocks)
+        near = None if moves is None else getattr(moves[0], "__self__", None)
+        if moves is not None and (getattr(near, "binary", None) is None or
+                                  moves[1] is not wrong):
+            return None
         if not zero_one_kernels.use_kernel(self.size):
+            return None
+        b, wv = (0.0, 0.0) if near is None else near.binary
+        return b, wv, PUSH, 256.0 * EPS
+
+    def _kernel_args(self, fuse, small: bool, gaps: bool, chi2: bool):
+        """``(mode, (b, wv, push, tiny))`` of the compiled window pass
+        (:func:`otstab_solvers.zero_one_kernels.window_block`), or None where it does not
+        serve (:meth:`compiled_moves`; and rows kept with theta2 = inf, whose terms are 1:
+        NumPy's blocks)."""
+        if fuse is not None and gaps and not chi2:
+            return None
+        moves = self.compiled_moves(fuse)
+        if moves is None:
             return None
         mode = zero_one_kernels.MODE_SMALL if small else (
             zero_one_kernels.MODE_CHI2 if chi2 else (
                 zero_one_kernels.MODE_GAP if gaps else zero_one_kernels.MODE_EXP))
-        b, wv = (0.0, 0.0) if near is None else near.binary
-        return mode, (b, wv, PUSH, 256.0 * EPS)
+        return mode, moves
 
     def _write_below(self, tau: float, size: int | None) -> np.ndarray | None:
         """The prices at most ``tau`` in row order, in an array of ``size`` (None: it is too

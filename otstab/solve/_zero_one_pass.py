@@ -271,18 +271,16 @@ def kernel_args(rp, h, fn, loss0, divergence, reduced):
     for this pass (``chi2, h, alpha, theta2, red, b, wv, push, tiny``), or None where the
     compiled block does not serve it: KL weights, other losses than the prices' own
     misclassified rows, moves other than the binary ones, or no kernel."""
-    kw = getattr(rp, "_kernel_args", None)
-    if kw is None or loss0 is not rp.wrong:
+    if loss0 is not rp.wrong:
         return None
     chi2 = divergence == "chi2" and hasattr(fn, "alpha") and hasattr(fn, "theta2")
     if not (chi2 or (divergence is None and
                      np.array_equal(fn(np.array([0.0, h, 2.0 * h])), np.ones(3)))):
         return None  # (KL, or weights other than chi2's and theta2 = inf's unit ones)
-    got = kw(None if reduced is None else (reduced, loss0), False, False, False,  # (its mode:
-             fn.theta2 if chi2 else math.inf)                                   # unused)
-    if got is None:
+    moves = rp.compiled_moves(None if reduced is None else (reduced, loss0))
+    if moves is None:
         return None
-    b, wv, push, tiny = got[1]
+    b, wv, push, tiny = moves
     alpha, theta2 = (float(fn.alpha), float(fn.theta2)) if chi2 else (0.0, 1.0)
     return (chi2, float(h), alpha, theta2, reduced is not None, b, wv, push, tiny)
 
