@@ -122,6 +122,23 @@ def test_dataframe_by_name_and_dask_labels(client):
         otstab.certify(fitted, ddf[["a", "b"]], ys, loss="hinge", r=0.9)
 
 
+@pytest.mark.parametrize("lengths", [(800,) * 5, (800,) * 4 + (795,)])
+@pytest.mark.parametrize("certify", [otstab.certify, dask_path.certify_distributed])
+def test_chunk_sizes_that_lie(client, lengths, certify):
+    """Chunk sizes are metadata that Dask does not validate (``to_dask_array(lengths=...)``):
+    the blocks hold 801, 801, 801, 801 and 796 rows. Rows, offsets and gathers follow the
+    blocks' own rows, so the certificate, its audit and any row gathered are NumPy's."""
+    Xd, X, model, y = _data(4000, 3, seed=5)
+    lying = dd.from_dask_array(Xd, columns=["a", "b", "c"]).to_dask_array(lengths=lengths)
+    assert lying.chunks[0] == lengths
+    res_np = otstab.certify(model, X, y, loss="zero_one", r=0.3)
+    res_dk = certify(model, lying, y, loss="zero_one", r=0.3)
+    _same(res_np, res_dk)
+    rows = np.array([0, 800, 801, 3203, 3204, 3999])
+    np.testing.assert_array_equal(res_dk.X[rows], X[rows])
+    np.testing.assert_allclose(np.asarray(res_dk.X_star), res_np.X_star, rtol=0, atol=1e-9)
+
+
 def test_features_and_curve_equal_numpy(client):
     Xd, X, model, y = _data(3000, 4, seed=9)
     fs_np = otstab.feature_stability(model, X, y, loss="hinge", r=0.8).to_frame()

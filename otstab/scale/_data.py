@@ -27,6 +27,7 @@ Dask is imported lazily (``pip install otstab[dask]``); this module sits in the 
 from __future__ import annotations
 
 import hashlib
+import logging
 
 import numpy as np
 
@@ -34,6 +35,8 @@ from ..errors import DataChangedError, InputTypeError, ValidationError
 
 __all__ = ["is_dask", "DaskRows", "DataChangedError", "prepare", "prepare_distributed",
            "qstar", "write_qstar", "read_parquet_dir", "block_fingerprint"]
+
+_log = logging.getLogger(__name__)
 
 
 def is_dask(obj) -> bool:
@@ -57,16 +60,44 @@ def block_fingerprint(block: np.ndarray) -> str:
     return hashlib.blake2b(np.ascontiguousarray(block).data, digest_size=16).hexdigest()
 
 
-def _score_block(block, W, b, start):
-    """Scores, fingerprint and first row with NaN/inf (-1: none; -2: finite X, scores not)
-    of one block starting at row ``start``."""
+def _score_block(block, W, b):
+    """Scores, fingerprint and first row with NaN/inf, counted within the block (-1: none;
+    -2: finite X, scores not) of one block."""
     block = np.asarray(block, dtype=np.float64)
     S = block @ W.T + b
     bad = -1
     if not np.all(np.isfinite(S)):
         rows = np.flatnonzero(~np.all(np.isfinite(block), axis=1))
-        bad = int(start + rows[0]) if rows.size else -2
+        bad = int(rows[0]) if rows.size else -2
     return S, block_fingerprint(block), bad
+
+
+def _raise_bad(bad, lengths):
+    """The ValidationError for the blocks' ``bad`` codes of :func:`_score_block` (blocks of
+    ``lengths`` rows), naming the first row with NaN or inf; nothing when all are -1."""
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    rows = [int(starts[k]) + r for k, r in enumerate(bad) if r >= 0]
+    if rows:
+        raise ValidationError(f"X contains NaN or inf (first in row {min(rows)})")
+    if any(r != -1 for r in bad):
+        raise ValidationError("the model's scores on X are not finite (overflow?)")
+
+
+def _true_rows(Xd, lengths):
+    """``Xd`` with the row counts its blocks were read with: a Dask array's chunk sizes are
+    metadata (``to_dask_array(lengths=...)`` does not validate them, nor can Dask for every
+    source), while the rows that offsets, gathers and labels are matched against must be the
+    blocks' own."""
+    _, da = _dask()
+    lengths = tuple(int(m) for m in lengths)
+    if lengths == tuple(int(c) for c in Xd.chunks[0]):
+        return Xd
+    _log.warning(
+        "X's chunk sizes %s did not match its blocks' rows %s; the blocks' are used",
+        Xd.chunks[0], lengths)
+    d = Xd.shape[1]
+    return da.concatenate([da.from_delayed(blk, (m, d), dtype=Xd.dtype)
+                           for blk, m in zip(Xd.to_delayed().ravel(), lengths)], axis=0)
 
 
 class DaskRows:
@@ -196,25 +227,21 @@ def prepare(X, W, b, names_expected=None):
     Xd, names = as_dask_matrix(X, names_expected)
     if Xd.shape[1] != W.shape[1]:
         raise ValidationError(f"X has {Xd.shape[1]} features but the model expects {W.shape[1]}")
-    starts = np.concatenate([[0], np.cumsum(Xd.chunks[0])])
-    blocks = Xd.to_delayed().ravel()
-    results = dask.compute(*[dask.delayed(_score_block)(blk, W, b, int(s))
-                             for blk, s in zip(blocks, starts)])
-    bad = [p[2] for p in results if p[2] != -1]
-    if bad:
-        first = min(x for x in bad if x >= 0) if any(x >= 0 for x in bad) else None
-        if first is not None:
-            raise ValidationError(f"X contains NaN or inf (first in row {first})")
-        raise ValidationError("the model's scores on X are not finite (overflow?)")
+    results = dask.compute(*[dask.delayed(_score_block)(blk, W, b)
+                             for blk in Xd.to_delayed().ravel()])
+    lengths = [p[0].shape[0] for p in results]
+    _raise_bad([p[2] for p in results], lengths)
+    Xd = _true_rows(Xd, lengths)
     S = np.concatenate([p[0] for p in results]) if results else np.empty((0, W.shape[0]))
     scores = S[:, 0] if W.shape[0] == 1 else S
     return DaskRows(Xd, [p[1] for p in results]), names, np.ascontiguousarray(scores)
 
 
-def _score_part(block, W, b, start):
-    """(scores of one block as a 1-D array, fingerprint, first bad row) for one-row ``W``."""
-    S, fp, bad = _score_block(block, W, b, start)
-    return S[:, 0], fp, bad
+def _score_part(block, W, b):
+    """(scores of one block as a 1-D array, fingerprint, first bad row within the block, its
+    number of rows) for one-row ``W``."""
+    S, fp, bad = _score_block(block, W, b)
+    return S[:, 0], fp, bad, S.shape[0]
 
 
 def _part(t, i):
@@ -265,17 +292,12 @@ def prepare_distributed(X, y, sample_weight, scorer, names_expected=None):
     Xd, names = as_dask_matrix(X, names_expected)
     if Xd.shape[1] != W.shape[1]:
         raise ValidationError(f"X has {Xd.shape[1]} features but the model expects {W.shape[1]}")
-    chunks = Xd.chunks[0]
-    starts = np.concatenate([[0], np.cumsum(chunks)])
-    parts = dask.persist(*[dask.delayed(_score_part)(blk, W, b, int(s))
-                           for blk, s in zip(Xd.to_delayed().ravel(), starts)])
-    meta = dask.compute(*[dask.delayed(_part)(p, slice(1, 3)) for p in parts])
-    bad = [m[1] for m in meta if m[1] != -1]
-    if bad:
-        rows = [x for x in bad if x >= 0]
-        if rows:
-            raise ValidationError(f"X contains NaN or inf (first in row {min(rows)})")
-        raise ValidationError("the model's scores on X are not finite (overflow?)")
+    parts = dask.persist(*[dask.delayed(_score_part)(blk, W, b)
+                           for blk in Xd.to_delayed().ravel()])
+    meta = dask.compute(*[dask.delayed(_part)(p, slice(1, 4)) for p in parts])
+    chunks = [m[2] for m in meta]
+    _raise_bad([m[1] for m in meta], chunks)
+    Xd = _true_rows(Xd, chunks)
     scores = da.concatenate([da.from_delayed(dask.delayed(_part)(p, 0), (m,), dtype=np.float64)
                              for p, m in zip(parts, chunks)]).persist()
     labels = _aligned(y, Xd, "y").map_blocks(_encode_block, scorer.task, scorer.classes,
