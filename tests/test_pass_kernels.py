@@ -13,6 +13,8 @@ import pytest
 
 pytest.importorskip("numba")
 
+from otstab_solvers import sorted_kernels as SK  # noqa: E402
+
 from otstab.modeling import _fingerprint as F  # noqa: E402
 from otstab.modeling import _pass_kernels as PK  # noqa: E402
 from otstab.modeling._models import LinearScorer  # noqa: E402
@@ -217,6 +219,36 @@ def test_logistic_stats_compiled(kernel, monkeypatch, weighted, ties):
     top = losses.max() if p is None else losses[p > 0].max()
     assert got[0] == pytest.approx(exact, rel=1e-14)
     assert got[1] == top
+
+
+@pytest.mark.parametrize("n", [1, 2047, 2048, 2049, 4096 * 3 + 5])
+def test_stats_on_two_threads_equal_one_thread_bit_for_bit(kernel, monkeypatch, n):
+    """The stats passes run as two halves split at a chunk boundary; each chunk's sum is
+    kept and the chunks added in order, so two threads and one give the same bits (and the
+    chunk sums in order are the total); the largest loss and the smallest margin are found
+    in either half."""
+    import math
+
+    rng = np.random.default_rng(n)
+    s = rng.standard_normal(n) * 3
+    y = np.where(rng.random(n) > 0.5, 1, -1).astype(np.int8)
+    s[-1], y[-1] = 50.0, -1  # the largest loss and smallest margin in the last row
+    p = rng.random(n) * (rng.random(n) > 0.3)
+    p /= max(p.sum(), 1e-300)
+    calls = [lambda q: PK.loss_stats(s, y, "margin", (-1.0, 0.0), (1.0, 0.0), q),
+             lambda q: PK.loss_stats(s, y, "zero_one", None, None, q),
+             lambda q: PK.loss_stats(s, y.astype(np.float64), "residual", (0.3, -0.7),
+                                     (0.0, 0.0), q),
+             lambda q: PK.logistic_stats(s, y, q)[0]]
+    two = [f(q) for f in calls for q in (None, p)]
+    monkeypatch.setattr(SK, "_two_cpus", lambda: False)
+    one = [f(q) for f in calls for q in (None, p)]
+    assert repr(two) == repr(one)
+    hinge = np.maximum(1.0 - y * s, 0.0)
+    assert two[0][0] == pytest.approx(math.fsum(hinge), rel=1e-13)
+    assert two[0][1] == hinge.max() == 51.0
+    zo = ((s > 0) != (y > 0)).astype(float)
+    assert two[3][0] == pytest.approx(math.fsum(p * zo), rel=1e-13, abs=1e-300)
 
 
 def test_a_failing_numba_leaves_the_numpy_pass(monkeypatch, caplog):

@@ -29,8 +29,10 @@ Also here, from the scores the pass wrote: the base risk and the largest loss
 (:func:`loss_stats`: piecewise-linear and binary 0/1 losses, the same loss values as
 :mod:`otstab.modeling._losses` bit for bit; :func:`logistic_stats`: the logistic loss's sum
 with the exp and log1p of the logistic pass, and the rows at the smallest margin, where the
-caller takes the largest loss from the loss itself), each chunk's losses written first and
-reduced in a separate loop (vectorised).
+caller takes the largest loss from the loss itself), each chunk's losses written first (one
+branch-free loop per kind of loss) and reduced in a separate loop (vectorised). The stats run
+as two halves of the rows on two threads where there are two CPUs, each chunk's sum kept and
+the chunks added in order: the same bits on one thread or two.
 
 Compiled on first use for at least :data:`KERNEL_MIN_ROWS` rows (or loaded from numba's
 cache on disk: the first large certificate of a process pays that once); without numba, or
@@ -78,7 +80,8 @@ def _load() -> None:
                            ("_rows", _rows_py, False), ("_cols", _cols_py, False),
                            ("_reduce", _reduce_py, {"reassoc", "nnan", "nsz"}),
                            ("_low", _low_py, {"reassoc", "nnan", "nsz"}),
-                           ("_stats", _stats_py, False), ("_exp_chunk", _exp_chunk_py, None),
+                           ("_stats", _stats_py, False), ("_in_order", _in_order_py, False),
+                           ("_exp_chunk", _exp_chunk_py, None),
                            ("_log1p_unit", _log1p_unit_py, None),
                            ("_logit_stats", _logit_stats_py, False),
                            ("_below", _below_py, False)):
@@ -210,28 +213,44 @@ def cols_pass(X, W, b, v, u, out, g, lo: int, hi: int, store: bool = True) -> No
 STATS_CHUNK = 2048
 
 
-def _stats_py(s, y, kind, a, c, p, weighted):  # pragma: no cover - compiled
-    n = s.size
+def _stats_py(s, y, kind, a, c, p, weighted, lo, hi, parts):  # pragma: no cover - compiled
+    """Rows ``lo:hi`` (``lo`` a multiple of STATS_CHUNK): each chunk's sum of (weighted)
+    losses into ``parts[chunk]``; returns the largest loss (over p > 0)."""
     K = a.size
     lb = np.empty(STATS_CHUNK)
-    total = 0.0
     top = -np.inf
-    for c0 in range(0, n, STATS_CHUNK):
-        kk = min(STATS_CHUNK, n - c0)
-        for j in range(kk):  # (no reduction here: vectorised)
-            i = c0 + j
-            if kind == 2:  # 0/1: 1[(s > 0) != (y > 0)]
-                lb[j] = 1.0 if (s[i] > 0.0) != (y[i] > 0) else 0.0
-            else:
-                u = y[i] * s[i] if kind == 0 else y[i] - s[i]
+    for c0 in range(lo, hi, STATS_CHUNK):
+        kk = min(STATS_CHUNK, hi - c0)
+        # (one loop per kind, each without branches: vectorised)
+        if kind == 2:  # 0/1: 1[(s > 0) != (y > 0)]
+            for j in range(kk):
+                lb[j] = np.float64((s[c0 + j] > 0.0) != (y[c0 + j] > 0))
+        elif kind == 0:
+            for j in range(kk):
+                u = y[c0 + j] * s[c0 + j]
+                loss = a[0] * u + c[0]
+                for k in range(1, K):
+                    loss = max(loss, a[k] * u + c[k])
+                lb[j] = loss
+        else:
+            for j in range(kk):
+                u = y[c0 + j] - s[c0 + j]
                 loss = a[0] * u + c[0]
                 for k in range(1, K):
                     loss = max(loss, a[k] * u + c[k])
                 lb[j] = loss
         part, high = _reduce(lb, p, c0, kk, weighted)
-        total += part
+        parts[c0 // STATS_CHUNK] = part
         top = max(top, high)
-    return total, top
+    return top
+
+
+def _in_order_py(parts):  # pragma: no cover - compiled
+    """``parts[0] + parts[1] + ...`` from 0.0, in order (no reassociation)."""
+    total = 0.0
+    for j in range(parts.size):
+        total += parts[j]
+    return total
 
 
 def _reduce_py(lb, p, c0, kk, weighted):  # pragma: no cover - compiled
@@ -281,8 +300,8 @@ def loss_stats(scores, y, on: str, slopes, intercepts,
     c = np.asarray(intercepts if kind != 2 else (0.0,), dtype=np.float64)
     weighted = p is not None
     pv = np.asarray(p, dtype=np.float64) if weighted else np.empty(0)
-    total, top = _COMPILED["_stats"](scores, y, kind, a, c, pv, weighted)
-    return float(total), float(top)
+    total, tops = _by_halves("_stats", scores.size, scores, y, kind, a, c, pv, weighted)
+    return float(total), float(max(tops))
 
 
 #: the exp and log1p of the logistic pass (otstab_solvers.logistic_kernels: within an ulp or
@@ -296,16 +315,16 @@ _log1p_unit = _log1p_unit_py
 TOP_ROWS = 4096
 
 
-def _logit_stats_py(s, y, p, weighted):  # pragma: no cover - compiled
-    n = s.size
+def _logit_stats_py(s, y, p, weighted, lo, hi, parts):  # pragma: no cover - compiled
+    """Rows ``lo:hi``: each chunk's (weighted) sum of losses into ``parts[chunk]``; returns
+    the smallest margin (over p > 0)."""
     mb = np.empty(STATS_CHUNK)
     xb = np.empty(STATS_CHUNK)
     eb = np.empty(STATS_CHUNK)
     scb = np.empty(STATS_CHUNK)
-    total = 0.0
     low = np.inf
-    for c0 in range(0, n, STATS_CHUNK):
-        kk = min(STATS_CHUNK, n - c0)
+    for c0 in range(lo, hi, STATS_CHUNK):
+        kk = min(STATS_CHUNK, hi - c0)
         for j in range(kk):
             m = y[c0 + j] * s[c0 + j]
             mb[j] = m
@@ -313,9 +332,25 @@ def _logit_stats_py(s, y, p, weighted):  # pragma: no cover - compiled
         _exp_chunk(xb, eb, scb, kk)
         for j in range(kk):  # (no reduction here: vectorised)
             eb[j] = max(-mb[j], 0.0) + _log1p_unit(eb[j])
-        total += _reduce(eb, p, c0, kk, weighted)[0]
+        parts[c0 // STATS_CHUNK] = _reduce(eb, p, c0, kk, weighted)[0]
         low = min(low, _low(mb, p, c0, kk, weighted))
-    return total, low
+    return low
+
+
+def _by_halves(name, n, *args):
+    """``(total, (r1, r2))`` of the chunked kernel ``name`` over rows ``0:n`` as two halves
+    split at a chunk boundary (on two threads where there are two CPUs:
+    :func:`otstab_solvers.sorted_kernels.pair`): the chunks' sums added in order, so that
+    one thread and two give the same bits."""
+    kern = _COMPILED[name]
+    parts = np.empty(-(-n // STATS_CHUNK))
+    h = (parts.size // 2) * STATS_CHUNK
+    if h == 0:
+        r = kern(*args, 0, n, parts)
+        both = (r, r)
+    else:
+        both = _sk.pair(lambda: kern(*args, 0, h, parts), lambda: kern(*args, h, n, parts))
+    return _COMPILED["_in_order"](parts), both
 
 
 def _below_py(s, y, p, weighted, thr, out):  # pragma: no cover - compiled
@@ -338,7 +373,8 @@ def logistic_stats(scores, y, p=None) -> tuple[float, np.ndarray | None]:
     loss over every row)."""
     weighted = p is not None
     pv = np.asarray(p, dtype=np.float64) if weighted else np.empty(0)
-    total, low = _COMPILED["_logit_stats"](scores, y, pv, weighted)
+    total, lows = _by_halves("_logit_stats", scores.size, scores, y, pv, weighted)
+    low = min(lows)
     thr = low + 1e-9 * abs(low) + 1e-300
     out = np.empty(TOP_ROWS, dtype=np.intp)
     k = _COMPILED["_below"](scores, y, pv, weighted, thr, out)
