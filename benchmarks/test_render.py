@@ -46,3 +46,33 @@ def test_published_doc_is_generated(tmp_path):
         "docs/benchmarks.md differs from what benchmarks/render.py makes of "
         "benchmarks/results/full.json: regenerate it with "
         "`python benchmarks/render.py benchmarks/results/full.json`")
+
+
+def test_grid_table_keeps_the_largest_n(tmp_path):
+    """A grid run without ``-m full`` records the quick size as well: the rendered section is
+    the same as for the large size alone (its n, its points, one feature_stability line)."""
+    import copy
+    import json
+
+    import render
+
+    if not os.path.exists(render.GRID_JSON):
+        pytest.skip("benchmarks/results/grid_1e6.json not present")
+    with open(render.GRID_JSON) as fh:
+        data = json.load(fh)
+    small = []
+    for b in data["benchmarks"]:
+        info = b.get("extra_info", {})
+        if info.get("suite") == "grid" and "n" in info:
+            c = copy.deepcopy(b)
+            c["extra_info"]["n"] = 300_000
+            c["stats"]["min"] = b["stats"]["min"] * (0.1 if info.get("role") == "baseline"
+                                                     else 3.0)
+            small.append(c)
+    assert small
+    mixed = dict(data, benchmarks=[x for pair in zip(small, data["benchmarks"])
+                                   for x in pair])
+    path = tmp_path / "grid_mixed.json"
+    path.write_text(json.dumps(mixed))
+    assert render.section_grid(str(path)) == render.section_grid(render.GRID_JSON)
+    assert len(render.grid_points(mixed)) == len(render.grid_points(data))
