@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
+from otstab_solvers.weights import ScaledWeights
 
 __all__ = ["ResultMixin", "FrameResult", "jsonable", "brief", "REPR_LIMIT"]
 
@@ -36,6 +37,8 @@ def jsonable(obj: Any, *, strict: bool = False) -> Any:
         return [jsonable(rec, strict=strict) for rec in obj.to_dict(orient="records")]
     if isinstance(obj, pd.Series):
         return jsonable(obj.tolist(), strict=strict)
+    if isinstance(obj, ScaledWeights):  # (sample probabilities read from the weights)
+        obj = obj.array()
     if isinstance(obj, np.ndarray):
         return jsonable(obj.tolist(), strict=strict)
     if isinstance(obj, (np.bool_, bool)):
@@ -64,6 +67,8 @@ def brief(value: Any, width: int = 60) -> str:
         return str(int(value))
     if isinstance(value, (float, np.floating)):
         return f"{float(value):.6g}"
+    if isinstance(value, ScaledWeights):
+        return f"<array {value.size} float64>"
     if isinstance(value, np.ndarray):
         if value.size == 1:
             return brief(value.reshape(-1)[0].item(), width)

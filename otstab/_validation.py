@@ -13,6 +13,7 @@ from numbers import Integral, Real
 
 import numpy as np
 import pandas as pd
+from otstab_solvers.weights import ScaledWeights
 
 from .errors import InputTypeError, ValidationError
 
@@ -238,18 +239,23 @@ def as_float_vector(v, name: str, *, finite: bool = True, nonnegative: bool = Fa
     return arr
 
 
-def as_sample_weight(v, n: int, name: str = "sample_weight") -> np.ndarray | None:
-    """Survey weights as probabilities: a float64 1-D copy of length ``n``, finite,
-    nonnegative, not all zero, normalised to sum 1 (None when absent or all equal: the
-    unweighted problem). Booleans and text are
-    refused (a boolean mask is not a weight: select the rows instead)."""
+def as_sample_weight(v, n: int, name: str = "sample_weight") -> ScaledWeights | None:
+    """Survey weights as probabilities ``p = w / sum(w)``: length ``n``, finite, nonnegative,
+    not all zero (None when absent or all equal: the unweighted problem). Booleans and text
+    are refused (a boolean mask is not a weight: select the rows instead).
+
+    A :class:`~otstab_solvers.weights.ScaledWeights`: the caller's contiguous float64 array
+    is read through a read-only view, not copied (``p[rows]`` is ``w[rows] / sum(w)``, the
+    same bits as the n-vector ``w / sum(w)``; ``owned`` False: its caller fingerprints it);
+    other input (integers, a list, a strided view) is converted into an array of its own,
+    normalised in place (``owned``)."""
     if v is None:
         return None
     raw = v.to_numpy() if isinstance(v, (pd.Series, pd.DataFrame)) else v
     if np.asarray(raw).dtype.kind == "b":
         raise ValidationError(f"{name} must hold numbers, got booleans (to keep some rows, "
                               "select them instead)")
-    # (no copy: only read here; the probabilities returned are a new array)
+    # (no copy: only read here)
     arr = as_float_vector(raw, name, nonnegative=True, copy=False)
     if arr.size != n:
         raise ValidationError(f"{name} has {arr.size} entries but X has {n} rows")
@@ -260,7 +266,14 @@ def as_sample_weight(v, n: int, name: str = "sample_weight") -> np.ndarray | Non
         raise ValidationError(f"{name} sums to {total} (overflow); rescale the weights")
     if np.all(arr == arr[0]):
         return None  # uniform: the unweighted problem (bit-identical results)
-    return arr / total
+    callers = isinstance(raw, np.ndarray) and np.may_share_memory(arr, raw)
+    if callers and arr.flags.c_contiguous:
+        view = arr.view()
+        view.setflags(write=False)
+        return ScaledWeights(view, total)
+    own = np.array(arr, dtype=np.float64, order="C") if callers else arr
+    own /= total  # (the same bits as arr / total)
+    return ScaledWeights(own, 1.0, owned=True)
 
 
 def as_bool_vector(v, name: str) -> np.ndarray:

@@ -7,8 +7,9 @@ caller supplies ``run(func, *args)``, which applies ``func(block, *args)`` to ev
 wherever the blocks live (a Dask cluster, a loop over arrays) and returns the list of results.
 A *block* is an oracle for its rows (``evaluate(h, side=, with_pieces=True)`` and
 ``crossings``, as :class:`~otstab_solvers.dual.PiecewiseOracle`) with an attribute ``p``: the
-rows' probabilities, or None for uniform rows. Only O(1) numbers per block come back per
-evaluation:
+rows' probabilities, or None for uniform rows (:func:`rows_of`: read from a
+:class:`~otstab_solvers.weights.ScaledWeights` at each evaluation, so that the blocks hold no
+n-vector of them). Only O(1) numbers per block come back per evaluation:
 
 - theta2 = inf: ``sum p l_h``, ``sum p dl``, ``sum p d2l``;
 - KL: per block the largest ``l_h / theta2`` (``M_b``) and the sums of ``p e``, ``p e dl``,
@@ -34,20 +35,49 @@ This module imports neither otstab nor Dask.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 
 from .dual import AffineOracle, AffineRows, PiecewiseOracle
 from .weights import BLOCK as WEIGHT_BLOCK
-from .weights import WeightMap, kl_weight_map_blocks
+from .weights import ScaledWeights, WeightMap, kl_weight_map_blocks
 from .zero_one import DistanceOracle
 
 __all__ = ["BlockwiseDual", "RowsBlock", "piecewise_block", "affine_blocks", "distance_block",
-           "block_l", "in_memory", "weight_map_blocks", "CHI2_MAX_STEPS"]
+           "price_block",
+           "block_l", "in_memory", "weight_map_blocks", "rows_of", "CHI2_MAX_STEPS"]
 
 #: bound on chi2's active-set steps per evaluation (each is one pass over the blocks)
 CHI2_MAX_STEPS = 200
+
+
+class _Rows:
+    """Rows ``s..e`` of a :class:`~otstab_solvers.weights.ScaledWeights`, read when a block
+    is evaluated (:func:`probs`)."""
+
+    __slots__ = ("src", "s", "e")
+
+    def __init__(self, src: ScaledWeights, s: int, e: int):
+        self.src, self.s, self.e = src, s, e
+
+
+def rows_of(p, s: int, e: int):
+    """A block's ``p`` for rows ``s..e`` of the probabilities ``p`` (None: uniform): a view of
+    an array; of a :class:`~otstab_solvers.weights.ScaledWeights`, a reference read at each
+    evaluation (:func:`probs`: ``w[s:e] / total``, no n-vector kept across blocks)."""
+    if p is None:
+        return None
+    if isinstance(p, ScaledWeights):
+        return _Rows(p, s, e)
+    return p[s:e]
+
+
+def probs(block):
+    """The probabilities of a block's rows (None: uniform), once per evaluation."""
+    p = block.p
+    return p.src[p.s:p.e] if isinstance(p, _Rows) else p
 
 
 def piecewise_block(c1, c2, c1abs: float, p=None) -> PiecewiseOracle:
@@ -68,7 +98,7 @@ def affine_blocks(rows: AffineRows, c2, c1abs: float, p=None, size: int = 1 << 1
         e = min(s + size, rows.n)
         block = AffineOracle(AffineRows(rows.s[s:e], rows.y[s:e], rows.kind, rows.a, rows.b),
                              c2, c1abs=c1abs)
-        block.p = None if p is None else p[s:e]
+        block.p = rows_of(p, s, e)
         out.append(block)
     return out
 
@@ -86,6 +116,58 @@ class _DistanceBlock(DistanceOracle):
 def distance_block(a, p=None) -> DistanceOracle:
     """The 0/1 block oracle ``l_h = (h - a_i)_+`` for one block's rows (no sort)."""
     return _DistanceBlock(a, p)
+
+
+class _PriceBlock(DistanceOracle):
+    """:class:`DistanceOracle` of rows ``s..e`` of prices read at each evaluation."""
+
+    def __init__(self, prices, s: int, e: int, p=None):
+        self.prices, self.s, self.e = prices, s, e
+        self.n = e - s
+        self.prefix = None  # type: ignore[assignment]  # (no sorted view)
+        self.p = rows_of(p, s, e)
+
+    @property
+    def a(self) -> np.ndarray:  # type: ignore[override]
+        return np.asarray(self.prices[self.s:self.e], dtype=np.float64)
+
+    def evaluate(self, h, *, side="right", with_pieces=False):
+        """``(l_h, dl, d2l[, None])``: the pieces are not built (:meth:`kinks_in` finds the
+        kinks; the block sums read none); ``d2l`` is 0, one read-only array per size."""
+        a = self.a
+        lh = np.maximum(h - a, 0.0)
+        k = a < h
+        if side == "right":
+            k |= a == h
+        d1 = k.astype(np.float64)
+        d2 = _zeros(a.size)
+        return (lh, d1, d2, None) if with_pieces else (lh, d1, d2)
+
+    def kinks_in(self, h_lo, side_lo, h_hi, side_hi):
+        """:func:`block_kinks` from one read of the prices (the crossings of ``(h - a_i)_+``
+        are the prices themselves: the numbers ``evaluate`` and ``crossings`` give)."""
+        a = self.a
+        k_lo = (h_lo > a) | ((h_lo == a) & (side_lo == "right"))
+        k_hi = (h_hi > a) | ((h_hi == a) & (side_hi == "right"))
+        hc = a[k_lo != k_hi]
+        hc = hc[np.isfinite(hc) & (hc > h_lo) & (hc < h_hi)]
+        if not hc.size:
+            return 0, math.inf, -math.inf
+        return int(hc.size), float(hc.min()), float(hc.max())
+
+
+@functools.lru_cache(maxsize=4)
+def _zeros(size: int) -> np.ndarray:
+    out = np.zeros(size)
+    out.setflags(write=False)
+    return out
+
+
+def price_block(prices, s: int, e: int, p=None) -> DistanceOracle:
+    """The 0/1 block oracle ``l_h = (h - a_i)_+`` of rows ``s..e`` of ``prices``: an array,
+    or any object whose slices compute them (prices from a model's scores), read at each
+    evaluation, as the probabilities ``p`` (:func:`rows_of`): the blocks hold no n-vector."""
+    return _PriceBlock(prices, s, e, p)
 
 
 class RowsBlock:
@@ -148,20 +230,20 @@ def weight_map_blocks(values, n: int, theta2: float, divergence: str, p=None,
             wm = WeightMap("chi2", theta2, 0.0, 1.0, 0.0, wm.term, p is not None)
         return wm
     size = WEIGHT_BLOCK
-    blocks = [_ValuesBlock(values, s, min(s + size, n), None if p is None else p[s:s + size])
+    blocks = [_ValuesBlock(values, s, min(s + size, n), rows_of(p, s, min(s + size, n)))
               for s in range(0, n, size)]
     dual = BlockwiseDual(in_memory(blocks), n, float(n) if p is None else 1.0, kinks=False)
     term, _, _, alpha, shift, alpha_s = dual.chi2(0.0, "right", theta2, start=alpha)
     return WeightMap("chi2", theta2, shift, alpha_s, alpha, term, p is not None)
 
 
-def _pw(block, x):
-    """sum_i p_i x_i over a block (plain sum for uniform rows)."""
-    return float(np.sum(x)) if block.p is None else float(np.dot(block.p, x))
+def _pw(p, x):
+    """sum_i p_i x_i over a block (plain sum for uniform rows, ``p`` None)."""
+    return float(np.sum(x)) if p is None else float(np.dot(p, x))
 
 
-def _live(block):
-    return None if block.p is None else block.p > 0
+def _live(p):
+    return None if p is None else p > 0
 
 
 def block_l(block, h: float, side: str):
@@ -173,28 +255,30 @@ def block_top(block, h, side):
     """(largest l_h over the rows of positive probability or -inf, sum p, sum p l_h, sum p dl,
     sum p d2l, number of such rows)."""
     lh, d1, d2, _ = block_l(block, h, side)
-    live = _live(block)
+    p = probs(block)
+    live = _live(p)
     lv = lh if live is None else lh[live]
     top = float(lv.max()) if lv.size else -math.inf
-    mass = float(lh.size) if block.p is None else float(np.sum(block.p))
-    return top, mass, _pw(block, lh), _pw(block, d1), _pw(block, d2), int(lv.size)
+    mass = float(lh.size) if p is None else float(np.sum(p))
+    return top, mass, _pw(p, lh), _pw(p, d1), _pw(p, d2), int(lv.size)
 
 
 def block_kl(block, h, side, theta2):
     """KL partial sums of a block (see the module docstring)."""
     lh, d1, d2, _ = block_l(block, h, side)
     a = lh / theta2
-    live = _live(block)
+    p = probs(block)
+    live = _live(p)
     av = a if live is None else a[live]
     if not av.size:
         return -math.inf, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
     m = float(av.max())
     x = np.clip(a - m, -700.0, 0.0)  # rows of zero probability above the top are capped
     e = np.exp(x)
-    pe = e if block.p is None else block.p * e
-    mass = float(lh.size) if block.p is None else float(np.sum(block.p))
+    pe = e if p is None else p * e
+    mass = float(lh.size) if p is None else float(np.sum(p))
     return (m, float(np.sum(pe)), float(np.dot(pe, d1)), float(np.dot(pe, d1 * d1)),
-            float(np.dot(pe, d2)), _pw(block, np.expm1(x)), mass)
+            float(np.dot(pe, d2)), _pw(p, np.expm1(x)), mass)
 
 
 def block_chi2_active(block, h, side, theta2, shift, alpha):
@@ -203,13 +287,14 @@ def block_chi2_active(block, h, side, theta2, shift, alpha):
     lh = block_l(block, h, side)[0]
     ls = lh - shift
     act = ls + alpha > -2.0 * theta2
-    live = _live(block)
+    p = probs(block)
+    live = _live(p)
     if live is not None:
         act &= live
     k = int(np.count_nonzero(act))
-    if block.p is None:
+    if p is None:
         return k, float(k), float(np.dot(ls, act))
-    pa = np.where(act, block.p, 0.0)
+    pa = np.where(act, p, 0.0)
     return k, float(np.sum(pa)), float(np.dot(pa, ls))
 
 
@@ -222,13 +307,13 @@ def block_chi2(block, h, side, theta2, shift, alpha):
     ls = lh - shift
     s = ls + alpha
     act = s > -2.0 * theta2
-    live = _live(block)
+    p = probs(block)
+    live = _live(p)
     if live is not None:
         act &= live
     k = int(np.count_nonzero(act))
     if k < act.size:  # the inactive rows count as zeros (a select, cheaper than a gather)
         s, d1, d2, ls = (np.where(act, x, 0.0) for x in (s, d1, d2, ls))
-    p = block.p
     w = s / (2.0 * theta2)
     w += act  # s / (2 theta2) + 1 on the active rows, 0 elsewhere
     pw = w if p is None else p * w
@@ -246,6 +331,9 @@ def block_chi2(block, h, side, theta2, shift, alpha):
 def block_kinks(block, h_lo, side_lo, h_hi, side_hi):
     """(count, smallest, largest) crossing strictly inside ``(h_lo, h_hi)`` of the rows whose
     piece differs at the two ends."""
+    own = getattr(block, "kinks_in", None)  # (a block that finds them from one read of its rows)
+    if own is not None:
+        return own(h_lo, side_lo, h_hi, side_hi)
     kept = getattr(block, "pieces_at", None)  # (a block that keeps its last pieces)
     if kept is not None:
         k_lo, k_hi = kept(h_lo, side_lo), kept(h_hi, side_hi)

@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+from numpy.lib.mixins import NDArrayOperatorsMixin
 
 __all__ = [
+    "ScaledWeights",
+    "dense",
     "pmean",
     "support_max",
     "weights_at",
@@ -38,17 +42,106 @@ __all__ = [
 ]
 
 
+class ScaledWeights(NDArrayOperatorsMixin):
+    """Sample probabilities ``p_i = w_i / total`` read from the weights ``w`` where they are
+    needed: ``p[key]`` is ``w[key] / total`` (a slice, rows or a mask; the same bits as the
+    n-vector ``w / total`` holds there), so that the solvers' passes over blocks of rows hold
+    no n-vector of probabilities. ``array()``: the n-vector itself, built on first call and
+    kept. Any other NumPy use (``np.asarray(p)``, ``p @ x``, ``p > 0``) reads that n-vector:
+    the values are always right; the paths that keep memory low slice instead.
+    ``w``: float64, 1-D; ``owned``: ``w`` is this object's own (else the caller's, read
+    through a view), so that with ``total = 1.0`` it is the n-vector itself."""
+
+    __hash__ = object.__hash__  # (the operators compare elementwise; identity hashes)
+
+    def __init__(self, w: np.ndarray, total: float, *, owned: bool = False):
+        self.w, self.total, self.owned = w, float(total), owned
+        self._array: np.ndarray | None = None
+        #: ``check(what)``, called before the n-vector is built (e.g. a check that the
+        #: caller's ``w`` did not change since it was read; ``what``: the reading)
+        self.check: Any = None
+
+    @property
+    def size(self) -> int:
+        return int(self.w.size)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.w.shape
+
+    ndim = 1
+    dtype = np.dtype(np.float64)
+
+    def __len__(self) -> int:
+        return int(self.w.size)
+
+    def __iter__(self):
+        return iter(self.array())
+
+    def __getitem__(self, key):
+        if self._array is not None:
+            return self._array[key]
+        return self.w[key] / self.total
+
+    def unchanged(self, what: str) -> None:
+        """Run ``check(what)`` unless the n-vector is built (it holds the values read)."""
+        if self._array is None and self.check is not None:
+            self.check(what)
+
+    def array(self) -> np.ndarray:
+        """``w / total``: the probabilities as an n-vector (built once; read-only)."""
+        if self._array is None:
+            if self.check is not None:
+                self.check("the sample probabilities")
+            out = self.w if self.owned and self.total == 1.0 else self.w / self.total
+            out.setflags(write=False)
+            self._array = out
+        return self._array
+
+    def __array__(self, dtype=None, copy=None):
+        out = self.array()
+        out = out if dtype is None else out.astype(dtype, copy=False)
+        return out.copy() if copy and out is self._array else out
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        inputs = tuple(x.array() if isinstance(x, ScaledWeights) else x for x in inputs)
+        return getattr(ufunc, method)(*inputs, **kwargs)
+
+    def __getattr__(self, name):  # sum, max, copy, astype, ...: those of the n-vector
+        if name.startswith("_") or name in ("w", "total", "owned", "check"):
+            raise AttributeError(name)  # (private probes, e.g. pandas', build nothing)
+        return getattr(self.array(), name)
+
+    def __reduce__(self):  # pickled as the probabilities
+        return (_unpickle, (self.array(),))
+
+    def __repr__(self) -> str:
+        return f"ScaledWeights(n={self.size}, total={self.total:.6g})"
+
+
+def _unpickle(p):
+    return ScaledWeights(p, 1.0, owned=True)
+
+
+def dense(p):
+    """``p`` as an n-vector of probabilities (None stays None): the n-vector of a
+    :class:`ScaledWeights`, an array as it is."""
+    return p.array() if isinstance(p, ScaledWeights) else p
+
+
 #: rows per block of :func:`pmean` over a non-float array (the cast of each block)
 PMEAN_BLOCK = 1 << 15
 
 
 def pmean(x: np.ndarray, p: np.ndarray | None = None) -> float:
     """mean(x), or sum_i p_i x_i with probabilities ``p`` (over blocks of rows when ``x``
-    is not float64, e.g. booleans: ``np.dot`` would cast all of it to one float copy)."""
+    is not float64, e.g. booleans: ``np.dot`` would cast all of it to one float copy; and
+    when ``p`` is a :class:`ScaledWeights`, read by slices)."""
     if p is None:
         return float(np.mean(x))
     x = np.asarray(x)
-    if x.dtype == np.float64 or x.ndim != 1 or x.size <= PMEAN_BLOCK:
+    if x.ndim != 1 or (not isinstance(p, ScaledWeights) and (x.dtype == np.float64 or
+                                                             x.size <= PMEAN_BLOCK)):
         return float(np.dot(p, x))
     return sum((float(np.dot(p[s:s + PMEAN_BLOCK], x[s:s + PMEAN_BLOCK]))
                 for s in range(0, x.size, PMEAN_BLOCK)), 0.0)

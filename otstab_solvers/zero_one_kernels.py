@@ -13,7 +13,9 @@ n = 1e6 on two threads). Here each block is one compiled call:
   exponential terms times the audit's moves: ``otstab.solve._zero_one_pass.below_block``);
 * :func:`near_block`: the moved-rows pass (``otstab.solve._zero_one_pass._block``) for unit
   weights (theta2 = inf) and chi2's: the candidates ``a_i <= h (1 + tol)``, the tied ones
-  among them, the sums of their weights, phi, and the audit's moves of the rows below h.
+  among them, the sums of their weights, phi, and the audit's moves of the rows below h;
+* :func:`price_rows`: the prices of a block of rows alone (the weighted dual's blocks read
+  them at every evaluation).
 
 Every row's price, weight, term and move is computed with the operations of the NumPy block,
 in the same order (the same bits; the exponential terms with
@@ -35,7 +37,7 @@ import numpy as np
 from . import sorted_kernels
 
 __all__ = ["USE_KERNEL", "MODE_SMALL", "MODE_EXP", "MODE_GAP", "MODE_CHI2", "N_OUT",
-           "N_NEAR", "use_kernel", "load", "window_block", "near_block"]
+           "N_NEAR", "use_kernel", "load", "window_block", "near_block", "price_rows"]
 
 #: use the compiled passes (False: NumPy's blocks; set to compare the two)
 USE_KERNEL = sorted_kernels.HAVE_NUMBA
@@ -355,6 +357,24 @@ def _kernel(fn):
         _FASTMATH, error_model="numpy")
 
 
+def _price_rows_py(S, y, wrong, i, j, nw, theta1, out):  # pragma: no cover - compiled
+    """The prices of rows ``i:j`` into ``out`` (as :func:`_prices`)."""
+    for r in range(i, j):
+        m = y[r] * S[r]
+        d = m if not m <= 0.0 else 0.0
+        d = 0.0 if (d > 0.0) & wrong[r] else d
+        d = d * d
+        d = d / nw
+        out[r - i] = d * theta1
+
+
+def price_rows(S, y, wrong, i: int, j: int, nw: float, theta1: float, out) -> None:
+    """The move prices ``theta1 max(y s, 0)^2 / nw`` (0 where ``wrong``) of rows ``i:j``
+    into ``out`` (``nw > 0``, ``theta1`` finite): one compiled loop, the operations of the
+    NumPy block in the same order (the same bits)."""
+    _kernel(_price_rows_py)(S, y, wrong, int(i), int(j), float(nw), float(theta1), out)
+
+
 def window_block(S, y, wrong, i: int, j: int, nw: float, theta1: float, lo: float,
                  fin_hi: float, mode: int, theta2: float, fuse: bool, b: float, wv: float,
                  push: float, tiny: float, kb, win_a, win_rows, out) -> None:
@@ -391,3 +411,4 @@ def load() -> None:
                          1.0, 1e-9, 1e-13, kb, np.empty(4), rows, out)
             near_block(S, y, wrong, 0, 4, 1.0, 1.0, 1.0, 1.0, True, 1.0, 0.0, 1.0, True, 0.0,
                        1.0, 1e-9, 1e-13, kb, np.empty(4, dtype=np.intp), np.empty(N_NEAR))
+        price_rows(S, y, wrong, 0, 4, 1.0, 1.0, np.empty(4))

@@ -220,3 +220,63 @@ def test_fortran_ordered_x_is_kept_and_checked(dtype):
     XF[2001, 4] += 1e-3  # in the last, shorter group
     with pytest.raises(DataChangedError, match="rows 1984..2002"):
         res.to_frame()
+
+
+WEIGHTED = {
+    "hinge": dict(loss="hinge", r=0.6, solver="dual"),
+    "hinge chi2": dict(loss="hinge", r=0.6, solver="dual", divergence="chi2"),
+    "zero_one": dict(loss="zero_one", r=0.3),
+    "zero_one chi2": dict(loss="zero_one", r=0.3, divergence="chi2"),
+    "zero_one theta2=inf": dict(loss="zero_one", r=0.3, theta2=np.inf),
+    "logistic": dict(loss="logistic", r=0.7),
+}
+
+
+def _reads(res):
+    """Every read of a result that uses its sample weights, as comparable values."""
+    return {"weights": lambda: np.asarray(res.weights),
+            "mass": lambda: np.asarray(res.mass),
+            "to_frame": lambda: res.to_frame()["weight"].to_numpy(),
+            "probabilities": lambda: np.asarray(res.info["sample_weight"]),
+            "pickle": lambda: np.asarray(pickle.loads(pickle.dumps(res)).weights)}
+
+
+@pytest.mark.parametrize("case", list(WEIGHTED))
+def test_sample_weights_kept_by_reference_and_checked(case, monkeypatch):
+    """The caller's float64 weights are read through a view, not copied (the probabilities
+    ``w / sum(w)`` computed where read), and fingerprinted: after the caller changes them,
+    a read of the result either raises DataChangedError or returns the values certified
+    (the result then holds its own n-vector of probabilities), never the changed ones. Above
+    the direct audit (made small here) the hinge and 0/1 paths never build that n-vector, so
+    every read raises. The answers equal those of weights the result owns (a list)."""
+    from otstab.solve import _audit, _piecewise
+
+    monkeypatch.setattr(_audit, "AUDIT_DIRECT_MAX", 500)
+    monkeypatch.setattr(_piecewise, "AUDIT_DIRECT_MAX", 500)
+    X, model, y = _binary()
+    w = np.random.default_rng(5).uniform(0.5, 1.5, y.size)
+    kw = WEIGHTED[case]
+    res = otstab.certify(model, X, y, sample_weight=w, **kw)
+    own = otstab.certify(model, X, y, sample_weight=w.tolist(), **kw)
+    assert res.status == own.status == "optimal"
+    assert repr(res.value) == repr(own.value)
+    sw = res.info["sample_weight"]
+    assert np.shares_memory(sw.w, w) and own.info["sample_weight"].owned
+    by_reference = case.split()[0] in ("hinge", "zero_one")
+    if by_reference:  # (no n-vector of p was built)
+        assert sw._array is None
+    old = w[77]
+    w[77] = old * 2.0
+    for name, read in _reads(res).items():
+        if by_reference:
+            with pytest.raises(DataChangedError, match="sample weights"):
+                read()
+            continue
+        try:
+            got = read()
+        except DataChangedError:
+            continue
+        np.testing.assert_array_equal(got, _reads(own)[name](), err_msg=name)
+    w[77] = old  # the certified values again: every read works, as the owned result's
+    for name, read in _reads(res).items():
+        np.testing.assert_array_equal(read(), _reads(own)[name](), err_msg=name)

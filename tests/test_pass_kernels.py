@@ -251,6 +251,36 @@ def test_stats_on_two_threads_equal_one_thread_bit_for_bit(kernel, monkeypatch, 
     assert two[3][0] == pytest.approx(math.fsum(p * zo), rel=1e-13, abs=1e-300)
 
 
+@pytest.mark.parametrize("n", [1, 2049, 4096 * 3 + 5])
+def test_stats_read_the_callers_weights_as_their_probabilities(kernel, n):
+    """With the caller's weights read by reference (``ScaledWeights(w, total)``, a read-only
+    view), the compiled passes divide each weight by the total where they read it: the same
+    bits as the n-vector ``w / total`` gives, zero weights (and weights whose share
+    underflows to 0) left out of the largest loss alike."""
+    from otstab_solvers.weights import ScaledWeights
+
+    rng = np.random.default_rng(n + 1)
+    s = rng.standard_normal(n) * 3
+    y = np.where(rng.random(n) > 0.5, 1, -1).astype(np.int8)
+    s[0], y[0] = 40.0, -1  # the largest loss and smallest margin, of weight 0
+    w = rng.uniform(0.5, 1.5, n) * (rng.random(n) > 0.3)
+    w[0] = 0.0 if n > 1 else 1.0
+    if n > 2:
+        w[1] = 1e-320  # w / total underflows to 0: not in the support
+    w.setflags(write=False)
+    total = float(np.sum(w))
+    calls = [lambda q: PK.loss_stats(s, y, "margin", (-1.0, 0.0), (1.0, 0.0), q),
+             lambda q: PK.loss_stats(s, y, "zero_one", None, None, q),
+             lambda q: PK.logistic_stats(s, y, q)]
+    for f in calls:
+        got, ref = f(ScaledWeights(w, total)), f(w / total)
+        assert repr(got[0]) == repr(ref[0])
+        if isinstance(got[1], np.ndarray):
+            np.testing.assert_array_equal(got[1], ref[1])
+        else:
+            assert repr(got[1]) == repr(ref[1])
+
+
 def test_a_failing_numba_leaves_the_numpy_pass(monkeypatch, caplog):
     """Where compiling the loops fails, the NumPy pass runs from then on, with a warning on
     the "otstab" logger, and certificates are unchanged in value."""

@@ -70,6 +70,32 @@ def test_integer_weights_equal_replicated_rows(make, loss, r, divergence, theta1
     assert res.risk_base == pytest.approx(ref.risk_base, rel=1e-12)
 
 
+@pytest.mark.parametrize("make, loss, r", CASES)
+@pytest.mark.parametrize("divergence", ["kl", "chi2"])
+def test_weights_read_by_reference_equal_weights_converted(make, loss, r, divergence,
+                                                           monkeypatch):
+    """float64 weights are read from the caller's array (``w[i] / sum(w)`` where needed);
+    integer weights are converted into an array of otstab's own, normalised in place. The
+    two give the same bits (value, base risk, Q*'s weights and masses), with the direct
+    audit and with the sampled one that large data gets (its threshold made small here),
+    and the integer weights equal replicated rows (above)."""
+    from otstab.solve import _audit, _piecewise
+
+    model, X, y = make()
+    k = _counts(len(y))
+    kw = dict(loss=loss, r=r, divergence=divergence)
+    for direct_max in (_audit.AUDIT_DIRECT_MAX, 50):
+        monkeypatch.setattr(_audit, "AUDIT_DIRECT_MAX", direct_max)
+        monkeypatch.setattr(_piecewise, "AUDIT_DIRECT_MAX", direct_max)
+        a = otstab.certify(model, X, y, sample_weight=k, **kw)
+        b = otstab.certify(model, X, y, sample_weight=k.astype(np.float64), **kw)
+        assert a.info["sample_weight"].owned and not b.info["sample_weight"].owned
+        assert (a.status, repr(a.value), repr(a.risk_base), repr(a.risk_star)) == \
+            (b.status, repr(b.value), repr(b.risk_base), repr(b.risk_star))
+        np.testing.assert_array_equal(np.asarray(a.weights) * np.asarray(a.mass),
+                                      np.asarray(b.weights) * np.asarray(b.mass))
+
+
 @pytest.mark.parametrize("make, loss, r", CASES[:3])
 def test_zero_weights_equal_dropped_rows_and_scaling_changes_nothing(make, loss, r):
     model, X, y = make()
@@ -474,3 +500,39 @@ def test_feature_confidence_with_weights_resamples_rows_with_their_weights():
                                        **kw).to_frame()
         scores.append(rep.set_index("feature")["score"].reindex(df.index).to_numpy())
     np.testing.assert_allclose(df["se"], np.std(scores, axis=0, ddof=1), rtol=1e-9)
+
+
+def test_scaled_weights_are_their_probabilities():
+    """``ScaledWeights(w, total)`` reads ``w[key] / total`` where sliced (the bits of the
+    n-vector ``w / total``), behaves as that n-vector in any other NumPy use (built once,
+    read-only, after its ``check``), and pickles as it."""
+    import pickle
+
+    from otstab_solvers.weights import ScaledWeights, dense, pmean
+
+    rng = np.random.default_rng(0)
+    w = rng.uniform(0.0, 3.0, 50_000)
+    total = float(np.sum(w))
+    p = w / total
+    sw = ScaledWeights(w, total)
+    checks = []
+    sw.check = checks.append
+    for key in (slice(3, 40_000), slice(None), np.array([5, 1, 49_999]), w > 1.0, 7):
+        np.testing.assert_array_equal(np.asarray(sw[key]).view(np.int64),
+                                      np.asarray(p[key]).view(np.int64))
+    assert not checks and sw.size == len(sw) == 50_000 and sw.shape == (50_000,)
+    x = rng.standard_normal(50_000)
+    assert pmean(x, sw) == pytest.approx(float(p @ x), rel=1e-13)
+    assert pmean(x > 0, sw) == pytest.approx(float(p @ (x > 0)), rel=1e-13)
+    assert not checks  # (read by slices)
+    assert float(sw @ x) == float(p @ x) and np.array_equal(sw > 1e-5, p > 1e-5)
+    assert float(np.sum(sw)) == float(np.sum(p)) and float(sw.max()) == float(p.max())
+    assert checks == ["the sample probabilities"]  # (built once, checked then)
+    arr = dense(sw)
+    assert arr is sw.array() and not arr.flags.writeable and np.array_equal(arr, p)
+    mine = np.array(sw)
+    mine[0] = -1.0  # (a copy: the probabilities are unchanged)
+    assert sw[0] == p[0] and len(checks) == 1
+    back = pickle.loads(pickle.dumps(sw))
+    assert back.owned and np.array_equal(np.asarray(back), p)
+    assert dense(None) is None and dense(p) is p

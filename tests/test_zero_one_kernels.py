@@ -109,6 +109,28 @@ def test_compiled_window_equals_numpy_blocks(monkeypatch, theta1, y_float, lo_q,
     assert n_kept in (0, got[1]["below"])
 
 
+@pytest.mark.parametrize("theta1", [1.0, 2.5])
+@pytest.mark.parametrize("y_float", [False, True])
+def test_compiled_price_rows_equal_numpy_bit_for_bit(monkeypatch, theta1, y_float):
+    """``RowPrices[i:j]`` (the weighted dual's blocks read it at every evaluation) in one
+    compiled loop: the numbers of NumPy's operations (``_dstar`` then ``move_prices``), bit
+    for bit, also for a zero margin, a misclassified row with a positive margin (0) and a
+    NaN score."""
+    prob = _problem(y_float=y_float)
+    prob.scores = prob.scores.copy()
+    prob.scores[:3] = [0.0, -0.0, math.nan]
+    rp, _ = zo.linear_prices(prob, None, theta1)
+    wrong = rp.wrong.copy()
+    wrong[5] = not wrong[5]  # (a row flagged misclassified whatever its margin)
+    rp.wrong = wrong
+    got = [rp[i:j] for i, j in ((0, 6000), (0, 1), (17, 2048), (5999, 6000), (3, 3))]
+    monkeypatch.setattr(ZK, "USE_KERNEL", False)
+    ref = [rp[i:j] for i, j in ((0, 6000), (0, 1), (17, 2048), (5999, 6000), (3, 3))]
+    for g, r in zip(got, ref):
+        assert g.dtype == r.dtype == np.float64
+        np.testing.assert_array_equal(g.view(np.int64), r.view(np.int64))
+
+
 def test_one_thread_and_two_give_the_same_bits(monkeypatch):
     prob = _problem(n=20000, seed=4)
     rp, _ = zo.linear_prices(prob, None, 1.0)

@@ -20,6 +20,7 @@ from numbers import Integral
 
 import numpy as np
 import pandas as pd
+from otstab_solvers.weights import dense
 
 from .._progress import check_progress, progress_bar
 from .._results import FrameResult
@@ -150,7 +151,7 @@ def compare(models: dict, X, y, *, loss, r, settings=((1.0, 0.25),), divergence:
     rng = check_random_state(random_state)
     n = len(y)
     # the weights are checked here (before any certify); each certify normalises them again
-    p = None if sample_weight is None else as_sample_weight(sample_weight, n)
+    p = None if sample_weight is None else dense(as_sample_weight(sample_weight, n))
     draws = [rng.integers(0, n, size=n) for _ in range(n_resamples)]
     rows = []
     total = len(models) * len(settings) * (1 + len(draws))

@@ -409,7 +409,7 @@ def feature_stability(model, X, y, *, loss, r, theta1: float = 1.0, theta2: floa
     if spec is not None:
         frozen = data_frozen
     if spec is not None or costs is not None or (linear_exact and (extreme or
-                                                                  prob.p is not None)):
+                                                                  prob.weights is not None)):
         # far from moderate prices the one-pass scores are not audited per feature, and they
         # have no weighted or priced form: score each feature through certify (its Q*
         # audited, or refused like certify refuses)

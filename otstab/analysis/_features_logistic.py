@@ -73,7 +73,7 @@ G_RTOL = 1e-9
 
 def _applies(prob, r, theta1, theta2, moderate) -> bool:
     sc = prob.scorer
-    if sc is None or sc.task != "binary" or prob.p is not None or prob.scores is None \
+    if sc is None or sc.task != "binary" or prob.weights is not None or prob.scores is None \
             or np.ndim(prob.scores) != 1 or sc.W.shape[0] != 1:
         return False
     if loss_name(prob.loss) not in ("logistic", "cross_entropy"):

@@ -131,8 +131,8 @@ def stability_curve(model, X, y, *, loss, r, theta1: float = 1.0, theta2: float 
                 t0 = time.perf_counter()
                 res = solve_reduced(prob, red, float(rv), theta1, theta2, divergence, solver,
                                     t0, program=program, **solver_options)
-                if prob.p is not None:
-                    res.info["sample_weight"] = prob.p  # for the weighted influence function
+                if prob.weights is not None:
+                    res.info["sample_weight"] = prob.weights  # for the weighted influence function
                 results.append(res)
                 bar.update()
     else:

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from otstab_solvers.weights import dense
 
 from .. import __version__
 from .._validation import as_sample_weight
@@ -56,7 +57,7 @@ def _weights_info(sample_weight, source, n: int, p_result) -> dict | None:
                 "make_certificate (its fingerprint is recorded so that verify can recompute "
                 "the weighted audit)")
         return None
-    p = as_sample_weight(sample_weight, n)
+    p = dense(as_sample_weight(sample_weight, n))
     same = (p is None and p_result is None) or (
         p is not None and p_result is not None and p.shape == np.shape(p_result)
         and np.allclose(p, p_result, rtol=1e-12, atol=0.0))

@@ -189,7 +189,7 @@ def audit_qstar(qstar, model, X, y, cert, *, rtol=None, atol=None,
                             "movable, or priced inf)"))
     theta1, theta2 = _num(inputs["theta1"]), _num(inputs["theta2"])
     divergence, r = inputs["divergence"], _num(inputs["r"])
-    pm = mass / n if prob.p is None else mass * prob.p[src]  # each atom's P0-mass
+    pm = mass / n if prob.weights is None else mass * prob.weights[src]  # each atom's P0-mass
     # the priced squared move sum_j c_j (x*_j - x_j)^2 (immutable features left out)
     priced2 = (diff ** 2) @ np.where(np.isfinite(c), c, 0.0)
     move = 0.0 if math.isinf(theta1) else theta1 * float(np.sum(pm * w * priced2))
@@ -1002,7 +1002,7 @@ def raw_qstar_mismatches(frame, model, X, y, cert, *, rtol=None, atol=None, gap_
     w = pd.to_numeric(frame["weight"], errors="coerce").to_numpy(dtype=np.float64)
     theta1, theta2 = _num(inputs["theta1"]), _num(inputs["theta2"])
     divergence, r = inputs["divergence"], _num(inputs["r"])
-    pm = mass / n if prob.p is None else mass * prob.p[src]
+    pm = mass / n if prob.weights is None else mass * prob.weights[src]
     moved = price > 0
     move = 0.0 if math.isinf(theta1) or not moved.any() else \
         theta1 * float(np.sum(pm[moved] * w[moved] * price[moved]))

@@ -46,8 +46,8 @@ from . import _pass_kernels
 from ._threads import blas_threads, one_blas_thread
 
 __all__ = ["GROUP", "Fingerprint", "block_rows", "column_major", "of_matrix", "register",
-           "fingerprint_of", "check", "each_block", "each_run", "kernel_layout",
-           "compiled_pass"]
+           "fingerprint_of", "check", "register_weights", "each_block", "each_run",
+           "kernel_layout", "compiled_pass"]
 
 #: rows per fingerprint group (n / GROUP numbers are kept: 1/32 of an n-vector)
 GROUP = 32
@@ -323,17 +323,29 @@ def fingerprint_of(X) -> Fingerprint | None:
 
 
 def check(X, what: str = "X") -> None:
-    """Raise DataChangedError when ``X`` (a caller's array a result keeps by reference) no
-    longer has the values it had when it was certified; nothing for other arrays."""
+    """Raise DataChangedError when ``X`` (a caller's array a result keeps by reference: the
+    evaluation data, or, 1-D, the sample weights) no longer has the values it had when it was
+    certified; nothing for other arrays."""
     fp = fingerprint_of(X) if isinstance(X, np.ndarray) else None
     if fp is None:
         return
-    bad = fp.changed_groups(X)
+    weights = X.ndim == 1
+    bad = fp.changed_groups(X[:, None] if weights else X)
     if bad.size:
         k = int(bad[0])
         first, last = k * GROUP, min((k + 1) * GROUP, fp.n) - 1
+        data, copy = ("the sample weights (sample_weight) changed since they were",
+                      "sample_weight.copy()") if weights else \
+            ("the evaluation data X changed since it was", "X.copy()")
         raise DataChangedError(
-            f"{what}: the evaluation data X changed since it was certified (first in rows "
+            f"{what}: {data} certified (first in rows "
             f"{first}..{last}; {bad.size} of {fp.values.size} groups of {GROUP} rows differ). "
             "certify keeps your array by reference, not a copy: certify again, or pass a copy "
-            "(X.copy()) if you change X in place afterwards")
+            f"({copy}) if you change it in place afterwards")
+
+
+def register_weights(w: np.ndarray) -> None:
+    """Fingerprint the caller's sample weights ``w`` (1-D, float64, read through a view: no
+    copy), checked by :func:`check` before a result reads them again. One pass, 1/32 of an
+    n-vector kept."""
+    register(w, of_matrix(w[:, None]))

@@ -25,13 +25,14 @@ pairwise hyperplanes (K(K-1)/2 rows, as many as classes when K = 3), not one row
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
-from otstab_solvers.weights import pmean, support_max
+from otstab_solvers.weights import ScaledWeights, dense, pmean, support_max
 
 from .._validation import (
     align_columns,
@@ -186,7 +187,10 @@ class Problem:
     caller's.
     ``scorer`` is set for linear models, ``nonlinear`` (an ``otstab.nonlinear`` adapter) otherwise.
     ``sample_weight``: the probabilities p of the samples (the caller's weights normalised to
-    sum 1; None: uniform, also when every weight is equal), so that P0 = sum_i p_i delta_{z_i}.
+    sum 1; None: uniform, also when every weight is equal), so that P0 = sum_i p_i delta_{z_i}:
+    a :class:`~otstab_solvers.weights.ScaledWeights` read from the caller's weights (no
+    n-vector of p until ``p`` is asked for), or an array. ``weights``: it as given, for the
+    passes that read p block by block; ``p``: the n-vector.
     """
 
     model: object
@@ -200,11 +204,17 @@ class Problem:
     index: object = None
     extra: dict = field(default_factory=dict)
     scores: np.ndarray | None = None  # model scores at X (linear models), computed once
-    sample_weight: np.ndarray | None = None
+    sample_weight: ScaledWeights | np.ndarray | None = None
 
     @property
     def p(self) -> np.ndarray | None:
-        """The sample probabilities (None: uniform)."""
+        """The sample probabilities as an n-vector (None: uniform)."""
+        return dense(self.sample_weight)
+
+    @property
+    def weights(self) -> ScaledWeights | np.ndarray | None:
+        """The sample probabilities read by slices (``weights[s:e]``; None: uniform): the
+        passes over blocks of rows read them from the caller's weights, no n-vector."""
         return self.sample_weight
 
     @property
@@ -230,8 +240,9 @@ class Problem:
     def loss_stats(self) -> tuple[float, float]:
         """``(base risk, largest loss)`` of the data: the P0-mean of the per-sample losses and
         their largest value over the samples of positive probability. For a linear model whose
-        losses are not cached, over blocks of the scores (no n-vector of losses is made)."""
-        p = self.p
+        losses are not cached, over blocks of the scores (no n-vector of losses, nor of the
+        probabilities, is made)."""
+        p = self.weights
         key = (self.scores, self.y, p, self.X)  # (a subset or a reweighting is a new problem)
         known = self.extra.get("loss_stats")
         if known is not None and all(a is b for a, b in zip(known[0], key)):
@@ -239,7 +250,7 @@ class Problem:
         cached = self.extra.get("base_losses")
         if cached is not None or self.scorer is None or self.scores is None:
             losses = self.losses(self.X)
-            out = pmean(losses, p), support_max(losses, p)
+            out = pmean(losses, dense(p)), support_max(losses, dense(p))
             self.extra["loss_stats"] = (key, out)
             return out
         on, got = self._compiled_stats(), None
@@ -474,8 +485,16 @@ def resolve_model(model, X, y, *, loss, sample_weight=None) -> Problem:
         sample_weight = scale.as_numpy_labels(sample_weight)  # a Dask vector: one n-vector
     else:
         prob = _resolve_arrays(model, X, y, loss)
-    prob.sample_weight = as_sample_weight(sample_weight, prob.n)
+    sw = as_sample_weight(sample_weight, prob.n)
+    if sw is not None and not sw.owned:  # the caller's array, by reference: fingerprinted
+        fingerprint.register_weights(sw.w)
+        sw.check = functools.partial(_check_weights, sw.w)
+    prob.sample_weight = sw
     return prob
+
+
+def _check_weights(w: np.ndarray, what: str) -> None:
+    fingerprint.check(w, what)
 
 
 def _resolve_arrays(model, X, y, loss) -> Problem:

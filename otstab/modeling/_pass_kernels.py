@@ -47,6 +47,7 @@ import importlib.util
 import numpy as np
 from otstab_solvers import logistic_kernels as _lk
 from otstab_solvers import sorted_kernels as _sk
+from otstab_solvers.weights import ScaledWeights
 
 __all__ = ["HAVE_NUMBA", "USE_KERNEL", "KERNEL_MIN_ROWS", "COL_BLOCK", "GROUP", "available",
            "rows_pass", "cols_pass", "loss_stats", "logistic_stats"]
@@ -108,8 +109,10 @@ def _load() -> None:
         for store in (True, False):
             rows_pass(X, W, b, v, u, np.empty((2, 1)), np.empty(1), 0, 2, store)
             cols_pass(XF, W, b, v, u, np.empty((2, 1)), np.empty(1), 0, 2, store)
+    ro = np.ones(2)  # (the caller's weights are read through a read-only view)
+    ro.setflags(write=False)
     for y in (np.ones(2, dtype=np.int8), np.ones(2)):  # (labels +-1 int8, targets float64)
-        for p in (None, np.ones(2)):
+        for p in (None, np.ones(2), ScaledWeights(ro, 2.0)):
             loss_stats(np.zeros(2), y, "margin", (1.0,), (0.0,), p)
             if y.dtype == np.int8:
                 logistic_stats(np.zeros(2), y, p)
@@ -213,9 +216,10 @@ def cols_pass(X, W, b, v, u, out, g, lo: int, hi: int, store: bool = True) -> No
 STATS_CHUNK = 2048
 
 
-def _stats_py(s, y, kind, a, c, p, weighted, lo, hi, parts):  # pragma: no cover - compiled
+def _stats_py(s, y, kind, a, c, p, scale, weighted, lo, hi, parts):  # pragma: no cover
     """Rows ``lo:hi`` (``lo`` a multiple of STATS_CHUNK): each chunk's sum of (weighted)
-    losses into ``parts[chunk]``; returns the largest loss (over p > 0)."""
+    losses into ``parts[chunk]``; returns the largest loss (over p > 0). The probabilities
+    are ``p[i] / scale`` (the caller's weights and their sum, or p and 1.0)."""
     K = a.size
     lb = np.empty(STATS_CHUNK)
     top = -np.inf
@@ -239,7 +243,7 @@ def _stats_py(s, y, kind, a, c, p, weighted, lo, hi, parts):  # pragma: no cover
                 for k in range(1, K):
                     loss = max(loss, a[k] * u + c[k])
                 lb[j] = loss
-        part, high = _reduce(lb, p, c0, kk, weighted)
+        part, high = _reduce(lb, p, scale, c0, kk, weighted)
         parts[c0 // STATS_CHUNK] = part
         top = max(top, high)
     return top
@@ -253,14 +257,14 @@ def _in_order_py(parts):  # pragma: no cover - compiled
     return total
 
 
-def _reduce_py(lb, p, c0, kk, weighted):  # pragma: no cover - compiled
-    """``(sum of p_i l_i or of l_i, largest l_i over p_i > 0)`` of a chunk (reassociated:
-    vectorised; the losses are finite)."""
+def _reduce_py(lb, p, scale, c0, kk, weighted):  # pragma: no cover - compiled
+    """``(sum of p_i l_i or of l_i, largest l_i over p_i > 0)`` of a chunk, ``p_i = p[i] /
+    scale`` (reassociated: vectorised; the losses are finite)."""
     part = 0.0
     high = -np.inf
     if weighted:
         for j in range(kk):
-            pj = p[c0 + j]
+            pj = p[c0 + j] / scale
             part += pj * lb[j]
             high = max(high, lb[j] if pj > 0.0 else -np.inf)
     else:
@@ -273,12 +277,12 @@ def _reduce_py(lb, p, c0, kk, weighted):  # pragma: no cover - compiled
 _reduce = _reduce_py
 
 
-def _low_py(mb, p, c0, kk, weighted):  # pragma: no cover - compiled
-    """The smallest ``mb[j]`` of a chunk over ``p > 0`` (vectorised; finite)."""
+def _low_py(mb, p, scale, c0, kk, weighted):  # pragma: no cover - compiled
+    """The smallest ``mb[j]`` of a chunk over ``p / scale > 0`` (vectorised; finite)."""
     low = np.inf
     if weighted:
         for j in range(kk):
-            low = min(low, mb[j] if p[c0 + j] > 0.0 else np.inf)
+            low = min(low, mb[j] if p[c0 + j] / scale > 0.0 else np.inf)
     else:
         for j in range(kk):
             low = min(low, mb[j])
@@ -299,8 +303,9 @@ def loss_stats(scores, y, on: str, slopes, intercepts,
     a = np.asarray(slopes if kind != 2 else (0.0,), dtype=np.float64)
     c = np.asarray(intercepts if kind != 2 else (0.0,), dtype=np.float64)
     weighted = p is not None
-    pv = np.asarray(p, dtype=np.float64) if weighted else np.empty(0)
-    total, tops = _by_halves("_stats", scores.size, scores, y, kind, a, c, pv, weighted)
+    pv, scale = _probabilities(p)
+    total, tops = _by_halves("_stats", scores.size, scores, y, kind, a, c, pv, scale,
+                             weighted)
     return float(total), float(max(tops))
 
 
@@ -315,7 +320,7 @@ _log1p_unit = _log1p_unit_py
 TOP_ROWS = 4096
 
 
-def _logit_stats_py(s, y, p, weighted, lo, hi, parts):  # pragma: no cover - compiled
+def _logit_stats_py(s, y, p, scale, weighted, lo, hi, parts):  # pragma: no cover
     """Rows ``lo:hi``: each chunk's (weighted) sum of losses into ``parts[chunk]``; returns
     the smallest margin (over p > 0)."""
     mb = np.empty(STATS_CHUNK)
@@ -332,9 +337,20 @@ def _logit_stats_py(s, y, p, weighted, lo, hi, parts):  # pragma: no cover - com
         _exp_chunk(xb, eb, scb, kk)
         for j in range(kk):  # (no reduction here: vectorised)
             eb[j] = max(-mb[j], 0.0) + _log1p_unit(eb[j])
-        parts[c0 // STATS_CHUNK] = _reduce(eb, p, c0, kk, weighted)[0]
-        low = min(low, _low(mb, p, c0, kk, weighted))
+        parts[c0 // STATS_CHUNK] = _reduce(eb, p, scale, c0, kk, weighted)[0]
+        low = min(low, _low(mb, p, scale, c0, kk, weighted))
     return low
+
+
+def _probabilities(p) -> tuple[np.ndarray, float]:
+    """``(v, scale)`` with the probabilities ``p_i = v[i] / scale``: a
+    :class:`~otstab_solvers.weights.ScaledWeights`' weights and their sum (read in the loop:
+    no n-vector of p), an array and 1.0, or an empty array for uniform rows."""
+    if p is None:
+        return np.empty(0), 1.0
+    if isinstance(p, ScaledWeights):
+        return p.w, p.total
+    return np.asarray(p, dtype=np.float64), 1.0
 
 
 def _by_halves(name, n, *args):
@@ -353,10 +369,10 @@ def _by_halves(name, n, *args):
     return _COMPILED["_in_order"](parts), both
 
 
-def _below_py(s, y, p, weighted, thr, out):  # pragma: no cover - compiled
+def _below_py(s, y, p, scale, weighted, thr, out):  # pragma: no cover - compiled
     k = 0
     for i in range(s.size):
-        if y[i] * s[i] <= thr and (not weighted or p[i] > 0.0):
+        if y[i] * s[i] <= thr and (not weighted or p[i] / scale > 0.0):
             if k < out.size:
                 out[k] = i
             k += 1
@@ -372,10 +388,10 @@ def logistic_stats(scores, y, p=None) -> tuple[float, np.ndarray | None]:
     ``rows`` None: more than :data:`TOP_ROWS` of them (the caller then takes the largest
     loss over every row)."""
     weighted = p is not None
-    pv = np.asarray(p, dtype=np.float64) if weighted else np.empty(0)
-    total, lows = _by_halves("_logit_stats", scores.size, scores, y, pv, weighted)
+    pv, scale = _probabilities(p)
+    total, lows = _by_halves("_logit_stats", scores.size, scores, y, pv, scale, weighted)
     low = min(lows)
     thr = low + 1e-9 * abs(low) + 1e-300
     out = np.empty(TOP_ROWS, dtype=np.intp)
-    k = _COMPILED["_below"](scores, y, pv, weighted, thr, out)
+    k = _COMPILED["_below"](scores, y, pv, scale, weighted, thr, out)
     return float(total), (out[:k] if k <= TOP_ROWS else None)

@@ -175,8 +175,8 @@ def _certify_encoded(model, X, y, loss_obj, r, theta1, theta2, divergence, solve
                  **solver_options)
     if costs is not None:
         unscale_result(res, prob, original, costs)
-    if prob.p is not None:
-        res.info["sample_weight"] = prob.p
+    if prob.weights is not None:
+        res.info["sample_weight"] = prob.weights
     # raw units for res.to_frame(raw=True): built on first use (a copy of the raw rows)
     builder = _raw_view_builder(model, X, prob.feature_names)
     if builder is not None:

@@ -46,8 +46,8 @@ def raw_result(model, prob, rc, frame, star, src, mass, wa, loss0, loss_star, mo
         info={"moved2": moved2, "wall_time": time.perf_counter() - t_start,
               "audit": {"method": "raw rows re-scored", "sample": int(src.size)},
               "raw_view": DataCostView(rc, frame, None, np.zeros(0, dtype=bool), atoms=star)})
-    if prob.p is not None:  # as certify's other paths: for the certificate and inference
-        res.info["sample_weight"] = prob.p
+    if prob.weights is not None:  # as certify's other paths: for the certificate and inference
+        res.info["sample_weight"] = prob.weights
     return res
 
 

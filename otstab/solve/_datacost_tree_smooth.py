@@ -443,8 +443,8 @@ def _reach(lmax, p, theta2) -> float:
 def _finish(res, prob, rc, t_start):
     res.info["cost"] = rc.to_dict()
     res.info["cost_description"] = rc.describe()
-    if prob.p is not None:
-        res.info["sample_weight"] = prob.p
+    if prob.weights is not None:
+        res.info["sample_weight"] = prob.weights
     res.info["wall_time"] = time.perf_counter() - t_start
     return res
 

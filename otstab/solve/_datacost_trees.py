@@ -172,8 +172,8 @@ def finish_raw_bounds(res, prob, rc, t_start, note):
     result (how each end was obtained) and the wall time."""
     res.info["cost"] = rc.to_dict()
     res.info["cost_description"] = rc.describe()
-    if prob.p is not None:
-        res.info["sample_weight"] = prob.p
+    if prob.weights is not None:
+        res.info["sample_weight"] = prob.weights
     if res.status == "bounds":
         res.message = f"{res.message}; {note}" if res.message else note
     res.info["wall_time"] = time.perf_counter() - t_start

@@ -121,8 +121,8 @@ def certify_datacost_zero_one(model, prob, rc, parts, frame, *, r, theta1, theta
     _raw_audit(res, model, prob, rc, frame, Xs)
     res.info["cost"] = rc.to_dict()
     res.info["cost_description"] = rc.describe()
-    if prob.p is not None:  # as certify's other paths: for the certificate and inference
-        res.info["sample_weight"] = prob.p
+    if prob.weights is not None:  # as certify's other paths: for the certificate and inference
+        res.info["sample_weight"] = prob.weights
     res.info["need"] = need
     res.info["wall_time"] = time.perf_counter() - t_start
     return res

@@ -417,7 +417,7 @@ def replicator(prob: Problem, *, r, theta1, theta2, divergence, mask, solver, **
 def _replicator(prob: Problem, *, r, theta1, theta2, divergence, mask, solver, **options):
     loss = prob.loss
     linear = prob.scorer is not None and solver != "first_order"
-    if linear and isinstance(loss, ZeroOne) and prob.p is not None:
+    if linear and isinstance(loss, ZeroOne) and prob.weights is not None:
         def value(idx):  # the exact 0/1 path of the weighted rows
             return certify_zero_one_problem(_subset(prob, idx), r, theta1, theta2, divergence,
                                             mask, solver, 0.0, **options).value

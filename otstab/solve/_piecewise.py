@@ -35,7 +35,7 @@ from otstab_solvers.multiclass import (
     solve_multiclass,
 )
 from otstab_solvers.result import OPTIMAL, DualSolution
-from otstab_solvers.weights import phi, pmean, support_max, weights_at
+from otstab_solvers.weights import dense, phi, pmean, support_max, weights_at
 
 from ..errors import SolverError, SolverNotAvailableError
 from ..modeling import _fingerprint as fingerprint
@@ -135,7 +135,9 @@ def _conic_order(solver: str) -> list[str]:
 def solve_reduced(prob: Problem, red: Reduced, r, theta1, theta2, divergence, solver, t_start,
                   *, program=None, **solver_options) -> StabilityResult:
     """Run the solver chain on a reduced form and return the first audited answer."""
-    p = prob.p
+    # the probabilities as the caller's weights read by slices (no n-vector of p): the
+    # blockwise dual, the weights and the audit's sums slice them; the dense paths get p
+    p = prob.weights
     # the base risk and largest loss, over blocks (the n-vector of losses is built only when
     # asked for: an edge case, ``res.loss_base``)
     stats = prob.loss_stats()
@@ -179,8 +181,8 @@ def solve_reduced(prob: Problem, red: Reduced, r, theta1, theta2, divergence, so
             sol = solve_multiclass(cast(MulticlassOracle, oracle), cast(MulticlassDual, dual),
                                    r, theta2, divergence, base=stats[0], **dual_opts)
         else:
-            sol = solve_dual(dual, r, theta2, divergence, p=None if weighted_rows else p,
-                             **dual_opts)
+            sol = solve_dual(dual, r, theta2, divergence,
+                             p=None if weighted_rows else dense(p), **dual_opts)
         # a sorted view (an n-vector of keys) served the solve only: freed before Q* is
         # built (a conic fallback refines h on the plain oracle)
         oracle.prefix = None
@@ -200,13 +202,13 @@ def solve_reduced(prob: Problem, red: Reduced, r, theta1, theta2, divergence, so
                                  else None)
             if state["program"] is None:  # a sweep over r passes one program (DPP)
                 state["program"] = _conic.ConicProgram(red.c1, red.c2, theta2, divergence,
-                                                       weights=p)
+                                                       weights=dense(p))
             sol = state["program"].solve(backend, r, **conic_opts)
             if sol.status != OPTIMAL:
                 raise audit.Skip(f"{name} reported {sol.native_status!r}", sol.status)
             if do_refine:
                 h_raw = sol.h
-                h_ref, _, _, steps = refine(oracle, sol.h, r, theta2, divergence, p=p)
+                h_ref, _, _, steps = refine(oracle, sol.h, r, theta2, divergence, p=dense(p))
                 sol.h = h_ref
                 sol.info.update({"h_raw": h_raw, "refine_steps": steps})
             return build_result(prob, red, sol, r, theta1, theta2, divergence, t_start,
@@ -242,7 +244,7 @@ def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, thet
     oracle = red.oracle(sorted_view=False) if oracle is None else oracle
     # the sorted view the dual came from (solve_two_piece; an n-vector of keys): the keyed
     # builder takes it over and frees it once its sums are taken; no result keeps it
-    if sol.info.get("view") is not None and n > AUDIT_DIRECT_MAX and prob.p is None and h > 0:
+    if sol.info.get("view") is not None and n > AUDIT_DIRECT_MAX and prob.weights is None and h > 0:
         return _build_keyed(prob, red, sol, sol.info.pop("view"), oracle, r, theta1, theta2,
                             divergence, t_start)
     sol.info.pop("view", None)
@@ -253,7 +255,7 @@ def build_result(prob: Problem, red: Reduced, sol: DualSolution, r, theta1, thet
         # sorted view, whose arrays only the solver needed
         oracle = copy.copy(oracle)
         oracle.prefix = None
-    p = prob.p
+    p = prob.weights  # (read by slices: no n-vector of p)
     blocks = [(s, min(s + AUDIT_BLOCK, n)) for s in range(0, n, AUDIT_BLOCK)]
     # l_h over blocks, a few passes, instead of an n-vector of it (the largest over the support
     # in O(K) for uniform samples)

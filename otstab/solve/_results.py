@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+from otstab_solvers.weights import ScaledWeights
 
 from .._results import ResultMixin, jsonable
 from .._validation import check_level
@@ -350,6 +351,9 @@ def _lazy_property(name: str) -> property:
         if callable(value):
             if name == "X_star":  # built from X, the caller's array (no copy)
                 fingerprint.check(self.X, "X_star")
+            sw = self.info.get("sample_weight") if isinstance(self.info, dict) else None
+            if isinstance(sw, ScaledWeights):  # (the caller's weights, read by reference)
+                sw.unchanged(name)
             value = value()
             self.__dict__[key] = value
         return value

@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 from otstab_solvers import zero_one_kernels
-from otstab_solvers.blockwise import BlockwiseDual, distance_block, in_memory, weight_map_blocks
+from otstab_solvers.blockwise import BlockwiseDual, in_memory, price_block, weight_map_blocks
 from otstab_solvers.dual import solve_dual
 from otstab_solvers.result import OPTIMAL
-from otstab_solvers.weights import NEAR_ONE, chi2_solution, kl_weights, phi, pmean
+from otstab_solvers.weights import NEAR_ONE, chi2_solution, dense, kl_weights, phi, pmean
 from otstab_solvers.zero_one import solve_window, solve_window_chi2, solve_zero_one
 
 from .._validation import as_bool_vector, as_float_matrix, as_float_vector
@@ -226,6 +226,14 @@ class RowPrices:
         return d
 
     def __getitem__(self, rows) -> np.ndarray:
+        if isinstance(rows, slice) and rows.step in (None, 1) and self.nw > 0.0 and \
+                math.isfinite(self.theta1) and zero_one_kernels.use_kernel(self.size):
+            i, j, _ = rows.indices(self.size)
+            out = np.empty(max(j - i, 0))
+            if out.size:  # (one compiled loop: the same numbers)
+                zero_one_kernels.price_rows(self.S, self.y, self.wrong, i, j, self.nw,
+                                            self.theta1, out)
+            return out
         return move_prices(self._dstar(rows), self.theta1)
 
     def _blocks(self):
@@ -1246,9 +1254,7 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
     ``value_lower`` the certified lower bound passed to the audit. ``p``: the sample
     probabilities (None: uniform)."""
     n = a.size
-    rp = a if isinstance(a, RowPrices) else None  # prices computed per block (uniform P0)
-    if rp is not None and p is not None:
-        raise ValueError("RowPrices serve uniform samples only; pass the price array with p")
+    rp = a if isinstance(a, RowPrices) else None  # prices computed per block
     base = pmean(loss0, p) if base is None else base
     q = None if p is None else _RowMass(p, n)
     # (any, all finite prices among the charged samples, the largest error rate reachable by
@@ -1298,6 +1304,9 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
             # (RowPrices: one sorted copy for the solve, freed before Q* is built)
             if p is not None and r < 1.0:
                 sol = _weighted_dual(a, p, r, theta2, divergence)
+            elif p is not None:  # (r = 1: the dense dual, one n-vector of prices)
+                sol = solve_zero_one(a.array() if rp is not None else a, r, theta2,
+                                     divergence, method=how, p=dense(p))
             elif rp is None:
                 sol = solve_zero_one(a, r, theta2, divergence, method=how, p=p)
             elif how == "closed_form" and r < 1.0 and (divergence == "kl" or
@@ -1334,7 +1343,7 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
             red = X_near.reduced if isinstance(X_near, NearPoints) and X_near.moves_fn \
                 and X is not None and n > audit.AUDIT_DIRECT_MAX else None
             got = _price_weights(rp, sol.h, sol, theta2, divergence, n, loss0, red) \
-                if rp is not None and r < 1.0 else None
+                if rp is not None and p is None and r < 1.0 else None
             if got is not None:  # (no n-vector of prices or weights: from the scores)
                 w, tied, alpha = got
                 del got
@@ -1342,7 +1351,7 @@ def _solve_and_build(a, loss0, r, theta1, theta2, divergence, solver, X, X_near,
                 ac = None
                 plan = _move_plan(sol.h, w, loss0, r, n, None, tied=tied)
                 del tied
-            elif q is not None and rp is None and r < 1.0 and MAP_WEIGHTS:
+            elif q is not None and r < 1.0 and MAP_WEIGHTS:
                 # sample weights: the candidate rows written per block (int32, no n-vector
                 # of int64 positions), their weights and masses computed from the prices when
                 # read (_MapWeights: no array of the candidates' prices, weights or masses),
@@ -1385,7 +1394,7 @@ def _weighted_dual(a, p, r, theta2, divergence):
     (:class:`~otstab_solvers.blockwise.BlockwiseDual` of ``l_h = (h - a_i)_+``): no sorted copy
     of the prices, no n-vector of ``l_h``; kink-exact like the dense dual it replaces."""
     n = a.size
-    blocks = [distance_block(a[s:s + REDUCED_BLOCK], p[s:s + REDUCED_BLOCK])
+    blocks = [price_block(a, s, min(s + REDUCED_BLOCK, n), p)
               for s in range(0, n, REDUCED_BLOCK)]
     sol = solve_dual(BlockwiseDual(in_memory(blocks), n, 1.0), r, theta2, divergence)
     sol.solver = "zero_one_dual"
@@ -1421,9 +1430,11 @@ def _reach(a, loss0, p=None):
     samples plus the correct ones that can move). ``a``: prices, or :class:`RowPrices`
     (uniform samples; its rows per block)."""
     n = a.size
-    if isinstance(a, RowPrices):
+    if isinstance(a, RowPrices) and p is None:
         any_, all_, movable = a.finite()
         return any_, all_, (float(np.sum(loss0)) + movable) / n
+    if p is not None and (isinstance(a, RowPrices) or not isinstance(p, np.ndarray)):
+        return _reach_blocks(a, loss0, p)
     fin = np.isfinite(a)
     live = fin if p is None else fin[p > 0]
     movable = fin & (loss0 == 0)
@@ -1435,6 +1446,24 @@ def _reach(a, loss0, p=None):
         stuck = ~fin & (loss0 == 0) & (p > 0)
         top = 1.0 - float(np.sum(p[stuck])) if stuck.any() else 1.0
     return bool(live.any()), bool(live.all()), top
+
+
+def _reach_blocks(a, loss0, p):
+    """:func:`_reach` with sample weights over blocks of rows (prices and probabilities read
+    per block: no n-vector of either)."""
+    n = a.size
+    any_, all_, stuck = False, True, 0.0
+    for s in range(0, n, REDUCED_BLOCK):
+        e = min(s + REDUCED_BLOCK, n)
+        fin, pb = np.isfinite(a[s:e]), p[s:e]
+        live = pb > 0
+        lf = fin[live]
+        any_ = any_ or bool(lf.any())
+        all_ = all_ and bool(lf.all())
+        st = ~fin & (loss0[s:e] == 0) & live
+        if st.any():
+            stuck += float(np.sum(pb[st]))
+    return any_, all_, (1.0 - stuck if stuck > 0.0 else 1.0)
 
 
 def _limit_result(inputs, p=None):
@@ -1696,13 +1725,15 @@ def certify_zero_one_problem(prob: Problem, r, theta1, theta2, divergence, mask,
         )
     check_options(solver_options, (), "the exact 0/1 path of a linear classifier")
     assert prob.scorer is not None, "a linear classifier"
-    if prob.scorer.task == "binary" and prob.p is None:
+    if prob.scorer.task == "binary":
         # the prices per block of rows: the closed form sorts one copy, Q* takes the rows
-        # below h; d* itself is built only if ``res.info["dstar"]`` is read
+        # below h; d* itself is built only if ``res.info["dstar"]`` is read. Sample weights
+        # are read by slices too (the weighted dual's blocks): no n-vector of prices or p
         a, X_near = linear_prices(prob, mask, theta1)
         return _solve_and_build(a, X_near.misclassified, r, theta1, theta2, divergence,
                                 solver, prob.X, X_near, prob.y, prob.losses,
-                                prob.feature_names, prob.index, t_start, Lazy(a.dstar))
+                                prob.feature_names, prob.index, t_start, Lazy(a.dstar),
+                                p=prob.weights)
     dstar, X_near = linear_distances(prob, mask)  # 0 where misclassified
     loss0 = X_near.misclassified  # booleans (the float losses are built if asked for)
     a = move_prices(dstar, theta1)
