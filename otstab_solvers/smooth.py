@@ -47,6 +47,7 @@ import time
 import numpy as np
 from scipy.special import expit
 
+from . import cross_entropy_kernels
 from .logistic_uniform import StepTable, two_branch_steps, uniform_steps
 from .result import FAILED, INACCURATE, OPTIMAL, DualSolution
 
@@ -1253,6 +1254,12 @@ class CrossEntropyOracle:
             gn2 = _row_dot(G, G)
             C = G * (t / gn2)[:, None]
             return lh, d1, d2, C
+        if h > 0.0 and self.q > 0 and math.isfinite(self.theta1) and \
+                cross_entropy_kernels.use_kernel(self.n):
+            # (the same algorithm row by row in one compiled loop: the same maximisers)
+            return cross_entropy_kernels.solve_rows(
+                self.scores, self.labels, np.asarray(rows, dtype=np.int64), self.A,
+                self.theta1, h, self.h_concave, self.tol, self.max_iter)
         ce0 = self.loss(rows)
         if h == 0.0 or self.q == 0 or math.isinf(self.theta1):
             C = np.zeros((m, self.q))

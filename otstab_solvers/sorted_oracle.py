@@ -703,10 +703,20 @@ class SortedTwoPiece:
         np.cumsum(cum[:, 1:], axis=1, out=cum[:, 1:])
 
         c_jump, c_s, c_sh = cum  # (rows: scalar reads below)
+        # count(hh, "right") for hh in (a, b), inside the domain (the bisection reads it some
+        # fifty times): the same thresholds, computed inline
+        c, tie, umax, lo = self.c, self.tie, self.umax, self.sorted_from
+        keys = self.nu[lo - self._base:self.n_fin - self._base]
+
+        def count_right(hh):
+            if not hh > 0.0:
+                return self.count(hh, "right")
+            tol = tie * (hh * umax + c * hh * hh)
+            return lo + int(keys.searchsorted((c * hh * hh + tol) / hh, side="right"))
 
         def model(hh):
             dh = hh - h
-            q, q0 = self.count(hh, "right") - i0, p - i0
+            q, q0 = count_right(hh) - i0, p - i0
             # (below h the differences are negative: the kinks undone; the same numbers as
             # the arrays' differences, read as floats)
             jump = float(c_jump[q]) - float(c_jump[q0])
