@@ -103,19 +103,10 @@ def affine_blocks(rows: AffineRows, c2, c1abs: float, p=None, size: int = 1 << 1
     return out
 
 
-class _DistanceBlock(DistanceOracle):
-    """:class:`DistanceOracle` (``l_h = (h - a_i)_+``) without its sorted view."""
-
-    def __init__(self, a, p=None):
-        self.a = np.asarray(a, dtype=np.float64)
-        self.n = self.a.size
-        self.prefix = None
-        self.p = p
-
-
 def distance_block(a, p=None) -> DistanceOracle:
     """The 0/1 block oracle ``l_h = (h - a_i)_+`` for one block's rows (no sort)."""
-    return _DistanceBlock(a, p)
+    a = np.asarray(a, dtype=np.float64)
+    return _PriceBlock(a, 0, a.size, p)
 
 
 class _PriceBlock(DistanceOracle):
@@ -132,28 +123,34 @@ class _PriceBlock(DistanceOracle):
         return np.asarray(self.prices[self.s:self.e], dtype=np.float64)
 
     def evaluate(self, h, *, side="right", with_pieces=False):
-        """``(l_h, dl, d2l[, None])``: the pieces are not built (:meth:`kinks_in` finds the
-        kinks; the block sums read none); ``d2l`` is 0, one read-only array per size."""
+        """``(l_h, dl, d2l[, pieces])``, the pieces as booleans (move: True; the block sums
+        read none, :meth:`kinks_in` finds the kinks); ``d2l`` is 0, one read-only array per
+        size."""
         a = self.a
+        k = _moving(a, h, side)
         lh = np.maximum(h - a, 0.0)
-        k = a < h
-        if side == "right":
-            k |= a == h
         d1 = k.astype(np.float64)
         d2 = _zeros(a.size)
-        return (lh, d1, d2, None) if with_pieces else (lh, d1, d2)
+        return (lh, d1, d2, k) if with_pieces else (lh, d1, d2)
 
     def kinks_in(self, h_lo, side_lo, h_hi, side_hi):
         """:func:`block_kinks` from one read of the prices (the crossings of ``(h - a_i)_+``
         are the prices themselves: the numbers ``evaluate`` and ``crossings`` give)."""
         a = self.a
-        k_lo = (h_lo > a) | ((h_lo == a) & (side_lo == "right"))
-        k_hi = (h_hi > a) | ((h_hi == a) & (side_hi == "right"))
-        hc = a[k_lo != k_hi]
+        hc = a[_moving(a, h_lo, side_lo) != _moving(a, h_hi, side_hi)]
         hc = hc[np.isfinite(hc) & (hc > h_lo) & (hc < h_hi)]
         if not hc.size:
             return 0, math.inf, -math.inf
         return int(hc.size), float(hc.min()), float(hc.max())
+
+
+def _moving(a, h, side):
+    """Which rows of prices ``a`` are on the "move" piece at ``h`` (ties: right = move), as
+    :meth:`DistanceOracle.evaluate` decides."""
+    k = a < h
+    if side == "right":
+        k |= a == h
+    return k
 
 
 @functools.lru_cache(maxsize=4)

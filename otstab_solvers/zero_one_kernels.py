@@ -358,14 +358,12 @@ def _kernel(fn):
 
 
 def _price_rows_py(S, y, wrong, i, j, nw, theta1, out):  # pragma: no cover - compiled
-    """The prices of rows ``i:j`` into ``out`` (as :func:`_prices`)."""
-    for r in range(i, j):
-        m = y[r] * S[r]
-        d = m if not m <= 0.0 else 0.0
-        d = 0.0 if (d > 0.0) & wrong[r] else d
-        d = d * d
-        d = d / nw
-        out[r - i] = d * theta1
+    """The prices of rows ``i:j`` into ``out``: :func:`_prices` chunk by chunk (its margins
+    into a scratch buffer)."""
+    pm = np.empty(CHUNK)
+    for c0 in range(i, j, CHUNK):
+        m_len = min(CHUNK, j - c0)
+        _prices(S, y, wrong, c0, m_len, nw, theta1, out[c0 - i:c0 - i + m_len], pm)
 
 
 def price_rows(S, y, wrong, i: int, j: int, nw: float, theta1: float, out) -> None:

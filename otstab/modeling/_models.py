@@ -488,13 +488,9 @@ def resolve_model(model, X, y, *, loss, sample_weight=None) -> Problem:
     sw = as_sample_weight(sample_weight, prob.n)
     if sw is not None and not sw.owned:  # the caller's array, by reference: fingerprinted
         fingerprint.register_weights(sw.w)
-        sw.check = functools.partial(_check_weights, sw.w)
+        sw.check = functools.partial(fingerprint.check, sw.w)
     prob.sample_weight = sw
     return prob
-
-
-def _check_weights(w: np.ndarray, what: str) -> None:
-    fingerprint.check(w, what)
 
 
 def _resolve_arrays(model, X, y, loss) -> Problem:

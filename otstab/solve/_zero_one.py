@@ -1428,31 +1428,27 @@ def _reach(a, loss0, p=None):
     """``(any, all, top)``: whether any and whether every sample of positive probability has a
     finite price, and the largest error rate reachable by moving alone (the misclassified
     samples plus the correct ones that can move). ``a``: prices, or :class:`RowPrices`
-    (uniform samples; its rows per block)."""
+    (its rows per block); with sample weights ``p`` (an array or read by slices) over blocks
+    of rows: no n-vector of prices or probabilities."""
     n = a.size
-    if isinstance(a, RowPrices) and p is None:
+    if p is not None:
+        return _reach_weighted(a, loss0, p)
+    if isinstance(a, RowPrices):
         any_, all_, movable = a.finite()
         return any_, all_, (float(np.sum(loss0)) + movable) / n
-    if p is not None and (isinstance(a, RowPrices) or not isinstance(p, np.ndarray)):
-        return _reach_blocks(a, loss0, p)
     fin = np.isfinite(a)
-    live = fin if p is None else fin[p > 0]
     movable = fin & (loss0 == 0)
-    if p is None:
-        top = (float(np.sum(loss0)) + int(np.count_nonzero(movable))) / n
-    else:
-        # 1 less the P0-mass of the rows that can never be misclassified (correct, no finite
-        # price): exactly 1 when there are none, although the normalised p may sum to 1 - 1 ulp
-        stuck = ~fin & (loss0 == 0) & (p > 0)
-        top = 1.0 - float(np.sum(p[stuck])) if stuck.any() else 1.0
-    return bool(live.any()), bool(live.all()), top
+    top = (float(np.sum(loss0)) + int(np.count_nonzero(movable))) / n
+    return bool(fin.any()), bool(fin.all()), top
 
 
-def _reach_blocks(a, loss0, p):
-    """:func:`_reach` with sample weights over blocks of rows (prices and probabilities read
-    per block: no n-vector of either)."""
+def _reach_weighted(a, loss0, p):
+    """:func:`_reach` with sample weights, block by block. ``top`` is 1 less the P0-mass of
+    the rows that can never be misclassified (correct, no finite price): exactly 1 when there
+    are none, although the normalised p may sum to 1 - 1 ulp (their probabilities summed in
+    one ``np.sum``, as over the whole array)."""
     n = a.size
-    any_, all_, stuck = False, True, 0.0
+    any_, all_, stuck = False, True, []
     for s in range(0, n, REDUCED_BLOCK):
         e = min(s + REDUCED_BLOCK, n)
         fin, pb = np.isfinite(a[s:e]), p[s:e]
@@ -1462,8 +1458,8 @@ def _reach_blocks(a, loss0, p):
         all_ = all_ and bool(lf.all())
         st = ~fin & (loss0[s:e] == 0) & live
         if st.any():
-            stuck += float(np.sum(pb[st]))
-    return any_, all_, (1.0 - stuck if stuck > 0.0 else 1.0)
+            stuck.append(pb[st])
+    return any_, all_, (1.0 - float(np.sum(np.concatenate(stuck))) if stuck else 1.0)
 
 
 def _limit_result(inputs, p=None):
