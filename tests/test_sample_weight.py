@@ -96,6 +96,23 @@ def test_weights_read_by_reference_equal_weights_converted(make, loss, r, diverg
                                       np.asarray(b.weights) * np.asarray(b.mass))
 
 
+@pytest.mark.parametrize("make", [_binary, _multiclass])
+def test_zero_one_rate_reachable_by_moving_alone_is_weighted(make):
+    """With theta2 = inf only moving counts: the largest error rate it reaches is 1 less the
+    P0-mass of the correct rows that cannot move (here none can: theta1 = inf). Just above
+    that weighted rate the answer is "unreachable", at or below it "zero", as on replicated
+    rows (a rate taken as 1 would miss it)."""
+    model, X, y = make(n=400)
+    k = _counts(len(y), low=0)
+    base = float(np.average(otstab.certify(model, X, y, loss="zero_one", r=0.0,
+                                           sample_weight=k).loss_base, weights=k))
+    for r, want in ((base + 1e-6, "unreachable"), (base - 1e-6, "zero")):
+        kw = dict(loss="zero_one", r=r, theta1=math.inf, theta2=math.inf)
+        res = otstab.certify(model, X, y, sample_weight=k, **kw)
+        ref = otstab.certify(model, np.repeat(X, k, axis=0), np.repeat(y, k), **kw)
+        assert res.status == ref.status == want, r
+
+
 @pytest.mark.parametrize("make, loss, r", CASES[:3])
 def test_zero_weights_equal_dropped_rows_and_scaling_changes_nothing(make, loss, r):
     model, X, y = make()
